@@ -1,0 +1,106 @@
+//! Codec throughput figures (not a timed test): GB/s of BF16 input for the
+//! reference and fast encoders of Q3_PLE_32 and NVFP4, on one thread and on
+//! all threads, plus decode throughput. Run with
+//! `cargo bench -p ftpipe-formats`; figures go in docs/performance.md.
+
+use std::time::Instant;
+
+use ftpipe_formats::{Q3GlobalScale, nvfp4, q3};
+use half::bf16;
+
+const FAST_BYTES: usize = 2 * 160 * 819_200; // 250 MiB of BF16, whole 160-wide rows
+const REF_BYTES: usize = 2 * 160 * 102_400; // reference encoders are slow: a 31.25 MiB prefix
+
+fn data(n: usize) -> Vec<bf16> {
+    // Deterministic pseudo-normal weights (sum of uniforms), scale ~0.02.
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            let mut acc = 0.0f32;
+            for _ in 0..4 {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                acc += (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            }
+            bf16::from_f32(acc * 0.03)
+        })
+        .collect()
+}
+
+/// Best of `reps` runs of `f`, as GB/s of `bytes` input.
+fn gbps(bytes: usize, reps: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
+}
+
+fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+fn main() {
+    let threads = rayon::current_num_threads();
+    let x = data(FAST_BYTES / 2);
+    let xr = &x[..REF_BYTES / 2];
+    let width = 160;
+    let g = Q3GlobalScale::from_absmax(q3::table_absmax("bench", &x, 0).unwrap()).unwrap();
+    println!(
+        "codec bench: {:.2} MiB BF16 (reference: first {:.2} MiB), {threads} threads",
+        FAST_BYTES as f64 / 1048576.0,
+        REF_BYTES as f64 / 1048576.0
+    );
+
+    // ---- Q3_PLE_32 ----
+    let mut out = vec![0u8; x.len() / 32 * 14];
+    let mut out_r = vec![0u8; xr.len() / 32 * 14];
+    let q_ref = gbps(REF_BYTES, 2, || {
+        q3::encode_ref("b", xr, width, g, 0, &mut out_r).unwrap()
+    });
+    let q_f1 = one_thread(|| {
+        gbps(FAST_BYTES, 3, || {
+            q3::encode("b", &x, width, g, 0, &mut out).unwrap()
+        })
+    });
+    let q_fn = gbps(FAST_BYTES, 3, || {
+        q3::encode("b", &x, width, g, 0, &mut out).unwrap()
+    });
+    assert_eq!(&out[..out_r.len()], &out_r[..], "Q3 fast != reference");
+    let mut y = vec![0f32; x.len()];
+    let q_dec = gbps(FAST_BYTES, 2, || q3::decode(&out, g, &mut y).unwrap());
+
+    // ---- NVFP4 ---- (per-tensor scale, so the reference prefix is its own tensor)
+    let mut nv = vec![0u8; nvfp4::nvfp4_len(x.len() as u64).unwrap() as usize];
+    let mut nv_r = vec![0u8; nvfp4::nvfp4_len(xr.len() as u64).unwrap() as usize];
+    let mut nv_r2 = nv_r.clone();
+    let n_ref = gbps(REF_BYTES, 2, || {
+        nvfp4::encode_ref("b", xr, &mut nv_r).unwrap()
+    });
+    let n_f1 = one_thread(|| gbps(FAST_BYTES, 3, || nvfp4::encode("b", &x, &mut nv).unwrap()));
+    let n_fn = gbps(FAST_BYTES, 3, || nvfp4::encode("b", &x, &mut nv).unwrap());
+    nvfp4::encode("b", xr, &mut nv_r2).unwrap();
+    assert_eq!(nv_r, nv_r2, "NVFP4 fast != reference");
+    let n_dec = gbps(FAST_BYTES, 2, || nvfp4::decode(&nv, &mut y).unwrap());
+
+    println!(
+        "| codec | reference 1 thread | fast 1 thread | fast {threads} threads | fast/ref (1 thread) | decode 1 thread |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (name, r, f1, fall, d) in [
+        ("Q3_PLE_32", q_ref, q_f1, q_fn, q_dec),
+        ("NVFP4", n_ref, n_f1, n_fn, n_dec),
+    ] {
+        println!(
+            "| {name} | {r:.3} GB/s | {f1:.3} GB/s | {fall:.3} GB/s | {:.1}x | {d:.3} GB/s |",
+            f1 / r
+        );
+    }
+}

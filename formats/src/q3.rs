@@ -1,0 +1,381 @@
+//! Q3_PLE_32: 3-bit codes in blocks of 32 for the per-layer embedding table.
+//!
+//! A block is 14 bytes: `scale: f16 LE` then 12 bytes of codes (3.5 bits per
+//! weight). The 32 codes form a 96-bit little-endian bit string: code `i`
+//! occupies bits `3i..3i+3`. A code `q ∈ 0..=7` stands for `k = q − 4 ∈ −4..=3`.
+//!
+//! One bf16 global scale `G` (stored separately, 2 bytes) covers the table:
+//! `G` is the table's absolute max, and block scales are f16 values relative
+//! to it, so any bf16 range fits f16's narrow exponent range.
+//!
+//! Quantization of a block (IEEE f32 arithmetic throughout), after checking
+//! every element is finite and `|x| ≤ G`:
+//! * `m` = the element of largest magnitude (first one on ties), sign kept,
+//!   as llama.cpp's `quantize_row_q4_0_ref` does: `m` maps to the extreme
+//!   code `k = −4`, which spends the asymmetric code on the larger side.
+//! * `s = f16(m / G / −4)` rounded to nearest even (`s = +0` if `m = 0` or
+//!   `G = 0`); `|s| ≤ 0.25`.
+//! * step `d = G × s`; `k = clamp(round_half_even(x / d), −4, 3)`
+//!   (`k = 0` if `d = 0`); `q = k + 4`.
+//!
+//! Decoding: `x̂ = d × (q − 4)`. Elements with `x/d ∈ [−4.5, 3.5]` decode
+//! within `|d|/2`; elements on the far side of `m` above `3.5|d|` clamp to
+//! `3d`. Documented bound for every element:
+//! `|x − x̂| ≤ |d| × (1 + 2⁻⁸) + G × 2⁻²² + 2⁻¹²⁵` ([`error_bound`]); the
+//! `G` term covers block scales that round into f16's subnormal range, the
+//! last term f32 underflow for absurdly small tables.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::error::{FormatError, Result};
+use crate::scan;
+
+/// Elements per block.
+pub const Q3_BLOCK: usize = 32;
+/// Bytes per block: 2 (f16 scale) + 12 (codes).
+pub const Q3_BLOCK_BYTES: usize = 14;
+/// Bytes of packed codes per block.
+pub const Q3_CODE_BYTES: usize = 12;
+/// Length of the separately stored global scale record.
+pub const Q3_GLOBAL_SCALE_BYTES: u64 = 2;
+
+/// Byte length of a segment of `rows` rows of `width` elements:
+/// `rows × (width / 32) × 14`. `width` must be a positive multiple of 32.
+pub fn q3_segment_len(rows: u64, width: u64) -> Result<u64> {
+    if width == 0 || !width.is_multiple_of(Q3_BLOCK as u64) {
+        return Err(FormatError::Q3BadWidth { width });
+    }
+    (width / Q3_BLOCK as u64)
+        .checked_mul(Q3_BLOCK_BYTES as u64)
+        .and_then(|r| r.checked_mul(rows))
+        .ok_or_else(|| FormatError::Overflow {
+            what: format!("Q3 segment length {rows} x {width}"),
+        })
+}
+
+/// The table-wide bf16 global scale `G` (finite, non-negative).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q3GlobalScale(u16);
+
+impl Q3GlobalScale {
+    /// `G` for a table whose absolute max is `amax` (rounded up to bf16 so
+    /// that every element satisfies `|x| ≤ G`; exact for bf16 inputs).
+    pub fn from_absmax(amax: f32) -> Result<Self> {
+        if !amax.is_finite() || amax < 0.0 {
+            return Err(FormatError::Q3GlobalScaleInvalid {
+                bits: bf16::from_f32(amax).to_bits(),
+            });
+        }
+        let mut g = bf16::from_f32(amax);
+        if g.to_f32() < amax {
+            g = bf16::from_bits(g.to_bits() + 1);
+        }
+        Self::from_bits(g.to_bits())
+    }
+
+    /// Validate raw bits.
+    pub fn from_bits(bits: u16) -> Result<Self> {
+        let g = bf16::from_bits(bits);
+        if !g.is_finite() || g.is_sign_negative() {
+            return Err(FormatError::Q3GlobalScaleInvalid { bits });
+        }
+        Ok(Q3GlobalScale(bits))
+    }
+
+    /// Parse the 2-byte record.
+    pub fn from_bytes(b: &[u8]) -> Result<Self> {
+        match b {
+            [lo, hi] => Self::from_bits(u16::from_le_bytes([*lo, *hi])),
+            _ => Err(FormatError::Q3GlobalScaleSize {
+                found: b.len() as u64,
+            }),
+        }
+    }
+
+    /// The 2-byte record (bf16 LE).
+    pub fn to_bytes(self) -> [u8; 2] {
+        self.0.to_le_bytes()
+    }
+
+    /// `G` as bf16.
+    pub fn value(self) -> bf16 {
+        bf16::from_bits(self.0)
+    }
+}
+
+/// Absolute max of (part of) a table, checking finiteness; `base` is the
+/// flat index of `x[0]` for error messages. Fast and parallel; combine the
+/// results of several segments with `f32::max`.
+pub fn table_absmax(key: &str, x: &[bf16], base: u64) -> Result<f32> {
+    scan::absmax_fast(key, x, base)
+}
+
+fn check_sizes(x_len: usize, width: usize, out_len: usize) -> Result<()> {
+    if width == 0 || !width.is_multiple_of(Q3_BLOCK) {
+        return Err(FormatError::Q3BadWidth {
+            width: width as u64,
+        });
+    }
+    if !x_len.is_multiple_of(width) {
+        return Err(FormatError::BufferSize {
+            what: "Q3 input (whole rows)",
+            expected: (x_len / width * width) as u64,
+            found: x_len as u64,
+        });
+    }
+    let want = x_len / Q3_BLOCK * Q3_BLOCK_BYTES;
+    if out_len != want {
+        return Err(FormatError::BufferSize {
+            what: "Q3 output",
+            expected: want as u64,
+            found: out_len as u64,
+        });
+    }
+    Ok(())
+}
+
+fn exceeds(key: &str, index: u64, value: f32, g: f32) -> FormatError {
+    FormatError::Q3ExceedsGlobalScale {
+        key: key.to_owned(),
+        index,
+        value,
+        global: g,
+    }
+}
+
+/// Block scale for signed max `m` under global scale `g`.
+#[inline]
+fn block_scale(m: f32, g: f32) -> f16 {
+    if m == 0.0 || g == 0.0 {
+        f16::ZERO
+    } else {
+        f16::from_f32(m / g / -4.0)
+    }
+}
+
+/// Reference encoder. `x` holds whole rows of `width` elements (flat index
+/// `base` at `x[0]`, used in errors); `out` receives `x.len()/32` blocks.
+pub fn encode_ref(
+    key: &str,
+    x: &[bf16],
+    width: usize,
+    g: Q3GlobalScale,
+    base: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    check_sizes(x.len(), width, out.len())?;
+    let gf = g.value().to_f32();
+    // Validate everything first so the error is always the first bad element.
+    for (i, v) in x.iter().enumerate() {
+        let f = v.to_f32();
+        if !f.is_finite() {
+            return Err(FormatError::NonFinite {
+                key: key.to_owned(),
+                index: base + i as u64,
+                value: f,
+            });
+        }
+        if f.abs() > gf {
+            return Err(exceeds(key, base + i as u64, f, gf));
+        }
+    }
+    for (block, o) in x.chunks(Q3_BLOCK).zip(out.chunks_mut(Q3_BLOCK_BYTES)) {
+        // Signed max: first element of largest magnitude.
+        let mut m = 0.0f32;
+        for v in block {
+            if v.to_f32().abs() > m.abs() {
+                m = v.to_f32();
+            }
+        }
+        let s = block_scale(m, gf);
+        let d = gf * s.to_f32();
+        o[..2].copy_from_slice(&s.to_bits().to_le_bytes());
+        let codes = &mut o[2..];
+        codes.fill(0);
+        for (i, v) in block.iter().enumerate() {
+            let k = if d == 0.0 {
+                0.0
+            } else {
+                (v.to_f32() / d).round_ties_even().clamp(-4.0, 3.0)
+            };
+            let q = (k as i32 + 4) as u32;
+            // Append q's three bits to the little-endian bit string.
+            for bit in 0..3 {
+                if q >> bit & 1 == 1 {
+                    let pos = 3 * i + bit;
+                    codes[pos / 8] |= 1 << (pos % 8);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Blocks per parallel work item of the fast encoder.
+const PAR_BLOCKS: usize = 512;
+
+/// Encode whole blocks (fast path, single thread; input already validated).
+fn encode_blocks(x: &[u16], g: f32, out: &mut [u8]) {
+    // 1.5 × 2²³: adding and subtracting it rounds to an integer, ties to
+    // even, for |v| < 2²² (here |v| ≤ 4).
+    const MAGIC: f32 = 12_582_912.0;
+    for (block, o) in x
+        .chunks_exact(Q3_BLOCK)
+        .zip(out.chunks_exact_mut(Q3_BLOCK_BYTES))
+    {
+        let mb = scan::max_mag_bits(block);
+        let m = block
+            .iter()
+            .find(|&&b| b & 0x7FFF == mb)
+            .map_or(0.0, |&b| scan::widen(b));
+        let s = block_scale(m, g);
+        let d = g * s.to_f32();
+        o[..2].copy_from_slice(&s.to_bits().to_le_bytes());
+        let mut q = [4u32; Q3_BLOCK];
+        if d != 0.0 {
+            for (q, &b) in q.iter_mut().zip(block) {
+                let v = (scan::widen(b) / d).clamp(-4.0, 3.0);
+                *q = ((v + MAGIC) - MAGIC + 4.0) as u32;
+            }
+        }
+        for (g8, o3) in q.chunks_exact(8).zip(o[2..].chunks_exact_mut(3)) {
+            let w = g8
+                .iter()
+                .enumerate()
+                .fold(0u32, |w, (j, &c)| w | c << (3 * j));
+            o3.copy_from_slice(&w.to_le_bytes()[..3]);
+        }
+    }
+}
+
+/// Fast encoder: byte-identical to [`encode_ref`] (same errors too),
+/// parallel over blocks with rayon on the current pool.
+pub fn encode(
+    key: &str,
+    x: &[bf16],
+    width: usize,
+    g: Q3GlobalScale,
+    base: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    check_sizes(x.len(), width, out.len())?;
+    let gf = g.value().to_f32();
+    let gbits = g.0;
+    let b = scan::bits(x);
+    const CHUNK: usize = PAR_BLOCKS * Q3_BLOCK;
+    let bad = b.par_chunks(CHUNK).enumerate().find_map_first(|(ci, c)| {
+        if scan::max_mag_bits(c) <= gbits {
+            return None;
+        }
+        // Rare path: the reference's serial scan gives the exact error.
+        let xs = &x[ci * CHUNK..ci * CHUNK + c.len()];
+        xs.iter().enumerate().find_map(|(i, v)| {
+            let f = v.to_f32();
+            let idx = base + (ci * CHUNK + i) as u64;
+            if !f.is_finite() {
+                Some(FormatError::NonFinite {
+                    key: key.to_owned(),
+                    index: idx,
+                    value: f,
+                })
+            } else if f.abs() > gf {
+                Some(exceeds(key, idx, f, gf))
+            } else {
+                None
+            }
+        })
+    });
+    if let Some(e) = bad {
+        return Err(e);
+    }
+    b.par_chunks(CHUNK)
+        .zip(out.par_chunks_mut(PAR_BLOCKS * Q3_BLOCK_BYTES))
+        .for_each(|(x, o)| encode_blocks(x, gf, o));
+    Ok(())
+}
+
+/// Decode blocks into `out` (`out.len()` must be `blocks.len() / 14 × 32`).
+pub fn decode(blocks: &[u8], g: Q3GlobalScale, out: &mut [f32]) -> Result<()> {
+    if !blocks.len().is_multiple_of(Q3_BLOCK_BYTES)
+        || out.len() != blocks.len() / Q3_BLOCK_BYTES * Q3_BLOCK
+    {
+        return Err(FormatError::BufferSize {
+            what: "Q3 decode output",
+            expected: (blocks.len() / Q3_BLOCK_BYTES * Q3_BLOCK) as u64,
+            found: out.len() as u64,
+        });
+    }
+    let gf = g.value().to_f32();
+    for (o, blk) in out
+        .chunks_exact_mut(Q3_BLOCK)
+        .zip(blocks.chunks_exact(Q3_BLOCK_BYTES))
+    {
+        let d = gf * f16::from_bits(u16::from_le_bytes([blk[0], blk[1]])).to_f32();
+        for (g8, c3) in o.chunks_exact_mut(8).zip(blk[2..].chunks_exact(3)) {
+            let w = u32::from_le_bytes([c3[0], c3[1], c3[2], 0]);
+            for (j, o) in g8.iter_mut().enumerate() {
+                *o = d * (((w >> (3 * j)) & 7) as i32 - 4) as f32;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The documented per-element error bound for a block whose stored scale
+/// has bits `scale_bits`, under global scale `g`.
+pub fn error_bound(scale_bits: u16, g: Q3GlobalScale) -> f32 {
+    let gf = g.value().to_f32();
+    let d = (gf * f16::from_bits(scale_bits).to_f32()).abs();
+    d * (1.0 + (-8f32).exp2()) + gf * (-22f32).exp2() + (-125f32).exp2()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_geometry_is_pinned() {
+        assert_eq!(q3_segment_len(320_001_536, 160).unwrap(), 22_400_107_520);
+        assert_eq!(q3_segment_len(2_500_012, 160).unwrap(), 175_000_840);
+        assert_eq!(175_000_840u64 * 128, 22_400_107_520);
+    }
+
+    #[test]
+    fn bad_widths() {
+        assert!(matches!(
+            q3_segment_len(1, 0),
+            Err(FormatError::Q3BadWidth { width: 0 })
+        ));
+        assert!(matches!(
+            q3_segment_len(1, 48),
+            Err(FormatError::Q3BadWidth { width: 48 })
+        ));
+        assert!(matches!(
+            q3_segment_len(u64::MAX, 64),
+            Err(FormatError::Overflow { .. })
+        ));
+    }
+
+    #[test]
+    fn global_scale_validation() {
+        let g = Q3GlobalScale::from_absmax(1.5).unwrap();
+        assert_eq!(Q3GlobalScale::from_bytes(&g.to_bytes()).unwrap(), g);
+        // Rounds up, never down.
+        let g = Q3GlobalScale::from_absmax(1.0 + 1.0 / 1024.0).unwrap();
+        assert!(g.value().to_f32() >= 1.0 + 1.0 / 1024.0);
+        assert!(matches!(
+            Q3GlobalScale::from_bytes(&[0; 3]),
+            Err(FormatError::Q3GlobalScaleSize { found: 3 })
+        ));
+        assert!(matches!(
+            Q3GlobalScale::from_bits(0xBF80),
+            Err(FormatError::Q3GlobalScaleInvalid { .. })
+        ));
+        assert!(matches!(
+            Q3GlobalScale::from_bits(0x7FC0),
+            Err(FormatError::Q3GlobalScaleInvalid { .. })
+        ));
+        assert!(Q3GlobalScale::from_absmax(f32::NAN).is_err());
+    }
+}

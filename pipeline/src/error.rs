@@ -1,0 +1,36 @@
+//! Errors of the pipeline.
+
+use std::path::PathBuf;
+
+use crate::state::IllegalTransition;
+
+/// Everything the pipeline can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// Another ftpipe process works on the same directory.
+    #[error("{lock} is held by another ftpipe (pid {pid}); wait for it or stop it")]
+    Locked { lock: PathBuf, pid: String },
+    /// A stage failed.
+    #[error(transparent)]
+    Stage(#[from] ftpipe_stages::StageError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] ftpipe_receipts::StoreError),
+    /// The event log holds an impossible sequence.
+    #[error(transparent)]
+    IllegalTransition(#[from] IllegalTransition),
+    /// A local filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory has no ftpipe state.
+    #[error("{dir} holds no ftpipe state (no .ftpipe/state.db); run `ftpipe fetch` first")]
+    NoState { dir: PathBuf },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = PipelineError> = std::result::Result<T, E>;

@@ -1,0 +1,290 @@
+//! The durable pipeline: directory layout, locking, stage order and the
+//! stage-event log.
+//!
+//! A command opens the output directory (taking the lock and starting a
+//! run), then runs stages in order. Each stage is bracketed by `started` and
+//! `completed`/`failed` events appended through [`state::StageState::record`],
+//! the same function `status` replays, so what is shown is what is logged.
+
+mod error;
+mod lock;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+use ftpipe_receipts::{Pin, RunId, Store};
+use ftpipe_stages::audit::{AuditReport, audit};
+use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
+use ftpipe_stages::hub::{HubClient, Token};
+use ftpipe_stages::progress::Reporter;
+use ftpipe_stages::resolve::{ResolveRequest, resolve};
+
+pub use error::{PipelineError, Result};
+pub use lock::DirLock;
+use state::{STAGES, StageEvent, StageState};
+
+/// Where things live under `--out`.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The output directory.
+    pub out: PathBuf,
+    /// `DIR/.ftpipe`.
+    pub state_dir: PathBuf,
+    /// `DIR/.ftpipe/state.db`.
+    pub db: PathBuf,
+    /// `DIR/.ftpipe/lock`.
+    pub lock: PathBuf,
+    /// `DIR/source`.
+    pub source: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `out`.
+    pub fn new(out: &Path) -> Layout {
+        let state_dir = out.join(".ftpipe");
+        Layout {
+            out: out.to_owned(),
+            db: state_dir.join("state.db"),
+            lock: state_dir.join("lock"),
+            source: out.join("source"),
+            state_dir,
+        }
+    }
+}
+
+/// Everything `fetch` needs from the command line.
+#[derive(Debug, Clone)]
+pub struct FetchParams {
+    /// Hub endpoint.
+    pub endpoint: String,
+    /// Bearer token (never stored).
+    pub token: Option<Token>,
+    /// Revision request.
+    pub resolve: ResolveRequest,
+    /// Per-read stall timeout.
+    pub read_timeout: Duration,
+    /// Transfer tunables.
+    pub options: FetchOptions,
+}
+
+/// What a finished fetch reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct FetchOutcome {
+    /// The pin in force.
+    pub pin: Pin,
+    /// Set when the branch moved and the pin was kept.
+    pub branch_moved_to: Option<String>,
+    /// Start-of-run reconciliation.
+    pub reconcile: ReconcileReport,
+    /// The audit after the fetch.
+    pub audit: AuditReport,
+}
+
+/// An open output directory with its lock, store and current run.
+pub struct Pipeline {
+    layout: Layout,
+    store: Arc<Store>,
+    run: RunId,
+    states: Mutex<BTreeMap<String, StageState>>,
+    _lock: DirLock,
+}
+
+/// Replays the event log into per-stage states.
+pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<String, StageState>> {
+    let mut states: BTreeMap<String, StageState> = STAGES
+        .iter()
+        .map(|s| (s.to_string(), StageState::Pending))
+        .collect();
+    for e in events {
+        let Some(event) = StageEvent::parse(&e.event) else {
+            continue;
+        };
+        let state = states.entry(e.stage.clone()).or_insert(StageState::Pending);
+        *state = state.record(&e.stage, event, e.run_id)?;
+    }
+    Ok(states)
+}
+
+impl Pipeline {
+    /// Opens `out` for writing: creates the layout, takes the lock, opens the
+    /// store and records a new run.
+    pub async fn open(out: &Path, command: &str) -> Result<Pipeline> {
+        let layout = Layout::new(out);
+        std::fs::create_dir_all(&layout.state_dir).map_err(|source| PipelineError::Io {
+            op: "create",
+            path: layout.state_dir.clone(),
+            source,
+        })?;
+        let lock = DirLock::acquire(&layout.lock)?;
+        let store = Store::open(&layout.db).await?;
+        let states = replay(&store.stage_events().await?)?;
+        let run = store.begin_run(command, env!("CARGO_PKG_VERSION")).await?;
+        Ok(Pipeline {
+            layout,
+            store: Arc::new(store),
+            run,
+            states: Mutex::new(states),
+            _lock: lock,
+        })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    async fn record(&self, stage: &str, event: StageEvent, detail: &str) -> Result<()> {
+        let mut states = self.states.lock().await;
+        let current = states.get(stage).copied().unwrap_or(StageState::Pending);
+        let next = current.record(stage, event, self.run)?;
+        self.store
+            .append_stage_event(self.run, stage, event.as_str(), detail)
+            .await?;
+        states.insert(stage.to_owned(), next);
+        Ok(())
+    }
+
+    /// Runs one stage between `started` and `completed`/`failed` events.
+    async fn stage<T, F>(&self, name: &str, fut: F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        self.record(name, StageEvent::Started, "").await?;
+        match fut.await {
+            Ok(v) => {
+                self.record(name, StageEvent::Completed, "").await?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.record(name, StageEvent::Failed, &e.to_string())
+                    .await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// resolve → reconcile → fetch → audit.
+    pub async fn fetch(
+        &self,
+        params: FetchParams,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<FetchOutcome> {
+        let client = HubClient::new(&params.endpoint, params.token.clone(), params.read_timeout)?;
+        let resolved = self
+            .stage("resolve", async {
+                Ok(resolve(&client, &self.store, &params.resolve, reporter.as_ref()).await?)
+            })
+            .await?;
+        let source = self.layout.source.clone();
+        let report = self
+            .stage("fetch", async {
+                let files = &resolved.selected;
+                let report =
+                    reconcile(&self.store, self.run, &source, files, reporter.as_ref()).await?;
+                let ctx = Arc::new(FetchCtx::new(
+                    client.clone(),
+                    self.store.clone(),
+                    self.run,
+                    resolved.pin.clone(),
+                    reporter.clone(),
+                    params.options.clone(),
+                    source.clone(),
+                ));
+                fetch(ctx, files).await?;
+                Ok(report)
+            })
+            .await?;
+        let audit = audit(&self.store, &self.layout.source, false).await?;
+        Ok(FetchOutcome {
+            pin: resolved.pin,
+            branch_moved_to: resolved.branch_moved_to,
+            reconcile: report,
+            audit,
+        })
+    }
+}
+
+/// Opens the store of an existing output directory without the lock, for
+/// read-only commands (`status`, `audit`) that may run beside a fetch.
+pub async fn open_existing(out: &Path) -> Result<(Layout, Store)> {
+    let layout = Layout::new(out);
+    if !layout.db.is_file() {
+        return Err(PipelineError::NoState {
+            dir: out.to_owned(),
+        });
+    }
+    let store = Store::open(&layout.db).await?;
+    Ok((layout, store))
+}
+
+/// What `status` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusReport {
+    /// The pin, if any.
+    pub pin: Option<Pin>,
+    /// Per-stage state replayed from the log.
+    pub stages: BTreeMap<String, StageState>,
+    /// Selected files.
+    pub files: usize,
+    /// Files with receipts.
+    pub published: usize,
+    /// Files with bytes committed but not published.
+    pub partial: usize,
+    /// Sum of expected bytes.
+    pub expected_bytes: u64,
+    /// Sum of durable bytes (committed + adopted).
+    pub durable_bytes: u64,
+}
+
+/// Status of `out`, derived from the event log and the ledger.
+pub async fn status(out: &Path) -> Result<StatusReport> {
+    let (_, store) = open_existing(out).await?;
+    let stages = replay(&store.stage_events().await?)?;
+    let ledger = store.ledger().await?;
+    let selected: std::collections::HashSet<String> = store
+        .files()
+        .await?
+        .into_iter()
+        .filter(|f| f.selected)
+        .map(|f| f.path)
+        .collect();
+    let receipts: std::collections::HashSet<String> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    let ledger: Vec<_> = ledger
+        .into_iter()
+        .filter(|l| selected.contains(&l.path))
+        .collect();
+    Ok(StatusReport {
+        pin: store.pin().await?,
+        stages,
+        files: ledger.len(),
+        published: ledger.iter().filter(|l| receipts.contains(&l.path)).count(),
+        partial: ledger
+            .iter()
+            .filter(|l| !receipts.contains(&l.path) && l.committed > 0)
+            .count(),
+        expected_bytes: ledger.iter().map(|l| l.expected).sum(),
+        durable_bytes: ledger.iter().map(|l| l.committed + l.adopted).sum(),
+    })
+}
+
+/// Audit of `out` (read-only).
+pub async fn audit_dir(out: &Path, deep: bool) -> Result<AuditReport> {
+    let (layout, store) = open_existing(out).await?;
+    Ok(audit(&store, &layout.source, deep).await?)
+}

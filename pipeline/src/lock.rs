@@ -1,0 +1,64 @@
+//! One ftpipe per output directory: an exclusive advisory lock on
+//! `DIR/.ftpipe/lock`, holding the owner's PID for the error message.
+//! The kernel releases the lock when the process dies, even on `kill -9`.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{PipelineError, Result};
+
+/// Held for as long as the value lives.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl DirLock {
+    /// Takes the lock or fails at once naming the holder's PID.
+    pub fn acquire(path: &Path) -> Result<DirLock> {
+        let io = |op, source| PipelineError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io("open", e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(PipelineError::Locked {
+                    lock: path.to_owned(),
+                    pid: if pid.is_empty() {
+                        "unknown".into()
+                    } else {
+                        pid.to_owned()
+                    },
+                });
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io("lock", e)),
+        }
+        file.set_len(0).map_err(|e| io("truncate", e))?;
+        file.seek(SeekFrom::Start(0)).map_err(|e| io("seek", e))?;
+        write!(file, "{}", std::process::id()).map_err(|e| io("write", e))?;
+        file.flush().map_err(|e| io("write", e))?;
+        Ok(DirLock {
+            _file: file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The lock file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}

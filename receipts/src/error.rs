@@ -1,0 +1,58 @@
+//! Errors of the durable store.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading or writing the state database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened or created.
+    #[error("cannot open state database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A migration failed to apply.
+    #[error("cannot migrate state database {path}: {source}")]
+    Migrate {
+        path: PathBuf,
+        #[source]
+        source: sqlx::migrate::MigrateError,
+    },
+    /// A query failed.
+    #[error("state database query failed ({context}): {source}")]
+    Query {
+        context: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    /// A ledger row that must exist does not.
+    #[error("no ledger row for {path}")]
+    MissingLedger { path: String },
+    /// A counter stored in SQLite is negative or does not fit in u64.
+    #[error("corrupt counter {column} = {value} for {path}")]
+    CorruptCounter {
+        path: String,
+        column: &'static str,
+        value: i64,
+    },
+    /// A byte count does not fit in SQLite's signed 64-bit integer.
+    #[error("byte count {value} for {path} exceeds the database limit")]
+    CounterOverflow { path: String, value: u64 },
+    /// `PRAGMA integrity_check` reported a problem.
+    #[error("state database integrity check failed: {report}")]
+    Integrity { report: String },
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+pub(crate) trait QueryContext<T> {
+    fn ctx(self, context: &'static str) -> Result<T>;
+}
+
+impl<T> QueryContext<T> for std::result::Result<T, sqlx::Error> {
+    fn ctx(self, context: &'static str) -> Result<T> {
+        self.map_err(|source| StoreError::Query { context, source })
+    }
+}

@@ -1,0 +1,18 @@
+//! The durable store of ftpipe: one SQLite file per target directory.
+//!
+//! Why SQLite: a single file, transactional, and its WAL mode survives
+//! `kill -9` and power loss once `synchronous=FULL` is set. This crate is
+//! the only place that speaks SQL. It has one writer (a single connection
+//! behind a mutex), every write runs in `BEGIN IMMEDIATE`, and WAL is set
+//! once, when the database is created.
+//!
+//! The store never decides anything: callers fsync their bytes first and
+//! only then call the method that claims them.
+
+mod error;
+mod model;
+mod store;
+
+pub use error::{Result, StoreError};
+pub use model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+pub use store::Store;

@@ -1,0 +1,591 @@
+//! [`Store`]: the single writer over the state database.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{Connection, Row, SqliteConnection};
+use tokio::sync::Mutex;
+
+use crate::error::{QueryContext, Result, StoreError};
+use crate::model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+/// The state database. Cheap to share behind an `Arc`.
+pub struct Store {
+    path: PathBuf,
+    conn: Mutex<SqliteConnection>,
+}
+
+fn to_i64(path: &str, value: u64) -> Result<i64> {
+    i64::try_from(value).map_err(|_| StoreError::CounterOverflow {
+        path: path.to_owned(),
+        value,
+    })
+}
+
+fn to_u64(path: &str, column: &'static str, value: i64) -> Result<u64> {
+    u64::try_from(value).map_err(|_| StoreError::CorruptCounter {
+        path: path.to_owned(),
+        column,
+        value,
+    })
+}
+
+impl Store {
+    /// Opens (creating and migrating if needed) the database at `path`.
+    ///
+    /// WAL is set only when the file is created; SQLite persists it in the
+    /// file header, so later opens inherit it.
+    pub async fn open(path: &Path) -> Result<Store> {
+        let bootstrap = !path.exists();
+        let mut options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        if bootstrap {
+            options = options.journal_mode(SqliteJournalMode::Wal);
+        }
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|source| StoreError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        MIGRATOR
+            .run(&mut conn)
+            .await
+            .map_err(|source| StoreError::Migrate {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Store {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `PRAGMA integrity_check` and fails unless it answers `ok`.
+    pub async fn integrity_check(&self) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let report: String = sqlx::query_scalar("PRAGMA integrity_check")
+            .fetch_one(&mut *conn)
+            .await
+            .ctx("integrity_check")?;
+        if report == "ok" {
+            Ok(())
+        } else {
+            Err(StoreError::Integrity { report })
+        }
+    }
+
+    /// The journal mode in force (`wal` once bootstrapped).
+    pub async fn journal_mode(&self) -> Result<String> {
+        let mut conn = self.conn.lock().await;
+        sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut *conn)
+            .await
+            .ctx("journal_mode")
+    }
+
+    /// Records a new run and returns its id.
+    pub async fn begin_run(&self, command: &str, version: &str) -> Result<RunId> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let id = sqlx::query("INSERT INTO runs (command, pid, ftpipe_version) VALUES (?, ?, ?)")
+            .bind(command)
+            .bind(i64::from(std::process::id()))
+            .bind(version)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert run")?
+            .last_insert_rowid();
+        tx.commit().await.ctx("commit run")?;
+        Ok(id)
+    }
+
+    /// Appends one stage event to the log.
+    pub async fn append_stage_event(
+        &self,
+        run: RunId,
+        stage: &str,
+        event: &str,
+        detail: &str,
+    ) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("INSERT INTO stage_events (run_id, stage, event, detail) VALUES (?, ?, ?, ?)")
+            .bind(run)
+            .bind(stage)
+            .bind(event)
+            .bind(detail)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert stage event")?;
+        tx.commit().await.ctx("commit stage event")
+    }
+
+    /// The whole stage-event log in order.
+    pub async fn stage_events(&self) -> Result<Vec<StageEventRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT id, run_id, stage, event, detail, at FROM stage_events ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select stage events")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| StageEventRow {
+                id: r.get(0),
+                run_id: r.get(1),
+                stage: r.get(2),
+                event: r.get(3),
+                detail: r.get(4),
+                at: r.get(5),
+            })
+            .collect())
+    }
+
+    /// The pin, if resolve has run.
+    pub async fn pin(&self) -> Result<Option<Pin>> {
+        let mut conn = self.conn.lock().await;
+        let row = sqlx::query("SELECT repo, revision, commit_sha, endpoint FROM pin WHERE id = 1")
+            .fetch_optional(&mut *conn)
+            .await
+            .ctx("select pin")?;
+        Ok(row.map(|r| Pin {
+            repo: r.get(0),
+            revision: r.get(1),
+            commit: r.get(2),
+            endpoint: r.get(3),
+        }))
+    }
+
+    /// Stores the pin and its listing in one transaction, replacing an
+    /// older pin. Ledger rows are created for new selected files and kept for
+    /// files whose identity is unchanged; rows of files whose identity changed
+    /// or that left the listing are removed with their receipts.
+    pub async fn save_pin(&self, pin: &Pin, files: &[FileRow]) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO pin (id, repo, revision, commit_sha, endpoint) VALUES (1, ?, ?, ?, ?)
+             ON CONFLICT(id) DO UPDATE SET repo = excluded.repo, revision = excluded.revision,
+               commit_sha = excluded.commit_sha, endpoint = excluded.endpoint,
+               pinned_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        )
+        .bind(&pin.repo)
+        .bind(&pin.revision)
+        .bind(&pin.commit)
+        .bind(&pin.endpoint)
+        .execute(&mut *tx)
+        .await
+        .ctx("upsert pin")?;
+        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS new_files (path TEXT PRIMARY KEY, size INTEGER, git_oid TEXT, lfs_sha256 TEXT, xet_hash TEXT, selected INTEGER)")
+            .execute(&mut *tx)
+            .await
+            .ctx("temp table")?;
+        sqlx::query("DELETE FROM new_files")
+            .execute(&mut *tx)
+            .await
+            .ctx("clear temp")?;
+        for f in files {
+            sqlx::query("INSERT INTO new_files VALUES (?, ?, ?, ?, ?, ?)")
+                .bind(&f.path)
+                .bind(to_i64(&f.path, f.size)?)
+                .bind(&f.git_oid)
+                .bind(&f.lfs_sha256)
+                .bind(&f.xet_hash)
+                .bind(f.selected)
+                .execute(&mut *tx)
+                .await
+                .ctx("insert temp file")?;
+        }
+        // Files gone or changed in identity lose their ledger and receipt.
+        macro_rules! stale {
+            () => {
+                "SELECT f.path FROM files f LEFT JOIN new_files n ON n.path = f.path
+                 WHERE n.path IS NULL OR n.size IS NOT f.size OR n.git_oid IS NOT f.git_oid
+                   OR n.lfs_sha256 IS NOT f.lfs_sha256"
+            };
+        }
+        for sql in [
+            concat!("DELETE FROM receipts WHERE path IN (", stale!(), ")"),
+            concat!("DELETE FROM ledger WHERE path IN (", stale!(), ")"),
+            concat!("DELETE FROM files WHERE path IN (", stale!(), ")"),
+        ] {
+            sqlx::query(sql)
+                .execute(&mut *tx)
+                .await
+                .ctx("drop stale rows")?;
+        }
+        sqlx::query(
+            "INSERT INTO files (path, size, git_oid, lfs_sha256, xet_hash, selected)
+             SELECT path, size, git_oid, lfs_sha256, xet_hash, selected FROM new_files WHERE true
+             ON CONFLICT(path) DO UPDATE SET selected = excluded.selected, xet_hash = excluded.xet_hash",
+        )
+        .execute(&mut *tx)
+        .await
+        .ctx("upsert files")?;
+        sqlx::query(
+            "INSERT OR IGNORE INTO ledger (path, expected_bytes)
+             SELECT path, size FROM files WHERE selected = 1",
+        )
+        .execute(&mut *tx)
+        .await
+        .ctx("create ledger rows")?;
+        tx.commit().await.ctx("commit pin")
+    }
+
+    /// The pinned listing, ordered by path.
+    pub async fn files(&self) -> Result<Vec<FileRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT path, size, git_oid, lfs_sha256, xet_hash, selected FROM files ORDER BY path",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select files")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(FileRow {
+                    size: to_u64(&path, "size", r.get(1))?,
+                    git_oid: r.get(2),
+                    lfs_sha256: r.get(3),
+                    xet_hash: r.get(4),
+                    selected: r.get(5),
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Every ledger row with its discard total, ordered by path.
+    pub async fn ledger(&self) -> Result<Vec<LedgerRow>> {
+        self.ledger_where(None).await
+    }
+
+    /// The ledger row of one file.
+    pub async fn ledger_row(&self, path: &str) -> Result<LedgerRow> {
+        self.ledger_where(Some(path))
+            .await?
+            .pop()
+            .ok_or_else(|| StoreError::MissingLedger {
+                path: path.to_owned(),
+            })
+    }
+
+    async fn ledger_where(&self, only: Option<&str>) -> Result<Vec<LedgerRow>> {
+        let mut conn = self.conn.lock().await;
+        let query = sqlx::query(
+            "SELECT l.path, l.expected_bytes, l.committed_bytes, l.transferred_bytes,
+                    l.adopted_bytes, l.validator,
+                    (SELECT COALESCE(SUM(bytes), 0) FROM discards d WHERE d.path = l.path)
+             FROM ledger l WHERE ?1 IS NULL OR l.path = ?1 ORDER BY l.path",
+        )
+        .bind(only);
+        let rows = query.fetch_all(&mut *conn).await.ctx("select ledger")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(LedgerRow {
+                    expected: to_u64(&path, "expected_bytes", r.get(1))?,
+                    committed: to_u64(&path, "committed_bytes", r.get(2))?,
+                    transferred: to_u64(&path, "transferred_bytes", r.get(3))?,
+                    adopted: to_u64(&path, "adopted_bytes", r.get(4))?,
+                    validator: r.get(5),
+                    discarded: to_u64(&path, "discards", r.get(6))?,
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Advances the watermark of `path` to `committed` and adds
+    /// `transferred_delta` received bytes. Call only after the bytes up to
+    /// `committed` are fsynced.
+    pub async fn checkpoint(
+        &self,
+        path: &str,
+        committed: u64,
+        transferred_delta: u64,
+        validator: Option<&str>,
+    ) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let changed = sqlx::query(
+            "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?,
+               validator = ? WHERE path = ?",
+        )
+        .bind(to_i64(path, committed)?)
+        .bind(to_i64(path, transferred_delta)?)
+        .bind(validator)
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("checkpoint")?
+        .rows_affected();
+        if changed != 1 {
+            return Err(StoreError::MissingLedger {
+                path: path.to_owned(),
+            });
+        }
+        tx.commit().await.ctx("commit checkpoint")
+    }
+
+    /// Records that `bytes` were thrown away for `reason` and sets the
+    /// watermark to `committed`. `also_transferred` is for bytes received
+    /// but never counted (a tail beyond the watermark found after a crash).
+    pub async fn discard(
+        &self,
+        run: RunId,
+        path: &str,
+        reason: &str,
+        bytes: u64,
+        committed: u64,
+        also_transferred: bool,
+    ) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
+            .bind(run)
+            .bind(path)
+            .bind(reason)
+            .bind(to_i64(path, bytes)?)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert discard")?;
+        let extra = if also_transferred {
+            to_i64(path, bytes)?
+        } else {
+            0
+        };
+        let validator_reset = committed == 0;
+        sqlx::query(
+            "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?,
+               validator = CASE WHEN ? THEN NULL ELSE validator END WHERE path = ?",
+        )
+        .bind(to_i64(path, committed)?)
+        .bind(extra)
+        .bind(validator_reset)
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("discard ledger")?;
+        tx.commit().await.ctx("commit discard")
+    }
+
+    /// All discards, in order.
+    pub async fn discards(&self) -> Result<Vec<DiscardRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query("SELECT path, reason, bytes, at FROM discards ORDER BY id")
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("select discards")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(DiscardRow {
+                    reason: r.get(1),
+                    bytes: to_u64(&path, "discards.bytes", r.get(2))?,
+                    at: r.get(3),
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Inserts an attempt as `in_flight` and returns its id.
+    pub async fn start_attempt(&self, run: RunId, attempt: &Attempt) -> Result<i64> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let range_start = attempt
+            .range_start
+            .map(|v| to_i64(&attempt.path, v))
+            .transpose()?;
+        let id = sqlx::query(
+            "INSERT INTO attempts (run_id, path, host, range_start, if_range, outcome)
+             VALUES (?, ?, ?, ?, ?, 'in_flight')",
+        )
+        .bind(run)
+        .bind(&attempt.path)
+        .bind(&attempt.host)
+        .bind(range_start)
+        .bind(&attempt.if_range)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert attempt")?
+        .last_insert_rowid();
+        tx.commit().await.ctx("commit attempt")?;
+        Ok(id)
+    }
+
+    /// Records how an attempt ended.
+    pub async fn finish_attempt(&self, attempt: &Attempt) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "UPDATE attempts SET finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), host = ?,
+               status = ?, content_range = ?, etag = ?, body_bytes = ?, outcome = ?, error = ?
+             WHERE id = ?",
+        )
+        .bind(&attempt.host)
+        .bind(attempt.status.map(i64::from))
+        .bind(&attempt.content_range)
+        .bind(&attempt.etag)
+        .bind(to_i64(&attempt.path, attempt.body_bytes)?)
+        .bind(&attempt.outcome)
+        .bind(&attempt.error)
+        .bind(attempt.id)
+        .execute(&mut *tx)
+        .await
+        .ctx("finish attempt")?;
+        tx.commit().await.ctx("commit attempt")
+    }
+
+    /// All attempts, in order.
+    pub async fn attempts(&self) -> Result<Vec<Attempt>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT id, path, host, range_start, if_range, status, content_range, etag,
+                    body_bytes, outcome, error, started_at FROM attempts ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select attempts")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(1);
+                let range_start: Option<i64> = r.get(3);
+                let status: Option<i64> = r.get(5);
+                Ok(Attempt {
+                    id: r.get(0),
+                    host: r.get(2),
+                    range_start: range_start
+                        .map(|v| to_u64(&path, "range_start", v))
+                        .transpose()?,
+                    if_range: r.get(4),
+                    status: status.and_then(|s| u16::try_from(s).ok()),
+                    content_range: r.get(6),
+                    etag: r.get(7),
+                    body_bytes: to_u64(&path, "body_bytes", r.get(8))?,
+                    outcome: r.get(9),
+                    error: r.get(10),
+                    started_at: r.get(11),
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Writes the receipt of a published file. When `adopted` the file was
+    /// found on disk: any partial watermark is discarded and its bytes are
+    /// counted as adopted.
+    pub async fn put_receipt(&self, run: RunId, receipt: &Receipt) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        if receipt.adopted {
+            sqlx::query(
+                "INSERT INTO discards (run_id, path, reason, bytes)
+                 SELECT ?, path, 'superseded_by_adopted_file', committed_bytes FROM ledger
+                 WHERE path = ? AND committed_bytes > 0 AND committed_bytes < expected_bytes",
+            )
+            .bind(run)
+            .bind(&receipt.path)
+            .execute(&mut *tx)
+            .await
+            .ctx("adopt discard")?;
+            sqlx::query(
+                "UPDATE ledger SET
+                   committed_bytes = CASE WHEN committed_bytes = expected_bytes THEN committed_bytes ELSE 0 END,
+                   adopted_bytes = CASE WHEN committed_bytes = expected_bytes THEN 0 ELSE expected_bytes END
+                 WHERE path = ?",
+            )
+            .bind(&receipt.path)
+            .execute(&mut *tx)
+            .await
+            .ctx("adopt ledger")?;
+        }
+        sqlx::query(
+            "INSERT INTO receipts (path, size, digest_kind, digest, run_id, adopted)
+             VALUES (?, ?, ?, ?, ?, ?)
+             ON CONFLICT(path) DO UPDATE SET size = excluded.size, digest_kind = excluded.digest_kind,
+               digest = excluded.digest, run_id = excluded.run_id, adopted = excluded.adopted,
+               completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        )
+        .bind(&receipt.path)
+        .bind(to_i64(&receipt.path, receipt.size)?)
+        .bind(&receipt.digest_kind)
+        .bind(&receipt.digest)
+        .bind(run)
+        .bind(receipt.adopted)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert receipt")?;
+        tx.commit().await.ctx("commit receipt")
+    }
+
+    /// Removes a receipt whose file vanished and discards its committed bytes
+    /// so the ledger keeps adding up when the file is fetched again.
+    pub async fn revoke_receipt(&self, run: RunId, path: &str, reason: &str) -> Result<()> {
+        let mut conn = self.conn.lock().await;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO discards (run_id, path, reason, bytes)
+             SELECT ?, path, ?, committed_bytes FROM ledger WHERE path = ? AND committed_bytes > 0",
+        )
+        .bind(run)
+        .bind(reason)
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("revoke discard")?;
+        sqlx::query(
+            "UPDATE ledger SET committed_bytes = 0, adopted_bytes = 0, validator = NULL WHERE path = ?",
+        )
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("revoke ledger")?;
+        sqlx::query("DELETE FROM receipts WHERE path = ?")
+            .bind(path)
+            .execute(&mut *tx)
+            .await
+            .ctx("delete receipt")?;
+        tx.commit().await.ctx("commit revoke")
+    }
+
+    /// All receipts, ordered by path.
+    pub async fn receipts(&self) -> Result<Vec<Receipt>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT path, size, digest_kind, digest, completed_at, adopted FROM receipts ORDER BY path",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select receipts")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(Receipt {
+                    size: to_u64(&path, "receipts.size", r.get(1))?,
+                    digest_kind: r.get(2),
+                    digest: r.get(3),
+                    completed_at: r.get(4),
+                    adopted: r.get(5),
+                    path,
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,280 @@
+//! `ftpipe`: the command line. Thin on purpose: parse arguments, pick a
+//! progress display, call the pipeline, print, and map errors to exit codes.
+
+mod demo;
+mod report;
+mod table;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+
+use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
+use ftpipe_stages::StageError;
+use ftpipe_stages::fetch::FetchOptions;
+use ftpipe_stages::hub::Token;
+use ftpipe_stages::progress::Reporter;
+use ftpipe_stages::resolve::ResolveRequest;
+
+/// Exit codes (also listed in the README).
+mod exit {
+    pub const FAILURE: u8 = 1;
+    pub const LOCKED: u8 = 3;
+    pub const AUDIT_FAILED: u8 = 4;
+    pub const NO_SPACE: u8 = 5;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "ftpipe",
+    version,
+    about = "Resumable, verified acquisition of pinned model checkpoints"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Download a pinned repo into DIR/source with strict Range resume.
+    Fetch(FetchArgs),
+    /// Show the pin, stage states and byte counts of DIR.
+    Status {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reconcile the byte ledger against receipts and files on disk.
+    Audit {
+        #[arg(long)]
+        out: PathBuf,
+        /// Re-hash every published file.
+        #[arg(long)]
+        deep: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve a generated checkpoint locally, fetch it with one crash and resume.
+    Demo {
+        /// Where to leave the result (default: a new temp dir).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// Repository id, e.g. `Qwen/Qwen4-Exp`.
+    repo: String,
+    #[arg(long, default_value = "main")]
+    revision: String,
+    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    endpoint: String,
+    #[arg(long)]
+    out: PathBuf,
+    /// Only files matching these globs.
+    #[arg(long)]
+    include: Vec<String>,
+    /// Skip files matching these globs.
+    #[arg(long)]
+    exclude: Vec<String>,
+    /// Files transferred in parallel.
+    #[arg(long, default_value_t = 4)]
+    jobs: usize,
+    /// Periodic log lines instead of bars.
+    #[arg(long)]
+    quiet: bool,
+    /// Newline-delimited JSON events and a JSON summary.
+    #[arg(long)]
+    json: bool,
+    /// Read the token from this file (else HF_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Follow a moved branch instead of keeping the pin.
+    #[arg(long)]
+    repin: bool,
+    /// Per-read stall timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    read_timeout: f64,
+    /// Durable checkpoint interval in bytes.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    checkpoint_bytes: u64,
+    /// Durable checkpoint interval in seconds.
+    #[arg(long, default_value_t = 2.0)]
+    checkpoint_secs: f64,
+    /// Retries per file for transient failures.
+    #[arg(long, default_value_t = 8)]
+    retries: u32,
+    /// First retry delay in milliseconds.
+    #[arg(long, default_value_t = 250)]
+    retry_base_ms: u64,
+    /// Skip the free-space check before starting.
+    #[arg(long)]
+    no_preflight: bool,
+}
+
+fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
+}
+
+fn token(args: &FetchArgs) -> anyhow::Result<Option<Token>> {
+    if let Some(path) = &args.token_file {
+        let raw = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read token file {}", path.display()))?;
+        let Some(t) = Token::new(&raw) else {
+            bail!("token file {} is empty", path.display())
+        };
+        return Ok(Some(t));
+    }
+    Ok(std::env::var("HF_TOKEN").ok().and_then(|t| Token::new(&t)))
+}
+
+fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
+    use std::io::IsTerminal;
+    if json {
+        Arc::new(report::JsonLines)
+    } else if quiet || !std::io::stderr().is_terminal() {
+        Arc::new(report::LogLines::new())
+    } else {
+        Arc::new(report::Bars::new())
+    }
+}
+
+/// Runs a fetch and returns whether everything verified.
+async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
+    let params = FetchParams {
+        endpoint: args.endpoint.clone(),
+        token: token(&args)?,
+        read_timeout: secs("--read-timeout", args.read_timeout)?,
+        resolve: ResolveRequest {
+            repo: args.repo.clone(),
+            revision: args.revision.clone(),
+            repin: args.repin,
+            include: args.include.clone(),
+            exclude: args.exclude.clone(),
+        },
+        options: FetchOptions {
+            jobs: args.jobs,
+            checkpoint_bytes: args.checkpoint_bytes.max(1),
+            checkpoint_interval: secs("--checkpoint-secs", args.checkpoint_secs)?,
+            retries: args.retries,
+            retry_base: Duration::from_millis(args.retry_base_ms),
+            preflight: !args.no_preflight,
+        },
+    };
+    let pipeline = Pipeline::open(&args.out, "fetch").await?;
+    let outcome = pipeline
+        .fetch(params, reporter(args.json, args.quiet))
+        .await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": "summary", "outcome": outcome })
+        );
+    } else {
+        print!("{}", table::render(&outcome.audit));
+    }
+    Ok(outcome.audit.ok)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    match cli.command {
+        Command::Fetch(args) => run_fetch(args).await,
+        Command::Status { out, json } => {
+            let s = ftpipe_pipeline::status(&out).await?;
+            if json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                print_status(&out, &s);
+            }
+            Ok(true)
+        }
+        Command::Audit { out, deep, json } => {
+            let a = ftpipe_pipeline::audit_dir(&out, deep).await?;
+            if json {
+                println!("{}", serde_json::to_string(&a)?);
+            } else {
+                print!("{}", table::render(&a));
+            }
+            Ok(a.ok)
+        }
+        Command::Demo { out } => demo::run(out).await,
+    }
+}
+
+fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
+    println!("{}", out.display());
+    match &s.pin {
+        Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
+        None => println!("pin          none"),
+    }
+    for (stage, state) in &s.stages {
+        println!("stage        {stage:<10} {state:?}");
+    }
+    println!(
+        "files        {} selected, {} published, {} partial",
+        s.files, s.published, s.partial
+    );
+    println!(
+        "bytes        {} durable of {} expected",
+        s.durable_bytes, s.expected_bytes
+    );
+}
+
+fn exit_code(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(p) = cause.downcast_ref::<PipelineError>() {
+            match p {
+                PipelineError::Locked { .. } => return exit::LOCKED,
+                PipelineError::Stage(
+                    StageError::NoSpace { .. } | StageError::InsufficientSpace { .. },
+                ) => {
+                    return exit::NO_SPACE;
+                }
+                _ => {}
+            }
+        }
+    }
+    exit::FAILURE
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FTPIPE_LOG")
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ftpipe: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!(
+                "ftpipe: not every selected file is published and verified, or the ledger does not reconcile"
+            );
+            ExitCode::from(exit::AUDIT_FAILED)
+        }
+        Err(e) => {
+            eprintln!("ftpipe: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Errors of the stages. Each variant names the file, header or value at
+//! fault and what was expected, so the binary can print one clear line.
+
+use std::path::PathBuf;
+
+/// Everything a stage can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] ftpipe_receipts::StoreError),
+    /// A local filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The target volume ran out of space.
+    #[error(
+        "no space left on the volume holding {volume}: {still_needed} bytes still needed \
+         ({committed} bytes of {path} are committed and kept; free space and re-run to resume)"
+    )]
+    NoSpace {
+        volume: PathBuf,
+        path: String,
+        committed: u64,
+        still_needed: u64,
+    },
+    /// Not enough free space before starting.
+    #[error(
+        "not enough free space on {volume}: {available} bytes available, {needed} bytes still needed"
+    )]
+    InsufficientSpace {
+        volume: PathBuf,
+        available: u64,
+        needed: u64,
+    },
+    /// A network request failed before any response.
+    #[error("request to {url} failed: {message}")]
+    Http { url: String, message: String },
+    /// The server answered with a status we cannot use.
+    #[error("{url} answered HTTP {status}{detail}")]
+    Status {
+        url: String,
+        status: u16,
+        detail: String,
+    },
+    /// A JSON response exceeded its size limit.
+    #[error("response from {url} exceeds the limit of {limit} bytes")]
+    OversizedResponse { url: String, limit: u64 },
+    /// A JSON response did not parse.
+    #[error("malformed JSON from {url}: {message}")]
+    MalformedJson { url: String, message: String },
+    /// A listing field failed validation.
+    #[error("listing entry {path:?}: {problem}")]
+    BadListing { path: String, problem: String },
+    /// A path from a listing is unsafe.
+    #[error("unsafe path {path:?} in listing: {reason}")]
+    UnsafePath { path: String, reason: &'static str },
+    /// Too many redirects.
+    #[error("too many redirects (more than {limit}) fetching {path}")]
+    TooManyRedirects { path: String, limit: usize },
+    /// A header is missing, malformed or disagrees with the request.
+    #[error("{path}: header {header} is {actual:?}, expected {expected}")]
+    BadHeader {
+        path: String,
+        header: &'static str,
+        expected: String,
+        actual: String,
+    },
+    /// The response body ended before the promised length.
+    #[error("{path}: body ended at byte {received} of {expected} promised")]
+    ShortBody {
+        path: String,
+        received: u64,
+        expected: u64,
+    },
+    /// The response body is longer than the file.
+    #[error("{path}: body runs past the expected size {expected}")]
+    LongBody { path: String, expected: u64 },
+    /// A read stalled longer than the per-read timeout or the body failed.
+    #[error("{path}: body transfer failed after {received} bytes: {message}")]
+    BodyFailed {
+        path: String,
+        received: u64,
+        message: String,
+    },
+    /// The downloaded bytes do not match the pinned identity.
+    #[error("{path}: {kind} digest mismatch: expected {expected}, got {actual} ({size} bytes)")]
+    DigestMismatch {
+        path: String,
+        kind: &'static str,
+        expected: String,
+        actual: String,
+        size: u64,
+    },
+    /// A file on disk conflicts with the pinned identity.
+    #[error(
+        "{path} exists on disk but conflicts with the pinned identity: {problem}; move it away or delete it, then re-run"
+    )]
+    Conflict { path: PathBuf, problem: String },
+    /// The branch moved and the user did not allow a repin.
+    #[error(
+        "--revision {requested} differs from the pinned revision {pinned} (commit {commit}); pass --repin to change the pin"
+    )]
+    PinMismatch {
+        requested: String,
+        pinned: String,
+        commit: String,
+    },
+    /// The output directory belongs to another repository.
+    #[error("{dir} holds {pinned}, not {requested}")]
+    OtherRepo {
+        dir: PathBuf,
+        pinned: String,
+        requested: String,
+    },
+    /// No pin yet.
+    #[error("{dir} has no pinned revision yet; run `ftpipe fetch` first")]
+    NotPinned { dir: PathBuf },
+    /// Invalid user input (glob, endpoint, token file).
+    #[error("invalid {what}: {message}")]
+    InvalidInput { what: &'static str, message: String },
+    /// Retries were exhausted for a file.
+    #[error("{path}: giving up after {attempts} attempts; last error: {last}")]
+    RetriesExhausted {
+        path: String,
+        attempts: u32,
+        last: Box<StageError>,
+    },
+    /// Several files failed.
+    #[error("{failed} of {total} files failed; first: {first}")]
+    Several {
+        failed: usize,
+        total: usize,
+        first: Box<StageError>,
+    },
+}
+
+impl StageError {
+    /// Wraps an I/O error with the operation and path, mapping ENOSPC
+    /// callers handle separately.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StageError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Whether retrying the same request can help.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StageError::Http { .. }
+            | StageError::ShortBody { .. }
+            | StageError::BodyFailed { .. }
+            | StageError::BadHeader { .. }
+            | StageError::LongBody { .. }
+            | StageError::TooManyRedirects { .. } => true,
+            StageError::Status { status, .. } => {
+                *status == 408 || *status == 416 || *status == 429 || *status >= 500
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = StageError> = std::result::Result<T, E>;

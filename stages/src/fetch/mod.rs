@@ -1,0 +1,207 @@
+//! Fetch: download every selected file of the pinned listing into
+//! `DIR/source/`, resuming from durable watermarks.
+
+mod headers;
+mod part;
+mod reconcile;
+mod transfer;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use ftpipe_receipts::{FileRow, Pin, RunId, Store};
+
+use crate::error::{Result, StageError};
+use crate::hub::HubClient;
+use crate::limits::{DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL};
+use crate::paths::safe_join;
+use crate::progress::{ProgressEvent, Reporter};
+
+pub use headers::{ContentRange, parse_content_range};
+pub use part::sync_dir;
+pub use reconcile::{ReconcileReport, reconcile};
+pub use transfer::expected_identity;
+
+/// Tunables of the fetch stage.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Files transferred in parallel.
+    pub jobs: usize,
+    /// Durable checkpoint every this many bytes...
+    pub checkpoint_bytes: u64,
+    /// ...or this much time, whichever comes first.
+    pub checkpoint_interval: Duration,
+    /// Retries per file for transient failures.
+    pub retries: u32,
+    /// First retry delay (exponential with jitter after that).
+    pub retry_base: Duration,
+    /// Refuse to start when free space is below what is still needed.
+    pub preflight: bool,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            jobs: 4,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
+            retries: 8,
+            retry_base: Duration::from_millis(250),
+            preflight: true,
+        }
+    }
+}
+
+/// Shared state of one fetch.
+pub struct FetchCtx {
+    pub(crate) client: HubClient,
+    pub(crate) store: Arc<Store>,
+    pub(crate) run: RunId,
+    pub(crate) pin: Pin,
+    pub(crate) reporter: Arc<dyn Reporter>,
+    pub(crate) opts: FetchOptions,
+    pub(crate) source_root: PathBuf,
+}
+
+impl FetchCtx {
+    /// Bundles what every file transfer needs.
+    pub fn new(
+        client: HubClient,
+        store: Arc<Store>,
+        run: RunId,
+        pin: Pin,
+        reporter: Arc<dyn Reporter>,
+        opts: FetchOptions,
+        source_root: PathBuf,
+    ) -> Self {
+        FetchCtx {
+            client,
+            store,
+            run,
+            pin,
+            reporter,
+            opts,
+            source_root,
+        }
+    }
+}
+
+/// Bytes still needed for the selected files (expected minus durable).
+pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {
+    let receipts: std::collections::HashSet<String> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    let ledger = store.ledger().await?;
+    let selected: std::collections::HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    Ok(ledger
+        .iter()
+        .filter(|l| selected.contains(l.path.as_str()) && !receipts.contains(&l.path))
+        .map(|l| l.expected.saturating_sub(l.committed))
+        .sum())
+}
+
+/// Downloads every selected file not yet published. Reconciliation must
+/// have run first.
+pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
+    let store = &ctx.store;
+    let receipts: std::collections::HashSet<String> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| r.path)
+        .collect();
+    let todo: Vec<FileRow> = files
+        .iter()
+        .filter(|f| f.selected && !receipts.contains(&f.path))
+        .cloned()
+        .collect();
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let needed = bytes_still_needed(store, files).await?;
+    ctx.reporter.report(ProgressEvent::FetchPlanned {
+        files: files.len(),
+        total_bytes: total,
+        done_bytes: total - needed.min(total),
+    });
+    std::fs::create_dir_all(&ctx.source_root)
+        .map_err(|e| StageError::io("create", &ctx.source_root, e))?;
+    if ctx.opts.preflight && needed > 0 {
+        let available = fs4::available_space(&ctx.source_root)
+            .map_err(|e| StageError::io("statvfs", &ctx.source_root, e))?;
+        if available < needed {
+            return Err(StageError::InsufficientSpace {
+                volume: ctx.source_root.clone(),
+                available,
+                needed,
+            });
+        }
+    }
+    let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
+    let mut set = JoinSet::new();
+    for file in todo {
+        let final_path = safe_join(&ctx.source_root, &file.path)?;
+        let ctx = ctx.clone();
+        let limit = limit.clone();
+        set.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            let path = file.path.clone();
+            let res = transfer::fetch_file(ctx.clone(), file, final_path).await;
+            if let Err(e) = &res {
+                ctx.reporter.report(ProgressEvent::FileFailed {
+                    path,
+                    error: e.to_string(),
+                });
+            }
+            res
+        });
+    }
+    let mut errors = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => errors.push(e),
+            Err(join) => errors.push(StageError::InvalidInput {
+                what: "task",
+                message: join.to_string(),
+            }),
+        }
+    }
+    let total_files = files.len();
+    let failed = errors.len();
+    // A full disk is reported with the bytes still needed by the whole fetch.
+    if let Some(pos) = errors
+        .iter()
+        .position(|e| matches!(e, StageError::NoSpace { .. }))
+    {
+        let still = bytes_still_needed(store, files).await?;
+        if let StageError::NoSpace {
+            volume,
+            path,
+            committed,
+            ..
+        } = errors.swap_remove(pos)
+        {
+            return Err(StageError::NoSpace {
+                volume,
+                path,
+                committed,
+                still_needed: still,
+            });
+        }
+    }
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(StageError::Several {
+            failed,
+            total: total_files,
+            first: Box::new(errors.remove(0)),
+        }),
+    }
+}

@@ -1,0 +1,111 @@
+//! The `.part` file: the only place downloaded bytes are written before
+//! publication. It lives beside its final name on the target volume, so the
+//! publishing rename is atomic and no staging copy exists elsewhere.
+
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+/// Fsyncs a directory so a create or rename inside it is durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// An open `.part` file whose first `len` bytes are known good.
+pub struct PartFile {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+/// Outcome of an append that hit a full disk.
+#[derive(Debug)]
+pub enum AppendError {
+    /// The volume is full; the file was cut back to the last good length.
+    NoSpace,
+    /// Any other I/O failure.
+    Io(std::io::Error),
+}
+
+impl PartFile {
+    /// Opens (creating, with parents) the part file without truncating it.
+    /// A newly created entry is made durable by fsyncing its directory.
+    pub fn open(path: &Path) -> std::io::Result<PartFile> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        if !existed {
+            sync_dir(dir)?;
+        }
+        let len = file.metadata()?.len();
+        Ok(PartFile {
+            file,
+            path: path.to_owned(),
+            len,
+        })
+    }
+
+    /// Bytes currently in the file.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The underlying file (for re-hashing the prefix).
+    pub fn file_mut(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// Cuts the file to `len` bytes and makes that durable.
+    pub fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.file.set_len(len)?;
+        self.file.sync_all()?;
+        self.len = len;
+        Ok(())
+    }
+
+    /// Appends `bytes` at the end. On a full disk, cuts back to the length
+    /// before the call so the file never ends in a torn chunk.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<(), AppendError> {
+        use std::io::{Seek, SeekFrom};
+        let res = self
+            .file
+            .seek(SeekFrom::Start(self.len))
+            .and_then(|_| self.file.write_all(bytes));
+        match res {
+            Ok(()) => {
+                self.len += bytes.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let full =
+                    e.kind() == ErrorKind::StorageFull || e.kind() == ErrorKind::QuotaExceeded;
+                // Best effort: drop the torn tail; the ledger only claims `len`.
+                let _ = self.file.set_len(self.len);
+                if full {
+                    Err(AppendError::NoSpace)
+                } else {
+                    Err(AppendError::Io(e))
+                }
+            }
+        }
+    }
+
+    /// Makes every appended byte durable.
+    pub fn sync(&mut self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Publishes: `sync_all` → rename to `final_path` → fsync the directory.
+    pub fn publish(self, final_path: &Path) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        drop(self.file);
+        std::fs::rename(&self.path, final_path)?;
+        sync_dir(final_path.parent().unwrap_or(Path::new(".")))
+    }
+}

@@ -1,0 +1,172 @@
+//! Start-of-run reconciliation of disk against the database, before any
+//! byte moves: adopt verified final files without receipts, revoke receipts
+//! whose file vanished, and stop on any conflict *before* cleaning up.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use tokio::task::block_in_place;
+
+use ftpipe_receipts::{FileRow, Receipt, RunId, Store};
+
+use super::part::sync_dir;
+use super::transfer::expected_identity;
+use crate::error::{Result, StageError};
+use crate::identity::hash_file;
+use crate::paths::{part_path, safe_join};
+use crate::progress::{ProgressEvent, Reporter};
+
+enum Action {
+    Adopt {
+        path: String,
+        digest: String,
+        kind: &'static str,
+        size: u64,
+        ours: bool,
+    },
+    Revoke {
+        path: String,
+    },
+}
+
+/// What reconciliation found and did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ReconcileReport {
+    /// Final files without receipts that were re-hashed and adopted.
+    pub adopted: Vec<String>,
+    /// Receipts whose files were missing (the files will be refetched).
+    pub revoked: Vec<String>,
+    /// Stale `.part` files removed (their file was already published).
+    pub removed_parts: Vec<PathBuf>,
+}
+
+/// Reconciles the selected files under `source_root` with the store.
+pub async fn reconcile(
+    store: &Store,
+    run: RunId,
+    source_root: &std::path::Path,
+    files: &[FileRow],
+    reporter: &dyn Reporter,
+) -> Result<ReconcileReport> {
+    let receipts: HashMap<String, Receipt> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| (r.path.clone(), r))
+        .collect();
+    let ledger: HashMap<String, u64> = store
+        .ledger()
+        .await?
+        .into_iter()
+        .map(|l| (l.path, l.committed))
+        .collect();
+    let mut actions = Vec::new();
+    let mut conflicts = Vec::new();
+    for f in files.iter().filter(|f| f.selected) {
+        let final_path = safe_join(source_root, &f.path)?;
+        let receipt = receipts.get(&f.path);
+        match std::fs::symlink_metadata(&final_path) {
+            Ok(meta) if !meta.is_file() => {
+                conflicts.push((final_path, "not a regular file".to_owned()))
+            }
+            Ok(meta) if meta.len() != f.size => conflicts.push((
+                final_path,
+                format!("size {} on disk, expected {}", meta.len(), f.size),
+            )),
+            Ok(_) if receipt.is_some() => {}
+            Ok(_) => {
+                let expected = expected_identity(f)?;
+                let digest = block_in_place(|| hash_file(&final_path, &expected, f.size))
+                    .map_err(|e| StageError::io("hash", &final_path, e))?;
+                if digest == expected.hex() {
+                    actions.push(Action::Adopt {
+                        path: f.path.clone(),
+                        digest,
+                        kind: expected.kind(),
+                        size: f.size,
+                        ours: ledger.get(&f.path) == Some(&f.size),
+                    });
+                } else {
+                    conflicts.push((
+                        final_path,
+                        format!(
+                            "{} is {digest}, expected {}",
+                            expected.kind(),
+                            expected.hex()
+                        ),
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if receipt.is_some() {
+                    actions.push(Action::Revoke {
+                        path: f.path.clone(),
+                    });
+                }
+            }
+            Err(e) => return Err(StageError::io("stat", &final_path, e)),
+        }
+    }
+    if let Some((path, problem)) = conflicts.into_iter().next() {
+        return Err(StageError::Conflict { path, problem });
+    }
+    let mut report = ReconcileReport::default();
+    for action in actions {
+        match action {
+            Action::Adopt {
+                path,
+                digest,
+                kind,
+                size,
+                ours,
+            } => {
+                store
+                    .put_receipt(
+                        run,
+                        &Receipt {
+                            path: path.clone(),
+                            size,
+                            digest_kind: kind.to_owned(),
+                            digest,
+                            completed_at: String::new(),
+                            adopted: !ours,
+                        },
+                    )
+                    .await?;
+                reporter.report(ProgressEvent::Note {
+                    message: format!(
+                        "{path}: found on disk without a receipt; re-hashed and adopted"
+                    ),
+                });
+                report.adopted.push(path);
+            }
+            Action::Revoke { path } => {
+                store
+                    .revoke_receipt(run, &path, "published_file_missing")
+                    .await?;
+                reporter.report(ProgressEvent::Note {
+                    message: format!("{path}: receipt without its file; it will be fetched again"),
+                });
+                report.revoked.push(path);
+            }
+        }
+    }
+    // Only now, with no conflict, remove our own stale temp files.
+    let published: HashMap<String, Receipt> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| (r.path.clone(), r))
+        .collect();
+    for f in files.iter().filter(|f| published.contains_key(&f.path)) {
+        let part = part_path(&safe_join(source_root, &f.path)?);
+        if part.is_file() {
+            std::fs::remove_file(&part).map_err(|e| StageError::io("remove", &part, e))?;
+            if let Some(dir) = part.parent() {
+                sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
+            }
+            report.removed_parts.push(part);
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,485 @@
+//! One file: resume from the durable watermark, append only bytes that a
+//! validated response promised, checkpoint, verify, publish.
+//!
+//! Invariant: the ledger watermark W never exceeds the fsynced length of the
+//! `.part` file, and `transferred = committed + discarded` after every
+//! ledger write (see docs/design.md).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
+use tokio::task::block_in_place;
+
+use ftpipe_receipts::{Attempt, FileRow, Receipt};
+
+use super::FetchCtx;
+use super::headers::{check_partial, etag, retry_after_secs, strong_validator, unquote};
+use super::part::{AppendError, PartFile};
+use crate::error::{Result, StageError};
+use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_prefix};
+use crate::limits::MAX_RETRY_AFTER;
+use crate::paths::part_path;
+use crate::progress::ProgressEvent;
+
+/// How many times a file whose bytes failed the digest is fetched again.
+const DIGEST_REFETCHES: u32 = 1;
+
+/// The identity a listing row is verified against.
+pub fn expected_identity(file: &FileRow) -> Result<Expected> {
+    let bad = |what: &str| StageError::BadListing {
+        path: file.path.clone(),
+        problem: format!("stored {what} is invalid"),
+    };
+    Ok(match &file.lfs_sha256 {
+        Some(sha) => Expected::Sha256(LfsSha256::parse(sha).ok_or_else(|| bad("lfs sha256"))?),
+        None => Expected::GitBlob(GitOid::parse(&file.git_oid).ok_or_else(|| bad("git oid"))?),
+    })
+}
+
+/// Per-file state carried across attempts.
+struct FileTask {
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    expected: Expected,
+    final_path: PathBuf,
+    part_path: PathBuf,
+    retry_after: Option<Duration>,
+}
+
+/// Fetches, verifies and publishes one file, retrying transient failures.
+pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Result<()> {
+    let expected = expected_identity(&file)?;
+    let part_path = part_path(&final_path);
+    let mut task = FileTask {
+        ctx,
+        file,
+        expected,
+        final_path,
+        part_path,
+        retry_after: None,
+    };
+    let mut backoff = ExponentialBuilder::default()
+        .with_min_delay(task.ctx.opts.retry_base)
+        .with_max_delay(Duration::from_secs(10))
+        .with_max_times(task.ctx.opts.retries as usize)
+        .with_jitter()
+        .build();
+    let mut attempts = 0u32;
+    let mut digest_failures = 0u32;
+    loop {
+        attempts += 1;
+        let err = match task.attempt().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if let StageError::DigestMismatch { .. } = err {
+            digest_failures += 1;
+            if digest_failures > DIGEST_REFETCHES {
+                return Err(err);
+            }
+            task.report_retry(attempts, Duration::ZERO, &err);
+            continue;
+        }
+        if !err.is_transient() {
+            return Err(err);
+        }
+        let Some(mut delay) = backoff.next() else {
+            return Err(StageError::RetriesExhausted {
+                path: task.file.path.clone(),
+                attempts,
+                last: Box::new(err),
+            });
+        };
+        if let Some(after) = task.retry_after.take() {
+            delay = delay.max(after.min(MAX_RETRY_AFTER));
+        }
+        task.report_retry(attempts, delay, &err);
+        tokio::time::sleep(delay).await;
+    }
+}
+
+impl FileTask {
+    fn path(&self) -> &str {
+        &self.file.path
+    }
+
+    fn report_retry(&self, attempt: u32, delay: Duration, err: &StageError) {
+        tracing::warn!(path = self.path(), attempt, ?delay, error = %err, "retrying");
+        self.ctx.reporter.report(ProgressEvent::FileRetry {
+            path: self.path().to_owned(),
+            attempt,
+            delay,
+            error: err.to_string(),
+        });
+    }
+
+    fn rewound(&self, to: u64, reason: &str) {
+        self.ctx.reporter.report(ProgressEvent::FileRewound {
+            path: self.path().to_owned(),
+            to,
+            reason: reason.to_owned(),
+        });
+    }
+
+    fn io(&self, op: &'static str, e: std::io::Error) -> StageError {
+        StageError::io(op, &self.part_path, e)
+    }
+
+    async fn discard(
+        &self,
+        reason: &str,
+        bytes: u64,
+        committed: u64,
+        also_transferred: bool,
+    ) -> Result<()> {
+        let store = &self.ctx.store;
+        store
+            .discard(
+                self.ctx.run,
+                self.path(),
+                reason,
+                bytes,
+                committed,
+                also_transferred,
+            )
+            .await?;
+        self.rewound(committed, reason);
+        Ok(())
+    }
+
+    /// Brings the `.part` file and the ledger into agreement and returns the
+    /// open part file with the digest state of its committed prefix.
+    async fn open_resume_point(&self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
+        let ledger = self.ctx.store.ledger_row(self.path()).await?;
+        let mut part =
+            block_in_place(|| PartFile::open(&self.part_path)).map_err(|e| self.io("open", e))?;
+        let watermark = ledger.committed;
+        let on_disk = part.len();
+        if on_disk > watermark {
+            block_in_place(|| part.truncate(watermark)).map_err(|e| self.io("truncate", e))?;
+            let reason = if watermark == 0 && ledger.transferred == 0 {
+                "stale_part"
+            } else {
+                "uncheckpointed_tail"
+            };
+            self.discard(reason, on_disk - watermark, watermark, true)
+                .await?;
+        } else if on_disk < watermark {
+            self.discard(
+                "part_shorter_than_watermark",
+                watermark - on_disk,
+                on_disk,
+                false,
+            )
+            .await?;
+        }
+        let mut hasher = self.expected.hasher(self.file.size);
+        let len = part.len();
+        block_in_place(|| hash_prefix(part.file_mut(), len, &mut hasher))
+            .map_err(|e| self.io("re-hash prefix of", e))?;
+        let validator = if len > 0 { ledger.validator } else { None };
+        Ok((part, hasher, validator))
+    }
+
+    async fn attempt(&mut self) -> Result<()> {
+        let size = self.file.size;
+        let (mut part, mut hasher, mut validator) = self.open_resume_point().await?;
+        self.ctx.reporter.report(ProgressEvent::FileStarted {
+            path: self.path().to_owned(),
+            size,
+            resumed_from: part.len(),
+        });
+        if part.len() < size {
+            self.transfer(&mut part, &mut hasher, &mut validator)
+                .await?;
+        }
+        let actual = hasher.finish_hex();
+        if actual != self.expected.hex() {
+            block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+            self.discard("digest_mismatch", size, 0, false).await?;
+            return Err(StageError::DigestMismatch {
+                path: self.path().to_owned(),
+                kind: self.expected.kind(),
+                expected: self.expected.hex().to_owned(),
+                actual,
+                size,
+            });
+        }
+        let final_path = self.final_path.clone();
+        block_in_place(|| part.publish(&final_path))
+            .map_err(|e| StageError::io("publish", &final_path, e))?;
+        self.ctx
+            .store
+            .put_receipt(
+                self.ctx.run,
+                &Receipt {
+                    path: self.path().to_owned(),
+                    size,
+                    digest_kind: self.expected.kind().to_owned(),
+                    digest: actual,
+                    completed_at: String::new(),
+                    adopted: false,
+                },
+            )
+            .await?;
+        self.ctx.reporter.report(ProgressEvent::FilePublished {
+            path: self.path().to_owned(),
+            size,
+        });
+        Ok(())
+    }
+
+    /// One HTTP attempt from the current watermark, recorded in `attempts`.
+    async fn transfer(
+        &mut self,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: &mut Option<String>,
+    ) -> Result<()> {
+        let start = part.len();
+        let mut headers = HeaderMap::new();
+        let mut attempt = Attempt {
+            path: self.path().to_owned(),
+            ..Attempt::default()
+        };
+        if start > 0 {
+            headers.insert(RANGE, header_value(&format!("bytes={start}-"))?);
+            attempt.range_start = Some(start);
+            if let Some(v) = validator.as_deref() {
+                headers.insert(IF_RANGE, header_value(v)?);
+                attempt.if_range = Some(v.to_owned());
+            }
+        }
+        let url =
+            self.ctx
+                .client
+                .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
+        attempt.host = url.host_str().unwrap_or_default().to_owned();
+        attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
+        let result = self
+            .stream(url, headers, part, hasher, validator, &mut attempt)
+            .await;
+        attempt.outcome = match &result {
+            Ok(()) => "ok".into(),
+            Err(e) if e.is_transient() => "retry".into(),
+            Err(_) => "failed".into(),
+        };
+        attempt.error = result.as_ref().err().map(ToString::to_string);
+        self.ctx.store.finish_attempt(&attempt).await?;
+        result
+    }
+
+    async fn stream(
+        &mut self,
+        url: url::Url,
+        headers: HeaderMap,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: &mut Option<String>,
+        attempt: &mut Attempt,
+    ) -> Result<()> {
+        let size = self.file.size;
+        let path = self.path().to_owned();
+        let body = self.ctx.client.get_body(&path, url, headers).await?;
+        attempt.host = body.host.clone();
+        let mut resp = body.response;
+        let status = resp.status();
+        attempt.status = Some(status.as_u16());
+        attempt.etag = etag(resp.headers());
+        attempt.content_range = resp
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.check_linked_meta(&body.meta)?;
+        let start = part.len();
+        match status {
+            StatusCode::OK => {
+                if start > 0 {
+                    // The server will not resume (no range support, or the
+                    // validator changed): the prefix cannot be trusted.
+                    block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+                    self.discard("range_not_honoured", start, 0, false).await?;
+                    *hasher = self.expected.hasher(size);
+                }
+                if let Some(len) = resp.content_length()
+                    && len != size
+                {
+                    return Err(StageError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: size.to_string(),
+                        actual: len.to_string(),
+                    });
+                }
+                *validator = strong_validator(resp.headers());
+            }
+            StatusCode::PARTIAL_CONTENT if start > 0 => {
+                check_partial(&path, resp.headers(), start, size)?;
+                let now = strong_validator(resp.headers());
+                if validator.is_some() && now != *validator {
+                    return Err(StageError::BadHeader {
+                        path,
+                        header: "ETag",
+                        expected: validator.clone().unwrap_or_default(),
+                        actual: now.unwrap_or_default(),
+                    });
+                }
+                if let Some(len) = resp.content_length()
+                    && Some(len) != size.checked_sub(start)
+                {
+                    return Err(StageError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: (size - start).to_string(),
+                        actual: len.to_string(),
+                    });
+                }
+            }
+            other => {
+                if matches!(other.as_u16(), 429 | 503) {
+                    self.retry_after = retry_after_secs(resp.headers()).map(Duration::from_secs);
+                }
+                return Err(StageError::Status {
+                    url: crate::hub::redact(resp.url()),
+                    status: other.as_u16(),
+                    detail: if other == StatusCode::PARTIAL_CONTENT {
+                        " to a request without Range".into()
+                    } else {
+                        String::new()
+                    },
+                });
+            }
+        }
+        let checkpoint_every = self.ctx.opts.checkpoint_bytes;
+        let interval = self.ctx.opts.checkpoint_interval;
+        let mut since = 0u64;
+        let mut last = Instant::now();
+        let outcome: Result<()> = loop {
+            let chunk = match resp.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    break Err(StageError::BodyFailed {
+                        path: path.clone(),
+                        received: attempt.body_bytes,
+                        message: error_chain(&e),
+                    });
+                }
+            };
+            attempt.body_bytes += chunk.len() as u64;
+            if part.len() + chunk.len() as u64 > size {
+                break Err(StageError::LongBody {
+                    path: path.clone(),
+                    expected: size,
+                });
+            }
+            match block_in_place(|| part.append(&chunk)) {
+                Ok(()) => {}
+                Err(AppendError::NoSpace) => {
+                    break Err(StageError::NoSpace {
+                        volume: self.ctx.source_root.clone(),
+                        path: path.clone(),
+                        committed: part.len(),
+                        still_needed: size - part.len(),
+                    });
+                }
+                Err(AppendError::Io(e)) => break Err(self.io("write", e)),
+            }
+            hasher.update(&chunk);
+            since += chunk.len() as u64;
+            self.ctx.reporter.report(ProgressEvent::FileBytes {
+                path: path.clone(),
+                bytes: chunk.len() as u64,
+            });
+            if since >= checkpoint_every || last.elapsed() >= interval {
+                self.checkpoint(part, since, validator.as_deref()).await?;
+                since = 0;
+                last = Instant::now();
+            }
+        };
+        // Bytes of a validated response that arrived before a failure are a
+        // correct prefix: make them durable rather than fetch them again.
+        self.checkpoint(part, since, validator.as_deref()).await?;
+        outcome?;
+        if part.len() < size {
+            return Err(StageError::ShortBody {
+                path,
+                received: part.len(),
+                expected: size,
+            });
+        }
+        Ok(())
+    }
+
+    /// fsync, then advance the watermark (never the other way round).
+    async fn checkpoint(
+        &self,
+        part: &mut PartFile,
+        delta: u64,
+        validator: Option<&str>,
+    ) -> Result<()> {
+        if delta > 0 {
+            block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
+        }
+        self.ctx
+            .store
+            .checkpoint(self.path(), part.len(), delta, validator)
+            .await?;
+        Ok(())
+    }
+
+    /// Cross-checks hub metadata against the pinned listing when present.
+    fn check_linked_meta(&self, meta: &crate::hub::LinkedMeta) -> Result<()> {
+        let path = self.path();
+        let mismatch =
+            |header: &'static str, expected: String, actual: &str| StageError::BadHeader {
+                path: path.to_owned(),
+                header,
+                expected,
+                actual: actual.to_owned(),
+            };
+        if let Some(commit) = &meta.repo_commit
+            && !commit.eq_ignore_ascii_case(&self.ctx.pin.commit)
+        {
+            return Err(mismatch(
+                "X-Repo-Commit",
+                self.ctx.pin.commit.clone(),
+                commit,
+            ));
+        }
+        if let Some(size) = &meta.linked_size
+            && size.trim().parse::<u64>().ok() != Some(self.file.size)
+        {
+            return Err(mismatch("X-Linked-Size", self.file.size.to_string(), size));
+        }
+        if let (Some(etag), Some(sha)) = (&meta.linked_etag, &self.file.lfs_sha256)
+            && !unquote(etag).eq_ignore_ascii_case(sha)
+        {
+            return Err(mismatch("X-Linked-Etag", format!("\"{sha}\""), etag));
+        }
+        Ok(())
+    }
+}
+
+fn header_value(v: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(v).map_err(|_| StageError::InvalidInput {
+        what: "header value",
+        message: format!("{v:?}"),
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

@@ -1,0 +1,164 @@
+//! The three identities a hub gives a file, kept apart as distinct types.
+//!
+//! A git blob id is a SHA-1 over `blob <len>\0<content>`; an LFS oid is the
+//! SHA-256 of the content; a Xet hash is a content-defined Merkle hash we
+//! record but cannot recompute. They are never compared with one another:
+//! LFS files are verified by SHA-256, small files by git blob id.
+
+use sha1::Sha1;
+use sha2::{Digest, Sha256};
+
+fn is_lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+macro_rules! hex_id {
+    ($name:ident, $len:expr, $what:expr) => {
+        #[doc = concat!("A validated ", $what, " (", stringify!($len), " lowercase hex digits).")]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            #[doc = concat!("Parses a ", $what, "; `None` unless it is ", stringify!($len), " hex digits.")]
+            pub fn parse(s: &str) -> Option<Self> {
+                let lower = s.to_ascii_lowercase();
+                is_lower_hex(&lower, $len).then_some(Self(lower))
+            }
+            /// The hex text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+hex_id!(GitOid, 40, "git blob id");
+hex_id!(LfsSha256, 64, "LFS content SHA-256");
+hex_id!(XetHash, 64, "Xet content hash");
+hex_id!(CommitId, 40, "git commit id");
+
+/// What a downloaded file is verified against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// LFS file: SHA-256 of the content.
+    Sha256(LfsSha256),
+    /// Small file: git blob id of the content.
+    GitBlob(GitOid),
+}
+
+impl Expected {
+    /// `sha256` or `git-sha1`, as stored in receipts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Expected::Sha256(_) => "sha256",
+            Expected::GitBlob(_) => "git-sha1",
+        }
+    }
+    /// The expected hex digest.
+    pub fn hex(&self) -> &str {
+        match self {
+            Expected::Sha256(h) => h.as_str(),
+            Expected::GitBlob(h) => h.as_str(),
+        }
+    }
+    /// A streaming hasher for a file of `size` bytes.
+    pub fn hasher(&self, size: u64) -> IdentityHasher {
+        match self {
+            Expected::Sha256(_) => IdentityHasher::Sha256(Sha256::new()),
+            Expected::GitBlob(_) => {
+                let mut h = Sha1::new();
+                h.update(format!("blob {size}\0").as_bytes());
+                IdentityHasher::GitBlob(h)
+            }
+        }
+    }
+}
+
+/// Streaming digest matching an [`Expected`] identity.
+#[derive(Clone)]
+pub enum IdentityHasher {
+    /// SHA-256 of content.
+    Sha256(Sha256),
+    /// SHA-1 of the git blob header and content.
+    GitBlob(Sha1),
+}
+
+impl IdentityHasher {
+    /// Feeds content bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        match self {
+            IdentityHasher::Sha256(h) => h.update(bytes),
+            IdentityHasher::GitBlob(h) => h.update(bytes),
+        }
+    }
+    /// The hex digest.
+    pub fn finish_hex(self) -> String {
+        match self {
+            IdentityHasher::Sha256(h) => hex::encode(h.finalize()),
+            IdentityHasher::GitBlob(h) => hex::encode(h.finalize()),
+        }
+    }
+}
+
+/// Hashes the first `len` bytes of `file` into `hasher` (used to rebuild the
+/// digest state of a resumed prefix).
+pub fn hash_prefix(
+    file: &mut std::fs::File,
+    len: u64,
+    hasher: &mut IdentityHasher,
+) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    file.seek(SeekFrom::Start(0))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+        let n = file.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "file shorter than the prefix to hash",
+            ));
+        }
+        hasher.update(&buf[..n]);
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// Hashes a whole file against `expected` and returns the hex digest.
+pub fn hash_file(
+    path: &std::path::Path,
+    expected: &Expected,
+    size: u64,
+) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = expected.hasher(size);
+    hash_prefix(&mut file, size, &mut hasher)?;
+    Ok(hasher.finish_hex())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn git_blob_id_of_hello() {
+        // `printf 'hello\n' | git hash-object --stdin`
+        let expected =
+            Expected::GitBlob(GitOid::parse("ce013625030ba8dba906f756967f9e9ca394464a").unwrap());
+        let mut h = expected.hasher(6);
+        h.update(b"hello\n");
+        assert_eq!(h.finish_hex(), expected.hex());
+    }
+
+    #[test]
+    fn parse_rejects_wrong_length_and_non_hex() {
+        assert!(GitOid::parse("abc").is_none());
+        assert!(LfsSha256::parse(&"g".repeat(64)).is_none());
+        assert!(XetHash::parse(&"*".repeat(64)).is_none());
+        assert!(CommitId::parse(&"A".repeat(40)).is_some());
+    }
+}

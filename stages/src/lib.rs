@@ -1,0 +1,18 @@
+//! The stages of ftpipe. Each is idempotent: running it again after a
+//! success changes nothing, and after a crash continues from durable state.
+//!
+//! - [`resolve`]: pin the revision to a commit and store the listing.
+//! - [`fetch`]: download with strict Range resume, verify, publish.
+//! - [`audit`]: reconcile the byte ledger against receipts and disk.
+
+pub mod audit;
+mod error;
+pub mod fetch;
+pub mod hub;
+pub mod identity;
+pub mod limits;
+pub mod paths;
+pub mod progress;
+pub mod resolve;
+
+pub use error::{Result, StageError};

@@ -1,0 +1,22 @@
+//! Named limits on everything a server or a listing can claim.
+
+use std::time::Duration;
+
+/// Largest JSON body accepted from the hub (revision info, one tree page).
+pub const MAX_JSON_BYTES: u64 = 64 * 1024 * 1024;
+/// Most tree pages followed before the listing is refused.
+pub const MAX_TREE_PAGES: usize = 10_000;
+/// Most files a listing may hold.
+pub const MAX_FILES: usize = 1_000_000;
+/// Largest single file accepted (64 TiB).
+pub const MAX_FILE_SIZE: u64 = 64 << 40;
+/// Longest repository path accepted, in bytes.
+pub const MAX_PATH_LEN: usize = 1024;
+/// Redirect hops followed for one request.
+pub const MAX_REDIRECTS: usize = 10;
+/// Longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Default durable checkpoint interval in bytes.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
+/// Default durable checkpoint interval in time.
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);

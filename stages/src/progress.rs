@@ -1,0 +1,66 @@
+//! Progress events. Stages emit them through [`Reporter`]; only the binary
+//! decides how to show them (bars, log lines, JSON).
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Something worth telling the user.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ProgressEvent {
+    /// The fetch is about to start: totals, with already committed bytes done.
+    FetchPlanned {
+        files: usize,
+        total_bytes: u64,
+        done_bytes: u64,
+    },
+    /// A file transfer (re)starts at `resumed_from`.
+    FileStarted {
+        path: String,
+        size: u64,
+        resumed_from: u64,
+    },
+    /// Bytes were appended to a file.
+    FileBytes { path: String, bytes: u64 },
+    /// A file's progress went back to `to` (bytes discarded).
+    FileRewound {
+        path: String,
+        to: u64,
+        reason: String,
+    },
+    /// An attempt failed and will be retried after `delay`.
+    FileRetry {
+        path: String,
+        attempt: u32,
+        #[serde(with = "millis")]
+        delay: Duration,
+        error: String,
+    },
+    /// A file was verified and published.
+    FilePublished { path: String, size: u64 },
+    /// A file failed for good.
+    FileFailed { path: String, error: String },
+    /// A free-form note (e.g. the branch moved).
+    Note { message: String },
+}
+
+mod millis {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// Receives progress events; must be cheap (called on the transfer path).
+pub trait Reporter: Send + Sync {
+    /// Handles one event.
+    fn report(&self, event: ProgressEvent);
+}
+
+/// A reporter that drops everything.
+pub struct Silent;
+
+impl Reporter for Silent {
+    fn report(&self, _event: ProgressEvent) {}
+}
