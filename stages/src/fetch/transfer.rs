@@ -161,12 +161,7 @@ impl FileTask {
         let on_disk = part.len();
         if on_disk > watermark {
             block_in_place(|| part.truncate(watermark)).map_err(|e| self.io("truncate", e))?;
-            let reason = if watermark == 0 && ledger.transferred == 0 {
-                "stale_part"
-            } else {
-                "uncheckpointed_tail"
-            };
-            self.discard(reason, on_disk - watermark, watermark, true)
+            self.discard("uncheckpointed_tail", on_disk - watermark, watermark, true)
                 .await?;
         } else if on_disk < watermark {
             self.discard(
@@ -360,7 +355,23 @@ impl FileTask {
         let mut since = 0u64;
         let mut last = Instant::now();
         let outcome: Result<()> = loop {
-            let chunk = match resp.chunk().await {
+            // While bytes wait for a checkpoint, a quiet connection must not
+            // keep them un-durable: wake up at the interval and checkpoint.
+            let next = if since > 0 {
+                let wait = interval.saturating_sub(last.elapsed());
+                match tokio::time::timeout(wait, resp.chunk()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        self.checkpoint(part, since, validator.as_deref()).await?;
+                        since = 0;
+                        last = Instant::now();
+                        continue;
+                    }
+                }
+            } else {
+                resp.chunk().await
+            };
+            let chunk = match next {
                 Ok(Some(c)) => c,
                 Ok(None) => break Ok(()),
                 Err(e) => {
