@@ -3,7 +3,7 @@
 //! publishing rename is atomic and no staging copy exists elsewhere.
 
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 /// Fsyncs a directory so a create or rename inside it is durable.
@@ -72,11 +72,8 @@ impl PartFile {
     /// Appends `bytes` at the end. On a full disk, cuts back to the length
     /// before the call so the file never ends in a torn chunk.
     pub fn append(&mut self, bytes: &[u8]) -> Result<(), AppendError> {
-        use std::io::{Seek, SeekFrom};
-        let res = self
-            .file
-            .seek(SeekFrom::Start(self.len))
-            .and_then(|_| self.file.write_all(bytes));
+        use std::os::unix::fs::FileExt;
+        let res = self.file.write_all_at(bytes, self.len);
         match res {
             Ok(()) => {
                 self.len += bytes.len() as u64;
