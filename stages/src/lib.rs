@@ -6,6 +6,7 @@
 //! - [`audit`]: reconcile the byte ledger against receipts and disk.
 
 pub mod audit;
+pub mod convert;
 mod error;
 pub mod fetch;
 pub mod hub;
