@@ -289,7 +289,7 @@ impl SourceHeader {
             }
             tensors.push((begin, end, name, dtype, t.shape));
         }
-        tensors.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        tensors.sort_by_key(|t| (t.0, t.1));
         let data_start = 8 + header_len;
         let mut cursor = 0u64;
         let mut out = Vec::with_capacity(tensors.len());
@@ -319,7 +319,7 @@ impl SourceHeader {
                 len: end - begin,
             });
         }
-        let expected = data_start.checked_add(cursor).unwrap_or(u64::MAX);
+        let expected = data_start.saturating_add(cursor);
         if expected > file_len {
             return Err(SourceError::Truncated {
                 file: f(),
