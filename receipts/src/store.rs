@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection, Row, SqliteConnection};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 
 use crate::error::{QueryContext, Result, StoreError};
 use crate::model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
@@ -15,8 +15,13 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 /// The state database. Cheap to share behind an `Arc`.
 pub struct Store {
     path: PathBuf,
+    options: SqliteConnectOptions,
     conn: Mutex<SqliteConnection>,
 }
+
+/// Bytes kept allocated beside the database while a fetch runs (see
+/// [`Store::ensure_space_reserve`]).
+pub const SPACE_RESERVE_BYTES: u64 = 2 << 20;
 
 fn to_i64(path: &str, value: u64) -> Result<i64> {
     i64::try_from(value).map_err(|_| StoreError::CounterOverflow {
@@ -36,8 +41,9 @@ fn to_u64(path: &str, column: &'static str, value: i64) -> Result<u64> {
 impl Store {
     /// Opens (creating and migrating if needed) the database at `path`.
     ///
-    /// WAL is set only when the file is created; SQLite persists it in the
-    /// file header, so later opens inherit it.
+    /// WAL is set when the file is created (or when a creation interrupted by
+    /// a crash is completed); SQLite persists it in the file header, so later
+    /// opens inherit it.
     pub async fn open(path: &Path) -> Result<Store> {
         let bootstrap = !path.exists();
         let mut options = SqliteConnectOptions::new()
@@ -55,6 +61,23 @@ impl Store {
                 path: path.to_owned(),
                 source,
             })?;
+        // Fix: a kill -9 while SQLite was creating the file (before the WAL
+        // header reached it) leaves an empty or hot-journalled file; SQLite
+        // rolls it back to empty on this open, and since the file exists the
+        // bootstrap branch above is skipped, so the database stayed in
+        // rollback-journal mode for good. Complete the interrupted creation.
+        if !bootstrap {
+            let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut conn)
+                .await
+                .ctx("journal_mode")?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                let _: String = sqlx::query_scalar("PRAGMA journal_mode = WAL")
+                    .fetch_one(&mut conn)
+                    .await
+                    .ctx("set journal_mode")?;
+            }
+        }
         MIGRATOR
             .run(&mut conn)
             .await
@@ -64,8 +87,66 @@ impl Store {
             })?;
         Ok(Store {
             path: path.to_owned(),
+            options: options.journal_mode(SqliteJournalMode::Wal),
             conn: Mutex::new(conn),
         })
+    }
+
+    /// The connection, for a write transaction.
+    ///
+    /// Fix: when SQLite rolls a transaction back by itself (a `COMMIT` that
+    /// fails with `SQLITE_FULL` on a full volume), sqlx still counts it as
+    /// open and the `ROLLBACK` it sends on drop fails ("no transaction is
+    /// active"), so every later `BEGIN` of this process failed with
+    /// "attempted to call begin_with at non-zero transaction depth", hiding
+    /// the real error. No transaction outlives a method here, so a connection
+    /// still "in a transaction" at the start of one is stale: replace it.
+    async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>> {
+        let mut conn = self.conn.lock().await;
+        if conn.is_in_transaction() {
+            tracing::warn!("state database connection left in a failed transaction; reopening it");
+            *conn = SqliteConnection::connect_with(&self.options)
+                .await
+                .map_err(|source| StoreError::Open {
+                    path: self.path.clone(),
+                    source,
+                })?;
+        }
+        Ok(conn)
+    }
+
+    fn reserve_path(&self) -> PathBuf {
+        self.path.with_file_name("space-reserve")
+    }
+
+    /// Makes sure [`SPACE_RESERVE_BYTES`] are allocated in a file beside the
+    /// database. The database lives on the target volume: when downloads
+    /// fill it, [`Store::release_space_reserve`] frees this space so the
+    /// watermark, the attempt and the stage event can still be written.
+    /// Best effort: returns false when the space could not be allocated.
+    pub fn ensure_space_reserve(&self) -> bool {
+        use std::io::Write;
+        let path = self.reserve_path();
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == SPACE_RESERVE_BYTES) {
+            return true;
+        }
+        // Real blocks (zeros written), not a sparse `set_len`.
+        let written = std::fs::File::create(&path).and_then(|mut f| {
+            let block = vec![0u8; 64 << 10];
+            for _ in 0..SPACE_RESERVE_BYTES / block.len() as u64 {
+                f.write_all(&block)?;
+            }
+            f.sync_all()
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        written.is_ok()
+    }
+
+    /// Frees the reserve (idempotent). Returns whether there was one.
+    pub fn release_space_reserve(&self) -> bool {
+        std::fs::remove_file(self.reserve_path()).is_ok()
     }
 
     /// Path of the database file.
@@ -98,7 +179,7 @@ impl Store {
 
     /// Records a new run and returns its id.
     pub async fn begin_run(&self, command: &str, version: &str) -> Result<RunId> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let id = sqlx::query("INSERT INTO runs (command, pid, ftpipe_version) VALUES (?, ?, ?)")
             .bind(command)
@@ -120,7 +201,7 @@ impl Store {
         event: &str,
         detail: &str,
     ) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query("INSERT INTO stage_events (run_id, stage, event, detail) VALUES (?, ?, ?, ?)")
             .bind(run)
@@ -175,7 +256,7 @@ impl Store {
     /// files whose identity is unchanged; rows of files whose identity changed
     /// or that left the listing are removed with their receipts.
     pub async fn save_pin(&self, pin: &Pin, files: &[FileRow]) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
             "INSERT INTO pin (id, repo, revision, commit_sha, endpoint) VALUES (1, ?, ?, ?, ?)
@@ -210,18 +291,50 @@ impl Store {
                 .await
                 .ctx("insert temp file")?;
         }
-        // Files gone or changed in identity lose their ledger and receipt.
-        macro_rules! stale {
+        // Bug fix (repin): files whose identity changed used to lose their
+        // ledger row while their discards (append-only) stayed, so the next
+        // audit found `transferred != committed + discarded`; and nothing
+        // remembered that the final file on disk was our own superseded
+        // publication, so reconcile called it a conflict and `--repin` could
+        // never fetch the new content. Now a changed file keeps its ledger
+        // row, reset to zero with its committed bytes recorded as a
+        // `superseded_by_repin` discard (the invariant keeps holding), and
+        // that discard row (written even for 0 bytes when the file had a
+        // receipt) tells reconcile the old final file is ours to replace.
+        // Only files that left the listing lose their ledger row.
+        macro_rules! changed {
             () => {
-                "SELECT f.path FROM files f LEFT JOIN new_files n ON n.path = f.path
-                 WHERE n.path IS NULL OR n.size IS NOT f.size OR n.git_oid IS NOT f.git_oid
+                "SELECT f.path FROM files f JOIN new_files n ON n.path = f.path
+                 WHERE n.size IS NOT f.size OR n.git_oid IS NOT f.git_oid
                    OR n.lfs_sha256 IS NOT f.lfs_sha256"
             };
         }
+        macro_rules! gone {
+            () => {
+                "SELECT f.path FROM files f LEFT JOIN new_files n ON n.path = f.path
+                 WHERE n.path IS NULL"
+            };
+        }
         for sql in [
-            concat!("DELETE FROM receipts WHERE path IN (", stale!(), ")"),
-            concat!("DELETE FROM ledger WHERE path IN (", stale!(), ")"),
-            concat!("DELETE FROM files WHERE path IN (", stale!(), ")"),
+            concat!(
+                "INSERT INTO discards (run_id, path, reason, bytes)
+                 SELECT (SELECT MAX(id) FROM runs), l.path, 'superseded_by_repin', l.committed_bytes
+                 FROM ledger l
+                 WHERE EXISTS (SELECT 1 FROM runs) AND l.path IN (",
+                changed!(),
+                ") AND (l.committed_bytes > 0 OR l.path IN (SELECT path FROM receipts))"
+            ),
+            concat!(
+                "UPDATE ledger SET committed_bytes = 0, adopted_bytes = 0, validator = NULL,
+                   expected_bytes = (SELECT n.size FROM new_files n WHERE n.path = ledger.path)
+                 WHERE path IN (",
+                changed!(),
+                ")"
+            ),
+            concat!("DELETE FROM receipts WHERE path IN (", changed!(), ")"),
+            concat!("DELETE FROM receipts WHERE path IN (", gone!(), ")"),
+            concat!("DELETE FROM ledger WHERE path IN (", gone!(), ")"),
+            concat!("DELETE FROM files WHERE path IN (", gone!(), ")"),
         ] {
             sqlx::query(sql)
                 .execute(&mut *tx)
@@ -231,7 +344,9 @@ impl Store {
         sqlx::query(
             "INSERT INTO files (path, size, git_oid, lfs_sha256, xet_hash, selected)
              SELECT path, size, git_oid, lfs_sha256, xet_hash, selected FROM new_files WHERE true
-             ON CONFLICT(path) DO UPDATE SET selected = excluded.selected, xet_hash = excluded.xet_hash",
+             ON CONFLICT(path) DO UPDATE SET size = excluded.size, git_oid = excluded.git_oid,
+               lfs_sha256 = excluded.lfs_sha256, selected = excluded.selected,
+               xet_hash = excluded.xet_hash",
         )
         .execute(&mut *tx)
         .await
@@ -321,7 +436,7 @@ impl Store {
         transferred_delta: u64,
         validator: Option<&str>,
     ) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let changed = sqlx::query(
             "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?,
@@ -355,7 +470,7 @@ impl Store {
         committed: u64,
         also_transferred: bool,
     ) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
             .bind(run)
@@ -407,7 +522,7 @@ impl Store {
 
     /// Inserts an attempt as `in_flight` and returns its id.
     pub async fn start_attempt(&self, run: RunId, attempt: &Attempt) -> Result<i64> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let range_start = attempt
             .range_start
@@ -432,7 +547,7 @@ impl Store {
 
     /// Records how an attempt ended.
     pub async fn finish_attempt(&self, attempt: &Attempt) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
             "UPDATE attempts SET finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), host = ?,
@@ -492,7 +607,7 @@ impl Store {
     /// found on disk: any partial watermark is discarded and its bytes are
     /// counted as adopted.
     pub async fn put_receipt(&self, run: RunId, receipt: &Receipt) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         if receipt.adopted {
             sqlx::query(
@@ -538,7 +653,7 @@ impl Store {
     /// Removes a receipt whose file vanished and discards its committed bytes
     /// so the ledger keeps adding up when the file is fetched again.
     pub async fn revoke_receipt(&self, run: RunId, path: &str, reason: &str) -> Result<()> {
-        let mut conn = self.conn.lock().await;
+        let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
             "INSERT INTO discards (run_id, path, reason, bytes)

@@ -70,6 +70,20 @@ pub enum StageError {
         expected: String,
         actual: String,
     },
+    /// Hub metadata (`X-Repo-Commit`, `X-Linked-Size`, `X-Linked-Etag`)
+    /// contradicts the pinned listing: the hub now serves a different file
+    /// under the pinned commit. Not transient.
+    #[error(
+        "{path}: {what} mismatch: the hub's {header} is {actual:?} but the pinned identity is \
+         {expected}; the file changed under the pinned commit, refusing it"
+    )]
+    PinContradicted {
+        path: String,
+        header: &'static str,
+        expected: String,
+        actual: String,
+        what: &'static str,
+    },
     /// The response body ended before the promised length.
     #[error("{path}: body ended at byte {received} of {expected} promised")]
     ShortBody {
@@ -159,8 +173,15 @@ impl StageError {
             | StageError::BadHeader { .. }
             | StageError::LongBody { .. }
             | StageError::TooManyRedirects { .. } => true,
+            // 206 here means "206 to a request without Range": a lying
+            // response like a wrong Content-Range (nothing was appended), so
+            // it is retried like one instead of failing the file for good.
             StageError::Status { status, .. } => {
-                *status == 408 || *status == 416 || *status == 429 || *status >= 500
+                *status == 206
+                    || *status == 408
+                    || *status == 416
+                    || *status == 429
+                    || *status >= 500
             }
             _ => false,
         }

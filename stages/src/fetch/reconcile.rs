@@ -60,6 +60,17 @@ pub async fn reconcile(
         .into_iter()
         .map(|l| (l.path, l.committed))
         .collect();
+    // Paths whose earlier publication was superseded by a repin (see
+    // `Store::save_pin`): a final file there that does not match the new
+    // identity is our own old version, replaced by the publishing rename
+    // once the new bytes are verified; it is not a conflict.
+    let superseded: std::collections::HashSet<String> = store
+        .discards()
+        .await?
+        .into_iter()
+        .filter(|d| d.reason == "superseded_by_repin")
+        .map(|d| d.path)
+        .collect();
     let mut actions = Vec::new();
     let mut conflicts = Vec::new();
     for f in files.iter().filter(|f| f.selected) {
@@ -69,6 +80,8 @@ pub async fn reconcile(
             Ok(meta) if !meta.is_file() => {
                 conflicts.push((final_path, "not a regular file".to_owned()))
             }
+            Ok(meta)
+                if meta.len() != f.size && receipt.is_none() && superseded.contains(&f.path) => {}
             Ok(meta) if meta.len() != f.size => conflicts.push((
                 final_path,
                 format!("size {} on disk, expected {}", meta.len(), f.size),
@@ -86,7 +99,7 @@ pub async fn reconcile(
                         size: f.size,
                         ours: ledger.get(&f.path) == Some(&f.size),
                     });
-                } else {
+                } else if !superseded.contains(&f.path) {
                     conflicts.push((
                         final_path,
                         format!(

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -188,22 +189,13 @@ impl FileTask {
             size,
             resumed_from: part.len(),
         });
-        if part.len() < size {
+        let actual = if part.len() < size {
             self.transfer(&mut part, &mut hasher, &mut validator)
-                .await?;
-        }
-        let actual = hasher.finish_hex();
-        if actual != self.expected.hex() {
-            block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-            self.discard("digest_mismatch", size, 0, false).await?;
-            return Err(StageError::DigestMismatch {
-                path: self.path().to_owned(),
-                kind: self.expected.kind(),
-                expected: self.expected.hex().to_owned(),
-                actual,
-                size,
-            });
-        }
+                .await?
+        } else {
+            // A complete `.part` left by an earlier run: verify, no request.
+            self.verify(&mut part, hasher).await?
+        };
         let final_path = self.final_path.clone();
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| StageError::io("publish", &final_path, e))?;
@@ -228,13 +220,34 @@ impl FileTask {
         Ok(())
     }
 
+    /// Compares the digest of the complete `.part` with the pinned identity.
+    /// On a mismatch the `size` bytes become a `digest_mismatch` discard and
+    /// the file restarts from zero.
+    async fn verify(&self, part: &mut PartFile, hasher: IdentityHasher) -> Result<String> {
+        let size = self.file.size;
+        let actual = hasher.finish_hex();
+        if actual != self.expected.hex() {
+            block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+            self.discard("digest_mismatch", size, 0, false).await?;
+            return Err(StageError::DigestMismatch {
+                path: self.path().to_owned(),
+                kind: self.expected.kind(),
+                expected: self.expected.hex().to_owned(),
+                actual,
+                size,
+            });
+        }
+        Ok(actual)
+    }
+
     /// One HTTP attempt from the current watermark, recorded in `attempts`.
+    /// Returns the verified digest of the complete file.
     async fn transfer(
         &mut self,
         part: &mut PartFile,
         hasher: &mut IdentityHasher,
         validator: &mut Option<String>,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let start = part.len();
         let mut headers = HeaderMap::new();
         let mut attempt = Attempt {
@@ -255,17 +268,31 @@ impl FileTask {
                 .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
         attempt.host = url.host_str().unwrap_or_default().to_owned();
         attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
-        let result = self
+        let result = match self
             .stream(url, headers, part, hasher, validator, &mut attempt)
-            .await;
+            .await
+        {
+            // Bug fix: the digest used to be compared only after the attempt
+            // was closed as `ok`, so the attempt that delivered corrupt bytes
+            // was recorded as a success. Verify first, so a digest mismatch
+            // is kept as a `failed` attempt (docs/design.md, step 5.6).
+            Ok(()) => self.verify(part, hasher.clone()).await,
+            Err(e) => Err(e),
+        };
         attempt.outcome = match &result {
-            Ok(()) => "ok".into(),
+            Ok(_) => "ok".into(),
             Err(e) if e.is_transient() => "retry".into(),
             Err(_) => "failed".into(),
         };
         attempt.error = result.as_ref().err().map(ToString::to_string);
-        self.ctx.store.finish_attempt(&attempt).await?;
-        result
+        let finished = self.ctx.store.finish_attempt(&attempt).await;
+        // Fix: on a full volume this write can fail too; keep the error that
+        // ended the attempt (the row stays `in_flight`, as after a crash).
+        match (result, finished) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(f)) => Err(f.into()),
+            (Ok(v), Ok(())) => Ok(v),
+        }
     }
 
     async fn stream(
@@ -339,13 +366,15 @@ impl FileTask {
                 if matches!(other.as_u16(), 429 | 503) {
                     self.retry_after = retry_after_secs(resp.headers()).map(Duration::from_secs);
                 }
+                // The URL may be the CDN's (`/lfs/<sha>`), which does not
+                // name the file: say which file this was for.
                 return Err(StageError::Status {
                     url: crate::hub::redact(resp.url()),
                     status: other.as_u16(),
                     detail: if other == StatusCode::PARTIAL_CONTENT {
-                        " to a request without Range".into()
+                        format!(" to a request without Range (fetching {path})")
                     } else {
-                        String::new()
+                        format!(" (fetching {path})")
                     },
                 });
             }
@@ -389,9 +418,23 @@ impl FileTask {
                     expected: size,
                 });
             }
-            match block_in_place(|| part.append(&chunk)) {
+            // Another job found the volume full and freed the space reserve
+            // for the ledger: do not eat it with more file bytes.
+            let full = self.ctx.volume_full.load(Ordering::SeqCst);
+            match block_in_place(|| {
+                if full {
+                    Err(AppendError::NoSpace)
+                } else {
+                    part.append(&chunk)
+                }
+            }) {
                 Ok(()) => {}
                 Err(AppendError::NoSpace) => {
+                    // Fix: the state database is on this volume too; free
+                    // the reserve so the checkpoint below, the attempt and
+                    // the stage event can still be written (they failed
+                    // with SQLITE_FULL before).
+                    self.ctx.mark_volume_full();
                     break Err(StageError::NoSpace {
                         volume: self.ctx.source_root.clone(),
                         path: path.clone(),
@@ -415,8 +458,14 @@ impl FileTask {
         };
         // Bytes of a validated response that arrived before a failure are a
         // correct prefix: make them durable rather than fetch them again.
-        self.checkpoint(part, since, validator.as_deref()).await?;
+        let saved = self.checkpoint(part, since, validator.as_deref()).await;
+        // Fix: the failure that ended the body (e.g. no space) comes first;
+        // a checkpoint that failed with it leaves the watermark where it was.
+        if let (Err(first), Err(e)) = (&outcome, &saved) {
+            tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
+        }
         outcome?;
+        saved?;
         if part.len() < size {
             return Err(StageError::ShortBody {
                 path,
@@ -437,22 +486,44 @@ impl FileTask {
         if delta > 0 {
             block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
         }
-        self.ctx
-            .store
+        let store = &self.ctx.store;
+        match store
             .checkpoint(self.path(), part.len(), delta, validator)
-            .await?;
+            .await
+        {
+            // Fix: the ledger write can be the first to meet a full volume
+            // (the WAL grows too). Free the space reserve and commit once more
+            // so the fsynced bytes are kept; the next append then stops.
+            Err(e) if e.is_disk_full() => {
+                self.ctx.mark_volume_full();
+                store
+                    .checkpoint(self.path(), part.len(), delta, validator)
+                    .await?;
+            }
+            r => r?,
+        }
         Ok(())
     }
 
     /// Cross-checks hub metadata against the pinned listing when present.
     fn check_linked_meta(&self, meta: &crate::hub::LinkedMeta) -> Result<()> {
         let path = self.path();
+        // Bug fix: these used to be `BadHeader`, which is transient, so a hub
+        // that now describes a different file under the pinned commit was
+        // asked again ~8 times with growing backoff before the run gave up
+        // with a "giving up after N attempts" message. The hub's own metadata
+        // contradicting the pin is not going to change on a retry.
         let mismatch =
-            |header: &'static str, expected: String, actual: &str| StageError::BadHeader {
+            |header: &'static str, expected: String, actual: &str| StageError::PinContradicted {
                 path: path.to_owned(),
                 header,
                 expected,
                 actual: actual.to_owned(),
+                what: match header {
+                    "X-Linked-Etag" => "sha256 digest",
+                    "X-Linked-Size" => "size",
+                    _ => "commit",
+                },
             };
         if let Some(commit) = &meta.repo_commit
             && !commit.eq_ignore_ascii_case(&self.ctx.pin.commit)
