@@ -99,6 +99,13 @@ pub fn part_files(dir: &Path) -> Vec<PathBuf> {
 /// Runs `sql` against the state database and returns the first column of
 /// every row as text (read-only connection to the real file).
 pub fn query(out: &Path, sql: &str) -> Vec<String> {
+    try_query(out, sql).unwrap_or_else(|e| panic!("query {sql:?}: {e}"))
+}
+
+/// Like [`query`], but returns the error (e.g. `SQLITE_READONLY_ROLLBACK`
+/// when a process was killed mid-transaction in rollback-journal mode, which
+/// a read-only connection cannot recover).
+pub fn try_query(out: &Path, sql: &str) -> Result<Vec<String>, String> {
     use sqlx::{Connection, Row};
     let db = out.join(".ftpipe/state.db");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -111,18 +118,19 @@ pub fn query(out: &Path, sql: &str) -> Vec<String> {
             .read_only(true);
         let mut conn = sqlx::SqliteConnection::connect_with(&opts)
             .await
-            .expect("open state db");
+            .map_err(|e| format!("open state db: {e}"))?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_all(&mut conn)
             .await
-            .expect("query");
-        rows.iter()
+            .map_err(|e| e.to_string())?;
+        Ok(rows
+            .iter()
             .map(|r| {
                 r.try_get::<String, _>(0)
                     .or_else(|_| r.try_get::<i64, _>(0).map(|v| v.to_string()))
                     .unwrap_or_default()
             })
-            .collect()
+            .collect())
     })
 }
 
@@ -145,4 +153,347 @@ pub fn assert_clean_audit(out: &Path) {
         part_files(&out.join("source")).is_empty(),
         "temp files left"
     );
+}
+
+/// One ledger row with its discard total and whether a receipt exists, read
+/// from the state database (read-only). Empty when the database or its
+/// tables do not exist yet (a process killed before migrating).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSnap {
+    pub path: String,
+    pub expected: u64,
+    pub committed: u64,
+    pub transferred: u64,
+    pub adopted: u64,
+    pub discarded: u64,
+    pub receipt: bool,
+}
+
+/// Every ledger row (see [`LedgerSnap`]).
+pub fn ledger_snapshot(out: &Path) -> Vec<LedgerSnap> {
+    try_ledger_snapshot(out).unwrap_or_else(|e| panic!("ledger snapshot: {e}"))
+}
+
+/// Like [`ledger_snapshot`], but returns the error of the read-only query.
+pub fn try_ledger_snapshot(out: &Path) -> Result<Vec<LedgerSnap>, String> {
+    if !out.join(".ftpipe/state.db").is_file()
+        || try_query(
+            out,
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('ledger', 'receipts', 'discards')",
+        )? != ["3"]
+    {
+        return Ok(Vec::new());
+    }
+    let rows = try_query(
+        out,
+        "SELECT l.path || '|' || l.expected_bytes || '|' || l.committed_bytes || '|' ||
+                l.transferred_bytes || '|' || l.adopted_bytes || '|' ||
+                (SELECT COALESCE(SUM(bytes), 0) FROM discards d WHERE d.path = l.path) || '|' ||
+                EXISTS (SELECT 1 FROM receipts r WHERE r.path = l.path)
+         FROM ledger l ORDER BY l.path",
+    )?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let v: Vec<&str> = row.rsplitn(7, '|').collect();
+            let n = |i: usize| v[i].parse::<u64>().expect("ledger number");
+            LedgerSnap {
+                path: v[6].to_owned(),
+                expected: n(5),
+                committed: n(4),
+                transferred: n(3),
+                adopted: n(2),
+                discarded: n(1),
+                receipt: v[0] == "1",
+            }
+        })
+        .collect())
+}
+
+/// Length of the file's bytes on disk for the durability invariant: the
+/// `.part` if present, else the final file, else 0.
+pub fn on_disk_len(out: &Path, path: &str) -> u64 {
+    let fin = out.join("source").join(path);
+    let mut part = fin.clone().into_os_string();
+    part.push(".part");
+    std::fs::metadata(&part)
+        .or_else(|_| std::fs::metadata(&fin))
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+/// Body GETs of repo file `path` in the hub's request log (served by the
+/// resolve endpoint or the CDN; redirects excluded).
+pub fn body_requests(hub: &RunningHub, path: &str) -> Vec<ftpipe_fixtures::RequestRecord> {
+    hub.requests()
+        .into_iter()
+        .filter(|r| r.method == "GET" && (r.status == 200 || r.status == 206))
+        .filter(|r| {
+            let resolve = r.path.contains("/resolve/") && r.path.ends_with(&format!("/{path}"));
+            let cdn = r.path.starts_with("/lfs/")
+                && r.query
+                    .as_deref()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == format!("path={path}")));
+            resolve || cdn
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Helpers for the fault, bad-input and security tests.
+
+/// The first LFS shard (`*.safetensors`, served through the CDN redirect).
+pub fn lfs_file(files: &[RepoFile]) -> &RepoFile {
+    files
+        .iter()
+        .find(|f| f.path.ends_with(".safetensors"))
+        .expect("repo has a safetensors shard")
+}
+
+/// Escapes `'` for an SQL string literal.
+pub fn sql_str(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Ledger numbers of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ledger {
+    pub expected: u64,
+    pub committed: u64,
+    pub transferred: u64,
+    pub adopted: u64,
+    pub discarded: u64,
+}
+
+/// The ledger row of `path`, with the sum of its discards.
+pub fn ledger(out: &Path, path: &str) -> Ledger {
+    let p = sql_str(path);
+    let row = query(
+        out,
+        &format!(
+            "SELECT expected_bytes || ',' || committed_bytes || ',' || transferred_bytes || ',' \
+             || adopted_bytes || ',' || (SELECT COALESCE(SUM(bytes), 0) FROM discards WHERE path = {p}) \
+             FROM ledger WHERE path = {p}"
+        ),
+    );
+    let v: Vec<u64> = row
+        .first()
+        .unwrap_or_else(|| panic!("no ledger row for {path}"))
+        .split(',')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    Ledger {
+        expected: v[0],
+        committed: v[1],
+        transferred: v[2],
+        adopted: v[3],
+        discarded: v[4],
+    }
+}
+
+/// `reason:bytes` of every discard of `path`, in order.
+pub fn discards(out: &Path, path: &str) -> Vec<String> {
+    query(
+        out,
+        &format!(
+            "SELECT reason || ':' || bytes FROM discards WHERE path = {} ORDER BY id",
+            sql_str(path)
+        ),
+    )
+}
+
+/// Discard reasons of `path`, in order.
+pub fn discard_reasons(out: &Path, path: &str) -> Vec<String> {
+    query(
+        out,
+        &format!(
+            "SELECT reason FROM discards WHERE path = {} ORDER BY id",
+            sql_str(path)
+        ),
+    )
+}
+
+/// Outcomes of the attempts of `path`, in order.
+pub fn attempt_outcomes(out: &Path, path: &str) -> Vec<String> {
+    query(
+        out,
+        &format!(
+            "SELECT outcome FROM attempts WHERE path = {} ORDER BY id",
+            sql_str(path)
+        ),
+    )
+}
+
+/// Whether `path` has a receipt.
+pub fn has_receipt(out: &Path, path: &str) -> bool {
+    query(
+        out,
+        &format!(
+            "SELECT COUNT(*) FROM receipts WHERE path = {}",
+            sql_str(path)
+        ),
+    ) == ["1"]
+}
+
+/// Body GETs of repo file `path` as seen by the hub (CDN for redirected LFS
+/// files, the main origin's resolve endpoint otherwise).
+pub fn body_gets(hub: &RunningHub, path: &str) -> Vec<ftpipe_fixtures::RequestRecord> {
+    let resolve_suffix = format!("/{path}");
+    hub.requests()
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .filter(|r| match r.origin {
+            ftpipe_fixtures::Origin::Cdn => r
+                .query
+                .as_deref()
+                .is_some_and(|q| q.split('&').any(|kv| kv == format!("path={path}"))),
+            ftpipe_fixtures::Origin::Main => {
+                r.path.contains("/resolve/") && r.path.ends_with(&resolve_suffix) && r.status != 302
+            }
+        })
+        .collect()
+}
+
+/// Like [`assert_clean_audit`], but files may be adopted from disk
+/// (`committed + adopted = expected`).
+pub fn assert_audit_ok_with_adoption(out: &Path) {
+    let a = audit_json(out, true);
+    assert_eq!(a["ok"], true, "audit not ok: {a:#}");
+    assert_eq!(a["reconciliation_error"], 0, "{a:#}");
+    for f in a["files"].as_array().unwrap() {
+        assert_eq!(f["verified"], true, "{f}");
+        let e = f["expected_bytes"].as_u64().unwrap();
+        let c = f["committed_bytes"].as_u64().unwrap();
+        let ad = f["adopted_bytes"].as_u64().unwrap();
+        let t = f["transferred_bytes"].as_u64().unwrap();
+        let d = f["discarded_bytes"].as_u64().unwrap();
+        assert_eq!(e, c + ad, "{f}");
+        assert_eq!(t, c + d, "transferred != committed + discarded: {f}");
+    }
+    assert_eq!(query(out, "PRAGMA integrity_check"), ["ok"]);
+    assert!(
+        part_files(&out.join("source")).is_empty(),
+        "temp files left"
+    );
+}
+
+/// Every regular file under `dir` (relative paths), for "nothing written
+/// outside" checks.
+pub fn tree_of(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let ty = e.file_type().unwrap();
+            if ty.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A canned HTTP response of [`RawServer`].
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        RawResponse {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    pub fn header(mut self, k: &str, v: &str) -> Self {
+        self.headers.push((k.to_owned(), v.to_owned()));
+        self
+    }
+}
+
+/// A tiny HTTP/1.1 server on 127.0.0.1 for listings the fixture hub refuses
+/// to produce: one request per connection (`Connection: close`), at most
+/// `max_conns` connections, then the thread ends. `handler` maps the
+/// request target (path and query) to a canned response; a `Content-Length`
+/// header is added unless the handler set one (set it to "" for a
+/// close-delimited body: headers with empty values are not sent).
+pub struct RawServer {
+    pub endpoint: String,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl RawServer {
+    pub fn start<F>(max_conns: usize, handler: F) -> RawServer
+    where
+        F: Fn(&str) -> RawResponse + Send + 'static,
+    {
+        use std::io::{BufRead, BufReader, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for _ in 0..max_conns {
+                let Ok((stream, _)) = listener.accept() else {
+                    return;
+                };
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    continue;
+                }
+                let target = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                loop {
+                    let mut h = String::new();
+                    match reader.read_line(&mut h) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if h == "\r\n" || h == "\n" => break,
+                        Ok(_) => log2.lock().unwrap().push(format!("{target} {}", h.trim())),
+                    }
+                }
+                log2.lock().unwrap().push(target.clone());
+                let resp = handler(&target);
+                let mut head = format!("HTTP/1.1 {} X\r\nConnection: close\r\n", resp.status);
+                if !resp
+                    .headers
+                    .iter()
+                    .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                {
+                    head.push_str(&format!("Content-Length: {}\r\n", resp.body.len()));
+                }
+                for (k, v) in resp.headers.iter().filter(|(_, v)| !v.is_empty()) {
+                    head.push_str(&format!("{k}: {v}\r\n"));
+                }
+                head.push_str("\r\n");
+                let mut stream = stream;
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(&resp.body);
+                let _ = stream.flush();
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        });
+        RawServer { endpoint, log }
+    }
+
+    /// Request targets received so far.
+    pub fn targets(&self) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| !l.contains(' '))
+            .cloned()
+            .collect()
+    }
 }
