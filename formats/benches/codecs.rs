@@ -1,6 +1,9 @@
 //! Codec throughput figures (not a timed test): GB/s of BF16 input for the
 //! reference and fast encoders of Q3_PLE_32 and NVFP4, on one thread and on
-//! all threads, plus decode throughput. Run with
+//! all threads, plus decode throughput. Each figure is printed as
+//! `wall-clock [per CPU-second]` (the second divides by the CPU time the
+//! process's threads actually got, a per-core rate that survives a loaded
+//! machine), with the load average at start and end. Run with
 //! `cargo bench -p ftpipe-formats`; figures go in docs/performance.md.
 
 use std::time::Instant;
@@ -28,15 +31,46 @@ fn data(n: usize) -> Vec<bf16> {
         .collect()
 }
 
-/// Best of `reps` runs of `f`, as GB/s of `bytes` input.
-fn gbps(bytes: usize, reps: usize, mut f: impl FnMut()) -> f64 {
-    let mut best = f64::INFINITY;
+/// CPU time consumed so far by all live threads of this process, in ns
+/// (Linux `/proc/self/task/*/schedstat`; 0 where unavailable).
+fn cpu_ns() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Throughput of `f` over `bytes` of input, best of `reps` runs.
+#[derive(Clone, Copy)]
+struct Rate {
+    /// GB/s by wall-clock time.
+    wall: f64,
+    /// GB per CPU-second (all threads' CPU time summed): per-core rate,
+    /// insensitive to time spent waiting for a core on a loaded machine.
+    cpu: f64,
+}
+
+fn gbps(bytes: usize, reps: usize, mut f: impl FnMut()) -> Rate {
+    let (mut wall, mut cpu) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..reps {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_ns());
         f();
-        best = best.min(t.elapsed().as_secs_f64());
+        wall = wall.min(t.elapsed().as_secs_f64());
+        cpu = cpu.min((cpu_ns() - c) as f64 / 1e9);
     }
-    bytes as f64 / best / 1e9
+    Rate {
+        wall: bytes as f64 / wall / 1e9,
+        cpu: bytes as f64 / cpu / 1e9,
+    }
+}
+
+/// The 1/5/15-minute load averages (Linux), for the record.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
@@ -54,9 +88,10 @@ fn main() {
     let width = 160;
     let g = Q3GlobalScale::from_absmax(q3::table_absmax("bench", &x, 0).unwrap()).unwrap();
     println!(
-        "codec bench: {:.2} MiB BF16 (reference: first {:.2} MiB), {threads} threads",
+        "codec bench: {:.2} MiB BF16 (reference: first {:.2} MiB), {threads} threads, load average at start {}",
         FAST_BYTES as f64 / 1048576.0,
-        REF_BYTES as f64 / 1048576.0
+        REF_BYTES as f64 / 1048576.0,
+        load()
     );
 
     // ---- Q3_PLE_32 ----
@@ -75,7 +110,7 @@ fn main() {
     });
     assert_eq!(&out[..out_r.len()], &out_r[..], "Q3 fast != reference");
     let mut y = vec![0f32; x.len()];
-    let q_dec = gbps(FAST_BYTES, 2, || q3::decode(&out, g, &mut y).unwrap());
+    let q_dec = gbps(FAST_BYTES, 3, || q3::decode(&out, g, &mut y).unwrap());
 
     // ---- NVFP4 ---- (per-tensor scale, so the reference prefix is its own tensor)
     let mut nv = vec![0u8; nvfp4::nvfp4_len(x.len() as u64).unwrap() as usize];
@@ -88,19 +123,43 @@ fn main() {
     let n_fn = gbps(FAST_BYTES, 3, || nvfp4::encode("b", &x, &mut nv).unwrap());
     nvfp4::encode("b", xr, &mut nv_r2).unwrap();
     assert_eq!(nv_r, nv_r2, "NVFP4 fast != reference");
-    let n_dec = gbps(FAST_BYTES, 2, || nvfp4::decode(&nv, &mut y).unwrap());
+    let n_dec = gbps(FAST_BYTES, 3, || nvfp4::decode(&nv, &mut y).unwrap());
 
+    println!("wall-clock GB/s of BF16 input (in brackets: GB per CPU-second, i.e. per busy core)");
     println!(
-        "| codec | reference 1 thread | fast 1 thread | fast {threads} threads | fast/ref (1 thread) | decode 1 thread |"
+        "| codec | reference, 1 thread | fast, 1 thread | fast, {threads} threads | fast/ref (1 thread, wall) | decode, 1 thread |"
     );
     println!("|---|---|---|---|---|---|");
+    let f = |r: Rate| format!("{:.3} [{:.3}]", r.wall, r.cpu);
     for (name, r, f1, fall, d) in [
         ("Q3_PLE_32", q_ref, q_f1, q_fn, q_dec),
         ("NVFP4", n_ref, n_f1, n_fn, n_dec),
     ] {
         println!(
-            "| {name} | {r:.3} GB/s | {f1:.3} GB/s | {fall:.3} GB/s | {:.1}x | {d:.3} GB/s |",
-            f1 / r
+            "| {name} | {} | {} | {} | {:.1}x | {} |",
+            f(r),
+            f(f1),
+            f(fall),
+            f1.wall / r.wall,
+            f(d)
         );
     }
+    // Fixed per-call cost of the fast NVFP4 encoder (its per-tensor
+    // boundary table), visible on small tensors.
+    let small = &x[..16 * 1024];
+    let mut nv_s = vec![0u8; nvfp4::nvfp4_len(small.len() as u64).unwrap() as usize];
+    let t_small = one_thread(|| {
+        (0..20)
+            .map(|_| {
+                let t = Instant::now();
+                nvfp4::encode("b", small, &mut nv_s).unwrap();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    });
+    println!(
+        "NVFP4 fast encode of a 16 Ki-element tensor, 1 thread: {:.0} us",
+        t_small * 1e6
+    );
+    println!("load average at end {}", load());
 }

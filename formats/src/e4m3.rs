@@ -47,29 +47,31 @@ pub fn encode_ref(x: f32) -> u8 {
     sign | best
 }
 
-/// Fast encoder, byte-identical to [`encode_ref`].
+/// Fast encoder, byte-identical to [`encode_ref`]. Branch-free (every case
+/// is computed, then selected), so loops over it vectorize.
 #[inline]
 pub fn encode(x: f32) -> u8 {
-    if x.is_nan() {
-        return 0x7F;
-    }
-    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
-    let a = x.abs();
+    // 1.5 × 2²³: adding it to a value in [0, 8) rounds to an integer, ties
+    // to even, left in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let abits = bits & 0x7FFF_FFFF;
+    let a = f32::from_bits(abits);
+    // Subnormal range (< 2⁻⁶): code = RNE(a × 2⁹) (8 = first normal code).
+    let sub = (a * 512.0 + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as u8;
+    // Normal: round the 23-bit mantissa to 3 bits, ties to even; a carry
+    // correctly bumps the exponent. Rebias 127 → 7.
+    let r = abits.wrapping_add(0x7_FFFF + ((abits >> 20) & 1));
+    let norm = (r >> 20).wrapping_sub(120 << 3) as u8;
     let mag = if a >= E4M3_MAX {
-        0x7E
+        0x7E // saturate
     } else if a < 0.015625 {
-        // Subnormal range (< 2⁻⁶): code = RNE(a × 2⁹); the magic constant
-        // 1.5 × 2²³ makes the FPU round to an integer, ties to even.
-        const MAGIC: f32 = 12_582_912.0;
-        ((a * 512.0 + MAGIC) - MAGIC) as u8
+        sub
     } else {
-        // Normal: round the 23-bit mantissa to 3 bits, ties to even; a carry
-        // correctly bumps the exponent. Rebias 127 → 7.
-        let bits = a.to_bits();
-        let r = bits + 0x7_FFFF + ((bits >> 20) & 1);
-        ((r >> 20) - (120 << 3)) as u8
+        norm
     };
-    sign | mag
+    if x.is_nan() { 0x7F } else { sign | mag }
 }
 
 #[cfg(test)]
@@ -126,6 +128,20 @@ mod tests {
             assert_eq!(encode(x), encode_ref(x), "x={x}");
         }
         assert_eq!(encode(f32::INFINITY), 0x7E);
+    }
+
+    #[test]
+    fn fast_matches_ref_across_all_f32_patterns() {
+        // Every 65537th bit pattern: both signs, NaNs, Inf, subnormals.
+        let mut bits = 0u32;
+        loop {
+            let x = f32::from_bits(bits);
+            assert_eq!(encode(x), encode_ref(x), "bits={bits:#x}");
+            match bits.checked_add(0x1_0001) {
+                Some(b) => bits = b,
+                None => break,
+            }
+        }
     }
 
     #[test]

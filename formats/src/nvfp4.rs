@@ -23,6 +23,8 @@
 //! term covers block scales in E4M3's subnormal range, the last f32
 //! underflow for tensors whose amax is below 2⁻¹²⁶).
 
+use std::sync::OnceLock;
+
 use half::bf16;
 use rayon::prelude::*;
 
@@ -139,31 +141,163 @@ pub fn encode_ref(key: &str, x: &[bf16], out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Elements per parallel work item of the fast encoder.
-const PAR_CHUNK: usize = 1 << 14;
+/// Elements per parallel work item of the fast encoder (128 KiB of BF16).
+const PAR_CHUNK: usize = 1 << 16;
 
-/// Encode whole blocks of a chunk (fast path, single thread).
-fn encode_chunk(x: &[u16], s2: f32, codes: &mut [u8], scales: &mut [u8]) {
-    for ((block, c), sc) in x
-        .chunks_exact(NVFP4_BLOCK)
-        .zip(codes.chunks_exact_mut(NVFP4_BLOCK / 2))
-        .zip(scales.iter_mut())
-    {
-        let e = block_scale(scan::widen(scan::max_mag_bits(block)), s2, e4m3::encode);
-        *sc = e;
-        let d = e4m3::decode(e) * s2;
-        let mut q = [0u8; NVFP4_BLOCK];
-        if d == 0.0 {
-            for (q, &b) in q.iter_mut().zip(block) {
-                *q = u8::from(scan::widen(b) < 0.0) << 3;
+/// Sentinel magnitude bits: above every finite BF16 (a threshold never met).
+const NEVER: i16 = 0x7F80;
+
+/// Smallest BF16 magnitude bits `b ∈ 0..=0x7F80` with `pred(b)` (taken as
+/// true at `0x7F80`), for `pred` monotone (false…false true…true).
+/// Gallops from `guess`, then bisects, so a good guess costs a few calls
+/// and a bad one is merely slower.
+fn first_true(pred: impl Fn(i16) -> bool, guess: i16) -> i16 {
+    let p = |b: i16| b >= NEVER || pred(b);
+    let guess = guess.clamp(0, NEVER);
+    // Invariant after galloping: !p(lo) (or lo = −1), p(hi).
+    let (mut lo, mut hi);
+    if p(guess) {
+        hi = guess;
+        let mut step = 1i16;
+        loop {
+            let c = hi.saturating_sub(step);
+            if c < 0 || hi == 0 {
+                lo = -1;
+                break;
             }
-        } else {
-            for (q, &b) in q.iter_mut().zip(block) {
-                *q = e2m1_fast(scan::widen(b) / d);
+            if !p(c) {
+                lo = c;
+                break;
             }
+            hi = c;
+            step = step.saturating_mul(2);
         }
-        for (i, c) in c.iter_mut().enumerate() {
-            *c = q[2 * i] | (q[2 * i + 1] << 4);
+    } else {
+        lo = guess;
+        let mut step = 1i16;
+        loop {
+            let c = lo.saturating_add(step).min(NEVER);
+            if p(c) {
+                hi = c;
+                break;
+            }
+            lo = c;
+            step = step.saturating_mul(2);
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if p(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi
+}
+
+/// Decision boundaries, in BF16 magnitude bits, of one block step `d`:
+/// `[z, b1, …, b7]`. An element with magnitude bits `a` gets magnitude code
+/// `#{i ≥ 1 : a ≥ bᵢ}` and keeps its sign bit iff `a ≥ z`; that is exactly
+/// what the reference computes, because:
+/// * `fl(|x| / d)` is monotone in `|x|` and `e2m1_ref` is monotone in its
+///   magnitude (it is the threshold function `e2m1_fast`; monotonicity
+///   was also checked once over every non-negative f32), so each code
+///   boundary is one BF16 value, found here by evaluating the reference's
+///   own expressions (`x / d`, `e2m1_ref`);
+/// * the reference's sign bit is `x / d < 0`, which is false when the
+///   quotient underflows to −0 (`a < z`); with `d = 0` it is `x < 0`
+///   (`z = 1`, and every magnitude boundary is unreachable).
+fn boundaries(d: f32) -> [i16; 8] {
+    if d == 0.0 {
+        return [1, NEVER, NEVER, NEVER, NEVER, NEVER, NEVER, NEVER];
+    }
+    // Guess from the real-valued midpoint `t × d` (truncated to BF16).
+    let guess = |t: f32| ((t * d).to_bits() >> 16).min(NEVER as u32) as i16;
+    let mut out = [0i16; 8];
+    // Smallest magnitude whose quotient does not underflow to zero.
+    out[0] = first_true(
+        |b| scan::widen(b as u16) / d > 0.0,
+        guess(f32::from_bits(1)),
+    );
+    const MID: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    for (i, t) in MID.iter().enumerate() {
+        let code = (i + 1) as u8;
+        out[i + 1] = first_true(|b| e2m1_ref(scan::widen(b as u16) / d) >= code, guess(*t));
+    }
+    out
+}
+
+/// The code of BF16 bits `b` given `t = boundaries(d) − 1` of its block's
+/// step (`a ≥ B ⇔ a > B − 1`: one signed compare per boundary).
+#[inline(always)]
+fn nibble(b: u16, t: &[i16; 8]) -> u16 {
+    let a = (b & 0x7FFF) as i16;
+    let m = t[1..].iter().map(|&t| u16::from(a > t)).sum::<u16>();
+    ((b >> 15) & u16::from(a > t[0])) << 3 | m
+}
+
+/// Per-tensor table of `boundaries − 1` (see [`nibble`]) by block scale
+/// code, each entry computed on first use (a tensor uses a few dozen of
+/// the 127 finite non-negative codes), so small tensors stay cheap.
+struct BoundaryTable {
+    s2: f32,
+    cells: [OnceLock<[i16; 8]>; 128],
+}
+
+impl BoundaryTable {
+    fn new(s2: f32) -> Self {
+        BoundaryTable {
+            s2,
+            cells: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    /// Entry for block scale code `e` (a finite non-negative code).
+    #[inline(always)]
+    fn get(&self, e: u8) -> &[i16; 8] {
+        self.cells[usize::from(e & 0x7F)]
+            .get_or_init(|| boundaries(e4m3::decode(e & 0x7F) * self.s2).map(|b| b - 1))
+    }
+}
+
+/// Blocks whose scales the fast encoder computes together (so the
+/// divisions and E4M3 roundings vectorize).
+const GROUP: usize = 64;
+
+/// Encode whole blocks of a chunk (fast path, single thread): block scales
+/// a group at a time, then integer compares per element.
+fn encode_chunk(x: &[u16], s2: f32, table: &BoundaryTable, codes: &mut [u8], scales: &mut [u8]) {
+    let six_s2 = 6.0 * s2; // the reference's divisor, same f32 value
+    let (blocks, _) = x.as_chunks::<NVFP4_BLOCK>();
+    let (cs, _) = codes.as_chunks_mut::<{ NVFP4_BLOCK / 2 }>();
+    for ((blocks, cs), scales) in blocks
+        .chunks(GROUP)
+        .zip(cs.chunks_mut(GROUP))
+        .zip(scales.chunks_mut(GROUP))
+    {
+        let mut bamax = [0u16; GROUP];
+        for (a, b) in bamax.iter_mut().zip(blocks) {
+            *a = b.iter().fold(0i16, |m, &v| m.max((v & 0x7FFF) as i16)) as u16;
+        }
+        // The reference's `block_scale`, branch-free.
+        for (e, &a) in scales.iter_mut().zip(&bamax) {
+            let s = scan::widen(a) / six_s2;
+            let s = if s2 == 0.0 || s == 0.0 { 1.0 } else { s };
+            *e = e4m3::encode(s.min(e4m3::E4M3_MAX));
+        }
+        for ((block, c), &e) in blocks.iter().zip(cs.iter_mut()).zip(scales.iter()) {
+            // `e` is a finite non-negative code (≤ 0x7E): the step is ≥ 0.
+            let t = table.get(e);
+            let mut q = [0u16; NVFP4_BLOCK];
+            for (q, &b) in q.iter_mut().zip(block) {
+                *q = nibble(b, t);
+            }
+            // Nibble pairs: as one u32 the pair is `lo | hi << 16`.
+            for (i, c) in c.iter_mut().enumerate() {
+                let v = u32::from(q[2 * i]) | u32::from(q[2 * i + 1]) << 16;
+                *c = (v | v >> 12) as u8;
+            }
         }
     }
 }
@@ -174,6 +308,7 @@ pub fn encode(key: &str, x: &[bf16], out: &mut [u8]) -> Result<()> {
     check_sizes(x.len(), out.len())?;
     let amax = scan::absmax_fast(key, x, 0)?;
     let s2 = tensor_scale(amax);
+    let table = BoundaryTable::new(s2);
     let n = x.len();
     let (codes, rest) = out.split_at_mut(n / 2);
     let (scales, ts) = rest.split_at_mut(n / NVFP4_BLOCK);
@@ -181,7 +316,7 @@ pub fn encode(key: &str, x: &[bf16], out: &mut [u8]) -> Result<()> {
         .par_chunks(PAR_CHUNK)
         .zip(codes.par_chunks_mut(PAR_CHUNK / 2))
         .zip(scales.par_chunks_mut(PAR_CHUNK / NVFP4_BLOCK))
-        .for_each(|((x, c), s)| encode_chunk(x, s2, c, s));
+        .for_each(|((x, c), s)| encode_chunk(x, s2, &table, c, s));
     ts.copy_from_slice(&s2.to_le_bytes());
     Ok(())
 }
@@ -193,16 +328,19 @@ pub fn decode(body: &[u8], out: &mut [f32]) -> Result<()> {
     let (codes, rest) = body.split_at(n / 2);
     let (scales, ts) = rest.split_at(n / NVFP4_BLOCK);
     let s2 = f32::from_le_bytes([ts[0], ts[1], ts[2], ts[3]]);
-    for ((o, c), &e) in out
-        .chunks_exact_mut(NVFP4_BLOCK)
-        .zip(codes.chunks_exact(NVFP4_BLOCK / 2))
-        .zip(scales)
-    {
-        let d = e4m3::decode(e) * s2;
-        for (i, o) in o.iter_mut().enumerate() {
-            let q = (c[i / 2] >> (4 * (i % 2))) & 0x0F;
-            let mag = E2M1_VALUES[usize::from(q & 7)] * d;
-            *o = if q & 8 != 0 { -mag } else { mag };
+    let steps: [f32; 256] = std::array::from_fn(|e| e4m3::decode(e as u8) * s2);
+    let (outs, _) = out.as_chunks_mut::<NVFP4_BLOCK>();
+    let (cs, _) = codes.as_chunks::<{ NVFP4_BLOCK / 2 }>();
+    for ((o, c), &e) in outs.iter_mut().zip(cs).zip(scales) {
+        let d = steps[usize::from(e)];
+        // The 16 possible outputs of this block: ±E2M1[m] × d.
+        let lut: [f32; 16] = std::array::from_fn(|q| {
+            let mag = E2M1_VALUES[q & 7] * d;
+            if q & 8 != 0 { -mag } else { mag }
+        });
+        for (o2, &byte) in o.as_chunks_mut::<2>().0.iter_mut().zip(c) {
+            o2[0] = lut[usize::from(byte & 0x0F)];
+            o2[1] = lut[usize::from(byte >> 4)];
         }
     }
     Ok(())
@@ -299,6 +437,38 @@ mod tests {
         }
         for v in [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.0, 1e30, -1e30] {
             assert_eq!(e2m1_fast(v), e2m1_ref(v), "v={v}");
+        }
+    }
+
+    /// The boundary table reproduces the reference's per-element code for
+    /// every finite BF16 under many steps `d = E4M3⁻¹(e) × scale_2`.
+    #[test]
+    fn boundaries_match_reference_on_every_bf16() {
+        let mut r = 0x2545_F491_4F6C_DD1Du64;
+        let mut steps = vec![0.0f32, 1.0, 0.5, 6.0 * 448.0, f32::MIN_POSITIVE];
+        for _ in 0..40 {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            // Random finite amax (BF16, any exponent) and block scale code.
+            let amax = scan::widen((r as u16) & 0x7F7F);
+            let e = ((r >> 20) % 0x7F) as u8;
+            steps.push(e4m3::decode(e) * tensor_scale(amax));
+        }
+        for d in steps {
+            let t = boundaries(d).map(|b| b - 1);
+            for b in 0..=u16::MAX {
+                if b & 0x7FFF >= 0x7F80 {
+                    continue;
+                }
+                let x = scan::widen(b);
+                let want = if d == 0.0 {
+                    u8::from(x < 0.0) << 3
+                } else {
+                    e2m1_ref(x / d)
+                };
+                assert_eq!(nibble(b, &t), u16::from(want), "d={d:e} x={x:e}");
+            }
         }
     }
 

@@ -25,6 +25,7 @@
 //! `G` term covers block scales that round into f16's subnormal range, the
 //! last term f32 underflow for absurdly small tables.
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -212,45 +213,159 @@ pub fn encode_ref(
     Ok(())
 }
 
-/// Blocks per parallel work item of the fast encoder.
-const PAR_BLOCKS: usize = 512;
+/// Blocks per parallel work item of the fast encoder (224 KiB of BF16 in,
+/// 56 KiB out: big enough that rayon's per-task cost is noise).
+const PAR_BLOCKS: usize = 3584;
+
+/// `|d|` at and above which the fast encoder uses threshold compares.
+const EXACT_D_MIN: f32 = f32::MIN_POSITIVE * 2.0; // 2⁻¹²⁵
+
+/// Signed max of a block (the reference's `m`): largest magnitude, sign of
+/// its first occurrence. Branch-free i16 maxima, so it vectorizes.
+#[inline(always)]
+fn signed_max(block: &[u16; Q3_BLOCK]) -> f32 {
+    let mb = block.iter().fold(0i16, |m, &b| m.max((b & 0x7FFF) as i16));
+    // Among elements of magnitude `mb`, the earliest has the largest
+    // `(32 − i) << 1`; the low bit carries its sign.
+    let first = block.iter().enumerate().fold(0i16, |k, (i, &b)| {
+        let key = ((Q3_BLOCK - i) as i16) << 1 | (b >> 15) as i16;
+        k.max(if (b & 0x7FFF) as i16 == mb { key } else { 0 })
+    });
+    scan::widen(mb as u16 | ((first & 1) as u16) << 15)
+}
+
+/// Compare constants for a block whose step `d` satisfies
+/// `|d| ≥ EXACT_D_MIN`, in BF16 magnitude bits: `[c0, c1, c2, c3]`.
+///
+/// With `x' = x·sign(d)` (so `x / d = x' / |d|`) and `a = |x'|`, the
+/// reference's `q = clamp(round_half_even(x / d), −4, 3) + 4` is
+/// `4 + n` for `x' ≥ 0` and `4 − n − [a ≥ 3.5|d|]` for `x' < 0`, where
+/// `n = [a > 0.5|d|] + [a ≥ 1.5|d|] + [a > 2.5|d|]`: crossing a
+/// half-integer `h·|d|` moves `q` by one, and a tie goes to the even `k`
+/// (0.5 → 0, 1.5 → 2, 2.5 → 2, −3.5 → −4; 3.5 and beyond clamp to 3).
+/// Exactness:
+/// * `h·|d|` is exact: `d = G × s` multiplies an 8-bit (bf16) and an
+///   11-bit (f16) significand, exact in f32 because `|d| ≥ 2⁻¹²⁵` keeps it
+///   normal; `2h` is an odd number ≤ 7 (3 bits), so `h·|d|` has ≤ 23 bits,
+///   and `3.5·|d| ≤ 3.5·G/4` cannot overflow. So `a ⋚ h·|d|` compares the
+///   *exact* quotient with `h`.
+/// * The reference's rounded quotient `fl(x / d)` is on the same side of
+///   `h` (rounding is monotone, `h` is representable) and never lands on
+///   `h` unless the quotient is exactly `h`: where `a ≈ h·|d|`, both `a`
+///   and `h·|d|` are multiples of `|d|·2⁻²⁰`, so a nonzero `a/|d| − h` is
+///   at least `2⁻²⁰`, more than the `2⁻²³` it takes to round onto `h`.
+/// * For a BF16 `a ≥ 0` and `t > 0`, with `⌊t⌋ = t` truncated to BF16
+///   (its top 16 bits) and `⌈t⌉ = ⌊t⌋ + [t inexact]` in bits:
+///   `a > t ⇔ bits(a) > ⌊t⌋` and `a ≥ t ⇔ bits(a) > ⌈t⌉ − 1`.
+#[inline(always)]
+fn compare_constants(d: f32) -> [i16; 4] {
+    let ad = d.abs();
+    let floor = |t: f32| (t.to_bits() >> 16) as i16;
+    let ceil_m1 = |t: f32| {
+        let b = t.to_bits();
+        (b >> 16) as i16 + i16::from(b & 0xFFFF != 0) - 1
+    };
+    [
+        floor(0.5 * ad),
+        ceil_m1(1.5 * ad),
+        floor(2.5 * ad),
+        ceil_m1(3.5 * ad),
+    ]
+}
+
+/// Codes of a block from its compare constants (see [`compare_constants`]);
+/// `flip` is the sign bit of `d` in BF16 position.
+#[inline(always)]
+fn codes_by_compares(block: &[u16; Q3_BLOCK], flip: u16, c: &[i16; 4], q: &mut [u16; Q3_BLOCK]) {
+    for (q, &b) in q.iter_mut().zip(block) {
+        let a = (b & 0x7FFF) as i16;
+        let neg = ((b ^ flip) as i16) >> 15; // all ones if x' < 0
+        let n = i16::from(a > c[0]) + i16::from(a > c[1]) + i16::from(a > c[2]);
+        // x' < 0: −(n + [a ≥ 3.5|d|]), else +n (−0 has n = 0).
+        let v = n + (i16::from(a > c[3]) & neg);
+        *q = (4 + ((v ^ neg) - neg)) as u16;
+    }
+}
+
+/// Blocks whose scales the fast encoder computes together (vectorized
+/// divisions and hardware f16 conversions when the CPU has them).
+const GROUP: usize = 64;
 
 /// Encode whole blocks (fast path, single thread; input already validated).
 fn encode_blocks(x: &[u16], g: f32, out: &mut [u8]) {
-    // 1.5 × 2²³: adding and subtracting it rounds to an integer, ties to
-    // even, for |v| < 2²² (here |v| ≤ 4).
-    const MAGIC: f32 = 12_582_912.0;
-    for (block, o) in x
-        .chunks_exact(Q3_BLOCK)
-        .zip(out.chunks_exact_mut(Q3_BLOCK_BYTES))
-    {
-        let mb = scan::max_mag_bits(block);
-        let m = block
-            .iter()
-            .find(|&&b| b & 0x7FFF == mb)
-            .map_or(0.0, |&b| scan::widen(b));
-        let s = block_scale(m, g);
-        let d = g * s.to_f32();
-        o[..2].copy_from_slice(&s.to_bits().to_le_bytes());
-        let mut q = [4u32; Q3_BLOCK];
-        if d != 0.0 {
-            for (q, &b) in q.iter_mut().zip(block) {
-                let v = (scan::widen(b) / d).clamp(-4.0, 3.0);
-                *q = ((v + MAGIC) - MAGIC + 4.0) as u32;
+    let (blocks, _) = x.as_chunks::<Q3_BLOCK>();
+    let (outs, _) = out.as_chunks_mut::<Q3_BLOCK_BYTES>();
+    for (blocks, outs) in blocks.chunks(GROUP).zip(outs.chunks_mut(GROUP)) {
+        let n = blocks.len();
+        // Scales of the group: the reference's `block_scale`, in bulk.
+        let mut m = [0f32; GROUP];
+        for (m, b) in m.iter_mut().zip(blocks) {
+            *m = signed_max(b);
+        }
+        let mut r = [0f32; GROUP];
+        for (r, &m) in r.iter_mut().zip(&m) {
+            *r = m / g / -4.0;
+        }
+        let mut s = [f16::ZERO; GROUP];
+        s[..n].convert_from_f32_slice(&r[..n]);
+        for (s, &m) in s.iter_mut().zip(&m) {
+            if m == 0.0 || g == 0.0 {
+                *s = f16::ZERO;
             }
         }
-        for (g8, o3) in q.chunks_exact(8).zip(o[2..].chunks_exact_mut(3)) {
-            let w = g8
-                .iter()
-                .enumerate()
-                .fold(0u32, |w, (j, &c)| w | c << (3 * j));
-            o3.copy_from_slice(&w.to_le_bytes()[..3]);
+        let mut d = [0f32; GROUP];
+        s[..n].convert_to_f32_slice(&mut d[..n]);
+        for d in &mut d {
+            *d *= g;
+        }
+        let mut c = [[0i16; 4]; GROUP];
+        for (c, &d) in c.iter_mut().zip(&d) {
+            *c = compare_constants(d);
+        }
+        for ((((block, o), s), &d), c) in blocks.iter().zip(outs.iter_mut()).zip(&s).zip(&d).zip(&c)
+        {
+            encode_block(block, *s, d, c, o);
         }
     }
 }
 
+/// Encode one block given its scale `s`, step `d = G × s` and compare
+/// constants `c` (used when `|d| ≥ EXACT_D_MIN`).
+#[inline(always)]
+fn encode_block(
+    block: &[u16; Q3_BLOCK],
+    s: f16,
+    d: f32,
+    c: &[i16; 4],
+    o: &mut [u8; Q3_BLOCK_BYTES],
+) {
+    let mut q = [4u16; Q3_BLOCK];
+    if d.abs() >= EXACT_D_MIN {
+        let flip = ((d.to_bits() >> 16) & 0x8000) as u16;
+        codes_by_compares(block, flip, c, &mut q);
+    } else if d != 0.0 {
+        // Step in f32's subnormal range (tables below ~2⁻¹⁰⁰): the
+        // reference's own arithmetic.
+        for (q, &b) in q.iter_mut().zip(block) {
+            let k = (scan::widen(b) / d).round_ties_even().clamp(-4.0, 3.0);
+            *q = (k as i32 + 4) as u16;
+        }
+    }
+    let (sc, codes) = o.split_at_mut(2);
+    sc.copy_from_slice(&s.to_bits().to_le_bytes());
+    // Pack 3-bit codes pairwise (6, 12, then 24 bits per lane).
+    let p: [u16; 16] = std::array::from_fn(|j| q[2 * j] | q[2 * j + 1] << 3);
+    let r: [u32; 8] = std::array::from_fn(|j| u32::from(p[2 * j] | p[2 * j + 1] << 6));
+    for (j, o3) in codes.chunks_exact_mut(3).enumerate() {
+        let w = r[2 * j] | r[2 * j + 1] << 12;
+        o3.copy_from_slice(&w.to_le_bytes()[..3]);
+    }
+}
+
 /// Fast encoder: byte-identical to [`encode_ref`] (same errors too),
-/// parallel over blocks with rayon on the current pool.
+/// parallel over chunks of blocks with rayon on the current pool. On error
+/// `out` may be partly written (the reference leaves it untouched); its
+/// contents are then meaningless.
 pub fn encode(
     key: &str,
     x: &[bf16],
@@ -264,35 +379,35 @@ pub fn encode(
     let gbits = g.0;
     let b = scan::bits(x);
     const CHUNK: usize = PAR_BLOCKS * Q3_BLOCK;
-    let bad = b.par_chunks(CHUNK).enumerate().find_map_first(|(ci, c)| {
-        if scan::max_mag_bits(c) <= gbits {
-            return None;
-        }
-        // Rare path: the reference's serial scan gives the exact error.
-        let xs = &x[ci * CHUNK..ci * CHUNK + c.len()];
-        xs.iter().enumerate().find_map(|(i, v)| {
-            let f = v.to_f32();
-            let idx = base + (ci * CHUNK + i) as u64;
-            if !f.is_finite() {
-                Some(FormatError::NonFinite {
-                    key: key.to_owned(),
-                    index: idx,
-                    value: f,
-                })
-            } else if f.abs() > gf {
-                Some(exceeds(key, idx, f, gf))
-            } else {
-                None
-            }
-        })
-    });
-    if let Some(e) = bad {
-        return Err(e);
-    }
-    b.par_chunks(CHUNK)
+    // One pass: each chunk is checked, then encoded while still in cache.
+    let bad = b
+        .par_chunks(CHUNK)
         .zip(out.par_chunks_mut(PAR_BLOCKS * Q3_BLOCK_BYTES))
-        .for_each(|(x, o)| encode_blocks(x, gf, o));
-    Ok(())
+        .enumerate()
+        .find_map_first(|(ci, (c, o))| {
+            if scan::max_mag_bits(c) <= gbits {
+                encode_blocks(c, gf, o);
+                return None;
+            }
+            // Rare path: the reference's serial scan gives the exact error.
+            let xs = &x[ci * CHUNK..ci * CHUNK + c.len()];
+            xs.iter().enumerate().find_map(|(i, v)| {
+                let f = v.to_f32();
+                let idx = base + (ci * CHUNK + i) as u64;
+                if !f.is_finite() {
+                    Some(FormatError::NonFinite {
+                        key: key.to_owned(),
+                        index: idx,
+                        value: f,
+                    })
+                } else if f.abs() > gf {
+                    Some(exceeds(key, idx, f, gf))
+                } else {
+                    None
+                }
+            })
+        });
+    bad.map_or(Ok(()), Err)
 }
 
 /// Decode blocks into `out` (`out.len()` must be `blocks.len() / 14 × 32`).
@@ -339,6 +454,51 @@ mod tests {
         assert_eq!(q3_segment_len(320_001_536, 160).unwrap(), 22_400_107_520);
         assert_eq!(q3_segment_len(2_500_012, 160).unwrap(), 175_000_840);
         assert_eq!(175_000_840u64 * 128, 22_400_107_520);
+    }
+
+    /// The compares reproduce `clamp(round_half_even(x / d), −4, 3) + 4`
+    /// for every finite BF16 and many steps `d = G × s` (bf16 × f16, as the
+    /// encoder forms them) of both signs, including steps at and just above
+    /// `EXACT_D_MIN`.
+    #[test]
+    fn compare_codes_match_reference_arithmetic_on_every_bf16() {
+        let step = |g: f32, s: f32| bf16::from_f32(g).to_f32() * f16::from_f32(s).to_f32();
+        let mut steps = vec![
+            step(1.0, -0.25),
+            step(4.0, 0.25),
+            step((-120f32).exp2(), 2f32.powi(-5)), // = EXACT_D_MIN
+            step((-120f32).exp2(), -(2f32.powi(-5))),
+            step(1.9921875 * (-121f32).exp2(), 0.249_877_93), // 8 × 11 bits
+            step(bf16::MAX.to_f32(), 0.25),
+            step(bf16::MAX.to_f32(), -(2f32.powi(-24))), // f16 subnormal s
+        ];
+        let mut r = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..48 {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            let g = bf16::from_bits((r as u16) & 0x7F7F).to_f32();
+            // Any f16 with |s| ≤ 0.25 (exponent field ≤ 13), either sign.
+            let sb = (r >> 16) as u16;
+            let s = f16::from_bits(sb & 0x83FF | ((sb >> 10) % 14) << 10);
+            steps.push(g * s.to_f32());
+        }
+        let all: Vec<u16> = (0..=u16::MAX).filter(|b| b & 0x7FFF < 0x7F80).collect();
+        steps.retain(|d| d.abs() >= EXACT_D_MIN);
+        assert!(steps.len() >= 30, "{} steps", steps.len());
+        for d in steps {
+            let flip = ((d.to_bits() >> 16) & 0x8000) as u16;
+            let c = compare_constants(d);
+            for block in all.chunks_exact(Q3_BLOCK) {
+                let block: &[u16; Q3_BLOCK] = block.try_into().unwrap();
+                let mut q = [0u16; Q3_BLOCK];
+                codes_by_compares(block, flip, &c, &mut q);
+                for (&b, &q) in block.iter().zip(&q) {
+                    let k = (scan::widen(b) / d).round_ties_even().clamp(-4.0, 3.0);
+                    assert_eq!(q, (k as i32 + 4) as u16, "d={d:e} x={:e}", scan::widen(b));
+                }
+            }
+        }
     }
 
     #[test]

@@ -178,6 +178,42 @@ fn edge_vectors() -> Vec<Vec<bf16>> {
     let mut s = vec![1e4f32; 16];
     s.extend(vec![1e-3f32; 16]);
     v.push(bf(&s));
+    // Q3 steps around the fast encoder's exact-compare limit |d| ≥ 2⁻¹²⁵,
+    // with exact ties in each block (G = 2⁻¹²⁰):
+    // d = 2⁻¹²² (compares), d = 2⁻¹²⁵ (compares, at the limit), d = 2⁻¹²⁸
+    // (f32-subnormal step: division path).
+    let ties = [
+        0.5f32, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, -3.5, 3.0, -3.0, 0.0, -0.0,
+    ];
+    let mut q = Vec::new();
+    for e in [-122, -125, -128] {
+        let d = (e as f32).exp2();
+        let mut blk = vec![-4.0 * d]; // signed max −4d: s = +2^(e+120)/…
+        blk.extend(ties.iter().map(|t| t * d));
+        blk.extend((0..19).map(|i| (i as f32 * 0.21 - 2.0) * d));
+        q.extend(blk);
+    }
+    v.push(bf(&q));
+    // The same with a positive signed max (negative step).
+    v.push(q.iter().map(|&x| bf16::from_f32(-x)).collect());
+    // Q3 block scales in f16's subnormal range (block max ≈ 1e-2, G = 6e4).
+    let mut f = vec![6e4f32];
+    f.extend((1..64).map(|i| (i as f32 * 0.37).sin() * 1e-2));
+    v.push(bf(&f));
+    // NVFP4 quotients that underflow to −0 (sign dropped) next to ones that
+    // stay subnormal (sign kept): step ≈ 5.6e37 from amax = bf16::MAX.
+    let mut u = vec![
+        bf16::MAX.to_f32(),
+        -1e-5,
+        -1e-6,
+        -1e-7,
+        -5e-8,
+        -3e-8,
+        -1e-30,
+        -f32::from_bits(0x0001_0000), // smallest bf16 subnormal
+    ];
+    u.resize(32, -2e-8);
+    v.push(bf(&u));
     v
 }
 
@@ -359,4 +395,28 @@ fn large_input_uses_parallel_path_identically() {
     q3_check_bound(&x, &blocks, g);
     let body = nv_both(&x);
     nv_check_bound(&x, &body);
+}
+
+#[test]
+fn errors_in_later_parallel_chunks_match_reference() {
+    // Several fast-encoder chunks; offenders in the third and fourth, so
+    // earlier chunks are encoded before the first error is found.
+    let n = 160 * 3000;
+    for (bad, want) in [
+        (bf16::NAN, "NonFinite"),
+        (bf16::from_f32(-3.0), "Q3ExceedsGlobalScale"),
+    ] {
+        let mut x: Vec<bf16> = (0..n)
+            .map(|i| bf16::from_f32((i % 97) as f32 / 97.0 - 0.5))
+            .collect();
+        x[250_001] = bad;
+        x[400_003] = bf16::NAN;
+        let g = Q3GlobalScale::from_absmax(1.0).unwrap();
+        let mut out = vec![0u8; n / 32 * 14];
+        let r = q3::encode_ref("e", &x, 160, g, 7, &mut out).unwrap_err();
+        let f = q3::encode("e", &x, 160, g, 7, &mut out).unwrap_err();
+        assert_eq!(format!("{r:?}"), format!("{f:?}"));
+        assert!(format!("{f:?}").starts_with(want), "{f:?}");
+        assert!(format!("{f:?}").contains("index: 250008"), "{f:?}");
+    }
 }
