@@ -44,6 +44,28 @@ pub enum StoreError {
     Integrity { report: String },
 }
 
+impl StoreError {
+    /// Whether SQLite failed because the volume is full (`SQLITE_FULL`, e.g.
+    /// the WAL or the database file could not grow). The database lives on
+    /// the target volume, so a full disk reaches the store too; callers
+    /// report it as "no space" rather than as a database failure.
+    pub fn is_disk_full(&self) -> bool {
+        const SQLITE_FULL: i64 = 13;
+        let source = match self {
+            StoreError::Open { source, .. } | StoreError::Query { source, .. } => source,
+            _ => return false,
+        };
+        match source {
+            sqlx::Error::Database(db) => db
+                .code()
+                .and_then(|c| c.parse::<i64>().ok())
+                .is_some_and(|c| c & 0xff == SQLITE_FULL),
+            sqlx::Error::Io(e) => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 

@@ -8,6 +8,7 @@ mod transfer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -65,6 +66,9 @@ pub struct FetchCtx {
     pub(crate) reporter: Arc<dyn Reporter>,
     pub(crate) opts: FetchOptions,
     pub(crate) source_root: PathBuf,
+    /// Set by the first job that hits a full volume: the others stop
+    /// appending so the freed space reserve is left to the ledger.
+    pub(crate) volume_full: AtomicBool,
 }
 
 impl FetchCtx {
@@ -86,6 +90,32 @@ impl FetchCtx {
             reporter,
             opts,
             source_root,
+            volume_full: AtomicBool::new(false),
+        }
+    }
+}
+
+impl FetchCtx {
+    /// The volume is full (a file write or a ledger write said so): stop
+    /// appending file bytes in every job and free the space reserve so the
+    /// ledger can still record what is on disk.
+    pub(crate) fn mark_volume_full(&self) {
+        self.volume_full.store(true, Ordering::SeqCst);
+        self.store.release_space_reserve();
+    }
+
+    /// The `NoSpace` error for `path` on `volume`, with what its ledger row
+    /// holds.
+    async fn no_space(&self, path: &str, volume: PathBuf) -> StageError {
+        let (committed, still_needed) = match self.store.ledger_row(path).await {
+            Ok(l) => (l.committed, l.expected.saturating_sub(l.committed)),
+            Err(_) => (0, 0),
+        };
+        StageError::NoSpace {
+            volume,
+            path: path.to_owned(),
+            committed,
+            still_needed,
         }
     }
 }
@@ -131,6 +161,23 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     });
     std::fs::create_dir_all(&ctx.source_root)
         .map_err(|e| StageError::io("create", &ctx.source_root, e))?;
+    // Keep room for the ledger on the target volume (see
+    // `Store::ensure_space_reserve`); released when the fetch ends.
+    if needed > 0 && !tokio::task::block_in_place(|| store.ensure_space_reserve()) {
+        tracing::warn!("no space reserve for the state database could be allocated");
+    }
+    let res = fetch_files(&ctx, files, todo, needed).await;
+    store.release_space_reserve();
+    res
+}
+
+async fn fetch_files(
+    ctx: &Arc<FetchCtx>,
+    files: &[FileRow],
+    todo: Vec<FileRow>,
+    needed: u64,
+) -> Result<()> {
+    let store = &ctx.store;
     if ctx.opts.preflight && needed > 0 {
         let available = fs4::available_space(&ctx.source_root)
             .map_err(|e| StageError::io("statvfs", &ctx.source_root, e))?;
@@ -151,7 +198,21 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
         set.spawn(async move {
             let _permit = limit.acquire_owned().await;
             let path = file.path.clone();
-            let res = transfer::fetch_file(ctx.clone(), file, final_path).await;
+            // Once the volume is full, files not yet started are not started.
+            let res = if ctx.volume_full.load(Ordering::SeqCst) {
+                Err(ctx.no_space(&path, ctx.source_root.clone()).await)
+            } else {
+                match transfer::fetch_file(ctx.clone(), file, final_path).await {
+                    // The state database shares the volume: SQLITE_FULL is
+                    // the same full disk, report it as such (exit 5).
+                    Err(StageError::Store(s)) if s.is_disk_full() => {
+                        ctx.mark_volume_full();
+                        let db_dir = ctx.store.path().parent().map(PathBuf::from);
+                        Err(ctx.no_space(&path, db_dir.unwrap_or_default()).await)
+                    }
+                    r => r,
+                }
+            };
             if let Err(e) = &res {
                 ctx.reporter.report(ProgressEvent::FileFailed {
                     path,
@@ -180,13 +241,9 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
         .position(|e| matches!(e, StageError::NoSpace { .. }))
     {
         let still = bytes_still_needed(store, files).await?;
-        if let StageError::NoSpace {
-            volume,
-            path,
-            committed,
-            ..
-        } = errors.swap_remove(pos)
-        {
+        if let StageError::NoSpace { volume, path, .. } = errors.swap_remove(pos) {
+            // What the ledger holds, not what the failed job last saw.
+            let committed = store.ledger_row(&path).await?.committed;
             return Err(StageError::NoSpace {
                 volume,
                 path,
