@@ -235,7 +235,10 @@ fn exit_code(err: &anyhow::Error) -> u8 {
                 PipelineError::Locked { .. } => return exit::LOCKED,
                 PipelineError::Stage(
                     StageError::NoSpace { .. } | StageError::InsufficientSpace { .. },
-                ) => {
+                ) => return exit::NO_SPACE,
+                PipelineError::Stage(StageError::Store(s)) | PipelineError::Store(s)
+                    if s.is_disk_full() =>
+                {
                     return exit::NO_SPACE;
                 }
                 _ => {}
