@@ -56,6 +56,13 @@ fn assert_resumed_with_if_range(hub: &RunningHub, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("no resume request with Range and If-Range: {gets:#?}"))
 }
 
+/// Resets the first body GET of `path` mid-body, then answers the resuming
+/// request with `fault`.
+fn interrupt_then(hub: &RunningHub, path: &str, fault: Fault) {
+    hub.inject(FaultRule::new(path, Fault::ResetMidBody { after: 300_000 }));
+    hub.inject(FaultRule::new(path, fault).nth(2));
+}
+
 fn size_of(f: &RepoFile) -> u64 {
     checkpoint::content_bytes(f).unwrap().len() as u64
 }
@@ -108,11 +115,7 @@ fn ignored_range_discards_prefix_and_restarts_from_zero() {
     let (hub, files, dir) = setup(13);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
-    hub.inject(FaultRule::new(
-        &f.path,
-        Fault::ResetMidBody { after: 300_000 },
-    ));
-    hub.inject(FaultRule::new(&f.path, Fault::IgnoreRange).nth(2));
+    interrupt_then(&hub, &f.path, Fault::IgnoreRange);
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args(&[])));
     assert_success(&o, &out, &files);
     let n = assert_resumed_with_if_range(&hub, &f.path);
@@ -131,11 +134,7 @@ fn wrong_content_range_on_resume_is_never_appended() {
     let (hub, files, dir) = setup(14);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
-    hub.inject(FaultRule::new(
-        &f.path,
-        Fault::ResetMidBody { after: 300_000 },
-    ));
-    hub.inject(FaultRule::new(&f.path, Fault::WrongContentRange).nth(2));
+    interrupt_then(&hub, &f.path, Fault::WrongContentRange);
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args(&[])));
     assert_success(&o, &out, &files);
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry", "retry", "ok"]);
@@ -289,11 +288,7 @@ fn range_not_satisfiable_is_retried() {
     let (hub, files, dir) = setup(18);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
-    hub.inject(FaultRule::new(
-        &f.path,
-        Fault::ResetMidBody { after: 300_000 },
-    ));
-    hub.inject(FaultRule::new(&f.path, Fault::RangeNotSatisfiable).nth(2));
+    interrupt_then(&hub, &f.path, Fault::RangeNotSatisfiable);
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args(&[])));
     assert_success(&o, &out, &files);
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry", "retry", "ok"]);

@@ -78,22 +78,11 @@ pub fn assert_files_match(out: &Path, files: &[RepoFile]) {
 
 /// Files under `dir` ending in `.part`.
 pub fn part_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().ends_with(".part") {
-                out.push(p);
-            }
-        }
-    }
-    out
+    tree_of(dir)
+        .into_iter()
+        .filter(|p| p.ends_with(".part"))
+        .map(|p| dir.join(p))
+        .collect()
 }
 
 /// Runs `sql` against the state database and returns the first column of
@@ -225,17 +214,9 @@ pub fn on_disk_len(out: &Path, path: &str) -> u64 {
 /// Body GETs of repo file `path` in the hub's request log (served by the
 /// resolve endpoint or the CDN; redirects excluded).
 pub fn body_requests(hub: &RunningHub, path: &str) -> Vec<ftpipe_fixtures::RequestRecord> {
-    hub.requests()
+    body_gets(hub, path)
         .into_iter()
-        .filter(|r| r.method == "GET" && (r.status == 200 || r.status == 206))
-        .filter(|r| {
-            let resolve = r.path.contains("/resolve/") && r.path.ends_with(&format!("/{path}"));
-            let cdn = r.path.starts_with("/lfs/")
-                && r.query
-                    .as_deref()
-                    .is_some_and(|q| q.split('&').any(|kv| kv == format!("path={path}")));
-            resolve || cdn
-        })
+        .filter(|r| r.status == 200 || r.status == 206)
         .collect()
 }
 
