@@ -491,3 +491,38 @@ fn status_404_fails_fast_naming_the_file() {
     assert_eq!(attempt_outcomes(&out, &f.path), ["failed"]);
     assert_nothing_published(&out, &f.path);
 }
+
+/// Regression: the retry budget was per file, so a large file whose
+/// connection kept resetting was failed with "giving up after N attempts"
+/// even though every attempt advanced the watermark. A budget now restarts
+/// whenever an attempt appended bytes.
+#[test]
+fn resets_that_make_progress_do_not_exhaust_retries() {
+    let (hub, files, dir) = setup(21);
+    let out = dir.path().join("out");
+    let f = lfs_file(&files);
+    hub.inject(FaultRule::new(&f.path, Fault::ResetMidBody { after: 100_000 }).times(6));
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &args(&["--retries", "2"]),
+    ));
+    assert_success(&o, &out, &files);
+    assert_eq!(attempt_outcomes(&out, &f.path).len(), 7);
+
+    // Without progress the budget of 2 retries is final.
+    let (hub, _, dir) = setup(22);
+    let out = dir.path().join("out");
+    hub.inject(FaultRule::new(&f.path, Fault::Status { code: 500 }).times(10));
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &args(&["--retries", "2"]),
+    ));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("giving up after 3 attempts"),
+        "{}",
+        stderr(&o)
+    );
+}

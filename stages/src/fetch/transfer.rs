@@ -49,6 +49,9 @@ struct FileTask {
     final_path: PathBuf,
     part_path: PathBuf,
     retry_after: Option<Duration>,
+    /// Bytes were appended since the last failure: the retry budget restarts,
+    /// so a huge file that keeps advancing is not failed for its resets.
+    progressed: bool,
 }
 
 /// Fetches, verifies and publishes one file, retrying transient failures.
@@ -62,13 +65,14 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
         final_path,
         part_path,
         retry_after: None,
+        progressed: false,
     };
-    let mut backoff = ExponentialBuilder::default()
+    let schedule = ExponentialBuilder::default()
         .with_min_delay(task.ctx.opts.retry_base)
         .with_max_delay(Duration::from_secs(10))
         .with_max_times(task.ctx.opts.retries as usize)
-        .with_jitter()
-        .build();
+        .with_jitter();
+    let mut backoff = schedule.build();
     let mut attempts = 0u32;
     let mut digest_failures = 0u32;
     loop {
@@ -87,6 +91,9 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
         }
         if !err.is_transient() {
             return Err(err);
+        }
+        if std::mem::take(&mut task.progressed) {
+            backoff = schedule.build();
         }
         let Some(mut delay) = backoff.next() else {
             return Err(StageError::RetriesExhausted {
@@ -445,6 +452,7 @@ impl FileTask {
                 Err(AppendError::Io(e)) => break Err(self.io("write", e)),
             }
             hasher.update(&chunk);
+            self.progressed = true;
             since += chunk.len() as u64;
             self.ctx.reporter.report(ProgressEvent::FileBytes {
                 path: path.clone(),
