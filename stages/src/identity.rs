@@ -111,7 +111,7 @@ pub fn hash_prefix(
 ) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
     file.seek(SeekFrom::Start(0))?;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; 128 << 10];
     let mut left = len;
     while left > 0 {
         let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
