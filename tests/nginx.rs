@@ -303,7 +303,7 @@ fn committed_bytes(out: &Path, path: &str) -> u64 {
 #[test]
 fn kill_and_resume_against_nginx() {
     let Some(nginx_bin) = find_nginx() else {
-        eprintln!("SKIP: nginx not installed");
+        skip_unless_ci("nginx not installed");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
