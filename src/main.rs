@@ -60,6 +60,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Predict every output component's exact size before converting.
+    Plan(PlanArgs),
     /// Serve a generated checkpoint locally, fetch it with one crash and resume.
     Demo {
         /// Where to leave the result (default: a new temp dir).
@@ -120,12 +122,42 @@ struct FetchArgs {
     no_preflight: bool,
 }
 
+#[derive(Args)]
+struct PlanArgs {
+    /// Repository id, e.g. `Qwen/Qwen4-Exp`.
+    repo: String,
+    #[arg(long, default_value = "main")]
+    revision: String,
+    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
+    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    endpoint: String,
+    #[arg(long)]
+    out: PathBuf,
+    /// Read only the safetensors headers from the hub (HTTP Range), no weights.
+    /// Without it, plan from the sources in DIR/source/.
+    #[arg(long)]
+    remote: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Read the token from this file (else HF_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Per-read stall timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    read_timeout: f64,
+}
+
 fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
 }
 
 fn token(args: &FetchArgs) -> anyhow::Result<Option<Token>> {
-    if let Some(path) = &args.token_file {
+    load_token(args.token_file.as_deref())
+}
+
+fn load_token(token_file: Option<&Path>) -> anyhow::Result<Option<Token>> {
+    if let Some(path) = token_file {
         let raw = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read token file {}", path.display()))?;
         let Some(t) = Token::new(&raw) else {
@@ -184,6 +216,27 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     Ok(outcome.audit.ok)
 }
 
+/// Plans the conversion (remote: headers over HTTP Range at the pinned or
+/// freshly resolved commit; local: DIR/source) and prints it.
+async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
+    let source = if args.remote {
+        ftpipe_pipeline::PlanSource::Remote {
+            endpoint: args.endpoint.clone(),
+            token: load_token(args.token_file.as_deref())?,
+            read_timeout: secs("--read-timeout", args.read_timeout)?,
+        }
+    } else {
+        ftpipe_pipeline::PlanSource::Local
+    };
+    let plan = ftpipe_pipeline::plan(&args.out, &args.repo, &args.revision, source).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&plan)?);
+    } else {
+        print!("{}", render_plan(&plan));
+    }
+    Ok(true)
+}
+
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     match cli.command {
         Command::Fetch(args) => run_fetch(args).await,
@@ -205,8 +258,41 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(a.ok)
         }
+        Command::Plan(args) => run_plan(args).await,
         Command::Demo { out } => demo::run(out).await,
     }
+}
+
+/// The plan as a fixed-width table: one line per component, then the total.
+fn render_plan(plan: &ftpipe_stages::convert::Plan) -> String {
+    let mut out = format!(
+        "profile {} (model_type {}), {} source files, {} bytes\n",
+        plan.profile,
+        plan.model_type,
+        plan.sources.len(),
+        plan.source_bytes
+    );
+    out.push_str(&format!(
+        "{:<40} {:<16} {:>10} {:>16}\n",
+        "component", "kind", "items", "bytes"
+    ));
+    for c in &plan.components {
+        out.push_str(&format!(
+            "{:<40} {:<16} {:>10} {:>16}\n",
+            c.name,
+            c.kind.as_str(),
+            c.items,
+            c.predicted_bytes
+        ));
+    }
+    out.push_str(&format!(
+        "{:<40} {:<16} {:>10} {:>16}\n",
+        "total",
+        "",
+        plan.components.len(),
+        plan.total_bytes
+    ));
+    out
 }
 
 fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {

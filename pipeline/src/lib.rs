@@ -8,6 +8,7 @@
 
 mod error;
 mod lock;
+mod plan;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use ftpipe_stages::resolve::{ResolveRequest, resolve};
 
 pub use error::{PipelineError, Result};
 pub use lock::DirLock;
+pub use plan::{PlanSource, plan};
 use state::{STAGES, StageEvent, StageState};
 
 /// Where things live under `--out`.

@@ -151,6 +151,9 @@ pub enum StageError {
         total: usize,
         first: Box<StageError>,
     },
+    /// Planning or converting the source checkpoint failed.
+    #[error(transparent)]
+    Convert(#[from] crate::convert::ConvertError),
 }
 
 impl StageError {

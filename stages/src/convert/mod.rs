@@ -1,9 +1,17 @@
 //! Conversion of safetensors sources into the runtime formats.
 //!
 //! This first part reads and validates source headers without touching
-//! tensor data, so a plan can be made (locally, or over HTTP Range with only
-//! the first 8 + N bytes of each shard) before anything is written.
+//! tensor data, maps every source tensor to an output component through a
+//! [`profile`], and predicts every component's exact size ([`plan`]) —
+//! locally, or over HTTP Range with only the first 8 + N bytes of each shard
+//! — before anything is written.
 
+mod error;
+pub mod plan;
+pub mod profile;
 pub mod safetensors;
 
+pub use error::ConvertError;
+pub use plan::{Plan, PlannedSource, plan_local, plan_remote};
+pub use profile::{Component, ComponentContent, ComponentKind, Profile};
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

@@ -1,0 +1,63 @@
+//! `plan`: the exact size of every output component before anything is
+//! written. Read-only: it never takes the lock or writes to DIR.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ftpipe_stages::convert::{Plan, plan_local, plan_remote};
+use ftpipe_stages::hub::{HubClient, Token};
+use ftpipe_stages::resolve::{list_tree, revision_commit};
+
+use crate::error::{PipelineError, Result};
+use crate::{Layout, open_existing};
+
+/// Where the plan reads its sources from.
+#[derive(Debug, Clone)]
+pub enum PlanSource {
+    /// The sources already in `DIR/source/`.
+    Local,
+    /// Only the safetensors headers, over HTTP Range from the hub.
+    Remote {
+        /// Hub endpoint.
+        endpoint: String,
+        /// Bearer token (never stored).
+        token: Option<Token>,
+        /// Per-read stall timeout.
+        read_timeout: Duration,
+    },
+}
+
+/// Plans the conversion of `repo` at `revision` into `out`. A remote plan
+/// reuses the pin of `out` when it is for the same repo and revision, and
+/// otherwise resolves the commit without writing anything.
+pub async fn plan(out: &Path, repo: &str, revision: &str, source: PlanSource) -> Result<Plan> {
+    match source {
+        PlanSource::Local => Ok(plan_local(&Layout::new(out).source)?),
+        PlanSource::Remote {
+            endpoint,
+            token,
+            read_timeout,
+        } => {
+            let client = HubClient::new(&endpoint, token, read_timeout)?;
+            let pinned = match open_existing(out).await {
+                Ok((_, store)) => match store.pin().await? {
+                    Some(p) if p.repo == repo && p.revision == revision => {
+                        Some((p.commit, store.files().await?))
+                    }
+                    _ => None,
+                },
+                Err(PipelineError::NoState { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            let (commit, listing) = match pinned {
+                Some(pin) => pin,
+                None => {
+                    let commit = revision_commit(&client, repo, revision).await?;
+                    let listing = list_tree(&client, repo, &commit).await?;
+                    (commit, listing)
+                }
+            };
+            Ok(plan_remote(&client, repo, &commit, &listing).await?)
+        }
+    }
+}

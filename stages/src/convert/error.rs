@@ -1,0 +1,114 @@
+//! Errors of conversion planning: each names the file, tensor or config
+//! field at fault and what was expected, before any output is written.
+
+use std::path::PathBuf;
+
+use super::safetensors::SourceError;
+
+/// A source checkpoint that cannot be planned (or converted) as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// A safetensors header failed validation.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// No profile handles this `model_type` (and no recipe was given).
+    #[error(
+        "{file}: unknown model_type {model_type:?}; known profiles: {known} (or give a TOML recipe)"
+    )]
+    UnknownModelType {
+        file: String,
+        model_type: String,
+        known: String,
+    },
+    /// A config field is missing or has the wrong type.
+    #[error("{file}: field {field:?} {problem}")]
+    BadConfig {
+        file: String,
+        field: String,
+        problem: String,
+    },
+    /// A JSON file (config, index) does not parse.
+    #[error("{file}: malformed JSON: {message}")]
+    MalformedJson { file: String, message: String },
+    /// A file the plan needs is not there.
+    #[error("{file} is missing from the source checkpoint")]
+    MissingFile { file: String },
+    /// The index and the shard headers disagree.
+    #[error("{file}: tensor {tensor}: {problem}")]
+    IndexMismatch {
+        file: String,
+        tensor: String,
+        problem: String,
+    },
+    /// The same tensor is stored in two files.
+    #[error("tensor {tensor} is stored in both {first} and {second}")]
+    DuplicateTensor {
+        tensor: String,
+        first: String,
+        second: String,
+    },
+    /// A tensor the profile requires is absent.
+    #[error("missing tensor {tensor} (needed for {needed_for})")]
+    MissingTensor { tensor: String, needed_for: String },
+    /// A tensor no rule of the profile accounts for.
+    #[error("{file}: unexpected tensor {tensor} ({reason})")]
+    UnexpectedTensor {
+        file: String,
+        tensor: String,
+        reason: String,
+    },
+    /// A tensor's shape contradicts the config.
+    #[error(
+        "{file}: tensor {tensor} has shape {actual:?}, config implies {expected:?} ({because})"
+    )]
+    ShapeMismatch {
+        file: String,
+        tensor: String,
+        expected: Vec<u64>,
+        actual: Vec<u64>,
+        because: String,
+    },
+    /// A tensor's dtype is not one the profile accepts here.
+    #[error("{file}: tensor {tensor} has dtype {actual}, expected {expected}")]
+    DtypeMismatch {
+        file: String,
+        tensor: String,
+        expected: String,
+        actual: String,
+    },
+    /// A tensor named in `quantization_config.ignore` is quantized in the source.
+    #[error(
+        "{file}: tensor {tensor} is protected by quantization_config.ignore but stored quantized"
+    )]
+    ProtectedQuantized { file: String, tensor: String },
+    /// Experts of one layer do not share one record layout.
+    #[error("layer {layer}: expert {expert} field {field} is {found}, expert 0 has {expected}")]
+    MixedExpertLayout {
+        layer: u64,
+        expert: u64,
+        field: String,
+        expected: String,
+        found: String,
+    },
+    /// The PLE table disagrees with the config's geometry.
+    #[error("PLE table of layer {layer}: {problem}")]
+    PleGeometry { layer: u64, problem: String },
+    /// A predicted layout is invalid for the target format.
+    #[error("component {component}: {source}")]
+    Format {
+        component: String,
+        #[source]
+        source: ftpipe_formats::FormatError,
+    },
+    /// A TOML recipe is malformed.
+    #[error("recipe {file}: {message}")]
+    BadRecipe { file: String, message: String },
+    /// A local file could not be read.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,520 @@
+//! Planning: every output component with its exact predicted size, before
+//! anything is written, from `config.json`, `model.safetensors.index.json`
+//! and the safetensors headers of the shards the index lists.
+//!
+//! [`plan_local`] reads the headers from `DIR/source/`; [`plan_remote`]
+//! reads only the first 8 + N bytes of each shard over HTTP Range (two
+//! requests per shard: `bytes=0-7`, then `bytes=8-(8+N-1)`, each answer
+//! a `206` whose `Content-Range` is exactly what was asked) and downloads
+//! no weights. Both feed the same [`plan_from_parts`], so they agree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderValue, RANGE};
+use serde::Serialize;
+use serde_json::Value;
+
+use ftpipe_receipts::FileRow;
+
+use super::error::ConvertError;
+use super::profile::{CONFIG_FILE, Component, Profile, model_type};
+use super::safetensors::{SourceError, SourceHeader};
+use crate::error::{Result, StageError};
+use crate::fetch::parse_content_range;
+use crate::hub::{HubClient, redact};
+use crate::limits::MAX_JSON_BYTES;
+use crate::paths::{safe_join, validate_repo_path};
+
+/// The safetensors index every plan starts from.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// One source shard as planned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedSource {
+    /// Repo-relative path.
+    pub file: String,
+    /// File size.
+    pub bytes: u64,
+    /// N, the header JSON length.
+    pub header_bytes: u64,
+    /// Tensors in it.
+    pub tensors: u64,
+}
+
+/// Every output component with its exact size, and the known target total.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// `model_type` from config.json.
+    pub model_type: String,
+    /// The profile chosen for it.
+    pub profile: String,
+    /// The shards read, in path order.
+    pub sources: Vec<PlannedSource>,
+    /// Sum of the shard sizes.
+    pub source_bytes: u64,
+    /// Output components: FTW first, then experts by layer, then PLE.
+    pub components: Vec<Component>,
+    /// Sum of the predicted component sizes: the known target total.
+    pub total_bytes: u64,
+}
+
+fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
+    serde_json::from_slice(bytes).map_err(|e| ConvertError::MalformedJson {
+        file: file.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+/// The index's `weight_map` (tensor → file), with every file path checked.
+pub fn weight_map(index: &Value) -> Result<BTreeMap<String, String>, ConvertError> {
+    let bad = |problem: String| ConvertError::BadConfig {
+        file: INDEX_FILE.into(),
+        field: "weight_map".into(),
+        problem,
+    };
+    let map: BTreeMap<String, String> = index
+        .get("weight_map")
+        .cloned()
+        .ok_or_else(|| bad("is missing".into()))
+        .and_then(|v| {
+            serde_json::from_value(v).map_err(|e| bad(format!("is not a map of strings: {e}")))
+        })?;
+    for file in map.values().collect::<BTreeSet<_>>() {
+        validate_repo_path(file).map_err(|e| bad(format!("names an unsafe file: {e}")))?;
+        if !file.ends_with(".safetensors") {
+            return Err(bad(format!("names {file:?}, not a .safetensors file")));
+        }
+    }
+    Ok(map)
+}
+
+/// The shard files the index lists, sorted.
+pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
+    map.values()
+        .cloned()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// Checks index ↔ headers agreement, chooses the profile and predicts every
+/// component. `headers` are those of [`shard_files`], with their file sizes.
+pub fn plan_from_parts(
+    config: &Value,
+    map: &BTreeMap<String, String>,
+    headers: &[(SourceHeader, u64)],
+) -> Result<Plan, ConvertError> {
+    let profile = Profile::from_config(config)?;
+    for (h, _) in headers {
+        for t in h.tensors() {
+            match map.get(t.name()) {
+                Some(f) if f == h.file() => {}
+                Some(f) => {
+                    return Err(ConvertError::IndexMismatch {
+                        file: h.file().to_owned(),
+                        tensor: t.name().to_owned(),
+                        problem: format!("{INDEX_FILE} places it in {f}"),
+                    });
+                }
+                None => {
+                    return Err(ConvertError::UnexpectedTensor {
+                        file: h.file().to_owned(),
+                        tensor: t.name().to_owned(),
+                        reason: format!("not listed in {INDEX_FILE}"),
+                    });
+                }
+            }
+        }
+    }
+    for (tensor, file) in map {
+        let found = headers
+            .iter()
+            .find(|(h, _)| h.file() == file)
+            .is_some_and(|(h, _)| h.tensor(tensor).is_some());
+        if !found {
+            return Err(ConvertError::MissingTensor {
+                tensor: tensor.clone(),
+                needed_for: format!("{INDEX_FILE}, which places it in {file}"),
+            });
+        }
+    }
+    let only: Vec<SourceHeader> = headers.iter().map(|(h, _)| h.clone()).collect();
+    let components = profile.components(&only)?;
+    let total_bytes = components.iter().map(|c| c.predicted_bytes).sum();
+    let sources: Vec<PlannedSource> = headers
+        .iter()
+        .map(|(h, len)| PlannedSource {
+            file: h.file().to_owned(),
+            bytes: *len,
+            header_bytes: h.json_len(),
+            tensors: h.tensors().len() as u64,
+        })
+        .collect();
+    Ok(Plan {
+        model_type: model_type(config)?.to_owned(),
+        profile: profile.name().to_owned(),
+        source_bytes: sources.iter().map(|s| s.bytes).sum(),
+        sources,
+        components,
+        total_bytes,
+    })
+}
+
+fn read_small(root: &Path, file: &str) -> Result<Vec<u8>, ConvertError> {
+    let path = root.join(file);
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ConvertError::MissingFile {
+                file: file.to_owned(),
+            });
+        }
+        Ok(m) if m.len() > MAX_JSON_BYTES => {
+            return Err(ConvertError::MalformedJson {
+                file: file.to_owned(),
+                message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", m.len()),
+            });
+        }
+        _ => {}
+    }
+    std::fs::read(&path).map_err(|source| ConvertError::Io {
+        op: "read",
+        path,
+        source,
+    })
+}
+
+/// Plans from the sources under `source_root` (`DIR/source`), reading only
+/// config.json, the index and the 8 + N header bytes of each shard.
+pub fn plan_local(source_root: &Path) -> Result<Plan> {
+    let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
+    let index = parse_json(INDEX_FILE, &read_small(source_root, INDEX_FILE)?)?;
+    let map = weight_map(&index)?;
+    let mut headers = Vec::new();
+    for file in shard_files(&map) {
+        let path = safe_join(source_root, &file)?;
+        let len = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConvertError::MissingFile { file }.into());
+            }
+            Err(e) => return Err(StageError::io("stat", path, e)),
+        };
+        let header = SourceHeader::read(&path, &file)
+            .map_err(|e| StageError::io("read", &path, e))?
+            .map_err(ConvertError::from)?;
+        headers.push((header, len));
+    }
+    Ok(plan_from_parts(&config, &map, &headers)?)
+}
+
+/// Reads a response body of exactly `expected` bytes (at most `limit` when
+/// the length is unknown).
+async fn read_body(
+    path: &str,
+    mut resp: reqwest::Response,
+    expected: Option<u64>,
+    limit: u64,
+) -> Result<Vec<u8>> {
+    let cap = expected.unwrap_or(limit);
+    let mut body = Vec::with_capacity(usize::try_from(cap.min(1 << 20)).unwrap_or(0));
+    while let Some(chunk) = resp.chunk().await.map_err(|e| StageError::BodyFailed {
+        path: path.to_owned(),
+        received: body.len() as u64,
+        message: e.without_url().to_string(),
+    })? {
+        if body.len() as u64 + chunk.len() as u64 > cap {
+            return Err(match expected {
+                Some(e) => StageError::LongBody {
+                    path: path.to_owned(),
+                    expected: e,
+                },
+                None => StageError::OversizedResponse {
+                    url: path.to_owned(),
+                    limit,
+                },
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    if let Some(e) = expected
+        && body.len() as u64 != e
+    {
+        return Err(StageError::ShortBody {
+            path: path.to_owned(),
+            received: body.len() as u64,
+            expected: e,
+        });
+    }
+    Ok(body)
+}
+
+/// GETs a whole small file (config, index).
+async fn get_small(
+    client: &HubClient,
+    repo: &str,
+    commit: &str,
+    file: &FileRow,
+) -> Result<Vec<u8>> {
+    if file.size > MAX_JSON_BYTES {
+        return Err(ConvertError::MalformedJson {
+            file: file.path.clone(),
+            message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", file.size),
+        }
+        .into());
+    }
+    let url = client.resolve_url(repo, commit, &file.path)?;
+    let r = client
+        .get_body(&file.path, url.clone(), HeaderMap::new())
+        .await?;
+    if r.response.status() != StatusCode::OK {
+        return Err(StageError::Status {
+            url: redact(&url),
+            status: r.response.status().as_u16(),
+            detail: String::new(),
+        });
+    }
+    read_body(&file.path, r.response, Some(file.size), MAX_JSON_BYTES).await
+}
+
+/// GETs bytes `first..=last` of a `size`-byte file, accepting only a 206
+/// whose `Content-Range` is exactly `bytes first-last/size`.
+pub async fn get_range(
+    client: &HubClient,
+    repo: &str,
+    commit: &str,
+    path: &str,
+    first: u64,
+    last: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
+    let url = client.resolve_url(repo, commit, path)?;
+    let mut h = HeaderMap::new();
+    let range = format!("bytes={first}-{last}");
+    h.insert(
+        RANGE,
+        HeaderValue::from_str(&range).map_err(|e| StageError::InvalidInput {
+            what: "range",
+            message: e.to_string(),
+        })?,
+    );
+    let r = client.get_body(path, url.clone(), h).await?;
+    let resp = r.response;
+    if resp.status() != StatusCode::PARTIAL_CONTENT {
+        // A 200 would be the whole file: drop it unread.
+        return Err(StageError::Status {
+            url: redact(&url),
+            status: resp.status().as_u16(),
+            detail: format!(" to {range} (expected 206 Partial Content)"),
+        });
+    }
+    let raw = resp
+        .headers()
+        .get("content-range")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let want = format!("bytes {first}-{last}/{size}");
+    match parse_content_range(&raw) {
+        Some(cr) if cr.first == first && cr.last == last && cr.total == size => {}
+        _ => {
+            return Err(StageError::BadHeader {
+                path: path.to_owned(),
+                header: "Content-Range",
+                expected: want,
+                actual: raw,
+            });
+        }
+    }
+    read_body(path, resp, Some(last - first + 1), last - first + 1).await
+}
+
+/// Reads and validates one shard's header over HTTP Range (8 + N bytes).
+pub async fn remote_header(
+    client: &HubClient,
+    repo: &str,
+    commit: &str,
+    path: &str,
+    size: u64,
+) -> Result<SourceHeader> {
+    if size < 8 {
+        return Err(ConvertError::from(SourceError::TooShort {
+            file: path.to_owned(),
+            len: size,
+        })
+        .into());
+    }
+    let first8 = get_range(client, repo, commit, path, 0, 7, size).await?;
+    let n = SourceHeader::header_len(path, &first8, size).map_err(ConvertError::from)?;
+    let json = if n == 0 {
+        Vec::new()
+    } else {
+        get_range(client, repo, commit, path, 8, 8 + n - 1, size).await?
+    };
+    Ok(SourceHeader::parse(path, &json, size).map_err(ConvertError::from)?)
+}
+
+/// Plans from the hub at the pinned `commit`: config.json and the index are
+/// fetched whole (they are small), each shard only up to the end of its
+/// header. `listing` is the pinned listing (sizes).
+pub async fn plan_remote(
+    client: &HubClient,
+    repo: &str,
+    commit: &str,
+    listing: &[FileRow],
+) -> Result<Plan> {
+    let find = |file: &str| {
+        listing
+            .iter()
+            .find(|f| f.path == file)
+            .ok_or_else(|| ConvertError::MissingFile {
+                file: file.to_owned(),
+            })
+    };
+    let config = parse_json(
+        CONFIG_FILE,
+        &get_small(client, repo, commit, find(CONFIG_FILE)?).await?,
+    )?;
+    let index = parse_json(
+        INDEX_FILE,
+        &get_small(client, repo, commit, find(INDEX_FILE)?).await?,
+    )?;
+    let map = weight_map(&index)?;
+    // Choose the profile before any shard request: an unknown model_type
+    // costs nothing.
+    Profile::from_config(&config)?;
+    let mut headers = Vec::new();
+    for file in shard_files(&map) {
+        let row = find(&file)?;
+        let h = remote_header(client, repo, commit, &file, row.size).await?;
+        headers.push((h, row.size));
+    }
+    Ok(plan_from_parts(&config, &map, &headers)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::profile::{ComponentContent, TensorSource};
+    use ftpipe_fixtures::RepoFile;
+    use ftpipe_fixtures::checkpoint::content_bytes;
+    use ftpipe_fixtures::qwen4::{self, Mutation, QwenShape};
+    use ftpipe_formats::{Dtype, TensorKind};
+
+    fn plan_of(files: &[RepoFile]) -> Result<Plan, ConvertError> {
+        let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
+        let config = parse_json(CONFIG_FILE, &get(CONFIG_FILE))?;
+        let map = weight_map(&parse_json(INDEX_FILE, &get(INDEX_FILE))?)?;
+        let headers = shard_files(&map)
+            .into_iter()
+            .map(|f| {
+                let b = get(&f);
+                let n = SourceHeader::header_len(&f, &b, b.len() as u64)?;
+                let h = SourceHeader::parse(&f, &b[8..8 + n as usize], b.len() as u64)?;
+                Ok((h, b.len() as u64))
+            })
+            .collect::<Result<Vec<_>, SourceError>>()?;
+        plan_from_parts(&config, &map, &headers)
+    }
+
+    fn ftw_desc(plan: &Plan, key: &str) -> (Dtype, TensorKind, Vec<u64>, TensorSource) {
+        let ComponentContent::Ftw { tensors } = &plan.components[0].content else {
+            panic!("FTW first")
+        };
+        let t = tensors.iter().find(|t| t.desc.key == key).unwrap();
+        (
+            t.desc.dtype,
+            t.desc.kind,
+            t.desc.shape.clone(),
+            t.source.clone(),
+        )
+    }
+
+    #[test]
+    fn qwen4_policy_native_protected_plain() {
+        let plan = plan_of(&qwen4::generate_qwen4_repo(1, QwenShape::default())).unwrap();
+        assert_eq!(plan.profile, "qwen4_exp");
+        let (d, k, s, src) = ftw_desc(&plan, "model.layers.0.self_attn.o_proj.weight");
+        assert_eq!((d, k, s), (Dtype::Nvfp4, TensorKind::Native, vec![64, 64]));
+        assert!(matches!(src, TensorSource::Native(_)));
+        let (d, k, _, _) = ftw_desc(&plan, "model.layers.2.self_attn.q_proj.weight");
+        assert_eq!((d, k), (Dtype::BF16, TensorKind::Protected));
+        let (d, k, _, _) = ftw_desc(&plan, "model.norm.weight");
+        assert_eq!((d, k), (Dtype::BF16, TensorKind::Plain));
+        // Fused experts: per-expert slices of the fused tensors, contiguous.
+        let c = plan
+            .components
+            .iter()
+            .find(|c| c.name == "experts/layer_002.ftexpert")
+            .unwrap();
+        let ComponentContent::Experts { records, .. } = &c.content else {
+            panic!()
+        };
+        let span = |s: &TensorSource| match s {
+            TensorSource::Span(s) => s.clone(),
+            TensorSource::Native(_) => panic!(),
+        };
+        let (g1, u1) = (span(&records[1][0]), span(&records[1][1]));
+        assert_eq!(g1.len, 32 * 64 * 2);
+        assert_eq!(u1.offset, g1.offset + g1.len);
+        assert_eq!(span(&records[0][0]).offset + 2 * g1.len, g1.offset);
+    }
+
+    #[test]
+    fn qwen3_moe_has_experts_and_no_ple() {
+        let plan = plan_of(&qwen4::generate_qwen3_moe_repo(2, QwenShape::default())).unwrap();
+        assert_eq!(plan.profile, "qwen3_moe");
+        let kinds: Vec<_> = plan.components.iter().map(|c| c.kind.as_str()).collect();
+        assert_eq!(kinds, ["ftw", "ftexpert", "ftexpert", "ftexpert"]);
+        // Plain BF16 experts are exact FTEXPERT1 sizes.
+        assert!(plan.components[1].predicted_bytes > 16 * 3 * 32 * 64 * 2);
+    }
+
+    #[test]
+    fn lone_weight_scale_names_the_missing_weight() {
+        // Make the lm_head an NVFP4 triplet while `ignore` protects it.
+        let files = qwen4::generate_qwen4_repo_mutated(
+            1,
+            QwenShape::default(),
+            &[
+                Mutation::Drop("lm_head.weight".into()),
+                Mutation::Add("lm_head.weight_scale".into(), vec![128, 4]),
+            ],
+        );
+        // weight_scale without weight: the triplet is broken.
+        let e = plan_of(&files).unwrap_err().to_string();
+        assert!(e.contains("lm_head.weight"), "{e}");
+    }
+
+    #[test]
+    fn mixed_expert_layout_is_refused() {
+        let files = qwen4::generate_qwen4_repo_mutated(
+            1,
+            QwenShape::default(),
+            &[Mutation::Reshape(
+                "model.layers.1.mlp.experts.5.down_proj.weight".into(),
+                vec![64, 48],
+            )],
+        );
+        let e = plan_of(&files).unwrap_err().to_string();
+        assert!(
+            e.contains("model.layers.1.mlp.experts.5.down_proj.weight") && e.contains("[64, 32]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn index_must_match_headers() {
+        let mut files = qwen4::generate_qwen4_repo(1, QwenShape::default());
+        let idx = files.iter_mut().find(|f| f.path == INDEX_FILE).unwrap();
+        let mut v: Value = serde_json::from_slice(&content_bytes(idx).unwrap()).unwrap();
+        v["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors".into();
+        *idx = RepoFile::bytes(INDEX_FILE, serde_json::to_vec(&v).unwrap());
+        let e = plan_of(&files).unwrap_err().to_string();
+        assert!(
+            e.contains("model.norm.weight") && e.contains("places it in"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,1012 @@
+//! Profiles: which source tensor goes into which output component, chosen
+//! from `config.json`'s `model_type`.
+//!
+//! * `qwen4_exp`: experts per-expert (`mlp.experts.{e}.{gate,up,down}_proj`)
+//!   or fused (`mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I],
+//!   BF16), in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
+//!   `weight_scale` F8_E4M3 [out, in/16], `weight_scale_2` F32 scalar);
+//!   the PLE n-gram table as `split_ngram_parts` shards
+//!   `model.layers.{l}.ple.ple_embedding.ngram_embedding.shard_{i}.weight`.
+//! * `qwen3_moe`: per-expert experts only, no PLE.
+//!
+//! Components: the active FTW v1 stream `model.ftw` (every other tensor:
+//! NVFP4 `Native` where the source is an NVFP4 triplet, never re-quantized;
+//! `Protected` where `quantization_config.ignore` names it; else `Plain`),
+//! one FTEXPERT1 sidecar per MoE layer `experts/layer_{l:03}.ftexpert`
+//! (fields `gate_proj`, `up_proj`, `down_proj`, each NVFP4 or BF16), and per
+//! PLE layer the Q3_PLE_32 segments `ple/layer_{l:03}/shard_{i}.q3` plus
+//! `ple/layer_{l:03}/global_scale.bf16`.
+//!
+//! Every tensor of the source must be claimed by exactly one rule and every
+//! tensor a rule requires must be present with the shape the config implies;
+//! otherwise a [`ConvertError`] names it. Sizes come from
+//! `ftpipe_formats::sizes`, exact.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde::Serialize;
+use serde_json::Value;
+
+use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind, sizes};
+
+use super::error::ConvertError;
+use super::safetensors::{SourceHeader, SourceTensor};
+
+/// The config file every profile is chosen from.
+pub const CONFIG_FILE: &str = "config.json";
+/// Name of the FTW component.
+pub const FTW_COMPONENT: &str = "model.ftw";
+/// Profiles known by `model_type`.
+pub const KNOWN_MODEL_TYPES: &[&str] = &["qwen4_exp", "qwen3_moe"];
+
+/// Bytes `[offset, offset + len)` of a source file, holding (part of) a tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceSpan {
+    /// Source file (repo-relative).
+    pub file: String,
+    /// Source tensor name.
+    pub tensor: String,
+    /// Absolute offset in the file.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Where the bytes of one output tensor come from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum TensorSource {
+    /// Copied from one span.
+    Span(SourceSpan),
+    /// NVFP4 pass-through: `weight ‖ weight_scale ‖ weight_scale_2`.
+    Native(Box<[SourceSpan; 3]>),
+}
+
+impl TensorSource {
+    fn files(&self) -> Vec<&str> {
+        match self {
+            TensorSource::Span(s) => vec![s.file.as_str()],
+            TensorSource::Native(p) => p.iter().map(|s| s.file.as_str()).collect(),
+        }
+    }
+}
+
+/// One tensor of the FTW stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FtwTensor {
+    /// Target descriptor.
+    pub desc: TensorDesc,
+    /// Source bytes.
+    pub source: TensorSource,
+}
+
+/// What a component holds, in enough detail to convert it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum ComponentContent {
+    /// The FTW stream, tensors in key order.
+    Ftw {
+        /// Tensors in index order.
+        tensors: Vec<FtwTensor>,
+    },
+    /// One FTEXPERT1 sidecar.
+    Experts {
+        /// MoE layer.
+        layer: u64,
+        /// Record layout (same for every expert).
+        fields: Vec<TensorDesc>,
+        /// `records[e][f]`: the bytes of field `f` of expert `e`.
+        records: Vec<Vec<TensorSource>>,
+    },
+    /// One Q3_PLE_32 segment, quantized from a BF16 source shard.
+    Q3Segment {
+        /// Layer of the PLE table.
+        layer: u64,
+        /// Segment index `i` of `shard_i`.
+        index: u64,
+        /// Rows.
+        rows: u64,
+        /// Row width.
+        width: u64,
+        /// The BF16 source.
+        source: SourceSpan,
+    },
+    /// The table's global scale: the absolute max over every segment.
+    Q3GlobalScale {
+        /// Layer of the PLE table.
+        layer: u64,
+        /// Every BF16 source segment, in index order.
+        segments: Vec<SourceSpan>,
+    },
+}
+
+/// Kind of an output component.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComponentKind {
+    /// FTW v1 stream.
+    Ftw,
+    /// FTEXPERT1 sidecar.
+    Ftexpert,
+    /// Q3_PLE_32 segment.
+    Q3Segment,
+    /// Q3_PLE_32 global scale record.
+    Q3GlobalScale,
+}
+
+impl ComponentKind {
+    /// Short label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComponentKind::Ftw => "ftw",
+            ComponentKind::Ftexpert => "ftexpert",
+            ComponentKind::Q3Segment => "q3_segment",
+            ComponentKind::Q3GlobalScale => "q3_global_scale",
+        }
+    }
+}
+
+/// One output component with its exact predicted size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Component {
+    /// Path relative to the artifact directory.
+    pub name: String,
+    /// Format.
+    pub kind: ComponentKind,
+    /// Exact size in bytes.
+    pub predicted_bytes: u64,
+    /// Tensors (FTW), experts (FTEXPERT1) or rows (Q3 segment) it holds.
+    pub items: u64,
+    /// Source files it reads.
+    pub source_files: BTreeSet<String>,
+    /// What goes into it (not part of the JSON plan).
+    #[serde(skip)]
+    pub content: ComponentContent,
+}
+
+/// All tensors of the source by name, with their file.
+pub struct Catalog<'a> {
+    by_name: BTreeMap<&'a str, (&'a str, &'a SourceTensor)>,
+}
+
+impl<'a> Catalog<'a> {
+    /// Indexes the headers; a tensor in two files is an error.
+    pub fn new(headers: &'a [SourceHeader]) -> Result<Self, ConvertError> {
+        let mut by_name = BTreeMap::new();
+        for h in headers {
+            for t in h.tensors() {
+                if let Some((first, _)) = by_name.insert(t.name(), (h.file(), t)) {
+                    return Err(ConvertError::DuplicateTensor {
+                        tensor: t.name().to_owned(),
+                        first: first.to_owned(),
+                        second: h.file().to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(Catalog { by_name })
+    }
+
+    fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
+        self.by_name.get(name).copied()
+    }
+
+    fn span(&self, name: &str) -> Option<SourceSpan> {
+        self.get(name).map(|(f, t)| SourceSpan {
+            file: f.to_owned(),
+            tensor: name.to_owned(),
+            offset: t.offset(),
+            len: t.len(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Config access.
+
+fn cfg_u64(cfg: &Value, field: &str) -> Result<u64, ConvertError> {
+    cfg.get(field)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| ConvertError::BadConfig {
+            file: CONFIG_FILE.into(),
+            field: field.into(),
+            problem: match cfg.get(field) {
+                None => "is missing".into(),
+                Some(v) => format!("is {v}, expected a non-negative integer"),
+            },
+        })
+}
+
+fn cfg_u64_list(cfg: &Value, field: &str) -> Result<Vec<u64>, ConvertError> {
+    match cfg.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|_| ConvertError::BadConfig {
+            file: CONFIG_FILE.into(),
+            field: field.into(),
+            problem: format!("is {v}, expected a list of non-negative integers"),
+        }),
+    }
+}
+
+fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        b.add(Glob::new(p).map_err(|e| ConvertError::BadConfig {
+            file: CONFIG_FILE.into(),
+            field: what.into(),
+            problem: format!("has an invalid pattern {p:?}: {e}"),
+        })?);
+    }
+    b.build().map_err(|e| ConvertError::BadConfig {
+        file: CONFIG_FILE.into(),
+        field: what.into(),
+        problem: e.to_string(),
+    })
+}
+
+/// The `model_type` of a config.
+pub fn model_type(cfg: &Value) -> Result<&str, ConvertError> {
+    cfg.get("model_type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ConvertError::BadConfig {
+            file: CONFIG_FILE.into(),
+            field: "model_type".into(),
+            problem: "is missing or not a string".into(),
+        })
+}
+
+// ---------------------------------------------------------------------------
+// Profiles.
+
+/// The PLE table geometry from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PleConfig {
+    layers: Vec<u64>,
+    rows: u64,
+    width: u64,
+    parts: u64,
+}
+
+/// The rules of the Qwen MoE families.
+#[derive(Debug, Clone)]
+pub struct MoeProfile {
+    family: &'static str,
+    layers: u64,
+    hidden: u64,
+    vocab: u64,
+    experts: u64,
+    inter: u64,
+    moe_layers: BTreeSet<u64>,
+    tied: bool,
+    allow_fused: bool,
+    ple: Option<PleConfig>,
+    ignore: GlobSet,
+}
+
+/// A profile chosen from `config.json`.
+#[derive(Debug, Clone)]
+pub enum Profile {
+    /// `qwen4_exp` or `qwen3_moe`.
+    Moe(MoeProfile),
+}
+
+impl Profile {
+    /// Chooses the profile for `cfg` by `model_type`.
+    pub fn from_config(cfg: &Value) -> Result<Profile, ConvertError> {
+        let mt = model_type(cfg)?;
+        let family = match mt {
+            "qwen4_exp" => "qwen4_exp",
+            "qwen3_moe" => "qwen3_moe",
+            other => {
+                return Err(ConvertError::UnknownModelType {
+                    file: CONFIG_FILE.into(),
+                    model_type: other.to_owned(),
+                    known: KNOWN_MODEL_TYPES.join(", "),
+                });
+            }
+        };
+        let q4 = family == "qwen4_exp";
+        let layers = cfg_u64(cfg, "num_hidden_layers")?;
+        let experts = cfg_u64(cfg, "num_experts")?;
+        let step = match cfg.get("decoder_sparse_step") {
+            None => 1,
+            Some(_) => cfg_u64(cfg, "decoder_sparse_step")?.max(1),
+        };
+        let mlp_only: BTreeSet<u64> = cfg_u64_list(cfg, "mlp_only_layers")?.into_iter().collect();
+        let moe_layers = (0..layers)
+            .filter(|l| experts > 0 && !mlp_only.contains(l) && (l + 1) % step == 0)
+            .collect();
+        let ignore: Vec<String> = match cfg.pointer("/quantization_config/ignore") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|_| ConvertError::BadConfig {
+                file: CONFIG_FILE.into(),
+                field: "quantization_config.ignore".into(),
+                problem: format!("is {v}, expected a list of strings"),
+            })?,
+        };
+        let ple = if q4 && cfg.get("ple_layer_ids").is_some() {
+            let p = PleConfig {
+                layers: cfg_u64_list(cfg, "ple_layer_ids")?,
+                rows: cfg_u64(cfg, "ple_ngram_rows")?,
+                width: cfg_u64(cfg, "ple_embedding_dim")?,
+                parts: cfg_u64(cfg, "split_ngram_parts")?,
+            };
+            if p.parts == 0 || p.width == 0 || !p.width.is_multiple_of(32) {
+                return Err(ConvertError::BadConfig {
+                    file: CONFIG_FILE.into(),
+                    field: "ple_embedding_dim/split_ngram_parts".into(),
+                    problem: format!(
+                        "width {} must be a positive multiple of 32 and parts {} positive",
+                        p.width, p.parts
+                    ),
+                });
+            }
+            Some(p)
+        } else {
+            None
+        };
+        Ok(Profile::Moe(MoeProfile {
+            family,
+            layers,
+            hidden: cfg_u64(cfg, "hidden_size")?,
+            vocab: cfg_u64(cfg, "vocab_size")?,
+            experts,
+            inter: cfg_u64(cfg, "moe_intermediate_size")?,
+            moe_layers,
+            tied: cfg
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            allow_fused: q4,
+            ple,
+            ignore: glob_set(&ignore, "quantization_config.ignore")?,
+        }))
+    }
+
+    /// The profile's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Profile::Moe(m) => m.family,
+        }
+    }
+
+    /// Maps every source tensor to a component and predicts each size.
+    pub fn components(&self, headers: &[SourceHeader]) -> Result<Vec<Component>, ConvertError> {
+        let cat = Catalog::new(headers)?;
+        match self {
+            Profile::Moe(m) => m.components(&cat),
+        }
+    }
+}
+
+/// The formats dtype of a non-quantized source dtype.
+fn plain_dtype(d: safetensors::Dtype) -> Option<Dtype> {
+    use safetensors::Dtype as S;
+    Some(match d {
+        S::F32 => Dtype::F32,
+        S::F16 => Dtype::F16,
+        S::BF16 => Dtype::BF16,
+        S::U8 => Dtype::U8,
+        S::I8 => Dtype::I8,
+        S::I32 => Dtype::I32,
+        S::I64 => Dtype::I64,
+        S::F8_E4M3 => Dtype::F8E4M3,
+        _ => return None,
+    })
+}
+
+/// A linear layer's weight as found in the source.
+struct Linear {
+    dtype: Dtype,
+    kind: TensorKind,
+    shape: Vec<u64>,
+    source: TensorSource,
+    claimed: Vec<String>,
+}
+
+const NVFP4_PARTS: [&str; 3] = ["weight", "weight_scale", "weight_scale_2"];
+
+fn fmt_err(component: &str) -> impl Fn(ftpipe_formats::FormatError) -> ConvertError + '_ {
+    move |source| ConvertError::Format {
+        component: component.to_owned(),
+        source,
+    }
+}
+
+impl MoeProfile {
+    fn protected(&self, module: &str) -> bool {
+        self.ignore.is_match(module) || self.ignore.is_match(format!("{module}.weight"))
+    }
+
+    /// The weight of linear `module` (BF16/F16/F32 or an NVFP4 triplet) with
+    /// logical shape `expected`.
+    fn linear(
+        &self,
+        cat: &Catalog,
+        module: &str,
+        expected: &[u64],
+        needed_for: &str,
+    ) -> Result<Linear, ConvertError> {
+        let name = format!("{module}.weight");
+        let (file, w) = cat.get(&name).ok_or_else(|| ConvertError::MissingTensor {
+            tensor: name.clone(),
+            needed_for: needed_for.to_owned(),
+        })?;
+        let scale_name = format!("{module}.weight_scale");
+        let native = w.dtype() == safetensors::Dtype::U8 || cat.get(&scale_name).is_some();
+        if native {
+            let mut parts = Vec::with_capacity(3);
+            for (p, want) in NVFP4_PARTS.iter().zip([
+                safetensors::Dtype::U8,
+                safetensors::Dtype::F8_E4M3,
+                safetensors::Dtype::F32,
+            ]) {
+                let n = format!("{module}.{p}");
+                let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
+                    tensor: n.clone(),
+                    needed_for: format!("the NVFP4 triplet of {module}"),
+                })?;
+                if t.dtype() != want {
+                    return Err(ConvertError::DtypeMismatch {
+                        file: f.to_owned(),
+                        tensor: n,
+                        expected: format!("{want:?}"),
+                        actual: format!("{:?}", t.dtype()),
+                    });
+                }
+                parts.push(t);
+            }
+            if self.protected(module) {
+                return Err(ConvertError::ProtectedQuantized {
+                    file: file.to_owned(),
+                    tensor: name,
+                });
+            }
+            let nv = NativeNvfp4::new(&name, parts[0].shape(), parts[1].shape(), parts[2].shape())
+                .map_err(fmt_err(module))?;
+            if nv.shape() != expected {
+                let mut want = expected.to_vec();
+                if let Some(last) = want.last_mut() {
+                    *last /= 2;
+                }
+                return Err(ConvertError::ShapeMismatch {
+                    file: file.to_owned(),
+                    tensor: name,
+                    expected: want,
+                    actual: w.shape().to_vec(),
+                    because: format!(
+                        "NVFP4 packs 2 per byte of logical {expected:?}; {needed_for}"
+                    ),
+                });
+            }
+            let spans = NVFP4_PARTS.map(|p| cat.span(&format!("{module}.{p}")).expect("present"));
+            return Ok(Linear {
+                dtype: Dtype::Nvfp4,
+                kind: TensorKind::Native,
+                shape: nv.shape().to_vec(),
+                source: TensorSource::Native(Box::new(spans)),
+                claimed: NVFP4_PARTS
+                    .iter()
+                    .map(|p| format!("{module}.{p}"))
+                    .collect(),
+            });
+        }
+        let dtype = match w.dtype() {
+            safetensors::Dtype::BF16 => Dtype::BF16,
+            safetensors::Dtype::F16 => Dtype::F16,
+            safetensors::Dtype::F32 => Dtype::F32,
+            other => {
+                return Err(ConvertError::DtypeMismatch {
+                    file: file.to_owned(),
+                    tensor: name,
+                    expected: "BF16, F16, F32 or an NVFP4 triplet".into(),
+                    actual: format!("{other:?}"),
+                });
+            }
+        };
+        if w.shape() != expected {
+            return Err(ConvertError::ShapeMismatch {
+                file: file.to_owned(),
+                tensor: name,
+                expected: expected.to_vec(),
+                actual: w.shape().to_vec(),
+                because: needed_for.to_owned(),
+            });
+        }
+        Ok(Linear {
+            dtype,
+            kind: if self.protected(module) {
+                TensorKind::Protected
+            } else {
+                TensorKind::Plain
+            },
+            shape: w.shape().to_vec(),
+            source: TensorSource::Span(cat.span(&name).expect("present")),
+            claimed: vec![name],
+        })
+    }
+
+    fn expert_component(
+        &self,
+        cat: &Catalog,
+        l: u64,
+        claimed: &mut BTreeSet<String>,
+    ) -> Result<Component, ConvertError> {
+        let (h, i, e_n) = (self.hidden, self.inter, self.experts);
+        let p = format!("model.layers.{l}.mlp.experts");
+        let name = format!("experts/layer_{l:03}.ftexpert");
+        let fused_gu = format!("{p}.gate_up_proj");
+        let fused_d = format!("{p}.down_proj");
+        let mut fields: Option<Vec<TensorDesc>> = None;
+        let mut records = Vec::with_capacity(e_n as usize);
+        if self.allow_fused && (cat.get(&fused_gu).is_some() || cat.get(&fused_d).is_some()) {
+            let mut get = |n: &str, shape: [u64; 3]| -> Result<SourceSpan, ConvertError> {
+                let (f, t) = cat.get(n).ok_or_else(|| ConvertError::MissingTensor {
+                    tensor: n.to_owned(),
+                    needed_for: format!("the fused experts of layer {l}"),
+                })?;
+                if t.dtype() != safetensors::Dtype::BF16 {
+                    return Err(ConvertError::DtypeMismatch {
+                        file: f.to_owned(),
+                        tensor: n.to_owned(),
+                        expected: "BF16 (fused experts)".into(),
+                        actual: format!("{:?}", t.dtype()),
+                    });
+                }
+                if t.shape() != shape {
+                    return Err(ConvertError::ShapeMismatch {
+                        file: f.to_owned(),
+                        tensor: n.to_owned(),
+                        expected: shape.to_vec(),
+                        actual: t.shape().to_vec(),
+                        because: format!(
+                            "num_experts {e_n}, moe_intermediate_size {i}, hidden_size {h}"
+                        ),
+                    });
+                }
+                claimed.insert(n.to_owned());
+                Ok(cat.span(n).expect("present"))
+            };
+            let gu = get(&fused_gu, [e_n, 2 * i, h])?;
+            let d = get(&fused_d, [e_n, h, i])?;
+            let kind = if self.protected(&p) {
+                TensorKind::Protected
+            } else {
+                TensorKind::Plain
+            };
+            fields = Some(vec![
+                TensorDesc::new("gate_proj", Dtype::BF16, kind, [i, h]),
+                TensorDesc::new("up_proj", Dtype::BF16, kind, [i, h]),
+                TensorDesc::new("down_proj", Dtype::BF16, kind, [h, i]),
+            ]);
+            let half = i * h * 2;
+            let sub = |s: &SourceSpan, off: u64, len: u64| {
+                TensorSource::Span(SourceSpan {
+                    offset: s.offset + off,
+                    len,
+                    ..s.clone()
+                })
+            };
+            for e in 0..e_n {
+                records.push(vec![
+                    sub(&gu, e * 2 * half, half),
+                    sub(&gu, e * 2 * half + half, half),
+                    sub(&d, e * half, half),
+                ]);
+            }
+        } else {
+            for e in 0..e_n {
+                let mut rec = Vec::with_capacity(3);
+                let mut descs = Vec::with_capacity(3);
+                for (proj, shape) in [
+                    ("gate_proj", [i, h]),
+                    ("up_proj", [i, h]),
+                    ("down_proj", [h, i]),
+                ] {
+                    let lin = self.linear(
+                        cat,
+                        &format!("{p}.{e}.{proj}"),
+                        &shape,
+                        &format!(
+                            "expert {e} of layer {l} (moe_intermediate_size {i}, hidden_size {h})"
+                        ),
+                    )?;
+                    claimed.extend(lin.claimed);
+                    descs.push(TensorDesc::new(proj, lin.dtype, lin.kind, lin.shape));
+                    rec.push(lin.source);
+                }
+                match &fields {
+                    None => fields = Some(descs),
+                    Some(f0) => {
+                        if let Some((a, b)) = f0.iter().zip(&descs).find(|(a, b)| a != b) {
+                            return Err(ConvertError::MixedExpertLayout {
+                                layer: l,
+                                expert: e,
+                                field: a.key.clone(),
+                                expected: format!("{} {:?} {:?}", a.dtype.name(), a.kind, a.shape),
+                                found: format!("{} {:?} {:?}", b.dtype.name(), b.kind, b.shape),
+                            });
+                        }
+                    }
+                }
+                records.push(rec);
+            }
+        }
+        let fields = fields.unwrap_or_default();
+        let layer = u32::try_from(l).unwrap_or(u32::MAX);
+        let experts = u32::try_from(e_n).unwrap_or(u32::MAX);
+        let predicted =
+            sizes::ftexpert_total_len(layer, experts, fields.clone()).map_err(fmt_err(&name))?;
+        let source_files = records
+            .iter()
+            .flatten()
+            .flat_map(|s| s.files())
+            .map(str::to_owned)
+            .collect();
+        Ok(Component {
+            name,
+            kind: ComponentKind::Ftexpert,
+            predicted_bytes: predicted,
+            items: e_n,
+            source_files,
+            content: ComponentContent::Experts {
+                layer: l,
+                fields,
+                records,
+            },
+        })
+    }
+
+    fn ple_components(
+        &self,
+        cat: &Catalog,
+        ple: &PleConfig,
+        l: u64,
+        claimed: &mut BTreeSet<String>,
+    ) -> Result<Vec<Component>, ConvertError> {
+        let mut out = Vec::new();
+        let mut spans = Vec::new();
+        let mut total_rows = 0u64;
+        for i in 0..ple.parts {
+            let n = format!("model.layers.{l}.ple.ple_embedding.ngram_embedding.shard_{i}.weight");
+            let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
+                tensor: n.clone(),
+                needed_for: format!(
+                    "PLE segment shard_{i} of layer {l} (split_ngram_parts {})",
+                    ple.parts
+                ),
+            })?;
+            if t.dtype() != safetensors::Dtype::BF16 {
+                return Err(ConvertError::DtypeMismatch {
+                    file: f.to_owned(),
+                    tensor: n,
+                    expected: "BF16 (PLE table)".into(),
+                    actual: format!("{:?}", t.dtype()),
+                });
+            }
+            let rows = match t.shape() {
+                [rows, w] if *w == ple.width => *rows,
+                s => {
+                    return Err(ConvertError::ShapeMismatch {
+                        file: f.to_owned(),
+                        tensor: n,
+                        expected: vec![s.first().copied().unwrap_or(0), ple.width],
+                        actual: s.to_vec(),
+                        because: format!("ple_embedding_dim {}", ple.width),
+                    });
+                }
+            };
+            total_rows = total_rows.saturating_add(rows);
+            claimed.insert(n.clone());
+            let span = cat.span(&n).expect("present");
+            let name = format!("ple/layer_{l:03}/shard_{i}.q3");
+            let predicted = sizes::q3_len(rows, ple.width).map_err(fmt_err(&name))?;
+            out.push(Component {
+                name,
+                kind: ComponentKind::Q3Segment,
+                predicted_bytes: predicted,
+                items: rows,
+                source_files: [f.to_owned()].into(),
+                content: ComponentContent::Q3Segment {
+                    layer: l,
+                    index: i,
+                    rows,
+                    width: ple.width,
+                    source: span.clone(),
+                },
+            });
+            spans.push(span);
+        }
+        if total_rows != ple.rows {
+            return Err(ConvertError::PleGeometry {
+                layer: l,
+                problem: format!(
+                    "the {} shards hold {total_rows} rows, config ple_ngram_rows is {}",
+                    ple.parts, ple.rows
+                ),
+            });
+        }
+        out.push(Component {
+            name: format!("ple/layer_{l:03}/global_scale.bf16"),
+            kind: ComponentKind::Q3GlobalScale,
+            predicted_bytes: sizes::Q3_GLOBAL_SCALE_LEN,
+            items: 1,
+            source_files: spans.iter().map(|s| s.file.clone()).collect(),
+            content: ComponentContent::Q3GlobalScale {
+                layer: l,
+                segments: spans,
+            },
+        });
+        Ok(out)
+    }
+
+    /// Why `name` (not claimed by the expert or PLE rules) may or may not go
+    /// to the FTW stream: `Ok(())` when a rule allows it.
+    fn ftw_allowed(&self, name: &str) -> Result<(), String> {
+        let base = NVFP4_PARTS
+            .iter()
+            .rev()
+            .find_map(|p| name.strip_suffix(&format!(".{p}")).map(|m| (m, *p)));
+        let top = ["model.embed_tokens", "model.norm", "lm_head"];
+        let Some(rest) = name.strip_prefix("model.layers.") else {
+            return match base {
+                Some((m, _)) if top.contains(&m) => Ok(()),
+                _ => Err(format!("no rule of profile {} matches it", self.family)),
+            };
+        };
+        let (idx, rest) = rest.split_once('.').unwrap_or((rest, ""));
+        let l: u64 = idx
+            .parse()
+            .map_err(|_| format!("layer index {idx:?} is not a number"))?;
+        if l >= self.layers {
+            return Err(format!(
+                "layer {l} is beyond num_hidden_layers {}",
+                self.layers
+            ));
+        }
+        let moe = self.moe_layers.contains(&l);
+        if let Some(ex) = rest.strip_prefix("mlp.experts.") {
+            if !moe {
+                return Err(format!("layer {l} is not a MoE layer"));
+            }
+            let e = ex.split('.').next().unwrap_or_default();
+            return match e.parse::<u64>() {
+                Ok(e) if e >= self.experts => {
+                    Err(format!("expert {e} is beyond num_experts {}", self.experts))
+                }
+                _ => Err(format!(
+                    "not part of the expert layout of profile {}",
+                    self.family
+                )),
+            };
+        }
+        let module = base.map(|(m, _)| m).unwrap_or(name);
+        let module_rest = module
+            .strip_prefix(&format!("model.layers.{l}."))
+            .unwrap_or_default();
+        let attn = [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "self_attn.q_norm",
+            "self_attn.k_norm",
+            "input_layernorm",
+            "post_attention_layernorm",
+        ];
+        let moe_only = ["mlp.gate", "mlp.shared_expert_gate"];
+        let dense = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"];
+        let ok = (base.is_some()
+            && (attn.contains(&module_rest)
+                || (moe && moe_only.contains(&module_rest))
+                || (moe && module_rest.starts_with("mlp.shared_expert."))
+                || (!moe && dense.contains(&module_rest))))
+            || rest.ends_with(".bias") && attn.contains(&rest.trim_end_matches(".bias"))
+            || (self.ple.as_ref().is_some_and(|p| p.layers.contains(&l))
+                && rest.starts_with("ple.")
+                && !rest.starts_with("ple.ple_embedding.ngram_embedding."));
+        if ok {
+            Ok(())
+        } else if rest.starts_with("ple.ple_embedding.ngram_embedding.") {
+            Err(match &self.ple {
+                Some(p) if p.layers.contains(&l) => {
+                    format!("not one of the split_ngram_parts {} PLE shards", p.parts)
+                }
+                _ => format!("layer {l} has no PLE table in the config"),
+            })
+        } else {
+            Err(format!("no rule of profile {} matches it", self.family))
+        }
+    }
+
+    /// Checks a required FTW tensor's presence and (when given) shape.
+    fn require(
+        &self,
+        cat: &Catalog,
+        name: &str,
+        expected: Option<&[u64]>,
+        because: &str,
+    ) -> Result<(), ConvertError> {
+        let (f, t) = cat.get(name).ok_or_else(|| ConvertError::MissingTensor {
+            tensor: name.to_owned(),
+            needed_for: because.to_owned(),
+        })?;
+        if let Some(exp) = expected
+            && t.shape() != exp
+        {
+            return Err(ConvertError::ShapeMismatch {
+                file: f.to_owned(),
+                tensor: name.to_owned(),
+                expected: exp.to_vec(),
+                actual: t.shape().to_vec(),
+                because: because.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    fn components(&self, cat: &Catalog) -> Result<Vec<Component>, ConvertError> {
+        let (h, v, e) = (self.hidden, self.vocab, self.experts);
+        // Required non-expert tensors, with the shapes the config fixes.
+        let emb = format!("vocab_size {v}, hidden_size {h}");
+        self.require(cat, "model.embed_tokens.weight", Some(&[v, h]), &emb)?;
+        self.require(
+            cat,
+            "model.norm.weight",
+            Some(&[h]),
+            &format!("hidden_size {h}"),
+        )?;
+        if !self.tied {
+            self.require(cat, "lm_head.weight", None, &emb)?;
+        }
+        for l in 0..self.layers {
+            let p = format!("model.layers.{l}");
+            for n in ["input_layernorm", "post_attention_layernorm"] {
+                self.require(
+                    cat,
+                    &format!("{p}.{n}.weight"),
+                    Some(&[h]),
+                    &format!("hidden_size {h}"),
+                )?;
+            }
+            for n in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                self.require(cat, &format!("{p}.self_attn.{n}.weight"), None, "attention")?;
+            }
+            if self.moe_layers.contains(&l) {
+                self.require(
+                    cat,
+                    &format!("{p}.mlp.gate.weight"),
+                    Some(&[e, h]),
+                    &format!("the router of layer {l}: num_experts {e}, hidden_size {h}"),
+                )?;
+            } else {
+                for n in ["gate_proj", "up_proj", "down_proj"] {
+                    self.require(
+                        cat,
+                        &format!("{p}.mlp.{n}.weight"),
+                        None,
+                        "a dense MLP layer",
+                    )?;
+                }
+            }
+        }
+
+        let mut claimed = BTreeSet::new();
+        let mut components = Vec::new();
+        for &l in &self.moe_layers {
+            components.push(self.expert_component(cat, l, &mut claimed)?);
+        }
+        if let Some(ple) = &self.ple {
+            for &l in &ple.layers {
+                if l >= self.layers {
+                    return Err(ConvertError::BadConfig {
+                        file: CONFIG_FILE.into(),
+                        field: "ple_layer_ids".into(),
+                        problem: format!(
+                            "names layer {l}, beyond num_hidden_layers {}",
+                            self.layers
+                        ),
+                    });
+                }
+                components.extend(self.ple_components(cat, ple, l, &mut claimed)?);
+            }
+        }
+
+        // Everything else goes to the FTW stream.
+        let mut ftw: BTreeMap<String, FtwTensor> = BTreeMap::new();
+        for (&name, &(file, t)) in &cat.by_name {
+            if claimed.contains(name) {
+                continue;
+            }
+            if let Err(reason) = self.ftw_allowed(name) {
+                return Err(ConvertError::UnexpectedTensor {
+                    file: file.to_owned(),
+                    tensor: name.to_owned(),
+                    reason,
+                });
+            }
+            let module = name.strip_suffix(".weight").unwrap_or(name);
+            let nvfp4 = name.ends_with(".weight")
+                && (t.dtype() == safetensors::Dtype::U8
+                    || cat.get(&format!("{module}.weight_scale")).is_some());
+            if nvfp4 {
+                let want = cat.get(&format!("{module}.weight_scale"));
+                let shape = match want {
+                    Some((_, s)) => {
+                        let mut k = s.shape().to_vec();
+                        if let Some(last) = k.last_mut() {
+                            *last *= 16;
+                        }
+                        k
+                    }
+                    None => Vec::new(),
+                };
+                let lin = self.linear(cat, module, &shape, "an NVFP4 tensor of the FTW stream")?;
+                claimed.extend(lin.claimed);
+                ftw.insert(
+                    name.to_owned(),
+                    FtwTensor {
+                        desc: TensorDesc::new(name, lin.dtype, lin.kind, lin.shape),
+                        source: lin.source,
+                    },
+                );
+                continue;
+            }
+            if name.ends_with(".weight_scale") || name.ends_with(".weight_scale_2") {
+                // Claimed with its weight; alone it is a broken triplet.
+                let w = format!(
+                    "{}.weight",
+                    name.rsplit_once(".weight_scale")
+                        .map(|x| x.0)
+                        .unwrap_or(name)
+                );
+                if cat.get(&w).is_none() {
+                    return Err(ConvertError::MissingTensor {
+                        tensor: w,
+                        needed_for: format!("the NVFP4 triplet of {name}"),
+                    });
+                }
+                continue;
+            }
+            let dtype = plain_dtype(t.dtype()).ok_or_else(|| ConvertError::DtypeMismatch {
+                file: file.to_owned(),
+                tensor: name.to_owned(),
+                expected: "F32, F16, BF16, U8, I8, I32, I64 or F8_E4M3".into(),
+                actual: format!("{:?}", t.dtype()),
+            })?;
+            let protected =
+                self.protected(module) && matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
+            let kind = if protected {
+                TensorKind::Protected
+            } else {
+                TensorKind::Plain
+            };
+            ftw.insert(
+                name.to_owned(),
+                FtwTensor {
+                    desc: TensorDesc::new(name, dtype, kind, t.shape()),
+                    source: TensorSource::Span(cat.span(name).expect("present")),
+                },
+            );
+        }
+        let tensors: Vec<FtwTensor> = ftw.into_values().collect();
+        let predicted = sizes::ftw_total_len(tensors.iter().map(|t| t.desc.clone()).collect())
+            .map_err(fmt_err(FTW_COMPONENT))?;
+        let source_files = tensors
+            .iter()
+            .flat_map(|t| t.source.files())
+            .map(str::to_owned)
+            .collect();
+        components.insert(
+            0,
+            Component {
+                name: FTW_COMPONENT.into(),
+                kind: ComponentKind::Ftw,
+                predicted_bytes: predicted,
+                items: tensors.len() as u64,
+                source_files,
+                content: ComponentContent::Ftw { tensors },
+            },
+        );
+        Ok(components)
+    }
+}
