@@ -70,8 +70,9 @@ enum Command {
     },
 }
 
+/// What names a repo on a hub and where its files go.
 #[derive(Args)]
-struct FetchArgs {
+struct HubArgs {
     /// Repository id, e.g. `Qwen/Qwen4-Exp`.
     repo: String,
     #[arg(long, default_value = "main")]
@@ -81,6 +82,18 @@ struct FetchArgs {
     endpoint: String,
     #[arg(long)]
     out: PathBuf,
+    /// Read the token from this file (else HF_TOKEN).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Per-read stall timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    read_timeout: f64,
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    #[command(flatten)]
+    hub: HubArgs,
     /// Only files matching these globs.
     #[arg(long)]
     include: Vec<String>,
@@ -96,15 +109,9 @@ struct FetchArgs {
     /// Newline-delimited JSON events and a JSON summary.
     #[arg(long)]
     json: bool,
-    /// Read the token from this file (else HF_TOKEN).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
     /// Follow a moved branch instead of keeping the pin.
     #[arg(long)]
     repin: bool,
-    /// Per-read stall timeout in seconds.
-    #[arg(long, default_value_t = 30.0)]
-    read_timeout: f64,
     /// Durable checkpoint interval in bytes.
     #[arg(long, default_value_t = 64 * 1024 * 1024)]
     checkpoint_bytes: u64,
@@ -124,15 +131,8 @@ struct FetchArgs {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// Repository id, e.g. `Qwen/Qwen4-Exp`.
-    repo: String,
-    #[arg(long, default_value = "main")]
-    revision: String,
-    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
-    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
-    endpoint: String,
-    #[arg(long)]
-    out: PathBuf,
+    #[command(flatten)]
+    hub: HubArgs,
     /// Read only the safetensors headers from the hub (HTTP Range), no weights.
     /// Without it, plan from the sources in DIR/source/.
     #[arg(long)]
@@ -140,20 +140,10 @@ struct PlanArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Read the token from this file (else HF_TOKEN).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
-    /// Per-read stall timeout in seconds.
-    #[arg(long, default_value_t = 30.0)]
-    read_timeout: f64,
 }
 
 fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
-}
-
-fn token(args: &FetchArgs) -> anyhow::Result<Option<Token>> {
-    load_token(args.token_file.as_deref())
 }
 
 fn load_token(token_file: Option<&Path>) -> anyhow::Result<Option<Token>> {
@@ -182,12 +172,12 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
 /// Runs a fetch and returns whether everything verified.
 async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     let params = FetchParams {
-        endpoint: args.endpoint.clone(),
-        token: token(&args)?,
-        read_timeout: secs("--read-timeout", args.read_timeout)?,
+        endpoint: args.hub.endpoint.clone(),
+        token: load_token(args.hub.token_file.as_deref())?,
+        read_timeout: secs("--read-timeout", args.hub.read_timeout)?,
         resolve: ResolveRequest {
-            repo: args.repo.clone(),
-            revision: args.revision.clone(),
+            repo: args.hub.repo.clone(),
+            revision: args.hub.revision.clone(),
             repin: args.repin,
             include: args.include.clone(),
             exclude: args.exclude.clone(),
@@ -201,7 +191,7 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
             preflight: !args.no_preflight,
         },
     };
-    let pipeline = Pipeline::open(&args.out, "fetch").await?;
+    let pipeline = Pipeline::open(&args.hub.out, "fetch").await?;
     let outcome = pipeline
         .fetch(params, reporter(args.json, args.quiet))
         .await?;
@@ -221,14 +211,15 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
 async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
     let source = if args.remote {
         ftpipe_pipeline::PlanSource::Remote {
-            endpoint: args.endpoint.clone(),
-            token: load_token(args.token_file.as_deref())?,
-            read_timeout: secs("--read-timeout", args.read_timeout)?,
+            endpoint: args.hub.endpoint.clone(),
+            token: load_token(args.hub.token_file.as_deref())?,
+            read_timeout: secs("--read-timeout", args.hub.read_timeout)?,
         }
     } else {
         ftpipe_pipeline::PlanSource::Local
     };
-    let plan = ftpipe_pipeline::plan(&args.out, &args.repo, &args.revision, source).await?;
+    let plan =
+        ftpipe_pipeline::plan(&args.hub.out, &args.hub.repo, &args.hub.revision, source).await?;
     if args.json {
         println!("{}", serde_json::to_string(&plan)?);
     } else {
