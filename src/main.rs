@@ -62,6 +62,12 @@ enum Command {
     },
     /// Predict every output component's exact size before converting.
     Plan(PlanArgs),
+    /// Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only).
+    Inspect {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve a generated checkpoint locally, fetch it with one crash and resume.
     Demo {
         /// Where to leave the result (default: a new temp dir).
@@ -250,6 +256,15 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(a.ok)
         }
         Command::Plan(args) => run_plan(args).await,
+        Command::Inspect { file, json } => {
+            let i = ftpipe_stages::inspect::inspect(&file)?;
+            if json {
+                println!("{}", serde_json::to_string(&i)?);
+            } else {
+                print!("{}", table::render_inspection(&i));
+            }
+            Ok(true)
+        }
         Command::Demo { out } => demo::run(out).await,
     }
 }

@@ -66,6 +66,34 @@ pub fn render(a: &AuditReport) -> String {
     out
 }
 
+/// Renders an inspection: format line, then one line per tensor or field.
+pub fn render_inspection(i: &ftpipe_stages::inspect::Inspection) -> String {
+    let mut out = format!(
+        "{}  {} bytes, data at {}\n",
+        i.format,
+        n(i.file_len),
+        n(i.data_offset)
+    );
+    if let (Some(layer), Some(experts), Some(record)) = (i.layer, i.experts, i.record_size) {
+        out.push_str(&format!(
+            "layer {layer}, {experts} experts, record {} bytes\n",
+            n(record)
+        ));
+    }
+    for t in &i.tensors {
+        out.push_str(&format!(
+            "  {:<48} {:<8} {:<10} {:>20} @ {:>16} {:?}\n",
+            t.name,
+            t.dtype,
+            t.kind.as_deref().unwrap_or("-"),
+            n(t.len),
+            n(t.offset),
+            t.shape
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -11,6 +11,7 @@ mod error;
 pub mod fetch;
 pub mod hub;
 pub mod identity;
+pub mod inspect;
 pub mod limits;
 pub mod paths;
 pub mod progress;
