@@ -1,8 +1,6 @@
 //! Errors of conversion planning: each names the file, tensor or config
 //! field at fault and what was expected, before any output is written.
 
-use std::path::PathBuf;
-
 use super::safetensors::SourceError;
 
 /// A source checkpoint that cannot be planned (or converted) as it is.
@@ -11,9 +9,9 @@ pub enum ConvertError {
     /// A safetensors header failed validation.
     #[error(transparent)]
     Source(#[from] SourceError),
-    /// No profile handles this `model_type` (and no recipe was given).
+    /// No profile handles this `model_type`.
     #[error(
-        "{file}: unknown model_type {model_type:?}; known profiles: {known} (or give a TOML recipe)"
+        "{file}: unknown model_type {model_type:?}; known profiles: {known} (declarative TOML recipes are not supported yet)"
     )]
     UnknownModelType {
         file: String,
@@ -99,16 +97,5 @@ pub enum ConvertError {
         component: String,
         #[source]
         source: ftpipe_formats::FormatError,
-    },
-    /// A TOML recipe is malformed.
-    #[error("recipe {file}: {message}")]
-    BadRecipe { file: String, message: String },
-    /// A local file could not be read.
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
     },
 }

@@ -162,27 +162,23 @@ pub fn plan_from_parts(
     })
 }
 
-fn read_small(root: &Path, file: &str) -> Result<Vec<u8>, ConvertError> {
+fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
     let path = root.join(file);
     match std::fs::metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ConvertError::MissingFile {
+            return Err(StageError::from(ConvertError::MissingFile {
                 file: file.to_owned(),
-            });
+            }));
         }
         Ok(m) if m.len() > MAX_JSON_BYTES => {
-            return Err(ConvertError::MalformedJson {
+            return Err(StageError::from(ConvertError::MalformedJson {
                 file: file.to_owned(),
                 message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", m.len()),
-            });
+            }));
         }
         _ => {}
     }
-    std::fs::read(&path).map_err(|source| ConvertError::Io {
-        op: "read",
-        path,
-        source,
-    })
+    std::fs::read(&path).map_err(|e| StageError::io("read", &path, e))
 }
 
 /// Plans from the sources under `source_root` (`DIR/source`), reading only
