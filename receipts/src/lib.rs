@@ -9,10 +9,12 @@
 //! The store never decides anything: callers fsync their bytes first and
 //! only then call the method that claims them.
 
+mod convert_store;
 mod error;
 mod model;
 mod store;
 
+pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
 pub use model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
 pub use store::Store;

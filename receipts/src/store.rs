@@ -16,21 +16,21 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub struct Store {
     path: PathBuf,
     options: SqliteConnectOptions,
-    conn: Mutex<SqliteConnection>,
+    pub(crate) conn: Mutex<SqliteConnection>,
 }
 
 /// Bytes kept allocated beside the database while a fetch runs (see
 /// [`Store::ensure_space_reserve`]).
 pub const SPACE_RESERVE_BYTES: u64 = 2 << 20;
 
-fn to_i64(path: &str, value: u64) -> Result<i64> {
+pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
     i64::try_from(value).map_err(|_| StoreError::CounterOverflow {
         path: path.to_owned(),
         value,
     })
 }
 
-fn to_u64(path: &str, column: &'static str, value: i64) -> Result<u64> {
+pub(crate) fn to_u64(path: &str, column: &'static str, value: i64) -> Result<u64> {
     u64::try_from(value).map_err(|_| StoreError::CorruptCounter {
         path: path.to_owned(),
         column,
@@ -101,7 +101,7 @@ impl Store {
     /// "attempted to call begin_with at non-zero transaction depth", hiding
     /// the real error. No transaction outlives a method here, so a connection
     /// still "in a transaction" at the start of one is stale: replace it.
-    async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>> {
+    pub(crate) async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>> {
         let mut conn = self.conn.lock().await;
         if conn.is_in_transaction() {
             tracing::warn!("state database connection left in a failed transaction; reopening it");

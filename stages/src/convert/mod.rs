@@ -7,6 +7,7 @@
 //! — before anything is written.
 
 mod error;
+pub mod manifest;
 pub mod plan;
 pub mod profile;
 pub mod safetensors;

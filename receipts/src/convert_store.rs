@@ -1,0 +1,236 @@
+//! Conversion records: component receipts, source retirements and the
+//! artifact log (manifests written, artifacts set aside).
+
+use serde::Serialize;
+use sqlx::{Connection, Row};
+
+use crate::error::{QueryContext, Result};
+use crate::model::RunId;
+use crate::store::{Store, to_i64, to_u64};
+
+/// The durable claim that a component file is complete, fsynced and named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ComponentReceipt {
+    /// Path relative to the artifact directory.
+    pub path: String,
+    /// Component kind (`ftw`, `ftexpert`, `q3_segment`, `q3_global_scale`).
+    pub kind: String,
+    /// Size the plan predicted.
+    pub predicted_bytes: u64,
+    /// Size written (equal to the prediction, enforced by a CHECK).
+    pub size: u64,
+    /// SHA-256 of the bytes written.
+    pub sha256: String,
+    /// SHA-256 of everything that determines the bytes.
+    pub identity: String,
+    /// Run that wrote it.
+    pub run_id: RunId,
+}
+
+/// One row of the retirement log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RetirementRow {
+    /// Run that appended it.
+    pub run_id: RunId,
+    /// Source path (repo-relative).
+    pub path: String,
+    /// `retired` or `reacquired`.
+    pub event: String,
+    /// Size of the source file.
+    pub bytes: u64,
+    /// When.
+    pub at: String,
+}
+
+/// One row of the artifact log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArtifactRow {
+    /// Run that appended it.
+    pub run_id: RunId,
+    /// `manifest` or `set_aside`.
+    pub event: String,
+    /// SHA-256 of manifest.json.
+    pub manifest_sha256: Option<String>,
+    /// The artifact fingerprint.
+    pub fingerprint: Option<String>,
+    /// Free text (where an artifact was set aside, and why).
+    pub detail: String,
+    /// When.
+    pub at: String,
+}
+
+impl Store {
+    /// Claims a component. Call only after the file and its directory entry
+    /// are fsynced.
+    pub async fn put_component(&self, run: RunId, c: &ComponentReceipt) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO components (path, kind, predicted_bytes, size, sha256, identity, run_id)
+             VALUES (?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT(path) DO UPDATE SET kind = excluded.kind,
+               predicted_bytes = excluded.predicted_bytes, size = excluded.size,
+               sha256 = excluded.sha256, identity = excluded.identity, run_id = excluded.run_id,
+               completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        )
+        .bind(&c.path)
+        .bind(&c.kind)
+        .bind(to_i64(&c.path, c.predicted_bytes)?)
+        .bind(to_i64(&c.path, c.size)?)
+        .bind(&c.sha256)
+        .bind(&c.identity)
+        .bind(run)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert component")?;
+        tx.commit().await.ctx("commit component")
+    }
+
+    /// All component receipts, by path.
+    pub async fn components(&self) -> Result<Vec<ComponentReceipt>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT path, kind, predicted_bytes, size, sha256, identity, run_id
+             FROM components ORDER BY path",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select components")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(ComponentReceipt {
+                    kind: r.get(1),
+                    predicted_bytes: to_u64(&path, "components.predicted_bytes", r.get(2))?,
+                    size: to_u64(&path, "components.size", r.get(3))?,
+                    sha256: r.get(4),
+                    identity: r.get(5),
+                    run_id: r.get(6),
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Drops every component receipt (the artifact they claim was set
+    /// aside) and logs where it went, in one transaction.
+    pub async fn set_aside_artifact(&self, run: RunId, detail: &str) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("DELETE FROM components")
+            .execute(&mut *tx)
+            .await
+            .ctx("delete components")?;
+        sqlx::query("INSERT INTO artifacts (run_id, event, detail) VALUES (?, 'set_aside', ?)")
+            .bind(run)
+            .bind(detail)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert set_aside")?;
+        tx.commit().await.ctx("commit set_aside")
+    }
+
+    /// Records a manifest written (after it is fsynced).
+    pub async fn record_manifest(
+        &self,
+        run: RunId,
+        manifest_sha256: &str,
+        fingerprint: &str,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO artifacts (run_id, event, manifest_sha256, fingerprint)
+             VALUES (?, 'manifest', ?, ?)",
+        )
+        .bind(run)
+        .bind(manifest_sha256)
+        .bind(fingerprint)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert manifest")?;
+        tx.commit().await.ctx("commit manifest")
+    }
+
+    /// The artifact log, oldest first.
+    pub async fn artifact_log(&self) -> Result<Vec<ArtifactRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT run_id, event, manifest_sha256, fingerprint, detail, at FROM artifacts ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select artifacts")?;
+        Ok(rows
+            .into_iter()
+            .map(|r| ArtifactRow {
+                run_id: r.get(0),
+                event: r.get(1),
+                manifest_sha256: r.get(2),
+                fingerprint: r.get(3),
+                detail: r.get(4),
+                at: r.get(5),
+            })
+            .collect())
+    }
+
+    /// Appends a retirement event (`retired` after the file was unlinked and
+    /// its directory fsynced; `reacquired` before fetching it again).
+    pub async fn log_retirement(
+        &self,
+        run: RunId,
+        path: &str,
+        event: &str,
+        bytes: u64,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO source_retirements (run_id, path, event, bytes) VALUES (?, ?, ?, ?)",
+        )
+        .bind(run)
+        .bind(path)
+        .bind(event)
+        .bind(to_i64(path, bytes)?)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert retirement")?;
+        tx.commit().await.ctx("commit retirement")
+    }
+
+    /// The retirement log, oldest first.
+    pub async fn retirement_log(&self) -> Result<Vec<RetirementRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT run_id, path, event, bytes, at FROM source_retirements ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select retirements")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(1);
+                Ok(RetirementRow {
+                    run_id: r.get(0),
+                    bytes: to_u64(&path, "source_retirements.bytes", r.get(3))?,
+                    event: r.get(2),
+                    at: r.get(4),
+                    path,
+                })
+            })
+            .collect()
+    }
+
+    /// Source paths whose last retirement event is `retired`.
+    pub async fn retired_sources(&self) -> Result<std::collections::BTreeSet<String>> {
+        let mut out = std::collections::BTreeSet::new();
+        for r in self.retirement_log().await? {
+            if r.event == "retired" {
+                out.insert(r.path);
+            } else {
+                out.remove(&r.path);
+            }
+        }
+        Ok(out)
+    }
+}
