@@ -120,6 +120,7 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
             exclude: vec![],
         },
         options: FetchOptions::default(),
+        reacquire: false,
     };
     let outcome = pipeline
         .fetch(params, Arc::new(crate::report::LogLines::new()))

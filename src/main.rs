@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
+use ftpipe_stages::convert::ConvertOptions;
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::hub::Token;
 use ftpipe_stages::progress::Reporter;
@@ -62,6 +63,10 @@ enum Command {
     },
     /// Predict every output component's exact size before converting.
     Plan(PlanArgs),
+    /// Convert DIR/source into the artifact in DIR/artifact (resumable).
+    Convert(ConvertArgs),
+    /// resolve → plan → fetch → convert → verify, each a durable stage.
+    Run(RunArgs),
     /// Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only).
     Inspect {
         file: PathBuf,
@@ -133,6 +138,87 @@ struct FetchArgs {
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
+    /// Fetch again the sources `convert --retire-sources` deleted.
+    #[arg(long)]
+    reacquire: bool,
+}
+
+/// Conversion choices shared by `convert` and `run`.
+#[derive(Args)]
+struct ConvertTuning {
+    /// Delete each source shard once every component reading it is durable.
+    #[arg(long)]
+    retire_sources: bool,
+    /// Set a stale artifact aside (kept as evidence) and rebuild it.
+    #[arg(long)]
+    rebuild: bool,
+    /// Also keep tensors matching this glob BF16 and mark them protected
+    /// (repeatable; part of the converter identity).
+    #[arg(long, value_name = "GLOB")]
+    protect: Vec<String>,
+    /// RAM budget for placing expert layers (e.g. 64GiB; default 0: all file tier).
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    ram_budget: u64,
+    /// Part of the RAM budget kept free (e.g. 2GiB).
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    reserve: u64,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    #[arg(long)]
+    out: PathBuf,
+    /// Components converted in parallel.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+    #[command(flatten)]
+    tuning: ConvertTuning,
+    /// Skip the free-space check before starting.
+    #[arg(long)]
+    no_preflight: bool,
+    /// Periodic log lines instead of bars.
+    #[arg(long)]
+    quiet: bool,
+    /// Newline-delimited JSON events and a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    fetch: FetchArgs,
+    #[command(flatten)]
+    tuning: ConvertTuning,
+}
+
+/// Parses `123`, `64KiB`, `1.5GiB`, `2G` (powers of 1024) into bytes.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB, TiB)"
+            ));
+        }
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 64GiB)"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(bytes as u64)
 }
 
 #[derive(Args)]
@@ -175,9 +261,8 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
     }
 }
 
-/// Runs a fetch and returns whether everything verified.
-async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
-    let params = FetchParams {
+fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
+    Ok(FetchParams {
         endpoint: args.hub.endpoint.clone(),
         token: load_token(args.hub.token_file.as_deref())?,
         read_timeout: secs("--read-timeout", args.hub.read_timeout)?,
@@ -196,7 +281,25 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
             retry_base: Duration::from_millis(args.retry_base_ms),
             preflight: !args.no_preflight,
         },
-    };
+        reacquire: args.reacquire,
+    })
+}
+
+fn convert_options(t: &ConvertTuning, jobs: usize, preflight: bool) -> ConvertOptions {
+    ConvertOptions {
+        jobs: jobs.max(1),
+        retire_sources: t.retire_sources,
+        rebuild: t.rebuild,
+        protect: t.protect.clone(),
+        ram_budget: t.ram_budget,
+        reserve: t.reserve,
+        preflight,
+    }
+}
+
+/// Runs a fetch and returns whether everything verified.
+async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
+    let params = fetch_params(&args)?;
     let pipeline = Pipeline::open(&args.hub.out, "fetch").await?;
     let outcome = pipeline
         .fetch(params, reporter(args.json, args.quiet))
@@ -210,6 +313,74 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
         print!("{}", table::render(&outcome.audit));
     }
     Ok(outcome.audit.ok)
+}
+
+/// Converts DIR/source into DIR/artifact.
+async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
+    let opts = convert_options(&args.tuning, args.jobs, !args.no_preflight);
+    let pipeline = Pipeline::open(&args.out, "convert").await?;
+    let outcome = pipeline
+        .convert(&opts, reporter(args.json, args.quiet))
+        .await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": "summary", "outcome": outcome })
+        );
+    } else {
+        print!("{}", render_convert(&outcome));
+    }
+    Ok(true)
+}
+
+/// The whole chain; a finished run is a no-op that says so.
+async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
+    let params = fetch_params(&args.fetch)?;
+    let opts = convert_options(&args.tuning, args.fetch.jobs, !args.fetch.no_preflight);
+    let pipeline = Pipeline::open(&args.fetch.hub.out, "run").await?;
+    let outcome = pipeline
+        .run(params, opts, reporter(args.fetch.json, args.fetch.quiet))
+        .await?;
+    if args.fetch.json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": "summary", "outcome": outcome })
+        );
+    } else {
+        if let Some(c) = &outcome.convert {
+            print!("{}", render_convert(c));
+        }
+        println!("{}", outcome.summary);
+        println!("manifest sha256 {}", outcome.manifest_sha256);
+    }
+    Ok(true)
+}
+
+fn render_convert(o: &ftpipe_stages::convert::ConvertOutcome) -> String {
+    let mut out = String::new();
+    if let Some(p) = &o.set_aside {
+        out.push_str(&format!("stale artifact set aside as {}\n", p.display()));
+    }
+    out.push_str(&format!(
+        "components       {} ({} written, {} reused)\n\
+         bytes            {} (= predicted)\n\
+         fingerprint      {}\n\
+         manifest sha256  {}\n\
+         placement        {} resident / {} file-tier expert layers, read queue depth {}\n",
+        o.components,
+        o.written,
+        o.reused,
+        o.total_bytes,
+        o.fingerprint,
+        o.manifest_sha256,
+        o.placement.resident_layers.len(),
+        o.placement.file_tier_layers.len(),
+        o.placement.read_queue_depth
+    ));
+    if !o.retired.is_empty() {
+        out.push_str(&format!("retired sources  {}\n", o.retired.join(", ")));
+    }
+    out
 }
 
 /// Plans the conversion (remote: headers over HTTP Range at the pinned or
@@ -256,6 +427,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(a.ok)
         }
         Command::Plan(args) => run_plan(args).await,
+        Command::Convert(args) => run_convert(args).await,
+        Command::Run(args) => run_all(args).await,
         Command::Inspect { file, json } => {
             let i = ftpipe_stages::inspect::inspect(&file)?;
             if json {

@@ -107,6 +107,16 @@ impl Reporter for Bars {
                     .multi
                     .println(format!("retry {attempt} of {path} in {delay:.1?}: {error}"));
             }
+            ProgressEvent::ConvertPlanned {
+                total_bytes,
+                done_bytes,
+                ..
+            } => {
+                self.total.set_prefix("convert");
+                self.total.set_length(total_bytes);
+                self.total.set_position(done_bytes);
+            }
+            ProgressEvent::ComponentWritten { size, .. } => self.total.inc(size),
             ProgressEvent::Note { message } => {
                 let _ = self.multi.println(message);
             }
@@ -181,6 +191,24 @@ impl Reporter for LogLines {
             }
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),
             ProgressEvent::Note { message } => Some(message),
+            ProgressEvent::ConvertPlanned {
+                components,
+                total_bytes,
+                done_bytes,
+            } => {
+                s.total = total_bytes;
+                s.done = done_bytes;
+                Some(format!(
+                    "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
+                ))
+            }
+            ProgressEvent::ComponentWritten { path, kind, size } => {
+                s.done += size;
+                Some(format!(
+                    "{path}: {kind} written and durable ({size} bytes; {}/{})",
+                    s.done, s.total
+                ))
+            }
             ProgressEvent::FileStarted {
                 path, resumed_from, ..
             } if resumed_from > 0 => Some(format!("{path}: resuming at byte {resumed_from}")),

@@ -6,6 +6,7 @@
 //! `completed`/`failed` events appended through [`state::StageState::record`],
 //! the same function `status` replays, so what is shown is what is logged.
 
+mod convert;
 mod error;
 mod lock;
 mod plan;
@@ -24,8 +25,9 @@ use ftpipe_stages::audit::{AuditReport, audit};
 use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::progress::Reporter;
-use ftpipe_stages::resolve::{ResolveRequest, resolve};
+use ftpipe_stages::resolve::{ResolveRequest, Resolved, resolve};
 
+pub use convert::{RunOutcome, artifact_peak};
 pub use error::{PipelineError, Result};
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
@@ -44,6 +46,8 @@ pub struct Layout {
     pub lock: PathBuf,
     /// `DIR/source`.
     pub source: PathBuf,
+    /// `DIR/artifact`.
+    pub artifact: PathBuf,
 }
 
 impl Layout {
@@ -55,6 +59,7 @@ impl Layout {
             db: state_dir.join("state.db"),
             lock: state_dir.join("lock"),
             source: out.join("source"),
+            artifact: out.join("artifact"),
             state_dir,
         }
     }
@@ -73,6 +78,8 @@ pub struct FetchParams {
     pub read_timeout: Duration,
     /// Transfer tunables.
     pub options: FetchOptions,
+    /// Fetch sources retired by `convert --retire-sources` again.
+    pub reacquire: bool,
 }
 
 /// What a finished fetch reports.
@@ -183,29 +190,9 @@ impl Pipeline {
         reporter: Arc<dyn Reporter>,
     ) -> Result<FetchOutcome> {
         let client = HubClient::new(&params.endpoint, params.token.clone(), params.read_timeout)?;
-        let resolved = self
-            .stage("resolve", async {
-                Ok(resolve(&client, &self.store, &params.resolve, reporter.as_ref()).await?)
-            })
-            .await?;
-        let source = self.layout.source.clone();
+        let resolved = self.resolve_stage(&client, &params, &reporter).await?;
         let report = self
-            .stage("fetch", async {
-                let files = &resolved.selected;
-                let report =
-                    reconcile(&self.store, self.run, &source, files, reporter.as_ref()).await?;
-                let ctx = Arc::new(FetchCtx::new(
-                    client.clone(),
-                    self.store.clone(),
-                    self.run,
-                    resolved.pin.clone(),
-                    reporter.clone(),
-                    params.options.clone(),
-                    source.clone(),
-                ));
-                fetch(ctx, files).await?;
-                Ok(report)
-            })
+            .fetch_stage(&client, &params, &resolved, &reporter)
             .await?;
         let audit = audit(&self.store, &self.layout.source, false).await?;
         Ok(FetchOutcome {
@@ -214,6 +201,66 @@ impl Pipeline {
             reconcile: report,
             audit,
         })
+    }
+
+    async fn resolve_stage(
+        &self,
+        client: &HubClient,
+        params: &FetchParams,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<Resolved> {
+        self.stage("resolve", async {
+            Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
+        })
+        .await
+    }
+
+    /// Reconciles and downloads the selected files. Sources retired by
+    /// `convert --retire-sources` are left alone unless `reacquire` asks
+    /// for them back (logged first, so the retirement log stays truthful).
+    async fn fetch_stage(
+        &self,
+        client: &HubClient,
+        params: &FetchParams,
+        resolved: &Resolved,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<ReconcileReport> {
+        let source = self.layout.source.clone();
+        self.stage("fetch", async {
+            let mut retired = self.store.retired_sources().await?;
+            if params.reacquire {
+                for path in std::mem::take(&mut retired) {
+                    let bytes = resolved
+                        .selected
+                        .iter()
+                        .find(|f| f.path == path)
+                        .map_or(0, |f| f.size);
+                    self.store
+                        .log_retirement(self.run, &path, "reacquired", bytes)
+                        .await?;
+                }
+            }
+            let files: Vec<_> = resolved
+                .selected
+                .iter()
+                .filter(|f| !retired.contains(&f.path))
+                .cloned()
+                .collect();
+            let report =
+                reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
+            let ctx = Arc::new(FetchCtx::new(
+                client.clone(),
+                self.store.clone(),
+                self.run,
+                resolved.pin.clone(),
+                reporter.clone(),
+                params.options.clone(),
+                source.clone(),
+            ));
+            fetch(ctx, &files).await?;
+            Ok(report)
+        })
+        .await
     }
 }
 

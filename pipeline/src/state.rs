@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 /// Stages in their fixed order.
-pub const STAGES: &[&str] = &["resolve", "fetch"];
+pub const STAGES: &[&str] = &["resolve", "plan", "fetch", "convert", "verify"];
 
 /// An event on a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -41,6 +41,18 @@ pub enum ProgressEvent {
     FilePublished { path: String, size: u64 },
     /// A file failed for good.
     FileFailed { path: String, error: String },
+    /// Conversion is about to start: components, with reused bytes done.
+    ConvertPlanned {
+        components: usize,
+        total_bytes: u64,
+        done_bytes: u64,
+    },
+    /// A component is durable and has its receipt.
+    ComponentWritten {
+        path: String,
+        kind: String,
+        size: u64,
+    },
     /// A free-form note (e.g. the branch moved).
     Note { message: String },
 }

@@ -485,3 +485,49 @@ pub fn skip_unless_ci(why: &str) {
     assert!(std::env::var_os("CI").is_none(), "required in CI: {why}");
     eprintln!("SKIP: {why}");
 }
+
+/// `ftpipe run REPO --endpoint E --out OUT --quiet` plus fast retry settings
+/// and `extra` arguments.
+pub fn run_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = ftpipe();
+    cmd.args(["run", REPO, "--endpoint", endpoint, "--out"])
+        .arg(out)
+        .args(["--quiet", "--retry-base-ms", "20"])
+        .args(extra);
+    cmd
+}
+
+/// `ftpipe convert --out OUT --quiet` plus `extra` arguments.
+pub fn convert_cmd(out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = ftpipe();
+    cmd.args(["convert", "--quiet", "--out"])
+        .arg(out)
+        .args(extra);
+    cmd
+}
+
+/// Runs `cmd` and asserts it exits 0, returning its output.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let o = run(cmd);
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed ({:?}):\n{}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        stderr(&o)
+    );
+    o
+}
+
+/// Hex SHA-256 of `DIR/artifact/manifest.json`.
+pub fn manifest_sha(out: &Path) -> String {
+    use sha2::Digest;
+    let bytes = std::fs::read(out.join("artifact/manifest.json")).expect("manifest.json");
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// `DIR/artifact/manifest.json`, parsed.
+pub fn manifest_json(out: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(out.join("artifact/manifest.json")).expect("manifest.json");
+    serde_json::from_slice(&bytes).expect("manifest.json parses")
+}

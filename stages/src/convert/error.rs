@@ -98,4 +98,56 @@ pub enum ConvertError {
         #[source]
         source: ftpipe_formats::FormatError,
     },
+    /// A source file could not be read where the plan put a tensor.
+    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {message}")]
+    SourceRead {
+        file: String,
+        tensor: String,
+        offset: u64,
+        message: String,
+    },
+    /// A tensor to be quantized holds NaN or infinity.
+    #[error(
+        "{file}: tensor {tensor}: element {index} is {value}, a finite value is required to quantize it"
+    )]
+    NonFinite {
+        file: String,
+        tensor: String,
+        index: u64,
+        value: f32,
+    },
+    /// A component came out a different size than predicted.
+    #[error("component {component}: wrote {actual} bytes, the plan predicted {predicted}")]
+    SizeMismatch {
+        component: String,
+        predicted: u64,
+        actual: u64,
+    },
+    /// A Q3 segment was scheduled before its table's global scale existed.
+    #[error("component {component}: the global scale of PLE layer {layer} is not written yet")]
+    MissingGlobalScale { component: String, layer: u64 },
+    /// A component on disk does not match its receipt.
+    #[error("component {component}: SHA-256 {actual} on disk, its receipt says {expected}")]
+    ComponentDigest {
+        component: String,
+        expected: String,
+        actual: String,
+    },
+    /// A component must be (re)built but a source it reads was retired.
+    #[error(
+        "component {component} is missing or invalid and must be rebuilt, but its source {source_file} was retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
+    )]
+    SourceRetired {
+        component: String,
+        source_file: String,
+        run: i64,
+    },
+    /// Conversion needs verified sources.
+    #[error("{file} has no download receipt: fetch (and verify) the checkpoint before converting")]
+    NotFetched { file: String },
+    /// Existing output was made under another identity.
+    #[error(
+        "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
+    )]
+    StaleArtifact { dir: String, reasons: String },
 }

@@ -6,13 +6,17 @@
 //! locally, or over HTTP Range with only the first 8 + N bytes of each shard
 //! — before anything is written.
 
+pub mod engine;
 mod error;
 pub mod manifest;
 pub mod plan;
 pub mod profile;
 pub mod safetensors;
+pub mod skeleton;
+pub mod write;
 
+pub use engine::{ConvertOptions, ConvertOutcome, ConvertPaths, convert};
 pub use error::ConvertError;
-pub use plan::{Plan, PlannedSource, plan_local, plan_remote};
+pub use plan::{Plan, PlannedSource, plan_local, plan_local_with, plan_remote};
 pub use profile::{Component, ComponentContent, ComponentKind, Profile};
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

@@ -184,7 +184,14 @@ fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
 /// Plans from the sources under `source_root` (`DIR/source`), reading only
 /// config.json, the index and the 8 + N header bytes of each shard.
 pub fn plan_local(source_root: &Path) -> Result<Plan> {
-    let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
+    plan_local_with(source_root, &[])
+}
+
+/// [`plan_local`] with extra globs of tensors to keep BF16 and mark
+/// protected (`--protect`), added to `quantization_config.ignore`.
+pub fn plan_local_with(source_root: &Path, protect: &[String]) -> Result<Plan> {
+    let mut config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
+    add_protected(&mut config, protect)?;
     let index = parse_json(INDEX_FILE, &read_small(source_root, INDEX_FILE)?)?;
     let map = weight_map(&index)?;
     let mut headers = Vec::new();
@@ -203,6 +210,33 @@ pub fn plan_local(source_root: &Path) -> Result<Plan> {
         headers.push((header, len));
     }
     Ok(plan_from_parts(&config, &map, &headers)?)
+}
+
+/// Appends `protect` to the config's `quantization_config.ignore`.
+fn add_protected(config: &mut Value, protect: &[String]) -> Result<(), ConvertError> {
+    if protect.is_empty() {
+        return Ok(());
+    }
+    let bad = |problem: &str| ConvertError::BadConfig {
+        file: CONFIG_FILE.into(),
+        field: "quantization_config.ignore".into(),
+        problem: problem.into(),
+    };
+    let obj = config
+        .as_object_mut()
+        .ok_or_else(|| bad("cannot be set: config.json is not an object"))?;
+    let qc = obj
+        .entry("quantization_config")
+        .or_insert_with(|| Value::Object(Default::default()));
+    let qc = qc
+        .as_object_mut()
+        .ok_or_else(|| bad("cannot be set: quantization_config is not an object"))?;
+    let ignore = qc
+        .entry("ignore")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let list = ignore.as_array_mut().ok_or_else(|| bad("is not a list"))?;
+    list.extend(protect.iter().cloned().map(Value::String));
+    Ok(())
 }
 
 /// Reads a response body of exactly `expected` bytes (at most `limit` when

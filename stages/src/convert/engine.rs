@@ -1,0 +1,631 @@
+//! `convert`: the idempotent conversion stage.
+//!
+//! The unit of work is a component. Each is written to a temp file,
+//! fsynced, renamed, its directory fsynced, and only then its receipt
+//! (size, SHA-256, identity) is committed ([`super::write`]). A restart
+//! skips components whose receipt has the current identity and whose file
+//! has the receipt's size, deletes stale temp files (never hashed into
+//! anything) and redoes the rest. Global scales go first: a PLE segment is
+//! encoded under its table's scale, read back and checked against its
+//! receipt. The manifest is written last, atomically, from the receipts.
+//!
+//! Identity: a receipt made under another identity (converter variant or
+//! source digests), or a manifest from other sources or another converter,
+//! stops the run with the reasons; `--rebuild` renames the whole artifact
+//! aside as evidence and starts a fresh one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::task::block_in_place;
+
+use ftpipe_formats::Q3GlobalScale;
+use ftpipe_receipts::{ComponentReceipt, RunId, Store};
+
+use super::error::ConvertError;
+use super::manifest::{
+    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
+    TEMP_SUFFIX, sha256_hex,
+};
+use super::plan::{Plan, plan_local_with};
+use super::profile::{CONFIG_FILE, Component, ComponentKind, model_type};
+use super::skeleton::{Skeleton, files_read, source_identity};
+use super::write::{Sources, read_global_scale, write_component};
+use crate::error::{Result, StageError};
+use crate::fetch::sync_dir;
+use crate::progress::{ProgressEvent, Reporter};
+
+/// Skeleton file under the state directory.
+pub const SKELETON_FILE: &str = "convert.json";
+/// Plan file under the state directory (evidence for audits and bundles).
+pub const PLAN_FILE: &str = "plan.json";
+
+/// What the command line chose.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertOptions {
+    /// Components converted in parallel.
+    pub jobs: usize,
+    /// Delete each source shard once every component reading it has a receipt.
+    pub retire_sources: bool,
+    /// Set a stale artifact aside and rebuild instead of refusing.
+    pub rebuild: bool,
+    /// Extra globs of tensors kept BF16 and marked protected.
+    pub protect: Vec<String>,
+    /// RAM budget for placement (bytes).
+    pub ram_budget: u64,
+    /// Bytes of the budget kept free.
+    pub reserve: u64,
+    /// Check free space before writing.
+    pub preflight: bool,
+}
+
+/// Where conversion reads and writes.
+#[derive(Debug, Clone)]
+pub struct ConvertPaths {
+    /// `DIR`.
+    pub out: PathBuf,
+    /// `DIR/source`.
+    pub source: PathBuf,
+    /// `DIR/artifact`.
+    pub artifact: PathBuf,
+    /// `DIR/.ftpipe`.
+    pub state_dir: PathBuf,
+}
+
+/// What a finished conversion reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ConvertOutcome {
+    /// SHA-256 of manifest.json.
+    pub manifest_sha256: String,
+    /// Artifact fingerprint.
+    pub fingerprint: String,
+    /// Components in the artifact.
+    pub components: usize,
+    /// Components written by this run.
+    pub written: usize,
+    /// Components reused from earlier runs.
+    pub reused: usize,
+    /// Σ component sizes (= Σ predicted).
+    pub total_bytes: u64,
+    /// Source files retired by this run.
+    pub retired: Vec<String>,
+    /// Where a stale artifact was set aside.
+    pub set_aside: Option<PathBuf>,
+    /// The placement written.
+    pub placement: Placement,
+}
+
+/// Writes `bytes` to `dir/name` atomically: temp → fsync → rename → fsync dir.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(name);
+    if std::fs::read(&path).is_ok_and(|old| old == bytes) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(|e| StageError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
+    sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))
+}
+
+fn read_config(source: &Path) -> Result<Value> {
+    let path = source.join(CONFIG_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => StageError::from(ConvertError::MissingFile {
+            file: CONFIG_FILE.into(),
+        }),
+        _ => StageError::io("read", &path, e),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ConvertError::MalformedJson {
+            file: CONFIG_FILE.into(),
+            message: e.to_string(),
+        }
+        .into()
+    })
+}
+
+/// Removes leftover component temp files under `dir`; returns them.
+fn remove_temp_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(StageError::io("list", &d, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| StageError::io("list", &d, e))?;
+            let path = entry.path();
+            let ft = entry
+                .file_type()
+                .map_err(|e| StageError::io("stat", &path, e))?;
+            if ft.is_dir() {
+                stack.push(path);
+            } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
+                std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
+                removed.push(path);
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Why existing output may not be reused under `skel`.
+fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if let Ok(bytes) = std::fs::read(artifact.join(MANIFEST_FILE))
+        && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
+    {
+        let now = &skel.manifest;
+        if m.source != now.source {
+            reasons.push(format!(
+                "manifest.json was made from {}@{} (this run converts {}@{}{})",
+                m.source.repo,
+                m.source.commit,
+                now.source.repo,
+                now.source.commit,
+                if m.source.commit == now.source.commit {
+                    ", other file digests"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if m.converter != now.converter {
+            reasons.push(format!(
+                "manifest.json was made by converter {} (this run is {})",
+                serde_json::to_string(&m.converter).unwrap_or_default(),
+                serde_json::to_string(&now.converter).unwrap_or_default()
+            ));
+        }
+    }
+    let stale: Vec<&str> = receipts
+        .iter()
+        .filter(|r| skel.identities.get(&r.path) != Some(&r.identity))
+        .map(|r| r.path.as_str())
+        .collect();
+    if let Some(first) = stale.first() {
+        reasons.push(format!(
+            "{} component(s) (first: {first}) were made under another identity",
+            stale.len()
+        ));
+    }
+    reasons
+}
+
+/// Renames the artifact aside (`DIR/artifact.stale-run{N}`) and drops its receipts.
+async fn set_aside(store: &Store, run: RunId, paths: &ConvertPaths, why: &str) -> Result<PathBuf> {
+    let mut dest = paths.out.join(format!("artifact.stale-run{run}"));
+    let mut n = 1;
+    while dest.exists() {
+        dest = paths.out.join(format!("artifact.stale-run{run}.{n}"));
+        n += 1;
+    }
+    if paths.artifact.exists() {
+        std::fs::rename(&paths.artifact, &dest)
+            .map_err(|e| StageError::io("rename", &paths.artifact, e))?;
+        sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
+    }
+    store
+        .set_aside_artifact(run, &format!("{} ({why})", dest.display()))
+        .await?;
+    Ok(dest)
+}
+
+/// Components whose receipt has the current identity and whose file has the
+/// receipt's size.
+fn valid_receipts(
+    skel: &Skeleton,
+    receipts: Vec<ComponentReceipt>,
+    artifact: &Path,
+) -> BTreeMap<String, ComponentReceipt> {
+    receipts
+        .into_iter()
+        .filter(|r| {
+            skel.identities.get(&r.path) == Some(&r.identity)
+                && std::fs::metadata(artifact.join(&r.path)).is_ok_and(|m| m.len() == r.size)
+        })
+        .map(|r| (r.path.clone(), r))
+        .collect()
+}
+
+struct Prepared {
+    skel: Skeleton,
+    plan: Option<Plan>,
+}
+
+/// The skeleton of this conversion: planned from the sources, or loaded
+/// when shards were retired (and then checked against the receipts).
+async fn prepare(
+    store: &Store,
+    paths: &ConvertPaths,
+    opts: &ConvertOptions,
+    retired: &BTreeSet<String>,
+) -> Result<Prepared> {
+    let pin = store.pin().await?.ok_or_else(|| ConvertError::NotFetched {
+        file: CONFIG_FILE.into(),
+    })?;
+    let receipts: BTreeMap<_, _> = store
+        .receipts()
+        .await?
+        .into_iter()
+        .map(|r| (r.path.clone(), r))
+        .collect();
+    let config = read_config(&paths.source)?;
+    let top_k = config
+        .get("num_experts_per_tok")
+        .and_then(Value::as_u64)
+        .unwrap_or(8);
+    let converter = ConverterIdentity::current(
+        super::profile::Profile::from_config(&config)?.name(),
+        ConvertOptionsId {
+            protect: opts.protect.clone(),
+        },
+    );
+    let _ = model_type(&config)?;
+    if retired.is_empty() {
+        let plan = block_in_place(|| plan_local_with(&paths.source, &opts.protect))?;
+        let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
+        let skel = Skeleton::build(&plan, source, converter, top_k)?;
+        return Ok(Prepared {
+            skel,
+            plan: Some(plan),
+        });
+    }
+    let path = paths.state_dir.join(SKELETON_FILE);
+    let saved: Skeleton = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| ConvertError::StaleArtifact {
+            dir: paths.artifact.display().to_string(),
+            reasons: format!(
+                "sources were retired and {} is missing or unreadable",
+                path.display()
+            ),
+        })?;
+    let files: Vec<String> = saved
+        .manifest
+        .source
+        .files
+        .iter()
+        .map(|f| f.path.clone())
+        .collect();
+    let source = source_identity(&pin.repo, &pin.commit, &files, &receipts)?;
+    if source != saved.manifest.source || converter != saved.manifest.converter {
+        return Err(ConvertError::StaleArtifact {
+            dir: paths.artifact.display().to_string(),
+            reasons: "the sources or converter options changed after sources were retired; \
+                      re-acquire the sources with `ftpipe fetch --reacquire`"
+                .into(),
+        }
+        .into());
+    }
+    Ok(Prepared {
+        skel: saved,
+        plan: None,
+    })
+}
+
+/// Converts the sources under `paths.source` into `paths.artifact`.
+pub async fn convert(
+    store: &Arc<Store>,
+    run: RunId,
+    paths: &ConvertPaths,
+    opts: &ConvertOptions,
+    reporter: &dyn Reporter,
+) -> Result<ConvertOutcome> {
+    let retired = store.retired_sources().await?;
+    let Prepared { skel, plan } = prepare(store, paths, opts, &retired).await?;
+    let reasons = stale_reasons(&skel, &store.components().await?, &paths.artifact);
+    let mut set_aside_to = None;
+    if !reasons.is_empty() {
+        if !opts.rebuild {
+            return Err(ConvertError::StaleArtifact {
+                dir: paths.artifact.display().to_string(),
+                reasons: reasons.join("; "),
+            }
+            .into());
+        }
+        let dest = set_aside(store, run, paths, &reasons.join("; ")).await?;
+        reporter.report(ProgressEvent::Note {
+            message: format!("stale artifact set aside as {}", dest.display()),
+        });
+        set_aside_to = Some(dest);
+    }
+    std::fs::create_dir_all(&paths.artifact)
+        .map_err(|e| StageError::io("create", &paths.artifact, e))?;
+    sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
+    write_atomic(
+        &paths.state_dir,
+        SKELETON_FILE,
+        &serde_json::to_vec(&skel).unwrap_or_default(),
+    )?;
+    if let Some(p) = &plan {
+        write_atomic(
+            &paths.state_dir,
+            PLAN_FILE,
+            &serde_json::to_vec_pretty(p).unwrap_or_default(),
+        )?;
+    }
+    for t in remove_temp_files(&paths.artifact)? {
+        tracing::info!("removed stale temp file {}", t.display());
+    }
+    let mut done = valid_receipts(&skel, store.components().await?, &paths.artifact);
+    let todo: Vec<&str> = skel
+        .manifest
+        .components
+        .iter()
+        .map(|c| c.path.as_str())
+        .filter(|p| !done.contains_key(*p))
+        .collect();
+    let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
+    let todo_bytes: u64 = skel
+        .manifest
+        .components
+        .iter()
+        .filter(|c| !done.contains_key(&c.path))
+        .map(|c| c.size)
+        .sum();
+    reporter.report(ProgressEvent::ConvertPlanned {
+        components: skel.manifest.components.len(),
+        total_bytes: total,
+        done_bytes: total - todo_bytes,
+    });
+    let mut written = 0;
+    if !todo.is_empty() {
+        let Some(plan) = plan else {
+            return Err(retired_error(store, &skel, &todo, &retired).await?.into());
+        };
+        if opts.preflight {
+            let available = fs4::available_space(&paths.artifact)
+                .map_err(|e| StageError::io("statvfs", &paths.artifact, e))?;
+            if todo_bytes > available {
+                return Err(StageError::InsufficientSpace {
+                    volume: paths.artifact.clone(),
+                    available,
+                    needed: todo_bytes,
+                });
+            }
+        }
+        let todo: BTreeSet<&str> = todo.into_iter().collect();
+        let pending: Vec<Component> = plan
+            .components
+            .iter()
+            .filter(|c| todo.contains(c.name.as_str()))
+            .cloned()
+            .collect();
+        let (scales, rest): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .partition(|c| c.kind == ComponentKind::Q3GlobalScale);
+        let ctx = Batch {
+            store,
+            run,
+            skel: &skel,
+            paths,
+            opts,
+            reporter,
+            sources: Arc::new(Sources::new(&paths.source)),
+        };
+        written += ctx.write_all(scales, &mut done, BTreeMap::new()).await?;
+        let mut g = BTreeMap::new();
+        for c in &plan.components {
+            if let super::profile::ComponentContent::Q3GlobalScale { layer, .. } = c.content
+                && let Some(r) = done.get(&c.name)
+            {
+                g.insert(
+                    layer,
+                    block_in_place(|| read_global_scale(&paths.artifact, &c.name, &r.sha256))?,
+                );
+            }
+        }
+        written += ctx.write_all(rest, &mut done, g).await?;
+    }
+    let digests = done
+        .iter()
+        .map(|(p, r)| (p.clone(), r.sha256.clone()))
+        .collect();
+    let manifest = skel
+        .finish(&digests)
+        .ok_or_else(|| StageError::InvalidInput {
+            what: "manifest",
+            message: "a component has no receipt after conversion".into(),
+        })?;
+    let bytes = manifest.to_bytes();
+    let manifest_sha256 = sha256_hex(&bytes);
+    write_atomic(&paths.artifact, MANIFEST_FILE, &bytes)?;
+    let last = store
+        .artifact_log()
+        .await?
+        .into_iter()
+        .rfind(|a| a.event == "manifest");
+    if last.and_then(|a| a.manifest_sha256).as_deref() != Some(manifest_sha256.as_str()) {
+        store
+            .record_manifest(run, &manifest_sha256, &manifest.fingerprint)
+            .await?;
+    }
+    let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, skel.top_k);
+    let mut pbytes = serde_json::to_vec_pretty(&placement).unwrap_or_default();
+    pbytes.push(b'\n');
+    write_atomic(&paths.artifact, PLACEMENT_FILE, &pbytes)?;
+    let retired_now = if opts.retire_sources {
+        retire_eligible(store, run, &skel, &done, &paths.source).await?
+    } else {
+        Vec::new()
+    };
+    Ok(ConvertOutcome {
+        manifest_sha256,
+        fingerprint: manifest.fingerprint,
+        components: manifest.components.len(),
+        written,
+        reused: manifest.components.len() - written,
+        total_bytes: total,
+        retired: retired_now,
+        set_aside: set_aside_to,
+        placement,
+    })
+}
+
+async fn retired_error(
+    store: &Store,
+    skel: &Skeleton,
+    todo: &[&str],
+    retired: &BTreeSet<String>,
+) -> Result<ConvertError> {
+    let log = store.retirement_log().await?;
+    let component = todo.first().copied().unwrap_or_default();
+    let reads = skel.readers.get(component).cloned().unwrap_or_default();
+    let source_file = reads
+        .iter()
+        .find(|f| retired.contains(*f))
+        .or_else(|| retired.iter().next())
+        .cloned()
+        .unwrap_or_default();
+    let run = log
+        .iter()
+        .rfind(|r| r.path == source_file && r.event == "retired")
+        .map_or(0, |r| r.run_id);
+    Ok(ConvertError::SourceRetired {
+        component: component.to_owned(),
+        source_file,
+        run,
+    })
+}
+
+/// Retires every weight shard all of whose readers have receipts. The
+/// retirement is logged first, then the file is unlinked and its directory
+/// fsynced: a crash in between leaves a logged retirement of a file still
+/// present, which is harmless (it is counted as retained and retired again).
+async fn retire_eligible(
+    store: &Store,
+    run: RunId,
+    skel: &Skeleton,
+    done: &BTreeMap<String, ComponentReceipt>,
+    source_root: &Path,
+) -> Result<Vec<String>> {
+    let mut readers: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (c, files) in &skel.readers {
+        for f in files {
+            readers.entry(f.as_str()).or_default().push(c.as_str());
+        }
+    }
+    let retired = store.retired_sources().await?;
+    let mut out = Vec::new();
+    for (file, comps) in readers {
+        if !file.ends_with(".safetensors")
+            || retired.contains(file)
+            || !comps.iter().all(|c| done.contains_key(*c))
+        {
+            continue;
+        }
+        let path = crate::paths::safe_join(source_root, file)?;
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        store
+            .log_retirement(run, file, "retired", meta.len())
+            .await?;
+        std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
+        let dir = path.parent().unwrap_or(source_root);
+        sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
+        out.push(file.to_owned());
+    }
+    Ok(out)
+}
+
+/// One batch of components written in parallel.
+struct Batch<'a> {
+    store: &'a Arc<Store>,
+    run: RunId,
+    skel: &'a Skeleton,
+    paths: &'a ConvertPaths,
+    opts: &'a ConvertOptions,
+    reporter: &'a dyn Reporter,
+    sources: Arc<Sources>,
+}
+
+impl Batch<'_> {
+    /// Writes `components` up to `jobs` at a time, committing each receipt
+    /// as soon as its file is durable. After the first failure no new
+    /// component starts; those in flight finish (and get receipts).
+    async fn write_all(
+        &self,
+        components: Vec<Component>,
+        done: &mut BTreeMap<String, ComponentReceipt>,
+        scales: BTreeMap<u64, Q3GlobalScale>,
+    ) -> Result<usize> {
+        let failed = Arc::new(AtomicBool::new(false));
+        let scales = Arc::new(scales);
+        let mut results = futures_util::stream::iter(components)
+            .map(|c| {
+                let (sources, scales, failed) =
+                    (self.sources.clone(), scales.clone(), failed.clone());
+                let artifact = self.paths.artifact.clone();
+                tokio::task::spawn_blocking(move || {
+                    if failed.load(Ordering::SeqCst) {
+                        return (c, None);
+                    }
+                    let r = write_component(&sources, &artifact, &c, &scales);
+                    if r.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    (c, Some(r))
+                })
+            })
+            .buffer_unordered(self.opts.jobs.max(1));
+        let mut first_err = None;
+        let mut written = 0;
+        while let Some(joined) = results.next().await {
+            let (c, r) = joined.map_err(|e| StageError::InvalidInput {
+                what: "conversion task",
+                message: e.to_string(),
+            })?;
+            match r {
+                None => {}
+                Some(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Some(Ok(w)) => {
+                    let receipt = ComponentReceipt {
+                        path: c.name.clone(),
+                        kind: c.kind.as_str().to_owned(),
+                        predicted_bytes: c.predicted_bytes,
+                        size: w.size,
+                        sha256: w.sha256,
+                        identity: self
+                            .skel
+                            .identities
+                            .get(&c.name)
+                            .cloned()
+                            .unwrap_or_default(),
+                        run_id: self.run,
+                    };
+                    self.store.put_component(self.run, &receipt).await?;
+                    self.reporter.report(ProgressEvent::ComponentWritten {
+                        path: c.name.clone(),
+                        kind: c.kind.as_str().to_owned(),
+                        size: w.size,
+                    });
+                    done.insert(c.name.clone(), receipt);
+                    written += 1;
+                    if self.opts.retire_sources {
+                        retire_eligible(self.store, self.run, self.skel, done, &self.paths.source)
+                            .await?;
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(written),
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The conversion skeleton: everything the manifest will say except the
+//! component digests, plus each component's identity and the sources it
+//! reads. Built from a plan while the sources are present and saved to
+//! `DIR/.ftpipe/convert.json` before the first component is written, so a
+//! run after `--retire-sources` can finish (or prove nothing is left to do)
+//! without the shards it deleted.
+//!
+//! A component's identity is the SHA-256 of the canonical JSON of the
+//! converter identity, the component (name, kind, size, layout and the
+//! exact source spans) and the digests of the source files it reads. A
+//! receipt is reused only under the identity it was made with.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use ftpipe_formats::ExpertLayout;
+use ftpipe_receipts::Receipt;
+
+use super::error::ConvertError;
+use super::manifest::{
+    ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
+    ManifestComponent, SourceFileId, SourceIdentity, canonical_sha256,
+};
+use super::plan::{INDEX_FILE, Plan};
+use super::profile::{CONFIG_FILE, Component, ComponentContent, TensorSource};
+
+/// What `DIR/.ftpipe/convert.json` holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skeleton {
+    /// The manifest with empty digests and fingerprint.
+    pub manifest: Manifest,
+    /// Component path → identity.
+    pub identities: BTreeMap<String, String>,
+    /// Component path → source files it reads.
+    pub readers: BTreeMap<String, Vec<String>>,
+    /// `num_experts_per_tok`, for placement.
+    pub top_k: u64,
+}
+
+#[derive(Serialize)]
+struct IdentityInput<'a> {
+    converter: &'a ConverterIdentity,
+    component: &'a Component,
+    content: &'a ComponentContent,
+    sources: Vec<&'a SourceFileId>,
+}
+
+/// The source identity of the files a plan reads, from their receipts.
+pub fn source_identity(
+    repo: &str,
+    commit: &str,
+    files: &[String],
+    receipts: &BTreeMap<String, Receipt>,
+) -> Result<SourceIdentity, ConvertError> {
+    let mut out = Vec::with_capacity(files.len());
+    for f in files {
+        let r = receipts
+            .get(f)
+            .ok_or_else(|| ConvertError::NotFetched { file: f.clone() })?;
+        out.push(SourceFileId {
+            path: f.clone(),
+            size: r.size,
+            digest_kind: r.digest_kind.clone(),
+            digest: r.digest.clone(),
+        });
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(SourceIdentity {
+        repo: repo.to_owned(),
+        commit: commit.to_owned(),
+        files: out,
+    })
+}
+
+/// Files a conversion reads: config, index and every shard of the plan.
+pub fn files_read(plan: &Plan) -> Vec<String> {
+    let mut v = vec![CONFIG_FILE.to_owned(), INDEX_FILE.to_owned()];
+    v.extend(plan.sources.iter().map(|s| s.file.clone()));
+    v
+}
+
+fn source_names(src: &TensorSource) -> Vec<String> {
+    match src {
+        TensorSource::Span(s) => vec![s.tensor.clone()],
+        TensorSource::Native(p) => p.iter().map(|s| s.tensor.clone()).collect(),
+    }
+}
+
+fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
+    Ok(match &c.content {
+        ComponentContent::Ftw { tensors } => ComponentLayout::Ftw {
+            tensors: tensors.len() as u64,
+        },
+        ComponentContent::Experts {
+            layer,
+            fields,
+            records,
+        } => {
+            let l = ExpertLayout::plan(
+                u32::try_from(*layer).unwrap_or(u32::MAX),
+                u32::try_from(records.len()).unwrap_or(u32::MAX),
+                fields.clone(),
+            )
+            .map_err(|source| ConvertError::Format {
+                component: c.name.clone(),
+                source,
+            })?;
+            ComponentLayout::Ftexpert {
+                layer: *layer,
+                experts: records.len() as u64,
+                record_size: l.record_size(),
+                fields: fields.clone(),
+            }
+        }
+        ComponentContent::Q3Segment {
+            layer,
+            index,
+            rows,
+            width,
+            ..
+        } => ComponentLayout::Q3Segment {
+            layer: *layer,
+            index: *index,
+            rows: *rows,
+            width: *width,
+        },
+        ComponentContent::Q3GlobalScale { layer, segments } => ComponentLayout::Q3GlobalScale {
+            layer: *layer,
+            segments: segments.len() as u64,
+        },
+    })
+}
+
+fn inventory(c: &Component) -> Vec<InventoryTensor> {
+    let item = |key: String, sources: Vec<String>| InventoryTensor {
+        component: c.name.clone(),
+        key,
+        sources,
+    };
+    match &c.content {
+        ComponentContent::Ftw { tensors } => tensors
+            .iter()
+            .map(|t| item(t.desc.key.clone(), source_names(&t.source)))
+            .collect(),
+        ComponentContent::Experts {
+            fields, records, ..
+        } => records
+            .iter()
+            .enumerate()
+            .flat_map(|(e, rec)| {
+                fields
+                    .iter()
+                    .zip(rec)
+                    .map(move |(f, s)| item(format!("{e}.{}", f.key), source_names(s)))
+            })
+            .collect(),
+        ComponentContent::Q3Segment { source, .. } => {
+            vec![item("rows".into(), vec![source.tensor.clone()])]
+        }
+        ComponentContent::Q3GlobalScale { segments, .. } => vec![item(
+            "scale".into(),
+            segments.iter().map(|s| s.tensor.clone()).collect(),
+        )],
+    }
+}
+
+impl Skeleton {
+    /// Builds the skeleton of `plan` under `converter` from `source`.
+    pub fn build(
+        plan: &Plan,
+        source: SourceIdentity,
+        converter: ConverterIdentity,
+        top_k: u64,
+    ) -> Result<Skeleton, ConvertError> {
+        let by_path: BTreeMap<&str, &SourceFileId> =
+            source.files.iter().map(|f| (f.path.as_str(), f)).collect();
+        let mut components = Vec::with_capacity(plan.components.len());
+        let mut identities = BTreeMap::new();
+        let mut readers = BTreeMap::new();
+        let mut tensors = Vec::new();
+        let mut ftw_tensors = Vec::new();
+        for c in &plan.components {
+            if let ComponentContent::Ftw { tensors: t } = &c.content {
+                ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
+            }
+            let sources = c
+                .source_files
+                .iter()
+                .filter_map(|f| by_path.get(f.as_str()).copied())
+                .collect();
+            let id = canonical_sha256(&IdentityInput {
+                converter: &converter,
+                component: c,
+                content: &c.content,
+                sources,
+            });
+            identities.insert(c.name.clone(), id);
+            readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
+            tensors.extend(inventory(c));
+            components.push(ManifestComponent {
+                path: c.name.clone(),
+                size: c.predicted_bytes,
+                predicted_bytes: c.predicted_bytes,
+                sha256: String::new(),
+                layout: layout_of(c)?,
+            });
+        }
+        Ok(Skeleton {
+            manifest: Manifest {
+                schema: MANIFEST_SCHEMA.to_owned(),
+                fingerprint: String::new(),
+                source,
+                converter,
+                components,
+                ftw_tensors,
+                tensors,
+            },
+            identities,
+            readers,
+            top_k,
+        })
+    }
+
+    /// The finished manifest given every component's digest.
+    pub fn finish(&self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
+        let mut m = self.manifest.clone();
+        for c in &mut m.components {
+            c.sha256 = digests.get(&c.path)?.clone();
+        }
+        m.fingerprint = m.compute_fingerprint();
+        Some(m)
+    }
+}
