@@ -62,7 +62,7 @@ use common::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ftpipe_fixtures::checkpoint::SplitMix64;
 
@@ -76,19 +76,6 @@ const ARGS: &[&str] = &[
     "--checkpoint-secs",
     "0.05",
 ];
-
-fn crash_seed() -> u64 {
-    match std::env::var("FTPIPE_CRASH_SEED") {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .expect("FTPIPE_CRASH_SEED must be an unsigned integer"),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1),
-    }
-}
 
 /// What one post-kill inspection saw.
 #[derive(Default)]

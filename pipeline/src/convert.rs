@@ -131,7 +131,20 @@ impl Pipeline {
             let files = self.store.files().await?;
             let selected: Vec<_> = files.iter().filter(|f| f.selected).cloned().collect();
             let sources_needed = bytes_still_needed(&self.store, &selected).await?;
-            let plan = if sources_needed == 0 {
+            let retired = self.store.retired_sources().await?;
+            if !retired.is_empty() && !params.reacquire {
+                // Nothing will be fetched; convert works from its skeleton
+                // and says what to re-acquire if a component is missing.
+                return Ok(());
+            }
+            // Re-acquired shards are downloaded again in full.
+            let sources_needed = sources_needed
+                + selected
+                    .iter()
+                    .filter(|f| retired.contains(&f.path))
+                    .map(|f| f.size)
+                    .sum::<u64>();
+            let plan = if sources_needed == 0 && retired.is_empty() {
                 block_in_place(|| plan_local_with(&self.layout.source, &opts.protect))?
             } else {
                 plan_remote(client, &pin.repo, &pin.commit, &files).await?

@@ -194,7 +194,13 @@ impl Pipeline {
         let report = self
             .fetch_stage(&client, &params, &resolved, &reporter)
             .await?;
-        let audit = audit(&self.store, &self.layout.source, false).await?;
+        let audit = audit(
+            &self.store,
+            &self.layout.source,
+            &self.layout.artifact,
+            false,
+        )
+        .await?;
         Ok(FetchOutcome {
             pin: resolved.pin,
             branch_moved_to: resolved.branch_moved_to,
@@ -335,5 +341,5 @@ pub async fn status(out: &Path) -> Result<StatusReport> {
 /// Audit of `out` (read-only).
 pub async fn audit_dir(out: &Path, deep: bool) -> Result<AuditReport> {
     let (layout, store) = open_existing(out).await?;
-    Ok(audit(&store, &layout.source, deep).await?)
+    Ok(audit(&store, &layout.source, &layout.artifact, deep).await?)
 }

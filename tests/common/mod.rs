@@ -521,8 +521,13 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 
 /// Hex SHA-256 of `DIR/artifact/manifest.json`.
 pub fn manifest_sha(out: &Path) -> String {
+    manifest_sha_in(&out.join("artifact"))
+}
+
+/// Hex SHA-256 of `manifest.json` in an artifact directory.
+pub fn manifest_sha_in(artifact: &Path) -> String {
     use sha2::Digest;
-    let bytes = std::fs::read(out.join("artifact/manifest.json")).expect("manifest.json");
+    let bytes = std::fs::read(artifact.join("manifest.json")).expect("manifest.json");
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
@@ -530,4 +535,19 @@ pub fn manifest_sha(out: &Path) -> String {
 pub fn manifest_json(out: &Path) -> serde_json::Value {
     let bytes = std::fs::read(out.join("artifact/manifest.json")).expect("manifest.json");
     serde_json::from_slice(&bytes).expect("manifest.json parses")
+}
+
+/// The crash-test seed: `FTPIPE_CRASH_SEED`, else the clock.
+pub fn crash_seed() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    match std::env::var("FTPIPE_CRASH_SEED") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .expect("FTPIPE_CRASH_SEED must be an unsigned integer"),
+        Err(_) => SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1),
+    }
 }

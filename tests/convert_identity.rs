@@ -1,0 +1,155 @@
+//! No silent reuse: an artifact made by another converter variant or from
+//! other sources is refused with the reasons, and `--rebuild` rebuilds it
+//! while keeping the old one aside as evidence. Placement never changes the
+//! fingerprint. `--retire-sources` deletes shards only once everything
+//! reading them is durable, and a component lost after that gives a clear
+//! "re-acquire" error, fixed by `fetch --reacquire`.
+
+mod common;
+use std::path::Path;
+
+use common::*;
+use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+use ftpipe_fixtures::{HubBuilder, RunningHub, checkpoint};
+
+const PROTECT: &str = "model.layers.1.mlp.experts.*";
+
+fn hub(seed: u64) -> RunningHub {
+    RunningHub::start(HubBuilder::new().repo(REPO, generate_qwen4_repo(seed, QwenShape::default())))
+        .unwrap()
+}
+
+fn shards(out: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(out.join("source"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn another_converter_variant_is_refused_then_rebuilt_with_the_old_artifact_kept() {
+    let hub = hub(31);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    let old_sha = manifest_sha(&out);
+    let old_fp = manifest_json(&out)["fingerprint"].clone();
+
+    let o = run(&mut run_cmd(&hub.endpoint(), &out, &["--protect", PROTECT]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("different converter variant"), "{err}");
+    assert!(err.contains("converter") && err.contains(PROTECT), "{err}");
+    assert!(err.contains("--rebuild"), "{err}");
+    assert_eq!(
+        manifest_sha(&out),
+        old_sha,
+        "a refused run touched the artifact"
+    );
+
+    let o = run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--protect", PROTECT, "--rebuild"],
+    ));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("set aside"), "{text}");
+    let aside: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("artifact.stale-run")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(manifest_sha_in(&aside[0]), old_sha);
+    let new = manifest_json(&out);
+    assert_ne!(new["fingerprint"], old_fp);
+    assert_eq!(new["converter"]["options"]["protect"][0], PROTECT);
+    let log = query(&out, "SELECT event FROM artifacts ORDER BY id");
+    assert_eq!(log, ["manifest", "set_aside", "manifest"], "{log:?}");
+    // The rebuilt variant is now the current one: a rerun with it is a no-op.
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--protect", PROTECT]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
+}
+
+#[test]
+fn other_sources_are_refused_after_a_repin() {
+    let hub = hub(32);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    let old_commit = manifest_json(&out)["source"]["commit"].clone();
+    // The hub gets a new commit whose first shard has other weights.
+    let other = generate_qwen4_repo(99, QwenShape::default());
+    let shard = other
+        .iter()
+        .find(|f| f.path.ends_with(".safetensors"))
+        .unwrap();
+    let bytes = checkpoint::content_bytes(shard).unwrap();
+    hub.update_file(REPO, &shard.path, bytes).unwrap();
+
+    let o = run(&mut run_cmd(&hub.endpoint(), &out, &["--repin"]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "made from {REPO}@{}",
+            old_commit.as_str().unwrap()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--rebuild"), "{err}");
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--rebuild"]));
+    assert_ne!(manifest_json(&out)["source"]["commit"], old_commit);
+    assert_clean_audit(&out);
+}
+
+#[test]
+fn retired_sources_then_a_lost_component_asks_to_reacquire() {
+    let hub = hub(33);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let before = {
+        let o = tmp.path().join("reference");
+        run_ok(&mut run_cmd(&hub.endpoint(), &o, &[]));
+        manifest_sha(&o)
+    };
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--retire-sources"]));
+    assert_eq!(
+        manifest_sha(&out),
+        before,
+        "retirement changed the artifact"
+    );
+    assert!(shards(&out).is_empty(), "shards left: {:?}", shards(&out));
+    assert!(out.join("source/config.json").is_file());
+    let retired = query(
+        &out,
+        "SELECT path FROM source_retirements WHERE event = 'retired'",
+    );
+    assert!(retired.len() >= 2, "{retired:?}");
+    assert_clean_audit(&out);
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--retire-sources"]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
+
+    std::fs::remove_file(out.join("artifact/experts/layer_001.ftexpert")).unwrap();
+    let o = run(&mut convert_cmd(&out, &[]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("experts/layer_001.ftexpert") && err.contains("re-acquire"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--reacquire"]));
+    assert_eq!(manifest_sha(&out), before);
+    assert!(!shards(&out).is_empty());
+    assert_clean_audit(&out);
+}
