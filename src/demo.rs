@@ -1,115 +1,338 @@
-//! `ftpipe demo`: the whole acquisition story on one machine, no network.
+//! `ftpipe demo`: the whole job on one machine, no network.
 //!
-//! It serves a generated checkpoint from the fixture hub on loopback, starts
-//! `ftpipe fetch` as a child process, kills it with SIGKILL in the middle of
-//! a large file (held mid-body by a stall the hub injects, so the kill always
-//! lands mid-transfer), then resumes in this process and prints the audit
-//! table. Everything it shows was measured in this run.
+//! It serves a generated qwen4_exp-shaped checkpoint (NVFP4, per-expert and
+//! fused BF16 experts, a PLE table split over several shards; about 300 MB)
+//! from the fixture hub on loopback and runs `ftpipe run` on it as a child
+//! process, crashing it twice with SIGKILL:
+//!
+//! 1. during the download, while the hub holds the largest shard mid-body
+//!    (an injected stall, so the kill always lands inside that transfer) and
+//!    every other file is already published;
+//! 2. during the conversion, as soon as the child reports its first weights
+//!    component written and durable (its receipt committed; the tiny global
+//!    scales written before it would show little), before `manifest.json`
+//!    exists.
+//!
+//! The second child resumes the download with a ranged request before it
+//! converts; this process then resumes the conversion (reusing the durable
+//! components), verifies the artifact deeply and prints the audit table.
+//! Everything it shows was measured in this run; if the child finishes
+//! before the second kill could land, it says so.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
 
-use ftpipe_fixtures::{Fault, FaultRule, HubBuilder, checkpoint};
+use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+use ftpipe_fixtures::{Fault, FaultRule, FixtureHub, HubBuilder, RepoFile, checkpoint};
 use ftpipe_pipeline::{FetchParams, Pipeline};
+use ftpipe_stages::convert::ConvertOptions;
+use ftpipe_stages::convert::manifest::{MANIFEST_FILE, TEMP_SUFFIX};
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::resolve::ResolveRequest;
 
-const REPO: &str = "demo/tiny-moe";
-const DEMO_BYTES: u64 = 192 << 20;
-const STALL_MS: u64 = 30_000;
+const REPO: &str = "demo/qwen4-exp";
+const SEED: u64 = 4;
+/// How long the hub holds the largest shard mid-body (the kill ends it sooner).
+const STALL_MS: u64 = 120_000;
+/// Longest wait for a child to reach a crash point.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
+const RAM_BUDGET: u64 = 256 << 20;
+const RESERVE: u64 = 32 << 20;
+const CONVERT_JOBS: usize = 2;
+
+pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let out = prepare_out(out)?;
+    println!("ftpipe demo: output in {}", out.display());
+    let shape = QwenShape::demo();
+    let files = generate_qwen4_repo(SEED, shape.clone());
+    let sizes = describe(&shape, &files)?;
+    let (victim_len, victim) = sizes
+        .iter()
+        .filter(|(p, _)| p.ends_with(".safetensors"))
+        .map(|(p, s)| (*s, p.clone()))
+        .max()
+        .context("generated repo has no safetensors shard")?;
+    let hub = HubBuilder::new().repo(REPO, files).start().await?;
+    let endpoint = hub.endpoint();
+    println!("serving {REPO} at {endpoint}\n");
+
+    crash_download(&hub, &out, &sizes, &victim, victim_len).await?;
+    let crashed = crash_conversion(&endpoint, &out).await?;
+    print_resume_requests(&hub);
+    resume(&out, &endpoint, crashed).await?;
+
+    let artifact = out.join("artifact");
+    let verify =
+        tokio::task::block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, true))?;
+    println!("\nverify (deep, the artifact on its own):");
+    print!("{}", crate::verify_view::render(&verify));
+    let audit = ftpipe_pipeline::audit_dir(&out, false).await?;
+    println!("\naudit:");
+    print!("{}", crate::table::render(&audit));
+
+    println!("\nartifact left in {}", out.display());
+    println!("  ftpipe inspect {}", artifact.join("model.ftw").display());
+    println!("  ftpipe verify {} --deep", artifact.display());
+    println!("demo took {:.1} s", started.elapsed().as_secs_f64());
+    Ok(verify.ok && audit.ok)
+}
+
+/// Resumes in this process and prints what the resume found and did.
+async fn resume(out: &Path, endpoint: &str, crashed: bool) -> anyhow::Result<()> {
+    let pipeline = Pipeline::open(out, "demo resume").await?;
+    if crashed {
+        let durable = pipeline.store().components().await?;
+        let bytes: u64 = durable.iter().map(|c| c.size).sum();
+        let names: Vec<&str> = durable.iter().map(|c| c.path.as_str()).collect();
+        println!(
+            "  durable at the kill (receipts): {} component(s), {bytes} bytes: {}",
+            durable.len(),
+            names.join(", ")
+        );
+    }
+
+    println!("\nresuming in this process (`ftpipe run` again, same request):");
+    let outcome = pipeline
+        .run(
+            fetch_params(endpoint),
+            convert_options(),
+            Arc::new(crate::report::LogLines::new()),
+        )
+        .await?;
+    match &outcome.convert {
+        Some(c) => println!(
+            "  conversion: {} components, {} written now, {} reused from before the kill, {} bytes",
+            c.components, c.written, c.reused, c.total_bytes
+        ),
+        None => println!("  conversion: {}", outcome.summary),
+    }
+    println!("  fingerprint      {}", outcome.fingerprint);
+    println!("  manifest sha256  {}", outcome.manifest_sha256);
+    Ok(())
+}
+
+/// `out`, or a new temp dir; refuses a non-empty directory (a demo must
+/// start from nothing to show its crashes).
+fn prepare_out(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let out = out.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ftpipe-demo-{}", std::process::id()))
+    });
+    if std::fs::read_dir(&out).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "{} is not empty; the demo needs a new or empty directory",
+            out.display()
+        );
+    }
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    Ok(out)
+}
+
+/// Prints what the hub will serve; returns each file's size.
+fn describe(shape: &QwenShape, files: &[RepoFile]) -> anyhow::Result<Vec<(String, u64)>> {
+    let sizes = files
+        .iter()
+        .map(|f| Ok((f.path.clone(), checkpoint::content_bytes(f)?.len() as u64)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    println!(
+        "generated a qwen4_exp checkpoint: {} files, {} bytes; {} layers, {} experts \
+         (NVFP4 layers {:?}, fused BF16 layers {:?}), PLE table in {} shards",
+        sizes.len(),
+        sizes.iter().map(|(_, s)| s).sum::<u64>(),
+        shape.layers,
+        shape.experts,
+        shape.nvfp4_expert_layers,
+        shape.fused_expert_layers,
+        shape.ple_rows.len()
+    );
+    for (path, size) in &sizes {
+        println!("  {size:>12}  {path}");
+    }
+    Ok(sizes)
+}
+
+/// `ftpipe run REPO` as a child process (this same binary).
+fn spawn_run(endpoint: &str, out: &Path, stderr: Stdio) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("locate the ftpipe binary")?;
+    Command::new(exe)
+        .args(["run", REPO, "--endpoint", endpoint, "--quiet"])
+        .args(["--checkpoint-secs", "0.2"])
+        .args(["--ram-budget", &RAM_BUDGET.to_string()])
+        .args(["--reserve", &RESERVE.to_string()])
+        .arg("--out")
+        .arg(out)
+        .env_remove("HF_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start ftpipe run")
+}
 
 fn part_len(out: &Path, path: &str) -> u64 {
     let part = out.join("source").join(format!("{path}.part"));
     std::fs::metadata(part).map(|m| m.len()).unwrap_or(0)
 }
 
-pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
-    let out = match out {
-        Some(o) => o,
-        None => {
-            let dir = std::env::temp_dir().join(format!("ftpipe-demo-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-            dir
-        }
-    };
-    println!("ftpipe demo: output in {}", out.display());
-    let files = checkpoint::generate_small_repo(7, DEMO_BYTES);
-    let largest = files
-        .iter()
-        .map(|f| {
-            (
-                checkpoint::content_bytes(f).map(|b| b.len()).unwrap_or(0),
-                f.path.clone(),
-            )
-        })
-        .max()
-        .context("generated repo is empty")?;
-    let (victim_len, victim) = (largest.0 as u64, largest.1);
-    let hub = HubBuilder::new().repo(REPO, files).start().await?;
-    let endpoint = hub.endpoint();
-    println!(
-        "serving {REPO} ({} MiB generated) at {endpoint}",
-        DEMO_BYTES >> 20
-    );
-
-    // Hold the largest file mid-body so the crash lands inside a transfer.
+/// Crash 1: SIGKILL while the largest shard is held at half its length and
+/// every other file is published (so exactly one transfer is cut).
+async fn crash_download(
+    hub: &FixtureHub,
+    out: &Path,
+    sizes: &[(String, u64)],
+    victim: &str,
+    victim_len: u64,
+) -> anyhow::Result<()> {
     let stall_at = victim_len / 2;
-    hub.inject(FaultRule::new(
-        &victim,
-        Fault::Stall {
-            after: stall_at,
-            for_ms: STALL_MS,
-        },
-    ));
-    let exe = std::env::current_exe().context("locate the ftpipe binary")?;
-    let mut child = Command::new(exe)
-        .args([
-            "fetch",
-            REPO,
-            "--endpoint",
-            &endpoint,
-            "--quiet",
-            "--checkpoint-secs",
-            "0.2",
-            "--out",
-        ])
-        .arg(&out)
-        .env_remove("HF_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("start ftpipe fetch")?;
-    let started = Instant::now();
-    while part_len(&out, &victim) < stall_at {
-        if started.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            bail!("the demo fetch did not reach the stall point within 60 s");
+    // Several GETs: `run` first reads the shard's header over Range (too
+    // short to reach the stall); the download itself is held.
+    let stall = Fault::Stall {
+        after: stall_at,
+        for_ms: STALL_MS,
+    };
+    hub.inject(FaultRule::new(victim, stall).times(8));
+    let mut child = spawn_run(&hub.endpoint(), out, Stdio::null())?;
+    let pid = child.id().unwrap_or_default();
+    let others_pending = || {
+        sizes
+            .iter()
+            .any(|(p, _)| p != victim && !out.join("source").join(p).is_file())
+    };
+    let t0 = Instant::now();
+    while part_len(out, victim) < stall_at || others_pending() {
+        if t0.elapsed() > CHILD_TIMEOUT {
+            child.kill().await?;
+            bail!("the demo download did not reach the stall point in time");
         }
         if let Some(status) = child.try_wait()? {
-            bail!("the demo fetch exited early with {status}");
+            bail!("the demo run exited early with {status}");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Let a checkpoint pass so part of the received prefix is durable.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    child.kill().context("kill the fetch")?;
-    let _ = child.wait();
+    child.kill().await.context("kill the run")?;
     println!(
-        "killed `ftpipe fetch` (pid {}) with SIGKILL at byte {} of {victim} ({} bytes)",
-        child.id(),
-        part_len(&out, &victim),
-        victim_len
+        "crash 1 (download): killed `ftpipe run` (pid {pid}) with SIGKILL at byte {} of \
+         {victim} ({victim_len} bytes); every other file was already published",
+        part_len(out, victim)
     );
     hub.clear_faults();
+    Ok(())
+}
 
-    println!("resuming:");
-    let pipeline = Pipeline::open(&out, "demo resume").await?;
-    let params = FetchParams {
-        endpoint: endpoint.clone(),
+/// Crash 2: runs `ftpipe run` again (it resumes the download and starts
+/// converting) and SIGKILLs it as soon as it reports a weights component
+/// written and durable (the tiny global scales come first and would show
+/// little), while `manifest.json` does not exist yet. Returns whether the
+/// kill landed during the conversion.
+async fn crash_conversion(endpoint: &str, out: &Path) -> anyhow::Result<bool> {
+    let mut child = spawn_run(endpoint, out, Stdio::piped())?;
+    let pid = child.id().unwrap_or_default();
+    let stderr = child.stderr.take().context("child stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let manifest = out.join("artifact").join(MANIFEST_FILE);
+    let deadline = tokio::time::Instant::now() + CHILD_TIMEOUT;
+    let mut log = Vec::new();
+    let trigger = loop {
+        tokio::select! {
+            line = lines.next_line() => match line? {
+                Some(l) if is_weights_durable(&l) && !manifest.exists() => {
+                    child.start_kill().context("kill the run")?;
+                    break Some(l);
+                }
+                Some(l) => log.push(l),
+                None => break None,
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                child.kill().await?;
+                bail!("the demo conversion did not start in time");
+            }
+        }
+    };
+    let status = child.wait().await?;
+    while let Some(l) = lines.next_line().await? {
+        log.push(l);
+    }
+    let Some(trigger) = trigger else {
+        if !status.success() {
+            bail!("the demo run failed ({status}):\n{}", log.join("\n"));
+        }
+        println!(
+            "crash 2 (conversion): NOT simulated: `ftpipe run` (pid {pid}) finished the \
+             conversion before it could be killed"
+        );
+        return Ok(false);
+    };
+    let first = trigger.split(':').next().unwrap_or_default();
+    println!(
+        "crash 2 (conversion): killed `ftpipe run` (pid {pid}) with SIGKILL once {first} was \
+         durable; manifest.json {}; {} temp file(s) of component writes in flight",
+        if manifest.exists() {
+            "existed"
+        } else {
+            "did not exist yet"
+        },
+        temp_files(&out.join("artifact"))
+    );
+    Ok(true)
+}
+
+/// A LogLines "<path>: <kind> written and durable (...)" line for anything
+/// but a global scale.
+fn is_weights_durable(line: &str) -> bool {
+    line.contains(" written and durable (") && !line.contains(": q3_global_scale written")
+}
+
+/// Component temp files (`*.ftpipe-tmp`) under `dir`: the writes in flight.
+fn temp_files(dir: &Path) -> usize {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries
+        .map(|e| match e.path() {
+            p if p.is_dir() => temp_files(&p),
+            p => usize::from(p.to_string_lossy().ends_with(TEMP_SUFFIX)),
+        })
+        .sum()
+}
+
+/// Every open-ended ranged body request (`Range: bytes=N-`, a resume) the
+/// hub answered, named by repo file.
+fn print_resume_requests(hub: &FixtureHub) {
+    let resumes: Vec<_> = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.status != 302 && r.range.as_deref().is_some_and(|v| v.ends_with('-')))
+        .collect();
+    if resumes.is_empty() {
+        println!("  no ranged resume request reached the hub");
+    } else {
+        println!("  before converting, it resumed the interrupted download:");
+    }
+    for r in &resumes {
+        let file = r
+            .query
+            .as_deref()
+            .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("path=")))
+            .unwrap_or(&r.path);
+        println!(
+            "    resume request: {file} Range: {} If-Range: {} -> HTTP {}, {} body bytes",
+            r.range.as_deref().unwrap_or_default(),
+            r.if_range.as_deref().unwrap_or("-"),
+            r.status,
+            r.body_bytes
+        );
+    }
+}
+
+fn fetch_params(endpoint: &str) -> FetchParams {
+    FetchParams {
+        endpoint: endpoint.to_owned(),
         token: None,
         read_timeout: Duration::from_secs(30),
         resolve: ResolveRequest {
@@ -121,26 +344,18 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
         },
         options: FetchOptions::default(),
         reacquire: false,
-    };
-    let outcome = pipeline
-        .fetch(params, Arc::new(crate::report::LogLines::new()))
-        .await?;
-    for r in hub
-        .requests()
-        .iter()
-        .filter(|r| r.range.is_some() && r.status != 302)
-    {
-        println!(
-            "resume request: {} Range: {} If-Range: {} -> HTTP {}, {} body bytes",
-            r.path,
-            r.range.as_deref().unwrap_or_default(),
-            r.if_range.as_deref().unwrap_or("-"),
-            r.status,
-            r.body_bytes
-        );
     }
-    println!();
-    print!("{}", crate::table::render(&outcome.audit));
-    println!("\nartifact left in {}", out.display());
-    Ok(outcome.audit.ok)
+}
+
+fn convert_options() -> ConvertOptions {
+    ConvertOptions {
+        jobs: CONVERT_JOBS,
+        retire_sources: false,
+        rebuild: false,
+        protect: vec![],
+        recipe: None,
+        ram_budget: RAM_BUDGET,
+        reserve: RESERVE,
+        preflight: true,
+    }
 }

@@ -4,6 +4,7 @@
 mod demo;
 mod report;
 mod table;
+mod verify_view;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,7 +28,22 @@ mod exit {
     pub const LOCKED: u8 = 3;
     pub const AUDIT_FAILED: u8 = 4;
     pub const NO_SPACE: u8 = 5;
+    pub const VERIFY_FAILED: u8 = 6;
 }
+
+/// `verify` found problems (already listed on stdout).
+#[derive(Debug)]
+struct VerifyFailed {
+    problems: usize,
+}
+
+impl std::fmt::Display for VerifyFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "verification failed: {} problem(s)", self.problems)
+    }
+}
+
+impl std::error::Error for VerifyFailed {}
 
 #[derive(Parser)]
 #[command(
@@ -55,11 +71,14 @@ enum Command {
     Audit {
         #[arg(long)]
         out: PathBuf,
-        /// Re-hash every published file.
+        /// Re-hash every source and component.
         #[arg(long)]
         deep: bool,
         #[arg(long)]
         json: bool,
+        /// Also write a zstd-compressed evidence bundle (tar) to this file.
+        #[arg(long, value_name = "FILE.tar.zst")]
+        bundle: Option<PathBuf>,
     },
     /// Predict every output component's exact size before converting.
     Plan(PlanArgs),
@@ -73,7 +92,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Serve a generated checkpoint locally, fetch it with one crash and resume.
+    /// Check an artifact directory on its own: no database, sources or network.
+    Verify {
+        /// The artifact directory (DIR/artifact, or a copy of it).
+        dir: PathBuf,
+        /// Also re-hash every component.
+        #[arg(long)]
+        deep: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve a generated checkpoint locally, run the whole pipeline with a crash
+    /// during download and one during conversion, resume, verify and audit.
     Demo {
         /// Where to leave the result (default: a new temp dir).
         #[arg(long)]
@@ -156,6 +186,10 @@ struct ConvertTuning {
     /// (repeatable; part of the converter identity).
     #[arg(long, value_name = "GLOB")]
     protect: Vec<String>,
+    /// Convert with this declarative TOML recipe (glob → component, dtype
+    /// policy) instead of a built-in profile.
+    #[arg(long, value_name = "FILE.toml")]
+    recipe: Option<PathBuf>,
     /// RAM budget for placing expert layers (e.g. 64GiB; default 0: all file tier).
     #[arg(long, default_value = "0", value_parser = parse_bytes)]
     ram_budget: u64,
@@ -232,6 +266,9 @@ struct PlanArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Plan with this declarative TOML recipe instead of a built-in profile.
+    #[arg(long, value_name = "FILE.toml")]
+    recipe: Option<PathBuf>,
 }
 
 fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
@@ -285,8 +322,17 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
     })
 }
 
-fn convert_options(t: &ConvertTuning, jobs: usize, preflight: bool) -> ConvertOptions {
-    ConvertOptions {
+fn convert_options(
+    t: &ConvertTuning,
+    jobs: usize,
+    preflight: bool,
+) -> anyhow::Result<ConvertOptions> {
+    let recipe = match &t.recipe {
+        Some(p) => Some(ftpipe_stages::convert::load_recipe(p)?),
+        None => None,
+    };
+    Ok(ConvertOptions {
+        recipe,
         jobs: jobs.max(1),
         retire_sources: t.retire_sources,
         rebuild: t.rebuild,
@@ -294,7 +340,7 @@ fn convert_options(t: &ConvertTuning, jobs: usize, preflight: bool) -> ConvertOp
         ram_budget: t.ram_budget,
         reserve: t.reserve,
         preflight,
-    }
+    })
 }
 
 /// Runs a fetch and returns whether everything verified.
@@ -312,12 +358,13 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     } else {
         print!("{}", table::render(&outcome.audit));
     }
-    Ok(outcome.audit.ok)
+    // fetch answers for the sources; a pending conversion is not its failure.
+    Ok(outcome.audit.sources_ok)
 }
 
 /// Converts DIR/source into DIR/artifact.
 async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
-    let opts = convert_options(&args.tuning, args.jobs, !args.no_preflight);
+    let opts = convert_options(&args.tuning, args.jobs, !args.no_preflight)?;
     let pipeline = Pipeline::open(&args.out, "convert").await?;
     let outcome = pipeline
         .convert(&opts, reporter(args.json, args.quiet))
@@ -336,7 +383,7 @@ async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
 /// The whole chain; a finished run is a no-op that says so.
 async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     let params = fetch_params(&args.fetch)?;
-    let opts = convert_options(&args.tuning, args.fetch.jobs, !args.fetch.no_preflight);
+    let opts = convert_options(&args.tuning, args.fetch.jobs, !args.fetch.no_preflight)?;
     let pipeline = Pipeline::open(&args.fetch.hub.out, "run").await?;
     let outcome = pipeline
         .run(params, opts, reporter(args.fetch.json, args.fetch.quiet))
@@ -347,11 +394,13 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
             serde_json::json!({ "event": "summary", "outcome": outcome })
         );
     } else {
-        if let Some(c) = &outcome.convert {
-            print!("{}", render_convert(c));
+        match &outcome.convert {
+            Some(c) => print!("{}", render_convert(c)),
+            None => {
+                println!("{}", outcome.summary);
+                println!("manifest sha256  {}", outcome.manifest_sha256);
+            }
         }
-        println!("{}", outcome.summary);
-        println!("manifest sha256 {}", outcome.manifest_sha256);
     }
     Ok(true)
 }
@@ -395,8 +444,21 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
     } else {
         ftpipe_pipeline::PlanSource::Local
     };
-    let plan =
-        ftpipe_pipeline::plan(&args.hub.out, &args.hub.repo, &args.hub.revision, source).await?;
+    let opts = ftpipe_stages::convert::PlanOptions {
+        protect: Vec::new(),
+        recipe: match &args.recipe {
+            Some(p) => Some(ftpipe_stages::convert::load_recipe(p)?),
+            None => None,
+        },
+    };
+    let plan = ftpipe_pipeline::plan(
+        &args.hub.out,
+        &args.hub.repo,
+        &args.hub.revision,
+        source,
+        &opts,
+    )
+    .await?;
     if args.json {
         println!("{}", serde_json::to_string(&plan)?);
     } else {
@@ -417,12 +479,25 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             }
             Ok(true)
         }
-        Command::Audit { out, deep, json } => {
-            let a = ftpipe_pipeline::audit_dir(&out, deep).await?;
+        Command::Audit {
+            out,
+            deep,
+            json,
+            bundle,
+        } => {
+            let (a, b) = ftpipe_pipeline::audit_with_bundle(&out, deep, bundle.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&a)?);
             } else {
                 print!("{}", table::render(&a));
+            }
+            if let Some(b) = b {
+                eprintln!(
+                    "evidence bundle: {} ({} entries, {} bytes)",
+                    b.path.display(),
+                    b.entries,
+                    b.bytes
+                );
             }
             Ok(a.ok)
         }
@@ -435,6 +510,22 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 println!("{}", serde_json::to_string(&i)?);
             } else {
                 print!("{}", table::render_inspection(&i));
+            }
+            Ok(true)
+        }
+        Command::Verify { dir, deep, json } => {
+            let r =
+                tokio::task::block_in_place(|| ftpipe_stages::verify::verify_artifact(&dir, deep))?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", verify_view::render(&r));
+            }
+            if !r.ok {
+                return Err(VerifyFailed {
+                    problems: r.failures.len(),
+                }
+                .into());
             }
             Ok(true)
         }
@@ -480,8 +571,10 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
         None => println!("pin          none"),
     }
-    for (stage, state) in &s.stages {
-        println!("stage        {stage:<10} {state:?}");
+    for stage in ftpipe_pipeline::state::STAGES {
+        if let Some(state) = s.stages.get(*stage) {
+            println!("stage        {stage:<10} {state:?}");
+        }
     }
     println!(
         "files        {} selected, {} published, {} partial",
@@ -495,6 +588,9 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
 
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
+        if cause.downcast_ref::<VerifyFailed>().is_some() {
+            return exit::VERIFY_FAILED;
+        }
         if let Some(p) = cause.downcast_ref::<PipelineError>() {
             match p {
                 PipelineError::Locked { .. } => return exit::LOCKED,

@@ -148,7 +148,7 @@ fn run_converts_and_the_artifact_reads_back_equal_to_the_source() {
     let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--jobs", "2"]));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains(&format!("manifest sha256 {}", manifest_sha(&out))),
+        text.contains(&format!("manifest sha256  {}", manifest_sha(&out))),
         "{text}"
     );
     check_readback(&out, &shape);

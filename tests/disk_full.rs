@@ -379,3 +379,67 @@ fn preflight_refuses_a_repo_bigger_than_the_volume() {
     }
     eprintln!("preflight refused: {}", err.trim());
 }
+
+/// `run` counts the artifact too: sources that fit alone, but not with the
+/// artifact they convert into, are refused before any weight is fetched.
+#[test]
+fn run_preflight_counts_sources_and_artifact() {
+    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+    let Some(mount) = mount_or_skip("run_preflight", 100) else {
+        return;
+    };
+    let shape = QwenShape {
+        hidden: 256,
+        moe_intermediate: 128,
+        vocab: 512,
+        shards: 4,
+        ple_rows: vec![52_000, 52_000, 40_000],
+        ple_width: 256,
+        ..QwenShape::default()
+    };
+    let files = generate_qwen4_repo(5, shape);
+    let hub = ftpipe_fixtures::RunningHub::start(
+        ftpipe_fixtures::HubBuilder::new().repo(REPO, files.clone()),
+    )
+    .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let o = run_ok(
+        ftpipe()
+            .args([
+                "plan",
+                REPO,
+                "--remote",
+                "--json",
+                "--endpoint",
+                &hub.endpoint(),
+                "--out",
+            ])
+            .arg(scratch.path().join("p")),
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let artifact = plan["total_bytes"].as_u64().unwrap();
+    let sources: u64 = files
+        .iter()
+        .map(|f| checkpoint::content_bytes(f).unwrap().len() as u64)
+        .sum();
+    let volume = 100u64 << 20;
+    assert!(
+        sources < volume && sources + artifact > volume,
+        "{sources} + {artifact}"
+    );
+    hub.clear_requests();
+    let out = mount.path().join("out");
+    let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains(&format!("{} bytes still needed", sources + artifact)),
+        "sources {sources} + artifact {artifact} not named: {err}"
+    );
+    assert!(err.contains("bytes available"), "{err}");
+    for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
+        let bodies: u64 = body_gets(&hub, &f.path).iter().map(|r| r.body_bytes).sum();
+        assert!(bodies < 1 << 20, "{}: {bodies} body bytes fetched", f.path);
+    }
+    eprintln!("run preflight refused: {}", err.trim());
+}

@@ -145,9 +145,9 @@ impl Pipeline {
                     .map(|f| f.size)
                     .sum::<u64>();
             let plan = if sources_needed == 0 && retired.is_empty() {
-                block_in_place(|| plan_local_with(&self.layout.source, &opts.protect))?
+                block_in_place(|| plan_local_with(&self.layout.source, &opts.plan_options()))?
             } else {
-                plan_remote(client, &pin.repo, &pin.commit, &files).await?
+                plan_remote(client, &pin.repo, &pin.commit, &files, &opts.plan_options()).await?
             };
             if !params.options.preflight {
                 return Ok(());
@@ -196,7 +196,8 @@ impl Pipeline {
     async fn verify_stage(&self) -> Result<()> {
         let artifact = self.layout.artifact.clone();
         self.stage("verify", async move {
-            let report = block_in_place(|| TEMPVERIFY(&artifact, false))?;
+            let report =
+                block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, false))?;
             if report.ok {
                 return Ok(());
             }
@@ -305,7 +306,7 @@ impl Pipeline {
         let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
             return Ok(None);
         };
-        if manifest.converter.options.protect != opts.protect
+        if manifest.converter.options != opts.options_id()
             || manifest.converter.ftpipe != env!("CARGO_PKG_VERSION")
             || manifest.source.commit != pin.commit
             || !all_sizes_match(artifact, &manifest)
@@ -355,19 +356,59 @@ fn placement_current(artifact: &Path, opts: &ConvertOptions) -> bool {
         .is_some_and(|p| p.ram_budget == opts.ram_budget && p.reserve == opts.reserve)
 }
 
-#[allow(non_snake_case)]
-fn TEMPVERIFY(_: &Path, _: bool) -> Result<TempReport, StageError> {
-    Ok(TempReport {
-        ok: true,
-        failures: vec![],
-    })
-}
-struct TempReport {
-    ok: bool,
-    failures: Vec<TempF>,
-}
-struct TempF {
-    component: Option<String>,
-    check: String,
-    message: String,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftpipe_stages::convert::{Component, ComponentContent};
+
+    fn comp(name: &str, kind: ComponentKind, bytes: u64, files: &[&str]) -> Component {
+        Component {
+            name: name.into(),
+            kind,
+            predicted_bytes: bytes,
+            items: 1,
+            source_files: files.iter().map(|f| f.to_string()).collect(),
+            content: ComponentContent::Q3GlobalScale {
+                layer: 0,
+                segments: vec![],
+            },
+        }
+    }
+
+    fn plan(components: Vec<Component>) -> Plan {
+        Plan {
+            model_type: "qwen4_exp".into(),
+            profile: "qwen4_exp".into(),
+            sources: vec![],
+            source_bytes: 0,
+            total_bytes: components.iter().map(|c| c.predicted_bytes).sum(),
+            components,
+        }
+    }
+
+    #[test]
+    fn peak_without_retirement_is_every_missing_component() {
+        let p = plan(vec![
+            comp("a", ComponentKind::Ftw, 10, &["s1"]),
+            comp("b", ComponentKind::Ftexpert, 20, &["s2"]),
+        ]);
+        let shards = [("s1".to_string(), 100), ("s2".to_string(), 100)].into();
+        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, false), 30);
+        let done = ["a".to_string()].into();
+        assert_eq!(artifact_peak(&p, &done, &shards, false), 20);
+    }
+
+    #[test]
+    fn retirement_frees_a_shard_once_its_last_reader_is_written() {
+        // Scales go first; s1 is freed after "g" and "a", s2 after "b".
+        let p = plan(vec![
+            comp("a", ComponentKind::Ftw, 10, &["s1"]),
+            comp("b", ComponentKind::Ftexpert, 50, &["s2"]),
+            comp("g", ComponentKind::Q3GlobalScale, 2, &["s1", "s2"]),
+        ]);
+        let shards = [("s1".to_string(), 40), ("s2".to_string(), 100)].into();
+        // g: 2 → a: 12, s1 freed → −28 → b: 22, s2 freed. Peak 22.
+        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, true), 22);
+        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, false), 62);
+    }
 }

@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 
 use ftpipe_receipts::{Pin, RunId, Store};
 use ftpipe_stages::audit::{AuditReport, audit};
+use ftpipe_stages::bundle::{BundleSummary, write_bundle};
 use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::progress::Reporter;
@@ -340,6 +341,22 @@ pub async fn status(out: &Path) -> Result<StatusReport> {
 
 /// Audit of `out` (read-only).
 pub async fn audit_dir(out: &Path, deep: bool) -> Result<AuditReport> {
+    Ok(audit_with_bundle(out, deep, None).await?.0)
+}
+
+/// Audit of `out`, and with `bundle` the zstd evidence bundle written there
+/// (receipts, ledger, attempts, stage events, manifest, plan, audit report;
+/// never a token).
+pub async fn audit_with_bundle(
+    out: &Path,
+    deep: bool,
+    bundle: Option<&Path>,
+) -> Result<(AuditReport, Option<BundleSummary>)> {
     let (layout, store) = open_existing(out).await?;
-    Ok(audit(&store, &layout.source, &layout.artifact, deep).await?)
+    let report = audit(&store, &layout.source, &layout.artifact, deep).await?;
+    let summary = match bundle {
+        Some(dest) => Some(write_bundle(&store, &layout.out, &report, dest).await?),
+        None => None,
+    };
+    Ok((report, summary))
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ftpipe_stages::convert::{Plan, plan_local, plan_remote};
+use ftpipe_stages::convert::{Plan, PlanOptions, plan_local_with, plan_remote};
 use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::resolve::{list_tree, revision_commit};
 
@@ -30,9 +30,15 @@ pub enum PlanSource {
 /// Plans the conversion of `repo` at `revision` into `out`. A remote plan
 /// reuses the pin of `out` when it is for the same repo and revision, and
 /// otherwise resolves the commit without writing anything.
-pub async fn plan(out: &Path, repo: &str, revision: &str, source: PlanSource) -> Result<Plan> {
+pub async fn plan(
+    out: &Path,
+    repo: &str,
+    revision: &str,
+    source: PlanSource,
+    opts: &PlanOptions,
+) -> Result<Plan> {
     match source {
-        PlanSource::Local => Ok(plan_local(&Layout::new(out).source)?),
+        PlanSource::Local => Ok(plan_local_with(&Layout::new(out).source, opts)?),
         PlanSource::Remote {
             endpoint,
             token,
@@ -57,7 +63,7 @@ pub async fn plan(out: &Path, repo: &str, revision: &str, source: PlanSource) ->
                     (commit, listing)
                 }
             };
-            Ok(plan_remote(&client, repo, &commit, &listing).await?)
+            Ok(plan_remote(&client, repo, &commit, &listing, opts).await?)
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`audit`]: reconcile the byte ledger against receipts and disk.
 
 pub mod audit;
+pub mod bundle;
 pub mod convert;
 mod error;
 pub mod fetch;
@@ -16,5 +17,6 @@ pub mod limits;
 pub mod paths;
 pub mod progress;
 pub mod resolve;
+pub mod verify;
 
 pub use error::{Result, StageError};

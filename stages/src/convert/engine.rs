@@ -31,8 +31,9 @@ use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
     TEMP_SUFFIX, sha256_hex,
 };
-use super::plan::{Plan, plan_local_with};
+use super::plan::{Plan, PlanOptions, plan_local_with};
 use super::profile::{CONFIG_FILE, Component, ComponentKind, model_type};
+use super::recipe::Recipe;
 use super::skeleton::{Skeleton, files_read, source_identity};
 use super::write::{Sources, read_global_scale, write_component};
 use crate::error::{Result, StageError};
@@ -55,12 +56,32 @@ pub struct ConvertOptions {
     pub rebuild: bool,
     /// Extra globs of tensors kept BF16 and marked protected.
     pub protect: Vec<String>,
+    /// A declarative recipe instead of a built-in profile.
+    pub recipe: Option<Recipe>,
     /// RAM budget for placement (bytes).
     pub ram_budget: u64,
     /// Bytes of the budget kept free.
     pub reserve: u64,
     /// Check free space before writing.
     pub preflight: bool,
+}
+
+impl ConvertOptions {
+    /// The options that change the plan.
+    pub fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            protect: self.protect.clone(),
+            recipe: self.recipe.clone(),
+        }
+    }
+
+    /// The options as recorded in the converter identity.
+    pub fn options_id(&self) -> ConvertOptionsId {
+        ConvertOptionsId {
+            protect: self.protect.clone(),
+            recipe: self.recipe.as_ref().map(Recipe::digest),
+        }
+    }
 }
 
 /// Where conversion reads and writes.
@@ -266,14 +287,12 @@ async fn prepare(
         .and_then(Value::as_u64)
         .unwrap_or(8);
     let converter = ConverterIdentity::current(
-        super::profile::Profile::from_config(&config)?.name(),
-        ConvertOptionsId {
-            protect: opts.protect.clone(),
-        },
+        opts.plan_options().profile(&config)?.name(),
+        opts.options_id(),
     );
     let _ = model_type(&config)?;
     if retired.is_empty() {
-        let plan = block_in_place(|| plan_local_with(&paths.source, &opts.protect))?;
+        let plan = block_in_place(|| plan_local_with(&paths.source, &opts.plan_options()))?;
         let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
         let skel = Skeleton::build(&plan, source, converter, top_k)?;
         return Ok(Prepared {

@@ -11,12 +11,118 @@ pub enum ConvertError {
     Source(#[from] SourceError),
     /// No profile handles this `model_type`.
     #[error(
-        "{file}: unknown model_type {model_type:?}; known profiles: {known} (declarative TOML recipes are not supported yet)"
+        "{file}: unknown model_type {model_type:?}; known profiles: {known}; for any other model write a TOML recipe and pass --recipe FILE.toml"
     )]
     UnknownModelType {
         file: String,
         model_type: String,
         known: String,
+    },
+    /// A recipe file exceeds [`MAX_RECIPE_BYTES`](super::recipe::MAX_RECIPE_BYTES).
+    #[error("{file}: recipe of {len} bytes exceeds the limit of {limit} bytes")]
+    RecipeTooLarge { file: String, len: u64, limit: u64 },
+    /// A recipe is not valid TOML of the recipe schema (syntax, unknown or
+    /// missing key, wrong type).
+    #[error("{file}: {message}")]
+    RecipeSyntax { file: String, message: String },
+    /// `model_type` or `name` of a recipe is not a usable name.
+    #[error("{file}: {field} {value:?} {problem}")]
+    RecipeBadName {
+        file: String,
+        field: String,
+        value: String,
+        problem: String,
+    },
+    /// A recipe has no rules.
+    #[error("{file}: the recipe has no [[rules]]; every tensor must be placed by a rule")]
+    RecipeNoRules { file: String },
+    /// A recipe has more than [`MAX_RECIPE_RULES`](super::recipe::MAX_RECIPE_RULES) rules.
+    #[error("{file}: {count} rules exceed the limit of {limit}")]
+    RecipeTooManyRules {
+        file: String,
+        count: usize,
+        limit: usize,
+    },
+    /// A rule's glob is empty, too long or does not compile.
+    #[error("{file}: rules[{rule}]: glob {glob:?} {problem}")]
+    RecipeBadGlob {
+        file: String,
+        rule: usize,
+        glob: String,
+        problem: String,
+    },
+    /// A rule's `component` is not one the recipe format knows.
+    #[error(
+        "{file}: rules[{rule}]: component {value:?} is not \"ftw\" or \"experts\" (there is no skip: every tensor must land in a component)"
+    )]
+    RecipeBadComponent {
+        file: String,
+        rule: usize,
+        value: String,
+    },
+    /// A rule's `dtype` is not one the recipe format knows.
+    #[error("{file}: rules[{rule}]: dtype {value:?} is not \"keep\" or \"protected\"")]
+    RecipeBadDtype {
+        file: String,
+        rule: usize,
+        value: String,
+    },
+    /// The recipe was written for another `model_type` than the config's.
+    #[error(
+        "{file}: the recipe is for model_type {recipe:?}, but config.json has model_type {config:?}"
+    )]
+    RecipeModelType {
+        file: String,
+        recipe: String,
+        config: String,
+    },
+    /// A rule places no tensor (a typo, or shadowed by earlier rules).
+    #[error(
+        "{file}: rules[{rule}] (glob {glob:?}) places no tensor of the source: it matches none, or only tensors an earlier rule already places"
+    )]
+    RecipeRuleUnused {
+        file: String,
+        rule: usize,
+        glob: String,
+    },
+    /// A recipe rule asks to protect a tensor the source stores as NVFP4.
+    #[error(
+        "{file}: tensor {tensor} is stored quantized (NVFP4), but rules[{rule}] (glob {glob:?}) asks for dtype = \"protected\""
+    )]
+    RecipeProtectedQuantized {
+        file: String,
+        tensor: String,
+        rule: usize,
+        glob: String,
+    },
+    /// A tensor an `experts` rule matched has no layer/expert/field in its name.
+    #[error(
+        "{file}: tensor {tensor} matched by rules[{rule}] (glob {glob:?}, component \"experts\"): {problem}"
+    )]
+    RecipeExpertName {
+        file: String,
+        tensor: String,
+        rule: usize,
+        glob: String,
+        problem: String,
+    },
+    /// Two tensors land in the same expert field.
+    #[error("layer {layer}: expert {expert} field {field} is given by both {first} and {second}")]
+    DuplicateExpertField {
+        layer: u64,
+        expert: u64,
+        field: String,
+        first: String,
+        second: String,
+    },
+    /// The experts of a layer are not numbered 0..E-1.
+    #[error(
+        "layer {layer}: expert {missing} is missing (experts must be numbered 0..E-1 without gaps; the highest found is {highest})"
+    )]
+    ExpertGap {
+        layer: u64,
+        missing: u64,
+        highest: u64,
     },
     /// A config field is missing or has the wrong type.
     #[error("{file}: field {field:?} {problem}")]

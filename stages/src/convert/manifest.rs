@@ -54,6 +54,9 @@ pub struct SourceIdentity {
 pub struct ConvertOptionsId {
     /// Extra globs of tensors kept BF16 and marked protected (`--protect`).
     pub protect: Vec<String>,
+    /// SHA-256 of the normalized TOML recipe (`--recipe`), if one was used.
+    #[serde(default)]
+    pub recipe: Option<String>,
 }
 
 /// What made the artifact.

@@ -20,6 +20,7 @@ use ftpipe_receipts::FileRow;
 
 use super::error::ConvertError;
 use super::profile::{CONFIG_FILE, Component, Profile, model_type};
+use super::recipe::{MAX_RECIPE_BYTES, Recipe};
 use super::safetensors::{SourceError, SourceHeader};
 use crate::error::{Result, StageError};
 use crate::fetch::parse_content_range;
@@ -99,14 +100,60 @@ pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// Converter options that change the plan.
+#[derive(Debug, Clone, Default)]
+pub struct PlanOptions {
+    /// Extra globs of tensors kept BF16 and marked protected (`--protect`),
+    /// added to `quantization_config.ignore` (built-in profiles only).
+    pub protect: Vec<String>,
+    /// A declarative recipe instead of a built-in profile (`--recipe`).
+    pub recipe: Option<Recipe>,
+}
+
+impl PlanOptions {
+    /// The profile these options choose for `config`.
+    pub fn profile(&self, config: &Value) -> Result<Profile, ConvertError> {
+        if self.recipe.is_some() && !self.protect.is_empty() {
+            return Err(ConvertError::BadConfig {
+                file: "--protect".into(),
+                field: "protect".into(),
+                problem:
+                    "cannot be combined with --recipe; use dtype = \"protected\" in the recipe"
+                        .into(),
+            });
+        }
+        let mut config = config.clone();
+        add_protected(&mut config, &self.protect)?;
+        Profile::from_config_with_recipe(&config, self.recipe.as_ref())
+    }
+}
+
+/// Reads a TOML recipe, refusing a file over [`MAX_RECIPE_BYTES`] before
+/// reading it.
+pub fn load_recipe(path: &Path) -> Result<Recipe> {
+    let label = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| StageError::io("read", path, e))?;
+    if meta.len() > MAX_RECIPE_BYTES as u64 {
+        return Err(ConvertError::RecipeTooLarge {
+            file: label,
+            len: meta.len(),
+            limit: MAX_RECIPE_BYTES as u64,
+        }
+        .into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| StageError::io("read", path, e))?;
+    Ok(Recipe::from_toml(&label, &text)?)
+}
+
 /// Checks index ↔ headers agreement, chooses the profile and predicts every
 /// component. `headers` are those of [`shard_files`], with their file sizes.
 pub fn plan_from_parts(
     config: &Value,
     map: &BTreeMap<String, String>,
     headers: &[(SourceHeader, u64)],
+    opts: &PlanOptions,
 ) -> Result<Plan, ConvertError> {
-    let profile = Profile::from_config(config)?;
+    let profile = opts.profile(config)?;
     for (h, _) in headers {
         for t in h.tensors() {
             match map.get(t.name()) {
@@ -184,14 +231,12 @@ fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
 /// Plans from the sources under `source_root` (`DIR/source`), reading only
 /// config.json, the index and the 8 + N header bytes of each shard.
 pub fn plan_local(source_root: &Path) -> Result<Plan> {
-    plan_local_with(source_root, &[])
+    plan_local_with(source_root, &PlanOptions::default())
 }
 
-/// [`plan_local`] with extra globs of tensors to keep BF16 and mark
-/// protected (`--protect`), added to `quantization_config.ignore`.
-pub fn plan_local_with(source_root: &Path, protect: &[String]) -> Result<Plan> {
-    let mut config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
-    add_protected(&mut config, protect)?;
+/// [`plan_local`] with converter options.
+pub fn plan_local_with(source_root: &Path, opts: &PlanOptions) -> Result<Plan> {
+    let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
     let index = parse_json(INDEX_FILE, &read_small(source_root, INDEX_FILE)?)?;
     let map = weight_map(&index)?;
     let mut headers = Vec::new();
@@ -209,7 +254,7 @@ pub fn plan_local_with(source_root: &Path, protect: &[String]) -> Result<Plan> {
             .map_err(ConvertError::from)?;
         headers.push((header, len));
     }
-    Ok(plan_from_parts(&config, &map, &headers)?)
+    Ok(plan_from_parts(&config, &map, &headers, opts)?)
 }
 
 /// Appends `protect` to the config's `quantization_config.ignore`.
@@ -393,6 +438,7 @@ pub async fn plan_remote(
     repo: &str,
     commit: &str,
     listing: &[FileRow],
+    opts: &PlanOptions,
 ) -> Result<Plan> {
     let find = |file: &str| {
         listing
@@ -413,14 +459,14 @@ pub async fn plan_remote(
     let map = weight_map(&index)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
-    Profile::from_config(&config)?;
+    opts.profile(&config)?;
     let mut headers = Vec::new();
     for file in shard_files(&map) {
         let row = find(&file)?;
         let h = remote_header(client, repo, commit, &file, row.size).await?;
         headers.push((h, row.size));
     }
-    Ok(plan_from_parts(&config, &map, &headers)?)
+    Ok(plan_from_parts(&config, &map, &headers, opts)?)
 }
 
 #[cfg(test)]
@@ -445,7 +491,7 @@ mod tests {
                 Ok((h, b.len() as u64))
             })
             .collect::<Result<Vec<_>, SourceError>>()?;
-        plan_from_parts(&config, &map, &headers)
+        plan_from_parts(&config, &map, &headers, &PlanOptions::default())
     }
 
     fn ftw_desc(plan: &Plan, key: &str) -> (Dtype, TensorKind, Vec<u64>, TensorSource) {

@@ -8,6 +8,8 @@
 //!   the PLE n-gram table as `split_ngram_parts` shards
 //!   `model.layers.{l}.ple.ple_embedding.ngram_embedding.shard_{i}.weight`.
 //! * `qwen3_moe`: per-expert experts only, no PLE.
+//! * any other `model_type`: a declarative TOML [`Recipe`] given with
+//!   `--recipe FILE.toml` ([`super::recipe`]).
 //!
 //! Components: the active FTW v1 stream `model.ftw` (every other tensor:
 //! NVFP4 `Native` where the source is an NVFP4 triplet, never re-quantized;
@@ -31,6 +33,7 @@ use serde_json::Value;
 use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
+use super::recipe::Recipe;
 use super::safetensors::{SourceHeader, SourceTensor};
 
 /// The config file every profile is chosen from.
@@ -63,7 +66,7 @@ pub enum TensorSource {
 }
 
 impl TensorSource {
-    fn files(&self) -> Vec<&str> {
+    pub(super) fn files(&self) -> Vec<&str> {
         match self {
             TensorSource::Span(s) => vec![s.file.as_str()],
             TensorSource::Native(p) => p.iter().map(|s| s.file.as_str()).collect(),
@@ -186,11 +189,16 @@ impl<'a> Catalog<'a> {
         Ok(Catalog { by_name })
     }
 
-    fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
+    pub(super) fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
         self.by_name.get(name).copied()
     }
 
-    fn span(&self, name: &str) -> Option<SourceSpan> {
+    /// Every tensor in name order: `(name, file, tensor)`.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str, &'a SourceTensor)> + '_ {
+        self.by_name.iter().map(|(&n, &(f, t))| (n, f, t))
+    }
+
+    pub(super) fn span(&self, name: &str) -> Option<SourceSpan> {
         self.get(name).map(|(f, t)| SourceSpan {
             file: f.to_owned(),
             tensor: name.to_owned(),
@@ -287,6 +295,8 @@ pub struct MoeProfile {
 pub enum Profile {
     /// `qwen4_exp` or `qwen3_moe`.
     Moe(MoeProfile),
+    /// A declarative TOML recipe (`--recipe FILE.toml`) for any other model.
+    Recipe(Recipe),
 }
 
 impl Profile {
@@ -362,10 +372,31 @@ impl Profile {
         }))
     }
 
+    /// Uses `recipe` when given (its `model_type` must be `cfg`'s), else
+    /// chooses a built-in profile as [`Profile::from_config`] does.
+    pub fn from_config_with_recipe(
+        cfg: &Value,
+        recipe: Option<&Recipe>,
+    ) -> Result<Profile, ConvertError> {
+        let Some(r) = recipe else {
+            return Profile::from_config(cfg);
+        };
+        let mt = model_type(cfg)?;
+        if mt != r.model_type() {
+            return Err(ConvertError::RecipeModelType {
+                file: r.file().to_owned(),
+                recipe: r.model_type().to_owned(),
+                config: mt.to_owned(),
+            });
+        }
+        Ok(Profile::Recipe(r.clone()))
+    }
+
     /// The profile's name.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
             Profile::Moe(m) => m.family,
+            Profile::Recipe(r) => r.name(),
         }
     }
 
@@ -374,12 +405,13 @@ impl Profile {
         let cat = Catalog::new(headers)?;
         match self {
             Profile::Moe(m) => m.components(&cat),
+            Profile::Recipe(r) => r.components(&cat),
         }
     }
 }
 
 /// The formats dtype of a non-quantized source dtype.
-fn plain_dtype(d: safetensors::Dtype) -> Option<Dtype> {
+pub(super) fn plain_dtype(d: safetensors::Dtype) -> Option<Dtype> {
     use safetensors::Dtype as S;
     Some(match d {
         S::F32 => Dtype::F32,
@@ -405,7 +437,9 @@ struct Linear {
 
 const NVFP4_PARTS: [&str; 3] = ["weight", "weight_scale", "weight_scale_2"];
 
-fn fmt_err(component: &str) -> impl Fn(ftpipe_formats::FormatError) -> ConvertError + '_ {
+pub(super) fn fmt_err(
+    component: &str,
+) -> impl Fn(ftpipe_formats::FormatError) -> ConvertError + '_ {
     move |source| ConvertError::Format {
         component: component.to_owned(),
         source,
