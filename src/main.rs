@@ -632,7 +632,9 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!(
-                "ftpipe: not every selected file is published and verified, or the ledger does not reconcile"
+                "ftpipe: the audit is not clean: a selected file is not published and verified, \
+                 a component or the manifest does not match its receipts, or the ledger does not \
+                 reconcile (see the problems above)"
             );
             ExitCode::from(exit::AUDIT_FAILED)
         }

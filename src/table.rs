@@ -155,7 +155,7 @@ pub fn render(a: &AuditReport) -> String {
     list(&mut out, "orphans", a.orphans.iter().cloned());
     list(
         &mut out,
-        "failed attempts",
+        "failed or interrupted attempts (kept as recorded)",
         a.unsuccessful_attempts.iter().map(|t| {
             let mut s = format!("{}: {}", t.path, t.outcome);
             if let Some(status) = t.status {
@@ -377,7 +377,7 @@ mod tests {
             "stale temp files (25):",
             "  ... and 5 more",
             "orphans (1):",
-            "failed attempts (1):",
+            "failed or interrupted attempts (kept as recorded) (1):",
             "  ! w.safetensors: failed, HTTP 200, from byte 1,000, 5 bytes: digest mismatch",
             "  ! model.ftw: receipt without its file",
             "status                      NOT OK",

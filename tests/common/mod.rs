@@ -551,3 +551,23 @@ pub fn crash_seed() -> u64 {
             .unwrap_or(1),
     }
 }
+
+/// Runs one write statement on the state database (to tamper with it).
+pub fn sqlite_exec(out: &Path, sql: &str) {
+    use sqlx::Connection;
+    let db = out.join(".ftpipe/state.db");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db);
+        let mut conn = sqlx::SqliteConnection::connect_with(&opts)
+            .await
+            .expect("open state db");
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut conn)
+            .await
+            .expect("execute");
+    });
+}

@@ -54,8 +54,9 @@ pub struct SourceIdentity {
 pub struct ConvertOptionsId {
     /// Extra globs of tensors kept BF16 and marked protected (`--protect`).
     pub protect: Vec<String>,
-    /// SHA-256 of the normalized TOML recipe (`--recipe`), if one was used.
-    #[serde(default)]
+    /// SHA-256 of the normalized TOML recipe (`--recipe`), if one was used
+    /// (absent otherwise, so manifests without a recipe keep their bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recipe: Option<String>,
 }
 
