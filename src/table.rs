@@ -9,7 +9,8 @@
 
 use ftpipe_stages::audit::AuditReport;
 
-fn n(v: u64) -> String {
+/// `1234567` → `1,234,567`.
+pub(crate) fn n(v: u64) -> String {
     let s = v.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {

@@ -5,23 +5,11 @@
 //! (paths, fingerprints, messages quoting file names) is escaped before it
 //! reaches the terminal, so a hostile file name cannot emit control codes.
 
+use crate::table::n;
 use ftpipe_stages::verify::{Failure, VerifyReport};
 
 /// Hex digits of the fingerprint shown in the status line.
 const FINGERPRINT_SHOWN: usize = 12;
-
-/// `1234567` → `1,234,567`.
-fn n(v: u64) -> String {
-    let s = v.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// `s` with control characters escaped (`\u{1b}`), safe to print.
 fn clean(s: &str) -> String {

@@ -446,6 +446,55 @@ pub(super) fn fmt_err(
     }
 }
 
+/// The ModelOpt NVFP4 triplet of `module` (`weight` U8, `weight_scale`
+/// F8_E4M3, `weight_scale_2` F32), each part checked, as one native tensor
+/// and its three source spans in body order.
+pub(super) fn nvfp4_triplet(
+    cat: &Catalog,
+    module: &str,
+) -> Result<(NativeNvfp4, [SourceSpan; 3]), ConvertError> {
+    let mut parts = Vec::with_capacity(3);
+    let mut spans = Vec::with_capacity(3);
+    for (p, want) in NVFP4_PARTS.iter().zip([
+        safetensors::Dtype::U8,
+        safetensors::Dtype::F8_E4M3,
+        safetensors::Dtype::F32,
+    ]) {
+        let n = format!("{module}.{p}");
+        let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
+            tensor: n.clone(),
+            needed_for: format!("the NVFP4 triplet of {module}"),
+        })?;
+        if t.dtype() != want {
+            return Err(ConvertError::DtypeMismatch {
+                file: f.to_owned(),
+                tensor: n,
+                expected: format!("{want:?} (part of the NVFP4 triplet of {module})"),
+                actual: format!("{:?}", t.dtype()),
+            });
+        }
+        parts.push(t);
+        spans.push(SourceSpan {
+            file: f.to_owned(),
+            tensor: n,
+            offset: t.offset(),
+            len: t.len(),
+        });
+    }
+    let nv = NativeNvfp4::new(
+        &format!("{module}.weight"),
+        parts[0].shape(),
+        parts[1].shape(),
+        parts[2].shape(),
+    )
+    .map_err(fmt_err(module))?;
+    let spans: [SourceSpan; 3] = spans.try_into().map_err(|_| ConvertError::MissingTensor {
+        tensor: format!("{module}.weight"),
+        needed_for: "the NVFP4 triplet".into(),
+    })?;
+    Ok((nv, spans))
+}
+
 impl MoeProfile {
     fn protected(&self, module: &str) -> bool {
         self.ignore.is_match(module) || self.ignore.is_match(format!("{module}.weight"))
@@ -468,35 +517,13 @@ impl MoeProfile {
         let scale_name = format!("{module}.weight_scale");
         let native = w.dtype() == safetensors::Dtype::U8 || cat.get(&scale_name).is_some();
         if native {
-            let mut parts = Vec::with_capacity(3);
-            for (p, want) in NVFP4_PARTS.iter().zip([
-                safetensors::Dtype::U8,
-                safetensors::Dtype::F8_E4M3,
-                safetensors::Dtype::F32,
-            ]) {
-                let n = format!("{module}.{p}");
-                let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
-                    tensor: n.clone(),
-                    needed_for: format!("the NVFP4 triplet of {module}"),
-                })?;
-                if t.dtype() != want {
-                    return Err(ConvertError::DtypeMismatch {
-                        file: f.to_owned(),
-                        tensor: n,
-                        expected: format!("{want:?}"),
-                        actual: format!("{:?}", t.dtype()),
-                    });
-                }
-                parts.push(t);
-            }
+            let (nv, spans) = nvfp4_triplet(cat, module)?;
             if self.protected(module) {
                 return Err(ConvertError::ProtectedQuantized {
                     file: file.to_owned(),
                     tensor: name,
                 });
             }
-            let nv = NativeNvfp4::new(&name, parts[0].shape(), parts[1].shape(), parts[2].shape())
-                .map_err(fmt_err(module))?;
             if nv.shape() != expected {
                 let mut want = expected.to_vec();
                 if let Some(last) = want.last_mut() {
@@ -512,7 +539,6 @@ impl MoeProfile {
                     ),
                 });
             }
-            let spans = NVFP4_PARTS.map(|p| cat.span(&format!("{module}.{p}")).expect("present"));
             return Ok(Linear {
                 dtype: Dtype::Nvfp4,
                 kind: TensorKind::Native,

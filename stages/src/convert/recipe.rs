@@ -75,12 +75,12 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind, sizes};
+use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
 use super::profile::{
     Catalog, Component, ComponentContent, ComponentKind, FTW_COMPONENT, FtwTensor,
-    KNOWN_MODEL_TYPES, SourceSpan, TensorSource, fmt_err, plain_dtype,
+    KNOWN_MODEL_TYPES, SourceSpan, TensorSource, fmt_err, nvfp4_triplet, plain_dtype,
 };
 use super::safetensors::SourceTensor;
 
@@ -459,7 +459,7 @@ impl Recipe {
             let rule = &self.rules[ri];
             match rule.component {
                 RecipeComponent::Ftw => {
-                    let p = self.place(cat, ri, name, file, t, FTW_COMPONENT)?;
+                    let p = self.place(cat, ri, name, file, t)?;
                     ftw.push(FtwTensor {
                         desc: TensorDesc::new(name, p.dtype, p.kind, p.shape),
                         source: p.source,
@@ -474,7 +474,7 @@ impl Recipe {
                             glob: rule.glob.clone(),
                             problem,
                         })?;
-                    let p = self.place(cat, ri, name, file, t, &expert_component_name(l))?;
+                    let p = self.place(cat, ri, name, file, t)?;
                     let slot = Slot {
                         tensor: name.to_owned(),
                         desc: TensorDesc::new(field.clone(), p.dtype, p.kind, p.shape),
@@ -548,8 +548,8 @@ impl Recipe {
         Ok(true)
     }
 
-    /// How tensor `name` (matched by rule `ri`, going to `component`) is
-    /// stored: a plain copy or, with its scales, an NVFP4 pass-through.
+    /// How tensor `name` (matched by rule `ri`) is stored: a plain copy or,
+    /// with its scales, an NVFP4 pass-through.
     fn place(
         &self,
         cat: &Catalog,
@@ -557,7 +557,6 @@ impl Recipe {
         name: &str,
         file: &str,
         t: &SourceTensor,
-        component: &str,
     ) -> Result<Placed, ConvertError> {
         let rule = &self.rules[ri];
         let module = name.strip_suffix(".weight");
@@ -573,33 +572,7 @@ impl Recipe {
                     glob: rule.glob.clone(),
                 });
             }
-            let part = |part: &str, want: safetensors::Dtype| {
-                let n = format!("{module}.{part}");
-                let (f, pt) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
-                    tensor: n.clone(),
-                    needed_for: format!("the NVFP4 triplet of {name}"),
-                })?;
-                if pt.dtype() != want {
-                    return Err(ConvertError::DtypeMismatch {
-                        file: f.to_owned(),
-                        tensor: n,
-                        expected: format!("{want:?} (part of the NVFP4 triplet of {name})"),
-                        actual: format!("{:?}", pt.dtype()),
-                    });
-                }
-                let span = SourceSpan {
-                    file: f.to_owned(),
-                    tensor: n,
-                    offset: pt.offset(),
-                    len: pt.len(),
-                };
-                Ok((span, pt.shape()))
-            };
-            let (w, w_shape) = part("weight", safetensors::Dtype::U8)?;
-            let (s, s_shape) = part("weight_scale", safetensors::Dtype::F8_E4M3)?;
-            let (s2, s2_shape) = part("weight_scale_2", safetensors::Dtype::F32)?;
-            let nv =
-                NativeNvfp4::new(name, w_shape, s_shape, s2_shape).map_err(fmt_err(component))?;
+            let (nv, [w, s, s2]) = nvfp4_triplet(cat, module)?;
             return Ok(Placed {
                 dtype: Dtype::Nvfp4,
                 kind: TensorKind::Native,
