@@ -11,19 +11,6 @@ use common::*;
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 use ftpipe_fixtures::{HubBuilder, RunningHub};
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 /// A converted artifact, copied away from its output directory.
 fn artifact_copy(tmp: &Path) -> PathBuf {
     let hub = RunningHub::start(

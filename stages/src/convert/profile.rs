@@ -495,6 +495,40 @@ pub(super) fn nvfp4_triplet(
     Ok((nv, spans))
 }
 
+/// The FTEXPERT1 component `name` of layer `l`, sized exactly.
+pub(super) fn expert_sidecar(
+    name: String,
+    l: u64,
+    fields: Vec<TensorDesc>,
+    records: Vec<Vec<TensorSource>>,
+) -> Result<Component, ConvertError> {
+    let count = records.len() as u64;
+    let predicted = sizes::ftexpert_total_len(
+        u32::try_from(l).unwrap_or(u32::MAX),
+        u32::try_from(count).unwrap_or(u32::MAX),
+        fields.clone(),
+    )
+    .map_err(fmt_err(&name))?;
+    let source_files = records
+        .iter()
+        .flatten()
+        .flat_map(|s| s.files())
+        .map(str::to_owned)
+        .collect();
+    Ok(Component {
+        name,
+        kind: ComponentKind::Ftexpert,
+        predicted_bytes: predicted,
+        items: count,
+        source_files,
+        content: ComponentContent::Experts {
+            layer: l,
+            fields,
+            records,
+        },
+    })
+}
+
 impl MoeProfile {
     fn protected(&self, module: &str) -> bool {
         self.ignore.is_match(module) || self.ignore.is_match(format!("{module}.weight"))
@@ -691,29 +725,7 @@ impl MoeProfile {
                 records.push(rec);
             }
         }
-        let fields = fields.unwrap_or_default();
-        let layer = u32::try_from(l).unwrap_or(u32::MAX);
-        let experts = u32::try_from(e_n).unwrap_or(u32::MAX);
-        let predicted =
-            sizes::ftexpert_total_len(layer, experts, fields.clone()).map_err(fmt_err(&name))?;
-        let source_files = records
-            .iter()
-            .flatten()
-            .flat_map(|s| s.files())
-            .map(str::to_owned)
-            .collect();
-        Ok(Component {
-            name,
-            kind: ComponentKind::Ftexpert,
-            predicted_bytes: predicted,
-            items: e_n,
-            source_files,
-            content: ComponentContent::Experts {
-                layer: l,
-                fields,
-                records,
-            },
-        })
+        expert_sidecar(name, l, fields.unwrap_or_default(), records)
     }
 
     fn ple_components(

@@ -80,7 +80,8 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 use super::error::ConvertError;
 use super::profile::{
     Catalog, Component, ComponentContent, ComponentKind, FTW_COMPONENT, FtwTensor,
-    KNOWN_MODEL_TYPES, SourceSpan, TensorSource, fmt_err, nvfp4_triplet, plain_dtype,
+    KNOWN_MODEL_TYPES, SourceSpan, TensorSource, expert_sidecar, fmt_err, nvfp4_triplet,
+    plain_dtype,
 };
 use super::safetensors::SourceTensor;
 
@@ -672,32 +673,7 @@ fn expert_component(
         }
         records.push(slots.into_values().map(|s| s.source).collect::<Vec<_>>());
     }
-    let name = expert_component_name(l);
-    let count = records.len() as u64;
-    let predicted = sizes::ftexpert_total_len(
-        u32::try_from(l).unwrap_or(u32::MAX),
-        u32::try_from(count).unwrap_or(u32::MAX),
-        fields.clone(),
-    )
-    .map_err(fmt_err(&name))?;
-    let source_files = records
-        .iter()
-        .flatten()
-        .flat_map(|s| s.files())
-        .map(str::to_owned)
-        .collect();
-    Ok(Component {
-        name,
-        kind: ComponentKind::Ftexpert,
-        predicted_bytes: predicted,
-        items: count,
-        source_files,
-        content: ComponentContent::Experts {
-            layer: l,
-            fields,
-            records,
-        },
-    })
+    expert_sidecar(expert_component_name(l), l, fields, records)
 }
 
 #[cfg(test)]
