@@ -154,3 +154,13 @@ fn nan_in_a_tensor_to_quantize() {
         false,
     );
 }
+
+#[test]
+fn dtype_that_the_profile_refuses() {
+    let t = "model.layers.1.ple.ple_embedding.ngram_embedding.shard_0.weight";
+    fails_then_resumes(
+        vec![Mutation::Retype(t.into(), "F32")],
+        &[t, "dtype F32", "BF16"],
+        true,
+    );
+}

@@ -56,6 +56,20 @@ fn verify_passes_clean_and_names_every_tampered_component() {
     assert_eq!(j["ok"], true);
     assert_eq!(j["expert_layers"], 3);
 
+    // inspect reads a Q3 segment's geometry from the copied manifest.
+    let o = run_ok(
+        ftpipe()
+            .arg("inspect")
+            .arg(art.join("ple/layer_001/shard_0.q3"))
+            .arg("--json"),
+    );
+    let q: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let shape = QwenShape::default();
+    assert_eq!(q["format"], "Q3_PLE_32 segment");
+    assert_eq!(q["q3"]["rows"], shape.ple_rows[0]);
+    assert_eq!(q["q3"]["width"], shape.ple_width);
+    assert!(q["q3"]["global_scale"].as_f64().unwrap() > 0.0);
+
     // One flipped byte: only --deep sees it, and names the component.
     let d = fresh(&art, tmp.path(), "flip");
     let f = d.join("experts/layer_002.ftexpert");
