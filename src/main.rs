@@ -343,6 +343,18 @@ fn convert_options(
     })
 }
 
+/// Prints `outcome` as the final JSON summary line, or as `text()`.
+fn print_summary<T: serde::Serialize>(json: bool, outcome: &T, text: impl FnOnce() -> String) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "event": "summary", "outcome": outcome })
+        );
+    } else {
+        print!("{}", text());
+    }
+}
+
 /// Runs a fetch and returns whether everything verified.
 async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     let params = fetch_params(&args)?;
@@ -350,14 +362,7 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .fetch(params, reporter(args.json, args.quiet))
         .await?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({ "event": "summary", "outcome": outcome })
-        );
-    } else {
-        print!("{}", table::render(&outcome.audit));
-    }
+    print_summary(args.json, &outcome, || table::render(&outcome.audit));
     // fetch answers for the sources; a pending conversion is not its failure.
     Ok(outcome.audit.sources_ok)
 }
@@ -369,14 +374,7 @@ async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .convert(&opts, reporter(args.json, args.quiet))
         .await?;
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({ "event": "summary", "outcome": outcome })
-        );
-    } else {
-        print!("{}", render_convert(&outcome));
-    }
+    print_summary(args.json, &outcome, || render_convert(&outcome));
     Ok(true)
 }
 
@@ -388,20 +386,13 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .run(params, opts, reporter(args.fetch.json, args.fetch.quiet))
         .await?;
-    if args.fetch.json {
-        println!(
-            "{}",
-            serde_json::json!({ "event": "summary", "outcome": outcome })
-        );
-    } else {
-        match &outcome.convert {
-            Some(c) => print!("{}", render_convert(c)),
-            None => {
-                println!("{}", outcome.summary);
-                println!("manifest sha256  {}", outcome.manifest_sha256);
-            }
-        }
-    }
+    print_summary(args.fetch.json, &outcome, || match &outcome.convert {
+        Some(c) => render_convert(c),
+        None => format!(
+            "{}\nmanifest sha256  {}\n",
+            outcome.summary, outcome.manifest_sha256
+        ),
+    });
     Ok(true)
 }
 

@@ -36,18 +36,6 @@ use ftpipe_fixtures::{HubBuilder, RunningHub};
 
 const KILLS: usize = 12;
 
-fn crash_shape() -> QwenShape {
-    QwenShape {
-        hidden: 256,
-        moe_intermediate: 128,
-        vocab: 512,
-        shards: 4,
-        ple_rows: vec![52_000, 52_000, 40_000],
-        ple_width: 256,
-        ..QwenShape::default()
-    }
-}
-
 fn component_receipts(out: &Path) -> BTreeMap<String, (u64, String)> {
     match try_query(
         out,
@@ -83,7 +71,7 @@ fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
     let seed = crash_seed();
     eprintln!("crash seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
-    let files = generate_qwen4_repo(seed % 1000, crash_shape());
+    let files = generate_qwen4_repo(seed % 1000, QwenShape::medium());
     let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let fetched = tmp.path().join("fetched");

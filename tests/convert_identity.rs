@@ -138,6 +138,26 @@ fn retired_sources_then_a_lost_component_asks_to_reacquire() {
     let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--retire-sources"]));
     assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
 
+    // A retirement logged by a run killed before its unlink (the shard is
+    // still there) is finished by the next conversion, without a new row.
+    let shard = &retired[0];
+    std::fs::copy(
+        tmp.path().join("reference/source").join(shard),
+        out.join("source").join(shard),
+    )
+    .unwrap();
+    run_ok(&mut convert_cmd(&out, &["--retire-sources"]));
+    assert!(
+        !out.join("source").join(shard).exists(),
+        "{shard} left on disk"
+    );
+    let rows = query(&out, "SELECT COUNT(*) FROM source_retirements");
+    assert_eq!(
+        rows,
+        [retired.len().to_string()],
+        "a retirement was logged twice"
+    );
+
     std::fs::remove_file(out.join("artifact/experts/layer_001.ftexpert")).unwrap();
     let o = run(&mut convert_cmd(&out, &[]));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));

@@ -388,15 +388,7 @@ fn run_preflight_counts_sources_and_artifact() {
     let Some(mount) = mount_or_skip("run_preflight", 100) else {
         return;
     };
-    let shape = QwenShape {
-        hidden: 256,
-        moe_intermediate: 128,
-        vocab: 512,
-        shards: 4,
-        ple_rows: vec![52_000, 52_000, 40_000],
-        ple_width: 256,
-        ..QwenShape::default()
-    };
+    let shape = QwenShape::medium();
     let files = generate_qwen4_repo(5, shape);
     let hub = ftpipe_fixtures::RunningHub::start(
         ftpipe_fixtures::HubBuilder::new().repo(REPO, files.clone()),

@@ -70,15 +70,22 @@ impl ConvertOptions {
     /// The options that change the plan.
     pub fn plan_options(&self) -> PlanOptions {
         PlanOptions {
-            protect: self.protect.clone(),
+            protect: self.protect_globs(),
             recipe: self.recipe.clone(),
         }
+    }
+
+    /// `--protect` globs sorted and deduplicated: their order on the
+    /// command line is not part of the converter identity.
+    fn protect_globs(&self) -> Vec<String> {
+        let set: BTreeSet<&String> = self.protect.iter().collect();
+        set.into_iter().cloned().collect()
     }
 
     /// The options as recorded in the converter identity.
     pub fn options_id(&self) -> ConvertOptionsId {
         ConvertOptionsId {
-            protect: self.protect.clone(),
+            protect: self.protect_globs(),
             recipe: self.recipe.as_ref().map(Recipe::digest),
         }
     }
@@ -125,7 +132,12 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let path = dir.join(name);
     if std::fs::read(&path).is_ok_and(|old| old == bytes) {
-        return Ok(());
+        // Same bytes, maybe from a run killed before its fsyncs: make them
+        // durable before anything is recorded about them.
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StageError::io("fsync", &path, e))?;
+        return sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e));
     }
     let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
     let mut f = std::fs::File::create(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
@@ -539,19 +551,19 @@ async fn retire_eligible(
     let retired = store.retired_sources().await?;
     let mut out = Vec::new();
     for (file, comps) in readers {
-        if !file.ends_with(".safetensors")
-            || retired.contains(file)
-            || !comps.iter().all(|c| done.contains_key(*c))
-        {
+        if !file.ends_with(".safetensors") || !comps.iter().all(|c| done.contains_key(*c)) {
             continue;
         }
         let path = crate::paths::safe_join(source_root, file)?;
         let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
-        store
-            .log_retirement(run, file, "retired", meta.len())
-            .await?;
+        // Logged by a run killed before its unlink: finish it, no new row.
+        if !retired.contains(file) {
+            store
+                .log_retirement(run, file, "retired", meta.len())
+                .await?;
+        }
         std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
         let dir = path.parent().unwrap_or(source_root);
         sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;

@@ -315,7 +315,8 @@ impl SourceHeader {
                 name,
                 dtype,
                 shape,
-                offset: data_start + begin,
+                // Saturates only when `cursor` does too: then Truncated below.
+                offset: data_start.saturating_add(begin),
                 len: end - begin,
             });
         }

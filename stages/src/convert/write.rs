@@ -153,34 +153,30 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
     }
 }
 
-/// Creates `dir` and any missing ancestors below `root`, fsyncing each
-/// parent whose entries changed.
-fn create_dirs_synced(root: &Path, dir: &Path) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
+/// Fsyncs every directory from `dir` up to and including `root`, so each
+/// entry on the component's path is durable whoever created it (another
+/// job, or a run killed between its mkdir and its fsync).
+fn sync_dirs_up_to(root: &Path, dir: &Path) -> Result<()> {
+    let mut d = Some(dir);
+    while let Some(cur) = d {
+        sync_dir(cur).map_err(|e| StageError::io("fsync", cur, e))?;
+        if cur == root {
+            break;
+        }
+        d = cur.parent();
     }
-    if let Some(parent) = dir.parent()
-        && parent != root
-    {
-        create_dirs_synced(root, parent)?;
-    }
-    match std::fs::create_dir(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(StageError::io("create", dir, e)),
-    }
-    let parent = dir.parent().unwrap_or(root);
-    sync_dir(parent).map_err(|e| StageError::io("fsync", parent, e))
+    Ok(())
 }
 
 /// The absolute max of a PLE table (all its BF16 segments), checking every
 /// element is finite.
-pub fn table_absmax(sources: &Sources, segments: &[SourceSpan]) -> Result<f32> {
+pub fn table_absmax(sources: &Sources, component: &str, segments: &[SourceSpan]) -> Result<f32> {
     let (mut buf, mut x, mut amax) = (Vec::new(), Vec::new(), 0f32);
     for s in segments {
         sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
             bf16_view(bytes, &mut x);
-            let m = q3::table_absmax(&s.tensor, &x, done / 2).map_err(|e| codec_err("", s, e))?;
+            let m = q3::table_absmax(&s.tensor, &x, done / 2)
+                .map_err(|e| codec_err(component, s, e))?;
             amax = amax.max(m);
             Ok(())
         })?;
@@ -199,7 +195,7 @@ pub fn write_component(
     let path = safe_join(artifact, &c.name)?;
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
     let dir = path.parent().unwrap_or(artifact).to_owned();
-    create_dirs_synced(artifact, &dir)?;
+    std::fs::create_dir_all(&dir).map_err(|e| StageError::io("create", &dir, e))?;
     let file = File::create(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
     let sink = HashingWriter {
         file,
@@ -273,7 +269,7 @@ pub fn write_component(
             })?;
         }
         ComponentContent::Q3GlobalScale { segments, .. } => {
-            let amax = table_absmax(sources, segments)?;
+            let amax = table_absmax(sources, &c.name, segments)?;
             let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(&c.name))?;
             out.write_all(&g.to_bytes()).map_err(io_err)?;
         }
@@ -292,7 +288,7 @@ pub fn write_component(
         .into());
     }
     std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
-    sync_dir(&dir).map_err(|e| StageError::io("fsync", &dir, e))?;
+    sync_dirs_up_to(artifact, &dir)?;
     Ok(Written {
         size: sink.written,
         sha256: hex::encode(sink.hasher.finalize()),
