@@ -8,7 +8,7 @@
 //! receipts, or with `--retire-sources` the peak of the two as shards are
 //! retired — with the free space on the target volume.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -16,10 +16,11 @@ use serde::Serialize;
 use tokio::task::block_in_place;
 
 use ftpipe_stages::StageError;
+use ftpipe_stages::convert::engine::current_converter;
 use ftpipe_stages::convert::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
+use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
-    ComponentKind, ConvertOptions, ConvertOutcome, ConvertPaths, Plan, convert, plan_local_with,
-    plan_remote,
+    ConvertOptions, ConvertOutcome, ConvertPaths, convert, plan_local_with, plan_remote,
 };
 use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_stages::hub::HubClient;
@@ -55,48 +56,6 @@ impl Layout {
             state_dir: self.state_dir.clone(),
         }
     }
-}
-
-/// Bytes the artifact still needs at its peak: components without receipts
-/// in the order conversion writes them (global scales first), minus the
-/// shards retired as soon as all their readers are written when `retire`.
-pub fn artifact_peak(
-    plan: &Plan,
-    done: &BTreeSet<String>,
-    shard_bytes: &BTreeMap<String, u64>,
-    retire: bool,
-) -> u64 {
-    let mut order: Vec<_> = plan
-        .components
-        .iter()
-        .filter(|c| c.kind == ComponentKind::Q3GlobalScale)
-        .collect();
-    order.extend(
-        plan.components
-            .iter()
-            .filter(|c| c.kind != ComponentKind::Q3GlobalScale),
-    );
-    let mut remaining: BTreeMap<&str, usize> = BTreeMap::new();
-    for c in order.iter().filter(|c| !done.contains(&c.name)) {
-        for f in &c.source_files {
-            *remaining.entry(f.as_str()).or_default() += 1;
-        }
-    }
-    let (mut level, mut peak) = (0i128, 0i128);
-    for c in order.iter().filter(|c| !done.contains(&c.name)) {
-        level += i128::from(c.predicted_bytes);
-        peak = peak.max(level);
-        if retire {
-            for f in &c.source_files {
-                let left = remaining.entry(f.as_str()).or_default();
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    level -= i128::from(shard_bytes.get(f).copied().unwrap_or(0));
-                }
-            }
-        }
-    }
-    u64::try_from(peak).unwrap_or(u64::MAX)
 }
 
 impl Pipeline {
@@ -168,7 +127,8 @@ impl Pipeline {
                 .iter()
                 .map(|s| (s.file.clone(), s.bytes))
                 .collect();
-            let artifact = artifact_peak(&plan, &done, &shards, opts.retire_sources);
+            let artifact =
+                artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
             let needed = sources_needed.saturating_add(artifact);
             std::fs::create_dir_all(&self.layout.out).map_err(|e| StageError::io("create", &self.layout.out, e))?;
             let available = fs4::available_space(&self.layout.out)
@@ -306,11 +266,12 @@ impl Pipeline {
         let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
             return Ok(None);
         };
-        if manifest.converter.options != opts.options_id()
-            || manifest.converter.ftpipe != env!("CARGO_PKG_VERSION")
+        // The whole converter identity (version, formats, profile, options).
+        let converter = current_converter(&self.layout.source, opts).ok();
+        if converter.as_ref() != Some(&manifest.converter)
             || manifest.source.commit != pin.commit
             || !all_sizes_match(artifact, &manifest)
-            || !placement_current(artifact, opts)
+            || !placement_current(artifact, &manifest, opts)
         {
             return Ok(None);
         }
@@ -342,6 +303,8 @@ impl Pipeline {
     }
 }
 
+/// Sizes only: a no-op rerun must answer in under a second whatever the
+/// artifact size; `ftpipe verify --deep` re-hashes every component.
 fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
     m.components.iter().all(|c| {
         std::fs::symlink_metadata(artifact.join(&c.path))
@@ -349,66 +312,14 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
     })
 }
 
-fn placement_current(artifact: &Path, opts: &ConvertOptions) -> bool {
+/// The placement on disk is for this manifest and these budgets.
+fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
     std::fs::read(artifact.join(PLACEMENT_FILE))
         .ok()
         .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())
-        .is_some_and(|p| p.ram_budget == opts.ram_budget && p.reserve == opts.reserve)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ftpipe_stages::convert::{Component, ComponentContent};
-
-    fn comp(name: &str, kind: ComponentKind, bytes: u64, files: &[&str]) -> Component {
-        Component {
-            name: name.into(),
-            kind,
-            predicted_bytes: bytes,
-            items: 1,
-            source_files: files.iter().map(|f| f.to_string()).collect(),
-            content: ComponentContent::Q3GlobalScale {
-                layer: 0,
-                segments: vec![],
-            },
-        }
-    }
-
-    fn plan(components: Vec<Component>) -> Plan {
-        Plan {
-            model_type: "qwen4_exp".into(),
-            profile: "qwen4_exp".into(),
-            sources: vec![],
-            source_bytes: 0,
-            total_bytes: components.iter().map(|c| c.predicted_bytes).sum(),
-            components,
-        }
-    }
-
-    #[test]
-    fn peak_without_retirement_is_every_missing_component() {
-        let p = plan(vec![
-            comp("a", ComponentKind::Ftw, 10, &["s1"]),
-            comp("b", ComponentKind::Ftexpert, 20, &["s2"]),
-        ]);
-        let shards = [("s1".to_string(), 100), ("s2".to_string(), 100)].into();
-        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, false), 30);
-        let done = ["a".to_string()].into();
-        assert_eq!(artifact_peak(&p, &done, &shards, false), 20);
-    }
-
-    #[test]
-    fn retirement_frees_a_shard_once_its_last_reader_is_written() {
-        // Scales go first; s1 is freed after "g" and "a", s2 after "b".
-        let p = plan(vec![
-            comp("a", ComponentKind::Ftw, 10, &["s1"]),
-            comp("b", ComponentKind::Ftexpert, 50, &["s2"]),
-            comp("g", ComponentKind::Q3GlobalScale, 2, &["s1", "s2"]),
-        ]);
-        let shards = [("s1".to_string(), 40), ("s2".to_string(), 100)].into();
-        // g: 2 → a: 12, s1 freed → −28 → b: 22, s2 freed. Peak 22.
-        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, true), 22);
-        assert_eq!(artifact_peak(&p, &BTreeSet::new(), &shards, false), 62);
-    }
+        .is_some_and(|p| {
+            p.ram_budget == opts.ram_budget
+                && p.reserve == opts.reserve
+                && p.check(manifest).is_ok()
+        })
 }

@@ -28,7 +28,7 @@ use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::progress::Reporter;
 use ftpipe_stages::resolve::{ResolveRequest, Resolved, resolve};
 
-pub use convert::{RunOutcome, artifact_peak};
+pub use convert::RunOutcome;
 pub use error::{PipelineError, Result};
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};

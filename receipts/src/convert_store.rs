@@ -55,6 +55,8 @@ pub struct ArtifactRow {
     pub fingerprint: Option<String>,
     /// Free text (where an artifact was set aside, and why).
     pub detail: String,
+    /// For `set_aside`: the directory name under DIR it goes to.
+    pub set_aside_to: Option<String>,
     /// When.
     pub at: String,
 }
@@ -114,16 +116,19 @@ impl Store {
 
     /// Drops every component receipt (the artifact they claim was set
     /// aside) and logs where it went, in one transaction.
-    pub async fn set_aside_artifact(&self, run: RunId, detail: &str) -> Result<()> {
+    pub async fn set_aside_artifact(&self, run: RunId, dest: &str, detail: &str) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query("DELETE FROM components")
             .execute(&mut *tx)
             .await
             .ctx("delete components")?;
-        sqlx::query("INSERT INTO artifacts (run_id, event, detail) VALUES (?, 'set_aside', ?)")
-            .bind(run)
-            .bind(detail)
+        sqlx::query(
+            "INSERT INTO artifacts (run_id, event, detail, set_aside_to) VALUES (?, 'set_aside', ?, ?)",
+        )
+        .bind(run)
+        .bind(detail)
+        .bind(dest)
             .execute(&mut *tx)
             .await
             .ctx("insert set_aside")?;
@@ -156,7 +161,8 @@ impl Store {
     pub async fn artifact_log(&self) -> Result<Vec<ArtifactRow>> {
         let mut conn = self.conn.lock().await;
         let rows = sqlx::query(
-            "SELECT run_id, event, manifest_sha256, fingerprint, detail, at FROM artifacts ORDER BY id",
+            "SELECT run_id, event, manifest_sha256, fingerprint, detail, at, set_aside_to \
+             FROM artifacts ORDER BY id",
         )
         .fetch_all(&mut *conn)
         .await
@@ -170,6 +176,7 @@ impl Store {
                 fingerprint: r.get(3),
                 detail: r.get(4),
                 at: r.get(5),
+                set_aside_to: r.get(6),
             })
             .collect())
     }

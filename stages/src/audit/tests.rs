@@ -412,7 +412,10 @@ async fn no_conversion_yet_is_clean() {
     let f = fixture().await;
     std::fs::remove_dir_all(f.artifact()).unwrap();
     std::fs::remove_file(f.out.join(".ftpipe").join(PLAN_FILE)).unwrap();
-    f.store.set_aside_artifact(f.run, "test").await.unwrap();
+    f.store
+        .set_aside_artifact(f.run, "artifact.stale-test", "test")
+        .await
+        .unwrap();
     let a = f.audit(true).await;
     assert!(a.ok, "{a:#?}");
     assert_eq!(a.known_target_from, "receipts");

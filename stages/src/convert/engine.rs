@@ -31,13 +31,15 @@ use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
     TEMP_SUFFIX, sha256_hex,
 };
-use super::plan::{Plan, PlanOptions, plan_local_with};
+use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
 use super::profile::{CONFIG_FILE, Component, ComponentKind, model_type};
 use super::recipe::Recipe;
 use super::skeleton::{Skeleton, files_read, source_identity};
+use super::space::artifact_peak;
 use super::write::{Sources, read_global_scale, write_component};
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dir;
+use crate::identity::{Expected, LfsSha256, hash_file};
 use crate::progress::{ProgressEvent, Reporter};
 
 /// Skeleton file under the state directory.
@@ -235,23 +237,56 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
     reasons
 }
 
-/// Renames the artifact aside (`DIR/artifact.stale-run{N}`) and drops its receipts.
+/// Sets the artifact aside as `DIR/artifact.stale-run{N}`: the destination
+/// is logged (and the receipts dropped) first, then the directory renamed,
+/// so a run killed in between finishes that same rename
+/// ([`finish_pending_set_aside`]) instead of choosing another name.
 async fn set_aside(store: &Store, run: RunId, paths: &ConvertPaths, why: &str) -> Result<PathBuf> {
-    let mut dest = paths.out.join(format!("artifact.stale-run{run}"));
+    let mut name = format!("artifact.stale-run{run}");
     let mut n = 1;
-    while dest.exists() {
-        dest = paths.out.join(format!("artifact.stale-run{run}.{n}"));
+    while paths.out.join(&name).exists() {
+        name = format!("artifact.stale-run{run}.{n}");
         n += 1;
     }
+    let dest = paths.out.join(&name);
+    store
+        .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))
+        .await?;
+    rename_aside(paths, &dest)?;
+    Ok(dest)
+}
+
+fn rename_aside(paths: &ConvertPaths, dest: &Path) -> Result<()> {
     if paths.artifact.exists() {
-        std::fs::rename(&paths.artifact, &dest)
+        std::fs::rename(&paths.artifact, dest)
             .map_err(|e| StageError::io("rename", &paths.artifact, e))?;
         sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
     }
-    store
-        .set_aside_artifact(run, &format!("{} ({why})", dest.display()))
-        .await?;
-    Ok(dest)
+    Ok(())
+}
+
+/// Finishes a set-aside whose rename a killed run did not do: the last
+/// artifact event is a set-aside to a directory that does not exist and no
+/// component was written since (its receipts were dropped with it).
+async fn finish_pending_set_aside(store: &Store, paths: &ConvertPaths) -> Result<Option<PathBuf>> {
+    let log = store.artifact_log().await?;
+    let Some(name) = log
+        .last()
+        .filter(|a| a.event == "set_aside")
+        .and_then(|a| a.set_aside_to.clone())
+    else {
+        return Ok(None);
+    };
+    crate::paths::validate_repo_path(&name).map_err(|e| StageError::InvalidInput {
+        what: "set-aside destination",
+        message: format!("{name:?}: {e}"),
+    })?;
+    let dest = paths.out.join(&name);
+    if dest.exists() || !paths.artifact.exists() || !store.components().await?.is_empty() {
+        return Ok(None);
+    }
+    rename_aside(paths, &dest)?;
+    Ok(Some(dest))
 }
 
 /// Components whose receipt has the current identity and whose file has the
@@ -273,11 +308,66 @@ fn valid_receipts(
 
 struct Prepared {
     skel: Skeleton,
-    plan: Option<Plan>,
+    plan: Plan,
 }
 
-/// The skeleton of this conversion: planned from the sources, or loaded
-/// when shards were retired (and then checked against the receipts).
+/// The converter identity `opts` gives for the checkpoint under `source`.
+pub fn current_converter(source: &Path, opts: &ConvertOptions) -> Result<ConverterIdentity> {
+    let config = read_config(source)?;
+    let _ = model_type(&config)?;
+    Ok(ConverterIdentity::current(
+        opts.plan_options().profile(&config)?.name(),
+        opts.options_id(),
+    ))
+}
+
+/// Headers of retired shards absent from `source`, from the saved skeleton.
+async fn retired_headers(
+    store: &Store,
+    paths: &ConvertPaths,
+    retired: &BTreeSet<String>,
+) -> Result<BTreeMap<String, SavedHeader>> {
+    let path = paths.state_dir.join(SKELETON_FILE);
+    let saved: BTreeMap<String, SavedHeader> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Skeleton>(&b).ok())
+        .map(|s| s.headers)
+        .unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for file in retired {
+        let on_disk = crate::paths::safe_join(&paths.source, file)?;
+        if on_disk.exists() {
+            continue;
+        }
+        match saved.get(file) {
+            Some(h) => {
+                out.insert(file.clone(), h.clone());
+            }
+            None => {
+                return Err(ConvertError::RetiredHeaderMissing {
+                    source_file: file.clone(),
+                    run: retired_by(store, file).await?,
+                    skeleton: path.display().to_string(),
+                }
+                .into());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The run that retired `file` (0 when the log does not say).
+async fn retired_by(store: &Store, file: &str) -> Result<i64> {
+    Ok(store
+        .retirement_log()
+        .await?
+        .iter()
+        .rfind(|r| r.path == file && r.event == "retired")
+        .map_or(0, |r| r.run_id))
+}
+
+/// The plan and skeleton of this conversion, from the shards present and,
+/// for shards retired since, the headers saved in the last skeleton.
 async fn prepare(
     store: &Store,
     paths: &ConvertPaths,
@@ -298,52 +388,13 @@ async fn prepare(
         .get("num_experts_per_tok")
         .and_then(Value::as_u64)
         .unwrap_or(8);
-    let converter = ConverterIdentity::current(
-        opts.plan_options().profile(&config)?.name(),
-        opts.options_id(),
-    );
-    let _ = model_type(&config)?;
-    if retired.is_empty() {
-        let plan = block_in_place(|| plan_local_with(&paths.source, &opts.plan_options()))?;
-        let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
-        let skel = Skeleton::build(&plan, source, converter, top_k)?;
-        return Ok(Prepared {
-            skel,
-            plan: Some(plan),
-        });
-    }
-    let path = paths.state_dir.join(SKELETON_FILE);
-    let saved: Skeleton = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| ConvertError::StaleArtifact {
-            dir: paths.artifact.display().to_string(),
-            reasons: format!(
-                "sources were retired and {} is missing or unreadable",
-                path.display()
-            ),
-        })?;
-    let files: Vec<String> = saved
-        .manifest
-        .source
-        .files
-        .iter()
-        .map(|f| f.path.clone())
-        .collect();
-    let source = source_identity(&pin.repo, &pin.commit, &files, &receipts)?;
-    if source != saved.manifest.source || converter != saved.manifest.converter {
-        return Err(ConvertError::StaleArtifact {
-            dir: paths.artifact.display().to_string(),
-            reasons: "the sources or converter options changed after sources were retired; \
-                      re-acquire the sources with `ftpipe fetch --reacquire`"
-                .into(),
-        }
-        .into());
-    }
-    Ok(Prepared {
-        skel: saved,
-        plan: None,
-    })
+    let converter = current_converter(&paths.source, opts)?;
+    let saved = retired_headers(store, paths, retired).await?;
+    let (plan, headers) =
+        block_in_place(|| plan_local_saved(&paths.source, &opts.plan_options(), &saved))?;
+    let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
+    let skel = Skeleton::build(&plan, source, converter, top_k, headers)?;
+    Ok(Prepared { skel, plan })
 }
 
 /// Converts the sources under `paths.source` into `paths.artifact`.
@@ -356,8 +407,16 @@ pub async fn convert(
 ) -> Result<ConvertOutcome> {
     let retired = store.retired_sources().await?;
     let Prepared { skel, plan } = prepare(store, paths, opts, &retired).await?;
+    let mut set_aside_to = finish_pending_set_aside(store, paths).await?;
+    if let Some(dest) = &set_aside_to {
+        reporter.report(ProgressEvent::Note {
+            message: format!(
+                "finished setting the stale artifact aside as {}",
+                dest.display()
+            ),
+        });
+    }
     let reasons = stale_reasons(&skel, &store.components().await?, &paths.artifact);
-    let mut set_aside_to = None;
     if !reasons.is_empty() {
         if !opts.rebuild {
             return Err(ConvertError::StaleArtifact {
@@ -380,60 +439,48 @@ pub async fn convert(
         SKELETON_FILE,
         &serde_json::to_vec(&skel).unwrap_or_default(),
     )?;
-    if let Some(p) = &plan {
-        write_atomic(
-            &paths.state_dir,
-            PLAN_FILE,
-            &serde_json::to_vec_pretty(p).unwrap_or_default(),
-        )?;
-    }
+    write_atomic(
+        &paths.state_dir,
+        PLAN_FILE,
+        &serde_json::to_vec_pretty(&plan).unwrap_or_default(),
+    )?;
     for t in remove_temp_files(&paths.artifact)? {
         tracing::info!("removed stale temp file {}", t.display());
     }
     let mut done = valid_receipts(&skel, store.components().await?, &paths.artifact);
-    let todo: Vec<&str> = skel
-        .manifest
+    if opts.retire_sources {
+        for bad in block_in_place(|| unhashed_before_retirement(&skel, &done, paths))? {
+            reporter.report(ProgressEvent::Note {
+                message: format!(
+                    "{bad} does not match its receipt's SHA-256; rewriting it before its sources are retired"
+                ),
+            });
+            done.remove(&bad);
+        }
+    }
+    let present = |f: &String| source_present(&paths.source, f);
+    let (pending, blocked): (Vec<Component>, Vec<Component>) = plan
         .components
         .iter()
-        .map(|c| c.path.as_str())
-        .filter(|p| !done.contains_key(*p))
-        .collect();
+        .filter(|c| !done.contains_key(&c.name))
+        .cloned()
+        .partition(|c| c.source_files.iter().all(present));
     let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
-    let todo_bytes: u64 = skel
-        .manifest
-        .components
+    let todo_bytes: u64 = pending
         .iter()
-        .filter(|c| !done.contains_key(&c.path))
-        .map(|c| c.size)
+        .chain(&blocked)
+        .map(|c| c.predicted_bytes)
         .sum();
     reporter.report(ProgressEvent::ConvertPlanned {
         components: skel.manifest.components.len(),
         total_bytes: total,
-        done_bytes: total - todo_bytes,
+        done_bytes: total.saturating_sub(todo_bytes),
     });
+    if opts.preflight && !pending.is_empty() {
+        preflight(&plan, &done, paths, opts)?;
+    }
     let mut written = 0;
-    if !todo.is_empty() {
-        let Some(plan) = plan else {
-            return Err(retired_error(store, &skel, &todo, &retired).await?.into());
-        };
-        if opts.preflight {
-            let available = fs4::available_space(&paths.artifact)
-                .map_err(|e| StageError::io("statvfs", &paths.artifact, e))?;
-            if todo_bytes > available {
-                return Err(StageError::InsufficientSpace {
-                    volume: paths.artifact.clone(),
-                    available,
-                    needed: todo_bytes,
-                });
-            }
-        }
-        let todo: BTreeSet<&str> = todo.into_iter().collect();
-        let pending: Vec<Component> = plan
-            .components
-            .iter()
-            .filter(|c| todo.contains(c.name.as_str()))
-            .cloned()
-            .collect();
+    if !pending.is_empty() {
         let (scales, rest): (Vec<_>, Vec<_>) = pending
             .into_iter()
             .partition(|c| c.kind == ComponentKind::Q3GlobalScale);
@@ -459,6 +506,21 @@ pub async fn convert(
             }
         }
         written += ctx.write_all(rest, &mut done, g).await?;
+    }
+    if let Some(c) = blocked.first() {
+        // Everything readable was converted; this one needs a retired shard.
+        let source_file = c
+            .source_files
+            .iter()
+            .find(|f| !present(f))
+            .cloned()
+            .unwrap_or_default();
+        return Err(ConvertError::SourceRetired {
+            component: c.name.clone(),
+            run: retired_by(store, &source_file).await?,
+            source_file,
+        }
+        .into());
     }
     let digests = done
         .iter()
@@ -505,30 +567,70 @@ pub async fn convert(
     })
 }
 
-async fn retired_error(
-    store: &Store,
+/// True when source file `file` is on disk under `root`.
+fn source_present(root: &Path, file: &str) -> bool {
+    crate::paths::safe_join(root, file).is_ok_and(|p| p.exists())
+}
+
+/// Refuses when the artifact's peak need does not fit the volume.
+fn preflight(
+    plan: &Plan,
+    done: &BTreeMap<String, ComponentReceipt>,
+    paths: &ConvertPaths,
+    opts: &ConvertOptions,
+) -> Result<()> {
+    let shards: BTreeMap<String, u64> = plan
+        .sources
+        .iter()
+        .filter(|s| source_present(&paths.source, &s.file))
+        .map(|s| (s.file.clone(), s.bytes))
+        .collect();
+    let done: BTreeSet<String> = done.keys().cloned().collect();
+    let needed = artifact_peak(plan, &done, &shards, opts.retire_sources, opts.jobs);
+    let available = fs4::available_space(&paths.artifact)
+        .map_err(|e| StageError::io("statvfs", &paths.artifact, e))?;
+    if needed > available {
+        return Err(StageError::InsufficientSpace {
+            volume: paths.artifact.clone(),
+            available,
+            needed,
+        });
+    }
+    Ok(())
+}
+
+/// Reused components (checked by size only) that read a shard still on
+/// disk and whose file does not hash to their receipt: they are rewritten
+/// before `--retire-sources` may delete that shard.
+fn unhashed_before_retirement(
     skel: &Skeleton,
-    todo: &[&str],
-    retired: &BTreeSet<String>,
-) -> Result<ConvertError> {
-    let log = store.retirement_log().await?;
-    let component = todo.first().copied().unwrap_or_default();
-    let reads = skel.readers.get(component).cloned().unwrap_or_default();
-    let source_file = reads
-        .iter()
-        .find(|f| retired.contains(*f))
-        .or_else(|| retired.iter().next())
-        .cloned()
-        .unwrap_or_default();
-    let run = log
-        .iter()
-        .rfind(|r| r.path == source_file && r.event == "retired")
-        .map_or(0, |r| r.run_id);
-    Ok(ConvertError::SourceRetired {
-        component: component.to_owned(),
-        source_file,
-        run,
-    })
+    done: &BTreeMap<String, ComponentReceipt>,
+    paths: &ConvertPaths,
+) -> Result<Vec<String>> {
+    let mut bad = Vec::new();
+    for (name, r) in done {
+        let reads_present = skel.readers.get(name).is_some_and(|files| {
+            files
+                .iter()
+                .any(|f| f.ends_with(".safetensors") && source_present(&paths.source, f))
+        });
+        if !reads_present {
+            continue;
+        }
+        let path = paths.artifact.join(name);
+        let matches = match LfsSha256::parse(&r.sha256) {
+            Some(d) => {
+                hash_file(&path, &Expected::Sha256(d), r.size)
+                    .map_err(|e| StageError::io("read", &path, e))?
+                    == r.sha256
+            }
+            None => false,
+        };
+        if !matches {
+            bad.push(name.clone());
+        }
+    }
+    Ok(bad)
 }
 
 /// Retires every weight shard all of whose readers have receipts. The

@@ -248,6 +248,15 @@ pub enum ConvertError {
         source_file: String,
         run: i64,
     },
+    /// A retired shard's header was not saved, so nothing can be planned.
+    #[error(
+        "source {source_file} was retired by --retire-sources (run {run}) and its header is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
+    )]
+    RetiredHeaderMissing {
+        source_file: String,
+        run: i64,
+        skeleton: String,
+    },
     /// Conversion needs verified sources.
     #[error("{file} has no download receipt: fetch (and verify) the checkpoint before converting")]
     NotFetched { file: String },

@@ -14,12 +14,14 @@ pub mod profile;
 pub mod recipe;
 pub mod safetensors;
 pub mod skeleton;
+pub mod space;
 pub mod write;
 
 pub use engine::{ConvertOptions, ConvertOutcome, ConvertPaths, convert};
 pub use error::ConvertError;
 pub use plan::{
-    Plan, PlanOptions, PlannedSource, load_recipe, plan_local, plan_local_with, plan_remote,
+    Plan, PlanOptions, PlannedSource, SavedHeader, load_recipe, plan_local, plan_local_saved,
+    plan_local_with, plan_remote,
 };
 pub use profile::{Component, ComponentContent, ComponentKind, Profile};
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

@@ -236,25 +236,63 @@ pub fn plan_local(source_root: &Path) -> Result<Plan> {
 
 /// [`plan_local`] with converter options.
 pub fn plan_local_with(source_root: &Path, opts: &PlanOptions) -> Result<Plan> {
+    plan_local_saved(source_root, opts, &BTreeMap::new()).map(|(plan, _)| plan)
+}
+
+/// A shard's header JSON and file length, saved while the shard is present
+/// so that it can still be planned after `--retire-sources` deleted it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SavedHeader {
+    /// The shard's length when its header was read.
+    pub len: u64,
+    /// The header JSON (N bytes after the 8-byte length).
+    pub json: String,
+}
+
+/// [`plan_local_with`], taking the header of a shard absent from
+/// `source_root` from `saved` (shards retired after their header was
+/// saved). Also returns every shard's header as read, to be saved.
+pub fn plan_local_saved(
+    source_root: &Path,
+    opts: &PlanOptions,
+    saved: &BTreeMap<String, SavedHeader>,
+) -> Result<(Plan, BTreeMap<String, SavedHeader>)> {
     let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
     let index = parse_json(INDEX_FILE, &read_small(source_root, INDEX_FILE)?)?;
     let map = weight_map(&index)?;
     let mut headers = Vec::new();
+    let mut read = BTreeMap::new();
     for file in shard_files(&map) {
         let path = safe_join(source_root, &file)?;
-        let len = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
+        let (header, kept) = match std::fs::metadata(&path) {
+            Ok(m) => {
+                let (header, json) = SourceHeader::read_with_json(&path, &file)
+                    .map_err(|e| StageError::io("read", &path, e))?
+                    .map_err(ConvertError::from)?;
+                let json = String::from_utf8(json).map_err(|e| {
+                    ConvertError::from(SourceError::MalformedHeader {
+                        file: file.clone(),
+                        message: format!("header is not UTF-8: {e}"),
+                    })
+                })?;
+                let kept = SavedHeader { len: m.len(), json };
+                (header, kept)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ConvertError::MissingFile { file }.into());
+                let kept = saved
+                    .get(&file)
+                    .cloned()
+                    .ok_or_else(|| ConvertError::MissingFile { file: file.clone() })?;
+                let header = SourceHeader::parse(&file, kept.json.as_bytes(), kept.len)
+                    .map_err(ConvertError::from)?;
+                (header, kept)
             }
             Err(e) => return Err(StageError::io("stat", path, e)),
         };
-        let header = SourceHeader::read(&path, &file)
-            .map_err(|e| StageError::io("read", &path, e))?
-            .map_err(ConvertError::from)?;
-        headers.push((header, len));
+        headers.push((header, kept.len));
+        read.insert(file, kept);
     }
-    Ok(plan_from_parts(&config, &map, &headers, opts)?)
+    Ok((plan_from_parts(&config, &map, &headers, opts)?, read))
 }
 
 /// Appends `protect` to the config's `quantization_config.ignore`.

@@ -349,6 +349,15 @@ impl SourceHeader {
         path: &std::path::Path,
         name: &str,
     ) -> std::io::Result<Result<SourceHeader, SourceError>> {
+        Ok(Self::read_with_json(path, name)?.map(|(h, _)| h))
+    }
+
+    /// [`SourceHeader::read`], also returning the raw header JSON (kept so
+    /// the header can be parsed again after the file is gone).
+    pub fn read_with_json(
+        path: &std::path::Path,
+        name: &str,
+    ) -> std::io::Result<Result<(SourceHeader, Vec<u8>), SourceError>> {
         use std::io::Read;
         let mut file = std::fs::File::open(path)?;
         let file_len = file.metadata()?.len();
@@ -361,7 +370,7 @@ impl SourceHeader {
         // n ≤ MAX_HEADER_LEN, so it fits in memory and in usize.
         let mut json = vec![0u8; n as usize];
         file.read_exact(&mut json)?;
-        Ok(SourceHeader::parse(name, &json, file_len))
+        Ok(SourceHeader::parse(name, &json, file_len).map(|h| (h, json)))
     }
 
     /// The file this header belongs to.

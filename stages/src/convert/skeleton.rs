@@ -7,8 +7,14 @@
 //!
 //! A component's identity is the SHA-256 of the canonical JSON of the
 //! converter identity, the component (name, kind, size, layout and the
-//! exact source spans) and the digests of the source files it reads. A
+//! exact source spans), the digests of the source files it reads and, for
+//! a Q3 segment, the identity of the global scale it is encoded under. A
 //! receipt is reused only under the identity it was made with.
+//!
+//! The skeleton also keeps every shard's header JSON and length: a run
+//! after `--retire-sources` plans again from the shards still present and
+//! these saved headers, so it converts whatever is left that it can read
+//! and names the shard to re-acquire for what it cannot.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +28,7 @@ use super::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, SourceFileId, SourceIdentity, canonical_sha256,
 };
-use super::plan::{INDEX_FILE, Plan};
+use super::plan::{INDEX_FILE, Plan, SavedHeader};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 
 /// What `DIR/.ftpipe/convert.json` holds.
@@ -36,6 +42,9 @@ pub struct Skeleton {
     pub readers: BTreeMap<String, Vec<String>>,
     /// `num_experts_per_tok`, for placement.
     pub top_k: u64,
+    /// Shard path → its header as read while present.
+    #[serde(default)]
+    pub headers: BTreeMap<String, SavedHeader>,
 }
 
 #[derive(Serialize)]
@@ -44,6 +53,9 @@ struct IdentityInput<'a> {
     component: &'a Component,
     content: &'a ComponentContent,
     sources: Vec<&'a SourceFileId>,
+    /// The identity of the global scale a Q3 segment is encoded under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scale: Option<&'a str>,
 }
 
 /// The source identity of the files a plan reads, from their receipts.
@@ -172,6 +184,7 @@ impl Skeleton {
         source: SourceIdentity,
         converter: ConverterIdentity,
         top_k: u64,
+        headers: BTreeMap<String, SavedHeader>,
     ) -> Result<Skeleton, ConvertError> {
         let by_path: BTreeMap<&str, &SourceFileId> =
             source.files.iter().map(|f| (f.path.as_str(), f)).collect();
@@ -180,21 +193,45 @@ impl Skeleton {
         let mut readers = BTreeMap::new();
         let mut tensors = Vec::new();
         let mut ftw_tensors = Vec::new();
-        for c in &plan.components {
-            if let ComponentContent::Ftw { tensors: t } = &c.content {
-                ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
-            }
+        let identity = |c: &Component, scale: Option<&str>| {
             let sources = c
                 .source_files
                 .iter()
                 .filter_map(|f| by_path.get(f.as_str()).copied())
                 .collect();
-            let id = canonical_sha256(&IdentityInput {
+            canonical_sha256(&IdentityInput {
                 converter: &converter,
                 component: c,
                 content: &c.content,
                 sources,
-            });
+                scale,
+            })
+        };
+        // Scales first: a segment's identity includes its scale's.
+        let mut scale_ids = BTreeMap::new();
+        for c in &plan.components {
+            if let ComponentContent::Q3GlobalScale { layer, .. } = &c.content {
+                scale_ids.insert(*layer, identity(c, None));
+            }
+        }
+        for c in &plan.components {
+            if let ComponentContent::Ftw { tensors: t } = &c.content {
+                ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
+            }
+            let id = match &c.content {
+                ComponentContent::Q3GlobalScale { layer, .. } => scale_ids[layer].clone(),
+                ComponentContent::Q3Segment { layer, .. } => {
+                    let scale =
+                        scale_ids
+                            .get(layer)
+                            .ok_or_else(|| ConvertError::MissingTensor {
+                                tensor: format!("the global scale of PLE layer {layer}"),
+                                needed_for: c.name.clone(),
+                            })?;
+                    identity(c, Some(scale))
+                }
+                _ => identity(c, None),
+            };
             identities.insert(c.name.clone(), id);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
             tensors.extend(inventory(c));
@@ -219,6 +256,7 @@ impl Skeleton {
             identities,
             readers,
             top_k,
+            headers,
         })
     }
 
