@@ -226,6 +226,24 @@ fn rerun_is_a_noop_that_says_so_and_makes_no_request() {
     );
     assert_eq!(manifest_json(&out)["fingerprint"], fp);
     assert_eq!(manifest_sha(&out), sha);
+    // A placement made for another fingerprint is not current: no no-op,
+    // and the placement is written again for this manifest.
+    let mut stale = placement.clone();
+    stale["fingerprint"] = serde_json::json!("0".repeat(64));
+    std::fs::write(
+        out.join("artifact/placement.json"),
+        serde_json::to_vec_pretty(&stale).unwrap(),
+    )
+    .unwrap();
+    let budget = ["--ram-budget", "1GiB", "--reserve", "1MiB"];
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &budget));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
+    let again: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("artifact/placement.json")).unwrap())
+            .unwrap();
+    assert_eq!(again, placement);
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &budget));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
 }
 
 #[test]

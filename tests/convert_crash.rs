@@ -17,6 +17,10 @@
 //!   durable and renamed), and no receipt made earlier disappeared or
 //!   changed.
 //!
+//! The second test does the same with `--retire-sources` (6 kills): shards
+//! disappear as their last reader's receipt lands, and every restart must
+//! still finish from the shards left plus the saved headers.
+//!
 //! At the end one conversion runs to completion:
 //! * the manifest is byte-identical to the uninterrupted run's;
 //! * no temp file is left in the artifact; the audit is clean;
@@ -54,6 +58,18 @@ fn component_receipts(out: &Path) -> BTreeMap<String, (u64, String)> {
     }
 }
 
+/// Shards retired so far (logged and gone from `source/`).
+fn retired_shards(out: &Path) -> usize {
+    try_query(
+        out,
+        "SELECT DISTINCT path FROM source_retirements WHERE event = 'retired'",
+    )
+    .unwrap_or_default()
+    .iter()
+    .filter(|p| !out.join("source").join(p).exists())
+    .count()
+}
+
 fn sha_file(p: &Path) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(std::fs::read(p).unwrap()))
@@ -68,6 +84,22 @@ fn written_lines(text: &str) -> Vec<String> {
 
 #[test]
 fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
+    crash_and_resume(&["--jobs", "2"], KILLS);
+}
+
+/// Regression: a conversion killed after `--retire-sources` had deleted a
+/// shard could not resume. The restart loaded its saved skeleton without a
+/// plan, so every component still to write failed with "source retired",
+/// even those whose shards were still on disk. Now the restart plans from
+/// the shards present plus the headers saved for retired ones.
+#[test]
+fn sigkill_during_conversion_with_retirement_then_resume() {
+    crash_and_resume(&["--jobs", "2", "--retire-sources"], KILLS / 2);
+}
+
+/// Kills `convert EXTRA` `kills` times at seeded moments, then lets it finish.
+fn crash_and_resume(extra: &[&str], kills_wanted: usize) {
+    let retire = extra.contains(&"--retire-sources");
     let seed = crash_seed();
     eprintln!("crash seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
@@ -88,12 +120,21 @@ fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
     eprintln!("uninterrupted conversion: {t:?}, manifest {want}");
     let window_ms = (t.as_millis() as u64).max(20);
 
+    let components = manifest_json(&reference)["components"]
+        .as_array()
+        .unwrap()
+        .len();
+    let mut kills_after_retirement = 0;
     let mut seen: BTreeMap<String, (u64, String)> = BTreeMap::new();
     let mut written: Vec<String> = Vec::new();
     let (mut kills, mut completed_early) = (0, 0);
-    while kills < KILLS {
+    // With retirement, keep killing (bounded) until a kill lands after a
+    // shard was retired with work left: the case this test is about.
+    while kills < kills_wanted
+        || (retire && kills_after_retirement == 0 && kills < 4 * kills_wanted)
+    {
         let delay = Duration::from_millis(rng.next_u64() % window_ms);
-        let mut child = convert_cmd(&out, &["--jobs", "2"])
+        let mut child = convert_cmd(&out, extra)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -133,14 +174,29 @@ fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
                 "kill {kills}: receipt of {p} lost or changed"
             );
         }
+        let gone = retired_shards(&out);
+        if gone > 0 && now.len() < components {
+            kills_after_retirement += 1;
+        }
         eprintln!(
-            "kill {kills} after {delay:?}: {} component receipts",
+            "kill {kills} after {delay:?}: {} component receipts, {gone} shards retired",
             now.len()
         );
         seen = now;
     }
-    let o = run_ok(&mut convert_cmd(&out, &["--jobs", "2"]));
+    assert!(
+        !retire || kills_after_retirement > 0,
+        "no kill landed after a retirement with work left"
+    );
+    let o = run_ok(&mut convert_cmd(&out, extra));
     written.extend(written_lines(&stderr(&o)));
+    if retire {
+        let shards: Vec<String> = tree_of(&out.join("source"))
+            .into_iter()
+            .filter(|p| p.ends_with(".safetensors"))
+            .collect();
+        assert!(shards.is_empty(), "shards not retired: {shards:?}");
+    }
     assert_eq!(manifest_sha(&out), want, "resumed manifest differs");
     let temps: Vec<String> = tree_of(&out.join("artifact"))
         .into_iter()
@@ -153,7 +209,9 @@ fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
         assert!(once.insert(w.clone()), "{w} was written twice: {written:?}");
     }
     eprintln!(
-        "{kills} kills ({completed_early} conversions finished before their kill), {} components written once each",
+        "{kills} kills ({completed_early} conversions finished before their kill, \
+         {kills_after_retirement} landed after a retirement with work left), \
+         {} components written once each",
         once.len()
     );
 }

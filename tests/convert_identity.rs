@@ -173,3 +173,45 @@ fn retired_sources_then_a_lost_component_asks_to_reacquire() {
     assert!(!shards(&out).is_empty());
     assert_clean_audit(&out);
 }
+
+/// Regression: `--rebuild` renamed the stale artifact aside and only then
+/// logged where it went. A run killed between the two left an unlogged
+/// `artifact.stale-run{N}`, and the next run set aside again under another
+/// name (logging the wrong directory). Now the destination is logged first
+/// (with the receipts dropped) and the next run finishes that same rename.
+/// This test builds the state a kill between the log and the rename leaves.
+#[test]
+fn a_set_aside_killed_before_its_rename_is_finished_under_the_logged_name() {
+    let hub = hub(34);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    let old_sha = manifest_sha(&out);
+    sqlite_exec(
+        &out,
+        "INSERT INTO artifacts (run_id, event, detail, set_aside_to) \
+         VALUES ((SELECT MAX(id) FROM runs), 'set_aside', 'killed before rename', 'artifact.stale-run99')",
+    );
+    sqlite_exec(&out, "DELETE FROM components");
+
+    let o = run_ok(&mut convert_cmd(&out, &[]));
+    assert!(
+        stderr(&o).contains("finished setting the stale artifact aside"),
+        "{}",
+        stderr(&o)
+    );
+    let aside = out.join("artifact.stale-run99");
+    assert_eq!(manifest_sha_in(&aside), old_sha, "evidence not kept");
+    assert_eq!(manifest_sha(&out), old_sha, "rebuilt artifact differs");
+    let set_asides = query(
+        &out,
+        "SELECT set_aside_to FROM artifacts WHERE event = 'set_aside'",
+    );
+    assert_eq!(set_asides, ["artifact.stale-run99"]);
+    let dirs: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("artifact"))
+        .collect();
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+}

@@ -270,3 +270,100 @@ impl Skeleton {
         Some(m)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::plan::plan_local;
+    use ftpipe_fixtures::checkpoint::content_bytes;
+    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+
+    fn plan() -> Plan {
+        let dir = tempfile::tempdir().unwrap();
+        for f in generate_qwen4_repo(5, QwenShape::default()) {
+            let path = dir.path().join(&f.path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content_bytes(&f).unwrap()).unwrap();
+        }
+        plan_local(dir.path()).unwrap()
+    }
+
+    fn source(plan: &Plan, changed: Option<&str>) -> SourceIdentity {
+        let files = files_read(plan)
+            .into_iter()
+            .map(|path| SourceFileId {
+                digest: if Some(path.as_str()) == changed {
+                    "b"
+                } else {
+                    "a"
+                }
+                .repeat(64),
+                digest_kind: "sha256".into(),
+                size: 1,
+                path,
+            })
+            .collect();
+        SourceIdentity {
+            repo: "r".into(),
+            commit: "c".repeat(40),
+            files,
+        }
+    }
+
+    /// A segment is encoded under its table's global scale, which reads
+    /// every segment's shard: another shard's digest changes the scale,
+    /// so it must change the segment's identity too.
+    #[test]
+    fn a_segment_identity_follows_its_scale() {
+        let plan = plan();
+        let converter = ConverterIdentity::current("qwen4_exp", Default::default());
+        let segment = plan
+            .components
+            .iter()
+            .find(|c| matches!(c.content, ComponentContent::Q3Segment { .. }))
+            .expect("a Q3 segment");
+        let scale = plan
+            .components
+            .iter()
+            .find(|c| matches!(c.content, ComponentContent::Q3GlobalScale { .. }))
+            .expect("a global scale");
+        let other_shard = scale
+            .source_files
+            .iter()
+            .find(|f| !segment.source_files.contains(*f))
+            .expect("a shard the scale reads and the segment does not");
+        let build = |changed| {
+            Skeleton::build(
+                &plan,
+                source(&plan, changed),
+                converter.clone(),
+                8,
+                BTreeMap::new(),
+            )
+            .unwrap()
+        };
+        let (before, after) = (build(None), build(Some(other_shard.as_str())));
+        assert_ne!(
+            before.identities[&scale.name],
+            after.identities[&scale.name]
+        );
+        assert_ne!(
+            before.identities[&segment.name], after.identities[&segment.name],
+            "segment identity ignores its scale"
+        );
+        // A component that reads neither that shard nor a scale keeps its
+        // identity.
+        let unaffected = plan
+            .components
+            .iter()
+            .find(|c| {
+                !c.source_files.contains(other_shard)
+                    && !matches!(c.content, ComponentContent::Q3Segment { .. })
+            })
+            .expect("a component not reading that shard");
+        assert_eq!(
+            before.identities[&unaffected.name],
+            after.identities[&unaffected.name]
+        );
+    }
+}
