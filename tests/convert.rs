@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::*;
-use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
+use ftpipe_fixtures::RunningHub;
+use ftpipe_fixtures::qwen4::QwenShape;
 use ftpipe_formats::{ExpertView, FtwView, Q3GlobalScale, q3};
 use half::bf16;
 
@@ -135,8 +135,7 @@ fn check_readback(out: &Path, shape: &QwenShape) {
 }
 
 fn hub(seed: u64, shape: &QwenShape) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(REPO, generate_qwen4_repo(seed, shape.clone())))
-        .unwrap()
+    qwen4_hub(seed, shape.clone())
 }
 
 #[test]

@@ -10,13 +10,12 @@ use std::path::Path;
 
 use common::*;
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub, checkpoint};
+use ftpipe_fixtures::{RunningHub, checkpoint};
 
 const PROTECT: &str = "model.layers.1.mlp.experts.*";
 
 fn hub(seed: u64) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(REPO, generate_qwen4_repo(seed, QwenShape::default())))
-        .unwrap()
+    qwen4_hub(seed, QwenShape::default())
 }
 
 fn shards(out: &Path) -> Vec<String> {

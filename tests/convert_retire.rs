@@ -16,12 +16,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::*;
-use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
+use ftpipe_fixtures::RunningHub;
+use ftpipe_fixtures::qwen4::QwenShape;
 
 fn hub(seed: u64) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(REPO, generate_qwen4_repo(seed, QwenShape::default())))
-        .unwrap()
+    qwen4_hub(seed, QwenShape::default())
 }
 
 /// Component → the shards it reads, from the saved skeleton.

@@ -10,6 +10,15 @@ use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
 pub const REPO: &str = "acme/tiny";
 
+/// A hub serving a generated qwen4_exp checkpoint of this shape as `REPO`.
+pub fn qwen4_hub(seed: u64, shape: ftpipe_fixtures::qwen4::QwenShape) -> RunningHub {
+    RunningHub::start(HubBuilder::new().repo(
+        REPO,
+        ftpipe_fixtures::qwen4::generate_qwen4_repo(seed, shape),
+    ))
+    .unwrap()
+}
+
 /// A hub serving a generated repo of about `bytes` bytes.
 pub fn hub_with_repo(seed: u64, bytes: u64) -> (RunningHub, Vec<RepoFile>) {
     hub_with(HubBuilder::new().page_size(3), seed, bytes)

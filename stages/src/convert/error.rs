@@ -185,6 +185,17 @@ pub enum ConvertError {
         "{file}: tensor {tensor} is protected by quantization_config.ignore but stored quantized"
     )]
     ProtectedQuantized { file: String, tensor: String },
+    /// A ModelOpt activation `input_scale` beside a module that is not
+    /// stored as NVFP4.
+    #[error(
+        "{file}: tensor {tensor} is an activation input_scale, but {module} is not stored as ModelOpt NVFP4 ({expected} is missing); an input_scale is accepted only beside NVFP4 weights"
+    )]
+    OrphanInputScale {
+        file: String,
+        tensor: String,
+        module: String,
+        expected: String,
+    },
     /// Experts of one layer do not share one record layout.
     #[error("layer {layer}: expert {expert} field {field} is {found}, expert 0 has {expected}")]
     MixedExpertLayout {

@@ -2,14 +2,34 @@
 //! from `config.json`'s `model_type`.
 //!
 //! * `qwen4_exp`: experts per-expert (`mlp.experts.{e}.{gate,up,down}_proj`)
-//!   or fused (`mlp.experts.gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I],
-//!   BF16), in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
-//!   `weight_scale` F8_E4M3 [out, in/16], `weight_scale_2` F32 scalar);
-//!   the PLE n-gram table as `split_ngram_parts` shards
+//!   in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
+//!   `weight_scale` F8_E4M3 [out, in/16], `weight_scale_2` F32 scalar), or
+//!   fused, with `p = model.layers.{l}.mlp.experts`, E = `num_experts`,
+//!   I = `moe_intermediate_size`, H = `hidden_size`:
+//!   - BF16: `{p}.gate_up_proj` [E, 2I, H], `{p}.down_proj` [E, H, I];
+//!   - NVFP4: `{p}.gate_up_proj` U8 [E, 2I, H/2],
+//!     `{p}.gate_up_proj_weight_scale` F8_E4M3 [E, 2I, H/16],
+//!     `{p}.gate_up_proj_weight_scale_2` F32 [E, 2] (column 0 gate, 1 up),
+//!     `{p}.down_proj` U8 [E, H, I/2], `{p}.down_proj_weight_scale` F8_E4M3
+//!     [E, H, I/16], `{p}.down_proj_weight_scale_2` F32 [E], and optionally
+//!     `{p}.gate_up_proj_input_scale` F32 [E, 2] and
+//!     `{p}.down_proj_input_scale` F32 [E].
+//!
+//!   In both fused layouts rows [0, I) of expert `e` are its `gate_proj`,
+//!   rows [I, 2I) its `up_proj`; each record field is a byte sub-span of the
+//!   fused tensors (NVFP4: of all three parts), so the sidecar is byte for
+//!   byte the one the equivalent per-expert tensors give. The PLE n-gram
+//!   table comes as `split_ngram_parts` shards
 //!   `model.layers.{l}.ple.ple_embedding.ngram_embedding.shard_{i}.weight`.
 //! * `qwen3_moe`: per-expert experts only, no PLE.
 //! * any other `model_type`: a declarative TOML [`Recipe`] given with
 //!   `--recipe FILE.toml` ([`super::recipe`]).
+//!
+//! Both MoE profiles accept ModelOpt's activation calibration
+//! `{module}.input_scale` (F32, shape [] or [1]) beside any NVFP4 triplet,
+//! experts included, and carry it unchanged into `model.ftw` as a `Plain` F32
+//! tensor under its source name (the fused `*_input_scale` likewise); an
+//! `input_scale` beside a module that is not NVFP4 is an error.
 //!
 //! Components: the active FTW v1 stream `model.ftw` (every other tensor:
 //! NVFP4 `Native` where the source is an NVFP4 triplet, never re-quantized;
@@ -433,7 +453,82 @@ struct Linear {
     shape: Vec<u64>,
     source: TensorSource,
     claimed: Vec<String>,
+    /// The NVFP4 module's activation `input_scale`, bound for the FTW stream.
+    input_scale: Option<FtwTensor>,
 }
+
+/// Shapes of a ModelOpt activation `input_scale` (W4A4 calibration): one element.
+const INPUT_SCALE_SHAPES: [&[u64]; 2] = [&[], &[1]];
+
+/// The F32 tensor `name`, whose shape must be one of `shapes`, as a `Plain`
+/// FTW tensor copied from its source span; `what` says what it is.
+fn f32_scale(
+    cat: &Catalog,
+    name: &str,
+    shapes: &[&[u64]],
+    what: &str,
+) -> Result<FtwTensor, ConvertError> {
+    let (file, t) = cat.get(name).ok_or_else(|| ConvertError::MissingTensor {
+        tensor: name.to_owned(),
+        needed_for: what.to_owned(),
+    })?;
+    if t.dtype() != safetensors::Dtype::F32 {
+        return Err(ConvertError::DtypeMismatch {
+            file: file.to_owned(),
+            tensor: name.to_owned(),
+            expected: format!("F32 ({what})"),
+            actual: format!("{:?}", t.dtype()),
+        });
+    }
+    if !shapes.contains(&t.shape()) {
+        return Err(ConvertError::ShapeMismatch {
+            file: file.to_owned(),
+            tensor: name.to_owned(),
+            expected: shapes.first().map(|s| s.to_vec()).unwrap_or_default(),
+            actual: t.shape().to_vec(),
+            because: what.to_owned(),
+        });
+    }
+    Ok(FtwTensor {
+        desc: TensorDesc::new(name, Dtype::F32, TensorKind::Plain, t.shape()),
+        source: TensorSource::Span(SourceSpan {
+            file: file.to_owned(),
+            tensor: name.to_owned(),
+            offset: t.offset(),
+            len: t.len(),
+        }),
+    })
+}
+
+/// The optional `input_scale` of NVFP4 `module`, checked.
+fn input_scale_of(cat: &Catalog, module: &str) -> Result<Option<FtwTensor>, ConvertError> {
+    let name = format!("{module}.input_scale");
+    if cat.get(&name).is_none() {
+        return Ok(None);
+    }
+    let what =
+        format!("the activation input_scale of NVFP4 {module}: one F32 element, shape [] or [1]");
+    f32_scale(cat, &name, &INPUT_SCALE_SHAPES, &what).map(Some)
+}
+
+/// Whether `module` is stored as an NVFP4 triplet (the rule the FTW stream
+/// and [`MoeProfile::linear`] use).
+fn is_nvfp4_module(cat: &Catalog, module: &str) -> bool {
+    cat.get(&format!("{module}.weight"))
+        .is_some_and(|(_, w)| w.dtype() == safetensors::Dtype::U8)
+        || cat.get(&format!("{module}.weight_scale")).is_some()
+}
+
+/// Suffixes (after `model.layers.{l}.mlp.experts.`) of the fused layouts;
+/// any of them present makes the layer fused.
+const FUSED_NAMES: [&str; 6] = [
+    "gate_up_proj",
+    "down_proj",
+    "gate_up_proj_weight_scale",
+    "gate_up_proj_weight_scale_2",
+    "down_proj_weight_scale",
+    "down_proj_weight_scale_2",
+];
 
 const NVFP4_PARTS: [&str; 3] = ["weight", "weight_scale", "weight_scale_2"];
 
@@ -548,9 +643,7 @@ impl MoeProfile {
             tensor: name.clone(),
             needed_for: needed_for.to_owned(),
         })?;
-        let scale_name = format!("{module}.weight_scale");
-        let native = w.dtype() == safetensors::Dtype::U8 || cat.get(&scale_name).is_some();
-        if native {
+        if is_nvfp4_module(cat, module) {
             let (nv, spans) = nvfp4_triplet(cat, module)?;
             if self.protected(module) {
                 return Err(ConvertError::ProtectedQuantized {
@@ -573,15 +666,19 @@ impl MoeProfile {
                     ),
                 });
             }
+            let input_scale = input_scale_of(cat, module)?;
+            let mut claimed: Vec<String> = NVFP4_PARTS
+                .iter()
+                .map(|p| format!("{module}.{p}"))
+                .collect();
+            claimed.extend(input_scale.as_ref().map(|t| t.desc.key.clone()));
             return Ok(Linear {
                 dtype: Dtype::Nvfp4,
                 kind: TensorKind::Native,
                 shape: nv.shape().to_vec(),
                 source: TensorSource::Native(Box::new(spans)),
-                claimed: NVFP4_PARTS
-                    .iter()
-                    .map(|p| format!("{module}.{p}"))
-                    .collect(),
+                claimed,
+                input_scale,
             });
         }
         let dtype = match w.dtype() {
@@ -616,23 +713,45 @@ impl MoeProfile {
             shape: w.shape().to_vec(),
             source: TensorSource::Span(cat.span(&name).expect("present")),
             claimed: vec![name],
+            // A BF16 module's input_scale stays unclaimed: the FTW stream
+            // refuses it as an orphan.
+            input_scale: None,
         })
     }
 
+    /// The FTEXPERT1 component of MoE layer `l`; tensors it reads go to
+    /// `claimed`, the experts' input scales to `ftw_extra`.
     fn expert_component(
         &self,
         cat: &Catalog,
         l: u64,
         claimed: &mut BTreeSet<String>,
+        ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Component, ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
         let p = format!("model.layers.{l}.mlp.experts");
         let name = format!("experts/layer_{l:03}.ftexpert");
-        let fused_gu = format!("{p}.gate_up_proj");
-        let fused_d = format!("{p}.down_proj");
+        let fused = self.allow_fused
+            && FUSED_NAMES
+                .iter()
+                .any(|n| cat.get(&format!("{p}.{n}")).is_some());
+        let nvfp4_fused = fused
+            && (FUSED_NAMES[2..]
+                .iter()
+                .any(|n| cat.get(&format!("{p}.{n}")).is_some())
+                || FUSED_NAMES[..2].iter().any(|n| {
+                    cat.get(&format!("{p}.{n}"))
+                        .is_some_and(|(_, t)| t.dtype() == safetensors::Dtype::U8)
+                }));
+        if nvfp4_fused {
+            let (fields, records) = self.fused_nvfp4(cat, l, claimed, ftw_extra)?;
+            return expert_sidecar(name, l, fields, records);
+        }
         let mut fields: Option<Vec<TensorDesc>> = None;
         let mut records = Vec::with_capacity(e_n as usize);
-        if self.allow_fused && (cat.get(&fused_gu).is_some() || cat.get(&fused_d).is_some()) {
+        if fused {
+            let fused_gu = format!("{p}.gate_up_proj");
+            let fused_d = format!("{p}.down_proj");
             let mut get = |n: &str, shape: [u64; 3]| -> Result<SourceSpan, ConvertError> {
                 let (f, t) = cat.get(n).ok_or_else(|| ConvertError::MissingTensor {
                     tensor: n.to_owned(),
@@ -705,6 +824,7 @@ impl MoeProfile {
                         ),
                     )?;
                     claimed.extend(lin.claimed);
+                    ftw_extra.extend(lin.input_scale);
                     descs.push(TensorDesc::new(proj, lin.dtype, lin.kind, lin.shape));
                     rec.push(lin.source);
                 }
@@ -726,6 +846,156 @@ impl MoeProfile {
             }
         }
         expert_sidecar(name, l, fields.unwrap_or_default(), records)
+    }
+
+    /// The record layout and records of the fused NVFP4 experts of layer
+    /// `l` (layout in the module doc), every tensor checked against the
+    /// config. Each field is `Native` over three byte sub-spans: expert `e`'s
+    /// `gate_proj` is row block `2e` of `gate_up_proj` (and of its block
+    /// scales) with tensor scale `[e, 0]`, `up_proj` row block `2e + 1` with
+    /// `[e, 1]`, `down_proj` row block `e` of `down_proj` with `[e]`.
+    fn fused_nvfp4(
+        &self,
+        cat: &Catalog,
+        l: u64,
+        claimed: &mut BTreeSet<String>,
+        ftw_extra: &mut Vec<FtwTensor>,
+    ) -> Result<(Vec<TensorDesc>, Vec<Vec<TensorSource>>), ConvertError> {
+        let (h, i, e_n) = (self.hidden, self.inter, self.experts);
+        let p = format!("model.layers.{l}.mlp.experts");
+        for (field, v) in [("hidden_size", h), ("moe_intermediate_size", i)] {
+            if v == 0 || !v.is_multiple_of(16) {
+                return Err(ConvertError::BadConfig {
+                    file: CONFIG_FILE.into(),
+                    field: field.into(),
+                    problem: format!(
+                        "is {v}; the NVFP4 fused experts of layer {l} need a positive multiple of 16"
+                    ),
+                });
+            }
+        }
+        let overflow = || ConvertError::BadConfig {
+            file: CONFIG_FILE.into(),
+            field: "num_experts".into(),
+            problem: format!(
+                "num_experts {e_n}, moe_intermediate_size {i}, hidden_size {h}: the fused experts of layer {l} overflow 64-bit sizes"
+            ),
+        };
+        let i2 = i.checked_mul(2).ok_or_else(overflow)?;
+        let because = format!(
+            "NVFP4 fused experts of layer {l}: num_experts {e_n}, moe_intermediate_size {i}, hidden_size {h}"
+        );
+        let mut get = |suffix: &str,
+                       want: safetensors::Dtype,
+                       shape: &[u64]|
+         -> Result<SourceSpan, ConvertError> {
+            let n = format!("{p}.{suffix}");
+            let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
+                tensor: n.clone(),
+                needed_for: format!("the NVFP4 fused experts of layer {l}"),
+            })?;
+            if t.dtype() != want {
+                return Err(ConvertError::DtypeMismatch {
+                    file: f.to_owned(),
+                    tensor: n,
+                    expected: format!("{want:?} (NVFP4 fused experts of layer {l})"),
+                    actual: format!("{:?}", t.dtype()),
+                });
+            }
+            if t.shape() != shape {
+                return Err(ConvertError::ShapeMismatch {
+                    file: f.to_owned(),
+                    tensor: n,
+                    expected: shape.to_vec(),
+                    actual: t.shape().to_vec(),
+                    because: because.clone(),
+                });
+            }
+            claimed.insert(n.clone());
+            Ok(SourceSpan {
+                file: f.to_owned(),
+                tensor: n,
+                offset: t.offset(),
+                len: t.len(),
+            })
+        };
+        use safetensors::Dtype::{F8_E4M3, F32, U8};
+        let gu = [
+            get("gate_up_proj", U8, &[e_n, i2, h / 2])?,
+            get("gate_up_proj_weight_scale", F8_E4M3, &[e_n, i2, h / 16])?,
+            get("gate_up_proj_weight_scale_2", F32, &[e_n, 2])?,
+        ];
+        let down = [
+            get("down_proj", U8, &[e_n, h, i / 2])?,
+            get("down_proj_weight_scale", F8_E4M3, &[e_n, h, i / 16])?,
+            get("down_proj_weight_scale_2", F32, &[e_n])?,
+        ];
+        for (suffix, shape) in [
+            ("gate_up_proj_input_scale", vec![e_n, 2]),
+            ("down_proj_input_scale", vec![e_n]),
+        ] {
+            let n = format!("{p}.{suffix}");
+            if cat.get(&n).is_some() {
+                let what = format!("the activation input_scale of the {because}");
+                ftw_extra.push(f32_scale(cat, &n, &[&shape], &what)?);
+                claimed.insert(n);
+            }
+        }
+        for s in [&gu[0], &down[0]] {
+            if self.protected(&p) || self.protected(&s.tensor) {
+                return Err(ConvertError::ProtectedQuantized {
+                    file: s.file.clone(),
+                    tensor: s.tensor.clone(),
+                });
+            }
+        }
+        let gate_nv = NativeNvfp4::new(&gu[0].tensor, &[i, h / 2], &[i, h / 16], &[])
+            .map_err(fmt_err(&gu[0].tensor))?;
+        let down_nv = NativeNvfp4::new(&down[0].tensor, &[h, i / 2], &[h, i / 16], &[])
+            .map_err(fmt_err(&down[0].tensor))?;
+        // Block `k` of `len` bytes of `s`; the shape checks above make every
+        // block the config allows lie inside the tensor.
+        let block = |s: &SourceSpan, k: u64, len: u64| -> Result<SourceSpan, ConvertError> {
+            let off = k.checked_mul(len).ok_or_else(overflow)?;
+            let end = off.checked_add(len).ok_or_else(overflow)?;
+            if end > s.len {
+                return Err(overflow());
+            }
+            Ok(SourceSpan {
+                offset: s.offset.checked_add(off).ok_or_else(overflow)?,
+                len,
+                ..s.clone()
+            })
+        };
+        let native = |parts: &[SourceSpan; 3],
+                      nv: &NativeNvfp4,
+                      k: u64|
+         -> Result<TensorSource, ConvertError> {
+            let [w, sc, s2] = nv.part_lens();
+            Ok(TensorSource::Native(Box::new([
+                block(&parts[0], k, w)?,
+                block(&parts[1], k, sc)?,
+                block(&parts[2], k, s2)?,
+            ])))
+        };
+        let mut records = Vec::with_capacity(usize::try_from(e_n).unwrap_or(0));
+        for e in 0..e_n {
+            let g = e.checked_mul(2).ok_or_else(overflow)?;
+            records.push(vec![
+                native(&gu, &gate_nv, g)?,
+                native(&gu, &gate_nv, g + 1)?,
+                native(&down, &down_nv, e)?,
+            ]);
+        }
+        let desc = |key: &str, nv: &NativeNvfp4| {
+            TensorDesc::new(key, Dtype::Nvfp4, TensorKind::Native, nv.shape())
+        };
+        let fields = vec![
+            desc("gate_proj", &gate_nv),
+            desc("up_proj", &gate_nv),
+            desc("down_proj", &down_nv),
+        ];
+        Ok((fields, records))
     }
 
     fn ple_components(
@@ -964,8 +1234,9 @@ impl MoeProfile {
 
         let mut claimed = BTreeSet::new();
         let mut components = Vec::new();
+        let mut ftw_extra = Vec::new();
         for &l in &self.moe_layers {
-            components.push(self.expert_component(cat, l, &mut claimed)?);
+            components.push(self.expert_component(cat, l, &mut claimed, &mut ftw_extra)?);
         }
         if let Some(ple) = &self.ple {
             for &l in &ple.layers {
@@ -983,11 +1254,39 @@ impl MoeProfile {
             }
         }
 
-        // Everything else goes to the FTW stream.
-        let mut ftw: BTreeMap<String, FtwTensor> = BTreeMap::new();
+        // The experts' input scales, then everything else, go to the FTW stream.
+        let mut ftw: BTreeMap<String, FtwTensor> = ftw_extra
+            .into_iter()
+            .map(|t| (t.desc.key.clone(), t))
+            .collect();
         for (&name, &(file, t)) in &cat.by_name {
             if claimed.contains(name) {
                 continue;
+            }
+            if let Some(module) = name.strip_suffix(".input_scale") {
+                // Claimed with its NVFP4 weight, which `linear` checks;
+                // beside anything else it is an orphan.
+                if is_nvfp4_module(cat, module) {
+                    continue;
+                }
+                return Err(ConvertError::OrphanInputScale {
+                    file: file.to_owned(),
+                    tensor: name.to_owned(),
+                    module: module.to_owned(),
+                    expected: format!("{module}.weight_scale"),
+                });
+            }
+            if let Some(fused) = name.strip_suffix("_input_scale")
+                && self.allow_fused
+                && name.contains(".mlp.experts.")
+            {
+                // Fused NVFP4 experts claim theirs; any left is an orphan.
+                return Err(ConvertError::OrphanInputScale {
+                    file: file.to_owned(),
+                    tensor: name.to_owned(),
+                    module: fused.to_owned(),
+                    expected: format!("{fused}_weight_scale"),
+                });
             }
             if let Err(reason) = self.ftw_allowed(name) {
                 return Err(ConvertError::UnexpectedTensor {
@@ -1014,6 +1313,9 @@ impl MoeProfile {
                 };
                 let lin = self.linear(cat, module, &shape, "an NVFP4 tensor of the FTW stream")?;
                 claimed.extend(lin.claimed);
+                if let Some(s) = lin.input_scale {
+                    ftw.insert(s.desc.key.clone(), s);
+                }
                 ftw.insert(
                     name.to_owned(),
                     FtwTensor {
@@ -1080,5 +1382,340 @@ impl MoeProfile {
             },
         );
         Ok(components)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::convert::safetensors::SourceHeader;
+    use ftpipe_fixtures::RepoFile;
+    use ftpipe_fixtures::checkpoint::content_bytes;
+    use ftpipe_fixtures::qwen4::{Mutation, QwenShape, generate_qwen4_repo_mutated};
+
+    /// Default shape with input scales, varied F32 scales and layer 2 as
+    /// fused NVFP4 experts.
+    fn modelopt_shape() -> QwenShape {
+        QwenShape {
+            input_scales: true,
+            varied_tensor_scales: true,
+            fused_nvfp4_expert_layers: vec![2],
+            ..QwenShape::default()
+        }
+    }
+
+    fn repo(shape: QwenShape, mutations: &[Mutation]) -> Vec<RepoFile> {
+        generate_qwen4_repo_mutated(7, shape, mutations)
+    }
+
+    fn components_of(files: &[RepoFile]) -> Result<Vec<Component>, ConvertError> {
+        let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
+        let cfg: Value = serde_json::from_slice(&get(CONFIG_FILE)).unwrap();
+        let headers: Vec<SourceHeader> = files
+            .iter()
+            .filter(|f| f.path.ends_with(".safetensors"))
+            .map(|f| {
+                let b = content_bytes(f).unwrap();
+                let len = b.len() as u64;
+                let n = SourceHeader::header_len(&f.path, &b, len).unwrap() as usize;
+                SourceHeader::parse(&f.path, &b[8..8 + n], len).unwrap()
+            })
+            .collect();
+        Profile::from_config(&cfg)?.components(&headers)
+    }
+
+    fn err_of(files: &[RepoFile]) -> String {
+        match components_of(files) {
+            Ok(_) => panic!("the profile accepted a broken checkpoint"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn ftw_of(cs: &[Component]) -> BTreeMap<String, FtwTensor> {
+        let ComponentContent::Ftw { tensors } = &cs[0].content else {
+            panic!("FTW first")
+        };
+        tensors
+            .iter()
+            .map(|t| (t.desc.key.clone(), t.clone()))
+            .collect()
+    }
+
+    /// The bytes `src` reads, from the in-memory files.
+    fn bytes_of(files: &[RepoFile], src: &TensorSource) -> Vec<u8> {
+        let spans: Vec<&SourceSpan> = match src {
+            TensorSource::Span(s) => vec![s],
+            TensorSource::Native(p) => p.iter().collect(),
+        };
+        let mut out = Vec::new();
+        for s in spans {
+            let b = content_bytes(files.iter().find(|f| f.path == s.file).unwrap()).unwrap();
+            out.extend_from_slice(&b[s.offset as usize..(s.offset + s.len) as usize]);
+        }
+        out
+    }
+
+    fn experts_of(cs: &[Component], l: u64) -> (&[TensorDesc], &[Vec<TensorSource>]) {
+        cs.iter()
+            .find_map(|c| match &c.content {
+                ComponentContent::Experts {
+                    layer,
+                    fields,
+                    records,
+                } if *layer == l => Some((&fields[..], &records[..])),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn input_scales_are_accepted_and_carried_into_the_ftw_stream() {
+        let files = repo(modelopt_shape(), &[]);
+        let cs = components_of(&files).unwrap();
+        let ftw = ftw_of(&cs);
+        for (key, shape) in [
+            ("model.layers.0.self_attn.o_proj.input_scale", vec![]),
+            ("model.layers.1.self_attn.o_proj.input_scale", vec![]),
+            ("model.layers.0.mlp.experts.0.gate_proj.input_scale", vec![]),
+            (
+                "model.layers.0.mlp.experts.15.down_proj.input_scale",
+                vec![],
+            ),
+            (
+                "model.layers.2.mlp.experts.gate_up_proj_input_scale",
+                vec![16, 2],
+            ),
+            ("model.layers.2.mlp.experts.down_proj_input_scale", vec![16]),
+        ] {
+            let t = ftw
+                .get(key)
+                .unwrap_or_else(|| panic!("{key} not in model.ftw"));
+            assert_eq!(
+                t.desc,
+                TensorDesc::new(key, Dtype::F32, TensorKind::Plain, shape),
+                "{key}"
+            );
+            let TensorSource::Span(s) = &t.source else {
+                panic!("{key}: not a plain span")
+            };
+            assert_eq!(s.tensor, key);
+            assert_eq!(s.len, 4 * t.desc.shape.iter().product::<u64>());
+        }
+        // Every input scale of the source, and nothing else new.
+        let n_scales = ftw.keys().filter(|k| k.ends_with("input_scale")).count();
+        assert_eq!(
+            n_scales,
+            3 + 16 * 3 + 2,
+            "o_proj ×3, layer-0 experts, fused"
+        );
+        // The records themselves are unchanged: three NVFP4 fields.
+        let (fields, records) = experts_of(&cs, 0);
+        assert_eq!(fields.len(), 3);
+        assert!(fields.iter().all(|f| f.dtype == Dtype::Nvfp4));
+        let TensorSource::Native(parts) = &records[3][1] else {
+            panic!("NVFP4 record field")
+        };
+        assert_eq!(
+            parts[2].tensor,
+            "model.layers.0.mlp.experts.3.up_proj.weight_scale_2"
+        );
+        // The FTW size prediction includes them.
+        let descs: Vec<TensorDesc> = ftw.values().map(|t| t.desc.clone()).collect();
+        assert_eq!(cs[0].predicted_bytes, sizes::ftw_total_len(descs).unwrap());
+        assert_eq!(cs[0].items, ftw.len() as u64);
+    }
+
+    #[test]
+    fn input_scale_of_shape_one_is_accepted() {
+        let t = "model.layers.0.mlp.experts.4.down_proj.input_scale";
+        let files = repo(modelopt_shape(), &[Mutation::Reshape(t.into(), vec![1])]);
+        let ftw = ftw_of(&components_of(&files).unwrap());
+        assert_eq!(ftw[t].desc.shape, vec![1]);
+    }
+
+    #[test]
+    fn input_scale_of_wrong_dtype_or_shape_is_refused_by_name() {
+        let o = "model.layers.1.self_attn.o_proj.input_scale";
+        let e = err_of(&repo(
+            modelopt_shape(),
+            &[Mutation::Retype(o.into(), "BF16")],
+        ));
+        assert!(
+            e.contains(o) && e.contains("BF16") && e.contains("F32"),
+            "{e}"
+        );
+        assert!(e.contains("model-0000"), "names the file: {e}");
+
+        let x = "model.layers.0.mlp.experts.7.gate_proj.input_scale";
+        let e = err_of(&repo(
+            modelopt_shape(),
+            &[Mutation::Reshape(x.into(), vec![2])],
+        ));
+        assert!(
+            e.contains(x) && e.contains("[2]") && e.contains("[] or [1]"),
+            "{e}"
+        );
+
+        let f = "model.layers.2.mlp.experts.gate_up_proj_input_scale";
+        let e = err_of(&repo(
+            modelopt_shape(),
+            &[Mutation::Reshape(f.into(), vec![16])],
+        ));
+        assert!(e.contains(f) && e.contains("[16, 2]"), "{e}");
+    }
+
+    #[test]
+    fn orphan_input_scale_is_refused_by_name() {
+        // BF16 modules: q_proj, the layer-1 per-expert BF16 experts, the
+        // fused BF16 experts of the default shape (layer 2).
+        for (t, module) in [
+            (
+                "model.layers.0.self_attn.q_proj.input_scale",
+                "model.layers.0.self_attn.q_proj",
+            ),
+            (
+                "model.layers.1.mlp.experts.3.gate_proj.input_scale",
+                "model.layers.1.mlp.experts.3.gate_proj",
+            ),
+            (
+                "model.layers.2.mlp.experts.down_proj_input_scale",
+                "model.layers.2.mlp.experts.down_proj",
+            ),
+            ("lm_head.input_scale", "lm_head"),
+        ] {
+            let files = repo(QwenShape::default(), &[Mutation::Add(t.into(), vec![])]);
+            let err = components_of(&files).unwrap_err();
+            assert!(
+                matches!(&err, ConvertError::OrphanInputScale { tensor, module: m, .. }
+                    if tensor == t && m == module),
+                "{t}: {err}"
+            );
+        }
+        // A fused NVFP4 layer has no per-expert modules to attach one to.
+        let t = "model.layers.2.mlp.experts.5.up_proj.input_scale";
+        let files = repo(modelopt_shape(), &[Mutation::Add(t.into(), vec![])]);
+        let e = err_of(&files);
+        assert!(
+            e.contains(t) && e.contains("not stored as ModelOpt NVFP4"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fused_nvfp4_of_wrong_shape_or_dtype_is_refused_by_name() {
+        let p = "model.layers.2.mlp.experts";
+        let cases: Vec<(Mutation, String, &str)> = vec![
+            (
+                Mutation::Reshape(format!("{p}.gate_up_proj"), vec![16, 64, 64]),
+                format!("{p}.gate_up_proj"),
+                "[16, 64, 32]",
+            ),
+            (
+                Mutation::Reshape(format!("{p}.gate_up_proj_weight_scale"), vec![16, 64, 8]),
+                format!("{p}.gate_up_proj_weight_scale"),
+                "[16, 64, 4]",
+            ),
+            (
+                Mutation::Reshape(format!("{p}.gate_up_proj_weight_scale_2"), vec![16]),
+                format!("{p}.gate_up_proj_weight_scale_2"),
+                "[16, 2]",
+            ),
+            (
+                Mutation::Reshape(format!("{p}.down_proj"), vec![15, 64, 16]),
+                format!("{p}.down_proj"),
+                "[16, 64, 16]",
+            ),
+            (
+                Mutation::Reshape(format!("{p}.down_proj_weight_scale"), vec![16, 32, 2]),
+                format!("{p}.down_proj_weight_scale"),
+                "[16, 64, 2]",
+            ),
+            (
+                Mutation::Reshape(format!("{p}.down_proj_weight_scale_2"), vec![16, 1]),
+                format!("{p}.down_proj_weight_scale_2"),
+                "[16]",
+            ),
+            (
+                Mutation::Retype(format!("{p}.down_proj_weight_scale"), "U8"),
+                format!("{p}.down_proj_weight_scale"),
+                "F8_E4M3",
+            ),
+            (
+                Mutation::Drop(format!("{p}.gate_up_proj_weight_scale_2")),
+                format!("{p}.gate_up_proj_weight_scale_2"),
+                "missing",
+            ),
+        ];
+        for (m, tensor, want) in cases {
+            let e = err_of(&repo(modelopt_shape(), std::slice::from_ref(&m)));
+            assert!(e.contains(&tensor) && e.contains(want), "{m:?}: {e}");
+            if !matches!(m, Mutation::Drop(_)) {
+                assert!(
+                    e.contains("moe_intermediate_size 32") || e.contains("F8_E4M3"),
+                    "{e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fused_nvfp4_records_read_the_per_expert_bytes() {
+        let fused = repo(modelopt_shape(), &[]);
+        let per_expert = repo(
+            QwenShape {
+                nvfp4_expert_layers: vec![0, 2],
+                fused_expert_layers: Vec::new(),
+                fused_nvfp4_expert_layers: Vec::new(),
+                ..modelopt_shape()
+            },
+            &[],
+        );
+        let (a, b) = (
+            components_of(&fused).unwrap(),
+            components_of(&per_expert).unwrap(),
+        );
+        let ((fa, ra), (fb, rb)) = (experts_of(&a, 2), experts_of(&b, 2));
+        assert_eq!(fa, fb);
+        assert_eq!(ra.len(), 16);
+        let sidecar = |name: &str, cs: &[Component]| {
+            cs.iter().find(|c| c.name == name).unwrap().predicted_bytes
+        };
+        let name = "experts/layer_002.ftexpert";
+        assert_eq!(sidecar(name, &a), sidecar(name, &b));
+        for (e, (x, y)) in ra.iter().zip(rb).enumerate() {
+            for (f, (sx, sy)) in x.iter().zip(y).enumerate() {
+                let TensorSource::Native(parts) = sx else {
+                    panic!("fused NVFP4 field is Native")
+                };
+                assert!(parts[0].tensor.ends_with(if f == 2 {
+                    "down_proj"
+                } else {
+                    "gate_up_proj"
+                }));
+                assert_eq!(
+                    bytes_of(&fused, sx),
+                    bytes_of(&per_expert, sy),
+                    "expert {e} {}",
+                    fa[f].key
+                );
+            }
+        }
+        // The fused input scales hold the per-expert ones, gate then up.
+        let (ta, tb) = (ftw_of(&a), ftw_of(&b));
+        let gu = bytes_of(
+            &fused,
+            &ta["model.layers.2.mlp.experts.gate_up_proj_input_scale"].source,
+        );
+        let mut want = Vec::new();
+        for e in 0..16 {
+            for proj in ["gate_proj", "up_proj"] {
+                let k = format!("model.layers.2.mlp.experts.{e}.{proj}.input_scale");
+                want.extend(bytes_of(&per_expert, &tb[&k].source));
+            }
+        }
+        assert_eq!(gu, want);
+        assert_ne!(gu[..4], gu[4..8], "varied scales tell gate from up");
     }
 }
