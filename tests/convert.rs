@@ -16,22 +16,6 @@ use ftpipe_fixtures::qwen4::QwenShape;
 use ftpipe_formats::{ExpertView, FtwView, Q3GlobalScale, q3};
 use half::bf16;
 
-/// Every source tensor's raw bytes, by name.
-fn source_tensors(out: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut all = BTreeMap::new();
-    for e in std::fs::read_dir(out.join("source")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            let bytes = std::fs::read(&p).unwrap();
-            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            for (name, view) in st.tensors() {
-                all.insert(name, view.data().to_vec());
-            }
-        }
-    }
-    all
-}
-
 /// Source bytes of a linear `module`: BF16 weight, or NVFP4 triplet.
 fn linear_bytes(src: &BTreeMap<String, Vec<u8>>, module: &str) -> Option<Vec<u8>> {
     if src.contains_key(&format!("{module}.weight_scale")) {

@@ -8,7 +8,6 @@
 //! weights laid out as per-expert triplets.
 
 mod common;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -46,22 +45,6 @@ fn convert(shape: &QwenShape, dir: &Path) -> PathBuf {
     let out = dir.to_owned();
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--jobs", "2"]));
     out
-}
-
-/// Every source tensor's raw bytes, by name.
-fn source_tensors(out: &Path) -> BTreeMap<String, Vec<u8>> {
-    let mut all = BTreeMap::new();
-    for e in std::fs::read_dir(out.join("source")).unwrap() {
-        let p = e.unwrap().path();
-        if p.extension().is_some_and(|x| x == "safetensors") {
-            let bytes = std::fs::read(&p).unwrap();
-            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-            for (name, view) in st.tensors() {
-                all.insert(name, view.data().to_vec());
-            }
-        }
-    }
-    all
 }
 
 fn cat(parts: &[&[u8]]) -> Vec<u8> {

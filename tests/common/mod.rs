@@ -594,3 +594,19 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Every tensor of the shards in `out/source`'s raw bytes, by name.
+pub fn source_tensors(out: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut all = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(out.join("source")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let bytes = std::fs::read(&p).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            for (name, view) in st.tensors() {
+                all.insert(name, view.data().to_vec());
+            }
+        }
+    }
+    all
+}
