@@ -176,41 +176,67 @@ fn retired_sources_then_a_lost_component_asks_to_reacquire() {
 /// Regression: `--rebuild` renamed the stale artifact aside and only then
 /// logged where it went. A run killed between the two left an unlogged
 /// `artifact.stale-run{N}`, and the next run set aside again under another
-/// name (logging the wrong directory). Now the destination is logged first
-/// (with the receipts dropped) and the next run finishes that same rename.
-/// This test builds the state a kill between the log and the rename leaves.
+/// name (logging the wrong directory). Now a marker and the log name the
+/// destination before the rename, and the next run finishes that same
+/// rename. Crash points (`FTPIPE_CRASH_AT`) abort at the exact steps.
 #[test]
-fn a_set_aside_killed_before_its_rename_is_finished_under_the_logged_name() {
+fn a_set_aside_killed_at_each_step_finishes_under_the_logged_name() {
     let hub = hub(34);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
-    let old_sha = manifest_sha(&out);
-    sqlite_exec(
-        &out,
-        "INSERT INTO artifacts (run_id, event, detail, set_aside_to) \
-         VALUES ((SELECT MAX(id) FROM runs), 'set_aside', 'killed before rename', 'artifact.stale-run99')",
-    );
-    sqlite_exec(&out, "DELETE FROM components");
+    let plain_sha = manifest_sha(&out);
+    let aside_dirs = |out: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("artifact.stale"))
+            .collect();
+        v.sort();
+        v
+    };
+    let logged = |out: &Path| {
+        query(
+            out,
+            "SELECT set_aside_to FROM artifacts WHERE event = 'set_aside' ORDER BY id",
+        )
+    };
 
-    let o = run_ok(&mut convert_cmd(&out, &[]));
+    // Killed after the log, before the rename: the old artifact is still
+    // in place; a plain run (no --rebuild) finishes the rename.
+    let o = run(convert_cmd(&out, &["--protect", PROTECT, "--rebuild"])
+        .env("FTPIPE_CRASH_AT", "set-aside-logged"));
+    assert!(!o.status.success());
+    assert!(out.join("artifact/manifest.json").exists());
+    assert!(aside_dirs(&out).is_empty());
+    let first = logged(&out);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let o = run_ok(&mut convert_cmd(&out, &["--protect", PROTECT]));
     assert!(
         stderr(&o).contains("finished setting the stale artifact aside"),
         "{}",
         stderr(&o)
     );
-    let aside = out.join("artifact.stale-run99");
-    assert_eq!(manifest_sha_in(&aside), old_sha, "evidence not kept");
-    assert_eq!(manifest_sha(&out), old_sha, "rebuilt artifact differs");
-    let set_asides = query(
-        &out,
-        "SELECT set_aside_to FROM artifacts WHERE event = 'set_aside'",
-    );
-    assert_eq!(set_asides, ["artifact.stale-run99"]);
-    let dirs: Vec<String> = std::fs::read_dir(&out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("artifact"))
-        .collect();
-    assert_eq!(dirs.len(), 2, "{dirs:?}");
+    assert_eq!(aside_dirs(&out), first);
+    assert_eq!(manifest_sha_in(&out.join(&first[0])), plain_sha);
+    assert_eq!(logged(&out), first, "set aside twice");
+    let protected_sha = manifest_sha(&out);
+    assert_ne!(protected_sha, plain_sha);
+
+    // Killed after the rename: nothing to finish; the next run converts
+    // afresh, and deleting the evidence later renames nothing.
+    let o = run(convert_cmd(&out, &["--rebuild"]).env("FTPIPE_CRASH_AT", "set-aside-renamed"));
+    assert!(!o.status.success());
+    assert!(!out.join("artifact").exists());
+    let second = logged(&out);
+    assert_eq!(second.len(), 2, "{second:?}");
+    run_ok(&mut convert_cmd(&out, &[]));
+    assert_eq!(manifest_sha(&out), plain_sha);
+    assert_eq!(manifest_sha_in(&out.join(&second[1])), protected_sha);
+    std::fs::remove_dir_all(out.join(&second[1])).unwrap();
+    let o = run_ok(&mut convert_cmd(&out, &[]));
+    assert!(!stderr(&o).contains("set aside"), "{}", stderr(&o));
+    assert_eq!(manifest_sha(&out), plain_sha);
+    assert_eq!(logged(&out), second);
+    assert!(!out.join(".ftpipe/set-aside.json").exists());
 }

@@ -215,7 +215,7 @@ impl Pipeline {
     /// one earlier run, the pin answers this request, the manifest on disk
     /// is the last one recorded and was made with these options, every
     /// component has its recorded size, and the placement is current.
-    /// Reads no sources and makes no request.
+    /// Reads only `config.json` of the sources and makes no request.
     async fn finished(
         &self,
         params: &FetchParams,
@@ -277,12 +277,12 @@ impl Pipeline {
         }
         if opts.retire_sources {
             let retired = self.store.retired_sources().await?;
-            if manifest
-                .source
-                .files
-                .iter()
-                .any(|f| f.path.ends_with(".safetensors") && !retired.contains(&f.path))
-            {
+            if manifest.source.files.iter().any(|f| {
+                // Logged but still on disk (killed before the unlink)
+                // is not retired yet: the conversion finishes it.
+                f.path.ends_with(".safetensors")
+                    && (!retired.contains(&f.path) || self.layout.source.join(&f.path).exists())
+            }) {
                 return Ok(None);
             }
         }

@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod bundle;
 pub mod convert;
+pub mod crashpoint;
 mod error;
 pub mod fetch;
 pub mod hub;

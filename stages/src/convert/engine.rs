@@ -17,29 +17,28 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::task::block_in_place;
 
-use ftpipe_formats::Q3GlobalScale;
-use ftpipe_receipts::{ComponentReceipt, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, Receipt, RunId, Store};
 
+use super::aside;
+use super::batch::Batch;
 use super::error::ConvertError;
 use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
     TEMP_SUFFIX, sha256_hex,
 };
 use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
-use super::profile::{CONFIG_FILE, Component, ComponentKind, model_type};
+use super::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
 use super::recipe::Recipe;
+use super::retire::Retirer;
 use super::skeleton::{Skeleton, files_read, source_identity};
 use super::space::artifact_peak;
-use super::write::{Sources, read_global_scale, write_component};
+use super::write::Sources;
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dir;
-use crate::identity::{Expected, LfsSha256, hash_file};
 use crate::progress::{ProgressEvent, Reporter};
 
 /// Skeleton file under the state directory.
@@ -237,58 +236,6 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
     reasons
 }
 
-/// Sets the artifact aside as `DIR/artifact.stale-run{N}`: the destination
-/// is logged (and the receipts dropped) first, then the directory renamed,
-/// so a run killed in between finishes that same rename
-/// ([`finish_pending_set_aside`]) instead of choosing another name.
-async fn set_aside(store: &Store, run: RunId, paths: &ConvertPaths, why: &str) -> Result<PathBuf> {
-    let mut name = format!("artifact.stale-run{run}");
-    let mut n = 1;
-    while paths.out.join(&name).exists() {
-        name = format!("artifact.stale-run{run}.{n}");
-        n += 1;
-    }
-    let dest = paths.out.join(&name);
-    store
-        .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))
-        .await?;
-    rename_aside(paths, &dest)?;
-    Ok(dest)
-}
-
-fn rename_aside(paths: &ConvertPaths, dest: &Path) -> Result<()> {
-    if paths.artifact.exists() {
-        std::fs::rename(&paths.artifact, dest)
-            .map_err(|e| StageError::io("rename", &paths.artifact, e))?;
-        sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
-    }
-    Ok(())
-}
-
-/// Finishes a set-aside whose rename a killed run did not do: the last
-/// artifact event is a set-aside to a directory that does not exist and no
-/// component was written since (its receipts were dropped with it).
-async fn finish_pending_set_aside(store: &Store, paths: &ConvertPaths) -> Result<Option<PathBuf>> {
-    let log = store.artifact_log().await?;
-    let Some(name) = log
-        .last()
-        .filter(|a| a.event == "set_aside")
-        .and_then(|a| a.set_aside_to.clone())
-    else {
-        return Ok(None);
-    };
-    crate::paths::validate_repo_path(&name).map_err(|e| StageError::InvalidInput {
-        what: "set-aside destination",
-        message: format!("{name:?}: {e}"),
-    })?;
-    let dest = paths.out.join(&name);
-    if dest.exists() || !paths.artifact.exists() || !store.components().await?.is_empty() {
-        return Ok(None);
-    }
-    rename_aside(paths, &dest)?;
-    Ok(Some(dest))
-}
-
 /// Components whose receipt has the current identity and whose file has the
 /// receipt's size.
 fn valid_receipts(
@@ -326,6 +273,7 @@ async fn retired_headers(
     store: &Store,
     paths: &ConvertPaths,
     retired: &BTreeSet<String>,
+    receipts: &BTreeMap<String, Receipt>,
 ) -> Result<BTreeMap<String, SavedHeader>> {
     let path = paths.state_dir.join(SKELETON_FILE);
     let saved: BTreeMap<String, SavedHeader> = std::fs::read(&path)
@@ -339,7 +287,12 @@ async fn retired_headers(
         if on_disk.exists() {
             continue;
         }
-        match saved.get(file) {
+        // Saved for this version of the file (its receipt's digest) only.
+        let digest = receipts.get(file).map(|r| r.digest.as_str());
+        match saved
+            .get(file)
+            .filter(|h| Some(h.digest.as_str()) == digest)
+        {
             Some(h) => {
                 out.insert(file.clone(), h.clone());
             }
@@ -389,9 +342,14 @@ async fn prepare(
         .and_then(Value::as_u64)
         .unwrap_or(8);
     let converter = current_converter(&paths.source, opts)?;
-    let saved = retired_headers(store, paths, retired).await?;
-    let (plan, headers) =
+    let saved = retired_headers(store, paths, retired, &receipts).await?;
+    let (plan, mut headers) =
         block_in_place(|| plan_local_saved(&paths.source, &opts.plan_options(), &saved))?;
+    for (file, h) in &mut headers {
+        if let Some(r) = receipts.get(file) {
+            h.digest.clone_from(&r.digest);
+        }
+    }
     let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
     let skel = Skeleton::build(&plan, source, converter, top_k, headers)?;
     Ok(Prepared { skel, plan })
@@ -407,7 +365,7 @@ pub async fn convert(
 ) -> Result<ConvertOutcome> {
     let retired = store.retired_sources().await?;
     let Prepared { skel, plan } = prepare(store, paths, opts, &retired).await?;
-    let mut set_aside_to = finish_pending_set_aside(store, paths).await?;
+    let mut set_aside_to = aside::finish_pending(store, paths).await?;
     if let Some(dest) = &set_aside_to {
         reporter.report(ProgressEvent::Note {
             message: format!(
@@ -418,6 +376,23 @@ pub async fn convert(
     }
     let reasons = stale_reasons(&skel, &store.components().await?, &paths.artifact);
     if !reasons.is_empty() {
+        // A rebuild rewrites everything: refuse before setting anything
+        // aside if a shard it needs is gone.
+        if let Some(c) = plan.components.iter().find(|c| {
+            c.source_files
+                .iter()
+                .any(|f| !source_present(&paths.source, f))
+        }) {
+            let (component, source_file) = needs_retired(c, &plan, &paths.source);
+            return Err(ConvertError::RebuildNeedsSources {
+                dir: paths.artifact.display().to_string(),
+                reasons: reasons.join("; "),
+                component,
+                run: retired_by(store, &source_file).await?,
+                source_file,
+            }
+            .into());
+        }
         if !opts.rebuild {
             return Err(ConvertError::StaleArtifact {
                 dir: paths.artifact.display().to_string(),
@@ -425,7 +400,7 @@ pub async fn convert(
             }
             .into());
         }
-        let dest = set_aside(store, run, paths, &reasons.join("; ")).await?;
+        let dest = aside::set_aside(store, run, paths, &reasons.join("; ")).await?;
         reporter.report(ProgressEvent::Note {
             message: format!("stale artifact set aside as {}", dest.display()),
         });
@@ -448,23 +423,7 @@ pub async fn convert(
         tracing::info!("removed stale temp file {}", t.display());
     }
     let mut done = valid_receipts(&skel, store.components().await?, &paths.artifact);
-    if opts.retire_sources {
-        for bad in block_in_place(|| unhashed_before_retirement(&skel, &done, paths))? {
-            reporter.report(ProgressEvent::Note {
-                message: format!(
-                    "{bad} does not match its receipt's SHA-256; rewriting it before its sources are retired"
-                ),
-            });
-            done.remove(&bad);
-        }
-    }
-    let present = |f: &String| source_present(&paths.source, f);
-    let (pending, blocked): (Vec<Component>, Vec<Component>) = plan
-        .components
-        .iter()
-        .filter(|c| !done.contains_key(&c.name))
-        .cloned()
-        .partition(|c| c.source_files.iter().all(present));
+    let (pending, blocked) = split_blocked(&plan, &done, &paths.source);
     let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
     let todo_bytes: u64 = pending
         .iter()
@@ -477,46 +436,57 @@ pub async fn convert(
         done_bytes: total.saturating_sub(todo_bytes),
     });
     if opts.preflight && !pending.is_empty() {
-        preflight(&plan, &done, paths, opts)?;
+        let excluded = done
+            .keys()
+            .cloned()
+            .chain(blocked.iter().map(|c| c.name.clone()))
+            .collect();
+        preflight(&plan, &excluded, paths, opts)?;
     }
-    let mut written = 0;
-    if !pending.is_empty() {
-        let (scales, rest): (Vec<_>, Vec<_>) = pending
-            .into_iter()
-            .partition(|c| c.kind == ComponentKind::Q3GlobalScale);
-        let ctx = Batch {
-            store,
-            run,
-            skel: &skel,
-            paths,
-            opts,
-            reporter,
-            sources: Arc::new(Sources::new(&paths.source)),
-        };
-        written += ctx.write_all(scales, &mut done, BTreeMap::new()).await?;
-        let mut g = BTreeMap::new();
-        for c in &plan.components {
-            if let super::profile::ComponentContent::Q3GlobalScale { layer, .. } = c.content
-                && let Some(r) = done.get(&c.name)
-            {
-                g.insert(
-                    layer,
-                    block_in_place(|| read_global_scale(&paths.artifact, &c.name, &r.sha256))?,
-                );
+    let retirer = Retirer::default();
+    let ctx = Batch {
+        store,
+        run,
+        skel: &skel,
+        paths,
+        opts,
+        reporter,
+        sources: Arc::new(Sources::new(&paths.source)),
+        retirer: &retirer,
+    };
+    let mut written = ctx.write_pending(pending, &plan, &mut done).await?;
+    if opts.retire_sources {
+        loop {
+            retirer
+                .retire_eligible(store, run, &skel, &done, paths)
+                .await?;
+            let corrupt = retirer.take_corrupt();
+            if corrupt.is_empty() {
+                break;
             }
+            for c in &corrupt {
+                reporter.report(ProgressEvent::Note {
+                    message: format!(
+                        "{c} does not match its receipt's SHA-256; rewriting it before its sources are retired"
+                    ),
+                });
+                done.remove(c);
+            }
+            let again = plan
+                .components
+                .iter()
+                .filter(|c| corrupt.contains(&c.name))
+                .cloned()
+                .collect();
+            written += ctx.write_pending(again, &plan, &mut done).await?;
         }
-        written += ctx.write_all(rest, &mut done, g).await?;
     }
     if let Some(c) = blocked.first() {
-        // Everything readable was converted; this one needs a retired shard.
-        let source_file = c
-            .source_files
-            .iter()
-            .find(|f| !present(f))
-            .cloned()
-            .unwrap_or_default();
+        // Everything readable was converted; this one needs a retired shard
+        // (itself, or through its table's global scale).
+        let (component, source_file) = needs_retired(c, &plan, &paths.source);
         return Err(ConvertError::SourceRetired {
-            component: c.name.clone(),
+            component,
             run: retired_by(store, &source_file).await?,
             source_file,
         }
@@ -549,11 +519,6 @@ pub async fn convert(
     let mut pbytes = serde_json::to_vec_pretty(&placement).unwrap_or_default();
     pbytes.push(b'\n');
     write_atomic(&paths.artifact, PLACEMENT_FILE, &pbytes)?;
-    let retired_now = if opts.retire_sources {
-        retire_eligible(store, run, &skel, &done, &paths.source).await?
-    } else {
-        Vec::new()
-    };
     Ok(ConvertOutcome {
         manifest_sha256,
         fingerprint: manifest.fingerprint,
@@ -561,10 +526,64 @@ pub async fn convert(
         written,
         reused: manifest.components.len() - written,
         total_bytes: total,
-        retired: retired_now,
+        retired: retirer.retired(),
         set_aside: set_aside_to,
         placement,
     })
+}
+
+/// Components without a valid receipt: those that can be written now, and
+/// those that cannot because a shard they read was retired — a Q3 segment
+/// also when its table's global scale cannot be written.
+fn split_blocked(
+    plan: &Plan,
+    done: &BTreeMap<String, ComponentReceipt>,
+    source: &Path,
+) -> (Vec<Component>, Vec<Component>) {
+    let (pending, mut blocked): (Vec<Component>, Vec<Component>) = plan
+        .components
+        .iter()
+        .filter(|c| !done.contains_key(&c.name))
+        .cloned()
+        .partition(|c| c.source_files.iter().all(|f| source_present(source, f)));
+    let blocked_scales: BTreeSet<u64> = blocked
+        .iter()
+        .filter_map(|c| match c.content {
+            ComponentContent::Q3GlobalScale { layer, .. } => Some(layer),
+            _ => None,
+        })
+        .collect();
+    let (stuck, pending): (Vec<Component>, Vec<Component>) =
+        pending.into_iter().partition(|c| {
+            matches!(c.content, ComponentContent::Q3Segment { layer, .. } if blocked_scales.contains(&layer))
+        });
+    blocked.extend(stuck);
+    (pending, blocked)
+}
+
+/// The component and retired shard to name for blocked component `c`.
+fn needs_retired(c: &Component, plan: &Plan, source: &Path) -> (String, String) {
+    let absent = |c: &Component| {
+        c.source_files
+            .iter()
+            .find(|f| !source_present(source, f))
+            .cloned()
+    };
+    if let Some(f) = absent(c) {
+        return (c.name.clone(), f);
+    }
+    // A segment blocked by its scale: name the scale and its shard.
+    let scale = plan.components.iter().find(|s| {
+        matches!(
+            (&s.content, &c.content),
+            (ComponentContent::Q3GlobalScale { layer: a, .. }, ComponentContent::Q3Segment { layer: b, .. })
+                if a == b
+        )
+    });
+    match scale.and_then(|s| absent(s).map(|f| (s.name.clone(), f))) {
+        Some(named) => named,
+        None => (c.name.clone(), String::new()),
+    }
 }
 
 /// True when source file `file` is on disk under `root`.
@@ -575,7 +594,7 @@ fn source_present(root: &Path, file: &str) -> bool {
 /// Refuses when the artifact's peak need does not fit the volume.
 fn preflight(
     plan: &Plan,
-    done: &BTreeMap<String, ComponentReceipt>,
+    excluded: &BTreeSet<String>,
     paths: &ConvertPaths,
     opts: &ConvertOptions,
 ) -> Result<()> {
@@ -585,8 +604,7 @@ fn preflight(
         .filter(|s| source_present(&paths.source, &s.file))
         .map(|s| (s.file.clone(), s.bytes))
         .collect();
-    let done: BTreeSet<String> = done.keys().cloned().collect();
-    let needed = artifact_peak(plan, &done, &shards, opts.retire_sources, opts.jobs);
+    let needed = artifact_peak(plan, excluded, &shards, opts.retire_sources, opts.jobs);
     let available = fs4::available_space(&paths.artifact)
         .map_err(|e| StageError::io("statvfs", &paths.artifact, e))?;
     if needed > available {
@@ -597,168 +615,4 @@ fn preflight(
         });
     }
     Ok(())
-}
-
-/// Reused components (checked by size only) that read a shard still on
-/// disk and whose file does not hash to their receipt: they are rewritten
-/// before `--retire-sources` may delete that shard.
-fn unhashed_before_retirement(
-    skel: &Skeleton,
-    done: &BTreeMap<String, ComponentReceipt>,
-    paths: &ConvertPaths,
-) -> Result<Vec<String>> {
-    let mut bad = Vec::new();
-    for (name, r) in done {
-        let reads_present = skel.readers.get(name).is_some_and(|files| {
-            files
-                .iter()
-                .any(|f| f.ends_with(".safetensors") && source_present(&paths.source, f))
-        });
-        if !reads_present {
-            continue;
-        }
-        let path = paths.artifact.join(name);
-        let matches = match LfsSha256::parse(&r.sha256) {
-            Some(d) => {
-                hash_file(&path, &Expected::Sha256(d), r.size)
-                    .map_err(|e| StageError::io("read", &path, e))?
-                    == r.sha256
-            }
-            None => false,
-        };
-        if !matches {
-            bad.push(name.clone());
-        }
-    }
-    Ok(bad)
-}
-
-/// Retires every weight shard all of whose readers have receipts. The
-/// retirement is logged first, then the file is unlinked and its directory
-/// fsynced: a crash in between leaves a logged retirement of a file still
-/// present, which is harmless (it is counted as retained and retired again).
-async fn retire_eligible(
-    store: &Store,
-    run: RunId,
-    skel: &Skeleton,
-    done: &BTreeMap<String, ComponentReceipt>,
-    source_root: &Path,
-) -> Result<Vec<String>> {
-    let mut readers: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (c, files) in &skel.readers {
-        for f in files {
-            readers.entry(f.as_str()).or_default().push(c.as_str());
-        }
-    }
-    let retired = store.retired_sources().await?;
-    let mut out = Vec::new();
-    for (file, comps) in readers {
-        if !file.ends_with(".safetensors") || !comps.iter().all(|c| done.contains_key(*c)) {
-            continue;
-        }
-        let path = crate::paths::safe_join(source_root, file)?;
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        // Logged by a run killed before its unlink: finish it, no new row.
-        if !retired.contains(file) {
-            store
-                .log_retirement(run, file, "retired", meta.len())
-                .await?;
-        }
-        std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
-        let dir = path.parent().unwrap_or(source_root);
-        sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
-        out.push(file.to_owned());
-    }
-    Ok(out)
-}
-
-/// One batch of components written in parallel.
-struct Batch<'a> {
-    store: &'a Arc<Store>,
-    run: RunId,
-    skel: &'a Skeleton,
-    paths: &'a ConvertPaths,
-    opts: &'a ConvertOptions,
-    reporter: &'a dyn Reporter,
-    sources: Arc<Sources>,
-}
-
-impl Batch<'_> {
-    /// Writes `components` up to `jobs` at a time, committing each receipt
-    /// as soon as its file is durable. After the first failure no new
-    /// component starts; those in flight finish (and get receipts).
-    async fn write_all(
-        &self,
-        components: Vec<Component>,
-        done: &mut BTreeMap<String, ComponentReceipt>,
-        scales: BTreeMap<u64, Q3GlobalScale>,
-    ) -> Result<usize> {
-        let failed = Arc::new(AtomicBool::new(false));
-        let scales = Arc::new(scales);
-        let mut results = futures_util::stream::iter(components)
-            .map(|c| {
-                let (sources, scales, failed) =
-                    (self.sources.clone(), scales.clone(), failed.clone());
-                let artifact = self.paths.artifact.clone();
-                tokio::task::spawn_blocking(move || {
-                    if failed.load(Ordering::SeqCst) {
-                        return (c, None);
-                    }
-                    let r = write_component(&sources, &artifact, &c, &scales);
-                    if r.is_err() {
-                        failed.store(true, Ordering::SeqCst);
-                    }
-                    (c, Some(r))
-                })
-            })
-            .buffer_unordered(self.opts.jobs.max(1));
-        let mut first_err = None;
-        let mut written = 0;
-        while let Some(joined) = results.next().await {
-            let (c, r) = joined.map_err(|e| StageError::InvalidInput {
-                what: "conversion task",
-                message: e.to_string(),
-            })?;
-            match r {
-                None => {}
-                Some(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Some(Ok(w)) => {
-                    let receipt = ComponentReceipt {
-                        path: c.name.clone(),
-                        kind: c.kind.as_str().to_owned(),
-                        predicted_bytes: c.predicted_bytes,
-                        size: w.size,
-                        sha256: w.sha256,
-                        identity: self
-                            .skel
-                            .identities
-                            .get(&c.name)
-                            .cloned()
-                            .unwrap_or_default(),
-                        run_id: self.run,
-                    };
-                    self.store.put_component(self.run, &receipt).await?;
-                    self.reporter.report(ProgressEvent::ComponentWritten {
-                        path: c.name.clone(),
-                        kind: c.kind.as_str().to_owned(),
-                        size: w.size,
-                    });
-                    done.insert(c.name.clone(), receipt);
-                    written += 1;
-                    if self.opts.retire_sources {
-                        retire_eligible(self.store, self.run, self.skel, done, &self.paths.source)
-                            .await?;
-                    }
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(written),
-        }
-    }
 }

@@ -252,16 +252,27 @@ pub enum ConvertError {
     },
     /// A component must be (re)built but a source it reads was retired.
     #[error(
-        "component {component} is missing or invalid and must be rebuilt, but its source {source_file} was retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
+        "component {component} has no valid receipt and must be written, but its source {source_file} was retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again (every other component was written)"
     )]
     SourceRetired {
         component: String,
         source_file: String,
         run: i64,
     },
+    /// A stale artifact cannot be rebuilt: a shard it needs was retired.
+    #[error(
+        "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"
+    )]
+    RebuildNeedsSources {
+        dir: String,
+        reasons: String,
+        component: String,
+        source_file: String,
+        run: i64,
+    },
     /// A retired shard's header was not saved, so nothing can be planned.
     #[error(
-        "source {source_file} was retired by --retire-sources (run {run}) and its header is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
+        "source {source_file} was retired by --retire-sources (run {run}) and the header of this version of it is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
     )]
     RetiredHeaderMissing {
         source_file: String,

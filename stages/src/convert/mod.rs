@@ -6,12 +6,15 @@
 //! locally, or over HTTP Range with only the first 8 + N bytes of each shard
 //! — before anything is written.
 
+mod aside;
+mod batch;
 pub mod engine;
 mod error;
 pub mod manifest;
 pub mod plan;
 pub mod profile;
 pub mod recipe;
+mod retire;
 pub mod safetensors;
 pub mod skeleton;
 pub mod space;

@@ -247,6 +247,10 @@ pub struct SavedHeader {
     pub len: u64,
     /// The header JSON (N bytes after the 8-byte length).
     pub json: String,
+    /// The shard's digest from its download receipt: the saved header is
+    /// used only for that version of the file.
+    #[serde(default)]
+    pub digest: String,
 }
 
 /// [`plan_local_with`], taking the header of a shard absent from
@@ -275,7 +279,11 @@ pub fn plan_local_saved(
                         message: format!("header is not UTF-8: {e}"),
                     })
                 })?;
-                let kept = SavedHeader { len: m.len(), json };
+                let kept = SavedHeader {
+                    len: m.len(),
+                    json,
+                    digest: String::new(),
+                };
                 (header, kept)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

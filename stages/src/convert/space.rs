@@ -5,8 +5,10 @@
 //! `--retire-sources` a shard is deleted as soon as all its readers have
 //! receipts, so the need is the peak of (artifact bytes written − shard
 //! bytes freed) over the order conversion writes in (global scales first).
-//! With `--jobs N` up to N − 1 other components may be in flight beyond
-//! that order, so the largest pending component counts N − 1 more times.
+//! With `--retire-sources` the writer commits receipts in that order
+//! (ordered completion), so a shard is freed no later than modelled; with
+//! `--jobs N` up to N − 1 later components may be partly written meanwhile,
+//! so the largest pending component counts N − 1 more times.
 
 use std::collections::{BTreeMap, BTreeSet};
 
