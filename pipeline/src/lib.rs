@@ -126,11 +126,22 @@ impl Pipeline {
     /// store and records a new run.
     pub async fn open(out: &Path, command: &str) -> Result<Pipeline> {
         let layout = Layout::new(out);
-        std::fs::create_dir_all(&layout.state_dir).map_err(|source| PipelineError::Io {
+        // `.ftpipe/` (and every directory this run creates on the way to
+        // it) must be durable entries before the database claims anything:
+        // fsync up to `DIR`, or to its deepest ancestor that already exists.
+        let io = |source| PipelineError::Io {
             op: "create",
             path: layout.state_dir.clone(),
             source,
-        })?;
+        };
+        let state_dir = std::path::absolute(&layout.state_dir).map_err(io)?;
+        let mut top = state_dir.parent().unwrap_or(&state_dir);
+        while !top.exists()
+            && let Some(parent) = top.parent()
+        {
+            top = parent;
+        }
+        ftpipe_stages::fetch::create_dirs_durably(top, &state_dir).map_err(io)?;
         let lock = DirLock::acquire(&layout.lock)?;
         let store = Store::open(&layout.db).await?;
         let states = replay(&store.stage_events().await?)?;

@@ -25,7 +25,7 @@ use super::error::ConvertError;
 use super::manifest::temp_name;
 use super::profile::{Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dir;
+use crate::fetch::sync_dirs_up_to;
 use crate::paths::safe_join;
 
 /// Source bytes read per pread.
@@ -153,21 +153,6 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
     }
 }
 
-/// Fsyncs every directory from `dir` up to and including `root`, so each
-/// entry on the component's path is durable whoever created it (another
-/// job, or a run killed between its mkdir and its fsync).
-fn sync_dirs_up_to(root: &Path, dir: &Path) -> Result<()> {
-    let mut d = Some(dir);
-    while let Some(cur) = d {
-        sync_dir(cur).map_err(|e| StageError::io("fsync", cur, e))?;
-        if cur == root {
-            break;
-        }
-        d = cur.parent();
-    }
-    Ok(())
-}
-
 /// The absolute max of a PLE table (all its BF16 segments), checking every
 /// element is finite.
 pub fn table_absmax(sources: &Sources, component: &str, segments: &[SourceSpan]) -> Result<f32> {
@@ -288,7 +273,9 @@ pub fn write_component(
         .into());
     }
     std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
-    sync_dirs_up_to(artifact, &dir)?;
+    // Every directory from the component's up to artifact/ is fsynced,
+    // whoever created it, before the receipt can claim the file.
+    sync_dirs_up_to(artifact, &dir).map_err(|e| StageError::io("fsync", &dir, e))?;
     Ok(Written {
         size: sink.written,
         sha256: hex::encode(sink.hasher.finalize()),

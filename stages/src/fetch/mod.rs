@@ -23,7 +23,7 @@ use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
 
 pub use headers::{ContentRange, parse_content_range};
-pub use part::sync_dir;
+pub use part::{create_dirs_durably, sync_dir, sync_dirs_up_to};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use transfer::expected_identity;
 
@@ -159,7 +159,9 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
         total_bytes: total,
         done_bytes: total - needed.min(total),
     });
-    std::fs::create_dir_all(&ctx.source_root)
+    // `source/` and its entry in `DIR` durable before any byte is claimed.
+    let out = ctx.source_root.parent().unwrap_or(&ctx.source_root);
+    create_dirs_durably(out, &ctx.source_root)
         .map_err(|e| StageError::io("create", &ctx.source_root, e))?;
     // Keep room for the ledger on the target volume (see
     // `Store::ensure_space_reserve`); released when the fetch ends.

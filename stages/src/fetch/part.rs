@@ -11,6 +11,27 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Fsyncs every directory from `dir` up to and including `root`, so every
+/// entry on the path is durable whoever created it (another task, or a run
+/// killed between its mkdir and its fsync). `dir` must lie under `root`.
+pub fn sync_dirs_up_to(root: &Path, dir: &Path) -> std::io::Result<()> {
+    let mut d = Some(dir);
+    while let Some(cur) = d {
+        sync_dir(cur)?;
+        if cur == root {
+            break;
+        }
+        d = cur.parent();
+    }
+    Ok(())
+}
+
+/// `create_dir_all(dir)`, then [`sync_dirs_up_to`]`(root, dir)`.
+pub fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    sync_dirs_up_to(root, dir)
+}
+
 /// An open `.part` file whose first `len` bytes are known good.
 pub struct PartFile {
     file: File,
@@ -28,9 +49,10 @@ pub enum AppendError {
 }
 
 impl PartFile {
-    /// Opens (creating, with parents) the part file without truncating it.
-    /// A newly created entry is made durable by fsyncing its directory.
-    pub fn open(path: &Path) -> std::io::Result<PartFile> {
+    /// Opens (creating, with parents) the part file under `root` without
+    /// truncating it. A newly created entry is made durable by fsyncing its
+    /// directory and every one above it up to `root`.
+    pub fn open(root: &Path, path: &Path) -> std::io::Result<PartFile> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
         let existed = path.exists();
@@ -41,7 +63,7 @@ impl PartFile {
             .truncate(false)
             .open(path)?;
         if !existed {
-            sync_dir(dir)?;
+            sync_dirs_up_to(root, dir)?;
         }
         let len = file.metadata()?.len();
         Ok(PartFile {

@@ -163,8 +163,8 @@ impl FileTask {
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
         let ledger = self.ctx.store.ledger_row(self.path()).await?;
-        let mut part =
-            block_in_place(|| PartFile::open(&self.part_path)).map_err(|e| self.io("open", e))?;
+        let mut part = block_in_place(|| PartFile::open(&self.ctx.source_root, &self.part_path))
+            .map_err(|e| self.io("open", e))?;
         let watermark = ledger.committed;
         let on_disk = part.len();
         if on_disk > watermark {
