@@ -1,12 +1,13 @@
 //! `convert` and `run`: the conversion stage, and the whole chain
 //! resolve → plan → fetch → convert → verify as stages of the event log.
 //!
-//! `plan` runs before `fetch` in `run` (reading only the safetensors
-//! headers over HTTP Range while sources are missing) so the preflight can
-//! refuse before a byte of weights is downloaded: it compares the space
-//! still needed — sources not yet durable plus artifact components without
-//! receipts, or with `--retire-sources` the peak of the two as shards are
-//! retired — with the free space on the target volume.
+//! `plan` runs before `fetch` in `run` (reading published files from disk
+//! and, for every file without a receipt, only its safetensors header over
+//! HTTP Range) so the preflight can refuse before a byte of weights is
+//! downloaded: it compares the space still needed — sources not yet durable
+//! plus artifact components without receipts, or with `--retire-sources` the
+//! peak of the two as shards are retired — with the free space on the target
+//! volume.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -20,7 +21,7 @@ use ftpipe_stages::convert::engine::current_converter;
 use ftpipe_stages::convert::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
-    ConvertOptions, ConvertOutcome, ConvertPaths, convert, plan_local_with, plan_remote,
+    ConvertOptions, ConvertOutcome, ConvertPaths, Published, convert, plan_published_or_remote,
 };
 use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_stages::hub::HubClient;
@@ -103,11 +104,19 @@ impl Pipeline {
                     .filter(|f| retired.contains(&f.path))
                     .map(|f| f.size)
                     .sum::<u64>();
-            let plan = if sources_needed == 0 && retired.is_empty() {
-                block_in_place(|| plan_local_with(&self.layout.source, &opts.plan_options()))?
-            } else {
-                plan_remote(client, &pin.repo, &pin.commit, &files, &opts.plan_options()).await?
-            };
+            // Judged from receipts, never from watermarks: a `.part` that
+            // reached its size but was not published is read from the hub.
+            let receipts = self.store.receipts().await?;
+            let published = Published::from_receipts(&self.layout.source, &receipts);
+            let plan = plan_published_or_remote(
+                client,
+                &pin.repo,
+                &pin.commit,
+                &files,
+                &published,
+                &opts.plan_options(),
+            )
+            .await?;
             if !params.options.preflight {
                 return Ok(());
             }

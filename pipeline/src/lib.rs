@@ -23,6 +23,7 @@ use tokio::sync::Mutex;
 use ftpipe_receipts::{Pin, RunId, Store};
 use ftpipe_stages::audit::{AuditReport, audit};
 use ftpipe_stages::bundle::{BundleSummary, write_bundle};
+use ftpipe_stages::crashpoint;
 use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::progress::Reporter;
@@ -184,7 +185,11 @@ impl Pipeline {
         self.record(name, StageEvent::Started, "").await?;
         match fut.await {
             Ok(v) => {
+                // The stage's work is durable; its completion is not logged.
+                crashpoint::hit(&format!("{name}-done"));
                 self.record(name, StageEvent::Completed, "").await?;
+                // Logged; the next stage has not started.
+                crashpoint::hit(&format!("{name}-completed"));
                 Ok(v)
             }
             Err(e) => {

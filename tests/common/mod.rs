@@ -229,6 +229,67 @@ pub fn body_requests(hub: &RunningHub, path: &str) -> Vec<ftpipe_fixtures::Reque
         .collect()
 }
 
+/// What one post-kill inspection saw.
+#[derive(Default)]
+pub struct KillState {
+    /// Some file had `0 < committed < expected` or bytes past its watermark.
+    pub mid_file: bool,
+    pub committed: u64,
+    pub published: usize,
+}
+
+/// The ledger invariants that must hold whenever no ftpipe process is
+/// running (see tests/crash.rs for why each holds); `kill` labels failures.
+pub fn check_after_kill(out: &Path, kill: &str) -> KillState {
+    let mut st = KillState::default();
+    let rows = match try_ledger_snapshot(out) {
+        Ok(rows) => rows,
+        // Killed while SQLite was creating the database, before WAL was on:
+        // a hot rollback journal only the next writer can roll back.
+        Err(e) if out.join(".ftpipe/state.db-journal").exists() => {
+            eprintln!("{kill}: database bootstrap interrupted ({e})");
+            return st;
+        }
+        Err(e) => panic!("{kill}: cannot read the state database: {e}"),
+    };
+    if rows.is_empty() {
+        return st; // killed before the listing was stored
+    }
+    assert_eq!(
+        query(out, "PRAGMA integrity_check"),
+        ["ok"],
+        "{kill}: integrity"
+    );
+    for r in &rows {
+        let disk = on_disk_len(out, &r.path);
+        assert!(
+            r.committed <= disk,
+            "{kill}: ledger claims {} bytes of {} but only {disk} are on disk",
+            r.committed,
+            r.path
+        );
+        assert_eq!(
+            r.transferred,
+            r.committed + r.discarded,
+            "{kill}: transferred != committed + discarded for {r:?}"
+        );
+        assert!(r.committed + r.adopted <= r.expected, "{kill}: {r:?}");
+        assert_eq!(r.adopted, 0, "{kill}: our own bytes adopted: {r:?}");
+        if r.receipt {
+            let fin = out.join("source").join(&r.path);
+            let len = std::fs::metadata(&fin)
+                .unwrap_or_else(|e| panic!("{kill}: receipt without file {}: {e}", r.path))
+                .len();
+            assert_eq!(len, r.expected, "{kill}: {}", r.path);
+        } else if (r.committed > 0 && r.committed < r.expected) || disk > r.committed {
+            st.mid_file = true;
+        }
+        st.committed += r.committed;
+        st.published += usize::from(r.receipt);
+    }
+    st
+}
+
 // ---------------------------------------------------------------------------
 // Helpers for the fault, bad-input and security tests.
 

@@ -19,6 +19,7 @@ use super::profile::{Component, ComponentContent, ComponentKind};
 use super::retire::Retirer;
 use super::skeleton::Skeleton;
 use super::write::{Sources, read_global_scale, write_component};
+use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::progress::{ProgressEvent, Reporter};
 
@@ -111,6 +112,8 @@ impl Batch<'_> {
                     first_err.get_or_insert(e);
                 }
                 Some(Ok(w)) => {
+                    // Renamed into place and fsynced, no receipt yet.
+                    crashpoint::hit("component-renamed");
                     let receipt = ComponentReceipt {
                         path: c.name.clone(),
                         kind: c.kind.as_str().to_owned(),

@@ -37,6 +37,7 @@ use super::retire::Retirer;
 use super::skeleton::{Skeleton, files_read, source_identity};
 use super::space::artifact_peak;
 use super::write::Sources;
+use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dir;
 use crate::progress::{ProgressEvent, Reporter};
@@ -414,6 +415,7 @@ pub async fn convert(
         SKELETON_FILE,
         &serde_json::to_vec(&skel).unwrap_or_default(),
     )?;
+    crashpoint::hit("skeleton-written");
     write_atomic(
         &paths.state_dir,
         PLAN_FILE,
@@ -505,6 +507,7 @@ pub async fn convert(
     let bytes = manifest.to_bytes();
     let manifest_sha256 = sha256_hex(&bytes);
     write_atomic(&paths.artifact, MANIFEST_FILE, &bytes)?;
+    crashpoint::hit("manifest-written");
     let last = store
         .artifact_log()
         .await?
@@ -515,6 +518,7 @@ pub async fn convert(
             .record_manifest(run, &manifest_sha256, &manifest.fingerprint)
             .await?;
     }
+    crashpoint::hit("manifest-recorded");
     let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, skel.top_k);
     let mut pbytes = serde_json::to_vec_pretty(&placement).unwrap_or_default();
     pbytes.push(b'\n');

@@ -23,8 +23,8 @@ pub mod write;
 pub use engine::{ConvertOptions, ConvertOutcome, ConvertPaths, convert};
 pub use error::ConvertError;
 pub use plan::{
-    Plan, PlanOptions, PlannedSource, SavedHeader, load_recipe, plan_local, plan_local_saved,
-    plan_local_with, plan_remote,
+    Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,
+    plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,
 };
 pub use profile::{Component, ComponentContent, ComponentKind, Profile};
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

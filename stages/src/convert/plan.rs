@@ -16,7 +16,8 @@ use reqwest::header::{HeaderMap, HeaderValue, RANGE};
 use serde::Serialize;
 use serde_json::Value;
 
-use ftpipe_receipts::FileRow;
+use ftpipe_receipts::{FileRow, Receipt};
+use tokio::task::block_in_place;
 
 use super::error::ConvertError;
 use super::profile::{CONFIG_FILE, Component, Profile, model_type};
@@ -486,6 +487,69 @@ pub async fn plan_remote(
     listing: &[FileRow],
     opts: &PlanOptions,
 ) -> Result<Plan> {
+    let nothing_local = Published::none();
+    plan_published_or_remote(client, repo, commit, listing, &nothing_local, opts).await
+}
+
+/// The source files a plan may read from disk: those with a download
+/// receipt whose file is at its final path with the receipt's size. A file
+/// whose watermark reached its size but that was not published yet (no
+/// receipt) is not among them — it is read from the hub.
+#[derive(Debug, Clone)]
+pub struct Published<'a> {
+    root: Option<&'a Path>,
+    files: BTreeSet<String>,
+}
+
+impl<'a> Published<'a> {
+    /// No file is read locally.
+    pub fn none() -> Published<'static> {
+        Published {
+            root: None,
+            files: BTreeSet::new(),
+        }
+    }
+
+    /// The files of `receipts` present under `root` with their receipt's size.
+    pub fn from_receipts(root: &'a Path, receipts: &[Receipt]) -> Published<'a> {
+        let files = receipts
+            .iter()
+            .filter(|r| {
+                safe_join(root, &r.path)
+                    .ok()
+                    .and_then(|p| std::fs::symlink_metadata(p).ok())
+                    .is_some_and(|m| m.is_file() && m.len() == r.size)
+            })
+            .map(|r| r.path.clone())
+            .collect();
+        Published {
+            root: Some(root),
+            files,
+        }
+    }
+
+    /// The source root to read `file` from, if it is published.
+    fn root_of(&self, file: &str) -> Option<&'a Path> {
+        self.root.filter(|_| self.files.contains(file))
+    }
+
+    /// Every file of `listing` is published.
+    pub fn covers(&self, listing: &[FileRow]) -> bool {
+        listing.iter().all(|f| self.files.contains(&f.path))
+    }
+}
+
+/// Plans before (or during) a fetch: each published file (config.json,
+/// the index, a shard's header) is read from disk, every other one from the
+/// hub at the pinned `commit` (8 + N header bytes per shard).
+pub async fn plan_published_or_remote(
+    client: &HubClient,
+    repo: &str,
+    commit: &str,
+    listing: &[FileRow],
+    published: &Published<'_>,
+    opts: &PlanOptions,
+) -> Result<Plan> {
     let find = |file: &str| {
         listing
             .iter()
@@ -494,14 +558,14 @@ pub async fn plan_remote(
                 file: file.to_owned(),
             })
     };
-    let config = parse_json(
-        CONFIG_FILE,
-        &get_small(client, repo, commit, find(CONFIG_FILE)?).await?,
-    )?;
-    let index = parse_json(
-        INDEX_FILE,
-        &get_small(client, repo, commit, find(INDEX_FILE)?).await?,
-    )?;
+    let small = async |file: &str| -> Result<Vec<u8>> {
+        match published.root_of(file) {
+            Some(root) => read_small(root, file),
+            None => get_small(client, repo, commit, find(file)?).await,
+        }
+    };
+    let config = parse_json(CONFIG_FILE, &small(CONFIG_FILE).await?)?;
+    let index = parse_json(INDEX_FILE, &small(INDEX_FILE).await?)?;
     let map = weight_map(&index)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
@@ -509,7 +573,15 @@ pub async fn plan_remote(
     let mut headers = Vec::new();
     for file in shard_files(&map) {
         let row = find(&file)?;
-        let h = remote_header(client, repo, commit, &file, row.size).await?;
+        let h = match published.root_of(&file) {
+            Some(root) => {
+                let path = safe_join(root, &file)?;
+                block_in_place(|| SourceHeader::read(&path, &file))
+                    .map_err(|e| StageError::io("read", &path, e))?
+                    .map_err(ConvertError::from)?
+            }
+            None => remote_header(client, repo, commit, &file, row.size).await?,
+        };
         headers.push((h, row.size));
     }
     Ok(plan_from_parts(&config, &map, &headers, opts)?)

@@ -20,6 +20,7 @@ use ftpipe_receipts::{Attempt, FileRow, Receipt};
 use super::FetchCtx;
 use super::headers::{check_partial, etag, retry_after_secs, strong_validator, unquote};
 use super::part::{AppendError, PartFile};
+use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_prefix};
 use crate::limits::MAX_RETRY_AFTER;
@@ -203,9 +204,13 @@ impl FileTask {
             // A complete `.part` left by an earlier run: verify, no request.
             self.verify(&mut part, hasher).await?
         };
+        // The whole file is durable in `.part` and verified, not published.
+        crashpoint::hit("fetch-verified");
         let final_path = self.final_path.clone();
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| StageError::io("publish", &final_path, e))?;
+        // Published under its final name, no receipt yet.
+        crashpoint::hit("fetch-renamed");
         self.ctx
             .store
             .put_receipt(
@@ -493,6 +498,8 @@ impl FileTask {
     ) -> Result<()> {
         if delta > 0 {
             block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
+            // Bytes durable past the watermark the ledger still holds.
+            crashpoint::hit("checkpoint-synced");
         }
         let store = &self.ctx.store;
         match store
