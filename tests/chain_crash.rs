@@ -174,6 +174,15 @@ fn a_run_killed_between_the_last_checkpoint_and_the_publish_finishes() {
         .join("source")
         .join(format!("{}.part", complete_unpublished[0].path));
     assert!(part.is_file(), "{}", part.display());
+    // `convert` alone also judges from receipts: it names the file.
+    let o = run(&mut convert_cmd(&out, &[]));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(&complete_unpublished[0].path)
+            && stderr(&o).contains("no download receipt"),
+        "{}",
+        stderr(&o)
+    );
     finish_and_check(&hub, &out, &reference, "after fetch-verified");
 }
 
@@ -304,9 +313,9 @@ fn kill_storm_over_whole_chains_keeps_every_invariant() {
         .map(|(_, v)| v)
         .sum();
     eprintln!(
-        "kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}: {in_fetch} in fetch \
-         ({mid_file} mid-file), {in_convert} in conversion, {between} between stages, \
-         {exited} after the run had finished; by place: {landed:?}",
+        "kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}: {in_fetch} in fetch, \
+         {in_convert} in conversion, {between} between stages, {mid_file} left a file \
+         mid-transfer; {exited} runs finished before their kill; by place: {landed:?}",
         t0.elapsed()
     );
     assert!(

@@ -337,6 +337,21 @@ async fn prepare(
         .into_iter()
         .map(|r| (r.path.clone(), r))
         .collect();
+    // Judged from receipts: a file is converted from only once published.
+    let unfetched: Vec<String> = store
+        .files()
+        .await?
+        .into_iter()
+        .filter(|f| f.selected && !receipts.contains_key(&f.path) && !retired.contains(&f.path))
+        .map(|f| f.path)
+        .collect();
+    if !unfetched.is_empty() {
+        return Err(ConvertError::SourcesNotFetched {
+            count: unfetched.len(),
+            files: unfetched,
+        }
+        .into());
+    }
     let config = read_config(&paths.source)?;
     let top_k = config
         .get("num_experts_per_tok")

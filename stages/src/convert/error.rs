@@ -282,6 +282,13 @@ pub enum ConvertError {
     /// Conversion needs verified sources.
     #[error("{file} has no download receipt: fetch (and verify) the checkpoint before converting")]
     NotFetched { file: String },
+    /// Selected source files without a download receipt (a complete `.part`
+    /// is not a published file).
+    #[error(
+        "{count} source file(s) have no download receipt ({}): run `ftpipe fetch` (or `ftpipe run`) to finish and verify them before converting",
+        files.join(", ")
+    )]
+    SourcesNotFetched { count: usize, files: Vec<String> },
     /// Existing output was made under another identity.
     #[error(
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
