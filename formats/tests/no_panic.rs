@@ -1,6 +1,8 @@
 //! Stable-Rust stand-in for the cargo-fuzz targets: feed arbitrary bytes
-//! and mutated valid files to every reader and assert it returns (Ok or
-//! Err) without panicking. The bodies mirror `fuzz/fuzz_targets/*.rs`.
+//! and mutated valid files to every reader through the fuzz entry points
+//! (`ftpipe_fuzzing`, the same functions the cargo-fuzz targets call) and
+//! assert each returns without panicking. The committed corpora are
+//! replayed by `ftpipe-fuzzing`'s own tests.
 
 mod common;
 
@@ -8,57 +10,7 @@ use common::*;
 use ftpipe_formats::*;
 use proptest::prelude::*;
 
-fn ftw_reader(data: &[u8]) {
-    if let Ok(v) = FtwView::new(data) {
-        for t in v.tensors() {
-            assert_eq!(t.data.len() as u64, t.entry.len());
-        }
-    }
-    if let Ok(h) = FtwHeader::read_from(data) {
-        let _ = h.check_file_len(data.len() as u64);
-    }
-}
-
-fn ftexpert_reader(data: &[u8]) {
-    if let Ok(v) = ExpertView::new(data) {
-        for e in 0..v.layout().expert_count() {
-            let r = v.expert(e).unwrap();
-            for (f, b) in r.fields() {
-                assert_eq!(b.len() as u64, f.len());
-            }
-        }
-    }
-    let _ = ExpertLayout::read_from(data);
-}
-
-fn q3_segment_set(data: &[u8]) {
-    let [a, b, c, rest @ ..] = data else { return };
-    let Ok(geo) = Q3Geometry::uniform(
-        1 + u64::from(*a % 8),
-        u64::from(*b % 16),
-        32 * (1 + u64::from(*c % 4)),
-    ) else {
-        return;
-    };
-    if let Ok(v) = FtwView::new(rest) {
-        let _ = Q3SegmentSet::from_ftw(&v, &geo);
-    }
-    let list: Vec<(String, u64)> = rest
-        .chunks(6)
-        .map(|c| {
-            let name = if c[0] < 200 {
-                format!("shard_{}", c[0] % 12)
-            } else {
-                String::from_utf8_lossy(c).into_owned()
-            };
-            let len = c.get(2..6).map_or(0, |l| {
-                u64::from(u32::from_le_bytes(l.try_into().unwrap())) % 2048
-            });
-            (name, len)
-        })
-        .collect();
-    let _ = Q3SegmentSet::validate(&geo, list, rest.get(..2));
-}
+use ftpipe_fuzzing::{ftexpert_reader, ftw_reader, q3_segment_set};
 
 fn mutate(mut b: Vec<u8>, edits: &[(usize, u8)], cut: usize) -> Vec<u8> {
     if b.is_empty() {
@@ -107,24 +59,6 @@ proptest! {
         let mut data = vec![1, 1, 0];
         data.extend(mutate(b, &e, cut));
         q3_segment_set(&data);
-    }
-}
-
-/// Run the fuzz targets over the committed corpus, if present.
-#[test]
-fn committed_corpus_does_not_panic() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
-    for (target, f) in [
-        ("ftw_reader", ftw_reader as fn(&[u8])),
-        ("ftexpert_reader", ftexpert_reader),
-        ("q3_segment_set", q3_segment_set),
-    ] {
-        let Ok(dir) = std::fs::read_dir(root.join(target)) else {
-            continue;
-        };
-        for entry in dir.flatten() {
-            f(&std::fs::read(entry.path()).unwrap());
-        }
     }
 }
 

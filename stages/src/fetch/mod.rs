@@ -22,7 +22,9 @@ use crate::limits::{DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL};
 use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
 
-pub use headers::{ContentRange, parse_content_range};
+pub use headers::{
+    ContentRange, check_partial, etag, parse_content_range, retry_after_secs, strong_validator,
+};
 pub use part::{create_dirs_durably, sync_dir, sync_dirs_up_to};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use transfer::expected_identity;
