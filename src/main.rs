@@ -582,9 +582,17 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         if cause.downcast_ref::<VerifyFailed>().is_some() {
             return exit::VERIFY_FAILED;
         }
+        // A full disk anywhere (fetch, conversion, the state database).
+        if cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
+        {
+            return exit::NO_SPACE;
+        }
         if let Some(p) = cause.downcast_ref::<PipelineError>() {
             match p {
                 PipelineError::Locked { .. } => return exit::LOCKED,
+                PipelineError::VerifyFailed { .. } => return exit::VERIFY_FAILED,
                 PipelineError::Stage(
                     StageError::NoSpace { .. } | StageError::InsufficientSpace { .. },
                 ) => return exit::NO_SPACE,
@@ -633,5 +641,26 @@ fn main() -> ExitCode {
             eprintln!("ftpipe: {e:#}");
             ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_cause_not_the_command() {
+        let verify = anyhow::Error::from(PipelineError::VerifyFailed {
+            artifact: "a".into(),
+            problems: vec!["model.ftw: sha256: differs".into()],
+        });
+        assert_eq!(exit_code(&verify), exit::VERIFY_FAILED);
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let in_conversion =
+            anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", full)));
+        assert_eq!(exit_code(&in_conversion), exit::NO_SPACE);
+        let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let denied = anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", other)));
+        assert_eq!(exit_code(&denied), exit::FAILURE);
     }
 }

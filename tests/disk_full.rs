@@ -435,3 +435,62 @@ fn run_preflight_counts_sources_and_artifact() {
     }
     eprintln!("run preflight refused: {}", err.trim());
 }
+
+/// Regression: a full disk during conversion exited 1 ("write …: No space
+/// left on device") although the documented code for a full disk is 5: only
+/// the fetch mapped ENOSPC. Now any cause in the error chain that is a
+/// full-disk I/O error exits 5, and the conversion resumes once space is
+/// freed.
+#[test]
+fn conversion_fills_the_disk_then_resumes_with_exit_5() {
+    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+    let Some(mount) = mount_or_skip("conversion_disk_full", 200) else {
+        return;
+    };
+    let files = generate_qwen4_repo(6, QwenShape::medium());
+    let hub =
+        ftpipe_fixtures::RunningHub::start(ftpipe_fixtures::HubBuilder::new().repo(REPO, files))
+            .unwrap();
+    let out = mount.path().join("out");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
+    let o = run_ok(ftpipe().args(["plan", REPO, "--json", "--out"]).arg(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let artifact = plan["total_bytes"].as_u64().unwrap();
+    // Leave room for half the artifact (and the database's growth).
+    let ballast = mount.path().join("ballast");
+    let filled = write_ballast(&ballast);
+    let keep = filled.saturating_sub(artifact / 2);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ballast)
+        .unwrap()
+        .set_len(keep)
+        .unwrap();
+    let o = run(&mut convert_cmd(&out, &["--no-preflight"]));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(5), "{err}");
+    assert!(
+        err.to_lowercase().contains("space"),
+        "the error does not say the disk is full: {err}"
+    );
+    eprintln!(
+        "conversion on a full disk: {}",
+        err.lines().last().unwrap_or("")
+    );
+    assert_eq!(query(&out, "PRAGMA integrity_check"), ["ok"]);
+    // Receipts claim only components that are on disk whole.
+    for row in query(&out, "SELECT path || '|' || size FROM components") {
+        let (path, size) = row.rsplit_once('|').unwrap();
+        let len = std::fs::metadata(out.join("artifact").join(path))
+            .unwrap()
+            .len();
+        assert_eq!(len.to_string(), size, "{path}");
+    }
+    std::fs::remove_file(&ballast).unwrap();
+    run_ok(&mut convert_cmd(&out, &[]));
+    let v = run(ftpipe()
+        .arg("verify")
+        .arg(out.join("artifact"))
+        .arg("--deep"));
+    assert!(v.status.success(), "{}", stderr(&v));
+}

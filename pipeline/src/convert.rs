@@ -28,7 +28,7 @@ use ftpipe_stages::hub::HubClient;
 use ftpipe_stages::progress::{ProgressEvent, Reporter};
 
 use crate::state::StageState;
-use crate::{FetchParams, Layout, Pipeline, Result, replay};
+use crate::{FetchParams, Layout, Pipeline, PipelineError, Result, replay};
 
 /// What `run` reports.
 #[derive(Debug, Clone, Serialize)]
@@ -178,11 +178,7 @@ impl Pipeline {
                     None => format!("{}: {}", f.check, f.message),
                 })
                 .collect();
-            Err(StageError::InvalidInput {
-                what: "artifact",
-                message: format!("verification failed: {}", problems.join("; ")),
-            }
-            .into())
+            Err(PipelineError::VerifyFailed { artifact, problems })
         })
         .await
     }

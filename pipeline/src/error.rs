@@ -27,6 +27,13 @@ pub enum PipelineError {
         #[source]
         source: std::io::Error,
     },
+    /// The artifact failed verification at the end of `run` (as `ftpipe
+    /// verify` would report it).
+    #[error("{artifact}: verification failed: {}", problems.join("; "))]
+    VerifyFailed {
+        artifact: PathBuf,
+        problems: Vec<String>,
+    },
     /// The directory has no ftpipe state.
     #[error("{dir} holds no ftpipe state (no .ftpipe/state.db); run `ftpipe fetch` first")]
     NoState { dir: PathBuf },

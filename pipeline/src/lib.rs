@@ -193,8 +193,12 @@ impl Pipeline {
                 Ok(v)
             }
             Err(e) => {
-                self.record(name, StageEvent::Failed, &e.to_string())
-                    .await?;
+                // The stage's own error is what the user must see; when the
+                // log cannot take the failure (a full disk fails both), the
+                // stage stays `running`, as after a kill.
+                if let Err(log) = self.record(name, StageEvent::Failed, &e.to_string()).await {
+                    tracing::warn!(stage = name, error = %log, "could not log the stage failure");
+                }
                 Err(e)
             }
         }
