@@ -577,6 +577,23 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
     );
 }
 
+/// The error and its causes, `: `-separated, skipping a cause whose text
+/// its parent's message already ends with (errors that show their source).
+fn describe(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if cause.downcast_ref::<VerifyFailed>().is_some() {
@@ -630,7 +647,7 @@ fn main() -> ExitCode {
             ExitCode::from(exit::AUDIT_FAILED)
         }
         Err(e) => {
-            eprintln!("ftpipe: {e:#}");
+            eprintln!("ftpipe: {}", describe(&e));
             ExitCode::from(exit_code(&e))
         }
     }

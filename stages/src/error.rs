@@ -59,6 +59,15 @@ pub enum StageError {
     /// A path from a listing is unsafe.
     #[error("unsafe path {path:?} in listing: {reason}")]
     UnsafePath { path: String, reason: &'static str },
+    /// An entry on disk on the way to `path` is a link or not a directory.
+    #[error(
+        "{on_disk} {problem} (on the path of {path:?}); ftpipe never reads or writes through it (remove it and re-run)"
+    )]
+    UnsafeOnDisk {
+        path: String,
+        on_disk: PathBuf,
+        problem: &'static str,
+    },
     /// Too many redirects.
     #[error("too many redirects (more than {limit}) fetching {path}")]
     TooManyRedirects { path: String, limit: usize },
