@@ -165,6 +165,13 @@ struct FetchArgs {
     /// First retry delay in milliseconds.
     #[arg(long, default_value_t = 250)]
     retry_base_ms: u64,
+    /// Minimum body rate in bytes per second, averaged over --stall-secs;
+    /// a slower transfer is a stall and retried (0: no rate rule).
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
+    min_rate: u64,
+    /// Window of the --min-rate rule in seconds.
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
+    stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -207,6 +214,13 @@ struct ConvertArgs {
     jobs: usize,
     #[command(flatten)]
     tuning: ConvertTuning,
+    /// Minimum body rate in bytes per second, averaged over --stall-secs;
+    /// a slower transfer is a stall and retried (0: no rate rule).
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
+    min_rate: u64,
+    /// Window of the --min-rate rule in seconds.
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
+    stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -317,6 +331,8 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
             retries: args.retries,
             retry_base: Duration::from_millis(args.retry_base_ms),
             preflight: !args.no_preflight,
+            min_rate: args.min_rate,
+            stall_window: secs("--stall-secs", args.stall_secs)?,
         },
         reacquire: args.reacquire,
     })

@@ -20,3 +20,8 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// Default durable checkpoint interval in time.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+/// Minimum body rate (bytes per second) of a transfer, averaged over
+/// [`DEFAULT_STALL_WINDOW`]; slower is a stall (`--min-rate`, 0 = off).
+pub const DEFAULT_MIN_RATE: u64 = 1024;
+/// Window over which [`DEFAULT_MIN_RATE`] is measured (`--stall-secs`).
+pub const DEFAULT_STALL_WINDOW: Duration = Duration::from_secs(30);
