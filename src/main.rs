@@ -165,6 +165,13 @@ struct FetchArgs {
     /// First retry delay in milliseconds.
     #[arg(long, default_value_t = 250)]
     retry_base_ms: u64,
+    /// Minimum body rate in bytes per second, averaged over --stall-secs;
+    /// a slower transfer is a stall and retried (0: no rate rule).
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
+    min_rate: u64,
+    /// Window of the --min-rate rule in seconds.
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
+    stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -207,6 +214,13 @@ struct ConvertArgs {
     jobs: usize,
     #[command(flatten)]
     tuning: ConvertTuning,
+    /// Minimum body rate in bytes per second, averaged over --stall-secs;
+    /// a slower transfer is a stall and retried (0: no rate rule).
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
+    min_rate: u64,
+    /// Window of the --min-rate rule in seconds.
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
+    stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -317,6 +331,8 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
             retries: args.retries,
             retry_base: Duration::from_millis(args.retry_base_ms),
             preflight: !args.no_preflight,
+            min_rate: args.min_rate,
+            stall_window: secs("--stall-secs", args.stall_secs)?,
         },
         reacquire: args.reacquire,
     })
@@ -577,6 +593,23 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
     );
 }
 
+/// The error and its causes, `: `-separated, skipping a cause whose text
+/// its parent's message already ends with (errors that show their source).
+fn describe(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if cause.downcast_ref::<VerifyFailed>().is_some() {
@@ -638,7 +671,7 @@ fn main() -> ExitCode {
             ExitCode::from(exit::AUDIT_FAILED)
         }
         Err(e) => {
-            eprintln!("ftpipe: {e:#}");
+            eprintln!("ftpipe: {}", describe(&e));
             ExitCode::from(exit_code(&e))
         }
     }

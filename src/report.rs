@@ -101,11 +101,13 @@ impl Reporter for Bars {
                 path,
                 attempt,
                 delay,
+                retry_after_secs,
                 error,
             } => {
-                let _ = self
-                    .multi
-                    .println(format!("retry {attempt} of {path} in {delay:.1?}: {error}"));
+                let _ = self.multi.println(format!(
+                    "retry {attempt} of {path} in {delay:.1?}{}: {error}",
+                    waiting_note(retry_after_secs)
+                ));
             }
             ProgressEvent::ConvertPlanned {
                 total_bytes,
@@ -184,8 +186,12 @@ impl Reporter for LogLines {
                 path,
                 attempt,
                 delay,
+                retry_after_secs,
                 error,
-            } => Some(format!("{path}: retry {attempt} in {delay:.1?}: {error}")),
+            } => Some(format!(
+                "{path}: retry {attempt} in {delay:.1?}{}: {error}",
+                waiting_note(retry_after_secs)
+            )),
             ProgressEvent::FilePublished { path, size } => {
                 Some(format!("{path}: verified and published ({size} bytes)"))
             }
@@ -229,5 +235,16 @@ impl Reporter for JsonLines {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
         }
+    }
+}
+
+/// What a retry waits for when the hub set `Retry-After`.
+fn waiting_note(retry_after_secs: Option<u64>) -> String {
+    match retry_after_secs {
+        Some(secs) => format!(
+            " (waiting for the hub: Retry-After {secs} s, capped at {} s)",
+            ftpipe_stages::limits::MAX_RETRY_AFTER.as_secs()
+        ),
+        None => String::new(),
     }
 }

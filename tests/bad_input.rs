@@ -223,7 +223,7 @@ fn malformed_json_is_refused_clearly() {
             "negative size",
             json!({ "sha": COMMIT }).to_string(),
             json!([{ "type": "file", "path": "a.json", "oid": OID, "size": -1 }]).to_string(),
-            "malformed JSON",
+            "listing entry \"a.json\": size -1 is not an unsigned 64-bit integer",
         ),
     ];
     for (name, rev, tree, want) in cases {

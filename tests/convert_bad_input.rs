@@ -164,3 +164,60 @@ fn dtype_that_the_profile_refuses() {
         true,
     );
 }
+
+/// The first BF16 tensor (by data offset) of shard `i`: the one
+/// [`Mutation::DuplicateTensorKey`] repeats.
+fn first_bf16_tensor(files: &[RepoFile], i: usize) -> String {
+    let name = shard_name(files, i);
+    let f = files.iter().find(|f| f.path == name).unwrap();
+    let b = checkpoint::content_bytes(f).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let h: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&b[8..8 + n]).unwrap();
+    h.iter()
+        .filter(|(_, v)| v["dtype"] == "BF16")
+        .min_by_key(|(_, v)| v["data_offsets"][0].as_u64())
+        .map(|(k, _)| k.clone())
+        .unwrap()
+}
+
+// A safetensors header naming a tensor twice was read as if the first entry
+// did not exist (a JSON map keeps the last), also when the two disagree on
+// the dtype; a verifier must refuse it, naming the file and the key.
+#[test]
+fn duplicate_tensor_key_with_the_same_entry() {
+    let files = generate_qwen4_repo(SEED, QwenShape::default());
+    let shard = shard_name(&files, 1);
+    let key = first_bf16_tensor(&files, 1);
+    fails_then_resumes(
+        vec![Mutation::DuplicateTensorKey(1, None)],
+        &[&shard, "duplicate key", &format!("{key:?}")],
+        true,
+    );
+}
+
+#[test]
+fn duplicate_tensor_key_with_another_dtype() {
+    let files = generate_qwen4_repo(SEED, QwenShape::default());
+    let shard = shard_name(&files, 0);
+    let key = first_bf16_tensor(&files, 0);
+    fails_then_resumes(
+        vec![Mutation::DuplicateTensorKey(0, Some("F16"))],
+        &[&shard, "duplicate key", &format!("{key:?}")],
+        true,
+    );
+}
+
+#[test]
+fn duplicate_key_in_the_index_weight_map() {
+    let t = "model.norm.weight";
+    fails_then_resumes(
+        vec![Mutation::DuplicateIndexKey(t.into())],
+        &[
+            "model.safetensors.index.json",
+            "duplicate key",
+            &format!("{t:?} in weight_map"),
+        ],
+        true,
+    );
+}

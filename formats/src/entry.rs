@@ -19,6 +19,7 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// A tensor to lay out: what a writer is given before any data exists.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TensorDesc {
     /// Unique UTF-8 key, 1..=[`MAX_KEY_LEN`] bytes.
     pub key: String,

@@ -122,6 +122,34 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stri
     Ok(states)
 }
 
+/// Refuses, before anything is written, a link (or a non-directory) at
+/// `.ftpipe/`, `source/` or `artifact/`, and any entry of `.ftpipe/` that is
+/// not a plain regular file: ftpipe writes only there and never through a
+/// link. Files deeper in `source/` and `artifact/` are checked where they
+/// are opened.
+fn check_no_links(layout: &Layout) -> Result<()> {
+    use ftpipe_receipts::nofollow::{check_absent_or_regular, check_real_dirs};
+    for dir in [&layout.state_dir, &layout.source, &layout.artifact] {
+        check_real_dirs(&layout.out, dir).map_err(|(path, source)| PipelineError::Io {
+            op: "open",
+            path,
+            source,
+        })?;
+    }
+    let io = |path: PathBuf, source| PipelineError::Io {
+        op: "open",
+        path,
+        source,
+    };
+    let entries =
+        std::fs::read_dir(&layout.state_dir).map_err(|e| io(layout.state_dir.clone(), e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| io(layout.state_dir.clone(), e))?.path();
+        check_absent_or_regular(&path).map_err(|e| io(path, e))?;
+    }
+    Ok(())
+}
+
 impl Pipeline {
     /// Opens `out` for writing: creates the layout, takes the lock, opens the
     /// store and records a new run.
@@ -143,6 +171,7 @@ impl Pipeline {
             top = parent;
         }
         ftpipe_stages::fetch::create_dirs_durably(top, &state_dir).map_err(io)?;
+        check_no_links(&layout)?;
         let lock = DirLock::acquire(&layout.lock)?;
         let store = Store::open(&layout.db).await?;
         let states = replay(&store.stage_events().await?)?;

@@ -2,7 +2,7 @@
 //! `DIR/.ftpipe/lock`, holding the owner's PID for the error message.
 //! The kernel releases the lock when the process dies, even on `kill -9`.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
@@ -23,13 +23,7 @@ impl DirLock {
             path: path.to_owned(),
             source,
         };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| io("open", e))?;
+        let mut file = ftpipe_receipts::nofollow::open_write(path).map_err(|e| io("open", e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

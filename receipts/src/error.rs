@@ -12,6 +12,13 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A state file is a link or not a regular file.
+    #[error("refusing state database file {path}: {source}")]
+    Unsafe {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A migration failed to apply.
     #[error("cannot migrate state database {path}: {source}")]
     Migrate {

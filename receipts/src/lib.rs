@@ -12,6 +12,7 @@
 mod convert_store;
 mod error;
 mod model;
+pub mod nofollow;
 mod store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};

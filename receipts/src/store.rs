@@ -1,5 +1,6 @@
 //! [`Store`]: the single writer over the state database.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -45,6 +46,15 @@ impl Store {
     /// a crash is completed); SQLite persists it in the file header, so later
     /// opens inherit it.
     pub async fn open(path: &Path) -> Result<Store> {
+        // SQLite follows links; refuse one planted at the database or its
+        // WAL and shared-memory files before it opens anything.
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let p = std::path::PathBuf::from(p);
+            crate::nofollow::check_absent_or_regular(&p)
+                .map_err(|source| StoreError::Unsafe { path: p, source })?;
+        }
         let bootstrap = !path.exists();
         let mut options = SqliteConnectOptions::new()
             .filename(path)
@@ -127,11 +137,18 @@ impl Store {
     pub fn ensure_space_reserve(&self) -> bool {
         use std::io::Write;
         let path = self.reserve_path();
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() == SPACE_RESERVE_BYTES) {
+        if std::fs::symlink_metadata(&path)
+            .is_ok_and(|m| m.is_file() && m.nlink() == 1 && m.len() == SPACE_RESERVE_BYTES)
+        {
             return true;
         }
-        // Real blocks (zeros written), not a sparse `set_len`.
-        let written = std::fs::File::create(&path).and_then(|mut f| {
+        // Real blocks (zeros written), not a sparse `set_len`. Never through
+        // a planted link: a refused entry is left alone (and reported).
+        if let Err(e) = crate::nofollow::check_absent_or_regular(&path) {
+            tracing::warn!("not writing the space reserve {}: {e}", path.display());
+            return false;
+        }
+        let written = crate::nofollow::create_truncated(&path).and_then(|mut f| {
             let block = vec![0u8; 64 << 10];
             for _ in 0..SPACE_RESERVE_BYTES / block.len() as u64 {
                 f.write_all(&block)?;

@@ -120,7 +120,7 @@ fn scan(entries: &[(String, Vec<u8>)], secrets: &[Vec<u8>]) -> Result<()> {
 /// durable as `dest`. Returns the compressed size.
 fn write_archive(entries: &[(String, Vec<u8>)], tmp: &Path, dest: &Path) -> Result<u64> {
     let io = |op, e| StageError::io(op, tmp, e);
-    let file = std::fs::File::create(tmp).map_err(|e| io("create", e))?;
+    let file = ftpipe_receipts::nofollow::create_truncated(tmp).map_err(|e| io("create", e))?;
     let encoder = zstd::Encoder::new(std::io::BufWriter::new(file), ZSTD_LEVEL)
         .map_err(|e| io("compress", e))?;
     let mut tar = tar::Builder::new(encoder);

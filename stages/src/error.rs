@@ -59,6 +59,15 @@ pub enum StageError {
     /// A path from a listing is unsafe.
     #[error("unsafe path {path:?} in listing: {reason}")]
     UnsafePath { path: String, reason: &'static str },
+    /// An entry on disk on the way to `path` is a link or not a directory.
+    #[error(
+        "{on_disk} {problem} (on the path of {path:?}); ftpipe never reads or writes through it (remove it and re-run)"
+    )]
+    UnsafeOnDisk {
+        path: String,
+        on_disk: PathBuf,
+        problem: &'static str,
+    },
     /// Too many redirects.
     #[error("too many redirects (more than {limit}) fetching {path}")]
     TooManyRedirects { path: String, limit: usize },
@@ -94,6 +103,28 @@ pub enum StageError {
     /// The response body is longer than the file.
     #[error("{path}: body runs past the expected size {expected}")]
     LongBody { path: String, expected: u64 },
+    /// The body arrived slower than the minimum rate over the stall window.
+    #[error(
+        "{path}: stalled: {received} bytes in the last {window_secs:.0} s, below the minimum rate of {min_rate} bytes/s (--min-rate, --stall-secs)"
+    )]
+    Stalled {
+        path: String,
+        received: u64,
+        window_secs: f64,
+        min_rate: u64,
+    },
+    /// The server answers resume requests with `200` from byte 0 and no
+    /// response delivered the whole file.
+    #[error(
+        "{path}: the server ignores Range (answered 200 from byte 0 to {ignored} resume request(s)) and no response delivered the whole file (at most {best} of {size} bytes); giving up after {attempts} attempts"
+    )]
+    RangeIgnored {
+        path: String,
+        ignored: u32,
+        best: u64,
+        size: u64,
+        attempts: u32,
+    },
     /// A read stalled longer than the per-read timeout or the body failed.
     #[error("{path}: body transfer failed after {received} bytes: {message}")]
     BodyFailed {
@@ -175,6 +206,7 @@ impl StageError {
             | StageError::BodyFailed { .. }
             | StageError::BadHeader { .. }
             | StageError::LongBody { .. }
+            | StageError::Stalled { .. }
             | StageError::TooManyRedirects { .. } => true,
             // 206 here means "206 to a request without Range": a lying
             // response like a wrong Content-Range (nothing was appended), so

@@ -124,6 +124,18 @@ impl HubClient {
     /// GETs JSON with the token, bounded in size. Returns the value and the
     /// response headers (for `Link` pagination).
     pub async fn get_json<T: DeserializeOwned>(&self, url: &Url) -> Result<(T, HeaderMap)> {
+        let (value, headers, _) = self.get_json_limited(url, MAX_JSON_BYTES).await?;
+        Ok((value, headers))
+    }
+
+    /// [`HubClient::get_json`] with a body limit of `limit` bytes (checked
+    /// against `Content-Length` first, then while reading); also returns
+    /// the body length.
+    pub async fn get_json_limited<T: DeserializeOwned>(
+        &self,
+        url: &Url,
+        limit: u64,
+    ) -> Result<(T, HeaderMap, u64)> {
         let mut req = self.http.get(url.clone());
         if let Some(token) = &self.token
             && same_origin(url, &self.endpoint)
@@ -147,11 +159,11 @@ impl HubClient {
             });
         }
         if let Some(len) = resp.content_length()
-            && len > MAX_JSON_BYTES
+            && len > limit
         {
             return Err(StageError::OversizedResponse {
                 url: url.to_string(),
-                limit: MAX_JSON_BYTES,
+                limit,
             });
         }
         let headers = resp.headers().clone();
@@ -160,10 +172,10 @@ impl HubClient {
             url: url.to_string(),
             message: e.without_url().to_string(),
         })? {
-            if body.len() as u64 + chunk.len() as u64 > MAX_JSON_BYTES {
+            if body.len() as u64 + chunk.len() as u64 > limit {
                 return Err(StageError::OversizedResponse {
                     url: url.to_string(),
-                    limit: MAX_JSON_BYTES,
+                    limit,
                 });
             }
             body.extend_from_slice(&chunk);
@@ -172,7 +184,7 @@ impl HubClient {
             url: url.to_string(),
             message: e.to_string(),
         })?;
-        Ok((value, headers))
+        Ok((value, headers, body.len() as u64))
     }
 
     /// Sends a body request, following at most [`MAX_REDIRECTS`] redirects

@@ -102,8 +102,11 @@ fn inspect_q3(path: &Path, file_len: u64) -> Result<Inspection> {
                 .into(),
         )
     })?;
-    let bytes = std::fs::read(root.join(MANIFEST_FILE))
-        .map_err(|e| StageError::io("read", root.join(MANIFEST_FILE), e))?;
+    let bytes = ftpipe_receipts::nofollow::read_limited(
+        &root.join(MANIFEST_FILE),
+        crate::verify::MAX_MANIFEST_BYTES,
+    )
+    .map_err(|e| StageError::io("read", root.join(MANIFEST_FILE), e))?;
     let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
         bad(format!(
             "cannot parse {}: {e}",

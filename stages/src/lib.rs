@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod hub;
 pub mod identity;
 pub mod inspect;
+pub mod json_keys;
 pub mod limits;
 pub mod paths;
 pub mod progress;

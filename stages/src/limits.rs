@@ -4,6 +4,11 @@ use std::time::Duration;
 
 /// Largest JSON body accepted from the hub (revision info, one tree page).
 pub const MAX_JSON_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest tree page accepted (the hub sends ~1000 entries, ~300 KB).
+pub const MAX_TREE_PAGE_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest listing accepted, summed over its pages (~200k files); with
+/// [`MAX_TREE_PAGE_BYTES`] it bounds what a listing holds in memory.
+pub const MAX_LISTING_BYTES: u64 = 64 * 1024 * 1024;
 /// Most tree pages followed before the listing is refused.
 pub const MAX_TREE_PAGES: usize = 10_000;
 /// Most files a listing may hold.
@@ -20,3 +25,8 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// Default durable checkpoint interval in time.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
+/// Minimum body rate (bytes per second) of a transfer, averaged over
+/// [`DEFAULT_STALL_WINDOW`]; slower is a stall (`--min-rate`, 0 = off).
+pub const DEFAULT_MIN_RATE: u64 = 1024;
+/// Window over which [`DEFAULT_MIN_RATE`] is measured (`--stall-secs`).
+pub const DEFAULT_STALL_WINDOW: Duration = Duration::from_secs(30);

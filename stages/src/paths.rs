@@ -69,15 +69,17 @@ pub fn safe_join(root: &Path, path: &str) -> Result<PathBuf> {
         ));
         match std::fs::symlink_metadata(&out) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(StageError::UnsafePath {
+                return Err(StageError::UnsafeOnDisk {
                     path: path.to_owned(),
-                    reason: "a component on disk is a symlink",
+                    on_disk: out,
+                    problem: "is a symlink",
                 });
             }
             Ok(meta) if i + 1 < parts.len() && !meta.is_dir() => {
-                return Err(StageError::UnsafePath {
+                return Err(StageError::UnsafeOnDisk {
                     path: path.to_owned(),
-                    reason: "a parent component on disk is not a directory",
+                    on_disk: out,
+                    problem: "is not a directory",
                 });
             }
             _ => {}

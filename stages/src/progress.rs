@@ -35,6 +35,9 @@ pub enum ProgressEvent {
         attempt: u32,
         #[serde(with = "millis")]
         delay: Duration,
+        /// Set when the wait is the hub's `Retry-After` (seconds it asked
+        /// for; the wait is capped at `MAX_RETRY_AFTER`).
+        retry_after_secs: Option<u64>,
         error: String,
     },
     /// A file was verified and published.

@@ -12,7 +12,9 @@ use ftpipe_receipts::{FileRow, Pin, Store};
 use crate::error::{Result, StageError};
 use crate::hub::{HubClient, next_link};
 use crate::identity::{CommitId, GitOid, LfsSha256, XetHash};
-use crate::limits::{MAX_FILE_SIZE, MAX_FILES, MAX_TREE_PAGES};
+use crate::limits::{
+    MAX_FILE_SIZE, MAX_FILES, MAX_LISTING_BYTES, MAX_TREE_PAGE_BYTES, MAX_TREE_PAGES,
+};
 use crate::paths::validate_repo_path;
 use crate::progress::{ProgressEvent, Reporter};
 
@@ -50,7 +52,8 @@ struct RawRevision {
 #[derive(Deserialize)]
 struct RawLfs {
     oid: String,
-    size: u64,
+    /// Any JSON number: checked per entry, so an error names the path.
+    size: serde_json::Number,
 }
 
 #[derive(Deserialize)]
@@ -61,7 +64,7 @@ struct RawTreeEntry {
     #[serde(default)]
     oid: Option<String>,
     #[serde(default)]
-    size: Option<u64>,
+    size: Option<serde_json::Number>,
     #[serde(default)]
     lfs: Option<RawLfs>,
     #[serde(default, rename = "xetHash")]
@@ -83,7 +86,16 @@ fn validate_entry(raw: RawTreeEntry) -> Result<Option<FileRow>> {
         other => return Err(bad(&raw.path, format!("unknown entry type {other:?}"))),
     }
     validate_repo_path(&raw.path)?;
-    let size = raw.size.ok_or_else(|| bad(&raw.path, "missing size"))?;
+    let size = raw
+        .size
+        .as_ref()
+        .ok_or_else(|| bad(&raw.path, "missing size"))?;
+    let size = size.as_u64().ok_or_else(|| {
+        bad(
+            &raw.path,
+            format!("size {size} is not an unsigned 64-bit integer"),
+        )
+    })?;
     if size > MAX_FILE_SIZE {
         return Err(bad(
             &raw.path,
@@ -109,7 +121,7 @@ fn validate_entry(raw: RawTreeEntry) -> Result<Option<FileRow>> {
                     format!("lfs.oid {:?} is not a 64-hex SHA-256", lfs.oid),
                 )
             })?;
-            if lfs.size != size {
+            if lfs.size.as_u64() != Some(size) {
                 return Err(bad(
                     &raw.path,
                     format!("lfs.size {} differs from size {size}", lfs.size),
@@ -206,8 +218,25 @@ pub async fn list_tree(client: &HubClient, repo: &str, commit: &str) -> Result<V
     )?;
     let mut files = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for _ in 0..MAX_TREE_PAGES {
-        let (page, headers): (Vec<RawTreeEntry>, _) = client.get_json(&url).await?;
+    let mut total = 0u64;
+    for pages in 0..MAX_TREE_PAGES {
+        // The last page may use only what is left of the listing budget.
+        let left = MAX_LISTING_BYTES - total;
+        let limit = MAX_TREE_PAGE_BYTES.min(left);
+        let (page, headers, len): (Vec<RawTreeEntry>, _, _) =
+            match client.get_json_limited(&url, limit).await {
+                Err(StageError::OversizedResponse { .. }) if limit == left => {
+                    return Err(bad(
+                        "<listing>",
+                        format!(
+                            "more than MAX_LISTING_BYTES = {MAX_LISTING_BYTES} bytes over {} pages",
+                            pages + 1
+                        ),
+                    ));
+                }
+                r => r?,
+            };
+        total += len;
         for raw in page {
             if let Some(row) = validate_entry(raw)? {
                 if !seen.insert(row.path.clone()) {

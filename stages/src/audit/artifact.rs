@@ -26,6 +26,7 @@ use crate::convert::manifest::{
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, LfsSha256, hash_file};
 use crate::paths::safe_join;
+use crate::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
 
 /// Component kinds this build writes.
 const KINDS: &[&str] = &["ftw", "ftexpert", "q3_segment", "q3_global_scale"];
@@ -78,9 +79,10 @@ impl ArtifactPart {
     }
 }
 
-/// Reads a JSON file the converter wrote; `None` when it does not exist.
-fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
+/// Reads a JSON file the converter wrote (at most `limit` bytes, checked
+/// before reading, never through a link); `None` when it does not exist.
+fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
+    match ftpipe_receipts::nofollow::read_limited(path, limit) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(StageError::io("read", path, e)),
@@ -116,7 +118,7 @@ pub(super) fn audit_artifact(
     }
     out.known_target_total = receipts.iter().map(|r| r.predicted_bytes).sum();
     let plan_bytes = match plan_path {
-        Some(p) => read_optional(p)?,
+        Some(p) => read_optional(p, MAX_MANIFEST_BYTES)?,
         None => None,
     };
     if let Some(bytes) = plan_bytes {
@@ -127,7 +129,7 @@ pub(super) fn audit_artifact(
         }
     }
     let manifest_path = artifact_root.join(MANIFEST_FILE);
-    let manifest = match read_optional(&manifest_path)? {
+    let manifest = match read_optional(&manifest_path, MAX_MANIFEST_BYTES)? {
         None => {
             // While components are pending the manifest is not due yet.
             if out.pending.is_empty() && (out.plan_present || !receipts.is_empty()) {
@@ -154,7 +156,7 @@ pub(super) fn audit_artifact(
         }
     };
     let placement_path = artifact_root.join(PLACEMENT_FILE);
-    if let Some(bytes) = read_optional(&placement_path)? {
+    if let Some(bytes) = read_optional(&placement_path, MAX_PLACEMENT_BYTES)? {
         let checked = serde_json::from_slice::<Placement>(&bytes)
             .map_err(|e| format!("unreadable: {e}"))
             .and_then(|p| match &manifest {

@@ -131,18 +131,25 @@ pub struct ConvertOutcome {
 
 /// Writes `bytes` to `dir/name` atomically: temp → fsync → rename → fsync dir.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    use ftpipe_receipts::nofollow;
     use std::io::Write;
     let path = dir.join(name);
-    if std::fs::read(&path).is_ok_and(|old| old == bytes) {
-        // Same bytes, maybe from a run killed before its fsyncs: make them
-        // durable before anything is recorded about them.
-        std::fs::File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| StageError::io("fsync", &path, e))?;
-        return sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e));
-    }
     let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
+    // Neither name may be a link: the rename would publish one.
+    for p in [&path, &tmp] {
+        nofollow::check_absent_or_regular(p).map_err(|e| StageError::io("open", p, e))?;
+    }
+    if let Ok(mut f) = nofollow::open_read(&path) {
+        let mut old = Vec::new();
+        if std::io::Read::read_to_end(&mut f, &mut old).is_ok() && old == bytes {
+            // Same bytes, maybe from a run killed before its fsyncs: make
+            // them durable before anything is recorded about them.
+            f.sync_all()
+                .map_err(|e| StageError::io("fsync", &path, e))?;
+            return sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e));
+        }
+    }
+    let mut f = nofollow::create_truncated(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
         .map_err(|e| StageError::io("write", &tmp, e))?;
@@ -167,7 +174,8 @@ fn read_config(source: &Path) -> Result<Value> {
     })
 }
 
-/// Removes leftover component temp files under `dir`; returns them.
+/// Removes leftover component temp files under `dir` (refusing a link
+/// planted at one); returns them.
 fn remove_temp_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut removed = Vec::new();
     let mut stack = vec![dir.to_owned()];
@@ -186,6 +194,9 @@ fn remove_temp_files(dir: &Path) -> Result<Vec<PathBuf>> {
             if ft.is_dir() {
                 stack.push(path);
             } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
+                // A link where ftpipe writes its temp files was planted.
+                ftpipe_receipts::nofollow::check_absent_or_regular(&path)
+                    .map_err(|e| StageError::io("open", &path, e))?;
                 std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
                 removed.push(path);
             }

@@ -134,6 +134,10 @@ pub enum ConvertError {
     /// A JSON file (config, index) does not parse.
     #[error("{file}: malformed JSON: {message}")]
     MalformedJson { file: String, message: String },
+    /// A key repeats in a JSON object of a source file (a map would keep
+    /// only the last).
+    #[error("{file}: duplicate key(s): {keys}")]
+    DuplicateJsonKeys { file: String, keys: String },
     /// A file the plan needs is not there.
     #[error("{file} is missing from the source checkpoint")]
     MissingFile { file: String },

@@ -27,6 +27,7 @@ pub const PLACEMENT_SCHEMA: &str = "ftpipe.placement/1";
 
 /// One source file the artifact was converted from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SourceFileId {
     /// Repo-relative path.
     pub path: String,
@@ -40,6 +41,7 @@ pub struct SourceFileId {
 
 /// Where the artifact's bytes came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SourceIdentity {
     /// Repository id.
     pub repo: String,
@@ -51,6 +53,7 @@ pub struct SourceIdentity {
 
 /// Options that change the bytes written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConvertOptionsId {
     /// Extra globs of tensors kept BF16 and marked protected (`--protect`).
     pub protect: Vec<String>,
@@ -62,6 +65,7 @@ pub struct ConvertOptionsId {
 
 /// What made the artifact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConverterIdentity {
     /// ftpipe version.
     pub ftpipe: String,
@@ -90,7 +94,7 @@ impl ConverterIdentity {
 
 /// Layout details of one component, by kind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ComponentLayout {
     /// The FTW v1 stream; its tensors are in [`Manifest::tensors`].
     Ftw {
@@ -130,6 +134,7 @@ pub enum ComponentLayout {
 
 /// One component as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ManifestComponent {
     /// Path relative to the artifact root.
     pub path: String,
@@ -145,6 +150,7 @@ pub struct ManifestComponent {
 
 /// One tensor of the inventory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InventoryTensor {
     /// Component holding it.
     pub component: String,
@@ -157,6 +163,7 @@ pub struct InventoryTensor {
 
 /// The manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Manifest {
     /// [`MANIFEST_SCHEMA`].
     pub schema: String,
@@ -251,6 +258,7 @@ impl Manifest {
 /// Which expert layers are resident and how deep the file-tier read queue
 /// is. Mutable: regenerated from `--ram-budget` / `--reserve`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Placement {
     /// [`PLACEMENT_SCHEMA`].
     pub schema: String,

@@ -62,11 +62,21 @@ pub struct Plan {
     pub total_bytes: u64,
 }
 
+/// Parses `bytes` of `file`, refusing a key repeated in any object.
 fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
-    serde_json::from_slice(bytes).map_err(|e| ConvertError::MalformedJson {
+    let malformed = |e: serde_json::Error| ConvertError::MalformedJson {
         file: file.to_owned(),
         message: e.to_string(),
-    })
+    };
+    let value = serde_json::from_slice(bytes).map_err(malformed)?;
+    let dups = crate::json_keys::duplicate_keys(bytes).map_err(malformed)?;
+    if !dups.is_empty() {
+        return Err(ConvertError::DuplicateJsonKeys {
+            file: file.to_owned(),
+            keys: crate::json_keys::describe(&dups),
+        });
+    }
+    Ok(value)
 }
 
 /// The index's `weight_map` (tensor → file), with every file path checked.

@@ -46,6 +46,9 @@ pub enum SourceError {
     /// The header is not the expected JSON.
     #[error("{file}: malformed header JSON: {message}")]
     MalformedHeader { file: String, message: String },
+    /// A key repeats in the header JSON (a map would keep only the last).
+    #[error("{file}: duplicate key(s) in the header: {keys}")]
+    DuplicateKeys { file: String, keys: String },
     /// A dtype this reader does not know.
     #[error("{file}: tensor {tensor}: unknown dtype {dtype:?}")]
     UnknownDtype {
@@ -225,6 +228,17 @@ impl SourceHeader {
                 file: f(),
                 message: e.to_string(),
             })?;
+        let dups =
+            crate::json_keys::duplicate_keys(json).map_err(|e| SourceError::MalformedHeader {
+                file: f(),
+                message: e.to_string(),
+            })?;
+        if !dups.is_empty() {
+            return Err(SourceError::DuplicateKeys {
+                file: f(),
+                keys: crate::json_keys::describe(&dups),
+            });
+        }
         let metadata = match raw.remove("__metadata__") {
             None => BTreeMap::new(),
             Some(v) => serde_json::from_value(v).map_err(|e| SourceError::MalformedHeader {

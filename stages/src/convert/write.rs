@@ -77,7 +77,8 @@ impl Sources {
 
     fn open(&self, file: &str) -> Result<File> {
         let path = safe_join(&self.root, file)?;
-        File::open(&path).map_err(|e| StageError::io("open source", path, e))
+        ftpipe_receipts::nofollow::open_read(&path)
+            .map_err(|e| StageError::io("open source", path, e))
     }
 
     /// Calls `each` with consecutive chunks of `span`, each at most
@@ -181,7 +182,10 @@ pub fn write_component(
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
     let dir = path.parent().unwrap_or(artifact).to_owned();
     std::fs::create_dir_all(&dir).map_err(|e| StageError::io("create", &dir, e))?;
-    let file = File::create(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
+    ftpipe_receipts::nofollow::check_absent_or_regular(&path)
+        .map_err(|e| StageError::io("open", &path, e))?;
+    let file = ftpipe_receipts::nofollow::create_truncated(&tmp)
+        .map_err(|e| StageError::io("create", &tmp, e))?;
     let sink = HashingWriter {
         file,
         hasher: Sha256::new(),

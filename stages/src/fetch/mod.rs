@@ -18,7 +18,9 @@ use ftpipe_receipts::{FileRow, Pin, RunId, Store};
 
 use crate::error::{Result, StageError};
 use crate::hub::HubClient;
-use crate::limits::{DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL};
+use crate::limits::{
+    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_MIN_RATE, DEFAULT_STALL_WINDOW,
+};
 use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
 
@@ -44,6 +46,11 @@ pub struct FetchOptions {
     pub retry_base: Duration,
     /// Refuse to start when free space is below what is still needed.
     pub preflight: bool,
+    /// A body slower than this many bytes per second over `stall_window`
+    /// is a stall (0: no rate rule).
+    pub min_rate: u64,
+    /// Window of the minimum-rate rule.
+    pub stall_window: Duration,
 }
 
 impl Default for FetchOptions {
@@ -55,6 +62,8 @@ impl Default for FetchOptions {
             retries: 8,
             retry_base: Duration::from_millis(250),
             preflight: true,
+            min_rate: DEFAULT_MIN_RATE,
+            stall_window: DEFAULT_STALL_WINDOW,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! publication. It lives beside its final name on the target volume, so the
 //! publishing rename is atomic and no staging copy exists elsewhere.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -50,18 +50,13 @@ pub enum AppendError {
 
 impl PartFile {
     /// Opens (creating, with parents) the part file under `root` without
-    /// truncating it. A newly created entry is made durable by fsyncing its
+    /// truncating it, never through a link (see `nofollow::open_write`). A newly created entry is made durable by fsyncing its
     /// directory and every one above it up to `root`.
     pub fn open(root: &Path, path: &Path) -> std::io::Result<PartFile> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
-        let existed = path.exists();
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let existed = std::fs::symlink_metadata(path).is_ok();
+        let file = ftpipe_receipts::nofollow::open_write(path)?;
         if !existed {
             sync_dirs_up_to(root, dir)?;
         }

@@ -75,6 +75,11 @@ pub async fn reconcile(
     let mut conflicts = Vec::new();
     for f in files.iter().filter(|f| f.selected) {
         let final_path = safe_join(source_root, &f.path)?;
+        let part = crate::paths::part_path(&final_path);
+        if let Err(e) = ftpipe_receipts::nofollow::check_absent_or_regular(&part) {
+            conflicts.push((part, e.to_string()));
+            continue;
+        }
         let receipt = receipts.get(&f.path);
         match std::fs::symlink_metadata(&final_path) {
             Ok(meta) if !meta.is_file() => {

@@ -49,10 +49,13 @@ struct FileTask {
     expected: Expected,
     final_path: PathBuf,
     part_path: PathBuf,
-    retry_after: Option<Duration>,
-    /// Bytes were appended since the last failure: the retry budget restarts,
-    /// so a huge file that keeps advancing is not failed for its resets.
-    progressed: bool,
+    /// Seconds the hub asked to wait (`Retry-After` of a 429 or 503).
+    retry_after: Option<u64>,
+    /// The attempt cannot count as progress whatever it appended: a resume
+    /// answered from byte 0, a body past the expected size, a stall.
+    unproductive: bool,
+    /// Resume requests answered with `200` from byte 0.
+    range_ignored: u32,
 }
 
 /// Fetches, verifies and publishes one file, retrying transient failures.
@@ -66,7 +69,8 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
         final_path,
         part_path,
         retry_after: None,
-        progressed: false,
+        unproductive: false,
+        range_ignored: 0,
     };
     let schedule = ExponentialBuilder::default()
         .with_min_delay(task.ctx.opts.retry_base)
@@ -76,8 +80,13 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
     let mut backoff = schedule.build();
     let mut attempts = 0u32;
     let mut digest_failures = 0u32;
+    // The best durable watermark so far: the retry budget restarts only
+    // after an attempt that moved it further, so an attempt that re-sends
+    // what is already durable (or trickles, or overruns) uses up the budget.
+    let mut best = task.ctx.store.ledger_row(task.path()).await?.committed;
     loop {
         attempts += 1;
+        task.unproductive = false;
         let err = match task.attempt().await {
             Ok(()) => return Ok(()),
             Err(e) => e,
@@ -87,26 +96,38 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
             if digest_failures > DIGEST_REFETCHES {
                 return Err(err);
             }
-            task.report_retry(attempts, Duration::ZERO, &err);
+            task.report_retry(attempts, Duration::ZERO, None, &err);
             continue;
         }
         if !err.is_transient() {
             return Err(err);
         }
-        if std::mem::take(&mut task.progressed) {
+        let now = task.ctx.store.ledger_row(task.path()).await?.committed;
+        if now > best && !task.unproductive {
             backoff = schedule.build();
         }
+        best = best.max(now);
         let Some(mut delay) = backoff.next() else {
+            if task.range_ignored > 0 && best < task.file.size {
+                return Err(StageError::RangeIgnored {
+                    path: task.file.path.clone(),
+                    ignored: task.range_ignored,
+                    best,
+                    size: task.file.size,
+                    attempts,
+                });
+            }
             return Err(StageError::RetriesExhausted {
                 path: task.file.path.clone(),
                 attempts,
                 last: Box::new(err),
             });
         };
-        if let Some(after) = task.retry_after.take() {
-            delay = delay.max(after.min(MAX_RETRY_AFTER));
+        let retry_after = task.retry_after.take();
+        if let Some(after) = retry_after {
+            delay = delay.max(Duration::from_secs(after).min(MAX_RETRY_AFTER));
         }
-        task.report_retry(attempts, delay, &err);
+        task.report_retry(attempts, delay, retry_after, &err);
         tokio::time::sleep(delay).await;
     }
 }
@@ -116,12 +137,19 @@ impl FileTask {
         &self.file.path
     }
 
-    fn report_retry(&self, attempt: u32, delay: Duration, err: &StageError) {
+    fn report_retry(
+        &self,
+        attempt: u32,
+        delay: Duration,
+        retry_after_secs: Option<u64>,
+        err: &StageError,
+    ) {
         tracing::warn!(path = self.path(), attempt, ?delay, error = %err, "retrying");
         self.ctx.reporter.report(ProgressEvent::FileRetry {
             path: self.path().to_owned(),
             attempt,
             delay,
+            retry_after_secs,
             error: err.to_string(),
         });
     }
@@ -339,6 +367,8 @@ impl FileTask {
                     block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
                     self.discard("range_not_honoured", start, 0, false).await?;
                     *hasher = self.expected.hasher(size);
+                    self.unproductive = true;
+                    self.range_ignored += 1;
                 }
                 if let Some(len) = resp.content_length()
                     && len != size
@@ -376,7 +406,7 @@ impl FileTask {
             }
             other => {
                 if matches!(other.as_u16(), 429 | 503) {
-                    self.retry_after = retry_after_secs(resp.headers()).map(Duration::from_secs);
+                    self.retry_after = retry_after_secs(resp.headers());
                 }
                 // The URL may be the CDN's (`/lfs/<sha>`), which does not
                 // name the file: say which file this was for.
@@ -395,6 +425,9 @@ impl FileTask {
         let interval = self.ctx.opts.checkpoint_interval;
         let mut since = 0u64;
         let mut last = Instant::now();
+        let mut rate = RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window);
+        // Bytes of a body past the expected size (cut there, discarded).
+        let mut excess = 0u64;
         let outcome: Result<()> = loop {
             // While bytes wait for a checkpoint, a quiet connection must not
             // keep them un-durable: wake up at the interval and checkpoint.
@@ -406,13 +439,17 @@ impl FileTask {
                         self.checkpoint(part, since, validator.as_deref()).await?;
                         since = 0;
                         last = Instant::now();
+                        if let Err(e) = rate.check(&path, 0) {
+                            self.unproductive = true;
+                            break Err(e);
+                        }
                         continue;
                     }
                 }
             } else {
                 resp.chunk().await
             };
-            let chunk = match next {
+            let mut chunk = match next {
                 Ok(Some(c)) => c,
                 Ok(None) => break Ok(()),
                 Err(e) => {
@@ -425,10 +462,10 @@ impl FileTask {
             };
             attempt.body_bytes += chunk.len() as u64;
             if part.len() + chunk.len() as u64 > size {
-                break Err(StageError::LongBody {
-                    path: path.clone(),
-                    expected: size,
-                });
+                // Keep the bytes up to the expected size; the rest is waste.
+                let keep = size - part.len();
+                excess = chunk.len() as u64 - keep;
+                chunk.truncate(usize::try_from(keep).unwrap_or(0));
             }
             // Another job found the volume full and freed the space reserve
             // for the ledger: do not eat it with more file bytes.
@@ -457,7 +494,6 @@ impl FileTask {
                 Err(AppendError::Io(e)) => break Err(self.io("write", e)),
             }
             hasher.update(&chunk);
-            self.progressed = true;
             since += chunk.len() as u64;
             self.ctx.reporter.report(ProgressEvent::FileBytes {
                 path: path.clone(),
@@ -468,6 +504,17 @@ impl FileTask {
                 since = 0;
                 last = Instant::now();
             }
+            if excess > 0 {
+                self.unproductive = true;
+                break Err(StageError::LongBody {
+                    path: path.clone(),
+                    expected: size,
+                });
+            }
+            if let Err(e) = rate.check(&path, chunk.len() as u64) {
+                self.unproductive = true;
+                break Err(e);
+            }
         };
         // Bytes of a validated response that arrived before a failure are a
         // correct prefix: make them durable rather than fetch them again.
@@ -476,6 +523,10 @@ impl FileTask {
         // a checkpoint that failed with it leaves the watermark where it was.
         if let (Err(first), Err(e)) = (&outcome, &saved) {
             tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
+        }
+        if excess > 0 && saved.is_ok() {
+            self.discard("long_body_excess", excess, part.len(), true)
+                .await?;
         }
         outcome?;
         saved?;
@@ -559,6 +610,48 @@ impl FileTask {
         {
             return Err(mismatch("X-Linked-Etag", format!("\"{sha}\""), etag));
         }
+        Ok(())
+    }
+}
+
+/// The minimum-rate rule: over each window of `window`, at least
+/// `min_rate` bytes per second must arrive (0 disables it).
+struct RateWindow {
+    min_rate: u64,
+    window: Duration,
+    start: Instant,
+    bytes: u64,
+}
+
+impl RateWindow {
+    fn new(min_rate: u64, window: Duration) -> Self {
+        RateWindow {
+            min_rate,
+            window,
+            start: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds `bytes`; once a window has passed, fails if it was too slow
+    /// and starts the next one.
+    fn check(&mut self, path: &str, bytes: u64) -> Result<()> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        let elapsed = self.start.elapsed();
+        if self.min_rate == 0 || elapsed < self.window {
+            return Ok(());
+        }
+        let needed = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
+        if self.bytes < needed {
+            return Err(StageError::Stalled {
+                path: path.to_owned(),
+                received: self.bytes,
+                window_secs: elapsed.as_secs_f64(),
+                min_rate: self.min_rate,
+            });
+        }
+        self.start = Instant::now();
+        self.bytes = 0;
         Ok(())
     }
 }

@@ -55,10 +55,13 @@ use crate::convert::profile::FTW_COMPONENT;
 use crate::error::StageError;
 use crate::paths::validate_repo_path;
 
-/// Largest `manifest.json` read (it lists every tensor; real ones are a few MiB).
-pub const MAX_MANIFEST_BYTES: u64 = 256 * 1024 * 1024;
-/// Largest `placement.json` read (a few hundred bytes in practice).
-pub const MAX_PLACEMENT_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest `manifest.json` read, checked before reading it. It lists every
+/// tensor: a ~300k-tensor NVFP4 MoE export's is ~27 MB (see the test
+/// `max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice`).
+pub const MAX_MANIFEST_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest `placement.json` read (a few hundred bytes in practice; layer
+/// lists of a few thousand layers at most).
+pub const MAX_PLACEMENT_BYTES: u64 = 1024 * 1024;
 /// Unexpected and stale temp files listed one by one before the rest are
 /// summarized in a single failure (a report stays readable when someone
 /// unpacked a whole checkpoint into the artifact directory).
@@ -438,7 +441,7 @@ fn load_json<T: DeserializeOwned>(dir: &Path, name: &str, limit: u64) -> Result<
         ));
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(&path)
+    ftpipe_receipts::nofollow::open_read(&path)
         .and_then(|f| f.take(limit + 1).read_to_end(&mut bytes))
         .map_err(|e| format!("cannot read {name}: {e}"))?;
     if bytes.len() as u64 > limit {

@@ -472,3 +472,93 @@ fn a_missing_or_broken_manifest_is_a_failure_and_no_dir_an_error() {
     std::fs::write(&file, b"x").unwrap();
     assert!(verify_artifact(&file, false).is_err());
 }
+
+/// The manifest of a ~300k-tensor NVFP4 MoE export (94 layers × 256
+/// experts × 3 projections, each a weight / weight_scale / weight_scale_2 /
+/// input_scale quadruple, with realistic names) stays under half of
+/// [`MAX_MANIFEST_BYTES`]: the limit refuses a padded or bloated manifest,
+/// never a real one.
+#[test]
+fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
+    use crate::convert::manifest::{InventoryTensor, SourceFileId};
+    const LAYERS: u64 = 94;
+    const EXPERTS: u64 = 256;
+    let parts = ["weight", "weight_scale", "weight_scale_2", "input_scale"];
+    let desc = |key: &str| TensorDesc::new(key, Dtype::U8, TensorKind::Native, vec![4096, 768]);
+    let mut components = Vec::new();
+    let mut tensors = Vec::new();
+    let mut ftw_tensors = Vec::new();
+    let mut sources = 0usize;
+    for l in 0..LAYERS {
+        let name = format!("experts/layer_{l:03}.ftexpert");
+        let fields: Vec<TensorDesc> = ["gate_proj", "up_proj", "down_proj"]
+            .iter()
+            .map(|f| desc(f))
+            .collect();
+        for e in 0..EXPERTS {
+            for f in ["gate_proj", "up_proj", "down_proj"] {
+                tensors.push(InventoryTensor {
+                    component: name.clone(),
+                    key: format!("{e}.{f}"),
+                    sources: parts
+                        .iter()
+                        .map(|p| format!("model.layers.{l}.mlp.experts.{e}.{f}.{p}"))
+                        .collect(),
+                });
+                sources += parts.len();
+            }
+        }
+        components.push(ManifestComponent {
+            path: name,
+            size: 1 << 30,
+            predicted_bytes: 1 << 30,
+            sha256: "0".repeat(64),
+            layout: ComponentLayout::Ftexpert {
+                layer: l,
+                experts: EXPERTS,
+                record_size: 1 << 22,
+                fields,
+            },
+        });
+        for proj in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            let key = format!("model.layers.{l}.self_attn.{proj}.weight");
+            ftw_tensors.push(desc(&key));
+            tensors.push(InventoryTensor {
+                component: FTW_COMPONENT.into(),
+                key: key.clone(),
+                sources: parts
+                    .iter()
+                    .map(|p| format!("model.layers.{l}.self_attn.{proj}.{p}"))
+                    .collect(),
+            });
+            sources += parts.len();
+        }
+    }
+    assert!(sources >= 290_000, "{sources} source tensors");
+    let manifest = Manifest {
+        schema: MANIFEST_SCHEMA.into(),
+        fingerprint: "0".repeat(64),
+        source: SourceIdentity {
+            repo: "nvidia/Some-Large-MoE-NVFP4".into(),
+            commit: "0".repeat(40),
+            files: (1..=200)
+                .map(|i| SourceFileId {
+                    path: format!("model-{i:05}-of-00200.safetensors"),
+                    size: 5 << 30,
+                    digest_kind: "sha256".into(),
+                    digest: "0".repeat(64),
+                })
+                .collect(),
+        },
+        converter: ConverterIdentity::current("qwen4_exp", ConvertOptionsId::default()),
+        components,
+        ftw_tensors,
+        tensors,
+    };
+    let len = manifest.to_bytes().len() as u64;
+    eprintln!("{sources} source tensors: manifest.json of {len} bytes");
+    assert!(
+        len.saturating_mul(2) <= MAX_MANIFEST_BYTES,
+        "{len} bytes leave less than 2x headroom under {MAX_MANIFEST_BYTES}"
+    );
+}

@@ -1,0 +1,157 @@
+//! Duplicate keys in JSON objects.
+//!
+//! JSON maps built by serde keep the last of two equal keys, so a header
+//! naming a tensor twice (perhaps with two dtypes) would be read as if the
+//! first never existed. A verifier must refuse that: [`duplicate_keys`]
+//! walks the whole document once and lists every key that repeats within
+//! its object.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// A key that appears more than once in one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateKey {
+    /// Where the object is (`weight_map`, `layers[2]`; empty for the top).
+    pub object: String,
+    /// The repeated key.
+    pub key: String,
+}
+
+impl fmt::Display for DuplicateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.object.is_empty() {
+            write!(f, "{:?}", self.key)
+        } else {
+            write!(f, "{:?} in {}", self.key, self.object)
+        }
+    }
+}
+
+/// Every repeated key of `json`, in document order (once per repetition).
+/// Fails only when `json` is not JSON.
+pub fn duplicate_keys(json: &[u8]) -> Result<Vec<DuplicateKey>, serde_json::Error> {
+    let mut found = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(json);
+    Walk {
+        path: String::new(),
+        found: &mut found,
+    }
+    .deserialize(&mut de)?;
+    de.end()?;
+    Ok(found)
+}
+
+/// Lists duplicates as one line: `"a", "b" in weight_map`.
+pub fn describe(dups: &[DuplicateKey]) -> String {
+    dups.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+struct Walk<'a> {
+    path: String,
+    found: &'a mut Vec<DuplicateKey>,
+}
+
+impl<'de> DeserializeSeed<'de> for Walk<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let found = self.found;
+        let mut i = 0usize;
+        while seq
+            .next_element_seed(Walk {
+                path: format!("{}[{i}]", self.path),
+                found: &mut *found,
+            })?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let found = self.found;
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() {
+                key.clone()
+            } else {
+                format!("{}.{key}", self.path)
+            };
+            if !seen.insert(key.clone()) {
+                found.push(DuplicateKey {
+                    object: self.path.clone(),
+                    key,
+                });
+            }
+            map.next_value_seed(Walk {
+                path,
+                found: &mut *found,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_every_repeat_at_any_depth() {
+        let json = br#"{"a": 1, "b": {"x": [1, {"y": 1, "y": 2}], "x": 0}, "a": 2, "a": 3}"#;
+        let d = duplicate_keys(json).unwrap();
+        let got: Vec<(String, String)> = d.into_iter().map(|d| (d.object, d.key)).collect();
+        assert_eq!(
+            got,
+            [
+                ("b.x[1]".to_owned(), "y".to_owned()),
+                ("b".to_owned(), "x".to_owned()),
+                (String::new(), "a".to_owned()),
+                (String::new(), "a".to_owned()),
+            ]
+        );
+        assert!(
+            duplicate_keys(br#"{"a": 1, "b": {"a": 1}}"#)
+                .unwrap()
+                .is_empty()
+        );
+        assert!(duplicate_keys(b"{\"a\": ").is_err());
+        assert!(duplicate_keys(b"{} x").is_err());
+    }
+}
