@@ -166,10 +166,62 @@ pub fn encode_ref(
     out: &mut [u8],
 ) -> Result<()> {
     check_sizes(x.len(), width, out.len())?;
+    encode_ref_by(key, x, bf16::to_f32, g, base, out)
+}
+
+/// Encoder for f32 input (a table decoded from FP8 × scale): the
+/// reference's arithmetic on the exact f32 values, in parallel chunks of
+/// whole blocks; the error, if any, is the first bad element's.
+pub fn encode_f32(
+    key: &str,
+    x: &[f32],
+    width: usize,
+    g: Q3GlobalScale,
+    base: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    check_sizes(x.len(), width, out.len())?;
+    const CHUNK: usize = PAR_BLOCKS * Q3_BLOCK;
+    let bad = x
+        .par_chunks(CHUNK)
+        .zip(out.par_chunks_mut(PAR_BLOCKS * Q3_BLOCK_BYTES))
+        .enumerate()
+        .find_map_first(|(ci, (c, o))| {
+            encode_ref_by(key, c, |v| v, g, base + (ci * CHUNK) as u64, o).err()
+        });
+    bad.map_or(Ok(()), Err)
+}
+
+/// Absolute max of f32 values, checking finiteness (`base` as in
+/// [`table_absmax`]).
+pub fn table_absmax_f32(key: &str, x: &[f32], base: u64) -> Result<f32> {
+    let mut m = 0f32;
+    for (i, &v) in x.iter().enumerate() {
+        if !v.is_finite() {
+            return Err(FormatError::NonFinite {
+                key: key.to_owned(),
+                index: base + i as u64,
+                value: v,
+            });
+        }
+        m = m.max(v.abs());
+    }
+    Ok(m)
+}
+
+/// The reference encoding of whole blocks `x`, read through `f`.
+fn encode_ref_by<T: Copy>(
+    key: &str,
+    x: &[T],
+    f: impl Fn(T) -> f32,
+    g: Q3GlobalScale,
+    base: u64,
+    out: &mut [u8],
+) -> Result<()> {
     let gf = g.value().to_f32();
     // Validate everything first so the error is always the first bad element.
-    for (i, v) in x.iter().enumerate() {
-        let f = v.to_f32();
+    for (i, &v) in x.iter().enumerate() {
+        let f = f(v);
         if !f.is_finite() {
             return Err(FormatError::NonFinite {
                 key: key.to_owned(),
@@ -184,9 +236,9 @@ pub fn encode_ref(
     for (block, o) in x.chunks(Q3_BLOCK).zip(out.chunks_mut(Q3_BLOCK_BYTES)) {
         // Signed max: first element of largest magnitude.
         let mut m = 0.0f32;
-        for v in block {
-            if v.to_f32().abs() > m.abs() {
-                m = v.to_f32();
+        for &v in block {
+            if f(v).abs() > m.abs() {
+                m = f(v);
             }
         }
         let s = block_scale(m, gf);
@@ -194,11 +246,11 @@ pub fn encode_ref(
         o[..2].copy_from_slice(&s.to_bits().to_le_bytes());
         let codes = &mut o[2..];
         codes.fill(0);
-        for (i, v) in block.iter().enumerate() {
+        for (i, &v) in block.iter().enumerate() {
             let k = if d == 0.0 {
                 0.0
             } else {
-                (v.to_f32() / d).round_ties_even().clamp(-4.0, 3.0)
+                (f(v) / d).round_ties_even().clamp(-4.0, 3.0)
             };
             let q = (k as i32 + 4) as u32;
             // Append q's three bits to the little-endian bit string.

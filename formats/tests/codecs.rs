@@ -420,3 +420,43 @@ fn errors_in_later_parallel_chunks_match_reference() {
         assert!(format!("{f:?}").contains("index: 250008"), "{f:?}");
     }
 }
+
+// ---- Q3 from f32 (an FP8 table decoded with its scale) ----------------------
+
+/// `encode_f32` on values that are exactly BF16 gives the reference's
+/// bytes; on FP8 × scale values (not BF16-exact) it stays within the bound.
+#[test]
+fn q3_f32_matches_the_reference_and_keeps_the_bound_on_fp8_tables() {
+    let x: Vec<bf16> = (0..32 * 3584 * 2 + 64)
+        .map(|i| bf16::from_f32(((i * 37 % 101) as f32 - 50.0) / 64.0))
+        .collect();
+    let (want, g) = q3_both(&x, 64);
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let mut got = vec![0u8; want.len()];
+    q3::encode_f32("t", &xf, 64, g, 0, &mut got).unwrap();
+    assert_eq!(got, want);
+
+    let scale = 0.000_123_4f32;
+    let fp8: Vec<f32> = (0..4096u32)
+        .map(|i| e4m3::decode((i * 29 % 0x7E) as u8 | (i as u8 & 0x80)) * scale)
+        .collect();
+    let amax = q3::table_absmax_f32("t", &fp8, 0).unwrap();
+    let g = Q3GlobalScale::from_absmax(amax).unwrap();
+    let mut blocks = vec![0u8; fp8.len() / 32 * 14];
+    q3::encode_f32("t", &fp8, 32, g, 0, &mut blocks).unwrap();
+    let mut y = vec![0f32; fp8.len()];
+    q3::decode(&blocks, g, &mut y).unwrap();
+    for (b, blk) in blocks.chunks(14).enumerate() {
+        let bound = q3::error_bound(u16::from_le_bytes([blk[0], blk[1]]), g);
+        for i in b * 32..b * 32 + 32 {
+            assert!((fp8[i] - y[i]).abs() <= bound, "elem {i}");
+        }
+    }
+    let mut bad = fp8.clone();
+    bad[4000] = f32::NAN;
+    let e = q3::encode_f32("t", &bad, 32, g, 7, &mut blocks).unwrap_err();
+    assert!(
+        matches!(e, FormatError::NonFinite { index: 4007, .. }),
+        "{e}"
+    );
+}

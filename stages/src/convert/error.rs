@@ -125,7 +125,7 @@ pub enum ConvertError {
         highest: u64,
     },
     /// A config field is missing or has the wrong type.
-    #[error("{file}: field {field:?} {problem}")]
+    #[error("{file}: {field} {problem}")]
     BadConfig {
         file: String,
         field: String,

@@ -56,7 +56,9 @@ use super::error::ConvertError;
 use super::recipe::Recipe;
 use super::safetensors::{SourceHeader, SourceTensor};
 
+mod config;
 mod nvfp4;
+use config::TextConfig;
 pub(super) use nvfp4::nvfp4_triplet;
 use nvfp4::{FUSED_NAMES, NVFP4_PARTS, input_scale_of, is_nvfp4_module};
 
@@ -235,30 +237,6 @@ impl<'a> Catalog<'a> {
 // ---------------------------------------------------------------------------
 // Config access.
 
-fn cfg_u64(cfg: &Value, field: &str) -> Result<u64, ConvertError> {
-    cfg.get(field)
-        .and_then(Value::as_u64)
-        .ok_or_else(|| ConvertError::BadConfig {
-            file: CONFIG_FILE.into(),
-            field: field.into(),
-            problem: match cfg.get(field) {
-                None => "is missing".into(),
-                Some(v) => format!("is {v}, expected a non-negative integer"),
-            },
-        })
-}
-
-fn cfg_u64_list(cfg: &Value, field: &str) -> Result<Vec<u64>, ConvertError> {
-    match cfg.get(field) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|_| ConvertError::BadConfig {
-            file: CONFIG_FILE.into(),
-            field: field.into(),
-            problem: format!("is {v}, expected a list of non-negative integers"),
-        }),
-    }
-}
-
 fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
@@ -339,13 +317,11 @@ impl Profile {
             }
         };
         let q4 = family == "qwen4_exp";
-        let layers = cfg_u64(cfg, "num_hidden_layers")?;
-        let experts = cfg_u64(cfg, "num_experts")?;
-        let step = match cfg.get("decoder_sparse_step") {
-            None => 1,
-            Some(_) => cfg_u64(cfg, "decoder_sparse_step")?.max(1),
-        };
-        let mlp_only: BTreeSet<u64> = cfg_u64_list(cfg, "mlp_only_layers")?.into_iter().collect();
+        let text = TextConfig::of(cfg)?;
+        let layers = text.u64("num_hidden_layers")?;
+        let experts = text.u64("num_experts")?;
+        let step = text.u64_or("decoder_sparse_step", 1)?.max(1);
+        let mlp_only: BTreeSet<u64> = text.u64_list("mlp_only_layers")?.into_iter().collect();
         let moe_layers = (0..layers)
             .filter(|l| experts > 0 && !mlp_only.contains(l) && (l + 1) % step == 0)
             .collect();
@@ -357,22 +333,21 @@ impl Profile {
                 problem: format!("is {v}, expected a list of strings"),
             })?,
         };
-        let ple = if q4 && cfg.get("ple_layer_ids").is_some() {
+        let ple = if q4 && text.get("ple_layer_ids").is_some() {
             let p = PleConfig {
-                layers: cfg_u64_list(cfg, "ple_layer_ids")?,
-                rows: cfg_u64(cfg, "ple_ngram_rows")?,
-                width: cfg_u64(cfg, "ple_embedding_dim")?,
-                parts: cfg_u64(cfg, "split_ngram_parts")?,
+                layers: text.u64_list("ple_layer_ids")?,
+                rows: text.u64("ple_ngram_rows")?,
+                width: text.u64("ple_embedding_dim")?,
+                parts: text.u64("split_ngram_parts")?,
             };
             if p.parts == 0 || p.width == 0 || !p.width.is_multiple_of(32) {
-                return Err(ConvertError::BadConfig {
-                    file: CONFIG_FILE.into(),
-                    field: "ple_embedding_dim/split_ngram_parts".into(),
-                    problem: format!(
-                        "width {} must be a positive multiple of 32 and parts {} positive",
+                return Err(text.bad(
+                    "ple_embedding_dim",
+                    format!(
+                        "is {}: the width must be a positive multiple of 32 and split_ngram_parts ({}) positive",
                         p.width, p.parts
                     ),
-                });
+                ));
             }
             Some(p)
         } else {
@@ -381,15 +356,12 @@ impl Profile {
         Ok(Profile::Moe(MoeProfile {
             family,
             layers,
-            hidden: cfg_u64(cfg, "hidden_size")?,
-            vocab: cfg_u64(cfg, "vocab_size")?,
+            hidden: text.u64("hidden_size")?,
+            vocab: text.u64("vocab_size")?,
             experts,
-            inter: cfg_u64(cfg, "moe_intermediate_size")?,
+            inter: text.u64("moe_intermediate_size")?,
             moe_layers,
-            tied: cfg
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tied: text.bool_or("tie_word_embeddings", false)?,
             allow_fused: q4,
             ple,
             ignore: glob_set(&ignore, "quantization_config.ignore")?,

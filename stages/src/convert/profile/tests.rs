@@ -331,3 +331,69 @@ fn fused_nvfp4_records_read_the_per_expert_bytes() {
     assert_eq!(gu, want);
     assert_ne!(gu[..4], gu[4..8], "varied scales tell gate from up");
 }
+
+/// The text model is read from `text_config` when present, from the top
+/// level otherwise; errors name the JSON path.
+mod text_config {
+    use serde_json::json;
+
+    use super::*;
+
+    fn err(cfg: Value) -> String {
+        match Profile::from_config(&cfg) {
+            Ok(_) => panic!("accepted {cfg}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_missing_field_is_named_by_its_path_in_text_config() {
+        let cfg = json!({"model_type": "qwen3_moe", "text_config": {"num_experts": 4}});
+        assert_eq!(
+            err(cfg),
+            "config.json: text_config.num_hidden_layers is missing"
+        );
+    }
+
+    #[test]
+    fn neither_text_config_nor_num_hidden_layers_says_both() {
+        let msg = err(json!({"model_type": "qwen4_exp", "hidden_size": 64}));
+        assert!(
+            msg.starts_with("config.json: text_config.num_hidden_layers is missing")
+                && msg.contains("neither text_config nor a top-level num_hidden_layers"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn flat_configs_name_top_level_fields() {
+        let cfg = json!({"model_type": "qwen3_moe", "num_hidden_layers": 2, "num_experts": "4"});
+        assert_eq!(
+            err(cfg),
+            "config.json: num_experts is \"4\", expected a non-negative integer"
+        );
+    }
+
+    #[test]
+    fn text_config_must_be_an_object() {
+        let msg = err(json!({"model_type": "qwen3_moe", "text_config": [1]}));
+        assert_eq!(msg, "config.json: text_config is [1], expected an object");
+    }
+
+    #[test]
+    fn fields_come_from_text_config_not_the_top_level() {
+        let dims = json!({"num_hidden_layers": 2, "num_experts": 4, "hidden_size": 64,
+            "vocab_size": 128, "moe_intermediate_size": 32});
+        let mut cfg = json!({"model_type": "qwen3_moe", "text_config": dims,
+            "num_hidden_layers": 99});
+        let Profile::Moe(m) = Profile::from_config(&cfg).unwrap() else {
+            panic!("built-in profile")
+        };
+        assert_eq!((m.layers, m.experts, m.hidden), (2, 4, 64));
+        cfg["text_config"]["tie_word_embeddings"] = json!("yes");
+        assert_eq!(
+            err(cfg),
+            "config.json: text_config.tie_word_embeddings is \"yes\", expected true or false"
+        );
+    }
+}
