@@ -13,6 +13,7 @@
 //! | [`safetensors_header`] | `SourceHeader` (structure-aware: an arbitrary header JSON plus raw byte edits) |
 //! | [`index_json`] | `model.safetensors.index.json` → `weight_map` |
 //! | [`config_profile`] | `config.json` → profile → plan (sizes of every component) |
+//! | [`hub_pages`] | the hub's revision answer and tree listing pages |
 //! | [`http_headers`] | `Content-Range`, `ETag`, `Retry-After`, `Link` |
 //! | [`recipe_toml`] | TOML recipes |
 //! | [`manifest_placement`] | `manifest.json` + `placement.json` (with a round trip) |
@@ -36,6 +37,7 @@ use ftpipe_stages::convert::recipe::Recipe;
 use ftpipe_stages::convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};
 use ftpipe_stages::fetch::{etag, parse_content_range, retry_after_secs, strong_validator};
 use ftpipe_stages::hub::next_link;
+use ftpipe_stages::resolve::{parse_revision, parse_tree_page};
 
 /// A named entry point.
 #[derive(Clone, Copy)]
@@ -59,6 +61,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "config_profile",
         run: config_profile,
+    },
+    Target {
+        name: "hub_pages",
+        run: hub_pages,
     },
     Target {
         name: "http_headers",
@@ -282,6 +288,34 @@ pub fn config_profile(data: &[u8]) {
     if let Ok(plan) = plan_from_parts(&config, map, headers, &PlanOptions::default()) {
         let sum: u64 = plan.components.iter().map(|c| c.predicted_bytes).sum();
         assert_eq!(sum, plan.total_bytes);
+    }
+}
+
+/// The hub's JSON answers: the first byte chooses the revision answer (0)
+/// or a tree page (else). An accepted page names only validated relative
+/// paths with sizes within the limit.
+pub fn hub_pages(data: &[u8]) {
+    const URL: &str = "http://hub.invalid/api/models/a/b/tree/c";
+    match data.split_first() {
+        Some((0, body)) => {
+            if let Ok(commit) = parse_revision(URL, body) {
+                assert!(commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit()));
+            }
+        }
+        Some((_, body)) => {
+            if let Ok(rows) = parse_tree_page(URL, body) {
+                for r in rows {
+                    assert!(!r.path.is_empty() && !r.path.starts_with('/'), "{}", r.path);
+                    assert!(
+                        !r.path.split('/').any(|c| c == ".." || c == "."),
+                        "{}",
+                        r.path
+                    );
+                    assert!(r.size <= ftpipe_stages::limits::MAX_FILE_SIZE);
+                }
+            }
+        }
+        None => {}
     }
 }
 
@@ -511,6 +545,16 @@ mod tests {
             "http_headers",
             "partial",
             b"content-range: bytes 0-99/1000\netag: \"abc\"\nretry-after: 5\nlink: <https://hub/api?cursor=x>; rel=\"next\"\n",
+        );
+        put(
+            "hub_pages",
+            "revision",
+            b"\0{\"sha\":\"8c0646b6f1259abe3010739c82ef9f722c0ad08e\",\"id\":\"acme/x\"}",
+        );
+        put(
+            "hub_pages",
+            "tree",
+            &[&[1u8][..], br#"[{"type":"directory","path":"d","oid":"0000000000000000000000000000000000000000","size":0},{"type":"file","path":"d/config.json","oid":"8c0646b6f1259abe3010739c82ef9f722c0ad08e","size":12},{"type":"file","path":"m.safetensors","oid":"8c0646b6f1259abe3010739c82ef9f722c0ad08e","size":100,"lfs":{"oid":"0a0b0c0d0e0f101112131415161718191a1b1c1d1e1f202122232425262728292a","size":100}}]"#].concat(),
         );
         put(
             "http_headers",

@@ -136,6 +136,17 @@ impl HubClient {
         url: &Url,
         limit: u64,
     ) -> Result<(T, HeaderMap, u64)> {
+        let (body, headers) = self.get_bytes_limited(url, limit).await?;
+        let value = serde_json::from_slice(&body).map_err(|e| StageError::MalformedJson {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok((value, headers, body.len() as u64))
+    }
+
+    /// GETs a small API response of at most `limit` bytes (checked against
+    /// `Content-Length` first, then while reading).
+    pub async fn get_bytes_limited(&self, url: &Url, limit: u64) -> Result<(Vec<u8>, HeaderMap)> {
         let mut req = self.http.get(url.clone());
         if let Some(token) = &self.token
             && same_origin(url, &self.endpoint)
@@ -180,11 +191,7 @@ impl HubClient {
             }
             body.extend_from_slice(&chunk);
         }
-        let value = serde_json::from_slice(&body).map_err(|e| StageError::MalformedJson {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
-        Ok((value, headers, body.len() as u64))
+        Ok((body, headers))
     }
 
     /// Sends a body request, following at most [`MAX_REDIRECTS`] redirects

@@ -13,7 +13,8 @@ use crate::error::{Result, StageError};
 use crate::hub::{HubClient, next_link};
 use crate::identity::{CommitId, GitOid, LfsSha256, XetHash};
 use crate::limits::{
-    MAX_FILE_SIZE, MAX_FILES, MAX_LISTING_BYTES, MAX_TREE_PAGE_BYTES, MAX_TREE_PAGES,
+    MAX_FILE_SIZE, MAX_FILES, MAX_JSON_BYTES, MAX_LISTING_BYTES, MAX_TREE_PAGE_BYTES,
+    MAX_TREE_PAGES,
 };
 use crate::paths::validate_repo_path;
 use crate::progress::{ProgressEvent, Reporter};
@@ -190,7 +191,16 @@ pub fn apply_selection(
 /// Asks the hub which commit `revision` points to.
 pub async fn revision_commit(client: &HubClient, repo: &str, revision: &str) -> Result<String> {
     let url = client_url(client, &format!("/api/models/{repo}/revision/{revision}"))?;
-    let (raw, _): (RawRevision, _) = client.get_json(&url).await?;
+    let (body, _) = client.get_bytes_limited(&url, MAX_JSON_BYTES).await?;
+    parse_revision(url.as_str(), &body)
+}
+
+/// The commit in the revision API's answer (`{"sha": "<40 hex>", …}`).
+pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
+    let raw: RawRevision = serde_json::from_slice(body).map_err(|e| StageError::MalformedJson {
+        url: url.to_owned(),
+        message: e.to_string(),
+    })?;
     CommitId::parse(&raw.sha)
         .map(|c| c.as_str().to_owned())
         .ok_or_else(|| {
@@ -199,6 +209,19 @@ pub async fn revision_commit(client: &HubClient, repo: &str, revision: &str) -> 
                 format!("sha {:?} is not a 40-hex commit", raw.sha),
             )
         })
+}
+
+/// One page of the tree listing, parsed and every entry validated
+/// (directories skipped); duplicates across pages are the caller's check.
+pub fn parse_tree_page(url: &str, body: &[u8]) -> Result<Vec<FileRow>> {
+    let page: Vec<RawTreeEntry> =
+        serde_json::from_slice(body).map_err(|e| StageError::MalformedJson {
+            url: url.to_owned(),
+            message: e.to_string(),
+        })?;
+    page.into_iter()
+        .filter_map(|raw| validate_entry(raw).transpose())
+        .collect()
 }
 
 fn client_url(client: &HubClient, path: &str) -> Result<url::Url> {
@@ -223,32 +246,29 @@ pub async fn list_tree(client: &HubClient, repo: &str, commit: &str) -> Result<V
         // The last page may use only what is left of the listing budget.
         let left = MAX_LISTING_BYTES - total;
         let limit = MAX_TREE_PAGE_BYTES.min(left);
-        let (page, headers, len): (Vec<RawTreeEntry>, _, _) =
-            match client.get_json_limited(&url, limit).await {
-                Err(StageError::OversizedResponse { .. }) if limit == left => {
-                    return Err(bad(
-                        "<listing>",
-                        format!(
-                            "more than MAX_LISTING_BYTES = {MAX_LISTING_BYTES} bytes over {} pages",
-                            pages + 1
-                        ),
-                    ));
-                }
-                r => r?,
-            };
-        total += len;
-        for raw in page {
-            if let Some(row) = validate_entry(raw)? {
-                if !seen.insert(row.path.clone()) {
-                    return Err(bad(&row.path, "listed twice"));
-                }
-                files.push(row);
-                if files.len() > MAX_FILES {
-                    return Err(bad(
-                        "<listing>",
-                        format!("more than MAX_FILES = {MAX_FILES} files"),
-                    ));
-                }
+        let (body, headers) = match client.get_bytes_limited(&url, limit).await {
+            Err(StageError::OversizedResponse { .. }) if limit == left => {
+                return Err(bad(
+                    "<listing>",
+                    format!(
+                        "more than MAX_LISTING_BYTES = {MAX_LISTING_BYTES} bytes over {} pages",
+                        pages + 1
+                    ),
+                ));
+            }
+            r => r?,
+        };
+        total += body.len() as u64;
+        for row in parse_tree_page(url.as_str(), &body)? {
+            if !seen.insert(row.path.clone()) {
+                return Err(bad(&row.path, "listed twice"));
+            }
+            files.push(row);
+            if files.len() > MAX_FILES {
+                return Err(bad(
+                    "<listing>",
+                    format!("more than MAX_FILES = {MAX_FILES} files"),
+                ));
             }
         }
         match next_link(&headers) {
