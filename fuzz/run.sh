@@ -53,14 +53,21 @@ for t in $targets; do
 done
 wait
 
+# Rows of targets not run this time are kept, and so is the list of runs.
+for t in $(cargo +nightly fuzz list); do
+  [ -f "$logs/$t.row" ] || grep -F "| \`$t\` |" ../docs/fuzzing.md >"$logs/$t.row" || true
+done
 {
   sed -n '1,/^<!-- results -->$/p' ../docs/fuzzing.md
   echo
   echo "| target | date | seconds | executions | coverage (cov) | features (ft) | corpus files | new crashes |"
   echo "|---|---|---|---|---|---|---|---|"
-  for t in $targets; do cat "$logs/$t.row"; done
+  for t in $(cargo +nightly fuzz list); do cat "$logs/$t.row"; done
   echo
-  echo "Machine: $(nproc) cores, $(uname -m); load at the end: $(cut -d' ' -f1-3 /proc/loadavg); $jobs target(s) at a time."
+  echo "Runs:"
+  echo
+  sed -n '/^<!-- results -->$/,$p' ../docs/fuzzing.md | grep -E '^- [0-9]{4}-' || true
+  echo "- $today: $(echo $targets | wc -w) target(s) for $secs s, $jobs at a time, on $(nproc) cores ($(uname -m)); load at the end $(cut -d' ' -f1-3 /proc/loadavg)."
 } >"$logs/fuzzing.md"
 mv "$logs/fuzzing.md" ../docs/fuzzing.md
 echo "wrote docs/fuzzing.md" >&2

@@ -243,7 +243,11 @@ pub fn index_json(data: &[u8]) {
     };
     let Ok(map) = weight_map(&v) else { return };
     for f in shard_files(&map) {
-        assert!(f.ends_with(".safetensors") && !f.starts_with('/') && !f.contains(".."));
+        assert!(f.ends_with(".safetensors") && !f.starts_with('/'), "{f}");
+        assert!(
+            !f.split('/').any(|c| c.is_empty() || c == "." || c == ".."),
+            "{f}"
+        );
     }
 }
 
@@ -586,6 +590,22 @@ component = "ftw"
             "three",
             &[6, 2, 3, 4, 7, 0, 1, 5, 9, 4, 1, 1, 1, 3],
         );
+    }
+
+    /// The first `index_json` campaign stopped on
+    /// `fuzz/corpus/index_json/dotted_shard_name`: a shard named
+    /// `mode....l-00001-of-00003.safetensors`. Not a parser bug: the
+    /// property rejected any `..` substring, but a run of dots inside a name
+    /// is a valid file name; only a `..` (or `.`, or empty) path component
+    /// escapes. The property now checks components, as `validate_repo_path`
+    /// does.
+    #[test]
+    fn a_run_of_dots_inside_a_shard_name_is_a_valid_name() {
+        let index = br#"{"weight_map":{"w":"mode....l-00001-of-00003.safetensors"}}"#;
+        index_json(index);
+        let escape = br#"{"weight_map":{"w":"../x.safetensors"}}"#;
+        let v: Value = serde_json::from_slice(escape).unwrap();
+        assert!(weight_map(&v).is_err(), "a `..` component is refused");
     }
 
     #[test]
