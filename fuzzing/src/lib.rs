@@ -510,7 +510,8 @@ mod tests {
 
     /// Regenerates the seed files of the stage-parser corpora:
     /// `cargo test -p ftpipe-fuzzing -- --ignored write_seed_corpus`.
-    /// (`manifest_placement` seeds come from a real artifact: see
+    /// (`manifest_placement` seeds come from a real artifact, the
+    /// `recipe_toml` seed is the recipe of `tests/recipe.rs`: see
     /// docs/fuzzing.md.)
     #[test]
     #[ignore]
@@ -564,26 +565,6 @@ mod tests {
             "http_headers",
             "weak",
             b"etag: W/\"abc\"\ncontent-range: bytes */1000\n",
-        );
-        put(
-            "recipe_toml",
-            "acme",
-            br#"model_type = "acme_moe"
-name = "acme-moe"
-
-[[rules]]
-glob = "model.layers.*.mlp.experts.*.*.weight"
-component = "experts"
-
-[[rules]]
-glob = "lm_head.weight"
-component = "ftw"
-dtype = "protected"
-
-[[rules]]
-glob = "*"
-component = "ftw"
-"#,
         );
         put(
             "ftw_round_trip",
