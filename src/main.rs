@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
@@ -115,8 +116,9 @@ enum Command {
 #[derive(Args)]
 struct HubArgs {
     /// Repository id, e.g. `Qwen/Qwen4-Exp`.
+    #[arg(value_parser = parse_repo_id)]
     repo: String,
-    #[arg(long, default_value = "main")]
+    #[arg(long, default_value = "main", value_parser = parse_revision)]
     revision: String,
     /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
     #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
@@ -126,8 +128,8 @@ struct HubArgs {
     /// Read the token from this file (else HF_TOKEN).
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// Per-read stall timeout in seconds.
-    #[arg(long, default_value_t = 30.0)]
+    /// Per-read stall timeout in seconds (0.1 to 3600).
+    #[arg(long, default_value_t = 30.0, value_parser = secs_in(0.1, 3600.0))]
     read_timeout: f64,
 }
 
@@ -141,8 +143,8 @@ struct FetchArgs {
     /// Skip files matching these globs.
     #[arg(long)]
     exclude: Vec<String>,
-    /// Files transferred in parallel.
-    #[arg(long, default_value_t = 4)]
+    /// Files transferred in parallel (1 to 64).
+    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     jobs: usize,
     /// Periodic log lines instead of bars.
     #[arg(long)]
@@ -153,24 +155,28 @@ struct FetchArgs {
     /// Follow a moved branch instead of keeping the pin.
     #[arg(long)]
     repin: bool,
-    /// Durable checkpoint interval in bytes.
-    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    /// Durable checkpoint interval in bytes (at least 1).
+    #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_bytes: u64,
-    /// Durable checkpoint interval in seconds.
-    #[arg(long, default_value_t = 2.0)]
+    /// Durable checkpoint interval in seconds (0.01 to 3600).
+    #[arg(long, default_value_t = 2.0, value_parser = secs_in(0.01, 3600.0))]
     checkpoint_secs: f64,
-    /// Retries per file for transient failures.
-    #[arg(long, default_value_t = 8)]
+    /// Retries per file for transient failures (0 to 100).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=100))]
     retries: u32,
-    /// First retry delay in milliseconds.
-    #[arg(long, default_value_t = 250)]
+    /// First retry delay in milliseconds (1 to 60000).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     retry_base_ms: u64,
     /// Minimum body rate in bytes per second, averaged over --stall-secs;
     /// a slower transfer is a stall and retried (0: no rate rule).
     #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
     min_rate: u64,
-    /// Window of the --min-rate rule in seconds.
-    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
+    /// Window of the --min-rate rule in seconds (0.1 to 3600).
+    #[arg(
+        long,
+        default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64(),
+        value_parser = secs_in(0.1, 3600.0)
+    )]
     stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
@@ -209,18 +215,11 @@ struct ConvertTuning {
 struct ConvertArgs {
     #[arg(long)]
     out: PathBuf,
-    /// Components converted in parallel.
-    #[arg(long, default_value_t = 2)]
+    /// Components converted in parallel (1 to 64).
+    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     jobs: usize,
     #[command(flatten)]
     tuning: ConvertTuning,
-    /// Minimum body rate in bytes per second, averaged over --stall-secs;
-    /// a slower transfer is a stall and retried (0: no rate rule).
-    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
-    min_rate: u64,
-    /// Window of the --min-rate rule in seconds.
-    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64())]
-    stall_secs: f64,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -283,6 +282,31 @@ struct PlanArgs {
     /// Plan with this declarative TOML recipe instead of a built-in profile.
     #[arg(long, value_name = "FILE.toml")]
     recipe: Option<PathBuf>,
+}
+
+/// A clap parser of seconds within `lo..=hi`; the error gives the range.
+fn secs_in(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone {
+    move |s: &str| {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("must be between {lo} and {hi} seconds"))
+        }
+    }
+}
+
+/// A repository id with the hub's rules, checked at parse time.
+fn parse_repo_id(s: &str) -> Result<String, String> {
+    ftpipe_stages::paths::validate_repo_id(s).map(|()| s.to_owned())
+}
+
+/// A revision with git's ref-name rules, checked at parse time.
+fn parse_revision(s: &str) -> Result<String, String> {
+    ftpipe_stages::paths::validate_revision(s).map(|()| s.to_owned())
 }
 
 fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {

@@ -309,6 +309,7 @@ mod tests {
                 expected_bytes: 26,
                 committed_bytes: 26,
                 transferred_bytes: 26,
+                attempt_bytes: 26,
                 discarded_bytes: 0,
                 adopted_bytes: 0,
                 verified: true,

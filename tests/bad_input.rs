@@ -433,3 +433,68 @@ fn receipt_without_its_file_is_refetched() {
     // Untouched files were not downloaded again.
     assert!(body_gets(&hub, "README.md").is_empty());
 }
+
+// A repo id like `../../../etc` was sent as a path (it stayed on the
+// endpoint's origin, but was never validated), and `--read-timeout 0` failed
+// only later with "error sending request". Both are refused when the command
+// line is parsed: exit 2, the rule or the allowed range named, no request
+// made and nothing created.
+#[test]
+fn invalid_names_and_impossible_values_are_refused_at_parse_time() {
+    let srv = RawServer::start(100, |_| RawResponse::new(500, "no request expected"));
+    let cases: &[(&[&str], &str)] = &[
+        (&["fetch", "../../../etc"], "'--' and '..' are forbidden"),
+        (&["fetch", "a/b/c"], "at most one '/'"),
+        (&["fetch", "x/y-"], "must start and end"),
+        (&["fetch", "acme/t?x"], "only letters, digits"),
+        (&["run", &"a".repeat(97)], "longer than 96 bytes"),
+        (
+            &["plan", "acme/tiny", "--remote", "--revision", "../main"],
+            "invalid revision",
+        ),
+        (
+            &["fetch", "acme/tiny", "--revision", "a b"],
+            "invalid revision",
+        ),
+        (
+            &["fetch", "acme/tiny", "--read-timeout", "0"],
+            "between 0.1 and 3600 seconds",
+        ),
+        (
+            &["fetch", "acme/tiny", "--read-timeout", "nan"],
+            "between 0.1 and 3600 seconds",
+        ),
+        (&["fetch", "acme/tiny", "--jobs", "0"], "1..=64"),
+        (&["fetch", "acme/tiny", "--retries", "1000"], "0..=100"),
+        (
+            &["fetch", "acme/tiny", "--checkpoint-secs=-1"],
+            "between 0.01 and 3600",
+        ),
+        (
+            &["fetch", "acme/tiny", "--stall-secs", "0"],
+            "between 0.1 and 3600",
+        ),
+        (&["fetch", "acme/tiny", "--retry-base-ms", "0"], "1..=60000"),
+        (&["fetch", "acme/tiny", "--checkpoint-bytes", "0"], "1.."),
+        (&["convert", "--jobs", "0"], "1..=64"),
+    ];
+    for (args, want) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut cmd = ftpipe();
+        cmd.args(*args);
+        if args[0] != "convert" {
+            cmd.args(["--endpoint", &srv.endpoint]);
+        }
+        let o = run(cmd.arg("--out").arg(&out));
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: want {want:?} in {err}");
+        assert!(!out.exists(), "{args:?}: {} created", out.display());
+    }
+    assert!(
+        srv.targets().is_empty(),
+        "requests made: {:?}",
+        srv.targets()
+    );
+}

@@ -262,7 +262,10 @@ impl Pipeline {
             return Ok(None);
         };
         let artifact = &self.layout.artifact;
-        let Ok(bytes) = std::fs::read(artifact.join(MANIFEST_FILE)) else {
+        let Ok(bytes) = ftpipe_receipts::nofollow::read_limited(
+            &artifact.join(MANIFEST_FILE),
+            ftpipe_stages::verify::MAX_MANIFEST_BYTES,
+        ) else {
             return Ok(None);
         };
         if ftpipe_stages::convert::manifest::sha256_hex(&bytes) != recorded {
@@ -319,12 +322,13 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
 
 /// The placement on disk is for this manifest and these budgets.
 fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
-    std::fs::read(artifact.join(PLACEMENT_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())
-        .is_some_and(|p| {
-            p.ram_budget == opts.ram_budget
-                && p.reserve == opts.reserve
-                && p.check(manifest).is_ok()
-        })
+    ftpipe_receipts::nofollow::read_limited(
+        &artifact.join(PLACEMENT_FILE),
+        ftpipe_stages::verify::MAX_PLACEMENT_BYTES,
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())
+    .is_some_and(|p| {
+        p.ram_budget == opts.ram_budget && p.reserve == opts.reserve && p.check(manifest).is_ok()
+    })
 }

@@ -452,9 +452,21 @@ impl Store {
         committed: u64,
         transferred_delta: u64,
         validator: Option<&str>,
+        attempt: Option<i64>,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        // The attempt that received the bytes counts them in the same
+        // transaction: an attempt cut short by a crash shows what it
+        // committed, and Σ attempt bytes = transferred at every commit.
+        if let Some(id) = attempt {
+            sqlx::query("UPDATE attempts SET body_bytes = body_bytes + ? WHERE id = ?")
+                .bind(to_i64(path, transferred_delta)?)
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .ctx("attempt bytes")?;
+        }
         let changed = sqlx::query(
             "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?,
                validator = ? WHERE path = ?",
@@ -502,6 +514,20 @@ impl Store {
         } else {
             0
         };
+        // Bytes received but not yet counted belong to the attempt that
+        // received them: the newest one of this path still in flight (cut
+        // short by a crash, or the current one).
+        if also_transferred {
+            sqlx::query(
+                "UPDATE attempts SET body_bytes = body_bytes + ? WHERE id =
+                   (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = 'in_flight')",
+            )
+            .bind(extra)
+            .bind(path)
+            .execute(&mut *tx)
+            .await
+            .ctx("attempt bytes")?;
+        }
         let validator_reset = committed == 0;
         sqlx::query(
             "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?,
@@ -583,6 +609,22 @@ impl Store {
         .await
         .ctx("finish attempt")?;
         tx.commit().await.ctx("commit attempt")
+    }
+
+    /// Σ body bytes of every attempt, per path.
+    pub async fn attempt_bytes(&self) -> Result<std::collections::HashMap<String, u64>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query("SELECT path, SUM(body_bytes) FROM attempts GROUP BY path")
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("sum attempt bytes")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                let sum = to_u64(&path, "attempts.body_bytes", r.get(1))?;
+                Ok((path, sum))
+            })
+            .collect()
     }
 
     /// All attempts, in order.

@@ -168,6 +168,9 @@ pub enum StageError {
     /// Invalid user input (glob, endpoint, token file).
     #[error("invalid {what}: {message}")]
     InvalidInput { what: &'static str, message: String },
+    /// A repository id or revision breaks the hub's naming rules.
+    #[error("{message}")]
+    BadName { message: String },
     /// Retries were exhausted for a file.
     #[error("{path}: giving up after {attempts} attempts; last error: {last}")]
     RetriesExhausted {

@@ -268,7 +268,8 @@ pub fn redact(url: &Url) -> String {
     u.to_string()
 }
 
-fn percent_encode_segment(seg: &str) -> String {
+/// Percent-encodes one URL path segment (everything but unreserved bytes).
+pub fn percent_encode_segment(seg: &str) -> String {
     let mut out = String::with_capacity(seg.len());
     for b in seg.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {

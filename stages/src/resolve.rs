@@ -190,6 +190,10 @@ pub fn apply_selection(
 
 /// Asks the hub which commit `revision` points to.
 pub async fn revision_commit(client: &HubClient, repo: &str, revision: &str) -> Result<String> {
+    let invalid = |message| StageError::BadName { message };
+    crate::paths::validate_repo_id(repo).map_err(invalid)?;
+    crate::paths::validate_revision(revision).map_err(invalid)?;
+    let revision = crate::hub::percent_encode_segment(revision);
     let url = client_url(client, &format!("/api/models/{repo}/revision/{revision}"))?;
     let (body, _) = client.get_bytes_limited(&url, MAX_JSON_BYTES).await?;
     parse_revision(url.as_str(), &body)
@@ -235,6 +239,13 @@ fn client_url(client: &HubClient, path: &str) -> Result<url::Url> {
 
 /// Lists every file at `commit`, following `Link: rel="next"` pages.
 pub async fn list_tree(client: &HubClient, repo: &str, commit: &str) -> Result<Vec<FileRow>> {
+    crate::paths::validate_repo_id(repo).map_err(|message| StageError::BadName { message })?;
+    if CommitId::parse(commit).is_none() {
+        return Err(bad(
+            "<listing>",
+            format!("{commit:?} is not a 40-hex commit"),
+        ));
+    }
     let mut url = client_url(
         client,
         &format!("/api/models/{repo}/tree/{commit}?recursive=true"),

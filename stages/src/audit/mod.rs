@@ -9,7 +9,8 @@
 //! row edited by hand or a component whose size drifted from its prediction
 //! must all surface as a non-zero `reconciliation_error` or a named problem.
 //!
-//! - Sources ([`sources`]): per file, `transferred = committed + discarded`,
+//! - Sources ([`sources`]): per file, `transferred = committed + discarded`
+//!   and `transferred = Σ attempt bytes`,
 //!   and with a receipt `expected = committed + adopted`, the file on disk
 //!   with the expected size (and digest with `deep`). A source deliberately
 //!   deleted by `convert --retire-sources` is counted as retired, not missing.
@@ -49,6 +50,8 @@ pub struct FileAudit {
     pub committed_bytes: u64,
     /// Every body byte received.
     pub transferred_bytes: u64,
+    /// Σ body bytes of the file's attempts (must equal `transferred_bytes`).
+    pub attempt_bytes: u64,
     /// Bytes thrown away (sum of discards).
     pub discarded_bytes: u64,
     /// Bytes adopted from disk.

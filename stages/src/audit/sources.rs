@@ -59,6 +59,7 @@ pub(super) async fn audit_sources(
         .map(|r| (r.path.clone(), r))
         .collect();
     let retired: BTreeSet<String> = store.retired_sources().await?;
+    let attempt_bytes = store.attempt_bytes().await?;
     let mut out = SourcePart {
         lines: Vec::new(),
         error: 0,
@@ -83,6 +84,7 @@ pub(super) async fn audit_sources(
             expected_bytes: f.size,
             committed_bytes: 0,
             transferred_bytes: 0,
+            attempt_bytes: attempt_bytes.get(&f.path).copied().unwrap_or(0),
             discarded_bytes: 0,
             adopted_bytes: 0,
             verified: false,
@@ -100,6 +102,13 @@ pub(super) async fn audit_sources(
         line.discarded_bytes = l.discarded;
         line.adopted_bytes = l.adopted;
         out.error += l.transferred.abs_diff(l.committed + l.discarded);
+        if line.attempt_bytes != l.transferred {
+            line.problem = Some(format!(
+                "attempts received {} bytes, the ledger says {} transferred",
+                line.attempt_bytes, l.transferred
+            ));
+            out.error += line.attempt_bytes.abs_diff(l.transferred);
+        }
         if l.expected != f.size {
             line.problem = Some(format!(
                 "ledger expects {} bytes, listing says {}",

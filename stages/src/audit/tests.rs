@@ -153,10 +153,18 @@ pub(crate) async fn fixture() -> Fixture {
     store.save_pin(&pin, &files).await.unwrap();
     for (f, bytes) in files.iter().zip([&config, &shard]) {
         write(&out.join("source").join(&f.path), bytes);
+        let mut attempt = ftpipe_receipts::Attempt {
+            path: f.path.clone(),
+            ..Default::default()
+        };
+        attempt.id = store.start_attempt(run, &attempt).await.unwrap();
         store
-            .checkpoint(&f.path, f.size, f.size, Some("\"etag\""))
+            .checkpoint(&f.path, f.size, f.size, Some("\"etag\""), Some(attempt.id))
             .await
             .unwrap();
+        attempt.body_bytes = f.size;
+        attempt.outcome = "ok".into();
+        store.finish_attempt(&attempt).await.unwrap();
         let (kind, digest) = match &f.lfs_sha256 {
             Some(s) => ("sha256", s.clone()),
             None => ("git-sha1", f.git_oid.clone()),
@@ -258,7 +266,7 @@ async fn ledger_tamper_is_a_reconciliation_error() {
     let f = fixture().await;
     // Same effect as `UPDATE ledger SET committed_bytes = committed_bytes - 1`.
     f.store
-        .checkpoint(SHARD, 10_000 - 1, 0, Some("\"etag\""))
+        .checkpoint(SHARD, 10_000 - 1, 0, Some("\"etag\""), None)
         .await
         .unwrap();
     let a = f.audit(false).await;

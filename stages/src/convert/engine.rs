@@ -208,8 +208,10 @@ fn remove_temp_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// Why existing output may not be reused under `skel`.
 fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
     let mut reasons = Vec::new();
-    if let Ok(bytes) = std::fs::read(artifact.join(MANIFEST_FILE))
-        && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
+    if let Ok(bytes) = ftpipe_receipts::nofollow::read_limited(
+        &artifact.join(MANIFEST_FILE),
+        crate::verify::MAX_MANIFEST_BYTES,
+    ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
     {
         let now = &skel.manifest;
         if m.source != now.source {

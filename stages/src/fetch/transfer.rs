@@ -56,6 +56,8 @@ struct FileTask {
     unproductive: bool,
     /// Resume requests answered with `200` from byte 0.
     range_ignored: u32,
+    /// The attempt in flight: each checkpoint adds its bytes to it.
+    attempt_id: Option<i64>,
 }
 
 /// Fetches, verifies and publishes one file, retrying transient failures.
@@ -71,6 +73,7 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
         retry_after: None,
         unproductive: false,
         range_ignored: 0,
+        attempt_id: None,
     };
     let schedule = ExponentialBuilder::default()
         .with_min_delay(task.ctx.opts.retry_base)
@@ -308,6 +311,7 @@ impl FileTask {
                 .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
         attempt.host = url.host_str().unwrap_or_default().to_owned();
         attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
+        self.attempt_id = Some(attempt.id);
         let result = match self
             .stream(url, headers, part, hasher, validator, &mut attempt)
             .await
@@ -325,6 +329,7 @@ impl FileTask {
             Err(_) => "failed".into(),
         };
         attempt.error = result.as_ref().err().map(ToString::to_string);
+        self.attempt_id = None;
         let finished = self.ctx.store.finish_attempt(&attempt).await;
         // Fix: on a full volume this write can fail too; keep the error that
         // ended the attempt (the row stays `in_flight`, as after a crash).
@@ -460,7 +465,6 @@ impl FileTask {
                     });
                 }
             };
-            attempt.body_bytes += chunk.len() as u64;
             if part.len() + chunk.len() as u64 > size {
                 // Keep the bytes up to the expected size; the rest is waste.
                 let keep = size - part.len();
@@ -493,6 +497,8 @@ impl FileTask {
                 }
                 Err(AppendError::Io(e)) => break Err(self.io("write", e)),
             }
+            // Counted once stored, like the ledger's `transferred`.
+            attempt.body_bytes += chunk.len() as u64;
             hasher.update(&chunk);
             since += chunk.len() as u64;
             self.ctx.reporter.report(ProgressEvent::FileBytes {
@@ -527,6 +533,7 @@ impl FileTask {
         if excess > 0 && saved.is_ok() {
             self.discard("long_body_excess", excess, part.len(), true)
                 .await?;
+            attempt.body_bytes += excess;
         }
         outcome?;
         saved?;
@@ -554,7 +561,7 @@ impl FileTask {
         }
         let store = &self.ctx.store;
         match store
-            .checkpoint(self.path(), part.len(), delta, validator)
+            .checkpoint(self.path(), part.len(), delta, validator, self.attempt_id)
             .await
         {
             // Fix: the ledger write can be the first to meet a full volume
@@ -563,7 +570,7 @@ impl FileTask {
             Err(e) if e.is_disk_full() => {
                 self.ctx.mark_volume_full();
                 store
-                    .checkpoint(self.path(), part.len(), delta, validator)
+                    .checkpoint(self.path(), part.len(), delta, validator, self.attempt_id)
                     .await?;
             }
             r => r?,
