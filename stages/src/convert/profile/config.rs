@@ -103,7 +103,10 @@ impl<'a> TextConfig<'a> {
         match self.get(field) {
             None => Ok(Vec::new()),
             Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-                self.bad(field, format!("is {v}, expected a list of non-negative integers"))
+                self.bad(
+                    field,
+                    format!("is {v}, expected a list of non-negative integers"),
+                )
             }),
         }
     }
