@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
 use ftpipe_stages::convert::ConvertOptions;
+use ftpipe_stages::convert::profile::Partition;
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::hub::Token;
 use ftpipe_stages::progress::Reporter;
@@ -460,6 +461,12 @@ fn render_convert(o: &ftpipe_stages::convert::ConvertOutcome) -> String {
     if !o.retired.is_empty() {
         out.push_str(&format!("retired sources  {}\n", o.retired.join(", ")));
     }
+    if o.omitted.0 > 0 {
+        out.push_str(&format!(
+            "omitted          {} source tensors, {} bytes (vision, mtp; listed in manifest.json)\n",
+            o.omitted.0, o.omitted.1
+        ));
+    }
     out
 }
 
@@ -593,6 +600,15 @@ fn render_plan(plan: &ftpipe_stages::convert::Plan) -> String {
         plan.components.len(),
         plan.total_bytes
     ));
+    let (n, bytes) = plan.omitted_totals();
+    if n > 0 {
+        let count = |p: Partition| plan.omitted.iter().filter(|o| o.reason == p).count();
+        out.push_str(&format!(
+            "omitted: {n} source tensors, {bytes} bytes, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            count(Partition::Vision),
+            count(Partition::Mtp)
+        ));
+    }
     out
 }
 

@@ -123,6 +123,14 @@ pub fn render(a: &AuditReport) -> String {
             ));
         }
     }
+    if a.omitted_tensors > 0 {
+        pair(
+            &mut out,
+            "omitted tensors (n/B)",
+            &a.omitted_tensors.to_string(),
+            &n(a.omitted_bytes),
+        );
+    }
     if !a.pending_components.is_empty() {
         let pending: u64 = a.pending_components.iter().map(|p| p.predicted_bytes).sum();
         pair(
@@ -297,6 +305,8 @@ mod tests {
             known_target_from: "plan".into(),
             plan_present: true,
             manifest_present: true,
+            omitted_tensors: 0,
+            omitted_bytes: 0,
             pending_components: vec![],
             component_problems: vec![],
             reconciliation_error: 0,

@@ -36,6 +36,14 @@ const KINDS: &[&str] = &["ftw", "ftexpert", "q3_segment", "q3_global_scale"];
 struct PlanFile {
     components: Vec<PlannedComponent>,
     total_bytes: u64,
+    #[serde(default)]
+    omitted: Vec<PlannedOmission>,
+}
+
+/// A source tensor the plan leaves out of the artifact (vision, MTP).
+#[derive(Debug, Deserialize)]
+struct PlannedOmission {
+    bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +60,8 @@ pub(super) struct ArtifactPart {
     pub known_target_from: &'static str,
     pub plan_present: bool,
     pub manifest_present: bool,
+    /// Count and source bytes of the tensors the plan omits.
+    pub omitted: (usize, u64),
     pub pending: Vec<PendingComponent>,
     pub problems: Vec<ComponentProblem>,
     pub receipts_without_files: Vec<String>,
@@ -104,6 +114,7 @@ pub(super) fn audit_artifact(
         known_target_from: "receipts",
         plan_present: false,
         manifest_present: false,
+        omitted: (0, 0),
         pending: Vec::new(),
         problems: Vec::new(),
         receipts_without_files: Vec::new(),
@@ -262,6 +273,10 @@ fn check_plan(
     by_path: &BTreeMap<&str, &ComponentReceipt>,
 ) {
     out.known_target_from = "plan";
+    out.omitted = (
+        plan.omitted.len(),
+        plan.omitted.iter().map(|o| o.bytes).sum(),
+    );
     out.known_target_total = plan.components.iter().map(|c| c.predicted_bytes).sum();
     if plan.total_bytes != out.known_target_total {
         out.problem(

@@ -187,6 +187,11 @@ pub struct AuditReport {
     pub plan_present: bool,
     /// Whether `DIR/artifact/manifest.json` was found.
     pub manifest_present: bool,
+    /// Source tensors of other partitions (vision, MTP) the plan leaves out
+    /// of the artifact.
+    pub omitted_tensors: usize,
+    /// Their source bytes.
+    pub omitted_bytes: u64,
     /// Planned components without a receipt.
     pub pending_components: Vec<PendingComponent>,
     /// Problems with components, the manifest, the placement or the plan.
@@ -316,6 +321,8 @@ pub async fn audit(
         known_target_from: art.known_target_from.to_owned(),
         plan_present: art.plan_present,
         manifest_present: art.manifest_present,
+        omitted_tensors: art.omitted.0,
+        omitted_bytes: art.omitted.1,
         pending_components: art.pending,
         component_problems: art.problems,
         reconciliation_error: src.error + art.error,

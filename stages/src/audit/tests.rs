@@ -109,6 +109,7 @@ pub(crate) fn write_plan(f: &Fixture, extra: &[(&str, u64)]) {
         source_bytes: 0,
         components,
         total_bytes,
+        omitted: vec![],
     };
     write(
         &f.out.join(".ftpipe").join(PLAN_FILE),
@@ -214,6 +215,7 @@ pub(crate) async fn fixture() -> Fixture {
         components,
         ftw_tensors: vec![],
         tensors: vec![],
+        omitted: vec![],
     };
     manifest.fingerprint = manifest.compute_fingerprint();
     let bytes = manifest.to_bytes();

@@ -127,6 +127,8 @@ pub struct ConvertOutcome {
     pub set_aside: Option<PathBuf>,
     /// The placement written.
     pub placement: Placement,
+    /// Count and source bytes of the tensors left out (vision, MTP).
+    pub omitted: (usize, u64),
 }
 
 /// Writes `bytes` to `dir/name` atomically: temp → fsync → rename → fsync dir.
@@ -561,6 +563,7 @@ pub async fn convert(
         retired: retirer.retired(),
         set_aside: set_aside_to,
         placement,
+        omitted: plan.omitted_totals(),
     })
 }
 

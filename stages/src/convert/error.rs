@@ -209,6 +209,31 @@ pub enum ConvertError {
         expected: String,
         found: String,
     },
+    /// Text tensors that disagree with the release layout the config
+    /// implies: every mismatch, one per line (`file: tensor: expected …,
+    /// found …`).
+    #[error(
+        "{count} text tensor(s) disagree with the {profile} release layout config.json implies:\n{problems}"
+    )]
+    ReleaseLayout {
+        profile: String,
+        count: usize,
+        problems: String,
+    },
+    /// Tensors outside every partition (text, vision, mtp) of the release.
+    #[error(
+        "{count} tensor(s) belong to no known partition (text model.language_model.* and lm_head.weight, vision model.visual.*, mtp mtp.*):\n{tensors}"
+    )]
+    UnknownPartition { count: usize, tensors: String },
+    /// A lookup buffer's values differ from those the config fixes.
+    #[error("{file}: {tensor} holds {actual}, expected {expected} ({because})")]
+    LookupBufferMismatch {
+        file: String,
+        tensor: String,
+        expected: String,
+        actual: String,
+        because: String,
+    },
     /// The PLE table disagrees with the config's geometry.
     #[error("PLE table of layer {layer}: {problem}")]
     PleGeometry { layer: u64, problem: String },

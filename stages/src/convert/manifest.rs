@@ -16,6 +16,8 @@ use sha2::{Digest, Sha256};
 
 use ftpipe_formats::TensorDesc;
 
+use super::profile::Partition;
+
 /// File name of the manifest at the artifact root.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// File name of the placement beside it.
@@ -179,6 +181,21 @@ pub struct Manifest {
     pub ftw_tensors: Vec<TensorDesc>,
     /// Where every output tensor came from.
     pub tensors: Vec<InventoryTensor>,
+    /// Source tensors of other partitions (vision, MTP) left out of the
+    /// artifact; part of the fingerprint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<OmittedEntry>,
+}
+
+/// A source tensor the artifact leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OmittedEntry {
+    /// Source tensor name.
+    pub tensor: String,
+    /// Source file.
+    pub file: String,
+    /// Its partition: `vision` or `mtp`.
+    pub reason: Partition,
 }
 
 /// A component's contribution to the fingerprint.
@@ -199,6 +216,10 @@ pub struct FingerprintInput<'a> {
     pub converter: &'a ConverterIdentity,
     /// Component digests in manifest order.
     pub components: Vec<ComponentDigest<'a>>,
+    /// The omitted tensors (absent when none, so flat layouts keep their
+    /// fingerprints).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub omitted: &'a [OmittedEntry],
 }
 
 /// Hex SHA-256 of `bytes`.
@@ -228,6 +249,7 @@ impl Manifest {
                     sha256: &c.sha256,
                 })
                 .collect(),
+            omitted: &self.omitted,
         })
     }
 

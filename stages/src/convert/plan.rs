@@ -20,7 +20,7 @@ use ftpipe_receipts::{FileRow, Receipt};
 use tokio::task::block_in_place;
 
 use super::error::ConvertError;
-use super::profile::{CONFIG_FILE, Component, Profile, model_type};
+use super::profile::{CONFIG_FILE, Component, OmittedTensor, Profile, model_type};
 use super::recipe::{MAX_RECIPE_BYTES, Recipe};
 use super::safetensors::{SourceError, SourceHeader};
 use crate::error::{Result, StageError};
@@ -60,6 +60,20 @@ pub struct Plan {
     pub components: Vec<Component>,
     /// Sum of the predicted component sizes: the known target total.
     pub total_bytes: u64,
+    /// Source tensors of other partitions (vision, MTP) left out of the
+    /// artifact; still fetched and verified as part of the pinned sources.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub omitted: Vec<OmittedTensor>,
+}
+
+impl Plan {
+    /// Count and source bytes of the omitted tensors.
+    pub fn omitted_totals(&self) -> (usize, u64) {
+        (
+            self.omitted.len(),
+            self.omitted.iter().map(|o| o.bytes).sum(),
+        )
+    }
 }
 
 /// Parses `bytes` of `file`, refusing a key repeated in any object.
@@ -199,7 +213,7 @@ pub fn plan_from_parts(
         }
     }
     let only: Vec<SourceHeader> = headers.iter().map(|(h, _)| h.clone()).collect();
-    let components = profile.components(&only)?;
+    let (components, omitted) = profile.map(&only)?;
     let total_bytes = components.iter().map(|c| c.predicted_bytes).sum();
     let sources: Vec<PlannedSource> = headers
         .iter()
@@ -217,6 +231,7 @@ pub fn plan_from_parts(
         sources,
         components,
         total_bytes,
+        omitted,
     })
 }
 
@@ -657,7 +672,7 @@ mod tests {
         };
         let span = |s: &TensorSource| match s {
             TensorSource::Span(s) => s.clone(),
-            TensorSource::Native(_) => panic!(),
+            TensorSource::Native(_) | TensorSource::Checked(_) => panic!(),
         };
         let (g1, u1) = (span(&records[1][0]), span(&records[1][1]));
         assert_eq!(g1.len, 32 * 64 * 2);

@@ -26,7 +26,7 @@ use ftpipe_receipts::Receipt;
 use super::error::ConvertError;
 use super::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
-    ManifestComponent, SourceFileId, SourceIdentity, canonical_sha256,
+    ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
 use super::plan::{INDEX_FILE, Plan, SavedHeader};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, TensorSource};
@@ -96,6 +96,7 @@ fn source_names(src: &TensorSource) -> Vec<String> {
     match src {
         TensorSource::Span(s) => vec![s.tensor.clone()],
         TensorSource::Native(p) => p.iter().map(|s| s.tensor.clone()).collect(),
+        TensorSource::Checked(c) => vec![c.span.tensor.clone()],
     }
 }
 
@@ -137,7 +138,9 @@ fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
             rows: *rows,
             width: *width,
         },
-        ComponentContent::Q3GlobalScale { layer, segments } => ComponentLayout::Q3GlobalScale {
+        ComponentContent::Q3GlobalScale {
+            layer, segments, ..
+        } => ComponentLayout::Q3GlobalScale {
             layer: *layer,
             segments: segments.len() as u64,
         },
@@ -167,13 +170,22 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
                     .map(move |(f, s)| item(format!("{e}.{}", f.key), source_names(s)))
             })
             .collect(),
-        ComponentContent::Q3Segment { source, .. } => {
-            vec![item("rows".into(), vec![source.tensor.clone()])]
+        ComponentContent::Q3Segment { source, scale, .. } => {
+            let mut names = vec![source.tensor.clone()];
+            names.extend(scale.iter().map(|s| s.tensor.clone()));
+            vec![item("rows".into(), names)]
         }
-        ComponentContent::Q3GlobalScale { segments, .. } => vec![item(
-            "scale".into(),
-            segments.iter().map(|s| s.tensor.clone()).collect(),
-        )],
+        ComponentContent::Q3GlobalScale {
+            segments, scales, ..
+        } => {
+            let mut names: Vec<String> = segments.iter().map(|s| s.tensor.clone()).collect();
+            for s in scales {
+                if !names.contains(&s.tensor) {
+                    names.push(s.tensor.clone());
+                }
+            }
+            vec![item("scale".into(), names)]
+        }
     }
 }
 
@@ -252,6 +264,15 @@ impl Skeleton {
                 components,
                 ftw_tensors,
                 tensors,
+                omitted: plan
+                    .omitted
+                    .iter()
+                    .map(|o| OmittedEntry {
+                        tensor: o.tensor.clone(),
+                        file: o.file.clone(),
+                        reason: o.reason,
+                    })
+                    .collect(),
             },
             identities,
             readers,

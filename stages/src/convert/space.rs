@@ -82,6 +82,7 @@ mod tests {
             content: ComponentContent::Q3GlobalScale {
                 layer: 0,
                 segments: vec![],
+                scales: vec![],
             },
         }
     }
@@ -94,6 +95,7 @@ mod tests {
             source_bytes: 0,
             total_bytes: components.iter().map(|c| c.predicted_bytes).sum(),
             components,
+            omitted: vec![],
         }
     }
 

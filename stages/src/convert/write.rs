@@ -151,13 +151,62 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
     match src {
         TensorSource::Span(s) => vec![s],
         TensorSource::Native(parts) => parts.iter().collect(),
+        TensorSource::Checked(c) => vec![&c.span],
     }
 }
 
-/// The absolute max of a PLE table (all its BF16 segments), checking every
-/// element is finite.
-pub fn table_absmax(sources: &Sources, component: &str, segments: &[SourceSpan]) -> Result<f32> {
+/// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`).
+fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
+    let mut buf = Vec::new();
+    let mut v = None;
+    sources.stream(span, 4, &mut buf, |_, b| {
+        v.get_or_insert(f32::from_le_bytes(b.try_into().unwrap_or([0; 4])));
+        Ok(())
+    })?;
+    v.ok_or_else(|| {
+        ConvertError::SourceRead {
+            file: span.file.clone(),
+            tensor: span.tensor.clone(),
+            offset: span.offset,
+            message: "the FP8 table scale is empty".into(),
+        }
+        .into()
+    })
+}
+
+/// F8_E4M3 codes decoded exactly and multiplied by `scale`, in f32.
+fn fp8_view(bytes: &[u8], scale: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(
+        bytes
+            .iter()
+            .map(|&c| ftpipe_formats::e4m3::decode(c) * scale),
+    );
+}
+
+/// The absolute max of a PLE table (all its BF16 segments, or its F8_E4M3
+/// segments decoded with their `scales`), checking every element is finite.
+pub fn table_absmax(
+    sources: &Sources,
+    component: &str,
+    segments: &[SourceSpan],
+    scales: &[SourceSpan],
+) -> Result<f32> {
     let (mut buf, mut x, mut amax) = (Vec::new(), Vec::new(), 0f32);
+    if !scales.is_empty() {
+        let mut y = Vec::new();
+        for (s, sc) in segments.iter().zip(scales) {
+            let scale = read_scale(sources, sc)?;
+            sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
+                fp8_view(bytes, scale, &mut y);
+                let m = q3::table_absmax_f32(&s.tensor, &y, done)
+                    .map_err(|e| codec_err(component, s, e))?;
+                amax = amax.max(m);
+                Ok(())
+            })?;
+        }
+        return Ok(amax);
+    }
     for s in segments {
         sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
             bf16_view(bytes, &mut x);
@@ -201,6 +250,14 @@ pub fn write_component(
             let mut w = FtwWriter::new(&layout, &mut out).map_err(format_err(&c.name))?;
             for t in tensors {
                 w.begin_tensor(&t.desc.key).map_err(format_err(&c.name))?;
+                if let TensorSource::Checked(chk) = &t.source {
+                    let mut found = Vec::new();
+                    sources.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
+                        found.extend_from_slice(b);
+                        Ok(())
+                    })?;
+                    chk.check(&found)?;
+                }
                 for s in spans(&t.source) {
                     sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
                         w.write(b).map_err(format_err(&c.name))
@@ -237,6 +294,33 @@ pub fn write_component(
             layer,
             width,
             source,
+            scale: Some(scale),
+            ..
+        } => {
+            let g = *scales
+                .get(layer)
+                .ok_or_else(|| ConvertError::MissingGlobalScale {
+                    component: c.name.clone(),
+                    layer: *layer,
+                })?;
+            let s = read_scale(sources, scale)?;
+            let width_us = usize::try_from(*width).unwrap_or(usize::MAX);
+            let row_bytes = width_us.max(1);
+            let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
+            let (mut x, mut enc) = (Vec::new(), Vec::new());
+            sources.stream(source, chunk, &mut buf, |done, b| {
+                fp8_view(b, s, &mut x);
+                enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                q3::encode_f32(&source.tensor, &x, width_us, g, done, &mut enc)
+                    .map_err(|e| codec_err(&c.name, source, e))?;
+                out.write_all(&enc).map_err(io_err)
+            })?;
+        }
+        ComponentContent::Q3Segment {
+            layer,
+            width,
+            source,
+            scale: None,
             ..
         } => {
             let g = *scales
@@ -257,8 +341,10 @@ pub fn write_component(
                 out.write_all(&enc).map_err(io_err)
             })?;
         }
-        ComponentContent::Q3GlobalScale { segments, .. } => {
-            let amax = table_absmax(sources, &c.name, segments)?;
+        ComponentContent::Q3GlobalScale {
+            segments, scales, ..
+        } => {
+            let amax = table_absmax(sources, &c.name, segments, scales)?;
             let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(&c.name))?;
             out.write_all(&g.to_bytes()).map_err(io_err)?;
         }

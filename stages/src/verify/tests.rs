@@ -138,6 +138,7 @@ fn build(dir: &Path) -> Manifest {
         components,
         ftw_tensors,
         tensors: Vec::new(),
+        omitted: vec![],
     };
     m.fingerprint = m.compute_fingerprint();
     write_manifest(dir, &m);

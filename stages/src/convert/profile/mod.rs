@@ -58,9 +58,11 @@ use super::safetensors::{SourceHeader, SourceTensor};
 
 mod config;
 mod nvfp4;
+pub mod release;
 use config::TextConfig;
 pub(super) use nvfp4::nvfp4_triplet;
 use nvfp4::{FUSED_NAMES, NVFP4_PARTS, input_scale_of, is_nvfp4_module};
+pub use release::{CheckedSpan, OmittedTensor, Partition, Release};
 
 /// The config file every profile is chosen from.
 pub const CONFIG_FILE: &str = "config.json";
@@ -89,6 +91,9 @@ pub enum TensorSource {
     Span(SourceSpan),
     /// NVFP4 pass-through: `weight ‖ weight_scale ‖ weight_scale_2`.
     Native(Box<[SourceSpan; 3]>),
+    /// Copied from one span whose bytes the config fixes (a lookup
+    /// buffer); the writer refuses other bytes.
+    Checked(Box<CheckedSpan>),
 }
 
 impl TensorSource {
@@ -96,6 +101,7 @@ impl TensorSource {
         match self {
             TensorSource::Span(s) => vec![s.file.as_str()],
             TensorSource::Native(p) => p.iter().map(|s| s.file.as_str()).collect(),
+            TensorSource::Checked(c) => vec![c.span.file.as_str()],
         }
     }
 }
@@ -126,7 +132,8 @@ pub enum ComponentContent {
         /// `records[e][f]`: the bytes of field `f` of expert `e`.
         records: Vec<Vec<TensorSource>>,
     },
-    /// One Q3_PLE_32 segment, quantized from a BF16 source shard.
+    /// One Q3_PLE_32 segment, quantized from a BF16 source shard, or an
+    /// F8_E4M3 one decoded with its scale.
     Q3Segment {
         /// Layer of the PLE table.
         layer: u64,
@@ -136,15 +143,22 @@ pub enum ComponentContent {
         rows: u64,
         /// Row width.
         width: u64,
-        /// The BF16 source.
+        /// The BF16 or F8_E4M3 source.
         source: SourceSpan,
+        /// The F32 scale of an F8_E4M3 source (value = e4m3 × scale).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        scale: Option<SourceSpan>,
     },
     /// The table's global scale: the absolute max over every segment.
     Q3GlobalScale {
         /// Layer of the PLE table.
         layer: u64,
-        /// Every BF16 source segment, in index order.
+        /// Every source segment, in index order.
         segments: Vec<SourceSpan>,
+        /// For an F8_E4M3 table, each segment's scale (parallel to
+        /// `segments`); empty for BF16.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        scales: Vec<SourceSpan>,
     },
 }
 
@@ -280,6 +294,10 @@ struct PleConfig {
 #[derive(Debug, Clone)]
 pub struct MoeProfile {
     family: &'static str,
+    /// `model.layers` (flat) or `model.language_model.layers` (release).
+    layer_prefix: &'static str,
+    /// The release contract, for a config with `text_config`.
+    release: Option<Box<Release>>,
     layers: u64,
     hidden: u64,
     vocab: u64,
@@ -333,7 +351,16 @@ impl Profile {
                 problem: format!("is {v}, expected a list of strings"),
             })?,
         };
-        let ple = if q4 && text.get("ple_layer_ids").is_some() {
+        let hidden = text.u64("hidden_size")?;
+        let vocab = text.u64("vocab_size")?;
+        let release = if q4 && text.nested() {
+            Some(Box::new(Release::from_text(
+                &text, layers, hidden, vocab, experts,
+            )?))
+        } else {
+            None
+        };
+        let ple = if q4 && release.is_none() && text.get("ple_layer_ids").is_some() {
             let p = PleConfig {
                 layers: text.u64_list("ple_layer_ids")?,
                 rows: text.u64("ple_ngram_rows")?,
@@ -355,9 +382,15 @@ impl Profile {
         };
         Ok(Profile::Moe(MoeProfile {
             family,
+            layer_prefix: if release.is_some() {
+                "model.language_model.layers"
+            } else {
+                "model.layers"
+            },
+            release,
             layers,
-            hidden: text.u64("hidden_size")?,
-            vocab: text.u64("vocab_size")?,
+            hidden,
+            vocab,
             experts,
             inter: text.u64("moe_intermediate_size")?,
             moe_layers,
@@ -398,10 +431,22 @@ impl Profile {
 
     /// Maps every source tensor to a component and predicts each size.
     pub fn components(&self, headers: &[SourceHeader]) -> Result<Vec<Component>, ConvertError> {
+        self.map(headers).map(|(c, _)| c)
+    }
+
+    /// The components, and the source tensors of other partitions (vision,
+    /// MTP) left out of the artifact.
+    pub fn map(
+        &self,
+        headers: &[SourceHeader],
+    ) -> Result<(Vec<Component>, Vec<OmittedTensor>), ConvertError> {
         let cat = Catalog::new(headers)?;
         match self {
-            Profile::Moe(m) => m.components(&cat),
-            Profile::Recipe(r) => r.components(&cat),
+            Profile::Moe(m) => match &m.release {
+                Some(r) => m.release_components(r, &cat),
+                None => m.components(&cat).map(|c| (c, Vec::new())),
+            },
+            Profile::Recipe(r) => r.components(&cat).map(|c| (c, Vec::new())),
         }
     }
 }
@@ -581,7 +626,7 @@ impl MoeProfile {
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Component, ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
-        let p = format!("model.layers.{l}.mlp.experts");
+        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
         let name = format!("experts/layer_{l:03}.ftexpert");
         let fused = self.allow_fused
             && FUSED_NAMES
@@ -756,6 +801,7 @@ impl MoeProfile {
                     rows,
                     width: ple.width,
                     source: span.clone(),
+                    scale: None,
                 },
             });
             spans.push(span);
@@ -778,6 +824,7 @@ impl MoeProfile {
             content: ComponentContent::Q3GlobalScale {
                 layer: l,
                 segments: spans,
+                scales: Vec::new(),
             },
         });
         Ok(out)
@@ -1065,26 +1112,28 @@ impl MoeProfile {
             );
         }
         let tensors: Vec<FtwTensor> = ftw.into_values().collect();
-        let predicted = sizes::ftw_total_len(tensors.iter().map(|t| t.desc.clone()).collect())
-            .map_err(fmt_err(FTW_COMPONENT))?;
-        let source_files = tensors
-            .iter()
-            .flat_map(|t| t.source.files())
-            .map(str::to_owned)
-            .collect();
-        components.insert(
-            0,
-            Component {
-                name: FTW_COMPONENT.into(),
-                kind: ComponentKind::Ftw,
-                predicted_bytes: predicted,
-                items: tensors.len() as u64,
-                source_files,
-                content: ComponentContent::Ftw { tensors },
-            },
-        );
+        components.insert(0, ftw_component(tensors)?);
         Ok(components)
     }
+}
+
+/// The FTW component holding `tensors` (in key order), sized exactly.
+fn ftw_component(tensors: Vec<FtwTensor>) -> Result<Component, ConvertError> {
+    let predicted = sizes::ftw_total_len(tensors.iter().map(|t| t.desc.clone()).collect())
+        .map_err(fmt_err(FTW_COMPONENT))?;
+    let source_files = tensors
+        .iter()
+        .flat_map(|t| t.source.files())
+        .map(str::to_owned)
+        .collect();
+    Ok(Component {
+        name: FTW_COMPONENT.into(),
+        kind: ComponentKind::Ftw,
+        predicted_bytes: predicted,
+        items: tensors.len() as u64,
+        source_files,
+        content: ComponentContent::Ftw { tensors },
+    })
 }
 
 #[cfg(test)]

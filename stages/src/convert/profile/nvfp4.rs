@@ -153,7 +153,7 @@ impl MoeProfile {
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<(Vec<TensorDesc>, Vec<Vec<TensorSource>>), ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
-        let p = format!("model.layers.{l}.mlp.experts");
+        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
         for (field, v) in [("hidden_size", h), ("moe_intermediate_size", i)] {
             if v == 0 || !v.is_multiple_of(16) {
                 return Err(ConvertError::BadConfig {

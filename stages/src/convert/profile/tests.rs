@@ -62,6 +62,7 @@ fn bytes_of(files: &[RepoFile], src: &TensorSource) -> Vec<u8> {
     let spans: Vec<&SourceSpan> = match src {
         TensorSource::Span(s) => vec![s],
         TensorSource::Native(p) => p.iter().collect(),
+        TensorSource::Checked(c) => vec![&c.span],
     };
     let mut out = Vec::new();
     for s in spans {
@@ -394,6 +395,245 @@ mod text_config {
         assert_eq!(
             err(cfg),
             "config.json: text_config.tie_word_embeddings is \"yes\", expected true or false"
+        );
+    }
+}
+
+/// The released layout (`text_config`, `model.language_model.*`, vision
+/// and MTP partitions) against its contract.
+mod release_layout {
+    use ftpipe_fixtures::qwen4::release::{
+        ReleaseShape, generate_release_repo_mutated, ngram_shard, ngram_table_scale, ple_tensor,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    fn map_of(
+        shape: &ReleaseShape,
+        m: &[Mutation],
+    ) -> Result<(Vec<Component>, Vec<OmittedTensor>), ConvertError> {
+        let files = generate_release_repo_mutated(3, shape, m);
+        let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
+        let cfg: Value = serde_json::from_slice(&get(CONFIG_FILE)).unwrap();
+        let headers: Vec<SourceHeader> = files
+            .iter()
+            .filter(|f| f.path.ends_with(".safetensors"))
+            .map(|f| {
+                let b = content_bytes(f).unwrap();
+                let len = b.len() as u64;
+                let n = SourceHeader::header_len(&f.path, &b, len).unwrap() as usize;
+                SourceHeader::parse(&f.path, &b[8..8 + n], len).unwrap()
+            })
+            .collect();
+        Profile::from_config(&cfg)?.map(&headers)
+    }
+
+    fn err(shape: &ReleaseShape, m: &[Mutation]) -> String {
+        match map_of(shape, m) {
+            Ok(_) => panic!("accepted {m:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const L1: &str = "model.language_model.layers.1";
+
+    #[test]
+    fn bf16_release_maps_to_ftw_sidecars_and_q3_with_vision_and_mtp_omitted() {
+        let (cs, omitted) = map_of(&ReleaseShape::tiny(), &[]).unwrap();
+        let names: Vec<&str> = cs.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "model.ftw",
+                "experts/layer_000.ftexpert",
+                "experts/layer_001.ftexpert",
+                "experts/layer_002.ftexpert",
+                "experts/layer_003.ftexpert",
+                "ple/layer_001/shard_0.q3",
+                "ple/layer_001/shard_1.q3",
+                "ple/layer_001/shard_2.q3",
+                "ple/layer_001/global_scale.bf16",
+            ]
+        );
+        let ftw = ftw_of(&cs);
+        // 5 global + 13 per layer (8 hyper-connection, router, 3 shared
+        // expert, shared gate) + 9 per attention layer + 6 PLE graph + 3
+        // lookup buffers.
+        assert_eq!(ftw.len(), 5 + 13 * 4 + 9 * 4 + 6 + 3);
+        let sizes = &ftw[&ple_tensor(1, "ple_embedding.ngram_heads_vocab_sizes")];
+        assert_eq!(sizes.desc.dtype, Dtype::I64);
+        assert!(matches!(sizes.source, TensorSource::Checked(_)));
+        assert_eq!(
+            omitted
+                .iter()
+                .filter(|o| o.reason == Partition::Vision)
+                .count(),
+            13
+        );
+        assert_eq!(
+            omitted
+                .iter()
+                .filter(|o| o.reason == Partition::Mtp)
+                .count(),
+            12
+        );
+        assert_eq!(cs[5].items, 1355);
+        assert_eq!(cs[7].items, 1354);
+    }
+
+    #[test]
+    fn nvfp4_release_has_native_linears_per_expert_sidecars_and_a_scaled_fp8_table() {
+        let (cs, _) = map_of(&ReleaseShape::tiny_nvfp4(), &[]).unwrap();
+        let ftw = ftw_of(&cs);
+        let o = &ftw["model.language_model.layers.3.self_attn.o_proj.weight"];
+        assert_eq!(
+            (o.desc.dtype, o.desc.kind),
+            (Dtype::Nvfp4, TensorKind::Native)
+        );
+        assert!(
+            ftw.contains_key("model.language_model.layers.0.mlp.experts.5.up_proj.input_scale")
+        );
+        let g = &ftw["model.language_model.layers.0.mlp.gate.weight"];
+        assert_eq!(g.desc.kind, TensorKind::Protected);
+        let ComponentContent::Q3Segment { scale, .. } = &cs[5].content else {
+            panic!("segment")
+        };
+        assert_eq!(scale.as_ref().unwrap().tensor, ngram_table_scale(1));
+        let ComponentContent::Q3GlobalScale { scales, .. } = &cs[8].content else {
+            panic!("scale")
+        };
+        assert_eq!(scales.len(), 3);
+        assert!(cs[8].source_files.len() >= 2);
+    }
+
+    #[test]
+    fn every_contract_mismatch_is_listed_in_one_error() {
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[
+                Mutation::Drop(format!("{L1}.linear_attn.A_log")),
+                Mutation::Add(format!("{L1}.input_layernorm.weight"), vec![64]),
+                Mutation::Reshape(format!("{L1}.linear_attn.in_proj_z.weight"), vec![32, 64]),
+                Mutation::Retype(format!("{L1}.mlp.shared_expert_gate.weight"), "F16"),
+            ],
+        );
+        assert!(msg.starts_with("4 text tensor(s) disagree"), "{msg}");
+        for want in [
+            "linear_attn.A_log: expected BF16 or F32 [4], found nothing (missing)",
+            "input_layernorm.weight: expected no such tensor",
+            "in_proj_z.weight: expected BF16 [64, 64] or an NVFP4 triplet of logical [64, 64], found BF16 [32, 64]",
+            "shared_expert_gate.weight: expected BF16 [1, 64] or an NVFP4 triplet of logical [1, 64], found F16 [1, 64]",
+        ] {
+            assert!(msg.contains(want), "{want}\n{msg}");
+        }
+    }
+
+    #[test]
+    fn ple_geometry_and_buffers_are_checked_against_the_primes() {
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Reshape(ngram_shard(1, 1), vec![1000, 32])],
+        );
+        assert!(
+            msg.contains("shard_1.weight: expected [1355, 32]")
+                && msg.contains("sizes [1009, 1013, 1019, 1021]")
+                && msg.contains("found [1000, 32]"),
+            "{msg}"
+        );
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Reshape(
+                ple_tensor(1, "ple_embedding.ngram_heads_offsets"),
+                vec![5],
+            )],
+        );
+        assert!(
+            msg.contains("ngram_heads_offsets: expected I64 [4], found I64 [5]"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn zero_based_ple_layer_ids_get_the_one_indexed_hint() {
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Config(
+                "/text_config/ple_layer_ids".into(),
+                Some(json!([1])),
+            )],
+        );
+        assert!(
+            msg.starts_with("config.json: text_config.ple_layer_ids is [1]")
+                && msg.contains("one-indexed")
+                && msg.contains("layers.1")
+                && msg.contains("names decoder layer 0")
+                && msg.contains("[2]"),
+            "{msg}"
+        );
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Config(
+                "/text_config/ple_layer_ids".into(),
+                Some(json!([9])),
+            )],
+        );
+        assert!(
+            msg.contains("text_config.ple_layer_ids is [9]") && msg.contains("1..=4"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn an_fp8_table_without_a_scale_is_refused() {
+        let msg = err(
+            &ReleaseShape::tiny_nvfp4(),
+            &[Mutation::Drop(ngram_table_scale(1))],
+        );
+        assert!(msg.contains("F8_E4M3 PLE table without a scale"), "{msg}");
+        assert!(msg.contains(&ngram_table_scale(1)), "{msg}");
+        let per_shard = ReleaseShape {
+            per_shard_ple_scales: true,
+            ..ReleaseShape::tiny_nvfp4()
+        };
+        let (cs, _) = map_of(&per_shard, &[]).unwrap();
+        let ComponentContent::Q3Segment { scale, .. } = &cs[6].content else {
+            panic!("segment")
+        };
+        assert!(
+            scale
+                .as_ref()
+                .unwrap()
+                .tensor
+                .ends_with("shard_1.weight_scale")
+        );
+    }
+
+    #[test]
+    fn a_tensor_in_no_partition_is_an_error() {
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Add("model.audio.proj.weight".into(), vec![4])],
+        );
+        assert!(
+            msg.starts_with("1 tensor(s) belong to no known partition")
+                && msg.contains("model.audio.proj.weight"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn layer_types_must_match_the_layers() {
+        let msg = err(
+            &ReleaseShape::tiny(),
+            &[Mutation::Config(
+                "/text_config/layer_types/1".into(),
+                Some(json!("sliding_attention")),
+            )],
+        );
+        assert!(
+            msg.contains("text_config.layer_types[1] is \"sliding_attention\""),
+            "{msg}"
         );
     }
 }

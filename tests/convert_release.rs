@@ -1,0 +1,319 @@
+//! The released Qwen4-Exp layout end to end through the fixture hub (real
+//! HTTP): `config.json` with `text_config`, `model.language_model.*` with
+//! GDN and full-attention layers and hyper-connections, PLE on decoder
+//! layer 1 (`ple_layer_ids` [2], one-indexed) with I64 lookup buffers,
+//! vision and MTP partitions. Before, `ftpipe run` stopped at
+//! `config.json: field "num_hidden_layers" is missing`.
+//!
+//! Both flavours (BF16; ModelOpt NVFP4 with an FP8 PLE table and one table
+//! scale) are run, verified deeply and read back tensor by tensor against
+//! the source: pass-through and I64 exact, Q3 within the documented bound of
+//! the BF16 or decoded FP8 × scale values; vision and MTP tensors are listed
+//! as omitted. Bad inputs fail with an error naming the field or tensor.
+
+mod common;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::*;
+use ftpipe_fixtures::qwen4::Mutation;
+use ftpipe_fixtures::qwen4::release::{
+    ReleaseShape, generate_release_repo, generate_release_repo_mutated, ngram_shard,
+    ngram_table_scale, ple_tensor,
+};
+use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub};
+use ftpipe_formats::{ExpertView, FtwView, Q3GlobalScale, e4m3, q3};
+use serde_json::json;
+
+const SEED: u64 = 41;
+const TEXT: &str = "model.language_model";
+
+fn hub(files: Vec<RepoFile>) -> RunningHub {
+    RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap()
+}
+
+/// The source values of an n-gram shard as f32 (BF16, or FP8 × scale).
+fn table_values(src: &BTreeMap<String, Vec<u8>>, shard: &str, scale: Option<f32>) -> Vec<f32> {
+    let b = &src[shard];
+    match scale {
+        None => b
+            .chunks(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Some(s) => b.iter().map(|&c| e4m3::decode(c) * s).collect(),
+    }
+}
+
+/// Runs, verifies deeply and reads the artifact back against the source.
+fn convert_and_check(shape: &ReleaseShape) {
+    let hub = hub(generate_release_repo(SEED, shape));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--jobs", "2"]));
+    let _ = o;
+    let v = run(ftpipe()
+        .arg("verify")
+        .arg(out.join("artifact"))
+        .arg("--deep"));
+    assert_eq!(v.status.code(), Some(0), "{}", stderr(&v));
+
+    let src = source_tensors(&out);
+    let art = out.join("artifact");
+    let ftw_bytes = std::fs::read(art.join("model.ftw")).unwrap();
+    let ftw = FtwView::new(&ftw_bytes).unwrap();
+
+    // Every text tensor not in a sidecar or the Q3 table is in model.ftw
+    // with the source's bytes (NVFP4: weight ‖ weight_scale ‖ weight_scale_2).
+    let mut in_ftw = 0;
+    for (name, bytes) in &src {
+        let text = name.starts_with(&format!("{TEXT}.")) || name == "lm_head.weight";
+        if !text
+            || name.contains(".mlp.experts.")
+            || name.contains(".ngram_embedding.")
+            || name.ends_with(".weight_scale")
+            || name.ends_with(".weight_scale_2")
+        {
+            continue;
+        }
+        let t = ftw
+            .tensor(name)
+            .unwrap_or_else(|| panic!("{name} is not in model.ftw"));
+        let want = match name.strip_suffix(".weight") {
+            Some(m) if src.contains_key(&format!("{m}.weight_scale")) => [
+                bytes.as_slice(),
+                &src[&format!("{m}.weight_scale")],
+                &src[&format!("{m}.weight_scale_2")],
+            ]
+            .concat(),
+            _ => bytes.clone(),
+        };
+        assert_eq!(t.data, want.as_slice(), "{name}");
+        in_ftw += 1;
+    }
+    assert!(in_ftw > 80, "{in_ftw}");
+    let sizes = ftw
+        .tensor(&ple_tensor(1, "ple_embedding.ngram_heads_vocab_sizes"))
+        .unwrap();
+    assert_eq!(sizes.entry.dtype(), ftpipe_formats::Dtype::I64);
+    let vals: Vec<i64> = sizes
+        .data
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(vals, [1009, 1013, 1019, 1021]);
+
+    // Sidecars: expert e of each layer, field by field.
+    let (i, h) = (shape.moe_intermediate, shape.hidden);
+    for l in 0..shape.layers {
+        let b = std::fs::read(art.join(format!("experts/layer_{l:03}.ftexpert"))).unwrap();
+        let view = ExpertView::new(&b).unwrap();
+        for e in 0..shape.experts {
+            let rec = view.expert(e as u32).unwrap();
+            let p = format!("{TEXT}.layers.{l}.mlp.experts");
+            for (f, proj) in ["gate_proj", "up_proj", "down_proj"].iter().enumerate() {
+                let got = rec.field(proj).unwrap();
+                let want: Vec<u8> = if shape.nvfp4 {
+                    let m = format!("{p}.{e}.{proj}");
+                    [
+                        src[&format!("{m}.weight")].as_slice(),
+                        &src[&format!("{m}.weight_scale")],
+                        &src[&format!("{m}.weight_scale_2")],
+                    ]
+                    .concat()
+                } else {
+                    let half = (i * h * 2) as usize;
+                    let e = e as usize;
+                    match f {
+                        0 => src[&format!("{p}.gate_up_proj")][e * 2 * half..][..half].to_vec(),
+                        1 => src[&format!("{p}.gate_up_proj")][e * 2 * half + half..][..half]
+                            .to_vec(),
+                        _ => src[&format!("{p}.down_proj")][e * half..][..half].to_vec(),
+                    }
+                };
+                assert_eq!(got, want.as_slice(), "layer {l} expert {e} {proj}");
+            }
+        }
+    }
+
+    // Q3: decoded within the bound of the source values; paths use the
+    // zero-based decoder layer.
+    let g = Q3GlobalScale::from_bytes(
+        &std::fs::read(art.join("ple/layer_001/global_scale.bf16")).unwrap(),
+    )
+    .unwrap();
+    let scale = shape
+        .nvfp4
+        .then(|| f32::from_le_bytes(src[&ngram_table_scale(1)][..4].try_into().unwrap()));
+    let mut amax = 0f32;
+    for (k, rows) in shape.ple_shard_rows().iter().enumerate() {
+        let x = table_values(&src, &ngram_shard(1, k as u64), scale);
+        assert_eq!(x.len() as u64, rows * shape.ple_width);
+        amax = x.iter().fold(amax, |m, v| m.max(v.abs()));
+        let blocks = std::fs::read(art.join(format!("ple/layer_001/shard_{k}.q3"))).unwrap();
+        let mut y = vec![0f32; x.len()];
+        q3::decode(&blocks, g, &mut y).unwrap();
+        for (b, blk) in blocks.chunks(14).enumerate() {
+            let bound = q3::error_bound(u16::from_le_bytes([blk[0], blk[1]]), g);
+            for j in b * 32..b * 32 + 32 {
+                assert!((x[j] - y[j]).abs() <= bound, "shard {k} elem {j}");
+            }
+        }
+    }
+    assert_eq!(
+        g,
+        Q3GlobalScale::from_absmax(amax).unwrap(),
+        "G = table absmax"
+    );
+
+    // Vision and MTP: omitted, listed, part of the fingerprint.
+    let m = manifest_json(&out);
+    let omitted = m["omitted"].as_array().expect("omitted listed");
+    let count = |r: &str| omitted.iter().filter(|o| o["reason"] == r).count();
+    let vision = src
+        .keys()
+        .filter(|k| k.starts_with("model.visual."))
+        .count();
+    let mtp = src.keys().filter(|k| k.starts_with("mtp.")).count();
+    assert_eq!((count("vision"), count("mtp")), (vision, mtp));
+    assert!(
+        omitted
+            .iter()
+            .all(|o| o["file"].as_str().unwrap().ends_with(".safetensors"))
+    );
+    let audit = run_ok(ftpipe().args(["audit", "--out"]).arg(&out));
+    let table = String::from_utf8_lossy(&audit.stdout);
+    assert!(
+        table.contains("omitted tensors") && table.contains(&(vision + mtp).to_string()),
+        "{table}"
+    );
+}
+
+#[test]
+fn bf16_release_converts_and_reads_back() {
+    convert_and_check(&ReleaseShape::tiny());
+}
+
+#[test]
+fn nvfp4_release_with_an_fp8_ple_table_converts_and_reads_back() {
+    convert_and_check(&ReleaseShape::tiny_nvfp4());
+}
+
+#[test]
+fn plan_prints_the_omitted_partitions() {
+    let hub = hub(generate_release_repo(SEED, &ReleaseShape::tiny()));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run_ok(ftpipe().args(["plan", REPO, "--out"]).arg(&out).args([
+        "--remote",
+        "--endpoint",
+        &hub.endpoint(),
+    ]));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("omitted: 25 source tensors") && text.contains("vision 13, mtp 12"),
+        "{text}"
+    );
+    assert!(text.contains("ple/layer_001/shard_2.q3"), "{text}");
+}
+
+fn run_fails(m: &[Mutation], shape: &ReleaseShape) -> String {
+    let hub = hub(generate_release_repo_mutated(SEED, shape, m));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    assert!(!o.status.success(), "{m:?} was accepted");
+    assert_eq!(o.status.code(), Some(o.status.code().unwrap_or(1)));
+    stderr(&o)
+}
+
+fn assert_names(err: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in:\n{err}");
+    }
+}
+
+#[test]
+fn bad_release_inputs_fail_naming_the_field_or_tensor() {
+    let tiny = ReleaseShape::tiny();
+    let l1 = format!("{TEXT}.layers.1");
+    let cases: Vec<(Vec<Mutation>, Vec<String>)> = vec![
+        (
+            vec![Mutation::Drop(format!("{l1}.linear_attn.out_proj.weight"))],
+            vec![format!("{l1}.linear_attn.out_proj.weight: expected BF16 [64, 64]"), "missing".into()],
+        ),
+        (
+            vec![Mutation::Add(format!("{l1}.post_attention_layernorm.weight"), vec![64])],
+            vec![format!("{l1}.post_attention_layernorm.weight: expected no such tensor")],
+        ),
+        (
+            vec![Mutation::Reshape(format!("{l1}.mlp.gate.weight"), vec![8, 32])],
+            vec![format!("{l1}.mlp.gate.weight: expected BF16 [8, 64]"), "found BF16 [8, 32]".into()],
+        ),
+        (
+            vec![Mutation::Retype(format!("{l1}.linear_attn.dt_bias"), "F16")],
+            vec![format!("{l1}.linear_attn.dt_bias: expected BF16 or F32 [4], found F16 [4]")],
+        ),
+        (
+            vec![Mutation::Reshape(ngram_shard(1, 0), vec![1354, 32])],
+            vec!["shard_0.weight: expected [1355, 32]".into(), "sizes [1009, 1013, 1019, 1021]".into()],
+        ),
+        (
+            vec![Mutation::SetI64(
+                ple_tensor(1, "ple_embedding.ngram_heads_vocab_sizes"),
+                vec![1009, 1013, 1019, 1031],
+            )],
+            vec![
+                "ngram_heads_vocab_sizes holds [1009, 1013, 1019, 1031], expected [1009, 1013, 1019, 1021]".into(),
+            ],
+        ),
+        (
+            vec![Mutation::Config("/text_config/ple_layer_ids".into(), Some(json!([1])))],
+            vec!["text_config.ple_layer_ids is [1]".into(), "names decoder layer 0".into(), "layers.1".into()],
+        ),
+        (
+            vec![Mutation::Config("/text_config/ple_layer_ids".into(), Some(json!([5])))],
+            vec!["text_config.ple_layer_ids is [5]".into(), "1..=4".into()],
+        ),
+        (
+            vec![Mutation::Config("/text_config".into(), None)],
+            vec!["config.json: text_config.num_hidden_layers is missing".into()],
+        ),
+    ];
+    for (m, needles) in cases {
+        let err = run_fails(&m, &tiny);
+        let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+        assert_names(&err, &needles);
+    }
+    let err = run_fails(
+        &[Mutation::Drop(ngram_table_scale(1))],
+        &ReleaseShape::tiny_nvfp4(),
+    );
+    assert_names(
+        &err,
+        &["F8_E4M3 PLE table without a scale", &ngram_table_scale(1)],
+    );
+}
+
+/// A lookup buffer whose values disagree with the primes is refused while
+/// converting, with both value lists, and no manifest is written.
+#[test]
+fn a_bad_lookup_buffer_is_refused_before_the_manifest() {
+    let shape = ReleaseShape::tiny();
+    let bad = hub(generate_release_repo_mutated(
+        SEED,
+        &shape,
+        &[Mutation::SetI64(
+            ple_tensor(1, "ple_embedding.ngram_heads_offsets"),
+            vec![0, 1, 2, 3],
+        )],
+    ));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut run_cmd(&bad.endpoint(), &out, &[]));
+    assert!(!o.status.success());
+    assert_names(
+        &stderr(&o),
+        &["ngram_heads_offsets holds [0, 1, 2, 3], expected [0, 1009, 2022, 3041]"],
+    );
+    assert!(!Path::new(&out.join("artifact/manifest.json")).exists());
+}
