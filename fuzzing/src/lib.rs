@@ -251,10 +251,13 @@ pub fn index_json(data: &[u8]) {
     }
 }
 
+/// A checkpoint's index map and its shards' headers with their lengths.
+type CheckpointParts = (BTreeMap<String, String>, Vec<(SourceHeader, u64)>);
+
 /// The shards of a small generated qwen4_exp checkpoint: the fuzzed config
 /// is planned against real headers.
-fn fixture_parts() -> &'static (BTreeMap<String, String>, Vec<(SourceHeader, u64)>) {
-    static PARTS: OnceLock<(BTreeMap<String, String>, Vec<(SourceHeader, u64)>)> = OnceLock::new();
+fn fixture_parts() -> &'static CheckpointParts {
+    static PARTS: OnceLock<CheckpointParts> = OnceLock::new();
     PARTS.get_or_init(|| {
         use ftpipe_fixtures::checkpoint::content_bytes;
         let files = ftpipe_fixtures::qwen4::generate_qwen4_repo(

@@ -226,13 +226,13 @@ pub enum ConvertError {
     )]
     UnknownPartition { count: usize, tensors: String },
     /// A lookup buffer's values differ from those the config fixes.
-    #[error("{file}: {tensor} holds {actual}, expected {expected} ({because})")]
+    #[error("{file}: {tensor} holds {actual}, expected {expected}")]
     LookupBufferMismatch {
         file: String,
         tensor: String,
+        /// The expected values and the config fields that fix them.
         expected: String,
         actual: String,
-        because: String,
     },
     /// The PLE table disagrees with the config's geometry.
     #[error("PLE table of layer {layer}: {problem}")]

@@ -555,6 +555,18 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
         components,
         ftw_tensors,
         tensors,
+        // The export's vision tower (333) and MTP head (31), omitted.
+        omitted: (0..364)
+            .map(|i| crate::convert::manifest::OmittedEntry {
+                tensor: format!("model.visual.blocks.{i}.attn.qkv.weight"),
+                file: format!("model-{:05}-of-00206.safetensors", 1 + i % 206),
+                reason: if i < 333 {
+                    crate::convert::profile::Partition::Vision
+                } else {
+                    crate::convert::profile::Partition::Mtp
+                },
+            })
+            .collect(),
     };
     let len = manifest.to_bytes().len() as u64;
     eprintln!("{sources} source tensors: manifest.json of {len} bytes");

@@ -634,9 +634,8 @@ impl CheckedSpan {
         Err(ConvertError::LookupBufferMismatch {
             file: self.span.file.clone(),
             tensor: self.span.tensor.clone(),
-            expected: i64s(&self.expected),
+            expected: format!("{} ({})", i64s(&self.expected), self.because),
             actual: i64s(found),
-            because: self.because.clone(),
         })
     }
 }
