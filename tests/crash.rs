@@ -46,7 +46,9 @@
 //!   Σ body bytes the hub handed to the connection`. The lower bound holds
 //!   because a finished attempt has checkpointed every byte it received
 //!   (no faults are injected, so no chunk is refused); attempts left
-//!   `in_flight` by a kill record 0 bytes, so they are excluded. The upper
+//!   `in_flight` by a kill are excluded here (they hold what their
+//!   checkpoints committed; that Σ of all attempts = transferred is the
+//!   audit's own check, which must pass). The upper
 //!   bound holds because every byte counted as transferred was read from a
 //!   response; the hub may have sent more (socket buffers lost at a kill);
 //! * watermarks never move backwards in a crash-only run, so the `Range`
