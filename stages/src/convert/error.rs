@@ -221,14 +221,13 @@ pub enum ConvertError {
         "{count} tensor(s) belong to no known partition (text model.language_model.* and lm_head.weight, vision model.visual.*, mtp mtp.*):\n{tensors}"
     )]
     UnknownPartition { count: usize, tensors: String },
-    /// A lookup buffer's values differ from those the config fixes.
-    #[error("{file}: {tensor} holds {actual}, expected {expected} ({because})")]
+    /// A lookup buffer's values differ from those the config fixes
+    /// (`problem`: `holds ACTUAL, expected EXPECTED (why)`).
+    #[error("{file}: {tensor} {problem}")]
     LookupBufferMismatch {
         file: String,
         tensor: String,
-        expected: String,
-        actual: String,
-        because: String,
+        problem: String,
     },
     /// The PLE table disagrees with the config's geometry.
     #[error("PLE table of layer {layer}: {problem}")]

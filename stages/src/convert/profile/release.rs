@@ -634,9 +634,12 @@ impl CheckedSpan {
         Err(ConvertError::LookupBufferMismatch {
             file: self.span.file.clone(),
             tensor: self.span.tensor.clone(),
-            expected: i64s(&self.expected),
-            actual: i64s(found),
-            because: self.because.clone(),
+            problem: format!(
+                "holds {}, expected {} ({})",
+                i64s(found),
+                i64s(&self.expected),
+                self.because
+            ),
         })
     }
 }
