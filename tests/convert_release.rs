@@ -214,6 +214,18 @@ fn plan_prints_the_omitted_partitions() {
         "{text}"
     );
     assert!(text.contains("ple/layer_001/shard_2.q3"), "{text}");
+    let o = run_ok(
+        ftpipe()
+            .args(["run", REPO, "--endpoint", &hub.endpoint(), "--out"])
+            .arg(&out)
+            .args(["--retry-base-ms", "20"]),
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("omitted          25 source tensors"),
+        "{text}\n{}",
+        stderr(&o)
+    );
 }
 
 fn run_fails(m: &[Mutation], shape: &ReleaseShape) -> String {
