@@ -1,7 +1,10 @@
 //! `ftpipe demo`: the whole job on one machine, no network.
 //!
-//! It serves a generated qwen4_exp-shaped checkpoint (NVFP4, per-expert and
-//! fused BF16 experts, a PLE table split over several shards; about 300 MB)
+//! It serves a generated checkpoint laid out like the released Qwen4-Exp
+//! ModelOpt NVFP4 export (`text_config`, `model.language_model.*`, GDN and
+//! full-attention layers, per-expert NVFP4 experts, an FP8 PLE table split
+//! over several shards, vision and MTP partitions;
+//! [`ReleaseShape::demo`])
 //! from the fixture hub on loopback and runs `ftpipe run` on it as a child
 //! process, crashing it twice with SIGKILL:
 //!
@@ -28,7 +31,7 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 use ftpipe_fixtures::{Fault, FaultRule, FixtureHub, HubBuilder, RepoFile, checkpoint};
 use ftpipe_pipeline::{FetchParams, Pipeline};
 use ftpipe_stages::convert::ConvertOptions;
@@ -50,8 +53,8 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
     let started = Instant::now();
     let out = prepare_out(out)?;
     println!("ftpipe demo: output in {}", out.display());
-    let shape = QwenShape::demo();
-    let files = generate_qwen4_repo(SEED, shape.clone());
+    let shape = ReleaseShape::demo();
+    let files = generate_release_repo(SEED, &shape);
     let sizes = describe(&shape, &files)?;
     let (victim_len, victim) = sizes
         .iter()
@@ -135,21 +138,25 @@ fn prepare_out(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
 }
 
 /// Prints what the hub will serve; returns each file's size.
-fn describe(shape: &QwenShape, files: &[RepoFile]) -> anyhow::Result<Vec<(String, u64)>> {
+fn describe(shape: &ReleaseShape, files: &[RepoFile]) -> anyhow::Result<Vec<(String, u64)>> {
     let sizes = files
         .iter()
         .map(|f| Ok((f.path.clone(), checkpoint::content_bytes(f)?.len() as u64)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     println!(
-        "generated a qwen4_exp checkpoint: {} files, {} bytes; {} layers, {} experts \
-         (NVFP4 layers {:?}, fused BF16 layers {:?}), PLE table in {} shards",
+        "generated a qwen4_exp checkpoint in the released layout (ModelOpt NVFP4): {} files, \
+         {} bytes; {} layers ({}), {} experts per layer, FP8 PLE table on decoder layer {} \
+         in {} shards, vision and MTP partitions",
         sizes.len(),
         sizes.iter().map(|(_, s)| s).sum::<u64>(),
         shape.layers,
+        (0..shape.layers)
+            .map(|l| shape.layer_type(l))
+            .collect::<Vec<_>>()
+            .join(", "),
         shape.experts,
-        shape.nvfp4_expert_layers,
-        shape.fused_expert_layers,
-        shape.ple_rows.len()
+        shape.ple_layer,
+        shape.ngram_parts
     );
     for (path, size) in &sizes {
         println!("  {size:>12}  {path}");

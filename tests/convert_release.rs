@@ -214,6 +214,18 @@ fn plan_prints_the_omitted_partitions() {
         "{text}"
     );
     assert!(text.contains("ple/layer_001/shard_2.q3"), "{text}");
+    let o = run_ok(
+        ftpipe()
+            .args(["run", REPO, "--endpoint", &hub.endpoint(), "--out"])
+            .arg(&out)
+            .args(["--retry-base-ms", "20"]),
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("omitted          25 source tensors"),
+        "{text}\n{}",
+        stderr(&o)
+    );
 }
 
 fn run_fails(m: &[Mutation], shape: &ReleaseShape) -> String {
@@ -316,4 +328,59 @@ fn a_bad_lookup_buffer_is_refused_before_the_manifest() {
         &["ngram_heads_offsets holds [0, 1, 2, 3], expected [0, 1009, 2022, 3041]"],
     );
     assert!(!Path::new(&out.join("artifact/manifest.json")).exists());
+}
+
+/// Both flavours: `ftpipe run` aborted at a named crash point inside the
+/// conversion, then killed with SIGKILL at seeded moments, resumes each time
+/// to the manifest of an uninterrupted run.
+#[test]
+fn release_runs_interrupted_and_resumed_give_the_uninterrupted_manifest() {
+    let seed = crash_seed();
+    eprintln!("FTPIPE_CRASH_SEED={seed}");
+    let mut rng = seed;
+    let mut next = move || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        rng >> 33
+    };
+    for shape in [ReleaseShape::tiny(), ReleaseShape::tiny_nvfp4()] {
+        let hub = hub(generate_release_repo(SEED, &shape));
+        let tmp = tempfile::tempdir().unwrap();
+        let reference = tmp.path().join("reference");
+        run_ok(&mut run_cmd(&hub.endpoint(), &reference, &[]));
+        let want = manifest_sha(&reference);
+
+        let out = tmp.path().join("crash-point");
+        let point = "component-renamed#3";
+        let o = run(run_cmd(&hub.endpoint(), &out, &["--jobs", "1"]).env("FTPIPE_CRASH_AT", point));
+        assert!(
+            !o.status.success() && stderr(&o).contains("aborting"),
+            "{point} not reached: {}",
+            stderr(&o)
+        );
+        assert!(!out.join("artifact/manifest.json").exists());
+        run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+        assert_eq!(manifest_sha(&out), want, "after {point}");
+
+        let out = tmp.path().join("killed");
+        for k in 0..4 {
+            let mut child = run_cmd(&hub.endpoint(), &out, &["--jobs", "1"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(next() % 400));
+            let _ = child.kill();
+            let _ = child.wait();
+            check_after_kill(&out, &format!("kill {k}"));
+        }
+        run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+        assert_eq!(manifest_sha(&out), want, "after SIGKILLs (seed {seed})");
+        let v = run(ftpipe()
+            .arg("verify")
+            .arg(out.join("artifact"))
+            .arg("--deep"));
+        assert_eq!(v.status.code(), Some(0), "{}", stderr(&v));
+    }
 }

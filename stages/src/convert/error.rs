@@ -225,14 +225,13 @@ pub enum ConvertError {
         "{count} tensor(s) belong to no known partition (text model.language_model.* and lm_head.weight, vision model.visual.*, mtp mtp.*):\n{tensors}"
     )]
     UnknownPartition { count: usize, tensors: String },
-    /// A lookup buffer's values differ from those the config fixes.
-    #[error("{file}: {tensor} holds {actual}, expected {expected}")]
+    /// A lookup buffer's values differ from those the config fixes
+    /// (`problem`: `holds ACTUAL, expected EXPECTED (why)`).
+    #[error("{file}: {tensor} {problem}")]
     LookupBufferMismatch {
         file: String,
         tensor: String,
-        /// The expected values and the config fields that fix them.
-        expected: String,
-        actual: String,
+        problem: String,
     },
     /// The PLE table disagrees with the config's geometry.
     #[error("PLE table of layer {layer}: {problem}")]

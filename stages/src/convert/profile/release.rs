@@ -634,8 +634,12 @@ impl CheckedSpan {
         Err(ConvertError::LookupBufferMismatch {
             file: self.span.file.clone(),
             tensor: self.span.tensor.clone(),
-            expected: format!("{} ({})", i64s(&self.expected), self.because),
-            actual: i64s(found),
+            problem: format!(
+                "holds {}, expected {} ({})",
+                i64s(found),
+                i64s(&self.expected),
+                self.because
+            ),
         })
     }
 }
