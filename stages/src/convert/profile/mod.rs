@@ -21,6 +21,13 @@
 //!   byte the one the equivalent per-expert tensors give. The PLE n-gram
 //!   table comes as `split_ngram_parts` shards
 //!   `model.layers.{l}.ple.ple_embedding.ngram_embedding.shard_{i}.weight`.
+//! * `qwen4_exp` with `text_config` (the released layout): the text model
+//!   under `model.language_model.` plus `lm_head.weight`, checked against
+//!   the contract [`release`] derives from `layer_types` and the dims (every
+//!   mismatch in one error); `model.visual.*` and `mtp.*` are omitted and
+//!   listed; the PLE table's geometry follows the primes rule, and an
+//!   F8_E4M3 table is decoded with its scale before Q3. Without
+//!   `text_config` the flat layout below (`model.layers.{l}`) still applies.
 //! * `qwen3_moe`: per-expert experts only, no PLE.
 //! * any other `model_type`: a declarative TOML [`Recipe`] given with
 //!   `--recipe FILE.toml` ([`super::recipe`]).
