@@ -210,7 +210,7 @@ fn plan_prints_the_omitted_partitions() {
     ]));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains("omitted: 25 source tensors") && text.contains("vision 13, mtp 12"),
+        text.contains("omitted: 364 source tensors") && text.contains("vision 333, mtp 31"),
         "{text}"
     );
     assert!(text.contains("ple/layer_001/shard_2.q3"), "{text}");
@@ -222,7 +222,7 @@ fn plan_prints_the_omitted_partitions() {
     );
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains("omitted          25 source tensors"),
+        text.contains("omitted          364 source tensors"),
         "{text}\n{}",
         stderr(&o)
     );

@@ -469,14 +469,14 @@ mod release_layout {
                 .iter()
                 .filter(|o| o.reason == Partition::Vision)
                 .count(),
-            13
+            333
         );
         assert_eq!(
             omitted
                 .iter()
                 .filter(|o| o.reason == Partition::Mtp)
                 .count(),
-            12
+            31
         );
         assert_eq!(cs[5].items, 1355);
         assert_eq!(cs[7].items, 1354);
