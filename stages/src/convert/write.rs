@@ -294,33 +294,7 @@ pub fn write_component(
             layer,
             width,
             source,
-            scale: Some(scale),
-            ..
-        } => {
-            let g = *scales
-                .get(layer)
-                .ok_or_else(|| ConvertError::MissingGlobalScale {
-                    component: c.name.clone(),
-                    layer: *layer,
-                })?;
-            let s = read_scale(sources, scale)?;
-            let width_us = usize::try_from(*width).unwrap_or(usize::MAX);
-            let row_bytes = width_us.max(1);
-            let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
-            let (mut x, mut enc) = (Vec::new(), Vec::new());
-            sources.stream(source, chunk, &mut buf, |done, b| {
-                fp8_view(b, s, &mut x);
-                enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                q3::encode_f32(&source.tensor, &x, width_us, g, done, &mut enc)
-                    .map_err(|e| codec_err(&c.name, source, e))?;
-                out.write_all(&enc).map_err(io_err)
-            })?;
-        }
-        ComponentContent::Q3Segment {
-            layer,
-            width,
-            source,
-            scale: None,
+            scale,
             ..
         } => {
             let g = *scales
@@ -330,16 +304,34 @@ pub fn write_component(
                     layer: *layer,
                 })?;
             let width_us = usize::try_from(*width).unwrap_or(usize::MAX);
-            let row_bytes = width_us.saturating_mul(2).max(1);
-            let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
             let (mut x, mut enc) = (Vec::new(), Vec::new());
-            sources.stream(source, chunk, &mut buf, |done, b| {
-                bf16_view(b, &mut x);
-                enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                q3::encode(&source.tensor, &x, width_us, g, done / 2, &mut enc)
-                    .map_err(|e| codec_err(&c.name, source, e))?;
-                out.write_all(&enc).map_err(io_err)
-            })?;
+            match scale {
+                // F8_E4M3 codes × the table scale, encoded from exact f32.
+                Some(scale) => {
+                    let s = read_scale(sources, scale)?;
+                    let row_bytes = width_us.max(1);
+                    let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
+                    sources.stream(source, chunk, &mut buf, |done, b| {
+                        fp8_view(b, s, &mut x);
+                        enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                        q3::encode_f32(&source.tensor, &x, width_us, g, done, &mut enc)
+                            .map_err(|e| codec_err(&c.name, source, e))?;
+                        out.write_all(&enc).map_err(io_err)
+                    })?;
+                }
+                None => {
+                    let row_bytes = width_us.saturating_mul(2).max(1);
+                    let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
+                    let mut y = Vec::new();
+                    sources.stream(source, chunk, &mut buf, |done, b| {
+                        bf16_view(b, &mut y);
+                        enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                        q3::encode(&source.tensor, &y, width_us, g, done / 2, &mut enc)
+                            .map_err(|e| codec_err(&c.name, source, e))?;
+                        out.write_all(&enc).map_err(io_err)
+                    })?;
+                }
+            }
         }
         ComponentContent::Q3GlobalScale {
             segments, scales, ..
