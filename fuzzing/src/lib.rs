@@ -14,11 +14,13 @@
 //! | [`index_json`] | `model.safetensors.index.json` → `weight_map` |
 //! | [`config_profile`] | `config.json` → profile → plan (sizes of every component) |
 //! | [`hub_pages`] | the hub's revision answer and tree listing pages |
-//! | [`http_headers`] | `Content-Range`, `ETag`, `Retry-After`, `Link` |
+//! | [`http_headers`] | `Content-Range`, `ETag`, `Retry-After`, `Link`, `X-Repo-Commit`, `X-Linked-Size`, `X-Linked-Etag` |
 //! | [`recipe_toml`] | TOML recipes |
 //! | [`manifest_placement`] | `manifest.json` + `placement.json` (with a round trip) |
 //! | [`ftw_reader`], [`ftexpert_reader`], [`q3_segment_set`] | the artifact readers |
 //! | [`ftw_round_trip`] | FTW v1 writer → reader |
+//! | [`ftexpert_round_trip`] | FTEXPERT1 writer → reader |
+//! | [`codec_round_trip`] | Q3_PLE_32, NVFP4 and E4M3 encoders → decoders (fast = reference, error within the documented bound) |
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -28,16 +30,19 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use ftpipe_formats::{
-    Dtype, ExpertLayout, ExpertView, FtwHeader, FtwLayout, FtwView, FtwWriter, Q3Geometry,
-    Q3SegmentSet, TensorDesc, TensorKind,
+    Dtype, ExpertLayout, ExpertView, ExpertWriter, FtwHeader, FtwLayout, FtwView, FtwWriter,
+    Q3Geometry, Q3GlobalScale, Q3SegmentSet, TensorDesc, TensorKind, e4m3, nvfp4, q3,
 };
 use ftpipe_stages::convert::manifest::{Manifest, Placement};
 use ftpipe_stages::convert::plan::{plan_from_parts, shard_files, weight_map};
 use ftpipe_stages::convert::recipe::Recipe;
 use ftpipe_stages::convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};
-use ftpipe_stages::fetch::{etag, parse_content_range, retry_after_secs, strong_validator};
-use ftpipe_stages::hub::next_link;
+use ftpipe_stages::fetch::{
+    check_linked_meta, etag, parse_content_range, retry_after_secs, strong_validator,
+};
+use ftpipe_stages::hub::{LinkedMeta, next_link};
 use ftpipe_stages::resolve::{parse_revision, parse_tree_page};
+use half::bf16;
 
 /// A named entry point.
 #[derive(Clone, Copy)]
@@ -93,6 +98,14 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "ftw_round_trip",
         run: ftw_round_trip,
+    },
+    Target {
+        name: "ftexpert_round_trip",
+        run: ftexpert_round_trip,
+    },
+    Target {
+        name: "codec_round_trip",
+        run: codec_round_trip,
     },
 ];
 
@@ -349,6 +362,40 @@ pub fn http_headers(data: &[u8]) {
     let _ = etag(&headers);
     let _ = retry_after_secs(&headers);
     let _ = next_link(&headers);
+    linked_meta(&headers);
+}
+
+/// The hub's file metadata: a pin built from the headers' own values is
+/// never contradicted, and one differing in each field is, by that
+/// field's header.
+fn linked_meta(headers: &HeaderMap) {
+    let mut meta = LinkedMeta::default();
+    meta.gather(headers);
+    let size = meta
+        .linked_size
+        .as_deref()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let commit = meta.repo_commit.clone().unwrap_or_default();
+    let sha = meta.linked_etag.as_deref().map(|e| {
+        e.strip_prefix("W/")
+            .unwrap_or(e)
+            .trim_matches('"')
+            .to_owned()
+    });
+    if meta.linked_size.is_none() || size.is_some() {
+        let agreed = check_linked_meta(&meta, &commit, size.unwrap_or(0), sha.as_deref());
+        assert!(agreed.is_ok(), "{meta:?} contradicts itself: {agreed:?}");
+    }
+    if let Some(s) = size {
+        let other = s.wrapping_add(1);
+        let c = check_linked_meta(&meta, &commit, other, sha.as_deref()).expect_err("size");
+        assert_eq!(c.header, "X-Linked-Size");
+    }
+    if meta.repo_commit.is_some() {
+        let c = check_linked_meta(&meta, &format!("{commit}x"), size.unwrap_or(0), None)
+            .expect_err("commit");
+        assert_eq!(c.header, "X-Repo-Commit");
+    }
 }
 
 /// TOML recipes: parsing is deterministic (same digest twice).
@@ -486,6 +533,214 @@ pub fn ftw_round_trip(data: &[u8]) {
     }
 }
 
+/// One field of [`ftexpert_round_trip`].
+#[derive(Debug, Arbitrary)]
+struct ArbField {
+    dtype: u8,
+    shape: Vec<u8>,
+}
+
+/// FTEXPERT1 writer → reader: every expert's every field reads back with
+/// the bytes written, under the planned layout.
+pub fn ftexpert_round_trip(data: &[u8]) {
+    const PLAIN: &[Dtype] = &[Dtype::BF16, Dtype::F16, Dtype::F32, Dtype::U8, Dtype::I64];
+    let mut u = Unstructured::new(data);
+    let (Ok(layer), Ok(experts), Ok(fields)) = (
+        u.arbitrary::<u8>(),
+        u.int_in_range::<u32>(0..=9),
+        Vec::<ArbField>::arbitrary_take_rest(u),
+    ) else {
+        return;
+    };
+    let fields: Vec<TensorDesc> = fields
+        .into_iter()
+        .take(6)
+        .enumerate()
+        .map(|(i, f)| {
+            let dtype = PLAIN[usize::from(f.dtype) % PLAIN.len()];
+            let shape: Vec<u64> = f.shape.iter().take(4).map(|x| u64::from(*x % 7)).collect();
+            TensorDesc::new(format!("f{i}"), dtype, TensorKind::Plain, shape)
+        })
+        .collect();
+    let Ok(layout) = ExpertLayout::plan(u32::from(layer), experts, fields) else {
+        return;
+    };
+    let fill = |e: u32, f: usize, len: u64| -> Vec<u8> {
+        (0..len)
+            .map(|i| (u64::from(e) * 31 + f as u64 * 7 + i) as u8)
+            .collect()
+    };
+    let mut w = ExpertWriter::new(&layout, Vec::new()).expect("writer");
+    for e in 0..experts {
+        for (f, entry) in layout.fields().iter().enumerate() {
+            w.write_field(e, entry.key(), &fill(e, f, entry.len()))
+                .expect("write");
+        }
+    }
+    let bytes = w.finish().expect("finish");
+    assert_eq!(bytes.len() as u64, layout.total_len());
+    let view = ExpertView::new(&bytes).expect("a written sidecar reads back");
+    let read = view.layout();
+    assert_eq!(
+        (read.layer(), read.expert_count(), read.fields()),
+        (layout.layer(), layout.expert_count(), layout.fields())
+    );
+    assert_eq!(
+        ExpertLayout::read_from(bytes.as_slice())
+            .expect("header")
+            .fields(),
+        layout.fields()
+    );
+    for e in 0..experts {
+        let r = view.expert(e).expect("every expert");
+        for (f, (entry, b)) in r.fields().enumerate() {
+            assert_eq!(
+                b,
+                fill(e, f, entry.len()).as_slice(),
+                "expert {e} field {f}"
+            );
+        }
+    }
+    assert!(view.expert(experts).is_err(), "an expert past the count");
+}
+
+/// Most elements a [`codec_round_trip`] input encodes.
+const MAX_CODEC_ELEMENTS: usize = 4096;
+
+/// The encoders, against their references and decoders: the first byte
+/// picks Q3_PLE_32 (with a global scale from the data, or a fuzzed one
+/// that may be too small), NVFP4, or E4M3; the rest is the values (BF16,
+/// or F32 for E4M3). The fast encoder's bytes and errors equal the
+/// reference's; accepted output decodes within the documented bound.
+pub fn codec_round_trip(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let values: Vec<bf16> = rest
+        .chunks_exact(2)
+        .take(MAX_CODEC_ELEMENTS)
+        .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])))
+        .collect();
+    match mode % 4 {
+        0 => q3_round_trip(&values, None),
+        1 => {
+            let g = values.first().map(|v| v.to_bits()).unwrap_or(0);
+            q3_round_trip(values.get(1..).unwrap_or(&[]), Some(g));
+        }
+        2 => nvfp4_round_trip(&values),
+        _ => {
+            for c in rest.chunks_exact(4).take(256) {
+                let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let code = e4m3::encode(x);
+                assert_eq!(code, e4m3::encode_ref(x), "e4m3 of {x:e}");
+                let back = e4m3::decode(code);
+                if x.is_finite() && x.abs() <= e4m3::E4M3_MAX {
+                    // Nearest: no other finite code is closer.
+                    let err = (f64::from(x) - f64::from(back)).abs();
+                    for other in (0u8..=0x7E).chain(0x80..=0xFE) {
+                        let o = (f64::from(x) - f64::from(e4m3::decode(other))).abs();
+                        assert!(err <= o, "e4m3 {x:e}: {code:#x} but {other:#x} is closer");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn q3_round_trip(values: &[bf16], global_bits: Option<u16>) {
+    const WIDTH: usize = 32;
+    let x = &values[..values.len() - values.len() % WIDTH];
+    let g = match global_bits {
+        None => {
+            let Ok(amax) = q3::table_absmax("fuzz", x, 0) else {
+                assert!(x.iter().any(|v| !v.to_f32().is_finite()));
+                return;
+            };
+            Q3GlobalScale::from_absmax(amax).expect("a finite table has a global scale")
+        }
+        Some(bits) => match Q3GlobalScale::from_bits(bits) {
+            Ok(g) => g,
+            Err(_) => return,
+        },
+    };
+    let blocks = x.len() / q3::Q3_BLOCK;
+    let mut fast = vec![0u8; blocks * q3::Q3_BLOCK_BYTES];
+    let mut reference = fast.clone();
+    let fast_result = q3::encode("fuzz", x, WIDTH, g, 0, &mut fast);
+    let ref_result = q3::encode_ref("fuzz", x, WIDTH, g, 0, &mut reference);
+    assert_eq!(
+        fast_result.as_ref().map_err(ToString::to_string),
+        ref_result.as_ref().map_err(ToString::to_string),
+        "Q3 fast and reference encoders disagree"
+    );
+    let f32s: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let mut from_f32 = vec![0u8; fast.len()];
+    let f32_result = q3::encode_f32("fuzz", &f32s, WIDTH, g, 0, &mut from_f32);
+    assert_eq!(
+        f32_result.as_ref().map_err(ToString::to_string),
+        ref_result.as_ref().map_err(ToString::to_string),
+        "Q3 f32 and reference encoders disagree"
+    );
+    if ref_result.is_err() {
+        return;
+    }
+    assert_eq!(fast, reference, "Q3 fast encoder bytes differ");
+    assert_eq!(from_f32, reference, "Q3 f32 encoder bytes differ");
+    let mut decoded = vec![0f32; x.len()];
+    q3::decode(&fast, g, &mut decoded).expect("decode");
+    for (b, (xs, ds)) in f32s
+        .chunks(q3::Q3_BLOCK)
+        .zip(decoded.chunks(q3::Q3_BLOCK))
+        .enumerate()
+    {
+        let at = b * q3::Q3_BLOCK_BYTES;
+        let bound = q3::error_bound(u16::from_le_bytes([fast[at], fast[at + 1]]), g);
+        for (i, (a, d)) in xs.iter().zip(ds).enumerate() {
+            assert!(
+                (a - d).abs() <= bound,
+                "Q3 block {b} element {i}: {a:e} → {d:e}, bound {bound:e}"
+            );
+        }
+    }
+}
+
+fn nvfp4_round_trip(values: &[bf16]) {
+    let x = &values[..values.len() - values.len() % nvfp4::NVFP4_BLOCK];
+    let len = usize::try_from(nvfp4::nvfp4_len(x.len() as u64).expect("small")).expect("small");
+    let (mut fast, mut reference) = (vec![0u8; len], vec![0u8; len]);
+    let fast_result = nvfp4::encode("fuzz", x, &mut fast);
+    let ref_result = nvfp4::encode_ref("fuzz", x, &mut reference);
+    assert_eq!(
+        fast_result.as_ref().map_err(ToString::to_string),
+        ref_result.as_ref().map_err(ToString::to_string),
+        "NVFP4 fast and reference encoders disagree"
+    );
+    if ref_result.is_err() {
+        assert!(x.iter().any(|v| !v.to_f32().is_finite()));
+        return;
+    }
+    assert_eq!(fast, reference, "NVFP4 fast encoder bytes differ");
+    let mut decoded = vec![0f32; x.len()];
+    nvfp4::decode(&fast, &mut decoded).expect("decode");
+    let n = x.len();
+    let scales = &fast[n / 2..n / 2 + n / nvfp4::NVFP4_BLOCK];
+    let s2 = f32::from_le_bytes(fast[len - 4..].try_into().expect("4 bytes"));
+    for (b, (xs, ds)) in x
+        .chunks(nvfp4::NVFP4_BLOCK)
+        .zip(decoded.chunks(nvfp4::NVFP4_BLOCK))
+        .enumerate()
+    {
+        let bound = nvfp4::error_bound(scales[b], s2);
+        for (i, (a, d)) in xs.iter().zip(ds).enumerate() {
+            let a = a.to_f32();
+            assert!(
+                (a - d).abs() <= bound,
+                "NVFP4 block {b} element {i}: {a:e} → {d:e}, bound {bound:e}"
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -573,6 +828,58 @@ mod tests {
             "ftw_round_trip",
             "three",
             &[6, 2, 3, 4, 7, 0, 1, 5, 9, 4, 1, 1, 1, 3],
+        );
+        put(
+            "ftexpert_round_trip",
+            "three_fields",
+            &[1, 4, 1, 1, 2, 3, 4, 1, 6, 1, 5, 0, 1, 2],
+        );
+        // Codec inputs: mode byte, then 64 (or 65) BF16 values of a ramp
+        // with both signs, and 16 F32 values around E4M3's range.
+        let ramp: Vec<u8> = (0..64i32)
+            .flat_map(|i| {
+                bf16::from_f32((i - 30) as f32 * 0.37)
+                    .to_bits()
+                    .to_le_bytes()
+            })
+            .collect();
+        put("codec_round_trip", "q3_ramp", &[&[0u8][..], &ramp].concat());
+        let small_g = bf16::from_f32(2.0).to_bits().to_le_bytes();
+        put(
+            "codec_round_trip",
+            "q3_scale_too_small",
+            &[&[1u8][..], &small_g, &ramp].concat(),
+        );
+        put(
+            "codec_round_trip",
+            "nvfp4_ramp",
+            &[&[2u8][..], &ramp].concat(),
+        );
+        let floats: Vec<u8> = [
+            0.0f32,
+            -0.0,
+            1e-3,
+            2e-3,
+            0.5,
+            1.0625,
+            17.0,
+            240.0,
+            448.0,
+            464.0,
+            1e9,
+            -3.3,
+            f32::NAN,
+            f32::INFINITY,
+            1e-40,
+            -448.0,
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+        put(
+            "codec_round_trip",
+            "e4m3_values",
+            &[&[3u8][..], &floats].concat(),
         );
     }
 

@@ -40,6 +40,22 @@ pub struct LinkedMeta {
     pub linked_etag: Option<String>,
 }
 
+impl LinkedMeta {
+    /// Takes each header from `headers` unless an earlier hop of the
+    /// redirect chain already sent it (the first hop describes the file).
+    pub fn gather(&mut self, headers: &HeaderMap) {
+        for (slot, name) in [
+            (&mut self.repo_commit, "x-repo-commit"),
+            (&mut self.linked_size, "x-linked-size"),
+            (&mut self.linked_etag, "x-linked-etag"),
+        ] {
+            if slot.is_none() {
+                *slot = header_str(headers, name);
+            }
+        }
+    }
+}
+
 /// A response with the redirect chain's metadata and the final host.
 pub struct BodyResponse {
     /// The final response.
@@ -219,15 +235,7 @@ impl HubClient {
                 message: e.without_url().to_string(),
             })?;
             let headers = resp.headers();
-            meta.repo_commit = meta
-                .repo_commit
-                .or_else(|| header_str(headers, "x-repo-commit"));
-            meta.linked_size = meta
-                .linked_size
-                .or_else(|| header_str(headers, "x-linked-size"));
-            meta.linked_etag = meta
-                .linked_etag
-                .or_else(|| header_str(headers, "x-linked-etag"));
+            meta.gather(headers);
             if resp.status().is_redirection() && resp.status() != StatusCode::NOT_MODIFIED {
                 let location =
                     header_str(headers, "location").ok_or_else(|| StageError::BadHeader {

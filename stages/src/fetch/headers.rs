@@ -3,6 +3,7 @@
 use reqwest::header::HeaderMap;
 
 use crate::error::{Result, StageError};
+use crate::hub::LinkedMeta;
 use crate::limits::MAX_FILE_SIZE;
 
 /// `Content-Range: bytes first-last/total`, parsed with checked arithmetic.
@@ -82,6 +83,64 @@ pub fn retry_after_secs(headers: &HeaderMap) -> Option<u64> {
 pub fn unquote(v: &str) -> &str {
     let v = v.strip_prefix("W/").unwrap_or(v);
     v.trim_matches('"')
+}
+
+/// A header of the hub's file metadata that contradicts the pin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PinContradiction {
+    /// The header (`X-Repo-Commit`, `X-Linked-Size`, `X-Linked-Etag`).
+    pub header: &'static str,
+    /// What the pin says.
+    pub expected: String,
+    /// What the header says.
+    pub actual: String,
+    /// What the header describes (`commit`, `size`, `sha256 digest`).
+    pub what: &'static str,
+}
+
+/// Checks the hub's `X-Repo-Commit` / `X-Linked-Size` / `X-Linked-Etag`
+/// against the pinned commit, size and LFS digest. An absent header is no
+/// contradiction; a present one must name the pinned value exactly (a size
+/// that does not parse contradicts any size). Not retried: the hub's own
+/// description of a file under the pinned commit does not change.
+pub fn check_linked_meta(
+    meta: &LinkedMeta,
+    commit: &str,
+    size: u64,
+    lfs_sha256: Option<&str>,
+) -> std::result::Result<(), PinContradiction> {
+    let contradiction = |header, expected: String, actual: &str, what| PinContradiction {
+        header,
+        expected,
+        actual: actual.to_owned(),
+        what,
+    };
+    if let Some(c) = &meta.repo_commit
+        && !c.eq_ignore_ascii_case(commit)
+    {
+        return Err(contradiction(
+            "X-Repo-Commit",
+            commit.to_owned(),
+            c,
+            "commit",
+        ));
+    }
+    if let Some(s) = &meta.linked_size
+        && s.trim().parse::<u64>().ok() != Some(size)
+    {
+        return Err(contradiction("X-Linked-Size", size.to_string(), s, "size"));
+    }
+    if let (Some(etag), Some(sha)) = (&meta.linked_etag, lfs_sha256)
+        && !unquote(etag).eq_ignore_ascii_case(sha)
+    {
+        return Err(contradiction(
+            "X-Linked-Etag",
+            format!("\"{sha}\""),
+            etag,
+            "sha256 digest",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
 
 pub use headers::{
-    ContentRange, check_partial, etag, parse_content_range, retry_after_secs, strong_validator,
+    ContentRange, PinContradiction, check_linked_meta, check_partial, etag, parse_content_range,
+    retry_after_secs, strong_validator,
 };
 pub use part::{create_dirs_durably, sync_dir, sync_dirs_up_to};
 pub use reconcile::{ReconcileReport, reconcile};

@@ -18,7 +18,7 @@ use tokio::task::block_in_place;
 use ftpipe_receipts::{Attempt, FileRow, Receipt};
 
 use super::FetchCtx;
-use super::headers::{check_partial, etag, retry_after_secs, strong_validator, unquote};
+use super::headers::{check_partial, etag, retry_after_secs, strong_validator};
 use super::part::{AppendError, PartFile};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
@@ -580,44 +580,19 @@ impl FileTask {
 
     /// Cross-checks hub metadata against the pinned listing when present.
     fn check_linked_meta(&self, meta: &crate::hub::LinkedMeta) -> Result<()> {
-        let path = self.path();
-        // Bug fix: these used to be `BadHeader`, which is transient, so a hub
-        // that now describes a different file under the pinned commit was
-        // asked again ~8 times with growing backoff before the run gave up
-        // with a "giving up after N attempts" message. The hub's own metadata
-        // contradicting the pin is not going to change on a retry.
-        let mismatch =
-            |header: &'static str, expected: String, actual: &str| StageError::PinContradicted {
-                path: path.to_owned(),
-                header,
-                expected,
-                actual: actual.to_owned(),
-                what: match header {
-                    "X-Linked-Etag" => "sha256 digest",
-                    "X-Linked-Size" => "size",
-                    _ => "commit",
-                },
-            };
-        if let Some(commit) = &meta.repo_commit
-            && !commit.eq_ignore_ascii_case(&self.ctx.pin.commit)
-        {
-            return Err(mismatch(
-                "X-Repo-Commit",
-                self.ctx.pin.commit.clone(),
-                commit,
-            ));
-        }
-        if let Some(size) = &meta.linked_size
-            && size.trim().parse::<u64>().ok() != Some(self.file.size)
-        {
-            return Err(mismatch("X-Linked-Size", self.file.size.to_string(), size));
-        }
-        if let (Some(etag), Some(sha)) = (&meta.linked_etag, &self.file.lfs_sha256)
-            && !unquote(etag).eq_ignore_ascii_case(sha)
-        {
-            return Err(mismatch("X-Linked-Etag", format!("\"{sha}\""), etag));
-        }
-        Ok(())
+        super::headers::check_linked_meta(
+            meta,
+            &self.ctx.pin.commit,
+            self.file.size,
+            self.file.lfs_sha256.as_deref(),
+        )
+        .map_err(|c| StageError::PinContradicted {
+            path: self.path().to_owned(),
+            header: c.header,
+            expected: c.expected,
+            actual: c.actual,
+            what: c.what,
+        })
     }
 }
 
