@@ -168,7 +168,7 @@ fn describe(shape: &ReleaseShape, files: &[RepoFile]) -> anyhow::Result<Vec<(Str
 fn spawn_run(endpoint: &str, out: &Path, stderr: Stdio) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("locate the ftpipe binary")?;
     Command::new(exe)
-        .args(["run", REPO, "--endpoint", endpoint, "--quiet"])
+        .args(["run", REPO, "--endpoint", endpoint])
         .args(["--checkpoint-secs", "0.2"])
         .args(["--ram-budget", &RAM_BUDGET.to_string()])
         .args(["--reserve", &RESERVE.to_string()])

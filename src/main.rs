@@ -144,10 +144,20 @@ struct FetchArgs {
     /// Skip files matching these globs.
     #[arg(long)]
     exclude: Vec<String>,
-    /// Files transferred in parallel (1 to 64).
+    /// Files transferred in parallel (1 to 64; at most --connections at once).
     #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     jobs: usize,
-    /// Periodic log lines instead of bars.
+    /// HTTP requests in flight at once over all files (1 to 64): each file
+    /// takes one, free ones split large files into ranges.
+    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    connections: usize,
+    /// Files at least this large may be fetched as several ranges (e.g. 256MiB).
+    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    segment_threshold: u64,
+    /// A range is never split below this size (e.g. 16MiB; at least 64KiB).
+    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    min_range: u64,
+    /// Print nothing on success (errors still go to stderr).
     #[arg(long)]
     quiet: bool,
     /// Newline-delimited JSON events and a JSON summary.
@@ -224,7 +234,7 @@ struct ConvertArgs {
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
-    /// Periodic log lines instead of bars.
+    /// Print nothing on success (errors still go to stderr).
     #[arg(long)]
     quiet: bool,
     /// Newline-delimited JSON events and a JSON summary.
@@ -330,7 +340,9 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
     use std::io::IsTerminal;
     if json {
         Arc::new(report::JsonLines)
-    } else if quiet || !std::io::stderr().is_terminal() {
+    } else if quiet {
+        Arc::new(report::Silent)
+    } else if !std::io::stderr().is_terminal() {
         Arc::new(report::LogLines::new())
     } else {
         Arc::new(report::Bars::new())
@@ -351,6 +363,9 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
         },
         options: FetchOptions {
             jobs: args.jobs,
+            connections: args.connections,
+            segment_threshold: args.segment_threshold,
+            min_range: args.min_range.max(ftpipe_stages::fetch::WRITE_ALIGN),
             checkpoint_bytes: args.checkpoint_bytes.max(1),
             checkpoint_interval: secs("--checkpoint-secs", args.checkpoint_secs)?,
             retries: args.retries,
@@ -385,7 +400,15 @@ fn convert_options(
 }
 
 /// Prints `outcome` as the final JSON summary line, or as `text()`.
-fn print_summary<T: serde::Serialize>(json: bool, outcome: &T, text: impl FnOnce() -> String) {
+fn print_summary<T: serde::Serialize>(
+    json: bool,
+    quiet: bool,
+    outcome: &T,
+    text: impl FnOnce() -> String,
+) {
+    if quiet && !json {
+        return;
+    }
     if json {
         println!(
             "{}",
@@ -403,7 +426,9 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .fetch(params, reporter(args.json, args.quiet))
         .await?;
-    print_summary(args.json, &outcome, || table::render(&outcome.audit));
+    print_summary(args.json, args.quiet, &outcome, || {
+        table::render(&outcome.audit)
+    });
     // fetch answers for the sources; a pending conversion is not its failure.
     Ok(outcome.audit.sources_ok)
 }
@@ -415,7 +440,7 @@ async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .convert(&opts, reporter(args.json, args.quiet))
         .await?;
-    print_summary(args.json, &outcome, || render_convert(&outcome));
+    print_summary(args.json, args.quiet, &outcome, || render_convert(&outcome));
     Ok(true)
 }
 
@@ -427,13 +452,18 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .run(params, opts, reporter(args.fetch.json, args.fetch.quiet))
         .await?;
-    print_summary(args.fetch.json, &outcome, || match &outcome.convert {
-        Some(c) => render_convert(c),
-        None => format!(
-            "{}\nmanifest sha256  {}\n",
-            outcome.summary, outcome.manifest_sha256
-        ),
-    });
+    print_summary(
+        args.fetch.json,
+        args.fetch.quiet,
+        &outcome,
+        || match &outcome.convert {
+            Some(c) => render_convert(c),
+            None => format!(
+                "{}\nmanifest sha256  {}\n",
+                outcome.summary, outcome.manifest_sha256
+            ),
+        },
+    );
     Ok(true)
 }
 

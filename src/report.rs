@@ -1,6 +1,7 @@
-//! Progress display: the only place that knows indicatif. Three flavours
+//! Progress display: the only place that knows indicatif. Four flavours
 //! behind the stages' `Reporter` trait: bars on a TTY, periodic log lines
-//! (`--quiet` or not a TTY), newline-delimited JSON (`--json`).
+//! (not a TTY), newline-delimited JSON (`--json`), and nothing (`--quiet`:
+//! errors still reach stderr through the exit path).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -10,6 +11,13 @@ use std::time::{Duration, Instant};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use ftpipe_stages::progress::{ProgressEvent, Reporter};
+
+/// `--quiet`: no progress at all.
+pub struct Silent;
+
+impl Reporter for Silent {
+    fn report(&self, _event: ProgressEvent) {}
+}
 
 /// Bars: one per active file and a total (bytes, rate, ETA).
 pub struct Bars {

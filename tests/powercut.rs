@@ -40,7 +40,7 @@
 //! At the end `ftpipe run` finishes the last recovered tree on the normal
 //! disk: the manifest equals the reference and the audit is clean.
 //!
-//! And every receipt ftpipe reported durable before the kill (its `--quiet`
+//! And every receipt ftpipe reported durable before the kill (its line-log
 //! lines) is in the recovered database, a repo file in nested directories
 //! included. Each chain starts from an empty, durable `out/`.
 
@@ -251,7 +251,7 @@ fn fresh_model() -> Model {
     m
 }
 
-/// Receipts ftpipe reported before it was killed (`--quiet` log lines,
+/// Receipts ftpipe reported before it was killed (line-log lines,
 /// printed only after the receipt's transaction committed).
 #[derive(Debug, Default)]
 struct Acked {

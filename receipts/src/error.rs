@@ -36,6 +36,10 @@ pub enum StoreError {
     /// A ledger row that must exist does not.
     #[error("no ledger row for {path}")]
     MissingLedger { path: String },
+    /// A range update that does not fit the file's stored ranges (no range
+    /// starts at `start`, or `at` lies outside what it may move to).
+    #[error("{path}: no range starting at {start} can take position {at}")]
+    BadRange { path: String, start: u64, at: u64 },
     /// A counter stored in SQLite is negative or does not fit in u64.
     #[error("corrupt counter {column} = {value} for {path}")]
     CorruptCounter {

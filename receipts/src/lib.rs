@@ -13,9 +13,11 @@ mod convert_store;
 mod error;
 mod model;
 pub mod nofollow;
+mod ranges;
 mod store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
 pub use model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;

@@ -44,7 +44,7 @@ pub fn fetch_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
     let mut cmd = ftpipe();
     cmd.args(["fetch", REPO, "--endpoint", endpoint, "--out"])
         .arg(out)
-        .args(["--quiet", "--retry-base-ms", "20"])
+        .args(["--retry-base-ms", "20"])
         .args(extra);
     cmd
 }
@@ -562,17 +562,16 @@ pub fn run_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
     let mut cmd = ftpipe();
     cmd.args(["run", REPO, "--endpoint", endpoint, "--out"])
         .arg(out)
-        .args(["--quiet", "--retry-base-ms", "20"])
+        .args(["--retry-base-ms", "20"])
         .args(extra);
     cmd
 }
 
-/// `ftpipe convert --out OUT --quiet` plus `extra` arguments.
+/// `ftpipe convert --out OUT` plus `extra` arguments (stderr is not a
+/// terminal: the line log).
 pub fn convert_cmd(out: &Path, extra: &[&str]) -> Command {
     let mut cmd = ftpipe();
-    cmd.args(["convert", "--quiet", "--out"])
-        .arg(out)
-        .args(extra);
+    cmd.args(["convert", "--out"]).arg(out).args(extra);
     cmd
 }
 

@@ -34,13 +34,19 @@ pub fn parse_content_range(value: &str) -> Option<ContentRange> {
 
 /// Checks that a 206 answers exactly `bytes=start-` of a `size`-byte file.
 pub fn check_partial(path: &str, headers: &HeaderMap, start: u64, size: u64) -> Result<()> {
+    check_range(path, headers, start, size, size)
+}
+
+/// Checks that a 206 answers exactly the range `[start, end)` of a
+/// `size`-byte file (`Content-Range: bytes start-(end−1)/size`).
+pub fn check_range(path: &str, headers: &HeaderMap, start: u64, end: u64, size: u64) -> Result<()> {
     let raw = headers
         .get("content-range")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let expected = format!("bytes {start}-{}/{size}", size.saturating_sub(1));
+    let expected = format!("bytes {start}-{}/{size}", end.saturating_sub(1));
     match parse_content_range(raw) {
-        Some(cr) if cr.first == start && cr.last + 1 == size && cr.total == size => Ok(()),
+        Some(cr) if cr.first == start && cr.last + 1 == end && cr.total == size => Ok(()),
         _ => Err(StageError::BadHeader {
             path: path.to_owned(),
             header: "Content-Range",

@@ -4,11 +4,12 @@
 mod headers;
 mod part;
 mod reconcile;
+mod segmented;
 mod transfer;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -19,7 +20,8 @@ use ftpipe_receipts::{FileRow, Pin, RunId, Store};
 use crate::error::{Result, StageError};
 use crate::hub::HubClient;
 use crate::limits::{
-    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_MIN_RATE, DEFAULT_STALL_WINDOW,
+    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
+    DEFAULT_MIN_RATE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_STALL_WINDOW,
 };
 use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
@@ -30,13 +32,22 @@ pub use headers::{
 };
 pub use part::{create_dirs_durably, sync_dir, sync_dirs_up_to};
 pub use reconcile::{ReconcileReport, reconcile};
+pub use segmented::WRITE_ALIGN;
 pub use transfer::expected_identity;
 
 /// Tunables of the fetch stage.
 #[derive(Debug, Clone)]
 pub struct FetchOptions {
-    /// Files transferred in parallel.
+    /// Files transferred in parallel (at most `connections`).
     pub jobs: usize,
+    /// HTTP requests in flight at once, over all files: each file takes
+    /// one, then free ones split the largest remaining gaps of files at or
+    /// above `segment_threshold`.
+    pub connections: usize,
+    /// Files at least this large may be fetched as several ranges.
+    pub segment_threshold: u64,
+    /// A range is never split below this size.
+    pub min_range: u64,
     /// Durable checkpoint every this many bytes...
     pub checkpoint_bytes: u64,
     /// ...or this much time, whichever comes first.
@@ -58,6 +69,9 @@ impl Default for FetchOptions {
     fn default() -> Self {
         FetchOptions {
             jobs: 4,
+            connections: DEFAULT_CONNECTIONS,
+            segment_threshold: DEFAULT_SEGMENT_THRESHOLD,
+            min_range: DEFAULT_MIN_RANGE,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             retries: 8,
@@ -81,6 +95,11 @@ pub struct FetchCtx {
     /// Set by the first job that hits a full volume: the others stop
     /// appending so the freed space reserve is left to the ledger.
     pub(crate) volume_full: AtomicBool,
+    /// The connection budget (`FetchOptions::connections`).
+    pub(crate) connections: Arc<Semaphore>,
+    /// Files not yet started, and files holding a connection.
+    pub(crate) unstarted: AtomicUsize,
+    pub(crate) in_flight: AtomicUsize,
 }
 
 impl FetchCtx {
@@ -100,10 +119,20 @@ impl FetchCtx {
             run,
             pin,
             reporter,
-            opts,
             source_root,
             volume_full: AtomicBool::new(false),
+            connections: Arc::new(Semaphore::new(opts.connections.max(1))),
+            unstarted: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            opts,
         }
+    }
+
+    /// Whether a file may take one more connection to split a range: only
+    /// when no file is waiting to start that could start now.
+    pub(crate) fn may_add_connection(&self) -> bool {
+        self.unstarted.load(Ordering::SeqCst) == 0
+            || self.in_flight.load(Ordering::SeqCst) >= self.opts.jobs.max(1)
     }
 }
 
@@ -147,6 +176,24 @@ pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64>
         .filter(|l| selected.contains(l.path.as_str()) && !receipts.contains(&l.path))
         .map(|l| l.expected.saturating_sub(l.committed))
         .sum())
+}
+
+/// One file, as several ranges when it is large enough (or was begun so),
+/// else as one stream; `connection` is held until it ends.
+async fn fetch_one(
+    ctx: &Arc<FetchCtx>,
+    file: FileRow,
+    final_path: PathBuf,
+    connection: tokio::sync::OwnedSemaphorePermit,
+) -> Result<()> {
+    let segmented = (ctx.opts.connections > 1 && file.size >= ctx.opts.segment_threshold.max(1))
+        || !ctx.store.ranges(&file.path).await?.is_empty();
+    if segmented {
+        segmented::fetch_segmented(ctx.clone(), file, final_path, connection).await
+    } else {
+        let _connection = connection;
+        transfer::fetch_file(ctx.clone(), file, final_path).await
+    }
 }
 
 /// Downloads every selected file not yet published. Reconciliation must
@@ -205,18 +252,29 @@ async fn fetch_files(
     }
     let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
     let mut set = JoinSet::new();
+    ctx.unstarted.store(todo.len(), Ordering::SeqCst);
     for file in todo {
         let final_path = safe_join(&ctx.source_root, &file.path)?;
         let ctx = ctx.clone();
         let limit = limit.clone();
         set.spawn(async move {
-            let _permit = limit.acquire_owned().await;
+            let _job = limit.acquire_owned().await;
+            let connection = ctx.connections.clone().acquire_owned().await;
+            ctx.unstarted.fetch_sub(1, Ordering::SeqCst);
+            ctx.in_flight.fetch_add(1, Ordering::SeqCst);
             let path = file.path.clone();
             // Once the volume is full, files not yet started are not started.
             let res = if ctx.volume_full.load(Ordering::SeqCst) {
                 Err(ctx.no_space(&path, ctx.source_root.clone()).await)
             } else {
-                match transfer::fetch_file(ctx.clone(), file, final_path).await {
+                let fetched = match connection {
+                    Err(e) => Err(StageError::InvalidInput {
+                        what: "connection pool",
+                        message: e.to_string(),
+                    }),
+                    Ok(connection) => fetch_one(&ctx, file, final_path, connection).await,
+                };
+                match fetched {
                     // The state database shares the volume: SQLITE_FULL is
                     // the same full disk, report it as such (exit 5).
                     Err(StageError::Store(s)) if s.is_disk_full() => {
@@ -227,6 +285,7 @@ async fn fetch_files(
                     r => r,
                 }
             };
+            ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
             if let Err(e) = &res {
                 ctx.reporter.report(ProgressEvent::FileFailed {
                     path,

@@ -110,6 +110,11 @@ impl PartFile {
         }
     }
 
+    /// The open file, for positioned writes of a segmented fetch.
+    pub fn into_file(self) -> File {
+        self.file
+    }
+
     /// Makes every appended byte durable.
     pub fn sync(&mut self) -> std::io::Result<()> {
         self.file.sync_data()

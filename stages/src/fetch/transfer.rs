@@ -28,7 +28,7 @@ use crate::paths::part_path;
 use crate::progress::ProgressEvent;
 
 /// How many times a file whose bytes failed the digest is fetched again.
-const DIGEST_REFETCHES: u32 = 1;
+pub(super) const DIGEST_REFETCHES: u32 = 1;
 
 /// The identity a listing row is verified against.
 pub fn expected_identity(file: &FileRow) -> Result<Expected> {
@@ -598,7 +598,7 @@ impl FileTask {
 
 /// The minimum-rate rule: over each window of `window`, at least
 /// `min_rate` bytes per second must arrive (0 disables it).
-struct RateWindow {
+pub(super) struct RateWindow {
     min_rate: u64,
     window: Duration,
     start: Instant,
@@ -606,7 +606,7 @@ struct RateWindow {
 }
 
 impl RateWindow {
-    fn new(min_rate: u64, window: Duration) -> Self {
+    pub(super) fn new(min_rate: u64, window: Duration) -> Self {
         RateWindow {
             min_rate,
             window,
@@ -617,7 +617,7 @@ impl RateWindow {
 
     /// Adds `bytes`; once a window has passed, fails if it was too slow
     /// and starts the next one.
-    fn check(&mut self, path: &str, bytes: u64) -> Result<()> {
+    pub(super) fn check(&mut self, path: &str, bytes: u64) -> Result<()> {
         self.bytes = self.bytes.saturating_add(bytes);
         let elapsed = self.start.elapsed();
         if self.min_rate == 0 || elapsed < self.window {
@@ -638,14 +638,14 @@ impl RateWindow {
     }
 }
 
-fn header_value(v: &str) -> Result<HeaderValue> {
+pub(super) fn header_value(v: &str) -> Result<HeaderValue> {
     HeaderValue::from_str(v).map_err(|_| StageError::InvalidInput {
         what: "header value",
         message: format!("{v:?}"),
     })
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(inner) = cur {

@@ -1,0 +1,283 @@
+//! Ranges of a file fetched in segments: each range's durable watermark,
+//! kept so that the file's ledger `committed_bytes` is always the sum of
+//! the ranges' durable bytes (see `migrations/0004_fetch_ranges.sql`).
+
+use serde::Serialize;
+use sqlx::{Connection, Row, SqliteConnection};
+
+use crate::error::{QueryContext, Result, StoreError};
+use crate::model::RunId;
+use crate::store::{Store, to_i64, to_u64};
+
+/// One range `[start, end)` of a segmented file; `[start, watermark)` is
+/// durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RangeRow {
+    /// First byte of the range.
+    pub start: u64,
+    /// One past its last byte.
+    pub end: u64,
+    /// End of its durable bytes (`start ≤ watermark ≤ end`).
+    pub watermark: u64,
+}
+
+impl RangeRow {
+    /// Durable bytes of the range.
+    pub fn durable(&self) -> u64 {
+        self.watermark - self.start
+    }
+
+    /// Whether every byte of the range is durable.
+    pub fn complete(&self) -> bool {
+        self.watermark == self.end
+    }
+}
+
+/// Progress of one range at a checkpoint: its new watermark, and the bytes
+/// received since the last checkpoint by the attempt that fetches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeProgress {
+    /// The range (by its start).
+    pub start: u64,
+    /// Its new durable watermark.
+    pub watermark: u64,
+    /// The attempt that received the bytes, if one is in flight.
+    pub attempt: Option<i64>,
+    /// Bytes that attempt received since its last checkpoint.
+    pub received: u64,
+}
+
+async fn ranges_of(conn: &mut SqliteConnection, path: &str) -> Result<Vec<RangeRow>> {
+    let rows = sqlx::query(
+        "SELECT start, end_, watermark FROM fetch_ranges WHERE path = ? ORDER BY start",
+    )
+    .bind(path)
+    .fetch_all(&mut *conn)
+    .await
+    .ctx("select fetch_ranges")?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(RangeRow {
+                start: to_u64(path, "fetch_ranges.start", r.get(0))?,
+                end: to_u64(path, "fetch_ranges.end_", r.get(1))?,
+                watermark: to_u64(path, "fetch_ranges.watermark", r.get(2))?,
+            })
+        })
+        .collect()
+}
+
+/// Sets the ledger's committed bytes to the ranges' durable sum, adds
+/// `transferred_delta`, and sets the validator when one is given.
+async fn commit_sum(
+    conn: &mut SqliteConnection,
+    path: &str,
+    transferred_delta: u64,
+    validator: Option<&str>,
+) -> Result<()> {
+    let changed = sqlx::query(
+        "UPDATE ledger SET
+           committed_bytes = (SELECT COALESCE(SUM(watermark - start), 0)
+                              FROM fetch_ranges WHERE path = ?1),
+           transferred_bytes = transferred_bytes + ?2,
+           validator = COALESCE(?3, validator)
+         WHERE path = ?1",
+    )
+    .bind(path)
+    .bind(to_i64(path, transferred_delta)?)
+    .bind(validator)
+    .execute(&mut *conn)
+    .await
+    .ctx("ledger from ranges")?
+    .rows_affected();
+    if changed != 1 {
+        return Err(StoreError::MissingLedger {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+impl Store {
+    /// The ranges of `path`, by start (empty: fetched as one stream).
+    pub async fn ranges(&self, path: &str) -> Result<Vec<RangeRow>> {
+        let mut conn = self.conn.lock().await;
+        ranges_of(&mut conn, path).await
+    }
+
+    /// Starts segmenting `path`: one range `[0, size)` whose watermark is
+    /// the file's committed bytes (a single-stream prefix carries over).
+    /// A no-op returning the existing ranges when there are some.
+    pub async fn begin_ranges(&self, path: &str) -> Result<Vec<RangeRow>> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let existing = ranges_of(&mut tx, path).await?;
+        if !existing.is_empty() {
+            tx.commit().await.ctx("commit")?;
+            return Ok(existing);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO fetch_ranges (path, start, end_, watermark)
+             SELECT path, 0, expected_bytes, committed_bytes FROM ledger
+             WHERE path = ? AND expected_bytes > 0 AND adopted_bytes = 0",
+        )
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert first range")?
+        .rows_affected();
+        if inserted != 1 {
+            return Err(StoreError::MissingLedger {
+                path: path.to_owned(),
+            });
+        }
+        let ranges = ranges_of(&mut tx, path).await?;
+        tx.commit().await.ctx("commit begin_ranges")?;
+        Ok(ranges)
+    }
+
+    /// Splits the range of `path` that starts at `start` at `at`: it now
+    /// ends at `at`, and a new range `[at, old end)` with nothing durable
+    /// follows. `at` must lie past the range's watermark and before its end.
+    pub async fn split_range(&self, path: &str, start: u64, at: u64) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let range = ranges_of(&mut tx, path)
+            .await?
+            .into_iter()
+            .find(|r| r.start == start);
+        let Some(range) = range.filter(|r| r.watermark < at && at < r.end) else {
+            return Err(StoreError::BadRange {
+                path: path.to_owned(),
+                start,
+                at,
+            });
+        };
+        sqlx::query("UPDATE fetch_ranges SET end_ = ? WHERE path = ? AND start = ?")
+            .bind(to_i64(path, at)?)
+            .bind(path)
+            .bind(to_i64(path, start)?)
+            .execute(&mut *tx)
+            .await
+            .ctx("shrink range")?;
+        sqlx::query("INSERT INTO fetch_ranges (path, start, end_, watermark) VALUES (?, ?, ?, ?)")
+            .bind(path)
+            .bind(to_i64(path, at)?)
+            .bind(to_i64(path, range.end)?)
+            .bind(to_i64(path, at)?)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert split range")?;
+        tx.commit().await.ctx("commit split")
+    }
+
+    /// Advances the watermarks of `path`'s ranges and, in the same
+    /// transaction, the ledger (committed = Σ durable, transferred += Σ
+    /// received) and each attempt's bytes. Call only after the bytes up to
+    /// every new watermark are fsynced.
+    pub async fn checkpoint_ranges(
+        &self,
+        path: &str,
+        progress: &[RangeProgress],
+        validator: Option<&str>,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let mut received = 0u64;
+        for p in progress {
+            let changed = sqlx::query(
+                "UPDATE fetch_ranges SET watermark = ?1
+                 WHERE path = ?2 AND start = ?3 AND watermark <= ?1 AND ?1 <= end_",
+            )
+            .bind(to_i64(path, p.watermark)?)
+            .bind(path)
+            .bind(to_i64(path, p.start)?)
+            .execute(&mut *tx)
+            .await
+            .ctx("range watermark")?
+            .rows_affected();
+            if changed != 1 {
+                return Err(StoreError::BadRange {
+                    path: path.to_owned(),
+                    start: p.start,
+                    at: p.watermark,
+                });
+            }
+            if let Some(id) = p.attempt
+                && p.received > 0
+            {
+                sqlx::query("UPDATE attempts SET body_bytes = body_bytes + ? WHERE id = ?")
+                    .bind(to_i64(path, p.received)?)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .ctx("attempt bytes")?;
+            }
+            received = received
+                .checked_add(p.received)
+                .ok_or_else(|| StoreError::BadRange {
+                    path: path.to_owned(),
+                    start: p.start,
+                    at: p.watermark,
+                })?;
+        }
+        commit_sum(&mut tx, path, received, validator).await?;
+        tx.commit().await.ctx("commit range checkpoint")
+    }
+}
+
+impl Store {
+    /// Records `bytes` of `path` that were received but are not kept, and
+    /// counts them as transferred (the watermarks do not move). They belong
+    /// to the attempt `attempt`, or, when `None`, to the newest attempt
+    /// still `in_flight` whose range started inside `[start, end)` (one cut
+    /// short by a crash).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn discard_unkept(
+        &self,
+        run: RunId,
+        path: &str,
+        reason: &str,
+        bytes: u64,
+        attempt: Option<i64>,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
+            .bind(run)
+            .bind(path)
+            .bind(reason)
+            .bind(to_i64(path, bytes)?)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert discard")?;
+        sqlx::query(
+            "UPDATE attempts SET body_bytes = body_bytes + ?1 WHERE id = COALESCE(?2,
+               (SELECT MAX(id) FROM attempts WHERE path = ?3 AND outcome = 'in_flight'
+                  AND range_start >= ?4 AND range_start < ?5))",
+        )
+        .bind(to_i64(path, bytes)?)
+        .bind(attempt)
+        .bind(path)
+        .bind(to_i64(path, start)?)
+        .bind(to_i64(path, end)?)
+        .execute(&mut *tx)
+        .await
+        .ctx("attempt bytes")?;
+        commit_sum(&mut tx, path, bytes, None).await?;
+        tx.commit().await.ctx("commit discard")
+    }
+
+    /// Ends `path`'s ranges (its bytes were all discarded).
+    pub async fn end_ranges(&self, path: &str) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("DELETE FROM fetch_ranges WHERE path = ?")
+            .bind(path)
+            .execute(&mut *tx)
+            .await
+            .ctx("delete ranges")?;
+        tx.commit().await.ctx("commit end_ranges")
+    }
+}

@@ -1,0 +1,1237 @@
+//! Segmented fetch: a file at or above the segment threshold is fetched as
+//! several HTTP ranges into one sparse `.part` with positioned writes.
+//!
+//! Each range `[start, end)` has its own durable watermark in the store
+//! (`fetch_ranges`); the ledger's committed bytes are their sum, written in
+//! the same transaction. One coordinator per file owns every database write
+//! of the file: it checkpoints (fsync, then all watermarks at once), splits
+//! the largest remaining gap when a connection is free (work stealing,
+//! never below the minimum range size), and feeds one sequential digest
+//! with the contiguous durable prefix as it grows, so verification needs no
+//! second pass over the file. Workers stream one range each and write it.
+//!
+//! Writes are aligned: a worker writes whole [`WRITE_ALIGN`] blocks (only a
+//! range's end may be unaligned) and keeps the remainder in memory, so
+//! after a crash the bytes written past a watermark are exactly the data
+//! extent that `SEEK_DATA` / `SEEK_HOLE` find there: the un-checkpointed
+//! tail, recorded as a discard before the range is fetched again.
+//!
+//! Strictness is that of one stream: every request carries `If-Range` with
+//! the validator, and each 206 must carry exactly the requested
+//! `Content-Range` and that validator. A file is split only once a strong
+//! validator is known. A `200` to a range request means the server ignores
+//! ranges (same validator: the file falls back to one stream) or the file
+//! changed (another validator); either way every byte of the file is
+//! discarded, recorded, and the file starts again.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
+use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
+use tokio::task::{JoinSet, block_in_place};
+
+use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow, Receipt};
+
+use super::FetchCtx;
+use super::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
+use super::part::sync_dir;
+use super::transfer::{DIGEST_REFETCHES, RateWindow, error_chain, expected_identity, header_value};
+use crate::crashpoint;
+use crate::error::{Result, StageError};
+use crate::identity::{Expected, IdentityHasher, hash_prefix};
+use crate::limits::MAX_RETRY_AFTER;
+use crate::paths::part_path;
+use crate::progress::ProgressEvent;
+
+/// Range boundaries and writes are aligned to this (a multiple of every
+/// common filesystem block size), so a written tail is a whole extent.
+pub const WRITE_ALIGN: u64 = 64 * 1024;
+/// A worker writes once this much is buffered (a multiple of the alignment).
+const WRITE_BATCH: usize = 4 * WRITE_ALIGN as usize;
+/// Chunk of the digest's reads of the durable prefix.
+const HASH_CHUNK: u64 = 1 << 20;
+/// How often the coordinator looks for free connections and due checkpoints.
+const SCHEDULE_TICK: Duration = Duration::from_millis(100);
+/// How long a quiet body may go unobserved before the rate rule is checked.
+const BODY_TICK: Duration = Duration::from_secs(1);
+
+fn align_down(v: u64) -> u64 {
+    v - v % WRITE_ALIGN
+}
+
+fn align_up(v: u64) -> u64 {
+    v.div_ceil(WRITE_ALIGN).saturating_mul(WRITE_ALIGN)
+}
+
+/// One range and what its worker has done with it.
+#[derive(Debug, Clone)]
+struct Slot {
+    start: u64,
+    /// One past the range's last byte; shrinks when the range is split.
+    end: u64,
+    /// Checkpointed: in the store.
+    durable: u64,
+    /// On disk (`durable ≤ written`), not yet fsynced past `durable`.
+    written: u64,
+    /// Claimed by the worker: on disk or in its buffer (`written ≤ pos`).
+    pos: u64,
+    /// Bytes written since the last checkpoint.
+    received: u64,
+    /// The attempt fetching the range, and every byte it has stored.
+    attempt: Option<i64>,
+    attempt_bytes: u64,
+    busy: bool,
+    /// Consecutive failed attempts without progress.
+    failures: u32,
+}
+
+impl Slot {
+    fn from_row(r: &RangeRow) -> Slot {
+        Slot {
+            start: r.start,
+            end: r.end,
+            durable: r.watermark,
+            written: r.watermark,
+            pos: r.watermark,
+            received: 0,
+            attempt: None,
+            attempt_bytes: 0,
+            busy: false,
+            failures: 0,
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.durable == self.end
+    }
+}
+
+/// What the coordinator shares with its workers.
+struct Shared {
+    ctx: Arc<FetchCtx>,
+    path: String,
+    size: u64,
+    lfs_sha256: Option<String>,
+    part_path: PathBuf,
+    file: File,
+    slots: Mutex<Vec<Slot>>,
+    /// The strong validator, once known (the store's, or the first response's).
+    validator: Mutex<Option<String>>,
+    /// False once a response shows the file cannot be split (no strong
+    /// validator, or ranges ignored).
+    splittable: std::sync::atomic::AtomicBool,
+    /// Wakes the coordinator when bytes were written.
+    wrote: Notify,
+    cancel: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn validator(&self) -> Option<String> {
+        self.validator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn io(&self, op: &'static str, e: std::io::Error) -> StageError {
+        StageError::io(op, &self.part_path, e)
+    }
+}
+
+/// How a worker's response ended.
+enum Ended {
+    /// Its range is complete.
+    Done,
+    /// A `200` to a range request: ranges ignored or the file changed.
+    RangeNotHonoured { validator: Option<String> },
+    /// Stopped because the coordinator cancelled the file.
+    Cancelled,
+}
+
+/// A worker's report.
+struct WorkerEnd {
+    start: u64,
+    result: Result<Ended>,
+    attempt: Attempt,
+    /// Received but not stored (a buffered remainder below the alignment).
+    unkept: u64,
+    retry_after: Option<u64>,
+    /// The attempt cannot count as progress (a stall).
+    unproductive: bool,
+    permit: OwnedSemaphorePermit,
+}
+
+/// What one pass over the file came to.
+enum Pass {
+    Published,
+    /// Every byte must be discarded for `reason`; start again (`single`:
+    /// as one stream).
+    Restart {
+        single: bool,
+        reason: &'static str,
+    },
+}
+
+/// Fetches, verifies and publishes one file in ranges, holding `permit`
+/// (its first connection) throughout.
+pub async fn fetch_segmented(
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    final_path: PathBuf,
+    permit: OwnedSemaphorePermit,
+) -> Result<()> {
+    let expected = expected_identity(&file)?;
+    let mut task = Coordinator {
+        ctx,
+        file,
+        expected,
+        final_path,
+        permits: vec![permit],
+        single: false,
+        range_ignored: 0,
+        digest_failures: 0,
+    };
+    loop {
+        match task.pass().await? {
+            Pass::Published => return Ok(()),
+            Pass::Restart { single, .. } => task.single |= single,
+        }
+    }
+}
+
+struct Coordinator {
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    expected: Expected,
+    final_path: PathBuf,
+    /// Connections held and not in use by a worker.
+    permits: Vec<OwnedSemaphorePermit>,
+    /// Fetch as one stream (the server ignores ranges).
+    single: bool,
+    range_ignored: u32,
+    digest_failures: u32,
+}
+
+/// The state of one pass: the open part file and the digest so far.
+struct PassState {
+    shared: Arc<Shared>,
+    cancel: watch::Sender<bool>,
+    hasher: IdentityHasher,
+    hashed: u64,
+    last_checkpoint: Instant,
+}
+
+impl Coordinator {
+    fn path(&self) -> &str {
+        &self.file.path
+    }
+
+    fn part_path(&self) -> PathBuf {
+        part_path(&self.final_path)
+    }
+
+    fn io(&self, op: &'static str, e: std::io::Error) -> StageError {
+        StageError::io(op, self.part_path(), e)
+    }
+
+    fn rewound(&self, to: u64, reason: &str) {
+        self.ctx.reporter.report(ProgressEvent::FileRewound {
+            path: self.path().to_owned(),
+            to,
+            reason: reason.to_owned(),
+        });
+    }
+
+    async fn discard(
+        &self,
+        reason: &str,
+        bytes: u64,
+        committed: u64,
+        received: bool,
+    ) -> Result<()> {
+        self.ctx
+            .store
+            .discard(
+                self.ctx.run,
+                self.path(),
+                reason,
+                bytes,
+                committed,
+                received,
+            )
+            .await?;
+        self.rewound(committed, reason);
+        Ok(())
+    }
+
+    /// Brings `.part`, ledger and ranges into agreement and opens the pass.
+    async fn open(&self) -> Result<PassState> {
+        let store = &self.ctx.store;
+        let path = self.path().to_owned();
+        let size = self.file.size;
+        let part_path = self.part_path();
+        let mut ranges = store.ranges(&path).await?;
+        let mut part =
+            block_in_place(|| super::part::PartFile::open(&self.ctx.source_root, &part_path))
+                .map_err(|e| self.io("open", e))?;
+        if !ranges.is_empty() {
+            let durable_end = ranges.iter().map(|r| r.watermark).max().unwrap_or(0);
+            if part.len() < durable_end {
+                // The part lost bytes the ranges claim: nothing in it can be trusted.
+                let committed = store.ledger_row(&path).await?.committed;
+                block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+                self.discard("part_shorter_than_watermark", committed, 0, false)
+                    .await?;
+                store.end_ranges(&path).await?;
+                ranges.clear();
+            }
+        }
+        if ranges.is_empty() {
+            // A single-stream prefix carries over, cut to the alignment.
+            let ledger = store.ledger_row(&path).await?;
+            let (watermark, on_disk) = (ledger.committed, part.len());
+            if on_disk > watermark {
+                block_in_place(|| part.truncate(watermark)).map_err(|e| self.io("truncate", e))?;
+                self.discard("uncheckpointed_tail", on_disk - watermark, watermark, true)
+                    .await?;
+            } else if on_disk < watermark {
+                self.discard(
+                    "part_shorter_than_watermark",
+                    watermark - on_disk,
+                    on_disk,
+                    false,
+                )
+                .await?;
+            }
+            let kept = part.len();
+            let aligned = align_down(kept);
+            if aligned < kept {
+                block_in_place(|| part.truncate(aligned)).map_err(|e| self.io("truncate", e))?;
+                self.discard("segment_alignment", kept - aligned, aligned, false)
+                    .await?;
+            }
+            ranges = store.begin_ranges(&path).await?;
+        }
+        let file = part.into_file();
+        block_in_place(|| file.set_len(size)).map_err(|e| self.io("size", e))?;
+        // Un-checkpointed tails a crash left behind: measured, recorded.
+        for r in ranges.iter().filter(|r| !r.complete()) {
+            let tail = block_in_place(|| written_tail(&file, r.watermark, r.end))
+                .map_err(|e| self.io("seek", e))?;
+            if tail > 0 {
+                store
+                    .discard_unkept(
+                        self.ctx.run,
+                        &path,
+                        "uncheckpointed_tail",
+                        tail,
+                        None,
+                        r.start,
+                        r.end,
+                    )
+                    .await?;
+                self.rewound(r.watermark, "uncheckpointed_tail");
+            }
+        }
+        let ledger = store.ledger_row(&path).await?;
+        let slots: Vec<Slot> = ranges.iter().map(Slot::from_row).collect();
+        let prefix = contiguous_prefix(&slots);
+        let mut hasher = self.expected.hasher(size);
+        let mut reader = file.try_clone().map_err(|e| self.io("open", e))?;
+        block_in_place(|| hash_prefix(&mut reader, prefix, &mut hasher))
+            .map_err(|e| self.io("re-hash prefix of", e))?;
+        let validator = if ledger.committed > 0 {
+            ledger.validator
+        } else {
+            None
+        };
+        let (cancel, cancelled) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            ctx: self.ctx.clone(),
+            path,
+            size,
+            lfs_sha256: self.file.lfs_sha256.clone(),
+            part_path,
+            file,
+            slots: Mutex::new(slots),
+            validator: Mutex::new(validator),
+            splittable: std::sync::atomic::AtomicBool::new(!self.single),
+            wrote: Notify::new(),
+            cancel: cancelled,
+        });
+        self.ctx.reporter.report(ProgressEvent::FileStarted {
+            path: self.path().to_owned(),
+            size,
+            resumed_from: ledger.committed,
+        });
+        Ok(PassState {
+            shared,
+            cancel,
+            hasher,
+            hashed: prefix,
+            last_checkpoint: Instant::now(),
+        })
+    }
+
+    /// One pass: fetch every range, verify, publish.
+    async fn pass(&mut self) -> Result<Pass> {
+        let mut st = self.open().await?;
+        let schedule = ExponentialBuilder::default()
+            .with_min_delay(self.ctx.opts.retry_base)
+            .with_max_delay(Duration::from_secs(10))
+            .with_max_times(self.ctx.opts.retries as usize)
+            .with_jitter();
+        let mut workers: JoinSet<WorkerEnd> = JoinSet::new();
+        let mut failure: Option<StageError> = None;
+        let mut restart: Option<Pass> = None;
+        let mut delays: std::collections::HashMap<u64, backon::ExponentialBackoff> =
+            std::collections::HashMap::new();
+        let mut pending_delay: std::collections::HashMap<u64, Duration> =
+            std::collections::HashMap::new();
+        loop {
+            if failure.is_none() && restart.is_none() {
+                self.schedule(&st, &mut workers, &mut pending_delay).await?;
+            }
+            if workers.is_empty() {
+                if failure.is_some() || restart.is_some() || all_complete(&st.shared) {
+                    break;
+                }
+                // Work is left but no connection is held: wait for one, fairly.
+                let permit = self
+                    .ctx
+                    .connections
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| StageError::InvalidInput {
+                        what: "connection pool",
+                        message: e.to_string(),
+                    })?;
+                self.permits.push(permit);
+                continue;
+            }
+            let due = st.last_checkpoint.elapsed() >= self.ctx.opts.checkpoint_interval
+                || received_since(&st.shared) >= self.ctx.opts.checkpoint_bytes;
+            if due {
+                self.checkpoint(&mut st).await?;
+            }
+            tokio::select! {
+                joined = workers.join_next() => {
+                    let Some(joined) = joined else { continue };
+                    let end = joined.map_err(|e| StageError::InvalidInput {
+                        what: "range task",
+                        message: e.to_string(),
+                    })?;
+                    let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays, &mut pending_delay).await?;
+                    match outcome {
+                        Next::Continue => {}
+                        Next::Fail(e) => {
+                            let _ = st.cancel.send(true);
+                            failure.get_or_insert(e);
+                        }
+                        Next::Restart(p) => {
+                            let _ = st.cancel.send(true);
+                            restart.get_or_insert(p);
+                        }
+                    }
+                }
+                _ = st.shared.wrote.notified() => {}
+                _ = tokio::time::sleep(SCHEDULE_TICK) => {}
+            }
+        }
+        if let Some(e) = failure {
+            // What was written by validated responses is a correct prefix of
+            // each range: keep it.
+            if let Err(c) = self.checkpoint(&mut st).await {
+                tracing::warn!(path = self.path(), error = %c, after = %e, "checkpoint after a failed range did not commit");
+            }
+            return Err(e);
+        }
+        if let Some(pass) = restart {
+            if let Pass::Restart { reason, .. } = &pass {
+                self.discard_everything(&st, reason).await?;
+            }
+            return Ok(pass);
+        }
+        self.checkpoint(&mut st).await?;
+        self.finish(st).await
+    }
+
+    /// Starts workers while connections and work are available.
+    async fn schedule(
+        &mut self,
+        st: &PassState,
+        workers: &mut JoinSet<WorkerEnd>,
+        pending_delay: &mut std::collections::HashMap<u64, Duration>,
+    ) -> Result<()> {
+        loop {
+            let Some(start) = self.next_work(st).await? else {
+                break;
+            };
+            let permit = match self.permits.pop() {
+                Some(p) => p,
+                None if self.ctx.may_add_connection() => {
+                    match self.ctx.connections.clone().try_acquire_owned() {
+                        Ok(p) => p,
+                        Err(_) => {
+                            undo_reserve(&st.shared, start);
+                            break;
+                        }
+                    }
+                }
+                None => {
+                    undo_reserve(&st.shared, start);
+                    break;
+                }
+            };
+            let delay = pending_delay.remove(&start).unwrap_or_default();
+            workers.spawn(worker(st.shared.clone(), start, delay, permit));
+        }
+        // Connections held without a use go back to the pool.
+        if !workers.is_empty() {
+            self.permits.clear();
+        }
+        Ok(())
+    }
+
+    /// The next range to start a worker on, marked busy: an idle incomplete
+    /// range, else a new range split off the largest remaining gap.
+    async fn next_work(&self, st: &PassState) -> Result<Option<u64>> {
+        let shared = &st.shared;
+        let split = {
+            let mut slots = shared.slots();
+            if let Some(s) = slots.iter_mut().find(|s| !s.busy && !s.complete()) {
+                s.busy = true;
+                return Ok(Some(s.start));
+            }
+            if self.single
+                || !shared.splittable.load(Ordering::SeqCst)
+                || shared.validator().is_none()
+                || (self.permits.is_empty() && !self.ctx.may_add_connection())
+            {
+                return Ok(None);
+            }
+            let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
+            let best = slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.busy)
+                .max_by_key(|(_, s)| s.end - s.pos);
+            let Some((i, s)) = best else { return Ok(None) };
+            let remaining = s.end - s.pos;
+            if remaining < 2 * min {
+                return Ok(None);
+            }
+            let at = align_up(s.pos + remaining / 2);
+            if at <= s.pos || at >= s.end || s.end - at < min {
+                return Ok(None);
+            }
+            let old_end = s.end;
+            slots[i].end = at;
+            let start = slots[i].start;
+            let mut new = Slot::from_row(&RangeRow {
+                start: at,
+                end: old_end,
+                watermark: at,
+            });
+            new.busy = true;
+            slots.insert(i + 1, new);
+            (start, at)
+        };
+        // The new range is durable before any byte of it is written.
+        shared
+            .ctx
+            .store
+            .split_range(&shared.path, split.0, split.1)
+            .await?;
+        crashpoint::hit("range-split");
+        Ok(Some(split.1))
+    }
+
+    /// Handles a worker's end: checkpoint, account, retry or stop.
+    async fn worker_ended(
+        &mut self,
+        st: &mut PassState,
+        end: WorkerEnd,
+        schedule: &ExponentialBuilder,
+        delays: &mut std::collections::HashMap<u64, backon::ExponentialBackoff>,
+        pending_delay: &mut std::collections::HashMap<u64, Duration>,
+    ) -> Result<Next> {
+        let WorkerEnd {
+            start,
+            result,
+            mut attempt,
+            unkept,
+            retry_after,
+            unproductive,
+            permit,
+        } = end;
+        self.permits.push(permit);
+        self.checkpoint(st).await?;
+        let range_end = {
+            let slots = st.shared.slots();
+            slots
+                .iter()
+                .find(|s| s.start == start)
+                .map_or(start, |s| s.end)
+        };
+        if unkept > 0 {
+            self.ctx
+                .store
+                .discard_unkept(
+                    self.ctx.run,
+                    self.path(),
+                    "unaligned_remainder",
+                    unkept,
+                    Some(attempt.id),
+                    start,
+                    range_end,
+                )
+                .await?;
+        }
+        let (progressed, stored) = {
+            let mut slots = st.shared.slots();
+            let s = slots.iter_mut().find(|s| s.start == start);
+            match s {
+                Some(s) => {
+                    s.busy = false;
+                    let stored = s.attempt_bytes;
+                    s.attempt = None;
+                    s.attempt_bytes = 0;
+                    (stored > 0 && !unproductive, stored)
+                }
+                None => (false, 0),
+            }
+        };
+        attempt.body_bytes = stored + unkept;
+        attempt.outcome = match &result {
+            Ok(Ended::Done) => "ok".into(),
+            Ok(Ended::Cancelled) => "cancelled".into(),
+            Ok(Ended::RangeNotHonoured { .. }) => "retry".into(),
+            Err(e) if e.is_transient() => "retry".into(),
+            Err(_) => "failed".into(),
+        };
+        attempt.error = result.as_ref().err().map(ToString::to_string);
+        self.ctx.store.finish_attempt(&attempt).await?;
+        match result {
+            Ok(Ended::Done) | Ok(Ended::Cancelled) => Ok(Next::Continue),
+            Ok(Ended::RangeNotHonoured { validator }) => {
+                self.range_ignored += 1;
+                if self.range_ignored > self.ctx.opts.retries {
+                    return Ok(Next::Fail(StageError::RangeIgnored {
+                        path: self.path().to_owned(),
+                        ignored: self.range_ignored,
+                        best: self.ctx.store.ledger_row(self.path()).await?.committed,
+                        size: self.file.size,
+                        attempts: self.range_ignored,
+                    }));
+                }
+                // The same validator: the server ignores ranges; another:
+                // the file changed, and may be split again.
+                let same = validator.is_some() && validator == st.shared.validator();
+                let single = same || validator.is_none();
+                Ok(Next::Restart(Pass::Restart {
+                    single,
+                    reason: if single {
+                        "range_not_honoured"
+                    } else {
+                        "validator_changed"
+                    },
+                }))
+            }
+            Err(e) if e.is_transient() => {
+                let mut slots = st.shared.slots();
+                let Some(s) = slots.iter_mut().find(|s| s.start == start) else {
+                    return Ok(Next::Continue);
+                };
+                if progressed {
+                    s.failures = 0;
+                    delays.remove(&start);
+                }
+                s.failures += 1;
+                let backoff = delays.entry(start).or_insert_with(|| schedule.build());
+                let Some(mut delay) = backoff.next() else {
+                    return Ok(Next::Fail(StageError::RetriesExhausted {
+                        path: self.path().to_owned(),
+                        attempts: s.failures,
+                        last: Box::new(e),
+                    }));
+                };
+                if let Some(after) = retry_after {
+                    delay = delay.max(Duration::from_secs(after).min(MAX_RETRY_AFTER));
+                }
+                drop(slots);
+                tracing::warn!(path = self.path(), range = start, ?delay, error = %e, "retrying range");
+                self.ctx.reporter.report(ProgressEvent::FileRetry {
+                    path: self.path().to_owned(),
+                    attempt: 1,
+                    delay,
+                    retry_after_secs: retry_after,
+                    error: e.to_string(),
+                });
+                pending_delay.insert(start, delay);
+                Ok(Next::Continue)
+            }
+            Err(e) => Ok(Next::Fail(e)),
+        }
+    }
+
+    /// fsync, then every range's watermark and the ledger in one
+    /// transaction; then the digest follows the contiguous durable prefix.
+    async fn checkpoint(&self, st: &mut PassState) -> Result<()> {
+        st.last_checkpoint = Instant::now();
+        let progress: Vec<RangeProgress> = {
+            let mut slots = st.shared.slots();
+            slots
+                .iter_mut()
+                .filter(|s| s.written > s.durable || s.received > 0)
+                .map(|s| {
+                    let received = std::mem::take(&mut s.received);
+                    RangeProgress {
+                        start: s.start,
+                        watermark: s.written,
+                        attempt: s.attempt,
+                        received,
+                    }
+                })
+                .collect()
+        };
+        if progress.is_empty() {
+            return Ok(());
+        }
+        block_in_place(|| st.shared.file.sync_data()).map_err(|e| self.io("fsync", e))?;
+        // Bytes durable past the watermarks the store still holds.
+        crashpoint::hit("checkpoint-synced");
+        let validator = st.shared.validator();
+        let store = &self.ctx.store;
+        match store
+            .checkpoint_ranges(self.path(), &progress, validator.as_deref())
+            .await
+        {
+            Err(e) if e.is_disk_full() => {
+                self.ctx.mark_volume_full();
+                store
+                    .checkpoint_ranges(self.path(), &progress, validator.as_deref())
+                    .await?;
+            }
+            r => r?,
+        }
+        let prefix = {
+            let mut slots = st.shared.slots();
+            for p in &progress {
+                if let Some(s) = slots.iter_mut().find(|s| s.start == p.start) {
+                    s.durable = p.watermark;
+                }
+            }
+            contiguous_prefix(&slots)
+        };
+        if prefix > st.hashed {
+            let (from, file) = (st.hashed, &st.shared.file);
+            let hasher = &mut st.hasher;
+            block_in_place(|| hash_range(file, from, prefix, hasher))
+                .map_err(|e| self.io("hash", e))?;
+            st.hashed = prefix;
+        }
+        Ok(())
+    }
+
+    /// Every byte of the file, durable or not, is thrown away (recorded).
+    async fn discard_everything(&self, st: &PassState, reason: &str) -> Result<()> {
+        let store = &self.ctx.store;
+        let unkept: Vec<(u64, u64, Option<i64>, u64)> = {
+            let slots = st.shared.slots();
+            slots
+                .iter()
+                .filter(|s| s.received > 0)
+                .map(|s| (s.start, s.end, s.attempt, s.received))
+                .collect()
+        };
+        for (start, end, attempt, bytes) in unkept {
+            store
+                .discard_unkept(
+                    self.ctx.run,
+                    self.path(),
+                    "uncheckpointed_tail",
+                    bytes,
+                    attempt,
+                    start,
+                    end,
+                )
+                .await?;
+        }
+        let committed = store.ledger_row(self.path()).await?.committed;
+        block_in_place(|| st.shared.file.set_len(0)).map_err(|e| self.io("truncate", e))?;
+        block_in_place(|| st.shared.file.sync_all()).map_err(|e| self.io("fsync", e))?;
+        self.discard(reason, committed, 0, false).await?;
+        store.end_ranges(self.path()).await?;
+        Ok(())
+    }
+
+    /// Verifies the digest of the whole file and publishes it.
+    async fn finish(&mut self, st: PassState) -> Result<Pass> {
+        let size = self.file.size;
+        if st.hashed != size {
+            return Err(StageError::ShortBody {
+                path: self.path().to_owned(),
+                received: st.hashed,
+                expected: size,
+            });
+        }
+        let actual = st.hasher.clone().finish_hex();
+        if actual != self.expected.hex() {
+            self.discard_everything(&st, "digest_mismatch").await?;
+            self.digest_failures += 1;
+            let err = StageError::DigestMismatch {
+                path: self.path().to_owned(),
+                kind: self.expected.kind(),
+                expected: self.expected.hex().to_owned(),
+                actual,
+                size,
+            };
+            if self.digest_failures > DIGEST_REFETCHES {
+                return Err(err);
+            }
+            self.ctx.reporter.report(ProgressEvent::FileRetry {
+                path: self.path().to_owned(),
+                attempt: self.digest_failures,
+                delay: Duration::ZERO,
+                retry_after_secs: None,
+                error: err.to_string(),
+            });
+            return Ok(Pass::Restart {
+                single: false,
+                reason: "digest_mismatch",
+            });
+        }
+        crashpoint::hit("fetch-verified");
+        let part = self.part_path();
+        let final_path = self.final_path.clone();
+        block_in_place(|| -> std::io::Result<()> {
+            st.shared.file.sync_all()?;
+            std::fs::rename(&part, &final_path)?;
+            sync_dir(final_path.parent().unwrap_or(Path::new(".")))
+        })
+        .map_err(|e| StageError::io("publish", &final_path, e))?;
+        crashpoint::hit("fetch-renamed");
+        self.ctx
+            .store
+            .put_receipt(
+                self.ctx.run,
+                &Receipt {
+                    path: self.path().to_owned(),
+                    size,
+                    digest_kind: self.expected.kind().to_owned(),
+                    digest: actual,
+                    completed_at: String::new(),
+                    adopted: false,
+                },
+            )
+            .await?;
+        self.ctx.reporter.report(ProgressEvent::FilePublished {
+            path: self.path().to_owned(),
+            size,
+        });
+        Ok(Pass::Published)
+    }
+}
+
+enum Next {
+    Continue,
+    Fail(StageError),
+    Restart(Pass),
+}
+
+fn undo_reserve(shared: &Shared, start: u64) {
+    if let Some(s) = shared.slots().iter_mut().find(|s| s.start == start) {
+        s.busy = false;
+    }
+}
+
+fn all_complete(shared: &Shared) -> bool {
+    shared.slots().iter().all(Slot::complete)
+}
+
+fn received_since(shared: &Shared) -> u64 {
+    shared.slots().iter().map(|s| s.received).sum()
+}
+
+/// End of the durable bytes that follow on from byte 0.
+fn contiguous_prefix(slots: &[Slot]) -> u64 {
+    let mut prefix = 0;
+    for s in slots {
+        if s.start != prefix {
+            break;
+        }
+        prefix = s.durable;
+        if !s.complete() {
+            break;
+        }
+    }
+    prefix
+}
+
+/// Feeds bytes `[from, to)` of `file` to `hasher`.
+fn hash_range(file: &File, from: u64, to: u64, hasher: &mut IdentityHasher) -> std::io::Result<()> {
+    let mut buf = vec![0u8; HASH_CHUNK.min(to - from) as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(HASH_CHUNK) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Bytes written past `watermark` (before `end`): the data extent that
+/// starts there. Writes are aligned, so an extent is exactly what was
+/// written; a filesystem without `SEEK_DATA` reports the rest of the range
+/// (an over-count, never an under-count).
+fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
+    use rustix::fs::{SeekFrom, seek};
+    let data = match seek(file, SeekFrom::Data(watermark)) {
+        Ok(d) => d,
+        Err(rustix::io::Errno::NXIO) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    if data != watermark {
+        return Ok(0);
+    }
+    let hole = seek(file, SeekFrom::Hole(watermark)).map_err(std::io::Error::from)?;
+    Ok(hole.min(end).saturating_sub(watermark))
+}
+
+/// Streams one range into the part file.
+async fn worker(
+    shared: Arc<Shared>,
+    start: u64,
+    delay: Duration,
+    permit: OwnedSemaphorePermit,
+) -> WorkerEnd {
+    let mut w = RangeWorker {
+        shared,
+        start,
+        buffer: Vec::new(),
+        retry_after: None,
+        unproductive: false,
+        attempt: Attempt::default(),
+    };
+    let mut cancel = w.shared.cancel.clone();
+    let result = tokio::select! {
+        r = async {
+            tokio::time::sleep(delay).await;
+            w.run().await
+        } => r,
+        _ = cancel.wait_for(|c| *c) => Ok(Ended::Cancelled),
+    };
+    // Whole blocks of the buffer are still worth writing; the remainder
+    // below the alignment is not kept.
+    let flushed = w.flush(false);
+    let unkept = w.buffer.len() as u64;
+    let result = match (result, flushed) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e),
+        (Ok(v), Ok(())) => Ok(v),
+    };
+    WorkerEnd {
+        start,
+        result,
+        attempt: w.attempt,
+        unkept,
+        retry_after: w.retry_after,
+        unproductive: w.unproductive,
+        permit,
+    }
+}
+
+struct RangeWorker {
+    shared: Arc<Shared>,
+    start: u64,
+    /// Received, not yet written (from `written` on).
+    buffer: Vec<u8>,
+    retry_after: Option<u64>,
+    unproductive: bool,
+    attempt: Attempt,
+}
+
+impl RangeWorker {
+    fn path(&self) -> &str {
+        &self.shared.path
+    }
+
+    async fn run(&mut self) -> Result<Ended> {
+        let shared = self.shared.clone();
+        let ctx = &shared.ctx;
+        let size = shared.size;
+        let path = shared.path.clone();
+        let (from, end) = {
+            let mut slots = shared.slots();
+            let Some(s) = slots.iter_mut().find(|s| s.start == self.start) else {
+                return Ok(Ended::Done);
+            };
+            s.pos = s.written;
+            (s.written, s.end)
+        };
+        if from >= end {
+            return Ok(Ended::Done);
+        }
+        let validator = shared.validator();
+        let mut headers = HeaderMap::new();
+        headers.insert(RANGE, header_value(&format!("bytes={from}-{}", end - 1))?);
+        self.attempt = Attempt {
+            path: path.clone(),
+            range_start: Some(from),
+            ..Attempt::default()
+        };
+        if let Some(v) = validator.as_deref() {
+            headers.insert(IF_RANGE, header_value(v)?);
+            self.attempt.if_range = Some(v.to_owned());
+        }
+        let url = ctx
+            .client
+            .resolve_url(&ctx.pin.repo, &ctx.pin.commit, &path)?;
+        self.attempt.host = url.host_str().unwrap_or_default().to_owned();
+        self.attempt.id = ctx.store.start_attempt(ctx.run, &self.attempt).await?;
+        {
+            let mut slots = shared.slots();
+            if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
+                s.attempt = Some(self.attempt.id);
+                s.attempt_bytes = 0;
+            }
+        }
+        let mut cancel = shared.cancel.clone();
+        let body = tokio::select! {
+            b = ctx.client.get_body(&path, url, headers) => b?,
+            _ = cancel.wait_for(|c| *c) => return Ok(Ended::Cancelled),
+        };
+        self.attempt.host = body.host.clone();
+        let mut resp = body.response;
+        let status = resp.status();
+        self.attempt.status = Some(status.as_u16());
+        self.attempt.etag = etag(resp.headers());
+        self.attempt.content_range = resp
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        check_linked_meta(
+            &body.meta,
+            &ctx.pin.commit,
+            size,
+            shared.lfs_sha256.as_deref(),
+        )
+        .map_err(|c| StageError::PinContradicted {
+            path: path.clone(),
+            header: c.header,
+            expected: c.expected,
+            actual: c.actual,
+            what: c.what,
+        })?;
+        let now = strong_validator(resp.headers());
+        match status {
+            StatusCode::PARTIAL_CONTENT => {
+                check_range(&path, resp.headers(), from, end, size)?;
+                match &validator {
+                    Some(v) if now.as_ref() != Some(v) => {
+                        return Err(StageError::BadHeader {
+                            path,
+                            header: "ETag",
+                            expected: v.clone(),
+                            actual: now.unwrap_or_default(),
+                        });
+                    }
+                    Some(_) => {}
+                    None => self.learn_validator(now),
+                }
+                if let Some(len) = resp.content_length()
+                    && len != end - from
+                {
+                    return Err(StageError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: (end - from).to_string(),
+                        actual: len.to_string(),
+                    });
+                }
+            }
+            StatusCode::OK if from == 0 && end == size && validator.is_none() => {
+                // Ranges ignored on a file with nothing yet: one stream.
+                shared.splittable.store(false, Ordering::SeqCst);
+                self.learn_validator(now);
+                if let Some(len) = resp.content_length()
+                    && len != size
+                {
+                    return Err(StageError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: size.to_string(),
+                        actual: len.to_string(),
+                    });
+                }
+            }
+            StatusCode::OK => return Ok(Ended::RangeNotHonoured { validator: now }),
+            other => {
+                if matches!(other.as_u16(), 429 | 503) {
+                    self.retry_after = retry_after_secs(resp.headers());
+                }
+                return Err(StageError::Status {
+                    url: crate::hub::redact(resp.url()),
+                    status: other.as_u16(),
+                    detail: format!(" (fetching {path}, range {from}-{})", end - 1),
+                });
+            }
+        }
+        let mut rate = RateWindow::new(ctx.opts.min_rate, ctx.opts.stall_window);
+        loop {
+            let next = tokio::select! {
+                n = tokio::time::timeout(BODY_TICK, resp.chunk()) => n,
+                _ = cancel.wait_for(|c| *c) => return Ok(Ended::Cancelled),
+            };
+            let next = match next {
+                Ok(n) => n,
+                Err(_) => {
+                    if let Err(e) = rate.check(&path, 0) {
+                        self.unproductive = true;
+                        return Err(e);
+                    }
+                    continue;
+                }
+            };
+            let chunk = match next {
+                Ok(Some(c)) => c,
+                Ok(None) => {
+                    let pos = self.claimed();
+                    return if pos.0 >= pos.1 {
+                        Ok(Ended::Done)
+                    } else {
+                        Err(StageError::ShortBody {
+                            path,
+                            received: pos.0 - from,
+                            expected: end - from,
+                        })
+                    };
+                }
+                Err(e) => {
+                    return Err(StageError::BodyFailed {
+                        path: path.clone(),
+                        received: self.claimed().0 - from,
+                        message: error_chain(&e),
+                    });
+                }
+            };
+            // The range may have been split since: keep what is still ours.
+            let (keep, done) = {
+                let mut slots = shared.slots();
+                let Some(s) = slots.iter_mut().find(|s| s.start == self.start) else {
+                    return Ok(Ended::Done);
+                };
+                let keep = (chunk.len() as u64).min(s.end - s.pos);
+                s.pos += keep;
+                (keep, s.pos == s.end)
+            };
+            self.buffer.extend_from_slice(&chunk[..keep as usize]);
+            if done || self.buffer.len() >= WRITE_BATCH {
+                self.flush(done)?;
+            }
+            if done {
+                return Ok(Ended::Done);
+            }
+            if let Err(e) = rate.check(&path, keep) {
+                self.unproductive = true;
+                return Err(e);
+            }
+        }
+    }
+
+    fn learn_validator(&self, now: Option<String>) {
+        if now.is_none() {
+            self.shared.splittable.store(false, Ordering::SeqCst);
+        }
+        *self
+            .shared
+            .validator
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = now;
+    }
+
+    /// `(pos, end)` of this worker's range.
+    fn claimed(&self) -> (u64, u64) {
+        let slots = self.shared.slots();
+        slots
+            .iter()
+            .find(|s| s.start == self.start)
+            .map_or((0, 0), |s| (s.pos, s.end))
+    }
+
+    /// Writes the whole aligned blocks of the buffer (all of it when `all`,
+    /// at the range's end).
+    fn flush(&mut self, all: bool) -> Result<()> {
+        let shared = self.shared.clone();
+        let written = {
+            let slots = shared.slots();
+            match slots.iter().find(|s| s.start == self.start) {
+                Some(s) => s.written,
+                None => return Ok(()),
+            }
+        };
+        let upto = written + self.buffer.len() as u64;
+        let n = if all {
+            upto - written
+        } else {
+            align_down(upto).saturating_sub(written)
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if shared.ctx.volume_full.load(Ordering::SeqCst) {
+            return Err(self.no_space(written));
+        }
+        let data = &self.buffer[..n as usize];
+        match block_in_place(|| shared.file.write_all_at(data, written)) {
+            Ok(()) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::StorageFull
+                    || e.kind() == std::io::ErrorKind::QuotaExceeded =>
+            {
+                shared.ctx.mark_volume_full();
+                return Err(self.no_space(written));
+            }
+            Err(e) => return Err(shared.io("write", e)),
+        }
+        self.buffer.drain(..n as usize);
+        {
+            let mut slots = shared.slots();
+            if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
+                s.written += n;
+                s.received += n;
+                s.attempt_bytes += n;
+            }
+        }
+        shared.ctx.reporter.report(ProgressEvent::FileBytes {
+            path: self.path().to_owned(),
+            bytes: n,
+        });
+        shared.wrote.notify_one();
+        Ok(())
+    }
+
+    fn no_space(&self, at: u64) -> StageError {
+        StageError::NoSpace {
+            volume: self.shared.ctx.source_root.clone(),
+            path: self.path().to_owned(),
+            committed: at,
+            still_needed: self.shared.size.saturating_sub(at),
+        }
+    }
+}
