@@ -64,8 +64,19 @@ const CUTS: usize = 24;
 const CHAIN: usize = 4;
 
 /// Checkpoint the download watermark every 4 MiB (default 64 MiB), so cuts
-/// mid-fetch find watermarks between 0 and the file size to check.
-const RUN_ARGS: &[&str] = &["--checkpoint-bytes", "4194304"];
+/// mid-fetch find watermarks between 0 and the file size to check; shards
+/// of 4 MiB and more are fetched as ranges (split down to 1 MiB), so cuts
+/// also find several durable ranges of one file.
+const RUN_ARGS: &[&str] = &[
+    "--checkpoint-bytes",
+    "4194304",
+    "--segment-threshold",
+    "4MiB",
+    "--min-range",
+    "1MiB",
+    "--connections",
+    "6",
+];
 
 /// SIGKILLs the child on drop, so a failing test never leaves a process
 /// holding the mount (declared after the mount: dropped first).
@@ -118,6 +129,8 @@ struct Claims {
     /// Files without a receipt whose watermark (> 0) was checked against
     /// the bytes of their `.part`.
     watermarks: usize,
+    /// Ranges (of files fetched in segments) checked that way.
+    ranges: usize,
     /// A manifest is recorded (and its file matches).
     manifest: bool,
     /// The state database survived (else nothing is claimed).
@@ -205,6 +218,38 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
             .or_else(|_| std::fs::read(&fin))
             .unwrap_or_default();
         let want = &hub_files[p.as_str()];
+        // A file fetched in ranges: each range's durable bytes, at its place.
+        let ranges = rows(
+            out,
+            &format!(
+                "SELECT start || '|' || watermark FROM fetch_ranges WHERE path = {} ORDER BY start",
+                sql_str(p)
+            ),
+            "fetch_ranges",
+        );
+        if !ranges.is_empty() {
+            let mut sum = 0;
+            for range in &ranges {
+                let (start, mark) = (
+                    range[0].parse::<usize>().unwrap(),
+                    range[1].parse::<usize>().unwrap(),
+                );
+                sum += mark - start;
+                assert!(
+                    bytes.len() >= mark && bytes[start..mark] == want[start..mark],
+                    "{cut}: the range {start}..{mark} of {p} is claimed durable, but the bytes \
+                     there after the power cut differ from the hub's (watermark committed \
+                     before fdatasync?)"
+                );
+                claims.ranges += usize::from(mark > start);
+            }
+            assert_eq!(
+                sum, committed,
+                "{cut}: {p}: ranges do not add up to the ledger"
+            );
+            claims.watermarks += 1;
+            continue;
+        }
         assert!(
             bytes.len() >= committed,
             "{cut}: the ledger of {p} claims {committed} committed bytes but only {} \
@@ -406,11 +451,13 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     let total = hub_files.len();
     let mut current: Option<(PathBuf, usize)> = None; // (tree, receipts in it)
     let (mut cuts, mut in_fetch, mut in_convert, mut after_finish) = (0, 0, 0, 0);
-    while cuts < CUTS || ((in_fetch == 0 || in_convert == 0) && cuts < 3 * CUTS) {
+    // Cuts that found at least two durable ranges of files fetched in segments.
+    let mut in_ranges = 0;
+    while cuts < CUTS || ((in_fetch == 0 || in_convert == 0 || in_ranges == 0) && cuts < 3 * CUTS) {
         let aim_at_fetch = if cuts < CUTS {
             cuts % CHAIN == 0
         } else {
-            in_fetch == 0
+            in_fetch == 0 || in_ranges == 0
         };
         cuts += 1;
         if aim_at_fetch && let Some((prev, _)) = current.take() {
@@ -437,6 +484,7 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         }
         let name = format!("cut {cuts} ({start}, after {delay:?})");
         let claims = check_recovered(&dump.join("out"), &hub_files, &name);
+        in_ranges += usize::from(claims.ranges >= 2);
         let lost_files: Vec<_> = c.acked.files.difference(&claims.receipts).collect();
         let lost_components: Vec<_> = c.acked.components.difference(&claims.components).collect();
         let phase = if c.finished {
@@ -454,11 +502,12 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         };
         eprintln!(
             "{name}: {phase}; recovered {}/{total} download receipts, {} B committed \
-             ({} partial watermarks checked), {} component receipts, manifest {}; \
+             ({} partial watermarks, {} ranges checked), {} component receipts, manifest {}; \
              reported durable before the kill: {} files, {} components ({} + {} lost); {}",
             claims.receipts.len(),
             claims.committed,
             claims.watermarks,
+            claims.ranges,
             claims.components.len(),
             if claims.manifest {
                 "recorded"
@@ -490,6 +539,10 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         in_fetch > 0 && in_convert > 0,
         "no cut landed mid-fetch (with a surviving database) or mid-convert"
     );
+    assert!(
+        in_ranges > 0,
+        "no cut found several durable ranges of a file fetched in segments"
+    );
 
     let last = match current {
         Some((tree, _)) => tree,
@@ -504,8 +557,9 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     assert_eq!(manifest_sha(&out), want, "recovered run's manifest differs");
     assert_clean_audit(&out);
     eprintln!(
-        "{cuts} cuts ({in_fetch} mid-fetch, {in_convert} mid-convert, {after_finish} after \
-         the run had finished), then finished on disk; {:?} in all",
+        "{cuts} cuts ({in_fetch} mid-fetch, {in_ranges} with several durable ranges, \
+         {in_convert} mid-convert, {after_finish} after the run had finished), then finished \
+         on disk; {:?} in all",
         t0.elapsed()
     );
 }
