@@ -195,7 +195,7 @@ impl Pipeline {
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
         }
-        let client = HubClient::new(&params.endpoint, params.token.clone(), params.read_timeout)?;
+        let client = params.client()?;
         let resolved = self.resolve_stage(&client, &params, &reporter).await?;
         self.plan_stage(&client, &params, &opts, &reporter).await?;
         let report = self
