@@ -316,14 +316,6 @@ pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
     Ok(Placement::Copy)
 }
 
-/// Copies the first `len` bytes of `from` (an `.incomplete` blob, opened
-/// without following links) to the end of `to`; returns the bytes copied.
-pub fn copy_prefix(from: &Path, to: &mut File, len: u64) -> std::io::Result<u64> {
-    use std::io::Read;
-    let src = ftpipe_receipts::nofollow::open_read(from)?;
-    std::io::copy(&mut src.take(len), to)
-}
-
 fn create_new(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
