@@ -411,7 +411,7 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     for f in &gone {
         assert!(err.contains(&f.path), "{err}");
     }
-    let needed: u64 = gone.iter().map(len_of).sum();
+    let needed: u64 = gone.iter().map(|f| len_of(f)).sum();
     assert!(err.contains(&format!("{needed} bytes still needed")), "{err}");
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     // With a cache holding them, offline succeeds from the cache alone.

@@ -170,6 +170,9 @@ pub struct AuditReport {
     pub transferred_bytes: u64,
     /// Sum of adopted bytes.
     pub adopted_bytes: u64,
+    /// Sum of bytes taken from a Hugging Face cache (whole blobs and
+    /// resume prefixes), counted as committed, not transferred.
+    pub cache_bytes: u64,
     /// Discarded bytes by reason.
     pub waste_by_reason: BTreeMap<String, u64>,
     /// Selected sources that are not `*.safetensors`.
