@@ -555,13 +555,18 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     let outcome = pipeline.run(params, opts, rep.clone()).await;
     rep.finish();
     let outcome = outcome?;
-    print_summary(args.fetch.json, Some(&session), &outcome, || match &outcome.convert {
-        Some(c) => render_convert(c),
-        None => format!(
-            "{}\nmanifest sha256  {}\n",
-            outcome.summary, outcome.manifest_sha256
-        ),
-    });
+    print_summary(
+        args.fetch.json,
+        Some(&session),
+        &outcome,
+        || match &outcome.convert {
+            Some(c) => render_convert(c),
+            None => format!(
+                "{}\nmanifest sha256  {}\n",
+                outcome.summary, outcome.manifest_sha256
+            ),
+        },
+    );
     Ok(true)
 }
 

@@ -79,14 +79,15 @@ impl Bars {
             .unwrap_or(0)
             .saturating_sub(self.total.position());
         let eta = if rate >= 1.0 {
-            format!("ETA {}", indicatif::HumanDuration(Duration::from_secs_f64(left as f64 / rate)))
+            format!(
+                "ETA {}",
+                indicatif::HumanDuration(Duration::from_secs_f64(left as f64 / rate))
+            )
         } else {
             "ETA -".to_owned()
         };
-        self.total.set_message(format!(
-            "{}/s {eta}",
-            indicatif::HumanBytes(rate as u64)
-        ));
+        self.total
+            .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate as u64)));
     }
 }
 

@@ -74,7 +74,12 @@ fn blobs_dir(hf_home: &Path) -> PathBuf {
 }
 
 /// `ftpipe fetch --json` with `HF_HOME` set, parsed as JSON lines.
-fn fetch_json(hub: &RunningHub, out: &Path, hf_home: &Path, extra: &[&str]) -> (Output, Vec<serde_json::Value>) {
+fn fetch_json(
+    hub: &RunningHub,
+    out: &Path,
+    hf_home: &Path,
+    extra: &[&str],
+) -> (Output, Vec<serde_json::Value>) {
     let mut cmd = fetch_cmd(&hub.endpoint(), out, &["--json"]);
     cmd.args(extra).env("HF_HOME", hf_home);
     let o = run(&mut cmd);
@@ -145,14 +150,20 @@ fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
     let adopted = events(&lines, "file_adopted");
     assert_eq!(adopted.len(), files.len(), "{lines:#?}");
     let summary = lines.last().unwrap();
-    assert_eq!(summary["session"]["hf_cache"], hf_home.join("hub").to_str().unwrap());
+    assert_eq!(
+        summary["session"]["hf_cache"],
+        hf_home.join("hub").to_str().unwrap()
+    );
     assert_eq!(summary["session"]["hf_cache_from"], "HF_HOME");
     let a = assert_audit_clean(&out);
     let total: u64 = files.iter().map(len_of).sum();
     assert_eq!(a["cache_bytes"], total, "{a:#}");
     assert_eq!(a["transferred_bytes"], 0, "{a:#}");
     let candidates = a["cache_candidates"].as_array().unwrap();
-    assert!(candidates.iter().all(|c| c["outcome"] == "adopted"), "{candidates:#?}");
+    assert!(
+        candidates.iter().all(|c| c["outcome"] == "adopted"),
+        "{candidates:#?}"
+    );
     // The audit table has a line for them.
     let table = run_ok(ftpipe().args(["audit", "--out"]).arg(&out));
     let text = String::from_utf8_lossy(&table.stdout);
@@ -163,7 +174,11 @@ fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
     assert!(!line.trim_end().ends_with(" 0"), "{line}");
     // The cache is intact: every blob still there.
     for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
-        assert!(blobs_dir(&hf_home).join(sha256_of(f)).is_file(), "{}", f.path);
+        assert!(
+            blobs_dir(&hf_home).join(sha256_of(f)).is_file(),
+            "{}",
+            f.path
+        );
     }
     // --no-hf-cache skips it.
     let out2 = tmp.path().join("out2");
@@ -189,12 +204,16 @@ fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
     let mut new_bytes = content_bytes(&changed).unwrap().to_vec();
     let last = new_bytes.len() - 1;
     new_bytes[last] ^= 0x5a;
-    hub.update_file(REPO, &changed.path, new_bytes.clone()).unwrap();
+    hub.update_file(REPO, &changed.path, new_bytes.clone())
+        .unwrap();
     hub.clear_requests();
     let out = tmp.path().join("out");
     let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(std::fs::read(out.join("source").join(&changed.path)).unwrap(), new_bytes);
+    assert_eq!(
+        std::fs::read(out.join("source").join(&changed.path)).unwrap(),
+        new_bytes
+    );
     let adopted: Vec<&str> = events(&lines, "file_adopted")
         .iter()
         .map(|e| e["path"].as_str().unwrap())
@@ -204,7 +223,12 @@ fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
     for f in &files {
         let lfs = f.path.ends_with(".safetensors");
         let expect = lfs && f.path != changed.path;
-        assert_eq!(adopted.contains(&f.path.as_str()), expect, "{}: {adopted:?}", f.path);
+        assert_eq!(
+            adopted.contains(&f.path.as_str()),
+            expect,
+            "{}: {adopted:?}",
+            f.path
+        );
     }
     assert!(!body_gets(&hub, &changed.path).is_empty());
     let a = assert_audit_clean(&out);
@@ -233,8 +257,19 @@ fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
     let rejected = events(&lines, "cache_rejected");
     assert_eq!(rejected.len(), 1, "{lines:#?}");
     assert_eq!(rejected[0]["path"], victim.path.as_str());
-    assert!(rejected[0]["reason"].as_str().unwrap().contains("sha256 is"), "{}", rejected[0]);
-    assert_eq!(body_bytes_served(&hub), len_of(&victim), "only the victim is fetched");
+    assert!(
+        rejected[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("sha256 is"),
+        "{}",
+        rejected[0]
+    );
+    assert_eq!(
+        body_bytes_served(&hub),
+        len_of(&victim),
+        "only the victim is fetched"
+    );
     let a = assert_audit_clean(&out);
     let rows: Vec<_> = a["cache_candidates"]
         .as_array()
@@ -273,7 +308,9 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
     ));
     let tmp = tempfile::tempdir().unwrap();
     let hf_home = tmp.path().join("hf-home");
-    let mut child = hf_download(&hub.endpoint(), &hf_home, None).spawn().unwrap();
+    let mut child = hf_download(&hub.endpoint(), &hf_home, None)
+        .spawn()
+        .unwrap();
     let sha = sha256_of(&victim);
     let others = files.len() - 1;
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -285,9 +322,17 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
         };
         let names: Vec<(String, u64)> = rd
             .flatten()
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
             .collect();
-        let complete = names.iter().filter(|(n, _)| !n.ends_with(".incomplete")).count();
+        let complete = names
+            .iter()
+            .filter(|(n, _)| !n.ends_with(".incomplete"))
+            .count();
         let prefix = names
             .iter()
             .find(|(n, len)| n.starts_with(&sha) && n.ends_with(".incomplete") && *len >= 10 << 20);
@@ -312,12 +357,19 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
     // The rest only, with a strict Range from the prefix.
     let gets = body_requests(&hub, &victim.path);
     assert_eq!(gets.len(), 1, "{gets:#?}");
-    assert_eq!(gets[0].range.as_deref(), Some(format!("bytes={prefix_len}-").as_str()));
+    assert_eq!(
+        gets[0].range.as_deref(),
+        Some(format!("bytes={prefix_len}-").as_str())
+    );
     assert_eq!(body_bytes_served(&hub), len_of(&victim) - prefix_len);
     let a = assert_audit_clean(&out);
     let line = audit_line(&a, &victim.path);
     assert_eq!(line["cache_bytes"], prefix_len, "{line}");
-    assert_eq!(line["transferred_bytes"], len_of(&victim) - prefix_len, "{line}");
+    assert_eq!(
+        line["transferred_bytes"],
+        len_of(&victim) - prefix_len,
+        "{line}"
+    );
     // Copied, never moved: the cache still holds the prefix as it was.
     assert_eq!(std::fs::read(&incomplete).unwrap(), prefix_bytes);
 }
@@ -343,7 +395,10 @@ fn the_token_file_is_used_when_hf_token_is_unset_and_written_nowhere() {
         .into_iter()
         .filter(|r| r.origin == Origin::Main)
         .collect::<Vec<_>>();
-    assert!(!api.is_empty() && api.iter().all(|r| r.authorization), "{api:#?}");
+    assert!(
+        !api.is_empty() && api.iter().all(|r| r.authorization),
+        "{api:#?}"
+    );
     // HF_TOKEN_PATH names another file.
     let elsewhere = tmp.path().join("elsewhere-token");
     std::fs::write(&elsewhere, SECRET).unwrap();
@@ -357,18 +412,30 @@ fn the_token_file_is_used_when_hf_token_is_unset_and_written_nowhere() {
     assert_eq!(summary["session"]["token_source"], "token_path");
     // Never written anywhere: outputs, every file under DIR, the bundle.
     let bundle = tmp.path().join("evidence.tar.zst");
-    let b = run_ok(ftpipe().args(["audit", "--out"]).arg(&out).arg("--bundle").arg(&bundle));
+    let b = run_ok(
+        ftpipe()
+            .args(["audit", "--out"])
+            .arg(&out)
+            .arg("--bundle")
+            .arg(&bundle),
+    );
     for o in [&o, &o2, &b] {
         assert!(!String::from_utf8_lossy(&o.stdout).contains(SECRET));
         assert!(!stderr(o).contains(SECRET));
     }
     let unpacked = zstd::decode_all(std::fs::File::open(&bundle).unwrap()).unwrap();
-    assert!(!contains(&unpacked, SECRET.as_bytes()), "token in the bundle");
+    assert!(
+        !contains(&unpacked, SECRET.as_bytes()),
+        "token in the bundle"
+    );
     for dir in [&out, &out2] {
         for rel in tree_of(dir) {
             let p = dir.join(&rel);
             if p.is_file() {
-                assert!(!contains(&std::fs::read(&p).unwrap(), SECRET.as_bytes()), "token in {rel}");
+                assert!(
+                    !contains(&std::fs::read(&p).unwrap(), SECRET.as_bytes()),
+                    "token in {rel}"
+                );
             }
         }
     }
@@ -393,7 +460,11 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     cmd.env("HF_HOME", &empty_home).env("HF_HUB_OFFLINE", "1");
     let o = run(&mut cmd);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("offline") && stderr(&o).contains("no pin"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("offline") && stderr(&o).contains("no pin"),
+        "{}",
+        stderr(&o)
+    );
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     // A complete state: offline fetch is a verified no-op without a request.
     run_ok(fetch_cmd(&hub.endpoint(), &out, &[]).env("HF_HOME", &empty_home));
@@ -401,7 +472,10 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     run_ok(fetch_cmd(&hub.endpoint(), &out, &["--offline"]).env("HF_HOME", &empty_home));
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     // Two files gone: offline names both, and the bytes still needed.
-    let gone: Vec<&RepoFile> = files.iter().filter(|f| f.path.ends_with(".safetensors")).collect();
+    let gone: Vec<&RepoFile> = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .collect();
     for f in &gone {
         std::fs::remove_file(out.join("source").join(&f.path)).unwrap();
     }
@@ -412,13 +486,20 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
         assert!(err.contains(&f.path), "{err}");
     }
     let needed: u64 = gone.iter().map(|f| len_of(f)).sum();
-    assert!(err.contains(&format!("{needed} bytes still needed")), "{err}");
+    assert!(
+        err.contains(&format!("{needed} bytes still needed")),
+        "{err}"
+    );
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     // With a cache holding them, offline succeeds from the cache alone.
     let hf_home = tmp.path().join("hf-home");
     hf_download_ok(&hub.endpoint(), &hf_home, None);
     hub.clear_requests();
-    run_ok(fetch_cmd(&hub.endpoint(), &out, &[]).env("HF_HOME", &hf_home).env("HF_HUB_OFFLINE", "1"));
+    run_ok(
+        fetch_cmd(&hub.endpoint(), &out, &[])
+            .env("HF_HOME", &hf_home)
+            .env("HF_HUB_OFFLINE", "1"),
+    );
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     assert_files_match(&out, &files);
     assert_audit_clean(&out);

@@ -40,7 +40,18 @@ impl Tmux {
     fn start(name: &str, shell_cmd: &str) -> Tmux {
         let socket = format!("ftpipe-tty-{}-{name}", std::process::id());
         let st = Command::new("tmux")
-            .args(["-L", &socket, "new-session", "-d", "-x", "160", "-y", "50", "-s", "t"])
+            .args([
+                "-L",
+                &socket,
+                "new-session",
+                "-d",
+                "-x",
+                "160",
+                "-y",
+                "50",
+                "-s",
+                "t",
+            ])
             .arg(format!("{shell_cmd}; echo FTPIPE_EXIT=$?; sleep 600"))
             .status()
             .unwrap();
@@ -67,7 +78,11 @@ impl Tmux {
             if done {
                 return frames;
             }
-            assert!(Instant::now() < deadline, "no exit within {limit:?}: {:?}", frames.last());
+            assert!(
+                Instant::now() < deadline,
+                "no exit within {limit:?}: {:?}",
+                frames.last()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -117,15 +132,23 @@ fn parse_bytes(num: &str, unit: &str) -> f64 {
 fn bars(frame: &str) -> Vec<Bar> {
     let mut out = Vec::new();
     for line in frame.lines() {
-        let Some(close) = line.find("] ") else { continue };
+        let Some(close) = line.find("] ") else {
+            continue;
+        };
         if !line.contains(" [") {
             continue;
         }
         let rest = &line[close + 2..];
-        let Some(pct) = rest.split_whitespace().next().and_then(|t| t.strip_suffix('%')) else {
+        let Some(pct) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.strip_suffix('%'))
+        else {
             continue;
         };
-        let Ok(percent) = pct.parse::<u32>() else { continue };
+        let Ok(percent) = pct.parse::<u32>() else {
+            continue;
+        };
         let total = line.trim_start().starts_with("total [");
         let words: Vec<&str> = rest.split_whitespace().collect();
         let rate = words
@@ -172,11 +195,26 @@ fn fetch_bars_resume_where_they_are_and_clear_for_the_final_lines() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let args = [
-        "fetch", REPO, "--endpoint", &hub.endpoint(), "--out", out.to_str().unwrap(),
-        "--min-rate", "0", "--checkpoint-bytes", "262144", "--checkpoint-secs", "0.2",
+        "fetch",
+        REPO,
+        "--endpoint",
+        &hub.endpoint(),
+        "--out",
+        out.to_str().unwrap(),
+        "--min-rate",
+        "0",
+        "--checkpoint-bytes",
+        "262144",
+        "--checkpoint-secs",
+        "0.2",
     ];
     // A first run, killed once 3 MiB are durable.
-    let mut first = ftpipe().args(args).arg("--quiet").spawn().unwrap();
+    let mut first = ftpipe()
+        .args(args)
+        .arg("--quiet")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while durable_bytes(&out) < 3 << 20 {
         assert!(Instant::now() < deadline, "first run made no progress");
@@ -197,12 +235,19 @@ fn fetch_bars_resume_where_they_are_and_clear_for_the_final_lines() {
             assert!(b.percent <= 100, "bar above 100 %:\n{f}");
             if b.total {
                 // Durable bytes are done from the start.
-                assert!(b.percent >= floor, "total at {} % < durable {floor} %:\n{f}", b.percent);
+                assert!(
+                    b.percent >= floor,
+                    "total at {} % < durable {floor} %:\n{f}",
+                    b.percent
+                );
                 // The rate is this process's network bytes only: three
                 // trickled files are under 1 MiB/s; counting the 3 MiB
                 // already durable would show several MiB/s at first.
                 if let Some(rate) = b.rate {
-                    assert!(rate < 1.5 * 1024.0 * 1024.0, "rate {rate} B/s counts durable bytes:\n{f}");
+                    assert!(
+                        rate < 1.5 * 1024.0 * 1024.0,
+                        "rate {rate} B/s counts durable bytes:\n{f}"
+                    );
                 }
                 saw_total = true;
             } else {
@@ -210,7 +255,11 @@ fn fetch_bars_resume_where_they_are_and_clear_for_the_final_lines() {
             }
         }
     }
-    assert!(saw_total && saw_file, "no total or file bar seen in {} frames", frames.len());
+    assert!(
+        saw_total && saw_file,
+        "no total or file bar seen in {} frames",
+        frames.len()
+    );
     // Bars cleared; the audit table is readable.
     assert!(bars(last).is_empty(), "bars left:\n{last}");
     assert!(last.contains("files (verified/selected)"), "{last}");
@@ -232,7 +281,14 @@ fn run_shows_bars_then_its_summary() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let args = [
-        "run", REPO, "--endpoint", &hub.endpoint(), "--out", out.to_str().unwrap(), "--min-rate", "0",
+        "run",
+        REPO,
+        "--endpoint",
+        &hub.endpoint(),
+        "--out",
+        out.to_str().unwrap(),
+        "--min-rate",
+        "0",
     ];
     let tmux = Tmux::start("run", &shell(&args));
     let frames = tmux.frames_until_exit(Duration::from_secs(180));

@@ -321,16 +321,18 @@ impl Pipeline {
                 .collect();
             let report =
                 reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
-            let ctx = Arc::new(FetchCtx::new(
-                client.clone(),
-                self.store.clone(),
-                self.run,
-                resolved.pin.clone(),
-                reporter.clone(),
-                params.options.clone(),
-                source.clone(),
-            )
-            .with_cache(params.hf_cache.clone(), params.offline));
+            let ctx = Arc::new(
+                FetchCtx::new(
+                    client.clone(),
+                    self.store.clone(),
+                    self.run,
+                    resolved.pin.clone(),
+                    reporter.clone(),
+                    params.options.clone(),
+                    source.clone(),
+                )
+                .with_cache(params.hf_cache.clone(), params.offline),
+            );
             fetch(ctx, &files).await?;
             Ok(report)
         })

@@ -9,7 +9,9 @@ use sqlx::{Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::error::{QueryContext, Result, StoreError};
-use crate::model::{Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+use crate::model::{
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -860,7 +862,11 @@ impl Store {
     }
 
     /// Logs a cache candidate that was looked at and not used.
-    pub async fn reject_cache_candidate(&self, run: RunId, candidate: &CacheCandidate) -> Result<()> {
+    pub async fn reject_cache_candidate(
+        &self,
+        run: RunId,
+        candidate: &CacheCandidate,
+    ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         insert_candidate(&mut tx, run, candidate).await?;

@@ -74,7 +74,11 @@ impl HfCache {
     /// `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
     /// `~/.cache/huggingface/hub`. `None` when no home can be found.
     pub fn from_env() -> Option<HfCache> {
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
         if let Some(p) = var("HF_HUB_CACHE") {
             return Some(HfCache {
                 root: p,
@@ -174,7 +178,10 @@ impl HfCache {
                 continue;
             };
             let len = meta.len();
-            if meta.is_file() && len > 0 && len <= file.size && best.as_ref().is_none_or(|b| len > b.1)
+            if meta.is_file()
+                && len > 0
+                && len <= file.size
+                && best.as_ref().is_none_or(|b| len > b.1)
             {
                 best = Some((entry.path(), len));
             }
@@ -354,7 +361,13 @@ mod tests {
         std::os::unix::fs::symlink("../../blobs/good", snap.join("config.json")).unwrap();
         std::os::unix::fs::symlink("../../../../secret", snap.join("evil.json")).unwrap();
         let found = cache.lookup("acme/tiny", &commit, &row("config.json", 6, None));
-        assert!(matches!(found, Lookup::Found(Candidate { kind: LookupKind::Snapshot, .. })));
+        assert!(matches!(
+            found,
+            Lookup::Found(Candidate {
+                kind: LookupKind::Snapshot,
+                ..
+            })
+        ));
         let evil = cache.lookup("acme/tiny", &commit, &row("evil.json", 6, None));
         assert!(
             matches!(&evil, Lookup::Refused { reason, .. } if reason.contains("outside")),

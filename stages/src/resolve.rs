@@ -384,7 +384,11 @@ pub async fn resolve(
 
 /// Offline: the stored pin answers the request (same revision, or its
 /// commit), else nothing can be resolved.
-async fn resolve_offline(store: &Store, req: &ResolveRequest, existing: Option<Pin>) -> Result<Resolved> {
+async fn resolve_offline(
+    store: &Store,
+    req: &ResolveRequest,
+    existing: Option<Pin>,
+) -> Result<Resolved> {
     let dir = store
         .path()
         .parent()

@@ -133,14 +133,22 @@ pub(crate) async fn adopt_whole(
         Ok(v) => v,
         Err(e) => {
             let _ = block_in_place(|| remove_if_present(&temp));
-            reject(ctx, record("rejected", None, format!("cannot place it: {e}"))).await?;
+            reject(
+                ctx,
+                record("rejected", None, format!("cannot place it: {e}")),
+            )
+            .await?;
             return Ok(false);
         }
     };
     if digest != expected.hex() {
         block_in_place(|| remove_if_present(&temp))
             .map_err(|e| StageError::io("remove", &temp, e))?;
-        let detail = format!("{} is {digest}, expected {}", expected.kind(), expected.hex());
+        let detail = format!(
+            "{} is {digest}, expected {}",
+            expected.kind(),
+            expected.hex()
+        );
         reject(ctx, record("rejected", Some(how.as_str()), detail)).await?;
         return Ok(false);
     }

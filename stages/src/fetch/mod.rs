@@ -291,7 +291,11 @@ async fn fetch_files(
             bytes += f.size.saturating_sub(committed);
         }
         return Err(StageError::OfflineMissing {
-            dir: ctx.source_root.parent().unwrap_or(&ctx.source_root).to_owned(),
+            dir: ctx
+                .source_root
+                .parent()
+                .unwrap_or(&ctx.source_root)
+                .to_owned(),
             cache: ctx.hf_cache.as_ref().map(|c| c.root.clone()),
             missing,
             bytes,
