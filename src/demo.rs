@@ -351,6 +351,8 @@ fn fetch_params(endpoint: &str) -> FetchParams {
         },
         options: FetchOptions::default(),
         reacquire: false,
+        hf_cache: None,
+        offline: false,
     }
 }
 

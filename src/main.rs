@@ -20,6 +20,7 @@ use ftpipe_stages::StageError;
 use ftpipe_stages::convert::ConvertOptions;
 use ftpipe_stages::convert::profile::Partition;
 use ftpipe_stages::fetch::FetchOptions;
+use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::Token;
 use ftpipe_stages::progress::Reporter;
 use ftpipe_stages::resolve::ResolveRequest;
@@ -126,9 +127,22 @@ struct HubArgs {
     endpoint: String,
     #[arg(long)]
     out: PathBuf,
-    /// Read the token from this file (else HF_TOKEN).
+    /// Read the token from this file (else HF_TOKEN, else the file at
+    /// HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it).
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Take pinned files from this Hugging Face hub cache (default:
+    /// HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub,
+    /// when it exists).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_hf_cache")]
+    hf_cache: Option<PathBuf>,
+    /// Never look in a Hugging Face cache.
+    #[arg(long)]
+    no_hf_cache: bool,
+    /// No network: work from DIR's durable state and the cache only
+    /// (also HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    offline: bool,
     /// Per-read stall timeout in seconds (0.1 to 3600).
     #[arg(long, default_value_t = 30.0, value_parser = secs_in(0.1, 3600.0))]
     read_timeout: f64,
@@ -324,16 +338,106 @@ fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
 }
 
-fn load_token(token_file: Option<&Path>) -> anyhow::Result<Option<Token>> {
+/// Where the token came from (reported, never the token itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum TokenSource {
+    /// `--token-file`.
+    TokenFile,
+    /// `HF_TOKEN` (or the older `HUGGING_FACE_HUB_TOKEN`).
+    Env,
+    /// The file at `HF_TOKEN_PATH`.
+    TokenPath,
+    /// `$HF_HOME/token` (`hf auth login`).
+    HfHome,
+    /// No token.
+    None,
+}
+
+/// Non-empty environment variable.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `HF_HOME` as huggingface_hub resolves it.
+fn hf_home() -> Option<PathBuf> {
+    if let Some(h) = env_var("HF_HOME") {
+        return Some(PathBuf::from(h));
+    }
+    let base = env_var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env_var("HOME").map(|h| Path::new(&h).join(".cache")))?;
+    Some(base.join("huggingface"))
+}
+
+/// The token as huggingface_hub resolves it: `--token-file`, then
+/// `HF_TOKEN`, then the file at `HF_TOKEN_PATH` (default `$HF_HOME/token`).
+/// A missing or empty file there means no token.
+fn load_token(token_file: Option<&Path>) -> anyhow::Result<(Option<Token>, TokenSource)> {
     if let Some(path) = token_file {
         let raw = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read token file {}", path.display()))?;
         let Some(t) = Token::new(&raw) else {
             bail!("token file {} is empty", path.display())
         };
-        return Ok(Some(t));
+        return Ok((Some(t), TokenSource::TokenFile));
     }
-    Ok(std::env::var("HF_TOKEN").ok().and_then(|t| Token::new(&t)))
+    if let Some(t) = env_var("HF_TOKEN")
+        .or_else(|| env_var("HUGGING_FACE_HUB_TOKEN"))
+        .and_then(|t| Token::new(&t))
+    {
+        return Ok((Some(t), TokenSource::Env));
+    }
+    let (path, source) = match env_var("HF_TOKEN_PATH") {
+        Some(p) => (PathBuf::from(p), TokenSource::TokenPath),
+        None => match hf_home() {
+            Some(h) => (h.join("token"), TokenSource::HfHome),
+            None => return Ok((None, TokenSource::None)),
+        },
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(raw) => Ok(match Token::new(&raw) {
+            Some(t) => (Some(t), source),
+            None => (None, TokenSource::None),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((None, TokenSource::None)),
+        Err(e) => Err(e).with_context(|| format!("cannot read token file {}", path.display())),
+    }
+}
+
+/// `HF_HUB_OFFLINE` as huggingface_hub reads it (1, on, yes, true).
+fn offline_env() -> bool {
+    env_var("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "on" | "yes" | "true"
+        )
+    })
+}
+
+/// The cache to take files from: `--hf-cache` (must exist), none with
+/// `--no-hf-cache`, else huggingface_hub's default when it exists.
+fn hf_cache(args: &HubArgs) -> anyhow::Result<Option<HfCache>> {
+    if args.no_hf_cache {
+        return Ok(None);
+    }
+    if let Some(dir) = &args.hf_cache {
+        let c = HfCache::at(dir.clone());
+        if !c.exists() {
+            bail!("--hf-cache {}: not a directory", dir.display());
+        }
+        return Ok(Some(c));
+    }
+    Ok(HfCache::from_env().filter(HfCache::exists))
+}
+
+/// What a fetching command reports beside its outcome (never a token).
+#[derive(Debug, Clone, serde::Serialize)]
+struct Session {
+    token_source: TokenSource,
+    hf_cache: Option<PathBuf>,
+    hf_cache_from: Option<&'static str>,
+    offline: bool,
 }
 
 fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
@@ -349,10 +453,19 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
     }
 }
 
-fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
-    Ok(FetchParams {
+fn fetch_params(args: &FetchArgs) -> anyhow::Result<(FetchParams, Session)> {
+    let (token, token_source) = load_token(args.hub.token_file.as_deref())?;
+    let cache = hf_cache(&args.hub)?;
+    let offline = args.hub.offline || offline_env();
+    let session = Session {
+        token_source,
+        hf_cache: cache.as_ref().map(|c| c.root.clone()),
+        hf_cache_from: cache.as_ref().map(|c| c.from),
+        offline,
+    };
+    let params = FetchParams {
         endpoint: args.hub.endpoint.clone(),
-        token: load_token(args.hub.token_file.as_deref())?,
+        token,
         read_timeout: secs("--read-timeout", args.hub.read_timeout)?,
         resolve: ResolveRequest {
             repo: args.hub.repo.clone(),
@@ -375,7 +488,10 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<FetchParams> {
             stall_window: secs("--stall-secs", args.stall_secs)?,
         },
         reacquire: args.reacquire,
-    })
+        hf_cache: cache,
+        offline,
+    };
+    Ok((params, session))
 }
 
 fn convert_options(
@@ -399,10 +515,12 @@ fn convert_options(
     })
 }
 
-/// Prints `outcome` as the final JSON summary line, or as `text()`.
+/// Prints `outcome` as the final JSON summary line (with the session:
+/// token source, cache, offline), or as `text()`; nothing when `quiet`.
 fn print_summary<T: serde::Serialize>(
     json: bool,
     quiet: bool,
+    session: Option<&Session>,
     outcome: &T,
     text: impl FnOnce() -> String,
 ) {
@@ -410,10 +528,11 @@ fn print_summary<T: serde::Serialize>(
         return;
     }
     if json {
-        println!(
-            "{}",
-            serde_json::json!({ "event": "summary", "outcome": outcome })
-        );
+        let mut v = serde_json::json!({ "event": "summary", "outcome": outcome });
+        if let (Some(s), Some(obj)) = (session, v.as_object_mut()) {
+            obj.insert("session".into(), serde_json::json!(s));
+        }
+        println!("{v}");
     } else {
         print!("{}", text());
     }
@@ -421,12 +540,13 @@ fn print_summary<T: serde::Serialize>(
 
 /// Runs a fetch and returns whether everything verified.
 async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
-    let params = fetch_params(&args)?;
+    let (params, session) = fetch_params(&args)?;
     let pipeline = Pipeline::open(&args.hub.out, "fetch").await?;
-    let outcome = pipeline
-        .fetch(params, reporter(args.json, args.quiet))
-        .await?;
-    print_summary(args.json, args.quiet, &outcome, || {
+    let rep = reporter(args.json, args.quiet);
+    let outcome = pipeline.fetch(params, rep.clone()).await;
+    rep.finish();
+    let outcome = outcome?;
+    print_summary(args.json, args.quiet, Some(&session), &outcome, || {
         table::render(&outcome.audit)
     });
     // fetch answers for the sources; a pending conversion is not its failure.
@@ -437,24 +557,29 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
 async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
     let opts = convert_options(&args.tuning, args.jobs, !args.no_preflight)?;
     let pipeline = Pipeline::open(&args.out, "convert").await?;
-    let outcome = pipeline
-        .convert(&opts, reporter(args.json, args.quiet))
-        .await?;
-    print_summary(args.json, args.quiet, &outcome, || render_convert(&outcome));
+    let rep = reporter(args.json, args.quiet);
+    let outcome = pipeline.convert(&opts, rep.clone()).await;
+    rep.finish();
+    let outcome = outcome?;
+    print_summary(args.json, args.quiet, None, &outcome, || {
+        render_convert(&outcome)
+    });
     Ok(true)
 }
 
 /// The whole chain; a finished run is a no-op that says so.
 async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
-    let params = fetch_params(&args.fetch)?;
+    let (params, session) = fetch_params(&args.fetch)?;
     let opts = convert_options(&args.tuning, args.fetch.jobs, !args.fetch.no_preflight)?;
     let pipeline = Pipeline::open(&args.fetch.hub.out, "run").await?;
-    let outcome = pipeline
-        .run(params, opts, reporter(args.fetch.json, args.fetch.quiet))
-        .await?;
+    let rep = reporter(args.fetch.json, args.fetch.quiet);
+    let outcome = pipeline.run(params, opts, rep.clone()).await;
+    rep.finish();
+    let outcome = outcome?;
     print_summary(
         args.fetch.json,
         args.fetch.quiet,
+        Some(&session),
         &outcome,
         || match &outcome.convert {
             Some(c) => render_convert(c),
@@ -506,8 +631,9 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
     let source = if args.remote {
         ftpipe_pipeline::PlanSource::Remote {
             endpoint: args.hub.endpoint.clone(),
-            token: load_token(args.hub.token_file.as_deref())?,
+            token: load_token(args.hub.token_file.as_deref())?.0,
             read_timeout: secs("--read-timeout", args.hub.read_timeout)?,
+            offline: args.hub.offline || offline_env(),
         }
     } else {
         ftpipe_pipeline::PlanSource::Local

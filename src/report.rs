@@ -19,89 +19,170 @@ impl Reporter for Silent {
     fn report(&self, _event: ProgressEvent) {}
 }
 
-/// Bars: one per active file and a total (bytes, rate, ETA).
+/// Bars: a total (bytes done, network rate, ETA) and one per file in
+/// flight. Bytes already durable or taken from the Hugging Face cache count
+/// as done but not towards the rate; no bar goes past its length.
 pub struct Bars {
     multi: MultiProgress,
     total: ProgressBar,
-    files: Mutex<HashMap<String, ProgressBar>>,
+    state: Mutex<BarState>,
+}
+
+struct BarState {
+    files: HashMap<String, ProgressBar>,
+    /// Network bytes received by this process (the rate's numerator).
+    network: u64,
+    started: Instant,
+    last_msg: Option<Instant>,
+}
+
+/// How often the total bar's rate text is recomputed.
+const RATE_REFRESH: Duration = Duration::from_millis(200);
+
+fn bar_style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template)
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ")
+}
+
+/// Moves `bar` forward by `by`, never past its length.
+fn advance(bar: &ProgressBar, by: u64) {
+    let len = bar.length().unwrap_or(u64::MAX);
+    bar.set_position(bar.position().saturating_add(by).min(len));
 }
 
 impl Bars {
     pub fn new() -> Bars {
         let multi = MultiProgress::new();
         let total = multi.add(ProgressBar::new(0));
-        total.set_style(
-            ProgressStyle::with_template(
-                "{prefix:>8} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
+        total.set_style(bar_style(
+            "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
+        ));
         total.set_prefix("total");
         Bars {
             multi,
             total,
-            files: Mutex::new(HashMap::new()),
+            state: Mutex::new(BarState {
+                files: HashMap::new(),
+                network: 0,
+                started: Instant::now(),
+                last_msg: None,
+            }),
         }
+    }
+
+    /// The rate and ETA text of the total bar: network bytes of this
+    /// process over its elapsed time.
+    fn refresh_rate(&self, s: &mut BarState, force: bool) {
+        let now = Instant::now();
+        if !force && s.last_msg.is_some_and(|t| now - t < RATE_REFRESH) {
+            return;
+        }
+        s.last_msg = Some(now);
+        let secs = (now - s.started).as_secs_f64().max(1e-3);
+        let rate = s.network as f64 / secs;
+        let left = self
+            .total
+            .length()
+            .unwrap_or(0)
+            .saturating_sub(self.total.position());
+        let eta = if rate >= 1.0 {
+            format!(
+                "ETA {}",
+                indicatif::HumanDuration(Duration::from_secs_f64(left as f64 / rate))
+            )
+        } else {
+            "ETA -".to_owned()
+        };
+        self.total
+            .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate as u64)));
     }
 }
 
 impl Reporter for Bars {
     fn report(&self, event: ProgressEvent) {
-        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match event {
             ProgressEvent::FetchPlanned {
                 total_bytes,
                 done_bytes,
                 ..
             } => {
+                self.total.set_prefix("total");
                 self.total.set_length(total_bytes);
-                self.total.set_position(done_bytes);
+                self.total.set_position(done_bytes.min(total_bytes));
+                s.network = 0;
+                s.started = Instant::now();
+                self.refresh_rate(&mut s, true);
             }
             ProgressEvent::FileStarted {
                 path,
                 size,
                 resumed_from,
             } => {
-                let bar = files.entry(path.clone()).or_insert_with(|| {
+                let bar = s.files.entry(path.clone()).or_insert_with(|| {
                     let b = self
                         .multi
                         .insert_before(&self.total, ProgressBar::new(size));
-                    b.set_style(
-                        ProgressStyle::with_template(
-                            "  {msg:40!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
-                        )
-                        .unwrap_or_else(|_| ProgressStyle::default_bar())
-                        .progress_chars("=> "),
-                    );
+                    b.set_style(bar_style(
+                        "  {msg:40!} [{bar:30}] {percent:>3}% {bytes}/{total_bytes}",
+                    ));
                     b.set_message(path);
                     b
                 });
-                bar.set_position(resumed_from);
+                bar.set_position(resumed_from.min(size));
             }
             ProgressEvent::FileBytes { path, bytes } => {
-                if let Some(b) = files.get(&path) {
-                    b.inc(bytes);
+                if let Some(b) = s.files.get(&path) {
+                    advance(b, bytes);
                 }
-                self.total.inc(bytes);
+                advance(&self.total, bytes);
+                s.network = s.network.saturating_add(bytes);
+                self.refresh_rate(&mut s, false);
             }
             ProgressEvent::FileRewound { path, to, .. } => {
-                if let Some(b) = files.get(&path) {
+                if let Some(b) = s.files.get(&path) {
                     let back = b.position().saturating_sub(to);
                     b.set_position(to);
                     self.total
                         .set_position(self.total.position().saturating_sub(back));
                 }
             }
+            ProgressEvent::FileAdopted {
+                path,
+                size,
+                placement,
+            } => {
+                advance(&self.total, size);
+                let _ = self.multi.println(format!(
+                    "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
+                ));
+            }
+            ProgressEvent::FileResumedFromCache { path, bytes } => {
+                advance(&self.total, bytes);
+                let _ = self.multi.println(format!(
+                    "{path}: resuming an interrupted hf download at byte {bytes}"
+                ));
+            }
+            ProgressEvent::CacheRejected {
+                path,
+                cache_path,
+                reason,
+            } => {
+                let _ = self.multi.println(format!(
+                    "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
+                ));
+            }
             ProgressEvent::FilePublished { path, .. } => {
-                if let Some(b) = files.remove(&path) {
+                if let Some(b) = s.files.remove(&path) {
                     b.finish_and_clear();
                     self.multi.remove(&b);
                 }
             }
             ProgressEvent::FileFailed { path, error } => {
-                if let Some(b) = files.remove(&path) {
-                    b.abandon();
+                if let Some(b) = s.files.remove(&path) {
+                    b.finish_and_clear();
+                    self.multi.remove(&b);
                 }
                 let _ = self.multi.println(format!("failed: {path}: {error}"));
             }
@@ -124,13 +205,23 @@ impl Reporter for Bars {
             } => {
                 self.total.set_prefix("convert");
                 self.total.set_length(total_bytes);
-                self.total.set_position(done_bytes);
+                self.total.set_position(done_bytes.min(total_bytes));
+                self.total.set_message("");
             }
-            ProgressEvent::ComponentWritten { size, .. } => self.total.inc(size),
+            ProgressEvent::ComponentWritten { size, .. } => advance(&self.total, size),
             ProgressEvent::Note { message } => {
                 let _ = self.multi.println(message);
             }
         }
+    }
+
+    fn finish(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, b) in s.files.drain() {
+            b.finish_and_clear();
+            self.multi.remove(&b);
+        }
+        self.total.finish_and_clear();
     }
 }
 
@@ -204,6 +295,29 @@ impl Reporter for LogLines {
                 Some(format!("{path}: verified and published ({size} bytes)"))
             }
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),
+            ProgressEvent::FileAdopted {
+                path,
+                size,
+                placement,
+            } => {
+                s.done += size;
+                Some(format!(
+                    "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
+                ))
+            }
+            ProgressEvent::FileResumedFromCache { path, bytes } => {
+                s.done += bytes;
+                Some(format!(
+                    "{path}: resuming an interrupted hf download at byte {bytes}"
+                ))
+            }
+            ProgressEvent::CacheRejected {
+                path,
+                cache_path,
+                reason,
+            } => Some(format!(
+                "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
+            )),
             ProgressEvent::Note { message } => Some(message),
             ProgressEvent::ConvertPlanned {
                 components,

@@ -83,6 +83,15 @@ pub fn render(a: &AuditReport) -> String {
     if a.adopted_bytes > 0 {
         row(&mut out, "adopted bytes", &n(a.adopted_bytes));
     }
+    if a.cache_bytes > 0 || !a.cache_candidates.is_empty() {
+        row(&mut out, "adopted from HF cache", &n(a.cache_bytes));
+        let rejected = a
+            .cache_candidates
+            .iter()
+            .filter(|c| c.outcome == "rejected")
+            .count();
+        row(&mut out, "  cache files rejected", &rejected.to_string());
+    }
     row(&mut out, "transferred bytes", &n(a.transferred_bytes));
     row(&mut out, "waste", &n(waste));
     for (reason, bytes) in &a.waste_by_reason {
@@ -276,6 +285,7 @@ mod tests {
             committed_bytes: 10_026,
             transferred_bytes: 12_026,
             adopted_bytes: 0,
+            cache_bytes: 0,
             waste_by_reason: BTreeMap::from([("stale_part".into(), 2000)]),
             metadata_sources: SourceTotals {
                 files: 1,
@@ -313,6 +323,7 @@ mod tests {
             failed_attempts: 0,
             interrupted_attempts: 0,
             unsuccessful_attempts: vec![],
+            cache_candidates: vec![],
             deep: false,
             files: vec![FileAudit {
                 path: "config.json".into(),
@@ -322,6 +333,7 @@ mod tests {
                 attempt_bytes: 26,
                 discarded_bytes: 0,
                 adopted_bytes: 0,
+                cache_bytes: 0,
                 verified: true,
                 retired: false,
                 problem: None,

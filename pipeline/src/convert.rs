@@ -195,12 +195,21 @@ impl Pipeline {
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
         }
-        let client = HubClient::new(&params.endpoint, params.token.clone(), params.read_timeout)?;
+        let client = params.client()?;
         let resolved = self.resolve_stage(&client, &params, &reporter).await?;
-        self.plan_stage(&client, &params, &opts, &reporter).await?;
-        let report = self
-            .fetch_stage(&client, &params, &resolved, &reporter)
-            .await?;
+        // Offline, the plan cannot read headers of unfetched shards from the
+        // hub: fetch (from the cache) first, then plan from `source/`.
+        let report = if client.is_offline() {
+            let report = self
+                .fetch_stage(&client, &params, &resolved, &reporter)
+                .await?;
+            self.plan_stage(&client, &params, &opts, &reporter).await?;
+            report
+        } else {
+            self.plan_stage(&client, &params, &opts, &reporter).await?;
+            self.fetch_stage(&client, &params, &resolved, &reporter)
+                .await?
+        };
         let converted = self.convert(&opts, reporter.clone()).await?;
         self.verify_stage().await?;
         Ok(RunOutcome {

@@ -25,6 +25,7 @@ use ftpipe_stages::audit::{AuditReport, audit};
 use ftpipe_stages::bundle::{BundleSummary, write_bundle};
 use ftpipe_stages::crashpoint;
 use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
+use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::{HubClient, Token};
 use ftpipe_stages::progress::Reporter;
 use ftpipe_stages::resolve::{ResolveRequest, Resolved, resolve};
@@ -82,6 +83,22 @@ pub struct FetchParams {
     pub options: FetchOptions,
     /// Fetch sources retired by `convert --retire-sources` again.
     pub reacquire: bool,
+    /// A Hugging Face cache to take pinned files from first.
+    pub hf_cache: Option<HfCache>,
+    /// No network at all (`HF_HUB_OFFLINE=1` / `--offline`).
+    pub offline: bool,
+}
+
+impl FetchParams {
+    /// The hub client, refusing every request when offline.
+    pub fn client(&self) -> Result<HubClient> {
+        let client = HubClient::new(&self.endpoint, self.token.clone(), self.read_timeout)?;
+        Ok(if self.offline {
+            client.into_offline()
+        } else {
+            client
+        })
+    }
 }
 
 /// What a finished fetch reports.
@@ -239,7 +256,7 @@ impl Pipeline {
         params: FetchParams,
         reporter: Arc<dyn Reporter>,
     ) -> Result<FetchOutcome> {
-        let client = HubClient::new(&params.endpoint, params.token.clone(), params.read_timeout)?;
+        let client = params.client()?;
         let resolved = self.resolve_stage(&client, &params, &reporter).await?;
         let report = self
             .fetch_stage(&client, &params, &resolved, &reporter)
@@ -304,15 +321,18 @@ impl Pipeline {
                 .collect();
             let report =
                 reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
-            let ctx = Arc::new(FetchCtx::new(
-                client.clone(),
-                self.store.clone(),
-                self.run,
-                resolved.pin.clone(),
-                reporter.clone(),
-                params.options.clone(),
-                source.clone(),
-            ));
+            let ctx = Arc::new(
+                FetchCtx::new(
+                    client.clone(),
+                    self.store.clone(),
+                    self.run,
+                    resolved.pin.clone(),
+                    reporter.clone(),
+                    params.options.clone(),
+                    source.clone(),
+                )
+                .with_cache(params.hf_cache.clone(), params.offline),
+            );
             fetch(ctx, &files).await?;
             Ok(report)
         })

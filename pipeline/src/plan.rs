@@ -24,6 +24,8 @@ pub enum PlanSource {
         token: Option<Token>,
         /// Per-read stall timeout.
         read_timeout: Duration,
+        /// Refuse every request (`HF_HUB_OFFLINE=1` / `--offline`).
+        offline: bool,
     },
 }
 
@@ -43,8 +45,14 @@ pub async fn plan(
             endpoint,
             token,
             read_timeout,
+            offline,
         } => {
             let client = HubClient::new(&endpoint, token, read_timeout)?;
+            let client = if offline {
+                client.into_offline()
+            } else {
+                client
+            };
             let pinned = match open_existing(out).await {
                 Ok((_, store)) => match store.pin().await? {
                     Some(p) if p.repo == repo && p.revision == revision => {

@@ -18,6 +18,8 @@ mod store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
-pub use model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+pub use model::{
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
+};
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;

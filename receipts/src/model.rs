@@ -53,6 +53,28 @@ pub struct LedgerRow {
     pub validator: Option<String>,
     /// Sum of all discards recorded for this file.
     pub discarded: u64,
+    /// Bytes taken from a Hugging Face cache (a whole blob or a resume
+    /// prefix) instead of the network.
+    pub cache: u64,
+}
+
+/// A file of a Hugging Face cache looked at for a pinned file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CacheCandidate {
+    /// Repository-relative path of the pinned file.
+    pub path: String,
+    /// The cache file (never a token; a path on the user's disk).
+    pub cache_path: String,
+    /// `blob`, `snapshot` or `incomplete`.
+    pub kind: String,
+    /// `adopted`, `resumed` or `rejected`.
+    pub outcome: String,
+    /// `reflink`, `hardlink` or `copy` when placed.
+    pub placement: Option<String>,
+    /// Bytes adopted, resumed from, or found in the rejected file.
+    pub bytes: u64,
+    /// Why it was rejected (empty otherwise).
+    pub detail: String,
 }
 
 /// One discard: bytes received and then thrown away, with the reason.

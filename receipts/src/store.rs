@@ -9,7 +9,9 @@ use sqlx::{Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::error::{QueryContext, Result, StoreError};
-use crate::model::{Attempt, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow};
+use crate::model::{
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -422,7 +424,8 @@ impl Store {
         let query = sqlx::query(
             "SELECT l.path, l.expected_bytes, l.committed_bytes, l.transferred_bytes,
                     l.adopted_bytes, l.validator,
-                    (SELECT COALESCE(SUM(bytes), 0) FROM discards d WHERE d.path = l.path)
+                    (SELECT COALESCE(SUM(bytes), 0) FROM discards d WHERE d.path = l.path),
+                    l.cache_bytes
              FROM ledger l WHERE ?1 IS NULL OR l.path = ?1 ORDER BY l.path",
         )
         .bind(only);
@@ -437,6 +440,7 @@ impl Store {
                     adopted: to_u64(&path, "adopted_bytes", r.get(4))?,
                     validator: r.get(5),
                     discarded: to_u64(&path, "discards", r.get(6))?,
+                    cache: to_u64(&path, "cache_bytes", r.get(7))?,
                     path,
                 })
             })
@@ -762,4 +766,159 @@ impl Store {
             })
             .collect()
     }
+
+    /// Publishes a file adopted whole from a Hugging Face cache, in one
+    /// transaction: a partial watermark becomes a `superseded_by_hf_cache`
+    /// discard, the watermark jumps to the file size with those bytes
+    /// counted in `cache_bytes` (not `transferred`), the candidate is logged
+    /// and the receipt written. Call only after the file is published and
+    /// its directory fsynced.
+    pub async fn adopt_from_cache(
+        &self,
+        run: RunId,
+        receipt: &Receipt,
+        candidate: &CacheCandidate,
+    ) -> Result<()> {
+        let path = &receipt.path;
+        let size = to_i64(path, receipt.size)?;
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO discards (run_id, path, reason, bytes)
+             SELECT ?, path, 'superseded_by_hf_cache', committed_bytes FROM ledger
+             WHERE path = ? AND committed_bytes > 0",
+        )
+        .bind(run)
+        .bind(path)
+        .execute(&mut *tx)
+        .await
+        .ctx("cache discard")?;
+        let changed = sqlx::query(
+            "UPDATE ledger SET committed_bytes = ?, cache_bytes = cache_bytes + ?, validator = NULL
+             WHERE path = ? AND expected_bytes = ?",
+        )
+        .bind(size)
+        .bind(size)
+        .bind(path)
+        .bind(size)
+        .execute(&mut *tx)
+        .await
+        .ctx("cache ledger")?
+        .rows_affected();
+        if changed != 1 {
+            return Err(StoreError::MissingLedger { path: path.clone() });
+        }
+        insert_candidate(&mut tx, run, candidate).await?;
+        sqlx::query(
+            "INSERT INTO receipts (path, size, digest_kind, digest, run_id, adopted)
+             VALUES (?, ?, ?, ?, ?, 0)
+             ON CONFLICT(path) DO UPDATE SET size = excluded.size, digest_kind = excluded.digest_kind,
+               digest = excluded.digest, run_id = excluded.run_id, adopted = 0,
+               completed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        )
+        .bind(path)
+        .bind(size)
+        .bind(&receipt.digest_kind)
+        .bind(&receipt.digest)
+        .bind(run)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert receipt")?;
+        tx.commit().await.ctx("commit cache adoption")
+    }
+
+    /// Sets the watermark of `path` (which must be 0) to `len` bytes copied
+    /// from an interrupted download in the cache, counted in `cache_bytes`,
+    /// and logs the candidate. Call only after the `.part` holding them is
+    /// fsynced.
+    pub async fn seed_from_cache(
+        &self,
+        run: RunId,
+        path: &str,
+        len: u64,
+        candidate: &CacheCandidate,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let changed = sqlx::query(
+            "UPDATE ledger SET committed_bytes = ?, cache_bytes = cache_bytes + ?, validator = NULL
+             WHERE path = ? AND committed_bytes = 0 AND expected_bytes >= ?",
+        )
+        .bind(to_i64(path, len)?)
+        .bind(to_i64(path, len)?)
+        .bind(path)
+        .bind(to_i64(path, len)?)
+        .execute(&mut *tx)
+        .await
+        .ctx("seed ledger")?
+        .rows_affected();
+        if changed != 1 {
+            return Err(StoreError::MissingLedger {
+                path: path.to_owned(),
+            });
+        }
+        insert_candidate(&mut tx, run, candidate).await?;
+        tx.commit().await.ctx("commit cache seed")
+    }
+
+    /// Logs a cache candidate that was looked at and not used.
+    pub async fn reject_cache_candidate(
+        &self,
+        run: RunId,
+        candidate: &CacheCandidate,
+    ) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        insert_candidate(&mut tx, run, candidate).await?;
+        tx.commit().await.ctx("commit cache candidate")
+    }
+
+    /// Every cache candidate logged, in order.
+    pub async fn cache_candidates(&self) -> Result<Vec<CacheCandidate>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT path, cache_path, kind, outcome, placement, bytes, detail
+             FROM cache_candidates ORDER BY id",
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select cache candidates")?;
+        rows.into_iter()
+            .map(|r| {
+                let path: String = r.get(0);
+                Ok(CacheCandidate {
+                    cache_path: r.get(1),
+                    kind: r.get(2),
+                    outcome: r.get(3),
+                    placement: r.get(4),
+                    bytes: to_u64(&path, "cache_candidates.bytes", r.get(5))?,
+                    detail: r.get(6),
+                    path,
+                })
+            })
+            .collect()
+    }
+}
+
+async fn insert_candidate(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    run: RunId,
+    c: &CacheCandidate,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO cache_candidates (run_id, path, cache_path, kind, outcome, placement, bytes, detail)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(run)
+    .bind(&c.path)
+    .bind(&c.cache_path)
+    .bind(&c.kind)
+    .bind(&c.outcome)
+    .bind(&c.placement)
+    .bind(to_i64(&c.path, c.bytes)?)
+    .bind(&c.detail)
+    .execute(&mut **tx)
+    .await
+    .ctx("insert cache candidate")?;
+    Ok(())
 }

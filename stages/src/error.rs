@@ -37,6 +37,24 @@ pub enum StageError {
         available: u64,
         needed: u64,
     },
+    /// Offline (`HF_HUB_OFFLINE=1` or `--offline`) and this needs the hub.
+    #[error("offline (HF_HUB_OFFLINE or --offline): {what} needs the network")]
+    Offline { what: String },
+    /// Offline, and selected files are neither durable in DIR nor in the
+    /// Hugging Face cache.
+    #[error(
+        "offline (HF_HUB_OFFLINE or --offline): {} selected file(s) ({bytes} bytes still needed) \
+         are neither durable in {dir} nor in the Hugging Face cache{}: {}",
+        missing.len(),
+        match cache { Some(c) => format!(" {}", c.display()), None => " (none used)".into() },
+        missing.join(", ")
+    )]
+    OfflineMissing {
+        dir: PathBuf,
+        cache: Option<PathBuf>,
+        missing: Vec<String>,
+        bytes: u64,
+    },
     /// A network request failed before any response.
     #[error("request to {url} failed: {message}")]
     Http { url: String, message: String },

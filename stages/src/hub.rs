@@ -72,6 +72,8 @@ pub struct HubClient {
     http: reqwest::Client,
     endpoint: Url,
     token: Option<Token>,
+    /// `HF_HUB_OFFLINE=1` / `--offline`: every request fails, naming it.
+    offline: bool,
 }
 
 fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -115,7 +117,29 @@ impl HubClient {
             http,
             endpoint,
             token,
+            offline: false,
         })
+    }
+
+    /// A client that makes no request: each one fails with
+    /// [`StageError::Offline`] naming what it was for.
+    pub fn into_offline(mut self) -> HubClient {
+        self.offline = true;
+        self
+    }
+
+    /// Whether this client refuses the network.
+    pub fn is_offline(&self) -> bool {
+        self.offline
+    }
+
+    fn refuse_offline(&self, what: &str, url: &Url) -> Result<()> {
+        if self.offline {
+            return Err(StageError::Offline {
+                what: format!("{what} ({})", redact(url)),
+            });
+        }
+        Ok(())
     }
 
     /// The endpoint origin, without credentials.
@@ -163,6 +187,7 @@ impl HubClient {
     /// GETs a small API response of at most `limit` bytes (checked against
     /// `Content-Length` first, then while reading).
     pub async fn get_bytes_limited(&self, url: &Url, limit: u64) -> Result<(Vec<u8>, HeaderMap)> {
+        self.refuse_offline("a hub API request", url)?;
         let mut req = self.http.get(url.clone());
         if let Some(token) = &self.token
             && same_origin(url, &self.endpoint)
@@ -214,6 +239,7 @@ impl HubClient {
     /// by hand. `Authorization` is attached only while the URL has the
     /// endpoint's origin; once a hop leaves it, it is never sent again.
     pub async fn get_body(&self, path: &str, url: Url, extra: HeaderMap) -> Result<BodyResponse> {
+        self.refuse_offline(&format!("downloading {path}"), &url)?;
         let mut url = url;
         let mut meta = LinkedMeta::default();
         let mut token_allowed = true;

@@ -11,6 +11,7 @@ pub mod convert;
 pub mod crashpoint;
 mod error;
 pub mod fetch;
+pub mod hfcache;
 pub mod hub;
 pub mod identity;
 pub mod inspect;

@@ -12,6 +12,10 @@ use crate::limits::MAX_PATH_LEN;
 /// Suffix of in-progress downloads; never a valid repository path suffix.
 pub const PART_SUFFIX: &str = ".part";
 
+/// Suffix of the temp file a Hugging Face cache blob is placed at before
+/// it is verified and renamed to its final name.
+pub const CACHE_TEMP_SUFFIX: &str = ".hfcache";
+
 /// Checks a repository-relative path from a listing.
 pub fn validate_repo_path(path: &str) -> Result<()> {
     let bad = |reason| {
@@ -47,6 +51,9 @@ pub fn validate_repo_path(path: &str) -> Result<()> {
     }
     if path.ends_with(PART_SUFFIX) {
         return bad("reserved .part suffix");
+    }
+    if path.ends_with(CACHE_TEMP_SUFFIX) {
+        return bad("reserved .hfcache suffix");
     }
     if path == ".ftpipe" || path.starts_with(".ftpipe/") {
         return bad("reserved .ftpipe directory");
@@ -161,6 +168,13 @@ pub fn safe_join(root: &Path, path: &str) -> Result<PathBuf> {
         }
     }
     Ok(out)
+}
+
+/// The cache-adoption temp path beside a final path.
+pub fn cache_temp_path(final_path: &Path) -> PathBuf {
+    let mut s = final_path.as_os_str().to_owned();
+    s.push(CACHE_TEMP_SUFFIX);
+    PathBuf::from(s)
 }
 
 /// The in-progress path beside a final path.

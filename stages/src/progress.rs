@@ -40,6 +40,22 @@ pub enum ProgressEvent {
         retry_after_secs: Option<u64>,
         error: String,
     },
+    /// A file was taken whole from the Hugging Face cache: verified and
+    /// published, no byte requested (`placement`: reflink, hardlink, copy).
+    FileAdopted {
+        path: String,
+        size: u64,
+        placement: String,
+    },
+    /// The prefix of an interrupted download in the cache was copied into
+    /// the file's `.part` and is now its watermark (not network bytes).
+    FileResumedFromCache { path: String, bytes: u64 },
+    /// A cache file looked at for `path` was not used (recorded).
+    CacheRejected {
+        path: String,
+        cache_path: String,
+        reason: String,
+    },
     /// A file was verified and published.
     FilePublished { path: String, size: u64 },
     /// A file failed for good.
@@ -71,6 +87,10 @@ mod millis {
 pub trait Reporter: Send + Sync {
     /// Handles one event.
     fn report(&self, event: ProgressEvent);
+
+    /// The command is done: clear anything live (bars) so the final lines
+    /// that follow are readable.
+    fn finish(&self) {}
 }
 
 /// A reporter that drops everything.

@@ -321,6 +321,9 @@ pub async fn resolve(
             requested: req.repo.clone(),
         });
     }
+    if client.is_offline() {
+        return resolve_offline(store, req, existing).await;
+    }
     let current = revision_commit(client, &req.repo, &req.revision).await?;
     let mut branch_moved_to = None;
     let keep = match &existing {
@@ -375,6 +378,52 @@ pub async fn resolve(
     Ok(Resolved {
         pin,
         branch_moved_to,
+        selected,
+    })
+}
+
+/// Offline: the stored pin answers the request (same revision, or its
+/// commit), else nothing can be resolved.
+async fn resolve_offline(
+    store: &Store,
+    req: &ResolveRequest,
+    existing: Option<Pin>,
+) -> Result<Resolved> {
+    let dir = store
+        .path()
+        .parent()
+        .and_then(|p| p.parent())
+        .unwrap_or(store.path())
+        .display()
+        .to_string();
+    let Some(pin) = existing else {
+        return Err(StageError::Offline {
+            what: format!(
+                "pinning {}@{} ({dir} holds no pin yet; run once online)",
+                req.repo, req.revision
+            ),
+        });
+    };
+    if req.repin {
+        return Err(StageError::Offline {
+            what: format!("--repin of {}@{}", req.repo, req.revision),
+        });
+    }
+    if pin.revision != req.revision && pin.commit != req.revision {
+        return Err(StageError::Offline {
+            what: format!(
+                "resolving {}@{} ({dir} is pinned to {} = {})",
+                req.repo, req.revision, pin.revision, pin.commit
+            ),
+        });
+    }
+    let mut files = store.files().await?;
+    apply_selection(&mut files, &req.include, &req.exclude)?;
+    store.save_pin(&pin, &files).await?;
+    let selected = files.into_iter().filter(|f| f.selected).collect();
+    Ok(Resolved {
+        pin,
+        branch_moved_to: None,
         selected,
     })
 }

@@ -31,10 +31,26 @@ pub fn hub_with(builder: HubBuilder, seed: u64, bytes: u64) -> (RunningHub, Vec<
     (hub, files)
 }
 
-/// The `ftpipe` binary under test.
+/// A home for huggingface_hub settings that never exists: the tests do
+/// not see the developer's cache, token or offline switch.
+pub const NO_HF_HOME: &str = "/nonexistent/ftpipe-tests/hf-home";
+
+/// The `ftpipe` binary under test, with no Hugging Face token, cache or
+/// offline setting inherited from the environment.
 pub fn ftpipe() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ftpipe"));
-    cmd.env_remove("HF_TOKEN").env_remove("HF_ENDPOINT");
+    for var in [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_ENDPOINT",
+        "HF_HUB_CACHE",
+        "HF_TOKEN_PATH",
+        "HF_HUB_OFFLINE",
+        "XDG_CACHE_HOME",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("HF_HOME", NO_HF_HOME);
     cmd
 }
 

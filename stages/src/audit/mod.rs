@@ -56,6 +56,9 @@ pub struct FileAudit {
     pub discarded_bytes: u64,
     /// Bytes adopted from disk.
     pub adopted_bytes: u64,
+    /// Bytes taken from a Hugging Face cache (part of `committed_bytes`,
+    /// not of `transferred_bytes`).
+    pub cache_bytes: u64,
     /// Receipt present, ledger consistent, and the file present with the
     /// right size (and digest with deep) — or, for a retired source,
     /// deliberately gone (see `retired`).
@@ -167,6 +170,9 @@ pub struct AuditReport {
     pub transferred_bytes: u64,
     /// Sum of adopted bytes.
     pub adopted_bytes: u64,
+    /// Sum of bytes taken from a Hugging Face cache (whole blobs and
+    /// resume prefixes), counted as committed, not transferred.
+    pub cache_bytes: u64,
     /// Discarded bytes by reason.
     pub waste_by_reason: BTreeMap<String, u64>,
     /// Selected sources that are not `*.safetensors`.
@@ -205,6 +211,9 @@ pub struct AuditReport {
     pub interrupted_attempts: usize,
     /// Every attempt whose outcome is not `ok`, as recorded.
     pub unsuccessful_attempts: Vec<AttemptLine>,
+    /// Every Hugging Face cache file looked at: adopted, resumed from, or
+    /// rejected (with why).
+    pub cache_candidates: Vec<ftpipe_receipts::CacheCandidate>,
     /// Whether the re-hash was done.
     pub deep: bool,
     /// Per-file lines.
@@ -312,6 +321,7 @@ pub async fn audit(
         committed_bytes: sum(|l| l.committed_bytes),
         transferred_bytes: sum(|l| l.transferred_bytes),
         adopted_bytes: sum(|l| l.adopted_bytes),
+        cache_bytes: sum(|l| l.cache_bytes),
         waste_by_reason,
         metadata_sources: src.metadata,
         weight_sources: src.weight,
@@ -332,6 +342,7 @@ pub async fn audit(
             .count(),
         interrupted_attempts: attempts.iter().filter(|a| a.outcome == "in_flight").count(),
         unsuccessful_attempts,
+        cache_candidates: store.cache_candidates().await?,
         deep,
         files: lines,
         orphans: src.orphans,

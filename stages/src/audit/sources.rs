@@ -18,7 +18,7 @@ use super::{FileAudit, Retirement, SourceTotals, walk};
 use crate::error::{Result, StageError};
 use crate::fetch::expected_identity;
 use crate::identity::hash_file;
-use crate::paths::{PART_SUFFIX, safe_join};
+use crate::paths::{CACHE_TEMP_SUFFIX, PART_SUFFIX, safe_join};
 
 /// What the source half found.
 pub(super) struct SourcePart {
@@ -87,6 +87,7 @@ pub(super) async fn audit_sources(
             attempt_bytes: attempt_bytes.get(&f.path).copied().unwrap_or(0),
             discarded_bytes: 0,
             adopted_bytes: 0,
+            cache_bytes: 0,
             verified: false,
             retired: false,
             problem: None,
@@ -101,7 +102,10 @@ pub(super) async fn audit_sources(
         line.transferred_bytes = l.transferred;
         line.discarded_bytes = l.discarded;
         line.adopted_bytes = l.adopted;
-        out.error += l.transferred.abs_diff(l.committed + l.discarded);
+        line.cache_bytes = l.cache;
+        // Bytes in come from the network or the cache; each is committed
+        // or discarded.
+        out.error += (l.transferred + l.cache).abs_diff(l.committed + l.discarded);
         if line.attempt_bytes != l.transferred {
             line.problem = Some(format!(
                 "attempts received {} bytes, the ledger says {} transferred",
@@ -202,6 +206,7 @@ pub(super) async fn audit_sources(
         match rel.strip_suffix(PART_SUFFIX) {
             Some(base) if known.contains(base) && !receipts.contains_key(base) => {}
             Some(_) => out.stale_temp_files.push(rel),
+            None if rel.ends_with(CACHE_TEMP_SUFFIX) => out.stale_temp_files.push(rel),
             None => out.orphans.push(rel),
         }
     }

@@ -1,6 +1,7 @@
 //! Fetch: download every selected file of the pinned listing into
 //! `DIR/source/`, resuming from durable watermarks.
 
+mod cache;
 mod headers;
 mod part;
 mod reconcile;
@@ -18,6 +19,7 @@ use tokio::task::JoinSet;
 use ftpipe_receipts::{FileRow, Pin, RunId, Store};
 
 use crate::error::{Result, StageError};
+use crate::hfcache::HfCache;
 use crate::hub::HubClient;
 use crate::limits::{
     DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
@@ -100,6 +102,10 @@ pub struct FetchCtx {
     /// Files not yet started, and files holding a connection.
     pub(crate) unstarted: AtomicUsize,
     pub(crate) in_flight: AtomicUsize,
+    /// A Hugging Face cache to take pinned files from before the network.
+    pub(crate) hf_cache: Option<HfCache>,
+    /// No network: files not durable and not in the cache fail.
+    pub(crate) offline: bool,
 }
 
 impl FetchCtx {
@@ -125,6 +131,8 @@ impl FetchCtx {
             unstarted: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             opts,
+            hf_cache: None,
+            offline: false,
         }
     }
 
@@ -133,6 +141,14 @@ impl FetchCtx {
     pub(crate) fn may_add_connection(&self) -> bool {
         self.unstarted.load(Ordering::SeqCst) == 0
             || self.in_flight.load(Ordering::SeqCst) >= self.opts.jobs.max(1)
+    }
+
+    /// Takes pinned files from `cache` (when given) before the network, and
+    /// with `offline` never uses the network for file bodies.
+    pub fn with_cache(mut self, cache: Option<HfCache>, offline: bool) -> Self {
+        self.hf_cache = cache;
+        self.offline = offline;
+        self
     }
 }
 
@@ -307,6 +323,44 @@ async fn fetch_files(
         }
     }
     let total_files = files.len();
+    // Offline: one error naming every file the network would have had to
+    // provide, with the bytes still needed.
+    if ctx.offline
+        && errors
+            .iter()
+            .any(|e| matches!(e, StageError::Offline { .. }))
+    {
+        let ledger = store.ledger().await?;
+        let receipts: std::collections::HashSet<String> = store
+            .receipts()
+            .await?
+            .into_iter()
+            .map(|r| r.path)
+            .collect();
+        let mut missing = Vec::new();
+        let mut bytes = 0u64;
+        for f in files {
+            if receipts.contains(&f.path) {
+                continue;
+            }
+            let committed = ledger
+                .iter()
+                .find(|l| l.path == f.path)
+                .map_or(0, |l| l.committed);
+            missing.push(f.path.clone());
+            bytes += f.size.saturating_sub(committed);
+        }
+        return Err(StageError::OfflineMissing {
+            dir: ctx
+                .source_root
+                .parent()
+                .unwrap_or(&ctx.source_root)
+                .to_owned(),
+            cache: ctx.hf_cache.as_ref().map(|c| c.root.clone()),
+            missing,
+            bytes,
+        });
+    }
     let failed = errors.len();
     // A full disk is reported with the bytes still needed by the whole fetch.
     if let Some(pos) = errors

@@ -176,6 +176,18 @@ pub async fn reconcile(
         .into_iter()
         .map(|r| (r.path.clone(), r))
         .collect();
+    // A cache blob placed but never renamed (a crash between the two) is
+    // never claimed by the database: always ours to remove.
+    for f in files {
+        let temp = crate::paths::cache_temp_path(&safe_join(source_root, &f.path)?);
+        if std::fs::symlink_metadata(&temp).is_ok() {
+            std::fs::remove_file(&temp).map_err(|e| StageError::io("remove", &temp, e))?;
+            if let Some(dir) = temp.parent() {
+                sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
+            }
+            report.removed_parts.push(temp);
+        }
+    }
     for f in files.iter().filter(|f| published.contains_key(&f.path)) {
         let part = part_path(&safe_join(source_root, &f.path)?);
         if part.is_file() {

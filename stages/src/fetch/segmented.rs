@@ -192,6 +192,9 @@ pub async fn fetch_segmented(
     permit: OwnedSemaphorePermit,
 ) -> Result<()> {
     let expected = expected_identity(&file)?;
+    if super::cache::adopt_whole(&ctx, &file, &expected, &final_path).await? {
+        return Ok(());
+    }
     let mut task = Coordinator {
         ctx,
         file,
@@ -201,6 +204,7 @@ pub async fn fetch_segmented(
         single: false,
         range_ignored: 0,
         digest_failures: 0,
+        cache_prefix_tried: false,
     };
     loop {
         match task.pass().await? {
@@ -221,6 +225,8 @@ struct Coordinator {
     single: bool,
     range_ignored: u32,
     digest_failures: u32,
+    /// An interrupted download in the Hugging Face cache was looked for.
+    cache_prefix_tried: bool,
 }
 
 /// The state of one pass: the open part file and the digest so far.
@@ -276,7 +282,7 @@ impl Coordinator {
     }
 
     /// Brings `.part`, ledger and ranges into agreement and opens the pass.
-    async fn open(&self) -> Result<PassState> {
+    async fn open(&mut self) -> Result<PassState> {
         let store = &self.ctx.store;
         let path = self.path().to_owned();
         let size = self.file.size;
@@ -314,6 +320,10 @@ impl Coordinator {
                 )
                 .await?;
             }
+            if !self.cache_prefix_tried && part.len() == 0 {
+                self.cache_prefix_tried = true;
+                super::cache::seed_from_incomplete(&self.ctx, &self.file, &mut part).await?;
+            }
             let kept = part.len();
             let aligned = align_down(kept);
             if aligned < kept {
@@ -345,6 +355,14 @@ impl Coordinator {
             }
         }
         let ledger = store.ledger_row(&path).await?;
+        if self.ctx.offline && ranges.iter().any(|r| !r.complete()) {
+            return Err(StageError::Offline {
+                what: format!(
+                    "{path} ({} of {size} bytes durable, not in the Hugging Face cache)",
+                    ledger.committed
+                ),
+            });
+        }
         let slots: Vec<Slot> = ranges.iter().map(Slot::from_row).collect();
         let prefix = contiguous_prefix(&slots);
         let mut hasher = self.expected.hasher(size);

@@ -58,6 +58,9 @@ struct FileTask {
     range_ignored: u32,
     /// The attempt in flight: each checkpoint adds its bytes to it.
     attempt_id: Option<i64>,
+    /// An interrupted download in the cache was already considered as a
+    /// resume prefix (at most once per run: a bad one is not retried).
+    cache_prefix_tried: bool,
 }
 
 /// Fetches, verifies and publishes one file, retrying transient failures.
@@ -74,7 +77,11 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
         unproductive: false,
         range_ignored: 0,
         attempt_id: None,
+        cache_prefix_tried: false,
     };
+    if super::cache::adopt_whole(&task.ctx, &task.file, &task.expected, &task.final_path).await? {
+        return Ok(());
+    }
     let schedule = ExponentialBuilder::default()
         .with_min_delay(task.ctx.opts.retry_base)
         .with_max_delay(Duration::from_secs(10))
@@ -193,7 +200,7 @@ impl FileTask {
 
     /// Brings the `.part` file and the ledger into agreement and returns the
     /// open part file with the digest state of its committed prefix.
-    async fn open_resume_point(&self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
+    async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
         let ledger = self.ctx.store.ledger_row(self.path()).await?;
         let mut part = block_in_place(|| PartFile::open(&self.ctx.source_root, &self.part_path))
             .map_err(|e| self.io("open", e))?;
@@ -212,6 +219,10 @@ impl FileTask {
             )
             .await?;
         }
+        if !self.cache_prefix_tried && part.len() == 0 {
+            self.cache_prefix_tried = true;
+            super::cache::seed_from_incomplete(&self.ctx, &self.file, &mut part).await?;
+        }
         let mut hasher = self.expected.hasher(self.file.size);
         let len = part.len();
         block_in_place(|| hash_prefix(part.file_mut(), len, &mut hasher))
@@ -228,6 +239,15 @@ impl FileTask {
             size,
             resumed_from: part.len(),
         });
+        if self.ctx.offline && part.len() < size {
+            return Err(StageError::Offline {
+                what: format!(
+                    "{} ({} of {size} bytes durable, not in the Hugging Face cache)",
+                    self.path(),
+                    part.len()
+                ),
+            });
+        }
         let actual = if part.len() < size {
             self.transfer(&mut part, &mut hasher, &mut validator)
                 .await?

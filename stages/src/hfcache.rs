@@ -1,0 +1,401 @@
+//! A Hugging Face hub cache (`hf download`, `huggingface_hub`) as a source
+//! of pinned files: `<root>/models--ORG--NAME/blobs/<etag>` plus
+//! `snapshots/<commit>/<path>` links, interrupted downloads left as
+//! `blobs/<etag>.<id>.incomplete` or `blobs/<etag>.incomplete`.
+//!
+//! Everything under the cache is untrusted input: a name is only ever
+//! looked up by the pinned identity, a link is followed only when its
+//! target stays inside the repo's `blobs/` directory, only regular files of
+//! the pinned size (a prefix no longer than it) are considered, and a
+//! candidate is adopted only after its copy hashes to the pinned identity.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use ftpipe_receipts::FileRow;
+
+use crate::identity::{CommitId, LfsSha256};
+use crate::paths::validate_repo_path;
+
+/// The longest link chain followed under `snapshots/` (hf writes one link).
+const MAX_LINK_HOPS: usize = 8;
+
+/// Where a hub cache is and where that choice came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HfCache {
+    /// The hub cache directory (the one holding `models--ORG--NAME`).
+    pub root: PathBuf,
+    /// `--hf-cache`, `HF_HUB_CACHE`, `HF_HOME` or `default`.
+    pub from: &'static str,
+}
+
+/// How a cached file is looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LookupKind {
+    /// An LFS file: `blobs/<sha256>`.
+    Blob,
+    /// A small file: `snapshots/<commit>/<path>` resolved into `blobs/`.
+    Snapshot,
+}
+
+/// A cached file that may hold the pinned bytes (not yet verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The real file in `blobs/` (no link left on the way).
+    pub blob: PathBuf,
+    /// How it was found.
+    pub kind: LookupKind,
+}
+
+/// What a lookup found for one pinned file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// Nothing under the pinned identity.
+    Absent,
+    /// A candidate of the pinned size.
+    Found(Candidate),
+    /// Something under the pinned identity that cannot be the file (a
+    /// link escaping `blobs/`, not a regular file, the wrong size).
+    Refused {
+        /// The cache path looked at.
+        path: PathBuf,
+        /// Why it is not used.
+        reason: String,
+        /// Its size when it is a regular file.
+        bytes: u64,
+    },
+}
+
+impl HfCache {
+    /// The cache huggingface_hub would use: `HF_HUB_CACHE`, else
+    /// `$HF_HOME/hub`, else `$XDG_CACHE_HOME/huggingface/hub`, else
+    /// `~/.cache/huggingface/hub`. `None` when no home can be found.
+    pub fn from_env() -> Option<HfCache> {
+        let var = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(p) = var("HF_HUB_CACHE") {
+            return Some(HfCache {
+                root: p,
+                from: "HF_HUB_CACHE",
+            });
+        }
+        if let Some(home) = var("HF_HOME") {
+            return Some(HfCache {
+                root: home.join("hub"),
+                from: "HF_HOME",
+            });
+        }
+        let base = var("XDG_CACHE_HOME").or_else(|| var("HOME").map(|h| h.join(".cache")))?;
+        Some(HfCache {
+            root: base.join("huggingface").join("hub"),
+            from: "default",
+        })
+    }
+
+    /// A cache the user named.
+    pub fn at(root: PathBuf) -> HfCache {
+        HfCache {
+            root,
+            from: "--hf-cache",
+        }
+    }
+
+    /// Whether the cache directory exists (a missing one is not an error:
+    /// the user simply has none).
+    pub fn exists(&self) -> bool {
+        std::fs::metadata(&self.root).is_ok_and(|m| m.is_dir())
+    }
+
+    /// `models--ORG--NAME` for a validated repo id.
+    pub fn repo_dir(&self, repo: &str) -> PathBuf {
+        self.root
+            .join(format!("models--{}", repo.replace('/', "--")))
+    }
+
+    /// Looks `file` up by its pinned identity at `commit`.
+    pub fn lookup(&self, repo: &str, commit: &str, file: &FileRow) -> Lookup {
+        let repo_dir = self.repo_dir(repo);
+        let blobs = repo_dir.join("blobs");
+        // The blobs directory itself must be a real directory.
+        let Some(blobs_real) = real_dir(&blobs) else {
+            return Lookup::Absent;
+        };
+        match &file.lfs_sha256 {
+            Some(sha) => {
+                let Some(sha) = LfsSha256::parse(sha) else {
+                    return Lookup::Absent;
+                };
+                let path = blobs_real.join(sha.as_str());
+                check_regular(&path, file.size, LookupKind::Blob)
+            }
+            None => {
+                if CommitId::parse(commit).is_none() || validate_repo_path(&file.path).is_err() {
+                    return Lookup::Absent;
+                }
+                let link = repo_dir.join("snapshots").join(commit).join(&file.path);
+                match resolve_inside(&repo_dir, &link, &blobs_real) {
+                    Ok(None) => Lookup::Absent,
+                    Ok(Some(blob)) => check_regular(&blob, file.size, LookupKind::Snapshot),
+                    Err(reason) => Lookup::Refused {
+                        path: link,
+                        reason,
+                        bytes: 0,
+                    },
+                }
+            }
+        }
+    }
+
+    /// The longest interrupted download of the LFS file `file` in the
+    /// cache (`blobs/<sha256>.incomplete`, `blobs/<sha256>.<id>.incomplete`),
+    /// at most `file.size` bytes and not empty, with its length.
+    pub fn incomplete(&self, repo: &str, file: &FileRow) -> Option<(PathBuf, u64)> {
+        let sha = LfsSha256::parse(file.lfs_sha256.as_deref()?)?;
+        let blobs = real_dir(&self.repo_dir(repo).join("blobs"))?;
+        let prefix = format!("{}.", sha.as_str());
+        let mut best: Option<(PathBuf, u64)> = None;
+        for entry in std::fs::read_dir(&blobs).ok()?.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(rest) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let id_ok = rest == "incomplete"
+                || rest.strip_suffix(".incomplete").is_some_and(|id| {
+                    !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric())
+                });
+            if !id_ok {
+                continue;
+            }
+            // `symlink_metadata`: a link here is never followed.
+            let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            let len = meta.len();
+            if meta.is_file()
+                && len > 0
+                && len <= file.size
+                && best.as_ref().is_none_or(|b| len > b.1)
+            {
+                best = Some((entry.path(), len));
+            }
+        }
+        best
+    }
+}
+
+/// The directory `dir` when it and every component of it is what it says
+/// (canonicalized; `None` when missing or not a directory).
+fn real_dir(dir: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(dir).ok()?;
+    std::fs::metadata(&real).ok()?.is_dir().then_some(real)
+}
+
+/// Follows the link at `link` (and any chain, relative or absolute) and
+/// returns the real path it names, which must lie directly in `blobs`.
+/// `Ok(None)` when nothing is there.
+fn resolve_inside(
+    repo_dir: &Path,
+    link: &Path,
+    blobs: &Path,
+) -> std::result::Result<Option<PathBuf>, String> {
+    // Every directory between the repo dir and the link must be real.
+    let parent = link.parent().ok_or("no parent")?;
+    match std::fs::symlink_metadata(parent) {
+        Err(_) => return Ok(None),
+        Ok(_) => {
+            let real_parent = std::fs::canonicalize(parent).map_err(|e| e.to_string())?;
+            let real_repo = std::fs::canonicalize(repo_dir).map_err(|e| e.to_string())?;
+            if !real_parent.starts_with(&real_repo) {
+                return Err(format!(
+                    "{} leads outside {}",
+                    parent.display(),
+                    repo_dir.display()
+                ));
+            }
+        }
+    }
+    let mut cur = link.to_path_buf();
+    for _ in 0..MAX_LINK_HOPS {
+        let meta = match std::fs::symlink_metadata(&cur) {
+            Ok(m) => m,
+            Err(_) if cur == link => return Ok(None),
+            Err(e) => return Err(format!("link target {}: {e}", cur.display())),
+        };
+        if !meta.file_type().is_symlink() {
+            let real = std::fs::canonicalize(&cur).map_err(|e| e.to_string())?;
+            return if real.parent() == Some(blobs) {
+                Ok(Some(real))
+            } else {
+                Err(format!(
+                    "resolves to {}, outside {}",
+                    real.display(),
+                    blobs.display()
+                ))
+            };
+        }
+        let target = std::fs::read_link(&cur).map_err(|e| e.to_string())?;
+        cur = match cur.parent() {
+            Some(dir) => dir.join(target),
+            None => target,
+        };
+    }
+    Err(format!("more than {MAX_LINK_HOPS} links"))
+}
+
+/// A regular file (never a link) of exactly `size` bytes at `path`.
+fn check_regular(path: &Path, size: u64, kind: LookupKind) -> Lookup {
+    match std::fs::symlink_metadata(path) {
+        Err(_) => Lookup::Absent,
+        Ok(m) if !m.is_file() => Lookup::Refused {
+            path: path.to_owned(),
+            reason: "not a regular file".into(),
+            bytes: 0,
+        },
+        Ok(m) if m.len() != size => Lookup::Refused {
+            path: path.to_owned(),
+            reason: format!("size {} in the cache, expected {size}", m.len()),
+            bytes: m.len(),
+        },
+        Ok(_) => Lookup::Found(Candidate {
+            blob: path.to_owned(),
+            kind,
+        }),
+    }
+}
+
+/// How a cached blob was placed at the temp path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// A copy-on-write clone (FICLONE): no bytes copied, no shared inode.
+    Reflink,
+    /// A hard link to the cache's inode (same filesystem).
+    Hardlink,
+    /// A byte copy.
+    Copy,
+}
+
+impl Placement {
+    /// Its name in the database and in events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Reflink => "reflink",
+            Placement::Hardlink => "hardlink",
+            Placement::Copy => "copy",
+        }
+    }
+}
+
+/// `FICLONE` from `linux/fs.h`: `_IOW(0x94, 9, int)`.
+const FICLONE: libc::c_ulong = 0x4004_9409;
+
+/// Places `blob` at `dest` (which must not exist): a reflink where the
+/// filesystem can, else a hard link on the same filesystem, else a copy.
+/// `dest` is created without following links; nothing is written to the
+/// cache. The caller fsyncs and verifies `dest`.
+pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
+    use std::os::fd::AsRawFd;
+    let src = ftpipe_receipts::nofollow::open_read(blob)?;
+    let out = create_new(dest)?;
+    // SAFETY: both descriptors are open for the duration of the call;
+    // FICLONE takes the source descriptor as its argument.
+    let rc = unsafe { libc::ioctl(out.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
+    if rc == 0 {
+        return Ok(Placement::Reflink);
+    }
+    drop(out);
+    std::fs::remove_file(dest)?;
+    // `link(2)` does not follow a link at `blob` (it was opened no-follow
+    // above, and it is a real path inside `blobs/`).
+    if std::fs::hard_link(blob, dest).is_ok() {
+        return Ok(Placement::Hardlink);
+    }
+    let mut out = create_new(dest)?;
+    let mut src = src;
+    std::io::copy(&mut src, &mut out)?;
+    Ok(Placement::Copy)
+}
+
+fn create_new(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, size: u64, sha: Option<&str>) -> FileRow {
+        FileRow {
+            path: path.into(),
+            size,
+            git_oid: "0".repeat(40),
+            lfs_sha256: sha.map(str::to_owned),
+            xet_hash: None,
+            selected: true,
+        }
+    }
+
+    #[test]
+    fn snapshot_links_escaping_blobs_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = HfCache::at(tmp.path().join("hub"));
+        let repo = cache.repo_dir("acme/tiny");
+        let commit = "a".repeat(40);
+        let snap = repo.join("snapshots").join(&commit);
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::create_dir_all(repo.join("blobs")).unwrap();
+        std::fs::write(repo.join("blobs/good"), b"hello\n").unwrap();
+        std::fs::write(tmp.path().join("secret"), b"secret").unwrap();
+        std::os::unix::fs::symlink("../../blobs/good", snap.join("config.json")).unwrap();
+        std::os::unix::fs::symlink("../../../../secret", snap.join("evil.json")).unwrap();
+        let found = cache.lookup("acme/tiny", &commit, &row("config.json", 6, None));
+        assert!(matches!(
+            found,
+            Lookup::Found(Candidate {
+                kind: LookupKind::Snapshot,
+                ..
+            })
+        ));
+        let evil = cache.lookup("acme/tiny", &commit, &row("evil.json", 6, None));
+        assert!(
+            matches!(&evil, Lookup::Refused { reason, .. } if reason.contains("outside")),
+            "{evil:?}"
+        );
+        let wrong_size = cache.lookup("acme/tiny", &commit, &row("config.json", 7, None));
+        assert!(matches!(wrong_size, Lookup::Refused { bytes: 6, .. }));
+        assert_eq!(
+            cache.lookup("acme/tiny", &commit, &row("missing.json", 6, None)),
+            Lookup::Absent
+        );
+    }
+
+    #[test]
+    fn incomplete_blobs_by_pinned_sha_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = HfCache::at(tmp.path().to_owned());
+        let blobs = cache.repo_dir("acme/tiny").join("blobs");
+        std::fs::create_dir_all(&blobs).unwrap();
+        let sha = "b".repeat(64);
+        std::fs::write(blobs.join(format!("{sha}.incomplete")), [1u8; 10]).unwrap();
+        std::fs::write(blobs.join(format!("{sha}.0a1b2c3d.incomplete")), [1u8; 20]).unwrap();
+        std::fs::write(blobs.join(format!("{sha}.x.y.incomplete")), [1u8; 30]).unwrap();
+        std::fs::write(blobs.join(format!("{sha}.ffff.incomplete")), [1u8; 200]).unwrap();
+        let (p, len) = cache
+            .incomplete("acme/tiny", &row("m.safetensors", 100, Some(&sha)))
+            .unwrap();
+        assert_eq!(len, 20);
+        assert!(p.ends_with(format!("{sha}.0a1b2c3d.incomplete")));
+    }
+}
