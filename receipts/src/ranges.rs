@@ -7,7 +7,7 @@ use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::error::{QueryContext, Result, StoreError};
 use crate::model::RunId;
-use crate::store::{Store, to_i64, to_u64};
+use crate::store::{Store, insert_discard, to_i64, to_u64};
 
 /// One range `[start, end)` of a segmented file; `[start, watermark)` is
 /// durable.
@@ -244,14 +244,7 @@ impl Store {
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
-            .bind(run)
-            .bind(path)
-            .bind(reason)
-            .bind(to_i64(path, bytes)?)
-            .execute(&mut *tx)
-            .await
-            .ctx("insert discard")?;
+        insert_discard(&mut tx, run, path, reason, bytes).await?;
         sqlx::query(
             "UPDATE attempts SET body_bytes = body_bytes + ?1 WHERE id = COALESCE(?2,
                (SELECT MAX(id) FROM attempts WHERE path = ?3 AND outcome = 'in_flight'

@@ -33,6 +33,25 @@ pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
     })
 }
 
+/// Appends one discard row (inside the caller's transaction).
+pub(crate) async fn insert_discard(
+    conn: &mut SqliteConnection,
+    run: RunId,
+    path: &str,
+    reason: &str,
+    bytes: u64,
+) -> Result<()> {
+    sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
+        .bind(run)
+        .bind(path)
+        .bind(reason)
+        .bind(to_i64(path, bytes)?)
+        .execute(&mut *conn)
+        .await
+        .ctx("insert discard")?;
+    Ok(())
+}
+
 pub(crate) fn to_u64(path: &str, column: &'static str, value: i64) -> Result<u64> {
     u64::try_from(value).map_err(|_| StoreError::CorruptCounter {
         path: path.to_owned(),
@@ -505,14 +524,7 @@ impl Store {
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
-            .bind(run)
-            .bind(path)
-            .bind(reason)
-            .bind(to_i64(path, bytes)?)
-            .execute(&mut *tx)
-            .await
-            .ctx("insert discard")?;
+        insert_discard(&mut tx, run, path, reason, bytes).await?;
         let extra = if also_transferred {
             to_i64(path, bytes)?
         } else {

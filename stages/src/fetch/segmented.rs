@@ -37,12 +37,14 @@ use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
 use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
 use tokio::task::{JoinSet, block_in_place};
 
-use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow, Receipt};
+use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
 use super::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
 use super::part::sync_dir;
-use super::transfer::{DIGEST_REFETCHES, RateWindow, error_chain, expected_identity, header_value};
+use super::transfer::{
+    DIGEST_REFETCHES, RateWindow, error_chain, expected_identity, header_value, record_published,
+};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, IdentityHasher, hash_prefix};
@@ -842,24 +844,7 @@ impl Coordinator {
         })
         .map_err(|e| StageError::io("publish", &final_path, e))?;
         crashpoint::hit("fetch-renamed");
-        self.ctx
-            .store
-            .put_receipt(
-                self.ctx.run,
-                &Receipt {
-                    path: self.path().to_owned(),
-                    size,
-                    digest_kind: self.expected.kind().to_owned(),
-                    digest: actual,
-                    completed_at: String::new(),
-                    adopted: false,
-                },
-            )
-            .await?;
-        self.ctx.reporter.report(ProgressEvent::FilePublished {
-            path: self.path().to_owned(),
-            size,
-        });
+        record_published(&self.ctx, &self.file, &self.expected, actual).await?;
         Ok(Pass::Published)
     }
 }

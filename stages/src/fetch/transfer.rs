@@ -42,6 +42,34 @@ pub fn expected_identity(file: &FileRow) -> Result<Expected> {
     })
 }
 
+/// The receipt of a file whose verified bytes are published under its
+/// final name (and that name's directory fsynced), then the event.
+pub(super) async fn record_published(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    expected: &Expected,
+    digest: String,
+) -> Result<()> {
+    ctx.store
+        .put_receipt(
+            ctx.run,
+            &Receipt {
+                path: file.path.clone(),
+                size: file.size,
+                digest_kind: expected.kind().to_owned(),
+                digest,
+                completed_at: String::new(),
+                adopted: false,
+            },
+        )
+        .await?;
+    ctx.reporter.report(ProgressEvent::FilePublished {
+        path: file.path.clone(),
+        size: file.size,
+    });
+    Ok(())
+}
+
 /// Per-file state carried across attempts.
 struct FileTask {
     ctx: Arc<FetchCtx>,
@@ -262,25 +290,7 @@ impl FileTask {
             .map_err(|e| StageError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
         crashpoint::hit("fetch-renamed");
-        self.ctx
-            .store
-            .put_receipt(
-                self.ctx.run,
-                &Receipt {
-                    path: self.path().to_owned(),
-                    size,
-                    digest_kind: self.expected.kind().to_owned(),
-                    digest: actual,
-                    completed_at: String::new(),
-                    adopted: false,
-                },
-            )
-            .await?;
-        self.ctx.reporter.report(ProgressEvent::FilePublished {
-            path: self.path().to_owned(),
-            size,
-        });
-        Ok(())
+        record_published(&self.ctx, &self.file, &self.expected, actual).await
     }
 
     /// Compares the digest of the complete `.part` with the pinned identity.
