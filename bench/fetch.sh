@@ -285,6 +285,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run ftpipe "$WORK/ftpipe" "$FTPIPE" fetch acme/tiny --endpoint "$EP" --out "$WORK/ftpipe" --quiet
     check "$DATA/tiny" "$WORK/ftpipe/source" "${TINY_FILES[@]}"
     "$FTPIPE" audit --out "$WORK/ftpipe" --json | python3 -c 'import json,sys; a=json.load(sys.stdin); print("   audit ok:", a["ok"], "reconciliation_error:", a["reconciliation_error"])'
+    rm -rf "$WORK/ftpipe"
   fi
   if ! skip curl; then
     args=()
@@ -292,6 +293,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     # 4 transfers at a time, one process, no hashing.
     run curl "$WORK/curl" curl -sS --fail --create-dirs --parallel --parallel-max 4 "${args[@]}"
     check "$DATA/tiny" "$WORK/curl" "${TINY_FILES[@]}"
+    rm -rf "$WORK/curl"
   fi
   if ! skip aria2c; then
     : >"$WORK/aria2.list"
@@ -300,12 +302,14 @@ for ((round = 1; round <= ROUNDS; round++)); do
     run aria2c "$WORK/aria2c" aria2c -q -x4 -s4 -j4 --min-split-size=64M --file-allocation=falloc \
       --allow-overwrite=true --auto-file-renaming=false -d "$WORK/aria2c" -i "$WORK/aria2.list"
     check "$DATA/tiny" "$WORK/aria2c" "${TINY_FILES[@]}"
+    rm -rf "$WORK/aria2c"
   fi
   if ! skip hf && command -v hf >/dev/null; then
     export HF_HOME=$WORK/hf-home HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_XET=1
     rm -rf "$HF_HOME"
     run hf "$WORK/hf" env HF_ENDPOINT="$EP" hf download acme/tiny --revision "$TINY_COMMIT" --local-dir "$WORK/hf"
     check "$DATA/tiny" "$WORK/hf" "${TINY_FILES[@]}"
+    rm -rf "$WORK/hf" "$HF_HOME"
   fi
 done
 echo
@@ -325,6 +329,7 @@ if ! skip capped; then
     if ! skip ftpipe; then
       run c-ftpipe "$WORK/c-ftpipe" "$FTPIPE" fetch acme/capped --endpoint "$EP" --out "$WORK/c-ftpipe" --quiet --connections 8
       check "$CAPPED" "$WORK/c-ftpipe/source" "${CAPPED_FILES[@]}"
+      rm -rf "$WORK/c-ftpipe"
     fi
     if ! skip aria2c; then
       : >"$WORK/c-aria2.list"
@@ -333,12 +338,14 @@ if ! skip capped; then
       run c-aria2c "$WORK/c-aria2c" aria2c -q -j1 -x8 -s8 --min-split-size=16M --file-allocation=falloc \
         --allow-overwrite=true --auto-file-renaming=false -d "$WORK/c-aria2c" -i "$WORK/c-aria2.list"
       check "$CAPPED" "$WORK/c-aria2c" "${CAPPED_FILES[@]}"
+      rm -rf "$WORK/c-aria2c"
     fi
     if ! skip hf && command -v hf >/dev/null; then
       export HF_HOME=$WORK/hf-home HF_HUB_DISABLE_TELEMETRY=1 HF_HUB_DISABLE_PROGRESS_BARS=1 HF_HUB_DISABLE_XET=1
       rm -rf "$HF_HOME"
       run c-hf "$WORK/c-hf" env HF_ENDPOINT="$EP" hf download acme/capped --revision "$CAPPED_COMMIT" --local-dir "$WORK/c-hf"
       check "$CAPPED" "$WORK/c-hf" "${CAPPED_FILES[@]}"
+      rm -rf "$WORK/c-hf"
     fi
   done
   IDEAL=$(python3 -c "print(f'{$CTOTAL / (8 * $CAP_MBPS * 1e6):.2f}')")

@@ -262,6 +262,23 @@ impl Store {
         tx.commit().await.ctx("commit discard")
     }
 
+    /// The newest attempt of `path` still `in_flight` (one cut short by a
+    /// crash) whose range started inside `[start, end)`.
+    pub async fn in_flight_attempt(&self, path: &str, start: u64, end: u64) -> Result<Option<i64>> {
+        let mut conn = self.conn.lock().await;
+        let id: Option<i64> = sqlx::query_scalar(
+            "SELECT MAX(id) FROM attempts WHERE path = ?1 AND outcome = 'in_flight'
+               AND range_start >= ?2 AND range_start < ?3",
+        )
+        .bind(path)
+        .bind(to_i64(path, start)?)
+        .bind(to_i64(path, end)?)
+        .fetch_one(&mut *conn)
+        .await
+        .ctx("in-flight attempt")?;
+        Ok(id)
+    }
+
     /// Ends `path`'s ranges (its bytes were all discarded).
     pub async fn end_ranges(&self, path: &str) -> Result<()> {
         let mut conn = self.writer().await?;

@@ -337,8 +337,13 @@ impl Coordinator {
         }
         let file = part.into_file();
         block_in_place(|| file.set_len(size)).map_err(|e| self.io("size", e))?;
-        // Un-checkpointed tails a crash left behind: measured, recorded.
+        // Un-checkpointed tails a crash left behind: only where an attempt
+        // was in flight when the process died; measured, recorded, then
+        // punched out so a second crash cannot count them again.
         for r in ranges.iter().filter(|r| !r.complete()) {
+            let Some(attempt) = store.in_flight_attempt(&path, r.start, r.end).await? else {
+                continue;
+            };
             let tail = block_in_place(|| written_tail(&file, r.watermark, r.end))
                 .map_err(|e| self.io("seek", e))?;
             if tail > 0 {
@@ -348,12 +353,13 @@ impl Coordinator {
                         &path,
                         "uncheckpointed_tail",
                         tail,
-                        None,
+                        Some(attempt),
                         r.start,
                         r.end,
                     )
                     .await?;
                 self.rewound(r.watermark, "uncheckpointed_tail");
+                block_in_place(|| punch_hole(&file, r.watermark, tail));
             }
         }
         let ledger = store.ledger_row(&path).await?;
@@ -913,6 +919,20 @@ fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
     }
     let hole = seek(file, SeekFrom::Hole(watermark)).map_err(std::io::Error::from)?;
     Ok(hole.min(end).saturating_sub(watermark))
+}
+
+/// Makes `[offset, offset + len)` a hole again, so that a later crash
+/// finds only what was written after it. Best effort: a filesystem that
+/// cannot punch holes keeps the stale bytes (they are overwritten before
+/// they are claimed).
+fn punch_hole(file: &File, offset: u64, len: u64) {
+    use rustix::fs::{FallocateFlags, fallocate};
+    let _ = fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    );
 }
 
 /// Streams one range into the part file.
