@@ -16,6 +16,7 @@
 #                   between runs).
 #   --skip TOOL     skip ftpipe|curl|aria2c|hf|resume|capped (repeatable).
 #   --rounds N      interleaved rounds per client (default 2); medians printed.
+#   --ftpipe-args "ARGS"  extra arguments for ftpipe's capped-link fetches.
 #   --cap MBPS      per-connection cap of the capped-link part (default 20 MB/s,
 #                   nginx limit_rate), serving one 1.5 GiB shard, three 300 MiB
 #                   shards and small files.
@@ -33,6 +34,7 @@ ROOT=$PWD
 SIZE_GIB=4
 ROUNDS=2
 CAP_MBPS=20
+FTPIPE_ARGS=
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
 WORK=
 DROP=0
@@ -46,6 +48,7 @@ while (($#)); do
     --skip) SKIP+="$2 "; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cap) CAP_MBPS=$2; shift 2 ;;
+    --ftpipe-args) FTPIPE_ARGS=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -327,7 +330,8 @@ if ! skip capped; then
   for ((round = 1; round <= ROUNDS; round++)); do
     echo "== capped round $round of $ROUNDS: nginx limit_rate $CAP_MBPS MB/s per connection"
     if ! skip ftpipe; then
-      run c-ftpipe "$WORK/c-ftpipe" "$FTPIPE" fetch acme/capped --endpoint "$EP" --out "$WORK/c-ftpipe" --quiet --connections 8
+      # shellcheck disable=SC2086
+      run c-ftpipe "$WORK/c-ftpipe" "$FTPIPE" fetch acme/capped --endpoint "$EP" --out "$WORK/c-ftpipe" --quiet --connections 8 $FTPIPE_ARGS
       check "$CAPPED" "$WORK/c-ftpipe/source" "${CAPPED_FILES[@]}"
       rm -rf "$WORK/c-ftpipe"
     fi
@@ -394,8 +398,8 @@ if ! skip resume; then
   rm -rf "$OUT"; sync
   cat "$DATA/big/big.bin" >/dev/null
   echo
-  echo "== resume: acme/big, one $BIG_SIZE-byte file, kill -9 at half, default checkpoints (64 MiB / 2 s) (load $(loadavg))"
-  "$FTPIPE" fetch acme/big --endpoint "$EP" --out "$OUT" --quiet >/dev/null 2>&1 &
+  echo "== resume: acme/big, one $BIG_SIZE-byte file as one stream (--connections 1), kill -9 at half, default checkpoints (64 MiB / 2 s) (load $(loadavg))"
+  "$FTPIPE" fetch acme/big --endpoint "$EP" --out "$OUT" --quiet --connections 1 >/dev/null 2>&1 &
   FP=$!
   PART=$OUT/source/big.bin.part
   while :; do
@@ -411,7 +415,7 @@ if ! skip resume; then
   sync; drop
   # Timestamp the resume's events (not the per-chunk ones) as they are printed.
   t0=$(now)
-  /usr/bin/time -v -o "$WORK/resume.time" "$FTPIPE" fetch acme/big --endpoint "$EP" --out "$OUT" --json 2>"$WORK/resume.err" |
+  /usr/bin/time -v -o "$WORK/resume.time" "$FTPIPE" fetch acme/big --endpoint "$EP" --out "$OUT" --json --connections 1 2>"$WORK/resume.err" |
     python3 -c '
 import sys, time
 t0 = float(sys.argv[1]); out = open(sys.argv[2], "w")

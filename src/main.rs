@@ -168,8 +168,8 @@ struct FetchArgs {
     /// Files at least this large may be fetched as several ranges (e.g. 256MiB).
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
     segment_threshold: u64,
-    /// A range is never split below this size (e.g. 16MiB; at least 64KiB).
-    #[arg(long, default_value = "16MiB", value_parser = parse_bytes)]
+    /// A range is never split below this size (e.g. 4MiB; at least 64KiB).
+    #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
     min_range: u64,
     /// Print nothing on success (errors still go to stderr).
     #[arg(long)]

@@ -28,7 +28,7 @@ pub const DEFAULT_CONNECTIONS: usize = 8;
 /// Files at least this large may be fetched as several ranges.
 pub const DEFAULT_SEGMENT_THRESHOLD: u64 = 256 * 1024 * 1024;
 /// Ranges are never split below this size.
-pub const DEFAULT_MIN_RANGE: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_MIN_RANGE: u64 = 4 * 1024 * 1024;
 /// Default durable checkpoint interval in time.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 /// Minimum body rate (bytes per second) of a transfer, averaged over
