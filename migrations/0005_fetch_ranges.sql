@@ -13,12 +13,23 @@ CREATE TABLE fetch_ranges (
     CHECK (start <= watermark AND watermark <= end_ AND start < end_)
 );
 
+-- An attempt cut short by a crash whose tail (bytes written past its
+-- range's watermark) was measured and recorded: never counted again.
+ALTER TABLE attempts ADD COLUMN tail_measured INTEGER NOT NULL DEFAULT 0;
+
 -- Whatever resets a file's ledger (a discard back to fewer bytes, a
--- revoked receipt, a repin) or publishes it (a receipt) ends its ranges:
+-- revoked receipt, a repin, a new size) or publishes it (a receipt) ends its ranges:
 -- a range never outlives the bytes it describes.
 CREATE TRIGGER fetch_ranges_end_on_rewind
 AFTER UPDATE OF committed_bytes ON ledger
 WHEN NEW.committed_bytes < OLD.committed_bytes
+BEGIN
+    DELETE FROM fetch_ranges WHERE path = NEW.path;
+END;
+
+CREATE TRIGGER fetch_ranges_end_on_resize
+AFTER UPDATE OF expected_bytes ON ledger
+WHEN NEW.expected_bytes != OLD.expected_bytes
 BEGIN
     DELETE FROM fetch_ranges WHERE path = NEW.path;
 END;

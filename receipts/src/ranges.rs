@@ -138,7 +138,14 @@ impl Store {
     /// Splits the range of `path` that starts at `start` at `at`: it now
     /// ends at `at`, and a new range `[at, old end)` with nothing durable
     /// follows. `at` must lie past the range's watermark and before its end.
-    pub async fn split_range(&self, path: &str, start: u64, at: u64) -> Result<()> {
+    /// The validator the ranges are fetched under is stored with them.
+    pub async fn split_range(
+        &self,
+        path: &str,
+        start: u64,
+        at: u64,
+        validator: Option<&str>,
+    ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let range = ranges_of(&mut tx, path)
@@ -167,6 +174,8 @@ impl Store {
             .execute(&mut *tx)
             .await
             .ctx("insert split range")?;
+        // Ranges are split only under a known validator: keep it with them.
+        commit_sum(&mut tx, path, 0, validator).await?;
         tx.commit().await.ctx("commit split")
     }
 
@@ -230,7 +239,8 @@ impl Store {
     /// counts them as transferred (the watermarks do not move). They belong
     /// to the attempt `attempt`, or, when `None`, to the newest attempt
     /// still `in_flight` whose range started inside `[start, end)` (one cut
-    /// short by a crash).
+    /// short by a crash). With `crash_tail` that attempt's tail is marked
+    /// measured, so it is never counted twice.
     #[allow(clippy::too_many_arguments)]
     pub async fn discard_unkept(
         &self,
@@ -241,12 +251,14 @@ impl Store {
         attempt: Option<i64>,
         start: u64,
         end: u64,
+        crash_tail: bool,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         insert_discard(&mut tx, run, path, reason, bytes).await?;
         sqlx::query(
-            "UPDATE attempts SET body_bytes = body_bytes + ?1 WHERE id = COALESCE(?2,
+            "UPDATE attempts SET body_bytes = body_bytes + ?1,
+               tail_measured = tail_measured OR ?6 WHERE id = COALESCE(?2,
                (SELECT MAX(id) FROM attempts WHERE path = ?3 AND outcome = 'in_flight'
                   AND range_start >= ?4 AND range_start < ?5))",
         )
@@ -255,6 +267,7 @@ impl Store {
         .bind(path)
         .bind(to_i64(path, start)?)
         .bind(to_i64(path, end)?)
+        .bind(crash_tail)
         .execute(&mut *tx)
         .await
         .ctx("attempt bytes")?;
@@ -263,12 +276,13 @@ impl Store {
     }
 
     /// The newest attempt of `path` still `in_flight` (one cut short by a
-    /// crash) whose range started inside `[start, end)`.
+    /// crash) whose range started inside `[start, end)` and whose tail was
+    /// not measured yet.
     pub async fn in_flight_attempt(&self, path: &str, start: u64, end: u64) -> Result<Option<i64>> {
         let mut conn = self.conn.lock().await;
         let id: Option<i64> = sqlx::query_scalar(
             "SELECT MAX(id) FROM attempts WHERE path = ?1 AND outcome = 'in_flight'
-               AND range_start >= ?2 AND range_start < ?3",
+               AND tail_measured = 0 AND range_start >= ?2 AND range_start < ?3",
         )
         .bind(path)
         .bind(to_i64(path, start)?)

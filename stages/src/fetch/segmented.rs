@@ -207,6 +207,7 @@ pub async fn fetch_segmented(
         range_ignored: 0,
         digest_failures: 0,
         cache_prefix_tried: false,
+        restarting: false,
     };
     loop {
         match task.pass().await? {
@@ -229,6 +230,8 @@ struct Coordinator {
     digest_failures: u32,
     /// An interrupted download in the Hugging Face cache was looked for.
     cache_prefix_tried: bool,
+    /// This pass already decided to start again.
+    restarting: bool,
 }
 
 /// The state of one pass: the open part file and the digest so far.
@@ -293,8 +296,23 @@ impl Coordinator {
         let mut part =
             block_in_place(|| super::part::PartFile::open(&self.ctx.source_root, &part_path))
                 .map_err(|e| self.io("open", e))?;
+        if !ranges.is_empty() && !tiles(&ranges, size) {
+            // Not a tiling of this file (stored for another size): the
+            // ranges say nothing about its bytes.
+            let committed = store.ledger_row(&path).await?.committed;
+            block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+            self.discard("ranges_do_not_tile_the_file", committed, 0, false)
+                .await?;
+            store.end_ranges(&path).await?;
+            ranges.clear();
+        }
         if !ranges.is_empty() {
-            let durable_end = ranges.iter().map(|r| r.watermark).max().unwrap_or(0);
+            let durable_end = ranges
+                .iter()
+                .filter(|r| r.watermark > r.start)
+                .map(|r| r.watermark)
+                .max()
+                .unwrap_or(0);
             if part.len() < durable_end {
                 // The part lost bytes the ranges claim: nothing in it can be trusted.
                 let committed = store.ledger_row(&path).await?.committed;
@@ -356,6 +374,7 @@ impl Coordinator {
                         Some(attempt),
                         r.start,
                         r.end,
+                        true,
                     )
                     .await?;
                 self.rewound(r.watermark, "uncheckpointed_tail");
@@ -377,7 +396,7 @@ impl Coordinator {
         let mut reader = file.try_clone().map_err(|e| self.io("open", e))?;
         block_in_place(|| hash_prefix(&mut reader, prefix, &mut hasher))
             .map_err(|e| self.io("re-hash prefix of", e))?;
-        let validator = if ledger.committed > 0 {
+        let validator = if ledger.committed > 0 || ranges.len() > 1 {
             ledger.validator
         } else {
             None
@@ -412,6 +431,7 @@ impl Coordinator {
 
     /// One pass: fetch every range, verify, publish.
     async fn pass(&mut self) -> Result<Pass> {
+        self.restarting = false;
         let mut st = self.open().await?;
         let schedule = ExponentialBuilder::default()
             .with_min_delay(self.ctx.opts.retry_base)
@@ -579,7 +599,12 @@ impl Coordinator {
         shared
             .ctx
             .store
-            .split_range(&shared.path, split.0, split.1)
+            .split_range(
+                &shared.path,
+                split.0,
+                split.1,
+                shared.validator().as_deref(),
+            )
             .await?;
         crashpoint::hit("range-split");
         Ok(Some(split.1))
@@ -623,6 +648,7 @@ impl Coordinator {
                     Some(attempt.id),
                     start,
                     range_end,
+                    false,
                 )
                 .await?;
         }
@@ -653,6 +679,11 @@ impl Coordinator {
         match result {
             Ok(Ended::Done) | Ok(Ended::Cancelled) => Ok(Next::Continue),
             Ok(Ended::RangeNotHonoured { validator }) => {
+                // One restart per pass, however many ranges saw the 200.
+                if self.restarting {
+                    return Ok(Next::Continue);
+                }
+                self.restarting = true;
                 self.range_ignored += 1;
                 if self.range_ignored > self.ctx.opts.retries {
                     return Ok(Next::Fail(StageError::RangeIgnored {
@@ -793,6 +824,7 @@ impl Coordinator {
                     attempt,
                     start,
                     end,
+                    false,
                 )
                 .await?;
         }
@@ -875,6 +907,18 @@ fn received_since(shared: &Shared) -> u64 {
     shared.slots().iter().map(|s| s.received).sum()
 }
 
+/// Whether `ranges` (by start) cover `[0, size)` exactly, without gaps.
+fn tiles(ranges: &[RangeRow], size: u64) -> bool {
+    let mut at = 0;
+    for r in ranges {
+        if r.start != at || r.end <= r.start {
+            return false;
+        }
+        at = r.end;
+    }
+    at == size
+}
+
 /// End of the durable bytes that follow on from byte 0.
 fn contiguous_prefix(slots: &[Slot]) -> u64 {
     let mut prefix = 0;
@@ -951,12 +995,16 @@ async fn worker(
         attempt: Attempt::default(),
     };
     let mut cancel = w.shared.cancel.clone();
-    let result = tokio::select! {
-        r = async {
-            tokio::time::sleep(delay).await;
-            w.run().await
-        } => r,
-        _ = cancel.wait_for(|c| *c) => Ok(Ended::Cancelled),
+    // Cancelled while waiting; once running, `run` stops at its own await
+    // points (the request, each chunk), never inside a database write.
+    let waited = tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        _ = cancel.wait_for(|c| *c) => false,
+    };
+    let result = if waited {
+        w.run().await
+    } else {
+        Ok(Ended::Cancelled)
     };
     // Whole blocks of the buffer are still worth writing; the remainder
     // below the alignment is not kept.
@@ -1075,7 +1123,7 @@ impl RangeWorker {
                         });
                     }
                     Some(_) => {}
-                    None => self.learn_validator(now),
+                    None => self.learn_validator(now)?,
                 }
                 if let Some(len) = resp.content_length()
                     && len != end - from
@@ -1091,7 +1139,7 @@ impl RangeWorker {
             StatusCode::OK if from == 0 && end == size && validator.is_none() => {
                 // Ranges ignored on a file with nothing yet: one stream.
                 shared.splittable.store(false, Ordering::SeqCst);
-                self.learn_validator(now);
+                self.learn_validator(now)?;
                 if let Some(len) = resp.content_length()
                     && len != size
                 {
@@ -1177,15 +1225,35 @@ impl RangeWorker {
         }
     }
 
-    fn learn_validator(&self, now: Option<String>) {
+    /// Takes `now` as the file's validator, unless another range already
+    /// learned a different one: bytes of two versions are never combined.
+    fn learn_validator(&self, now: Option<String>) -> Result<()> {
         if now.is_none() {
             self.shared.splittable.store(false, Ordering::SeqCst);
         }
-        *self
+        let mut v = self
             .shared
             .validator
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = now;
+            .unwrap_or_else(|p| p.into_inner());
+        match (&*v, &now) {
+            (Some(known), Some(got)) if known != got => Err(StageError::BadHeader {
+                path: self.shared.path.clone(),
+                header: "ETag",
+                expected: known.clone(),
+                actual: got.clone(),
+            }),
+            (Some(_), None) => Err(StageError::BadHeader {
+                path: self.shared.path.clone(),
+                header: "ETag",
+                expected: v.clone().unwrap_or_default(),
+                actual: String::new(),
+            }),
+            _ => {
+                *v = now;
+                Ok(())
+            }
+        }
     }
 
     /// `(pos, end)` of this worker's range.
