@@ -23,13 +23,13 @@ use serde::{Deserialize, Serialize};
 use ftpipe_formats::ExpertLayout;
 use ftpipe_receipts::Receipt;
 
+use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
 use super::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
 use super::plan::{INDEX_FILE, Plan, SavedHeader};
-use super::profile::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 
 /// What `DIR/.ftpipe/convert.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
