@@ -1,8 +1,8 @@
 //! Profiles: which source tensor goes into which output component, chosen
 //! from `config.json`'s `model_type`.
 //!
-//! * `qwen4_exp`: experts per-expert (`mlp.experts.{e}.{gate,up,down}_proj`)
-//!   in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
+//! * `qwen4_exp`, flat (text-only) layout: experts per-expert
+//!   (`mlp.experts.{e}.{gate,up,down}_proj`) in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
 //!   `weight_scale` F8_E4M3 [out, in/16], `weight_scale_2` F32 scalar), or
 //!   fused, with `p = model.layers.{l}.mlp.experts`, E = `num_experts`,
 //!   I = `moe_intermediate_size`, H = `hidden_size`:
@@ -26,8 +26,12 @@
 //!   the contract [`release`] derives from `layer_types` and the dims (every
 //!   mismatch in one error); `model.visual.*` and `mtp.*` are omitted and
 //!   listed; the PLE table's geometry follows the primes rule, and an
-//!   F8_E4M3 table is decoded with its scale before Q3. Without
-//!   `text_config` the flat layout below (`model.layers.{l}`) still applies.
+//!   F8_E4M3 table is decoded with its scale before Q3. This is the primary
+//!   layout. The flat one above (`model.layers.{l}`, a top-level config) is
+//!   read only when `config.json` declares it with `architectures`
+//!   [`FLAT_QWEN4_ARCHITECTURES`] (the text-only model class); any other
+//!   `qwen4_exp` config without `text_config` is an error naming
+//!   `text_config`.
 //! * `qwen3_moe`: per-expert experts only, no PLE.
 //! * any other `model_type`: a declarative TOML [`Recipe`] given with
 //!   `--recipe FILE.toml` ([`super::recipe`]).
@@ -92,6 +96,34 @@ fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
         file: CONFIG_FILE.into(),
         field: what.into(),
         problem: e.to_string(),
+    })
+}
+
+/// `architectures` of a flat (text-only, pre-release) `qwen4_exp` config.
+pub const FLAT_QWEN4_ARCHITECTURES: &[&str] = &["Qwen4ExpForCausalLM"];
+
+/// A `qwen4_exp` config without `text_config` is read in the flat layout
+/// only when it declares the text-only architecture; the released layout
+/// (`Qwen4ExpForConditionalGeneration`) must have its `text_config`.
+fn flat_qwen4_declared(cfg: &Value) -> Result<(), ConvertError> {
+    let arch = cfg.get("architectures");
+    let declared = arch.and_then(Value::as_array).is_some_and(|a| {
+        a.iter()
+            .map(Value::as_str)
+            .eq(FLAT_QWEN4_ARCHITECTURES.iter().map(|s| Some(*s)))
+    });
+    if declared {
+        return Ok(());
+    }
+    Err(ConvertError::BadConfig {
+        file: CONFIG_FILE.into(),
+        field: "text_config".into(),
+        problem: format!(
+            "is missing: the released qwen4_exp layout has the text model under text_config; \
+             the flat layout (model.layers.N.*) is read only for architectures {FLAT_QWEN4_ARCHITECTURES:?}, \
+             and config.json has architectures {}",
+            arch.map_or_else(|| "missing".to_owned(), Value::to_string)
+        ),
     })
 }
 
@@ -165,6 +197,9 @@ impl Profile {
         let q4 = family == "qwen4_exp";
         let text = TextConfig::of(cfg)?;
         let layers = text.u64("num_hidden_layers")?;
+        if q4 && !text.nested() {
+            flat_qwen4_declared(cfg)?;
+        }
         let experts = text.u64("num_experts")?;
         let step = text.u64_or("decoder_sparse_step", 1)?.max(1);
         let mlp_only: BTreeSet<u64> = text.u64_list("mlp_only_layers")?.into_iter().collect();
