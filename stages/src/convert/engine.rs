@@ -25,6 +25,7 @@ use ftpipe_receipts::{ComponentReceipt, Receipt, RunId, Store};
 
 use super::aside;
 use super::batch::Batch;
+use super::component::TensorSource;
 use super::error::ConvertError;
 use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
@@ -36,7 +37,7 @@ use super::recipe::Recipe;
 use super::retire::Retirer;
 use super::skeleton::{Skeleton, files_read, source_identity};
 use super::space::artifact_peak;
-use super::write::Sources;
+use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dir;
@@ -475,6 +476,19 @@ pub async fn convert(
             .collect();
         preflight(&plan, &excluded, paths, opts)?;
     }
+    // The lookup buffers the config fixes are checked before anything is
+    // written: a wrong one leaves no component from those sources behind,
+    // so the run resumes on fixed sources without --rebuild.
+    let sources = Arc::new(Sources::new(&paths.source));
+    for c in &pending {
+        if let ComponentContent::Ftw { tensors } = &c.content {
+            for t in tensors {
+                if let TensorSource::Checked(chk) = &t.source {
+                    block_in_place(|| write::check_lookup(&sources, chk))?;
+                }
+            }
+        }
+    }
     let retirer = Retirer::default();
     let ctx = Batch {
         store,
@@ -483,7 +497,7 @@ pub async fn convert(
         paths,
         opts,
         reporter,
-        sources: Arc::new(Sources::new(&paths.source)),
+        sources,
         retirer: &retirer,
     };
     let mut written = ctx.write_pending(pending, &plan, &mut done).await?;
