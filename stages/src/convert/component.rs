@@ -163,7 +163,7 @@ pub struct Catalog<'a> {
 
 impl<'a> Catalog<'a> {
     /// Indexes the headers; a tensor in two files is an error.
-    pub fn new(headers: &'a [SourceHeader]) -> Result<Self, ConvertError> {
+    pub fn new(headers: impl IntoIterator<Item = &'a SourceHeader>) -> Result<Self, ConvertError> {
         let mut by_name = BTreeMap::new();
         for h in headers {
             for t in h.tensors() {

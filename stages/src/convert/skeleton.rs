@@ -282,8 +282,10 @@ impl Skeleton {
     }
 
     /// The finished manifest given every component's digest.
-    pub fn finish(&self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
-        let mut m = self.manifest.clone();
+    /// Consumes the skeleton: its manifest (with an inventory entry per
+    /// source tensor) is finished in place, not cloned.
+    pub fn finish(self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
+        let mut m = self.manifest;
         for c in &mut m.components {
             c.sha256 = digests.get(&c.path)?.clone();
         }

@@ -299,9 +299,9 @@ impl Profile {
 
     /// The components, and the source tensors of other partitions (vision,
     /// MTP) left out of the artifact.
-    pub fn map(
+    pub fn map<'a>(
         &self,
-        headers: &[SourceHeader],
+        headers: impl IntoIterator<Item = &'a SourceHeader>,
     ) -> Result<(Vec<Component>, Vec<OmittedTensor>), ConvertError> {
         let cat = Catalog::new(headers)?;
         match self {
