@@ -18,9 +18,12 @@ use ftpipe_fixtures::qwen4::release::{ReleaseShape, write_release_sparse};
 use ftpipe_formats::sizes;
 use ftpipe_stages::convert::{ComponentKind, plan_local};
 
+/// `(dtype, shape)` by tensor name.
+type Tensors = BTreeMap<String, (String, Vec<u64>)>;
+
 /// `(dtype, shape)` of every tensor in the safetensors files under `dir`,
 /// read straight from their headers.
-fn headers(dir: &Path) -> BTreeMap<String, (String, Vec<u64>)> {
+fn headers(dir: &Path) -> Tensors {
     let mut out = BTreeMap::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let path = e.unwrap().path();
@@ -66,7 +69,7 @@ fn width(dtype: &str) -> u64 {
 /// up to 4096. NVFP4 (`{m}.weight` U8 with `weight_scale`) is one tensor of
 /// n/2 + n/16 + 4 bytes for the n logical elements; the experts'
 /// `input_scale`s go to the FTW stream too. Returns (tensors, bytes).
-fn ftw_len(src: &BTreeMap<String, (String, Vec<u64>)>) -> (u64, u64) {
+fn ftw_len(src: &Tensors) -> (u64, u64) {
     let up = |x: u64, a: u64| x.div_ceil(a) * a;
     let (mut index, mut data, mut count) = (0u64, 0u64, 0u64);
     for (name, (dtype, shape)) in src {
@@ -95,14 +98,7 @@ fn ftw_len(src: &BTreeMap<String, (String, Vec<u64>)>) -> (u64, u64) {
     (count, up(40 + index, 4096) + data)
 }
 
-fn plan_real(
-    nvfp4: bool,
-    files: u64,
-) -> (
-    ftpipe_stages::convert::Plan,
-    usize,
-    BTreeMap<String, (String, Vec<u64>)>,
-) {
+fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_stages::convert::Plan, usize, Tensors) {
     let tmp = tempfile::tempdir().unwrap();
     let shape = ReleaseShape::real(nvfp4);
     write_release_sparse(tmp.path(), 5, &shape, files).unwrap();
