@@ -9,11 +9,12 @@
 //! scale) are run, verified deeply and read back tensor by tensor against
 //! the source: pass-through and I64 exact, Q3 within the documented bound of
 //! the BF16 or decoded FP8 × scale values; vision and MTP tensors are listed
-//! as omitted. Bad inputs fail with an error naming the field or tensor.
+//! as omitted. Bad inputs fail with exit 1 and an error naming the field or
+//! tensor, and resume to a clean audit once the hub serves the fix (the
+//! earlier check accepted any exit code and never resumed).
 
 mod common;
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use common::*;
 use ftpipe_fixtures::qwen4::Mutation;
@@ -228,14 +229,24 @@ fn plan_prints_the_omitted_partitions() {
     );
 }
 
-fn run_fails(m: &[Mutation], shape: &ReleaseShape) -> String {
+/// Serves `m` applied to `shape`'s release, expects `run` to exit 1 naming
+/// every needle (never panicking), then publishes the fixed checkpoint and
+/// expects `run --repin` to resume in the same directory to a clean audit.
+fn fails_then_resumes(m: &[Mutation], shape: &ReleaseShape, needles: &[&str]) {
     let hub = hub(generate_release_repo_mutated(SEED, shape, m));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
-    assert!(!o.status.success(), "{m:?} was accepted");
-    assert_eq!(o.status.code(), Some(o.status.code().unwrap_or(1)));
-    stderr(&o)
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{m:?}: {err}");
+    assert!(!err.contains("panicked"), "{m:?}: {err}");
+    assert_names(&err, needles);
+    assert!(!out.join("artifact/manifest.json").exists(), "{m:?}");
+    hub.move_branch(REPO, "main", generate_release_repo(SEED, shape))
+        .unwrap();
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--repin"]));
+    assert_clean_audit(&out);
+    assert!(out.join("artifact/manifest.json").exists(), "{m:?}");
 }
 
 fn assert_names(err: &str, needles: &[&str]) {
@@ -244,31 +255,38 @@ fn assert_names(err: &str, needles: &[&str]) {
     }
 }
 
-#[test]
-fn bad_release_inputs_fail_naming_the_field_or_tensor() {
+/// Each bad input of issue 10 fails with exit 1 and an error naming the
+/// field or tensor, and the run resumes once the hub serves the fix.
+fn bad_release_input(case: usize) {
     let tiny = ReleaseShape::tiny();
     let l1 = format!("{TEXT}.layers.1");
     let cases: Vec<(Vec<Mutation>, Vec<String>)> = vec![
+        // A missing text tensor.
         (
             vec![Mutation::Drop(format!("{l1}.linear_attn.out_proj.weight"))],
             vec![format!("{l1}.linear_attn.out_proj.weight: expected BF16 [64, 64]"), "missing".into()],
         ),
+        // An unknown one.
         (
             vec![Mutation::Add(format!("{l1}.post_attention_layernorm.weight"), vec![64])],
             vec![format!("{l1}.post_attention_layernorm.weight: expected no such tensor")],
         ),
+        // A wrong shape.
         (
             vec![Mutation::Reshape(format!("{l1}.mlp.gate.weight"), vec![8, 32])],
             vec![format!("{l1}.mlp.gate.weight: expected BF16 [8, 64]"), "found BF16 [8, 32]".into()],
         ),
+        // A wrong dtype.
         (
             vec![Mutation::Retype(format!("{l1}.linear_attn.dt_bias"), "F16")],
             vec![format!("{l1}.linear_attn.dt_bias: expected BF16 or F32 [4], found F16 [4]")],
         ),
+        // Shard rows that disagree with the primes.
         (
             vec![Mutation::Reshape(ngram_shard(1, 0), vec![1354, 32])],
             vec!["shard_0.weight: expected [1355, 32]".into(), "sizes [1009, 1013, 1019, 1021]".into()],
         ),
+        // A wrong ngram_heads_vocab_sizes.
         (
             vec![Mutation::SetI64(
                 ple_tensor(1, "ple_embedding.ngram_heads_vocab_sizes"),
@@ -278,56 +296,98 @@ fn bad_release_inputs_fail_naming_the_field_or_tensor() {
                 "ngram_heads_vocab_sizes holds [1009, 1013, 1019, 1031], expected [1009, 1013, 1019, 1021]".into(),
             ],
         ),
+        // Wrong ngram_heads_offsets, found while converting.
+        (
+            vec![Mutation::SetI64(
+                ple_tensor(1, "ple_embedding.ngram_heads_offsets"),
+                vec![0, 1, 2, 3],
+            )],
+            vec!["ngram_heads_offsets holds [0, 1, 2, 3], expected [0, 1009, 2022, 3041]".into()],
+        ),
+        // Zero-based ple_layer_ids while the tensors sit under layers.1.
         (
             vec![Mutation::Config("/text_config/ple_layer_ids".into(), Some(json!([1])))],
             vec!["text_config.ple_layer_ids is [1]".into(), "names decoder layer 0".into(), "layers.1".into()],
         ),
+        // ple_layer_ids beyond the layers.
         (
             vec![Mutation::Config("/text_config/ple_layer_ids".into(), Some(json!([5])))],
             vec!["text_config.ple_layer_ids is [5]".into(), "1..=4".into()],
         ),
+        // Neither text_config nor num_hidden_layers.
         (
             vec![Mutation::Config("/text_config".into(), None)],
             vec!["config.json: text_config.num_hidden_layers is missing".into()],
         ),
     ];
-    for (m, needles) in cases {
-        let err = run_fails(&m, &tiny);
-        let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
-        assert_names(&err, &needles);
+    if case == cases.len() {
+        // An FP8 table without its scale.
+        let scale = ngram_table_scale(1);
+        fails_then_resumes(
+            &[Mutation::Drop(scale.clone())],
+            &ReleaseShape::tiny_nvfp4(),
+            &["F8_E4M3 PLE table without a scale", &scale],
+        );
+        return;
     }
-    let err = run_fails(
-        &[Mutation::Drop(ngram_table_scale(1))],
-        &ReleaseShape::tiny_nvfp4(),
-    );
-    assert_names(
-        &err,
-        &["F8_E4M3 PLE table without a scale", &ngram_table_scale(1)],
-    );
+    let (m, needles) = &cases[case];
+    let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+    fails_then_resumes(m, &tiny, &needles);
 }
 
-/// A lookup buffer whose values disagree with the primes is refused while
-/// converting, with both value lists, and no manifest is written.
 #[test]
-fn a_bad_lookup_buffer_is_refused_before_the_manifest() {
-    let shape = ReleaseShape::tiny();
-    let bad = hub(generate_release_repo_mutated(
-        SEED,
-        &shape,
-        &[Mutation::SetI64(
-            ple_tensor(1, "ple_embedding.ngram_heads_offsets"),
-            vec![0, 1, 2, 3],
-        )],
-    ));
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    let o = run(&mut run_cmd(&bad.endpoint(), &out, &[]));
-    assert!(!o.status.success());
-    assert_names(
-        &stderr(&o),
-        &["ngram_heads_offsets holds [0, 1, 2, 3], expected [0, 1009, 2022, 3041]"],
-    );
-    assert!(!Path::new(&out.join("artifact/manifest.json")).exists());
+fn bad_release_input_missing_text_tensor() {
+    bad_release_input(0);
+}
+
+#[test]
+fn bad_release_input_unknown_text_tensor() {
+    bad_release_input(1);
+}
+
+#[test]
+fn bad_release_input_wrong_shape() {
+    bad_release_input(2);
+}
+
+#[test]
+fn bad_release_input_wrong_dtype() {
+    bad_release_input(3);
+}
+
+#[test]
+fn bad_release_input_shard_rows_against_the_primes() {
+    bad_release_input(4);
+}
+
+#[test]
+fn bad_release_input_wrong_ngram_heads_vocab_sizes() {
+    bad_release_input(5);
+}
+
+#[test]
+fn bad_release_input_wrong_ngram_heads_offsets() {
+    bad_release_input(6);
+}
+
+#[test]
+fn bad_release_input_zero_based_ple_layer_ids() {
+    bad_release_input(7);
+}
+
+#[test]
+fn bad_release_input_ple_layer_ids_beyond_the_layers() {
+    bad_release_input(8);
+}
+
+#[test]
+fn bad_release_input_config_without_text_config_or_layers() {
+    bad_release_input(9);
+}
+
+#[test]
+fn bad_release_input_fp8_table_without_its_scale() {
+    bad_release_input(10);
 }
 
 /// Both flavours: `ftpipe run` aborted at a named crash point inside the

@@ -3,16 +3,102 @@
 //! tensors) written as sparse files (real headers and lengths, holes for
 //! data). The plan must give 48 FTEXPERT1 sidecars, 128 Q3_PLE_32 segments
 //! of 2,500,012 rows plus the global scale, Q3 = 22,400,107,520 bytes, and
-//! sidecar sizes equal to the FTEXPERT1 formula of docs/formats.md computed
-//! here a second way.
+//! the FTW and FTEXPERT1 sizes equal to the formulas of docs/formats.md,
+//! computed here a second way: the FTW tensor set is read from the files'
+//! own headers by the rules of issue 10 (text tensors but the routed experts
+//! and the n-gram table; an NVFP4 triplet is one tensor; `input_scale` its
+//! own F32 tensor), not from the planner.
 
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
 use std::time::Instant;
 
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, write_release_sparse};
 use ftpipe_formats::sizes;
 use ftpipe_stages::convert::{ComponentKind, plan_local};
 
-fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_stages::convert::Plan, usize) {
+/// `(dtype, shape)` by tensor name.
+type Tensors = BTreeMap<String, (String, Vec<u64>)>;
+
+/// `(dtype, shape)` of every tensor in the safetensors files under `dir`,
+/// read straight from their headers.
+fn headers(dir: &Path) -> Tensors {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_none_or(|x| x != "safetensors") {
+            continue;
+        }
+        let mut f = std::fs::File::open(&path).unwrap();
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n).unwrap();
+        let mut h = vec![0u8; u64::from_le_bytes(n) as usize];
+        f.read_exact(&mut h).unwrap();
+        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&h).unwrap();
+        for (k, v) in map {
+            if k == "__metadata__" {
+                continue;
+            }
+            let shape = v["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .collect();
+            let dtype = v["dtype"].as_str().unwrap().to_owned();
+            assert!(out.insert(k, (dtype, shape)).is_none());
+        }
+    }
+    out
+}
+
+fn width(dtype: &str) -> u64 {
+    match dtype {
+        "F32" | "I32" => 4,
+        "F16" | "BF16" => 2,
+        "I64" => 8,
+        "U8" | "I8" | "F8_E4M3" => 1,
+        other => panic!("dtype {other}"),
+    }
+}
+
+/// The FTW v1 size of docs/formats.md for the text tensors of `src`: a
+/// 40-byte header, index entries of 2 + key + 4 + 8·rank + 16 bytes, data at
+/// round_up(40 + index, 4096), every tensor 4096-aligned, the total rounded
+/// up to 4096. NVFP4 (`{m}.weight` U8 with `weight_scale`) is one tensor of
+/// n/2 + n/16 + 4 bytes for the n logical elements; the experts'
+/// `input_scale`s go to the FTW stream too. Returns (tensors, bytes).
+fn ftw_len(src: &Tensors) -> (u64, u64) {
+    let up = |x: u64, a: u64| x.div_ceil(a) * a;
+    let (mut index, mut data, mut count) = (0u64, 0u64, 0u64);
+    for (name, (dtype, shape)) in src {
+        let text = name.starts_with("model.language_model.") || name == "lm_head.weight";
+        if !text
+            || (name.contains(".mlp.experts.") && !name.ends_with(".input_scale"))
+            || name.contains(".ngram_embedding.")
+            || name.ends_with(".weight_scale")
+            || name.ends_with(".weight_scale_2")
+        {
+            continue;
+        }
+        let n: u64 = shape.iter().product();
+        let module = name.strip_suffix(".weight");
+        let len = match module.and_then(|m| src.get(&format!("{m}.weight_scale"))) {
+            Some(_) => {
+                assert_eq!(dtype, "U8", "{name}");
+                (2 * n) / 2 + (2 * n) / 16 + 4
+            }
+            None => n * width(dtype),
+        };
+        index += 2 + name.len() as u64 + 4 + 8 * shape.len() as u64 + 16;
+        data += up(len, 4096);
+        count += 1;
+    }
+    (count, up(40 + index, 4096) + data)
+}
+
+fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_stages::convert::Plan, usize, Tensors) {
     let tmp = tempfile::tempdir().unwrap();
     let shape = ReleaseShape::real(nvfp4);
     write_release_sparse(tmp.path(), 5, &shape, files).unwrap();
@@ -34,7 +120,7 @@ fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_stages::convert::Plan, usize) {
         shards,
         started.elapsed()
     );
-    (plan, shards)
+    (plan, shards, headers(tmp.path()))
 }
 
 /// FTEXPERT1 size from docs/formats.md, computed here: a 64-byte header,
@@ -70,7 +156,7 @@ fn ftexpert_len(nvfp4: bool) -> u64 {
 }
 
 fn check(nvfp4: bool, files: u64) {
-    let (plan, shards) = plan_real(nvfp4, files);
+    let (plan, shards, src) = plan_real(nvfp4, files);
     assert_eq!(shards as u64, files);
     let of = |k: ComponentKind| {
         plan.components
@@ -96,6 +182,23 @@ fn check(nvfp4: bool, files: u64) {
     assert_eq!(q3, sizes::q3_len(320_001_536, 160).unwrap());
     assert_eq!(of(ComponentKind::Q3GlobalScale).len(), 1);
     assert_eq!(plan.omitted.len(), 333 + 31);
+
+    let ftw = of(ComponentKind::Ftw);
+    assert_eq!(ftw.len(), 1);
+    let (tensors, bytes) = ftw_len(&src);
+    if !nvfp4 {
+        // The release's 1,163 text-graph tensors less the 48 × 2 fused
+        // expert tensors, plus the PLE provider's 3 lookup buffers (its 128
+        // n-gram shards go to Q3_PLE_32).
+        assert_eq!(tensors, 1_163 - 96 + 3);
+    }
+    assert_eq!((ftw[0].items, ftw[0].predicted_bytes), (tensors, bytes));
+    let experts: u64 = sidecars.iter().map(|c| c.predicted_bytes).sum();
+    assert_eq!(experts, 48 * want);
+    eprintln!(
+        "{}: model.ftw {tensors} tensors, {bytes} bytes; 48 sidecars {experts} bytes",
+        if nvfp4 { "NVFP4" } else { "BF16" }
+    );
 }
 
 #[test]

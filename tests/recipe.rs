@@ -79,3 +79,60 @@ fn an_unknown_model_converts_with_a_recipe() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("--rebuild"), "{}", stderr(&o));
 }
+
+/// The recipe's contract (`[[expect]]`), read against config.json.
+const CONTRACT: &str = r#"
+[[expect]]
+tensor = "model.layers.{l}.mlp.experts.{e}.down_proj.weight"
+each = { l = "num_hidden_layers", e = "num_experts" }
+dtype = ["BF16", "NVFP4"]
+shape = ["hidden_size", "moe_intermediate_size"]
+
+[[expect]]
+tensor = "model.embed_tokens.weight"
+dtype = "BF16"
+shape = ["vocab_size", "hidden_size"]
+"#;
+
+/// A recipe with `[[expect]]` tables checks presence, dtype and shape like
+/// the built-in profiles: every mismatch in one error naming the tensor,
+/// what was expected and what was found, exit 1; once the hub serves the
+/// fix, the run resumes to a clean audit.
+#[test]
+fn a_recipe_contract_lists_every_mismatch_and_the_run_resumes_after_the_fix() {
+    let repo = |extra: Vec<Mutation>| {
+        let mut m = vec![Mutation::ModelType("acme_moe".into())];
+        m.extend(extra);
+        generate_qwen3_moe_repo_mutated(61, QwenShape::default(), &m)
+    };
+    let expert = "model.layers.1.mlp.experts.3.down_proj.weight";
+    let bad = repo(vec![
+        Mutation::Reshape(expert.into(), vec![32, 64]),
+        Mutation::Retype("model.embed_tokens.weight".into(), "F16"),
+    ]);
+    let hub = RunningHub::start(HubBuilder::new().repo(REPO, bad)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let recipe = tmp.path().join("acme.toml");
+    std::fs::write(&recipe, format!("{RECIPE}{CONTRACT}")).unwrap();
+    let r = recipe.to_str().unwrap();
+    let o = run(&mut run_cmd(&hub.endpoint(), &out, &["--recipe", r]));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for want in [
+        "2 tensor(s) disagree with the [[expect]] tables of recipe acme-moe",
+        &format!("{expert}: expected BF16 or NVFP4 [64, 32] (expect[0]), found BF16 [32, 64]"),
+        "model.embed_tokens.weight: expected BF16 [128, 64] (expect[1]), found F16 [128, 64]",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+
+    hub.move_branch(REPO, "main", repo(Vec::new())).unwrap();
+    run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--recipe", r, "--repin"],
+    ));
+    assert_clean_audit(&out);
+}

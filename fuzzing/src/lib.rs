@@ -305,7 +305,7 @@ pub fn config_profile(data: &[u8]) {
         return;
     };
     let (map, headers) = fixture_parts();
-    if let Ok(plan) = plan_from_parts(&config, map, headers, &PlanOptions::default()) {
+    if let Ok(plan) = plan_from_parts(&config, map.clone(), headers, &PlanOptions::default()) {
         let sum: u64 = plan.components.iter().map(|c| c.predicted_bytes).sum();
         assert_eq!(sum, plan.total_bytes);
     }

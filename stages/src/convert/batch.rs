@@ -13,9 +13,9 @@ use tokio::task::block_in_place;
 use ftpipe_formats::Q3GlobalScale;
 use ftpipe_receipts::{ComponentReceipt, RunId, Store};
 
+use super::component::{Component, ComponentContent, ComponentKind};
 use super::engine::{ConvertOptions, ConvertPaths};
 use super::plan::Plan;
-use super::profile::{Component, ComponentContent, ComponentKind};
 use super::retire::Retirer;
 use super::skeleton::Skeleton;
 use super::write::{Sources, read_global_scale, write_component};

@@ -25,10 +25,11 @@ use ftpipe_receipts::{ComponentReceipt, Receipt, RunId, Store};
 
 use super::aside;
 use super::batch::Batch;
+use super::component::TensorSource;
 use super::error::ConvertError;
 use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
-    TEMP_SUFFIX, sha256_hex,
+    TEMP_SUFFIX,
 };
 use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
@@ -36,7 +37,7 @@ use super::recipe::Recipe;
 use super::retire::Retirer;
 use super::skeleton::{Skeleton, files_read, source_identity};
 use super::space::artifact_peak;
-use super::write::Sources;
+use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dir;
@@ -157,6 +158,103 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
         .map_err(|e| StageError::io("write", &tmp, e))?;
     std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
     sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))
+}
+
+/// A writer that hashes what is written and, when given a file, compares
+/// it with the rest of that file, failing at the first difference.
+struct Checking<'a, W> {
+    hasher: sha2::Sha256,
+    same_as: Option<std::io::BufReader<&'a std::fs::File>>,
+    buf: Vec<u8>,
+    out: W,
+}
+
+impl<W: std::io::Write> std::io::Write for Checking<'_, W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        if let Some(r) = &mut self.same_as {
+            self.buf.resize(b.len(), 0);
+            std::io::Read::read_exact(r, &mut self.buf)?;
+            if self.buf != b {
+                return Err(std::io::Error::other("differs"));
+            }
+        }
+        self.out.write_all(b)?;
+        self.hasher.update(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// [`write_atomic`] of `value` as JSON (pretty when `pretty`, then a
+/// newline when `newline`), streamed: neither the new bytes nor the file already there
+/// are ever held whole (a ~300k-tensor source has a skeleton with tens of
+/// MB of saved headers and a manifest of as many inventory entries).
+/// Returns the SHA-256 (hex) of the bytes.
+pub fn write_atomic_json<T: serde::Serialize>(
+    dir: &Path,
+    name: &str,
+    value: &T,
+    pretty: bool,
+    newline: bool,
+) -> Result<String> {
+    use ftpipe_receipts::nofollow;
+    use sha2::Digest;
+    use std::io::{BufReader, BufWriter, Read, Write};
+    let to = |w: &mut dyn Write| -> std::io::Result<()> {
+        if pretty {
+            serde_json::to_writer_pretty(&mut *w, value)?;
+        } else {
+            serde_json::to_writer(&mut *w, value)?;
+        }
+        if newline {
+            w.write_all(b"\n")?;
+        }
+        Ok(())
+    };
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
+    // Neither name may be a link: the rename would publish one.
+    for p in [&path, &tmp] {
+        nofollow::check_absent_or_regular(p).map_err(|e| StageError::io("open", p, e))?;
+    }
+    if let Ok(f) = nofollow::open_read(&path) {
+        let mut same = Checking {
+            hasher: sha2::Sha256::new(),
+            same_as: Some(BufReader::with_capacity(1 << 16, &f)),
+            buf: Vec::new(),
+            out: std::io::sink(),
+        };
+        let equal = to(&mut same).is_ok()
+            && same
+                .same_as
+                .as_mut()
+                .is_some_and(|r| r.read(&mut [0u8; 1]).is_ok_and(|n| n == 0));
+        if equal {
+            // Same bytes, maybe from a run killed before its fsyncs: make
+            // them durable before anything is recorded about them.
+            f.sync_all()
+                .map_err(|e| StageError::io("fsync", &path, e))?;
+            sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
+            return Ok(hex::encode(same.hasher.finalize()));
+        }
+    }
+    let f = nofollow::create_truncated(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
+    let mut w = Checking {
+        hasher: sha2::Sha256::new(),
+        same_as: None,
+        buf: Vec::new(),
+        out: BufWriter::with_capacity(1 << 16, f),
+    };
+    to(&mut w)
+        .and_then(|()| w.flush())
+        .and_then(|()| w.out.get_ref().sync_all())
+        .map_err(|e| StageError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
+    sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
+    Ok(hex::encode(w.hasher.finalize()))
 }
 
 fn read_config(source: &Path) -> Result<Value> {
@@ -440,17 +538,9 @@ pub async fn convert(
     std::fs::create_dir_all(&paths.artifact)
         .map_err(|e| StageError::io("create", &paths.artifact, e))?;
     sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
-    write_atomic(
-        &paths.state_dir,
-        SKELETON_FILE,
-        &serde_json::to_vec(&skel).unwrap_or_default(),
-    )?;
+    write_atomic_json(&paths.state_dir, SKELETON_FILE, &skel, false, false)?;
     crashpoint::hit("skeleton-written");
-    write_atomic(
-        &paths.state_dir,
-        PLAN_FILE,
-        &serde_json::to_vec_pretty(&plan).unwrap_or_default(),
-    )?;
+    write_atomic_json(&paths.state_dir, PLAN_FILE, &plan, true, false)?;
     for t in remove_temp_files(&paths.artifact)? {
         tracing::info!("removed stale temp file {}", t.display());
     }
@@ -475,6 +565,19 @@ pub async fn convert(
             .collect();
         preflight(&plan, &excluded, paths, opts)?;
     }
+    // The lookup buffers the config fixes are checked before anything is
+    // written: a wrong one leaves no component from those sources behind,
+    // so the run resumes on fixed sources without --rebuild.
+    let sources = Arc::new(Sources::new(&paths.source));
+    for c in &pending {
+        if let ComponentContent::Ftw { tensors } = &c.content {
+            for t in tensors {
+                if let TensorSource::Checked(chk) = &t.source {
+                    block_in_place(|| write::check_lookup(&sources, chk))?;
+                }
+            }
+        }
+    }
     let retirer = Retirer::default();
     let ctx = Batch {
         store,
@@ -483,7 +586,7 @@ pub async fn convert(
         paths,
         opts,
         reporter,
-        sources: Arc::new(Sources::new(&paths.source)),
+        sources,
         retirer: &retirer,
     };
     let mut written = ctx.write_pending(pending, &plan, &mut done).await?;
@@ -528,15 +631,16 @@ pub async fn convert(
         .iter()
         .map(|(p, r)| (p.clone(), r.sha256.clone()))
         .collect();
+    let top_k = skel.top_k;
+    // Dropped with the skeleton: the saved headers.
     let manifest = skel
         .finish(&digests)
         .ok_or_else(|| StageError::InvalidInput {
             what: "manifest",
             message: "a component has no receipt after conversion".into(),
         })?;
-    let bytes = manifest.to_bytes();
-    let manifest_sha256 = sha256_hex(&bytes);
-    write_atomic(&paths.artifact, MANIFEST_FILE, &bytes)?;
+    // The same bytes as Manifest::to_bytes, streamed.
+    let manifest_sha256 = write_atomic_json(&paths.artifact, MANIFEST_FILE, &manifest, true, true)?;
     crashpoint::hit("manifest-written");
     let last = store
         .artifact_log()
@@ -549,10 +653,8 @@ pub async fn convert(
             .await?;
     }
     crashpoint::hit("manifest-recorded");
-    let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, skel.top_k);
-    let mut pbytes = serde_json::to_vec_pretty(&placement).unwrap_or_default();
-    pbytes.push(b'\n');
-    write_atomic(&paths.artifact, PLACEMENT_FILE, &pbytes)?;
+    let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, top_k);
+    write_atomic_json(&paths.artifact, PLACEMENT_FILE, &placement, true, true)?;
     Ok(ConvertOutcome {
         manifest_sha256,
         fingerprint: manifest.fingerprint,

@@ -33,6 +33,24 @@ pub enum ConvertError {
         value: String,
         problem: String,
     },
+    /// An `[[expect]]` table of a recipe is malformed.
+    #[error("{file}: expect[{index}]: {problem}")]
+    RecipeBadExpect {
+        file: String,
+        index: usize,
+        problem: String,
+    },
+    /// Source tensors disagree with a recipe's `[[expect]]` tables: one
+    /// line per tensor (`FILE: TENSOR: expected …, found …`).
+    #[error(
+        "{count} tensor(s) disagree with the [[expect]] tables of recipe {recipe} ({file}):\n{problems}"
+    )]
+    RecipeContract {
+        file: String,
+        recipe: String,
+        count: usize,
+        problems: String,
+    },
     /// A recipe has no rules.
     #[error("{file}: the recipe has no [[rules]]; every tensor must be placed by a rule")]
     RecipeNoRules { file: String },

@@ -8,9 +8,11 @@
 
 mod aside;
 mod batch;
+pub mod component;
 pub mod engine;
 mod error;
 pub mod manifest;
+mod nvfp4;
 pub mod plan;
 pub mod profile;
 pub mod recipe;
@@ -20,11 +22,12 @@ pub mod skeleton;
 pub mod space;
 pub mod write;
 
+pub use component::{Component, ComponentContent, ComponentKind};
 pub use engine::{ConvertOptions, ConvertOutcome, ConvertPaths, convert};
 pub use error::ConvertError;
 pub use plan::{
     Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,
     plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,
 };
-pub use profile::{Component, ComponentContent, ComponentKind, Profile};
+pub use profile::Profile;
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

@@ -100,13 +100,13 @@ pub fn weight_map(index: &Value) -> Result<BTreeMap<String, String>, ConvertErro
         field: "weight_map".into(),
         problem,
     };
-    let map: BTreeMap<String, String> = index
+    // Deserialized from the borrowed value: a clone of a ~300k-entry map
+    // would double the index's footprint.
+    let v = index
         .get("weight_map")
-        .cloned()
-        .ok_or_else(|| bad("is missing".into()))
-        .and_then(|v| {
-            serde_json::from_value(v).map_err(|e| bad(format!("is not a map of strings: {e}")))
-        })?;
+        .ok_or_else(|| bad("is missing".into()))?;
+    let map = <BTreeMap<String, String> as serde::Deserialize>::deserialize(v)
+        .map_err(|e| bad(format!("is not a map of strings: {e}")))?;
     for file in map.values().collect::<BTreeSet<_>>() {
         validate_repo_path(file).map_err(|e| bad(format!("names an unsafe file: {e}")))?;
         if !file.ends_with(".safetensors") {
@@ -174,7 +174,7 @@ pub fn load_recipe(path: &Path) -> Result<Recipe> {
 /// component. `headers` are those of [`shard_files`], with their file sizes.
 pub fn plan_from_parts(
     config: &Value,
-    map: &BTreeMap<String, String>,
+    map: BTreeMap<String, String>,
     headers: &[(SourceHeader, u64)],
     opts: &PlanOptions,
 ) -> Result<Plan, ConvertError> {
@@ -200,11 +200,12 @@ pub fn plan_from_parts(
             }
         }
     }
-    for (tensor, file) in map {
-        let found = headers
-            .iter()
-            .find(|(h, _)| h.file() == file)
-            .is_some_and(|(h, _)| h.tensor(tensor).is_some());
+    let by_file: BTreeMap<&str, &SourceHeader> =
+        headers.iter().map(|(h, _)| (h.file(), h)).collect();
+    for (tensor, file) in &map {
+        let found = by_file
+            .get(file.as_str())
+            .is_some_and(|h| h.tensor(tensor).is_some());
         if !found {
             return Err(ConvertError::MissingTensor {
                 tensor: tensor.clone(),
@@ -212,8 +213,9 @@ pub fn plan_from_parts(
             });
         }
     }
-    let only: Vec<SourceHeader> = headers.iter().map(|(h, _)| h.clone()).collect();
-    let (components, omitted) = profile.map(&only)?;
+    // The map is checked; the profile needs only the headers.
+    drop(map);
+    let (components, omitted) = profile.map(headers.iter().map(|(h, _)| h))?;
     let total_bytes = components.iter().map(|c| c.predicted_bytes).sum();
     let sources: Vec<PlannedSource> = headers
         .iter()
@@ -288,8 +290,11 @@ pub fn plan_local_saved(
     saved: &BTreeMap<String, SavedHeader>,
 ) -> Result<(Plan, BTreeMap<String, SavedHeader>)> {
     let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
-    let index = parse_json(INDEX_FILE, &read_small(source_root, INDEX_FILE)?)?;
-    let map = weight_map(&index)?;
+    // The index's JSON tree is dropped as soon as its map is read.
+    let map = weight_map(&parse_json(
+        INDEX_FILE,
+        &read_small(source_root, INDEX_FILE)?,
+    )?)?;
     let mut headers = Vec::new();
     let mut read = BTreeMap::new();
     for file in shard_files(&map) {
@@ -326,7 +331,7 @@ pub fn plan_local_saved(
         headers.push((header, kept.len));
         read.insert(file, kept);
     }
-    Ok((plan_from_parts(&config, &map, &headers, opts)?, read))
+    Ok((plan_from_parts(&config, map, &headers, opts)?, read))
 }
 
 /// Appends `protect` to the config's `quantization_config.ignore`.
@@ -590,8 +595,8 @@ pub async fn plan_published_or_remote(
         }
     };
     let config = parse_json(CONFIG_FILE, &small(CONFIG_FILE).await?)?;
-    let index = parse_json(INDEX_FILE, &small(INDEX_FILE).await?)?;
-    let map = weight_map(&index)?;
+    // The index's JSON tree is dropped as soon as its map is read.
+    let map = weight_map(&parse_json(INDEX_FILE, &small(INDEX_FILE).await?)?)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
     opts.profile(&config)?;
@@ -609,7 +614,7 @@ pub async fn plan_published_or_remote(
         };
         headers.push((h, row.size));
     }
-    Ok(plan_from_parts(&config, &map, &headers, opts)?)
+    Ok(plan_from_parts(&config, map, &headers, opts)?)
 }
 
 #[cfg(test)]
@@ -634,7 +639,7 @@ mod tests {
                 Ok((h, b.len() as u64))
             })
             .collect::<Result<Vec<_>, SourceError>>()?;
-        plan_from_parts(&config, &map, &headers, &PlanOptions::default())
+        plan_from_parts(&config, map, &headers, &PlanOptions::default())
     }
 
     fn ftw_desc(plan: &Plan, key: &str) -> (Dtype, TensorKind, Vec<u64>, TensorSource) {

@@ -182,6 +182,8 @@ pub struct SourceHeader {
     file: String,
     header_len: u64,
     tensors: Vec<SourceTensor>,
+    /// Indices into `tensors` in name order, for [`SourceHeader::tensor`].
+    by_name: Vec<u32>,
     metadata: BTreeMap<String, String>,
 }
 
@@ -350,10 +352,16 @@ impl SourceHeader {
                 extra: file_len - expected,
             });
         }
+        // MAX_TENSORS bounds the count, so every index fits in a u32.
+        let mut by_name: Vec<u32> = (0..out.len())
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
+        by_name.sort_unstable_by(|&a, &b| out[a as usize].name.cmp(&out[b as usize].name));
         Ok(SourceHeader {
             file: f(),
             header_len,
             tensors: out,
+            by_name,
             metadata,
         })
     }
@@ -401,7 +409,13 @@ impl SourceHeader {
     }
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&SourceTensor> {
-        self.tensors.iter().find(|t| t.name == name)
+        // Binary search: the plan looks up every tensor of the index, so a
+        // scan would be quadratic in the tensors per file.
+        let i = self
+            .by_name
+            .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
+            .ok()?;
+        self.tensors.get(self.by_name[i] as usize)
     }
     /// `__metadata__`.
     pub fn metadata(&self) -> &BTreeMap<String, String> {

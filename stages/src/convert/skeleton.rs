@@ -23,13 +23,13 @@ use serde::{Deserialize, Serialize};
 use ftpipe_formats::ExpertLayout;
 use ftpipe_receipts::Receipt;
 
+use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
 use super::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
 use super::plan::{INDEX_FILE, Plan, SavedHeader};
-use super::profile::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 
 /// What `DIR/.ftpipe/convert.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,8 +282,10 @@ impl Skeleton {
     }
 
     /// The finished manifest given every component's digest.
-    pub fn finish(&self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
-        let mut m = self.manifest.clone();
+    /// Consumes the skeleton: its manifest (with an inventory entry per
+    /// source tensor) is finished in place, not cloned.
+    pub fn finish(self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
+        let mut m = self.manifest;
         for c in &mut m.components {
             c.sha256 = digests.get(&c.path)?.clone();
         }

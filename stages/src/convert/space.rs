@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::component::ComponentKind;
 use super::plan::Plan;
-use super::profile::ComponentKind;
 
 /// Bytes the artifact still needs at its peak. `shard_bytes` holds the
 /// shards present on disk (a shard absent from it frees nothing).

@@ -21,9 +21,9 @@ use ftpipe_formats::{
     ExpertLayout, ExpertWriter, FormatError, FtwLayout, FtwWriter, Q3GlobalScale, q3,
 };
 
+use super::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use super::error::ConvertError;
 use super::manifest::temp_name;
-use super::profile::{Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{Result, StageError};
 use crate::fetch::sync_dirs_up_to;
 use crate::paths::safe_join;
@@ -155,23 +155,45 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
     }
 }
 
-/// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`).
-fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
+/// Reads lookup buffer `chk` and checks it holds the bytes the config fixes.
+pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
-    let mut v = None;
-    sources.stream(span, 4, &mut buf, |_, b| {
-        v.get_or_insert(f32::from_le_bytes(b.try_into().unwrap_or([0; 4])));
+    let mut found = Vec::new();
+    sources.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
+        found.extend_from_slice(b);
         Ok(())
     })?;
-    v.ok_or_else(|| {
+    chk.check(&found)?;
+    Ok(found)
+}
+
+/// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`: 4 bytes).
+fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
+    let bad = |message: String| -> StageError {
         ConvertError::SourceRead {
             file: span.file.clone(),
             tensor: span.tensor.clone(),
             offset: span.offset,
-            message: "the FP8 table scale is empty".into(),
+            message,
         }
         .into()
-    })
+    };
+    if span.len != 4 {
+        return Err(bad(format!(
+            "the FP8 table scale is {} bytes, expected one F32 (4 bytes)",
+            span.len
+        )));
+    }
+    let mut buf = Vec::new();
+    let mut bytes = Vec::with_capacity(4);
+    sources.stream(span, 4, &mut buf, |_, b| {
+        bytes.extend_from_slice(b);
+        Ok(())
+    })?;
+    let b: [u8; 4] = bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| bad(format!("read {} bytes of the FP8 table scale", b.len())))?;
+    Ok(f32::from_le_bytes(b))
 }
 
 /// F8_E4M3 codes decoded exactly and multiplied by `scale`, in f32.
@@ -251,12 +273,11 @@ pub fn write_component(
             for t in tensors {
                 w.begin_tensor(&t.desc.key).map_err(format_err(&c.name))?;
                 if let TensorSource::Checked(chk) = &t.source {
-                    let mut found = Vec::new();
-                    sources.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
-                        found.extend_from_slice(b);
-                        Ok(())
-                    })?;
-                    chk.check(&found)?;
+                    // Read once: checked, then written from the same bytes.
+                    let found = check_lookup(sources, chk)?;
+                    w.write(&found).map_err(format_err(&c.name))?;
+                    w.end_tensor().map_err(format_err(&c.name))?;
+                    continue;
                 }
                 for s in spans(&t.source) {
                     sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {

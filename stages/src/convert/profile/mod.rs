@@ -1,8 +1,8 @@
 //! Profiles: which source tensor goes into which output component, chosen
 //! from `config.json`'s `model_type`.
 //!
-//! * `qwen4_exp`: experts per-expert (`mlp.experts.{e}.{gate,up,down}_proj`)
-//!   in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
+//! * `qwen4_exp`, flat (text-only) layout: experts per-expert
+//!   (`mlp.experts.{e}.{gate,up,down}_proj`) in BF16 or as ModelOpt NVFP4 triplets (`weight` U8 [out, in/2],
 //!   `weight_scale` F8_E4M3 [out, in/16], `weight_scale_2` F32 scalar), or
 //!   fused, with `p = model.layers.{l}.mlp.experts`, E = `num_experts`,
 //!   I = `moe_intermediate_size`, H = `hidden_size`:
@@ -26,8 +26,12 @@
 //!   the contract [`release`] derives from `layer_types` and the dims (every
 //!   mismatch in one error); `model.visual.*` and `mtp.*` are omitted and
 //!   listed; the PLE table's geometry follows the primes rule, and an
-//!   F8_E4M3 table is decoded with its scale before Q3. Without
-//!   `text_config` the flat layout below (`model.layers.{l}`) still applies.
+//!   F8_E4M3 table is decoded with its scale before Q3. This is the primary
+//!   layout. The flat one above (`model.layers.{l}`, a top-level config) is
+//!   read only when `config.json` declares it with `architectures`
+//!   [`FLAT_QWEN4_ARCHITECTURES`] (the text-only model class); any other
+//!   `qwen4_exp` config without `text_config` is an error naming
+//!   `text_config`.
 //! * `qwen3_moe`: per-expert experts only, no PLE.
 //! * any other `model_type`: a declarative TOML [`Recipe`] given with
 //!   `--recipe FILE.toml` ([`super::recipe`]).
@@ -51,209 +55,30 @@
 //! otherwise a [`ConvertError`] names it. Sizes come from
 //! `ftpipe_formats::sizes`, exact.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde::Serialize;
 use serde_json::Value;
 
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
+use super::nvfp4::{NVFP4_PARTS, companion_of, is_nvfp4, nvfp4_module};
 use super::recipe::Recipe;
-use super::safetensors::{SourceHeader, SourceTensor};
+use super::safetensors::SourceHeader;
+
+pub use super::component::{
+    CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, FTW_COMPONENT,
+    FtwTensor, KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
+};
+use super::component::{FtwBuilder, expert_sidecar, fmt_err, plain_dtype};
 
 mod config;
-mod nvfp4;
+mod fused;
 pub mod release;
 use config::TextConfig;
-pub(super) use nvfp4::nvfp4_triplet;
-use nvfp4::{FUSED_NAMES, NVFP4_PARTS, input_scale_of, is_nvfp4_module};
-pub use release::{CheckedSpan, OmittedTensor, Partition, Release};
-
-/// The config file every profile is chosen from.
-pub const CONFIG_FILE: &str = "config.json";
-/// Name of the FTW component.
-pub const FTW_COMPONENT: &str = "model.ftw";
-/// Profiles known by `model_type`.
-pub const KNOWN_MODEL_TYPES: &[&str] = &["qwen4_exp", "qwen3_moe"];
-
-/// Bytes `[offset, offset + len)` of a source file, holding (part of) a tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SourceSpan {
-    /// Source file (repo-relative).
-    pub file: String,
-    /// Source tensor name.
-    pub tensor: String,
-    /// Absolute offset in the file.
-    pub offset: u64,
-    /// Length in bytes.
-    pub len: u64,
-}
-
-/// Where the bytes of one output tensor come from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum TensorSource {
-    /// Copied from one span.
-    Span(SourceSpan),
-    /// NVFP4 pass-through: `weight ‖ weight_scale ‖ weight_scale_2`.
-    Native(Box<[SourceSpan; 3]>),
-    /// Copied from one span whose bytes the config fixes (a lookup
-    /// buffer); the writer refuses other bytes.
-    Checked(Box<CheckedSpan>),
-}
-
-impl TensorSource {
-    pub(super) fn files(&self) -> Vec<&str> {
-        match self {
-            TensorSource::Span(s) => vec![s.file.as_str()],
-            TensorSource::Native(p) => p.iter().map(|s| s.file.as_str()).collect(),
-            TensorSource::Checked(c) => vec![c.span.file.as_str()],
-        }
-    }
-}
-
-/// One tensor of the FTW stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FtwTensor {
-    /// Target descriptor.
-    pub desc: TensorDesc,
-    /// Source bytes.
-    pub source: TensorSource,
-}
-
-/// What a component holds, in enough detail to convert it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum ComponentContent {
-    /// The FTW stream, tensors in key order.
-    Ftw {
-        /// Tensors in index order.
-        tensors: Vec<FtwTensor>,
-    },
-    /// One FTEXPERT1 sidecar.
-    Experts {
-        /// MoE layer.
-        layer: u64,
-        /// Record layout (same for every expert).
-        fields: Vec<TensorDesc>,
-        /// `records[e][f]`: the bytes of field `f` of expert `e`.
-        records: Vec<Vec<TensorSource>>,
-    },
-    /// One Q3_PLE_32 segment, quantized from a BF16 source shard, or an
-    /// F8_E4M3 one decoded with its scale.
-    Q3Segment {
-        /// Layer of the PLE table.
-        layer: u64,
-        /// Segment index `i` of `shard_i`.
-        index: u64,
-        /// Rows.
-        rows: u64,
-        /// Row width.
-        width: u64,
-        /// The BF16 or F8_E4M3 source.
-        source: SourceSpan,
-        /// The F32 scale of an F8_E4M3 source (value = e4m3 × scale).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        scale: Option<SourceSpan>,
-    },
-    /// The table's global scale: the absolute max over every segment.
-    Q3GlobalScale {
-        /// Layer of the PLE table.
-        layer: u64,
-        /// Every source segment, in index order.
-        segments: Vec<SourceSpan>,
-        /// For an F8_E4M3 table, each segment's scale (parallel to
-        /// `segments`); empty for BF16.
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        scales: Vec<SourceSpan>,
-    },
-}
-
-/// Kind of an output component.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComponentKind {
-    /// FTW v1 stream.
-    Ftw,
-    /// FTEXPERT1 sidecar.
-    Ftexpert,
-    /// Q3_PLE_32 segment.
-    Q3Segment,
-    /// Q3_PLE_32 global scale record.
-    Q3GlobalScale,
-}
-
-impl ComponentKind {
-    /// Short label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ComponentKind::Ftw => "ftw",
-            ComponentKind::Ftexpert => "ftexpert",
-            ComponentKind::Q3Segment => "q3_segment",
-            ComponentKind::Q3GlobalScale => "q3_global_scale",
-        }
-    }
-}
-
-/// One output component with its exact predicted size.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Component {
-    /// Path relative to the artifact directory.
-    pub name: String,
-    /// Format.
-    pub kind: ComponentKind,
-    /// Exact size in bytes.
-    pub predicted_bytes: u64,
-    /// Tensors (FTW), experts (FTEXPERT1) or rows (Q3 segment) it holds.
-    pub items: u64,
-    /// Source files it reads.
-    pub source_files: BTreeSet<String>,
-    /// What goes into it (not part of the JSON plan).
-    #[serde(skip)]
-    pub content: ComponentContent,
-}
-
-/// All tensors of the source by name, with their file.
-pub struct Catalog<'a> {
-    by_name: BTreeMap<&'a str, (&'a str, &'a SourceTensor)>,
-}
-
-impl<'a> Catalog<'a> {
-    /// Indexes the headers; a tensor in two files is an error.
-    pub fn new(headers: &'a [SourceHeader]) -> Result<Self, ConvertError> {
-        let mut by_name = BTreeMap::new();
-        for h in headers {
-            for t in h.tensors() {
-                if let Some((first, _)) = by_name.insert(t.name(), (h.file(), t)) {
-                    return Err(ConvertError::DuplicateTensor {
-                        tensor: t.name().to_owned(),
-                        first: first.to_owned(),
-                        second: h.file().to_owned(),
-                    });
-                }
-            }
-        }
-        Ok(Catalog { by_name })
-    }
-
-    pub(super) fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
-        self.by_name.get(name).copied()
-    }
-
-    /// Every tensor in name order: `(name, file, tensor)`.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str, &'a SourceTensor)> + '_ {
-        self.by_name.iter().map(|(&n, &(f, t))| (n, f, t))
-    }
-
-    pub(super) fn span(&self, name: &str) -> Option<SourceSpan> {
-        self.get(name).map(|(f, t)| SourceSpan {
-            file: f.to_owned(),
-            tensor: name.to_owned(),
-            offset: t.offset(),
-            len: t.len(),
-        })
-    }
-}
+use fused::FUSED_NAMES;
+pub use release::{OmittedTensor, Partition, Release};
 
 // ---------------------------------------------------------------------------
 // Config access.
@@ -271,6 +96,34 @@ fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
         file: CONFIG_FILE.into(),
         field: what.into(),
         problem: e.to_string(),
+    })
+}
+
+/// `architectures` of a flat (text-only, pre-release) `qwen4_exp` config.
+pub const FLAT_QWEN4_ARCHITECTURES: &[&str] = &["Qwen4ExpForCausalLM"];
+
+/// A `qwen4_exp` config without `text_config` is read in the flat layout
+/// only when it declares the text-only architecture; the released layout
+/// (`Qwen4ExpForConditionalGeneration`) must have its `text_config`.
+fn flat_qwen4_declared(cfg: &Value) -> Result<(), ConvertError> {
+    let arch = cfg.get("architectures");
+    let declared = arch.and_then(Value::as_array).is_some_and(|a| {
+        a.iter()
+            .map(Value::as_str)
+            .eq(FLAT_QWEN4_ARCHITECTURES.iter().map(|s| Some(*s)))
+    });
+    if declared {
+        return Ok(());
+    }
+    Err(ConvertError::BadConfig {
+        file: CONFIG_FILE.into(),
+        field: "text_config".into(),
+        problem: format!(
+            "is missing: the released qwen4_exp layout has the text model under text_config; \
+             the flat layout (model.layers.N.*) is read only for architectures {FLAT_QWEN4_ARCHITECTURES:?}, \
+             and config.json has architectures {}",
+            arch.map_or_else(|| "missing".to_owned(), Value::to_string)
+        ),
     })
 }
 
@@ -344,6 +197,9 @@ impl Profile {
         let q4 = family == "qwen4_exp";
         let text = TextConfig::of(cfg)?;
         let layers = text.u64("num_hidden_layers")?;
+        if q4 && !text.nested() {
+            flat_qwen4_declared(cfg)?;
+        }
         let experts = text.u64("num_experts")?;
         let step = text.u64_or("decoder_sparse_step", 1)?.max(1);
         let mlp_only: BTreeSet<u64> = text.u64_list("mlp_only_layers")?.into_iter().collect();
@@ -425,7 +281,7 @@ impl Profile {
                 config: mt.to_owned(),
             });
         }
-        Ok(Profile::Recipe(r.clone()))
+        Ok(Profile::Recipe(r.bind(cfg)?))
     }
 
     /// The profile's name.
@@ -443,9 +299,9 @@ impl Profile {
 
     /// The components, and the source tensors of other partitions (vision,
     /// MTP) left out of the artifact.
-    pub fn map(
+    pub fn map<'a>(
         &self,
-        headers: &[SourceHeader],
+        headers: impl IntoIterator<Item = &'a SourceHeader>,
     ) -> Result<(Vec<Component>, Vec<OmittedTensor>), ConvertError> {
         let cat = Catalog::new(headers)?;
         match self {
@@ -458,22 +314,6 @@ impl Profile {
     }
 }
 
-/// The formats dtype of a non-quantized source dtype.
-pub(super) fn plain_dtype(d: safetensors::Dtype) -> Option<Dtype> {
-    use safetensors::Dtype as S;
-    Some(match d {
-        S::F32 => Dtype::F32,
-        S::F16 => Dtype::F16,
-        S::BF16 => Dtype::BF16,
-        S::U8 => Dtype::U8,
-        S::I8 => Dtype::I8,
-        S::I32 => Dtype::I32,
-        S::I64 => Dtype::I64,
-        S::F8_E4M3 => Dtype::F8E4M3,
-        _ => return None,
-    })
-}
-
 /// A linear layer's weight as found in the source.
 struct Linear {
     dtype: Dtype,
@@ -483,49 +323,6 @@ struct Linear {
     claimed: Vec<String>,
     /// The NVFP4 module's activation `input_scale`, bound for the FTW stream.
     input_scale: Option<FtwTensor>,
-}
-
-pub(super) fn fmt_err(
-    component: &str,
-) -> impl Fn(ftpipe_formats::FormatError) -> ConvertError + '_ {
-    move |source| ConvertError::Format {
-        component: component.to_owned(),
-        source,
-    }
-}
-
-/// The FTEXPERT1 component `name` of layer `l`, sized exactly.
-pub(super) fn expert_sidecar(
-    name: String,
-    l: u64,
-    fields: Vec<TensorDesc>,
-    records: Vec<Vec<TensorSource>>,
-) -> Result<Component, ConvertError> {
-    let count = records.len() as u64;
-    let predicted = sizes::ftexpert_total_len(
-        u32::try_from(l).unwrap_or(u32::MAX),
-        u32::try_from(count).unwrap_or(u32::MAX),
-        fields.clone(),
-    )
-    .map_err(fmt_err(&name))?;
-    let source_files = records
-        .iter()
-        .flatten()
-        .flat_map(|s| s.files())
-        .map(str::to_owned)
-        .collect();
-    Ok(Component {
-        name,
-        kind: ComponentKind::Ftexpert,
-        predicted_bytes: predicted,
-        items: count,
-        source_files,
-        content: ComponentContent::Experts {
-            layer: l,
-            fields,
-            records,
-        },
-    })
 }
 
 impl MoeProfile {
@@ -547,15 +344,15 @@ impl MoeProfile {
             tensor: name.clone(),
             needed_for: needed_for.to_owned(),
         })?;
-        if is_nvfp4_module(cat, module) {
-            let (nv, spans) = nvfp4_triplet(cat, module)?;
+        if is_nvfp4(cat, module) {
+            let nv = nvfp4_module(cat, module)?;
             if self.protected(module) {
                 return Err(ConvertError::ProtectedQuantized {
                     file: file.to_owned(),
                     tensor: name,
                 });
             }
-            if nv.shape() != expected {
+            if nv.native.shape() != expected {
                 let mut want = expected.to_vec();
                 if let Some(last) = want.last_mut() {
                     *last /= 2;
@@ -570,19 +367,13 @@ impl MoeProfile {
                     ),
                 });
             }
-            let input_scale = input_scale_of(cat, module)?;
-            let mut claimed: Vec<String> = NVFP4_PARTS
-                .iter()
-                .map(|p| format!("{module}.{p}"))
-                .collect();
-            claimed.extend(input_scale.as_ref().map(|t| t.desc.key.clone()));
             return Ok(Linear {
                 dtype: Dtype::Nvfp4,
                 kind: TensorKind::Native,
-                shape: nv.shape().to_vec(),
-                source: TensorSource::Native(Box::new(spans)),
-                claimed,
-                input_scale,
+                shape: nv.native.shape().to_vec(),
+                source: nv.source,
+                claimed: nv.claimed,
+                input_scale: nv.input_scale,
             });
         }
         let dtype = match w.dtype() {
@@ -1011,26 +802,13 @@ impl MoeProfile {
         }
 
         // The experts' input scales, then everything else, go to the FTW stream.
-        let mut ftw: BTreeMap<String, FtwTensor> = ftw_extra
-            .into_iter()
-            .map(|t| (t.desc.key.clone(), t))
-            .collect();
-        for (&name, &(file, t)) in &cat.by_name {
+        let mut ftw = FtwBuilder::default();
+        for t in ftw_extra {
+            ftw.insert(t)?;
+        }
+        for (name, file, t) in cat.iter() {
             if claimed.contains(name) {
                 continue;
-            }
-            if let Some(module) = name.strip_suffix(".input_scale") {
-                // Claimed with its NVFP4 weight, which `linear` checks;
-                // beside anything else it is an orphan.
-                if is_nvfp4_module(cat, module) {
-                    continue;
-                }
-                return Err(ConvertError::OrphanInputScale {
-                    file: file.to_owned(),
-                    tensor: name.to_owned(),
-                    module: module.to_owned(),
-                    expected: format!("{module}.weight_scale"),
-                });
             }
             if let Some(fused) = name.strip_suffix("_input_scale")
                 && self.allow_fused
@@ -1044,6 +822,10 @@ impl MoeProfile {
                     expected: format!("{fused}_weight_scale"),
                 });
             }
+            if companion_of(cat, file, name)?.is_some() {
+                // Placed with its NVFP4 weight, which `linear` checks.
+                continue;
+            }
             if let Err(reason) = self.ftw_allowed(name) {
                 return Err(ConvertError::UnexpectedTensor {
                     file: file.to_owned(),
@@ -1052,16 +834,14 @@ impl MoeProfile {
                 });
             }
             let module = name.strip_suffix(".weight").unwrap_or(name);
-            let nvfp4 = name.ends_with(".weight")
-                && (t.dtype() == safetensors::Dtype::U8
-                    || cat.get(&format!("{module}.weight_scale")).is_some());
-            if nvfp4 {
-                let want = cat.get(&format!("{module}.weight_scale"));
-                let shape = match want {
+            if name.ends_with(".weight") && is_nvfp4(cat, module) {
+                // The logical shape the block scales imply; `linear`
+                // checks the codes against it.
+                let shape = match cat.get(&format!("{module}.weight_scale")) {
                     Some((_, s)) => {
                         let mut k = s.shape().to_vec();
                         if let Some(last) = k.last_mut() {
-                            *last *= 16;
+                            *last = last.saturating_mul(16);
                         }
                         k
                     }
@@ -1070,31 +850,12 @@ impl MoeProfile {
                 let lin = self.linear(cat, module, &shape, "an NVFP4 tensor of the FTW stream")?;
                 claimed.extend(lin.claimed);
                 if let Some(s) = lin.input_scale {
-                    ftw.insert(s.desc.key.clone(), s);
+                    ftw.insert(s)?;
                 }
-                ftw.insert(
-                    name.to_owned(),
-                    FtwTensor {
-                        desc: TensorDesc::new(name, lin.dtype, lin.kind, lin.shape),
-                        source: lin.source,
-                    },
-                );
-                continue;
-            }
-            if name.ends_with(".weight_scale") || name.ends_with(".weight_scale_2") {
-                // Claimed with its weight; alone it is a broken triplet.
-                let w = format!(
-                    "{}.weight",
-                    name.rsplit_once(".weight_scale")
-                        .map(|x| x.0)
-                        .unwrap_or(name)
-                );
-                if cat.get(&w).is_none() {
-                    return Err(ConvertError::MissingTensor {
-                        tensor: w,
-                        needed_for: format!("the NVFP4 triplet of {name}"),
-                    });
-                }
+                ftw.insert(FtwTensor {
+                    desc: TensorDesc::new(name, lin.dtype, lin.kind, lin.shape),
+                    source: lin.source,
+                })?;
                 continue;
             }
             let dtype = plain_dtype(t.dtype()).ok_or_else(|| ConvertError::DtypeMismatch {
@@ -1110,37 +871,14 @@ impl MoeProfile {
             } else {
                 TensorKind::Plain
             };
-            ftw.insert(
-                name.to_owned(),
-                FtwTensor {
-                    desc: TensorDesc::new(name, dtype, kind, t.shape()),
-                    source: TensorSource::Span(cat.span(name).expect("present")),
-                },
-            );
+            ftw.insert(FtwTensor {
+                desc: TensorDesc::new(name, dtype, kind, t.shape()),
+                source: TensorSource::Span(cat.span(name).expect("present")),
+            })?;
         }
-        let tensors: Vec<FtwTensor> = ftw.into_values().collect();
-        components.insert(0, ftw_component(tensors)?);
+        components.insert(0, ftw.finish()?);
         Ok(components)
     }
-}
-
-/// The FTW component holding `tensors` (in key order), sized exactly.
-fn ftw_component(tensors: Vec<FtwTensor>) -> Result<Component, ConvertError> {
-    let predicted = sizes::ftw_total_len(tensors.iter().map(|t| t.desc.clone()).collect())
-        .map_err(fmt_err(FTW_COMPONENT))?;
-    let source_files = tensors
-        .iter()
-        .flat_map(|t| t.source.files())
-        .map(str::to_owned)
-        .collect();
-    Ok(Component {
-        name: FTW_COMPONENT.into(),
-        kind: ComponentKind::Ftw,
-        predicted_bytes: predicted,
-        items: tensors.len() as u64,
-        source_files,
-        content: ComponentContent::Ftw { tensors },
-    })
 }
 
 #[cfg(test)]

@@ -41,8 +41,8 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::config::TextConfig;
 use super::{
-    CONFIG_FILE, Catalog, Component, ComponentContent, ComponentKind, ConvertError, FtwTensor,
-    MoeProfile, SourceSpan, TensorSource, fmt_err,
+    CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, ConvertError,
+    FtwBuilder, FtwTensor, MoeProfile, SourceSpan, TensorSource, fmt_err,
 };
 
 /// Name prefix of the text model.
@@ -605,45 +605,6 @@ fn ple_geometry(
     })
 }
 
-/// Formats I64 values for an error.
-fn i64s(b: &[u8]) -> String {
-    let v: Vec<i64> = b
-        .chunks_exact(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
-    format!("{v:?}")
-}
-
-/// A lookup buffer whose bytes the writer must find exactly.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CheckedSpan {
-    /// The source bytes.
-    pub span: SourceSpan,
-    /// What they must be.
-    pub expected: Vec<u8>,
-    /// Which config fields fix them.
-    pub because: String,
-}
-
-impl CheckedSpan {
-    /// `Ok` when `found` are the expected bytes, else the error naming both.
-    pub fn check(&self, found: &[u8]) -> Result<(), ConvertError> {
-        if found == self.expected {
-            return Ok(());
-        }
-        Err(ConvertError::LookupBufferMismatch {
-            file: self.span.file.clone(),
-            tensor: self.span.tensor.clone(),
-            problem: format!(
-                "holds {}, expected {} ({})",
-                i64s(found),
-                i64s(&self.expected),
-                self.because
-            ),
-        })
-    }
-}
-
 impl MoeProfile {
     /// Components of a release-layout source, and the tensors of other
     /// partitions it leaves out.
@@ -676,14 +637,14 @@ impl MoeProfile {
 
         let mut problems = Vec::new();
         let mut claimed: BTreeSet<String> = BTreeSet::new();
-        let mut ftw: BTreeMap<String, FtwTensor> = BTreeMap::new();
+        let mut ftw = FtwBuilder::default();
         let expected = r.expected();
         for (name, want) in &expected {
             match self.release_tensor(cat, name, want) {
                 Ok((tensors, names)) => {
                     claimed.extend(names);
                     for t in tensors {
-                        ftw.insert(t.desc.key.clone(), t);
+                        ftw.insert(t)?;
                     }
                 }
                 Err(p) => problems.push(p),
@@ -724,7 +685,7 @@ impl MoeProfile {
             components.extend(ple_table(g, shards, &mut claimed)?);
         }
         for t in ftw_extra {
-            ftw.insert(t.desc.key.clone(), t);
+            ftw.insert(t)?;
         }
         // Whatever the rules above did not take is not part of the layout.
         for (name, file, _) in cat.iter() {
@@ -736,8 +697,7 @@ impl MoeProfile {
                 });
             }
         }
-        let tensors: Vec<FtwTensor> = ftw.into_values().collect();
-        components.insert(0, super::ftw_component(tensors)?);
+        components.insert(0, ftw.finish()?);
         Ok((components, omitted))
     }
 

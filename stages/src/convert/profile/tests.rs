@@ -367,6 +367,26 @@ mod text_config {
     }
 
     #[test]
+    fn a_flat_qwen4_config_must_declare_the_text_only_architecture() {
+        // Laid out like the release but without its text_config: not read
+        // silently as the flat layout.
+        let msg = err(json!({"model_type": "qwen4_exp",
+            "architectures": ["Qwen4ExpForConditionalGeneration"],
+            "num_hidden_layers": 2, "num_experts": 4}));
+        assert!(
+            msg.starts_with("config.json: text_config is missing")
+                && msg.contains("[\"Qwen4ExpForCausalLM\"]")
+                && msg.contains("[\"Qwen4ExpForConditionalGeneration\"]"),
+            "{msg}"
+        );
+        let msg = err(json!({"model_type": "qwen4_exp", "num_hidden_layers": 2, "num_experts": 4}));
+        assert!(
+            msg.ends_with("config.json has architectures missing"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn flat_configs_name_top_level_fields() {
         let cfg = json!({"model_type": "qwen3_moe", "num_hidden_layers": 2, "num_experts": "4"});
         assert_eq!(

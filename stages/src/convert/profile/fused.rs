@@ -1,7 +1,5 @@
-//! ModelOpt NVFP4 sources: the `weight` / `weight_scale` / `weight_scale_2`
-//! triplet, the activation `input_scale` beside it, and fused NVFP4 experts
-//! (layouts in the parent module's doc). Everything is passed through as
-//! byte spans of the source, never re-quantized.
+//! Fused NVFP4 experts of the flat `qwen4_exp` layout (layout in the parent
+//! module's doc), passed through as byte sub-spans of the fused tensors.
 
 use std::collections::BTreeSet;
 
@@ -10,71 +8,7 @@ use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind};
 use super::{
     CONFIG_FILE, Catalog, ConvertError, FtwTensor, MoeProfile, SourceSpan, TensorSource, fmt_err,
 };
-
-/// Shapes of a ModelOpt activation `input_scale` (W4A4 calibration): one element.
-pub(super) const INPUT_SCALE_SHAPES: [&[u64]; 2] = [&[], &[1]];
-
-/// The F32 tensor `name`, whose shape must be one of `shapes`, as a `Plain`
-/// FTW tensor copied from its source span; `what` says what it is.
-pub(super) fn f32_scale(
-    cat: &Catalog,
-    name: &str,
-    shapes: &[&[u64]],
-    what: &str,
-) -> Result<FtwTensor, ConvertError> {
-    let (file, t) = cat.get(name).ok_or_else(|| ConvertError::MissingTensor {
-        tensor: name.to_owned(),
-        needed_for: what.to_owned(),
-    })?;
-    if t.dtype() != safetensors::Dtype::F32 {
-        return Err(ConvertError::DtypeMismatch {
-            file: file.to_owned(),
-            tensor: name.to_owned(),
-            expected: format!("F32 ({what})"),
-            actual: format!("{:?}", t.dtype()),
-        });
-    }
-    if !shapes.contains(&t.shape()) {
-        return Err(ConvertError::ShapeMismatch {
-            file: file.to_owned(),
-            tensor: name.to_owned(),
-            expected: shapes.first().map(|s| s.to_vec()).unwrap_or_default(),
-            actual: t.shape().to_vec(),
-            because: what.to_owned(),
-        });
-    }
-    Ok(FtwTensor {
-        desc: TensorDesc::new(name, Dtype::F32, TensorKind::Plain, t.shape()),
-        source: TensorSource::Span(SourceSpan {
-            file: file.to_owned(),
-            tensor: name.to_owned(),
-            offset: t.offset(),
-            len: t.len(),
-        }),
-    })
-}
-
-/// The optional `input_scale` of NVFP4 `module`, checked.
-pub(super) fn input_scale_of(
-    cat: &Catalog,
-    module: &str,
-) -> Result<Option<FtwTensor>, ConvertError> {
-    let name = format!("{module}.input_scale");
-    if cat.get(&name).is_none() {
-        return Ok(None);
-    }
-    let what =
-        format!("the activation input_scale of NVFP4 {module}: one F32 element, shape [] or [1]");
-    f32_scale(cat, &name, &INPUT_SCALE_SHAPES, &what).map(Some)
-}
-
-/// Whether `module` is stored as an NVFP4 triplet (the rule the FTW stream
-/// and [`MoeProfile::linear`] use).
-pub(super) fn is_nvfp4_module(cat: &Catalog, module: &str) -> bool {
-    cat.get(&format!("{module}.weight"))
-        .is_some_and(|(_, w)| w.dtype() == safetensors::Dtype::U8)
-        || cat.get(&format!("{module}.weight_scale")).is_some()
-}
+use crate::convert::nvfp4::f32_scale;
 
 /// Suffixes (after `model.layers.{l}.mlp.experts.`) of the fused layouts;
 /// any of them present makes the layer fused.
@@ -86,57 +20,6 @@ pub(super) const FUSED_NAMES: [&str; 6] = [
     "down_proj_weight_scale",
     "down_proj_weight_scale_2",
 ];
-
-pub(super) const NVFP4_PARTS: [&str; 3] = ["weight", "weight_scale", "weight_scale_2"];
-
-/// The ModelOpt NVFP4 triplet of `module` (`weight` U8, `weight_scale`
-/// F8_E4M3, `weight_scale_2` F32), each part checked, as one native tensor
-/// and its three source spans in body order.
-pub(in crate::convert) fn nvfp4_triplet(
-    cat: &Catalog,
-    module: &str,
-) -> Result<(NativeNvfp4, [SourceSpan; 3]), ConvertError> {
-    let mut parts = Vec::with_capacity(3);
-    let mut spans = Vec::with_capacity(3);
-    for (p, want) in NVFP4_PARTS.iter().zip([
-        safetensors::Dtype::U8,
-        safetensors::Dtype::F8_E4M3,
-        safetensors::Dtype::F32,
-    ]) {
-        let n = format!("{module}.{p}");
-        let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
-            tensor: n.clone(),
-            needed_for: format!("the NVFP4 triplet of {module}"),
-        })?;
-        if t.dtype() != want {
-            return Err(ConvertError::DtypeMismatch {
-                file: f.to_owned(),
-                tensor: n,
-                expected: format!("{want:?} (part of the NVFP4 triplet of {module})"),
-                actual: format!("{:?}", t.dtype()),
-            });
-        }
-        parts.push(t);
-        spans.push(SourceSpan {
-            file: f.to_owned(),
-            tensor: n,
-            offset: t.offset(),
-            len: t.len(),
-        });
-    }
-    let nv = NativeNvfp4::new(
-        &format!("{module}.weight"),
-        parts[0].shape(),
-        parts[1].shape(),
-        parts[2].shape(),
-    )
-    .map_err(fmt_err(module))?;
-    let spans: [SourceSpan; 3] = spans.try_into().map_err(|_| ConvertError::MissingTensor {
-        tensor: format!("{module}.weight"),
-        needed_for: "the NVFP4 triplet".into(),
-    })?;
-    Ok((nv, spans))
-}
 
 impl MoeProfile {
     /// The record layout and records of the fused NVFP4 experts of layer

@@ -55,18 +55,28 @@
 //! * `dtype = "keep"` (default): the source dtype, kind Plain.
 //!   `dtype = "protected"`: the source dtype, kind Protected; only BF16, F16
 //!   and F32 sources qualify.
-//! * NVFP4: a tensor `X.weight` for which `X.weight_scale` exists is a
-//!   ModelOpt NVFP4 triplet (`X.weight` U8, `X.weight_scale` F8_E4M3,
-//!   `X.weight_scale_2` F32 scalar). The rule matching `X.weight` places the
-//!   whole triplet as one NVFP4 tensor of kind Native (bit-for-bit pass
-//!   through); `X.weight_scale` and `X.weight_scale_2` are claimed by it and
-//!   need no rule. `dtype = "protected"` on a triplet is an error.
+//! * NVFP4, by the rule the built-in profiles use ([`super::nvfp4`]):
+//!   module `X` is a ModelOpt NVFP4 triplet (`X.weight` U8,
+//!   `X.weight_scale` F8_E4M3, `X.weight_scale_2` F32 scalar) when
+//!   `X.weight` is U8 or `X.weight_scale` or `X.weight_scale_2` exists. The
+//!   rule matching `X.weight` places the whole triplet as one NVFP4 tensor of
+//!   kind Native (bit-for-bit pass through); the scales are claimed by it
+//!   and need no rule, and so is an activation `X.input_scale` (F32, `[]` or
+//!   `[1]`), which goes into the FTW stream under its own name (for experts
+//!   too). A scale without its weight, and an `input_scale` beside a module
+//!   that is not NVFP4, are errors. `dtype = "protected"` on a triplet is an
+//!   error.
+//! * `[[expect]]` (optional, at most [`MAX_EXPECT_TABLES`]): the tensors the
+//!   model must have, with dtype and shape, read against `config.json`
+//!   (format in [`contract`]). Checked before any rule places anything; every
+//!   missing tensor or wrong dtype or shape is listed in one
+//!   [`ConvertError::RecipeContract`] (file, tensor, expected, found).
 //!
 //! Every violation is a [`ConvertError`] naming the recipe file, the rule
 //! (`rules[i]`, counted from 0) and glob, and the source file and tensor, or
 //! the layer, expert and field. [`Recipe::digest`] identifies what decides
-//! the output (model_type and the normalized rules) for the converter
-//! identity.
+//! the output (model_type, the normalized rules and the `[[expect]]` tables)
+//! for the converter identity.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -75,15 +85,19 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
+use ftpipe_formats::{Dtype, TensorDesc, TensorKind};
 
-use super::error::ConvertError;
-use super::profile::{
-    Catalog, Component, ComponentContent, ComponentKind, FTW_COMPONENT, FtwTensor,
-    KNOWN_MODEL_TYPES, SourceSpan, TensorSource, expert_sidecar, fmt_err, nvfp4_triplet,
-    plain_dtype,
+use super::component::{
+    Catalog, Component, FtwBuilder, FtwTensor, KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
+    expert_sidecar, plain_dtype,
 };
+use super::error::ConvertError;
+use super::nvfp4::{companion_of, is_nvfp4, nvfp4_module};
+
+pub mod contract;
 use super::safetensors::SourceTensor;
+use contract::{BoundExpect, Expect, RawExpect};
+pub use contract::{MAX_EXPECT_TABLES, MAX_EXPECTED_TENSORS};
 
 /// Largest recipe file accepted, in bytes.
 pub const MAX_RECIPE_BYTES: usize = 1024 * 1024;
@@ -167,6 +181,9 @@ pub struct Recipe {
     name: String,
     rules: Vec<Rule>,
     set: GlobSet,
+    expects: Vec<Expect>,
+    /// The `expects` with config.json's values ([`Recipe::bind`]).
+    contract: Option<Vec<BoundExpect>>,
 }
 
 /// The recipe as deserialized, before validation.
@@ -181,6 +198,8 @@ struct RawRecipe {
     name: Option<String>,
     #[serde(default)]
     rules: Vec<RawRule>,
+    #[serde(default)]
+    expect: Vec<RawExpect>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -294,12 +313,29 @@ impl TryFrom<RawRecipe> for Recipe {
             file: file.clone(),
             message: format!("the rules' globs do not compile together: {e}"),
         })?;
+        if raw.expect.len() > MAX_EXPECT_TABLES {
+            return Err(ConvertError::RecipeSyntax {
+                file,
+                message: format!(
+                    "{} [[expect]] tables exceed the limit of {MAX_EXPECT_TABLES}",
+                    raw.expect.len()
+                ),
+            });
+        }
+        let expects = raw
+            .expect
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| Expect::new(&file, i, e))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Recipe {
             file,
             model_type: raw.model_type,
             name,
             rules,
             set,
+            expects,
+            contract: None,
         })
     }
 }
@@ -324,6 +360,8 @@ struct Placed {
     kind: TensorKind,
     shape: Vec<u64>,
     source: TensorSource,
+    /// An NVFP4 module's activation `input_scale`, bound for the FTW stream.
+    input_scale: Option<FtwTensor>,
 }
 
 /// One expert field found in the source.
@@ -434,18 +472,60 @@ impl Recipe {
             hash_str(&mut h, r.component.as_str());
             hash_str(&mut h, r.dtype.as_str());
         }
+        // Recipes without a contract keep the digest they had before
+        // `[[expect]]` existed.
+        if !self.expects.is_empty() {
+            hash_str(&mut h, "expect");
+            h.update((self.expects.len() as u64).to_le_bytes());
+            for e in &self.expects {
+                e.canonical(&mut |s| hash_str(&mut h, s));
+            }
+        }
         hex::encode(h.finalize())
+    }
+
+    /// The recipe with its `[[expect]]` tables read against `cfg`
+    /// (config.json); [`Recipe::components`] checks the source against them.
+    pub fn bind(&self, cfg: &serde_json::Value) -> Result<Recipe, ConvertError> {
+        let contract = contract::bind(&self.file, &self.expects, cfg)?;
+        Ok(Recipe {
+            contract: Some(contract),
+            ..self.clone()
+        })
     }
 
     /// Maps every source tensor to a component and predicts each size: the
     /// FTW stream first, then one FTEXPERT1 sidecar per layer in layer order.
+    /// The `[[expect]]` tables are checked first, every mismatch in one
+    /// error; a recipe with tables must be [bound](Recipe::bind) to its
+    /// config.
     pub fn components(&self, cat: &Catalog) -> Result<Vec<Component>, ConvertError> {
+        let problems = match &self.contract {
+            Some(c) => contract::check(c, cat),
+            None if self.expects.is_empty() => Vec::new(),
+            None => {
+                return Err(ConvertError::RecipeBadExpect {
+                    file: self.file.clone(),
+                    index: 0,
+                    problem: "the recipe was not bound to a config.json".into(),
+                });
+            }
+        };
+        if !problems.is_empty() {
+            return Err(ConvertError::RecipeContract {
+                file: self.file.clone(),
+                recipe: self.name.clone(),
+                count: problems.len(),
+                problems: problems.join("\n"),
+            });
+        }
         let mut used = vec![false; self.rules.len()];
-        let mut ftw = Vec::new();
+        let mut ftw = FtwBuilder::default();
         let mut layers: BTreeMap<u64, BTreeMap<u64, BTreeMap<String, Slot>>> = BTreeMap::new();
         let mut hits = Vec::new();
         for (name, file, t) in cat.iter() {
-            if self.companion(cat, name)? {
+            if companion_of(cat, file, name)?.is_some() {
+                // Placed with its NVFP4 weight.
                 continue;
             }
             self.set.matches_into(name, &mut hits);
@@ -461,10 +541,13 @@ impl Recipe {
             match rule.component {
                 RecipeComponent::Ftw => {
                     let p = self.place(cat, ri, name, file, t)?;
-                    ftw.push(FtwTensor {
+                    ftw.insert(FtwTensor {
                         desc: TensorDesc::new(name, p.dtype, p.kind, p.shape),
                         source: p.source,
-                    });
+                    })?;
+                    if let Some(s) = p.input_scale {
+                        ftw.insert(s)?;
+                    }
                 }
                 RecipeComponent::Experts => {
                     let (l, e, field) =
@@ -476,6 +559,9 @@ impl Recipe {
                             problem,
                         })?;
                     let p = self.place(cat, ri, name, file, t)?;
+                    if let Some(s) = p.input_scale {
+                        ftw.insert(s)?;
+                    }
                     let slot = Slot {
                         tensor: name.to_owned(),
                         desc: TensorDesc::new(field.clone(), p.dtype, p.kind, p.shape),
@@ -507,46 +593,11 @@ impl Recipe {
             });
         }
 
-        let predicted = sizes::ftw_total_len(ftw.iter().map(|t| t.desc.clone()).collect())
-            .map_err(fmt_err(FTW_COMPONENT))?;
-        let mut components = vec![Component {
-            name: FTW_COMPONENT.into(),
-            kind: ComponentKind::Ftw,
-            predicted_bytes: predicted,
-            items: ftw.len() as u64,
-            source_files: ftw
-                .iter()
-                .flat_map(|t| t.source.files())
-                .map(str::to_owned)
-                .collect(),
-            content: ComponentContent::Ftw { tensors: ftw },
-        }];
+        let mut components = vec![ftw.finish()?];
         for (l, experts) in layers {
             components.push(expert_component(l, experts)?);
         }
         Ok(components)
-    }
-
-    /// Whether `name` is the `weight_scale` or `weight_scale_2` of an NVFP4
-    /// triplet (placed with its `weight`); a scale without its triplet is an
-    /// error.
-    fn companion(&self, cat: &Catalog, name: &str) -> Result<bool, ConvertError> {
-        let Some(module) = name
-            .strip_suffix(".weight_scale_2")
-            .or_else(|| name.strip_suffix(".weight_scale"))
-        else {
-            return Ok(false);
-        };
-        for part in ["weight", "weight_scale"] {
-            let need = format!("{module}.{part}");
-            if cat.get(&need).is_none() {
-                return Err(ConvertError::MissingTensor {
-                    tensor: need,
-                    needed_for: format!("the NVFP4 triplet of {name}"),
-                });
-            }
-        }
-        Ok(true)
     }
 
     /// How tensor `name` (matched by rule `ri`) is stored: a plain copy or,
@@ -560,10 +611,8 @@ impl Recipe {
         t: &SourceTensor,
     ) -> Result<Placed, ConvertError> {
         let rule = &self.rules[ri];
-        let module = name.strip_suffix(".weight");
-        let scale = module.map(|m| format!("{m}.weight_scale"));
-        if let (Some(module), Some(scale)) = (module, scale)
-            && cat.get(&scale).is_some()
+        if let Some(module) = name.strip_suffix(".weight")
+            && is_nvfp4(cat, module)
         {
             if rule.dtype == DtypePolicy::Protected {
                 return Err(ConvertError::RecipeProtectedQuantized {
@@ -573,12 +622,13 @@ impl Recipe {
                     glob: rule.glob.clone(),
                 });
             }
-            let (nv, [w, s, s2]) = nvfp4_triplet(cat, module)?;
+            let nv = nvfp4_module(cat, module)?;
             return Ok(Placed {
                 dtype: Dtype::Nvfp4,
                 kind: TensorKind::Native,
-                shape: nv.shape().to_vec(),
-                source: TensorSource::Native(Box::new([w, s, s2])),
+                shape: nv.native.shape().to_vec(),
+                source: nv.source,
+                input_scale: nv.input_scale,
             });
         }
         let dtype = plain_dtype(t.dtype()).ok_or_else(|| ConvertError::DtypeMismatch {
@@ -614,6 +664,7 @@ impl Recipe {
                 offset: t.offset(),
                 len: t.len(),
             }),
+            input_scale: None,
         })
     }
 }
@@ -679,8 +730,10 @@ fn expert_component(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::convert::component::{ComponentContent, ComponentKind, FTW_COMPONENT};
     use crate::convert::profile::Profile;
     use crate::convert::safetensors::SourceHeader;
+    use ftpipe_formats::sizes;
     use serde_json::json;
 
     type Spec = Vec<(String, &'static str, Vec<u64>)>;
@@ -823,6 +876,189 @@ component = "ftw"
     fn run(recipe: &str, headers: &[SourceHeader]) -> Result<Vec<Component>, ConvertError> {
         let r = Recipe::from_toml("recipe.toml", recipe)?;
         r.components(&Catalog::new(headers)?)
+    }
+
+    /// Through the profile entry point, which binds the recipe to `cfg`.
+    fn run_with(
+        recipe: &str,
+        cfg: serde_json::Value,
+        headers: &[SourceHeader],
+    ) -> Result<Vec<Component>, ConvertError> {
+        let r = Recipe::from_toml("recipe.toml", recipe)?;
+        Profile::from_config_with_recipe(&cfg, Some(&r))?.components(headers)
+    }
+
+    fn moe_cfg() -> serde_json::Value {
+        json!({"model_type": "tiny_moe", "num_hidden_layers": 2, "num_experts": 4,
+               "moe_intermediate_size": 8, "text": {"hidden_size": 16}})
+    }
+
+    const MOE_EXPECT: &str = r#"
+[[expect]]
+tensor = "model.layers.{l}.mlp.experts.{e}.gate_proj.weight"
+each = { l = "num_hidden_layers", e = "num_experts" }
+dtype = ["BF16", "NVFP4"]
+shape = ["moe_intermediate_size", "text.hidden_size"]
+
+[[expect]]
+tensor = "lm_head.weight"
+dtype = "BF16"
+shape = [32, "text.hidden_size"]
+"#;
+
+    #[test]
+    fn contract_holds_and_changes_nothing_but_the_digest() {
+        // Layer 1's experts are [16, 16]: expect them per layer.
+        let expect = MOE_EXPECT.replace(
+            "each = { l = \"num_hidden_layers\", e = \"num_experts\" }",
+            "each = { e = \"num_experts\" }",
+        );
+        let expect = expect.replace("model.layers.{l}.", "model.layers.0.");
+        let with = format!("{MOE}{expect}");
+        let a = run_with(&with, moe_cfg(), &moe_headers()).unwrap();
+        let b = run(MOE, &moe_headers()).unwrap();
+        assert_eq!(a, b);
+        let (r, r2) = (
+            Recipe::from_toml("a", MOE).unwrap(),
+            Recipe::from_toml("a", &with).unwrap(),
+        );
+        assert_ne!(r.digest(), r2.digest());
+        // Unbound, a recipe with a contract refuses to map.
+        let e = r2
+            .components(&Catalog::new(&moe_headers()).unwrap())
+            .unwrap_err();
+        assert!(matches!(e, ConvertError::RecipeBadExpect { .. }), "{e}");
+    }
+
+    #[test]
+    fn contract_reports_every_mismatch_in_one_error() {
+        let mut extra = String::from(MOE_EXPECT);
+        extra.push_str(
+            "\n[[expect]]\ntensor = \"model.layers.0.self_attn.k_proj.weight\"\n\n[[expect]]\ntensor = \"model.layers.1.self_attn.q_proj.weight\"\ndtype = \"NVFP4\"\nshape = [16, \"2*moe_intermediate_size\"]\n",
+        );
+        let (mut a, b) = moe();
+        for x in a.iter_mut().filter(|x| x.0 == "lm_head.weight") {
+            x.1 = "F16";
+        }
+        let e = run_with(
+            &format!("{MOE}{extra}"),
+            moe_cfg(),
+            &[header(F1, &a), header(F2, &b)],
+        )
+        .unwrap_err();
+        let ConvertError::RecipeContract {
+            count, problems, ..
+        } = &e
+        else {
+            panic!("{e}")
+        };
+        // 4 experts of layer 1 ([16, 16], not [8, 16]), lm_head, k_proj.
+        assert_eq!(*count, 6, "{e}");
+        for want in [
+            format!("{F2}: model.layers.1.mlp.experts.3.gate_proj.weight: expected BF16 or NVFP4 [8, 16] (expect[0]), found NVFP4 [16, 16]"),
+            format!("{F1}: lm_head.weight: expected BF16 [32, 16] (expect[1]), found F16 [32, 16]"),
+            "-: model.layers.0.self_attn.k_proj.weight: expected any dtype (expect[2]), found nothing (missing)".to_owned(),
+        ] {
+            assert!(problems.contains(&want), "{want:?} not in {e}");
+        }
+        assert!(!problems.contains("q_proj"), "{e}");
+        assert!(!problems.contains("layers.0.mlp.experts"), "{e}");
+        // A config without the field names it.
+        let mut cfg = moe_cfg();
+        cfg["text"] = json!({});
+        let e = run_with(&format!("{MOE}{MOE_EXPECT}"), cfg, &moe_headers()).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::BadConfig { field, problem, .. }
+                if field == "text.hidden_size" && problem.contains("expect[0]")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn expect_tables_are_validated() {
+        for (table, needle) in [
+            ("tensor = \"a.{l}.w\"", "each has no key \"l\""),
+            ("tensor = \"a.w\"\neach = { l = 2 }", "each.l is not used"),
+            ("tensor = \"a.{l.w\"\neach = { l = 2 }", "without its '}'"),
+            (
+                "tensor = \"a.weight\"\ndtype = \"FP4\"",
+                "dtype \"FP4\" is not one of",
+            ),
+            (
+                "tensor = \"a.bias\"\ndtype = \"NVFP4\"",
+                "ending in .weight",
+            ),
+            ("tensor = \"a.weight\"\nshape = [\"x*h\"]", "factor"),
+            ("tensor = \"a.weight\"\ndtype = []", "empty list"),
+            ("tensor = \"\"", "tensor is empty"),
+        ] {
+            let text = format!("{MOE}\n[[expect]]\n{table}\n");
+            let e = parse_err(&text);
+            assert!(
+                matches!(&e, ConvertError::RecipeBadExpect { index: 0, problem, .. } if problem.contains(needle)),
+                "{table}: {e}"
+            );
+        }
+        let e = parse_err(&format!("{MOE}\n[[expect]]\ntensor = \"a\"\nsize = 1\n"));
+        assert!(matches!(e, ConvertError::RecipeSyntax { .. }), "{e}");
+        // The expansion is bounded before any name is built.
+        let text = format!(
+            "{MOE}\n[[expect]]\ntensor = \"a.{{x}}.{{y}}\"\neach = {{ x = \"num_experts\", y = \"num_experts\" }}\n"
+        );
+        let mut cfg = moe_cfg();
+        cfg["num_experts"] = json!(1u64 << 12);
+        let e = run_with(&text, cfg, &moe_headers()).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::RecipeBadExpect { problem, .. } if problem.contains("more than")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nvfp4_input_scales_follow_their_module_as_in_the_profiles() {
+        // Beside an NVFP4 triplet: into the FTW stream under its name, as
+        // the built-in profiles do, also for experts.
+        let (a, mut b) = moe();
+        b.push(t("model.layers.1.self_attn.q_proj.input_scale", "F32", &[]));
+        b.push(t(
+            "model.layers.1.mlp.experts.0.up_proj.input_scale",
+            "F32",
+            &[1],
+        ));
+        let cs = run(MOE, &[header(F1, &a), header(F2, &b)]).unwrap();
+        let ComponentContent::Ftw { tensors } = &cs[0].content else {
+            panic!("ftw")
+        };
+        for n in [
+            "model.layers.1.self_attn.q_proj.input_scale",
+            "model.layers.1.mlp.experts.0.up_proj.input_scale",
+        ] {
+            let t = tensors.iter().find(|t| t.desc.key == n).expect(n);
+            assert_eq!((t.desc.dtype, t.desc.kind), (Dtype::F32, TensorKind::Plain));
+        }
+        // Beside a BF16 module: refused, naming it.
+        let (mut a, b) = moe();
+        a.push(t("model.layers.0.self_attn.q_proj.input_scale", "F32", &[]));
+        let e = run(MOE, &[header(F1, &a), header(F2, &b)]).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::OrphanInputScale { tensor, .. }
+                if tensor == "model.layers.0.self_attn.q_proj.input_scale"),
+            "{e}"
+        );
+        // A lone weight_scale_2 makes its module NVFP4, so the triplet's
+        // missing weight_scale is named instead of the scale being dropped.
+        let (mut a, b) = moe();
+        a.push(t(
+            "model.layers.0.self_attn.q_proj.weight_scale_2",
+            "F32",
+            &[],
+        ));
+        let e = run(MOE, &[header(F1, &a), header(F2, &b)]).unwrap_err();
+        assert!(
+            matches!(&e, ConvertError::MissingTensor { tensor, .. }
+                if tensor == "model.layers.0.self_attn.q_proj.weight_scale"),
+            "{e}"
+        );
     }
 
     fn parse_err(text: &str) -> ConvertError {
