@@ -43,6 +43,12 @@
 //! And every receipt ftpipe reported durable before the kill (its line-log
 //! lines) is in the recovered database, a repo file in nested directories
 //! included. Each chain starts from an empty, durable `out/`.
+//!
+//! A Hugging Face cache on the normal disk holds one shard whole and
+//! another as an interrupted download (`<sha256>.incomplete`, half of it):
+//! every run takes the first from the cache (copied across filesystems,
+//! fsynced, renamed, then its receipt) and resumes the second from the
+//! prefix; some cut must recover a file adopted from the cache.
 
 mod common;
 
@@ -77,6 +83,34 @@ const RUN_ARGS: &[&str] = &[
     "--connections",
     "6",
 ];
+
+/// `--hf-cache DIR` of the cache built by `hf_cache_of` (set once).
+static HF_CACHE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `RUN_ARGS` plus the cache.
+fn args() -> Vec<&'static str> {
+    let mut a = RUN_ARGS.to_vec();
+    if let Some(c) = HF_CACHE.get() {
+        a.extend(["--hf-cache", c.as_str()]);
+    }
+    a
+}
+
+/// A hub cache for `REPO` under `dir` holding `whole` as a blob and the
+/// first half of `half` as an interrupted download.
+fn hf_cache_of(dir: &Path, whole: &[u8], half: &[u8]) -> PathBuf {
+    let blobs = dir
+        .join(format!("models--{}", REPO.replace('/', "--")))
+        .join("blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    std::fs::write(blobs.join(sha256_hex(whole)), whole).unwrap();
+    std::fs::write(
+        blobs.join(format!("{}.incomplete", sha256_hex(half))),
+        &half[..half.len() / 2],
+    )
+    .unwrap();
+    dir.to_owned()
+}
 
 /// SIGKILLs the child on drop, so a failing test never leaves a process
 /// holding the mount (declared after the mount: dropped first).
@@ -235,6 +269,9 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
                     range[1].parse::<usize>().unwrap(),
                 );
                 sum += mark - start;
+                if mark == start {
+                    continue; // claims nothing (the sparse size may not have survived)
+                }
                 assert!(
                     bytes.len() >= mark && bytes[start..mark] == want[start..mark],
                     "{cut}: the range {start}..{mark} of {p} is claimed durable, but the bytes \
@@ -332,7 +369,7 @@ fn cycle(endpoint: &str, mnt: &Path, model: Model, dump: &Path, delay: Duration)
     std::fs::create_dir_all(mnt).unwrap();
     let mut mounted = Mounted::mount(mnt, model).expect("mount the power-cut filesystem");
     let mut child = KillOnDrop(Some(
-        run_cmd(endpoint, &mnt.join("out"), RUN_ARGS)
+        run_cmd(endpoint, &mnt.join("out"), &args())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -400,9 +437,20 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
     let endpoint = hub.endpoint();
     let tmp = tempfile::tempdir().unwrap();
+    let mut shards = hub_files.keys().filter(|p| p.ends_with(".safetensors"));
+    let (cached, seeded) = (
+        shards.next().unwrap().clone(),
+        shards.next().unwrap().clone(),
+    );
+    let cache = hf_cache_of(
+        &tmp.path().join("hf-cache"),
+        &hub_files[&cached],
+        &hub_files[&seeded],
+    );
+    HF_CACHE.get_or_init(|| cache.display().to_string());
 
     let reference = tmp.path().join("reference");
-    let t = timed_ok(&mut run_cmd(&endpoint, &reference, RUN_ARGS));
+    let t = timed_ok(&mut run_cmd(&endpoint, &reference, &args()));
     let want = manifest_sha(&reference);
     eprintln!("reference run on disk: {t:?}, manifest {want}");
     std::fs::remove_dir_all(&reference).unwrap();
@@ -419,8 +467,8 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         }
     };
     let out = mnt.join("out");
-    let t_fetch = timed_ok(&mut fetch_cmd(&endpoint, &out, RUN_ARGS));
-    let t_convert = timed_ok(&mut run_cmd(&endpoint, &out, RUN_ARGS));
+    let t_fetch = timed_ok(&mut fetch_cmd(&endpoint, &out, &args()));
+    let t_convert = timed_ok(&mut run_cmd(&endpoint, &out, &args()));
     let calib = tmp.path().join("calibration");
     let report = mounted.cut(&calib).unwrap();
     drop(mounted);
@@ -453,6 +501,8 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     let (mut cuts, mut in_fetch, mut in_convert, mut after_finish) = (0, 0, 0, 0);
     // Cuts that found at least two durable ranges of files fetched in segments.
     let mut in_ranges = 0;
+    // Cuts that recovered the receipt of the file taken from the cache.
+    let mut from_cache = 0;
     while cuts < CUTS || ((in_fetch == 0 || in_convert == 0 || in_ranges == 0) && cuts < 3 * CUTS) {
         let aim_at_fetch = if cuts < CUTS {
             cuts % CHAIN == 0
@@ -485,6 +535,7 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         let name = format!("cut {cuts} ({start}, after {delay:?})");
         let claims = check_recovered(&dump.join("out"), &hub_files, &name);
         in_ranges += usize::from(claims.ranges >= 2);
+        from_cache += usize::from(claims.receipts.contains(&cached) && !c.finished);
         let lost_files: Vec<_> = c.acked.files.difference(&claims.receipts).collect();
         let lost_components: Vec<_> = c.acked.components.difference(&claims.components).collect();
         let phase = if c.finished {
@@ -543,6 +594,10 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         in_ranges > 0,
         "no cut found several durable ranges of a file fetched in segments"
     );
+    assert!(
+        from_cache > 0,
+        "no cut recovered the receipt of the file taken from the Hugging Face cache"
+    );
 
     let last = match current {
         Some((tree, _)) => tree,
@@ -553,11 +608,24 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         }
     };
     let out = last.join("out");
-    run_ok(&mut run_cmd(&endpoint, &out, RUN_ARGS));
+    run_ok(&mut run_cmd(&endpoint, &out, &args()));
     assert_eq!(manifest_sha(&out), want, "recovered run's manifest differs");
     assert_clean_audit(&out);
+    let cache_bytes = query(
+        &out,
+        &format!(
+            "SELECT cache_bytes FROM ledger WHERE path = {}",
+            sql_str(&cached)
+        ),
+    );
+    assert_eq!(
+        cache_bytes,
+        [hub_files[&cached].len().to_string()],
+        "{cached} was not taken from the cache"
+    );
     eprintln!(
         "{cuts} cuts ({in_fetch} mid-fetch, {in_ranges} with several durable ranges, \
+         {from_cache} with the cached file's receipt, \
          {in_convert} mid-convert, {after_finish} after the run had finished), then finished \
          on disk; {:?} in all",
         t0.elapsed()

@@ -160,7 +160,12 @@ pub fn assert_clean_audit(out: &Path) {
         let t = f["transferred_bytes"].as_u64().unwrap();
         let c = f["committed_bytes"].as_u64().unwrap();
         let d = f["discarded_bytes"].as_u64().unwrap();
-        assert_eq!(t, c + d, "transferred != committed + discarded: {f}");
+        let cache = f["cache_bytes"].as_u64().unwrap_or(0);
+        assert_eq!(
+            t + cache,
+            c + d,
+            "transferred + cache != committed + discarded: {f}"
+        );
     }
     assert_eq!(query(out, "PRAGMA integrity_check"), ["ok"]);
     assert!(

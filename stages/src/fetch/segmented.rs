@@ -347,9 +347,11 @@ impl Coordinator {
             let kept = part.len();
             let aligned = align_down(kept);
             if aligned < kept {
-                block_in_place(|| part.truncate(aligned)).map_err(|e| self.io("truncate", e))?;
+                // The watermark comes down first: the store never claims
+                // more than the file holds, even if the cut is lost.
                 self.discard("segment_alignment", kept - aligned, aligned, false)
                     .await?;
+                block_in_place(|| part.truncate(aligned)).map_err(|e| self.io("truncate", e))?;
             }
             ranges = store.begin_ranges(&path).await?;
         }
