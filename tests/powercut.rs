@@ -48,7 +48,10 @@
 //! another as an interrupted download (`<sha256>.incomplete`, half of it):
 //! every run takes the first from the cache (copied across filesystems,
 //! fsynced, renamed, then its receipt) and resumes the second from the
-//! prefix; some cut must recover a file adopted from the cache.
+//! prefix; some cut must recover a file adopted from the cache. (The
+//! prefix case found a bug: the segmented fetch cut such a prefix down to
+//! its 64 KiB alignment before lowering the watermark, so a cut in between
+//! left the ledger claiming bytes the file no longer held.)
 
 mod common;
 
