@@ -68,6 +68,11 @@ impl PartFile {
         })
     }
 
+    /// Where the part file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Bytes currently in the file.
     pub fn len(&self) -> u64 {
         self.len

@@ -43,7 +43,8 @@ use super::FetchCtx;
 use super::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
 use super::part::sync_dir;
 use super::transfer::{
-    DIGEST_REFETCHES, RateWindow, error_chain, expected_identity, header_value, record_published,
+    DIGEST_REFETCHES, RateWindow, discard, error_chain, expected_identity, header_value,
+    record_published, settle_stream_part,
 };
 use crate::crashpoint;
 use crate::error::{Result, StageError};
@@ -271,19 +272,7 @@ impl Coordinator {
         committed: u64,
         received: bool,
     ) -> Result<()> {
-        self.ctx
-            .store
-            .discard(
-                self.ctx.run,
-                self.path(),
-                reason,
-                bytes,
-                committed,
-                received,
-            )
-            .await?;
-        self.rewound(committed, reason);
-        Ok(())
+        discard(&self.ctx, self.path(), reason, bytes, committed, received).await
     }
 
     /// Brings `.part`, ledger and ranges into agreement and opens the pass.
@@ -325,25 +314,13 @@ impl Coordinator {
         }
         if ranges.is_empty() {
             // A single-stream prefix carries over, cut to the alignment.
-            let ledger = store.ledger_row(&path).await?;
-            let (watermark, on_disk) = (ledger.committed, part.len());
-            if on_disk > watermark {
-                block_in_place(|| part.truncate(watermark)).map_err(|e| self.io("truncate", e))?;
-                self.discard("uncheckpointed_tail", on_disk - watermark, watermark, true)
-                    .await?;
-            } else if on_disk < watermark {
-                self.discard(
-                    "part_shorter_than_watermark",
-                    watermark - on_disk,
-                    on_disk,
-                    false,
-                )
-                .await?;
-            }
-            if !self.cache_prefix_tried && part.len() == 0 {
-                self.cache_prefix_tried = true;
-                super::cache::seed_from_incomplete(&self.ctx, &self.file, &mut part).await?;
-            }
+            settle_stream_part(
+                &self.ctx,
+                &self.file,
+                &mut part,
+                &mut self.cache_prefix_tried,
+            )
+            .await?;
             let kept = part.len();
             let aligned = align_down(kept);
             if aligned < kept {

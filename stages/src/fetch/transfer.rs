@@ -70,6 +70,70 @@ pub(super) async fn record_published(
     Ok(())
 }
 
+/// Records a discard of `path` (the watermark set to `committed`) and
+/// reports the rewind.
+pub(super) async fn discard(
+    ctx: &FetchCtx,
+    path: &str,
+    reason: &str,
+    bytes: u64,
+    committed: u64,
+    also_transferred: bool,
+) -> Result<()> {
+    ctx.store
+        .discard(ctx.run, path, reason, bytes, committed, also_transferred)
+        .await?;
+    ctx.reporter.report(ProgressEvent::FileRewound {
+        path: path.to_owned(),
+        to: committed,
+        reason: reason.to_owned(),
+    });
+    Ok(())
+}
+
+/// Brings a `.part` fetched as one stream and its watermark into agreement:
+/// bytes past the watermark are cut and recorded (they were received), a
+/// part shorter than the watermark lowers it; an empty part is seeded once
+/// from an interrupted download in the Hugging Face cache. Returns the
+/// ledger row as it was before.
+pub(super) async fn settle_stream_part(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    part: &mut PartFile,
+    cache_prefix_tried: &mut bool,
+) -> Result<ftpipe_receipts::LedgerRow> {
+    let ledger = ctx.store.ledger_row(&file.path).await?;
+    let (watermark, on_disk) = (ledger.committed, part.len());
+    if on_disk > watermark {
+        block_in_place(|| part.truncate(watermark))
+            .map_err(|e| StageError::io("truncate", part.path(), e))?;
+        discard(
+            ctx,
+            &file.path,
+            "uncheckpointed_tail",
+            on_disk - watermark,
+            watermark,
+            true,
+        )
+        .await?;
+    } else if on_disk < watermark {
+        discard(
+            ctx,
+            &file.path,
+            "part_shorter_than_watermark",
+            watermark - on_disk,
+            on_disk,
+            false,
+        )
+        .await?;
+    }
+    if !*cache_prefix_tried && part.len() == 0 {
+        *cache_prefix_tried = true;
+        super::cache::seed_from_incomplete(ctx, file, part).await?;
+    }
+    Ok(ledger)
+}
+
 /// Per-file state carried across attempts.
 struct FileTask {
     ctx: Arc<FetchCtx>,
@@ -192,14 +256,6 @@ impl FileTask {
         });
     }
 
-    fn rewound(&self, to: u64, reason: &str) {
-        self.ctx.reporter.report(ProgressEvent::FileRewound {
-            path: self.path().to_owned(),
-            to,
-            reason: reason.to_owned(),
-        });
-    }
-
     fn io(&self, op: &'static str, e: std::io::Error) -> StageError {
         StageError::io(op, &self.part_path, e)
     }
@@ -211,46 +267,29 @@ impl FileTask {
         committed: u64,
         also_transferred: bool,
     ) -> Result<()> {
-        let store = &self.ctx.store;
-        store
-            .discard(
-                self.ctx.run,
-                self.path(),
-                reason,
-                bytes,
-                committed,
-                also_transferred,
-            )
-            .await?;
-        self.rewound(committed, reason);
-        Ok(())
+        discard(
+            &self.ctx,
+            self.path(),
+            reason,
+            bytes,
+            committed,
+            also_transferred,
+        )
+        .await
     }
 
     /// Brings the `.part` file and the ledger into agreement and returns the
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
-        let ledger = self.ctx.store.ledger_row(self.path()).await?;
         let mut part = block_in_place(|| PartFile::open(&self.ctx.source_root, &self.part_path))
             .map_err(|e| self.io("open", e))?;
-        let watermark = ledger.committed;
-        let on_disk = part.len();
-        if on_disk > watermark {
-            block_in_place(|| part.truncate(watermark)).map_err(|e| self.io("truncate", e))?;
-            self.discard("uncheckpointed_tail", on_disk - watermark, watermark, true)
-                .await?;
-        } else if on_disk < watermark {
-            self.discard(
-                "part_shorter_than_watermark",
-                watermark - on_disk,
-                on_disk,
-                false,
-            )
-            .await?;
-        }
-        if !self.cache_prefix_tried && part.len() == 0 {
-            self.cache_prefix_tried = true;
-            super::cache::seed_from_incomplete(&self.ctx, &self.file, &mut part).await?;
-        }
+        let ledger = settle_stream_part(
+            &self.ctx,
+            &self.file,
+            &mut part,
+            &mut self.cache_prefix_tried,
+        )
+        .await?;
         let mut hasher = self.expected.hasher(self.file.size);
         let len = part.len();
         block_in_place(|| hash_prefix(part.file_mut(), len, &mut hasher))
