@@ -140,22 +140,18 @@ impl Pipeline {
                 artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
             let needed = sources_needed.saturating_add(artifact);
             std::fs::create_dir_all(&self.layout.out).map_err(|e| StageError::io("create", &self.layout.out, e))?;
-            let available = fs4::available_space(&self.layout.out)
-                .map_err(|e| StageError::io("statvfs", &self.layout.out, e))?;
-            reporter.report(ProgressEvent::Note {
-                message: format!(
-                    "preflight: {needed} bytes still needed ({sources_needed} sources + {artifact} artifact{}), {available} available",
-                    if opts.retire_sources { " at peak with retirement" } else { "" }
-                ),
-            });
-            if needed > available {
-                return Err(StageError::InsufficientSpace {
-                    volume: self.layout.out.clone(),
-                    available,
-                    needed,
-                }
-                .into());
+            let checked = ftpipe_fs::require_space(&self.layout.out, needed);
+            if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
+                &checked
+            {
+                reporter.report(ProgressEvent::Note {
+                    message: format!(
+                        "preflight: {needed} bytes still needed ({sources_needed} sources + {artifact} artifact{}), {available} available",
+                        if opts.retire_sources { " at peak with retirement" } else { "" }
+                    ),
+                });
             }
+            checked.map_err(StageError::from)?;
             Ok(())
         })
         .await
@@ -271,7 +267,7 @@ impl Pipeline {
             return Ok(None);
         };
         let artifact = &self.layout.artifact;
-        let Ok(bytes) = ftpipe_receipts::nofollow::read_limited(
+        let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
             &artifact.join(MANIFEST_FILE),
             ftpipe_stages::verify::MAX_MANIFEST_BYTES,
         ) else {
@@ -331,7 +327,7 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
 
 /// The placement on disk is for this manifest and these budgets.
 fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
-    ftpipe_receipts::nofollow::read_limited(
+    ftpipe_fs::nofollow::read_limited(
         &artifact.join(PLACEMENT_FILE),
         ftpipe_stages::verify::MAX_PLACEMENT_BYTES,
     )

@@ -145,7 +145,7 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stri
 /// link. Files deeper in `source/` and `artifact/` are checked where they
 /// are opened.
 fn check_no_links(layout: &Layout) -> Result<()> {
-    use ftpipe_receipts::nofollow::{check_absent_or_regular, check_real_dirs};
+    use ftpipe_fs::nofollow::{check_absent_or_regular, check_real_dirs};
     for dir in [&layout.state_dir, &layout.source, &layout.artifact] {
         check_real_dirs(&layout.out, dir).map_err(|(path, source)| PipelineError::Io {
             op: "open",
@@ -187,7 +187,7 @@ impl Pipeline {
         {
             top = parent;
         }
-        ftpipe_stages::fetch::create_dirs_durably(top, &state_dir).map_err(io)?;
+        ftpipe_fs::durable::create_dirs_durably(top, &state_dir).map_err(io)?;
         check_no_links(&layout)?;
         let lock = DirLock::acquire(&layout.lock)?;
         let store = Store::open(&layout.db).await?;

@@ -23,7 +23,7 @@ impl DirLock {
             path: path.to_owned(),
             source,
         };
-        let mut file = ftpipe_receipts::nofollow::open_write(path).map_err(|e| io("open", e))?;
+        let mut file = ftpipe_fs::nofollow::open_write(path).map_err(|e| io("open", e))?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

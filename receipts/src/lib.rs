@@ -12,7 +12,6 @@
 mod convert_store;
 mod error;
 mod model;
-pub mod nofollow;
 mod ranges;
 mod store;
 

@@ -73,7 +73,7 @@ impl Store {
             let mut p = path.as_os_str().to_owned();
             p.push(suffix);
             let p = std::path::PathBuf::from(p);
-            crate::nofollow::check_absent_or_regular(&p)
+            ftpipe_fs::nofollow::check_absent_or_regular(&p)
                 .map_err(|source| StoreError::Unsafe { path: p, source })?;
         }
         let bootstrap = !path.exists();
@@ -165,11 +165,11 @@ impl Store {
         }
         // Real blocks (zeros written), not a sparse `set_len`. Never through
         // a planted link: a refused entry is left alone (and reported).
-        if let Err(e) = crate::nofollow::check_absent_or_regular(&path) {
+        if let Err(e) = ftpipe_fs::nofollow::check_absent_or_regular(&path) {
             tracing::warn!("not writing the space reserve {}: {e}", path.display());
             return false;
         }
-        let written = crate::nofollow::create_truncated(&path).and_then(|mut f| {
+        let written = ftpipe_fs::nofollow::create_truncated(&path).and_then(|mut f| {
             let block = vec![0u8; 64 << 10];
             for _ in 0..SPACE_RESERVE_BYTES / block.len() as u64 {
                 f.write_all(&block)?;

@@ -28,7 +28,7 @@ use crate::audit::AuditReport;
 use crate::convert::engine::{PLAN_FILE, SKELETON_FILE};
 use crate::convert::manifest::{MANIFEST_FILE, PLACEMENT_FILE};
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dir;
+use ftpipe_fs::durable::sync_dir;
 
 /// zstd level: fast, and JSON compresses well even at low levels.
 const ZSTD_LEVEL: i32 = 3;
@@ -120,7 +120,7 @@ fn scan(entries: &[(String, Vec<u8>)], secrets: &[Vec<u8>]) -> Result<()> {
 /// durable as `dest`. Returns the compressed size.
 fn write_archive(entries: &[(String, Vec<u8>)], tmp: &Path, dest: &Path) -> Result<u64> {
     let io = |op, e| StageError::io(op, tmp, e);
-    let file = ftpipe_receipts::nofollow::create_truncated(tmp).map_err(|e| io("create", e))?;
+    let file = ftpipe_fs::nofollow::create_truncated(tmp).map_err(|e| io("create", e))?;
     let encoder = zstd::Encoder::new(std::io::BufWriter::new(file), ZSTD_LEVEL)
         .map_err(|e| io("compress", e))?;
     let mut tar = tar::Builder::new(encoder);

@@ -244,5 +244,22 @@ impl StageError {
     }
 }
 
+impl From<ftpipe_fs::FsError> for StageError {
+    fn from(e: ftpipe_fs::FsError) -> Self {
+        match e {
+            ftpipe_fs::FsError::Io { op, path, source } => StageError::Io { op, path, source },
+            ftpipe_fs::FsError::InsufficientSpace {
+                volume,
+                available,
+                needed,
+            } => StageError::InsufficientSpace {
+                volume,
+                available,
+                needed,
+            },
+        }
+    }
+}
+
 /// Shorthand for results of this crate.
 pub type Result<T, E = StageError> = std::result::Result<T, E>;

@@ -302,7 +302,7 @@ const FICLONE: libc::c_ulong = 0x4004_9409;
 /// cache. The caller fsyncs and verifies `dest`.
 pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
     use std::os::fd::AsRawFd;
-    let src = ftpipe_receipts::nofollow::open_read(blob)?;
+    let src = ftpipe_fs::nofollow::open_read(blob)?;
     let out = create_new(dest)?;
     // SAFETY: both descriptors are open for the duration of the call;
     // FICLONE takes the source descriptor as its argument.

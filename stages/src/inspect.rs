@@ -102,7 +102,7 @@ fn inspect_q3(path: &Path, file_len: u64) -> Result<Inspection> {
                 .into(),
         )
     })?;
-    let bytes = ftpipe_receipts::nofollow::read_limited(
+    let bytes = ftpipe_fs::nofollow::read_limited(
         &root.join(MANIFEST_FILE),
         crate::verify::MAX_MANIFEST_BYTES,
     )

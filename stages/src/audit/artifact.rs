@@ -92,7 +92,7 @@ impl ArtifactPart {
 /// Reads a JSON file the converter wrote (at most `limit` bytes, checked
 /// before reading, never through a link); `None` when it does not exist.
 fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
-    match ftpipe_receipts::nofollow::read_limited(path, limit) {
+    match ftpipe_fs::nofollow::read_limited(path, limit) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(StageError::io("read", path, e)),

@@ -20,10 +20,11 @@ use serde::{Deserialize, Serialize};
 
 use ftpipe_receipts::{RunId, Store};
 
-use super::engine::{ConvertPaths, write_atomic};
+use super::engine::ConvertPaths;
 use crate::crashpoint;
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dir;
+use ftpipe_fs::durable::sync_dir;
+use ftpipe_fs::durable::write_atomic;
 
 /// The marker file under the state directory.
 pub const SET_ASIDE_MARKER: &str = "set-aside.json";

@@ -29,7 +29,6 @@ use super::component::TensorSource;
 use super::error::ConvertError;
 use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
-    TEMP_SUFFIX,
 };
 use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
@@ -40,7 +39,23 @@ use super::space::artifact_peak;
 use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dir;
+use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
+
+/// State files under `.ftpipe`, read back only by ftpipe.
+const COMPACT: JsonStyle = JsonStyle {
+    pretty: false,
+    newline: false,
+};
+/// The plan, kept readable for a user who opens it.
+const PRETTY: JsonStyle = JsonStyle {
+    pretty: true,
+    newline: false,
+};
+/// Artifact files a runtime reads: indented, newline-terminated.
+const PUBLISHED: JsonStyle = JsonStyle {
+    pretty: true,
+    newline: true,
+};
 use crate::progress::{ProgressEvent, Reporter};
 
 /// Skeleton file under the state directory.
@@ -132,131 +147,6 @@ pub struct ConvertOutcome {
     pub omitted: (usize, u64),
 }
 
-/// Writes `bytes` to `dir/name` atomically: temp → fsync → rename → fsync dir.
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    use ftpipe_receipts::nofollow;
-    use std::io::Write;
-    let path = dir.join(name);
-    let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
-    // Neither name may be a link: the rename would publish one.
-    for p in [&path, &tmp] {
-        nofollow::check_absent_or_regular(p).map_err(|e| StageError::io("open", p, e))?;
-    }
-    if let Ok(mut f) = nofollow::open_read(&path) {
-        let mut old = Vec::new();
-        if std::io::Read::read_to_end(&mut f, &mut old).is_ok() && old == bytes {
-            // Same bytes, maybe from a run killed before its fsyncs: make
-            // them durable before anything is recorded about them.
-            f.sync_all()
-                .map_err(|e| StageError::io("fsync", &path, e))?;
-            return sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e));
-        }
-    }
-    let mut f = nofollow::create_truncated(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| StageError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
-    sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))
-}
-
-/// A writer that hashes what is written and, when given a file, compares
-/// it with the rest of that file, failing at the first difference.
-struct Checking<'a, W> {
-    hasher: sha2::Sha256,
-    same_as: Option<std::io::BufReader<&'a std::fs::File>>,
-    buf: Vec<u8>,
-    out: W,
-}
-
-impl<W: std::io::Write> std::io::Write for Checking<'_, W> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        use sha2::Digest;
-        if let Some(r) = &mut self.same_as {
-            self.buf.resize(b.len(), 0);
-            std::io::Read::read_exact(r, &mut self.buf)?;
-            if self.buf != b {
-                return Err(std::io::Error::other("differs"));
-            }
-        }
-        self.out.write_all(b)?;
-        self.hasher.update(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
-}
-
-/// [`write_atomic`] of `value` as JSON (pretty when `pretty`, then a
-/// newline when `newline`), streamed: neither the new bytes nor the file already there
-/// are ever held whole (a ~300k-tensor source has a skeleton with tens of
-/// MB of saved headers and a manifest of as many inventory entries).
-/// Returns the SHA-256 (hex) of the bytes.
-pub fn write_atomic_json<T: serde::Serialize>(
-    dir: &Path,
-    name: &str,
-    value: &T,
-    pretty: bool,
-    newline: bool,
-) -> Result<String> {
-    use ftpipe_receipts::nofollow;
-    use sha2::Digest;
-    use std::io::{BufReader, BufWriter, Read, Write};
-    let to = |w: &mut dyn Write| -> std::io::Result<()> {
-        if pretty {
-            serde_json::to_writer_pretty(&mut *w, value)?;
-        } else {
-            serde_json::to_writer(&mut *w, value)?;
-        }
-        if newline {
-            w.write_all(b"\n")?;
-        }
-        Ok(())
-    };
-    let path = dir.join(name);
-    let tmp = dir.join(format!("{name}{TEMP_SUFFIX}"));
-    // Neither name may be a link: the rename would publish one.
-    for p in [&path, &tmp] {
-        nofollow::check_absent_or_regular(p).map_err(|e| StageError::io("open", p, e))?;
-    }
-    if let Ok(f) = nofollow::open_read(&path) {
-        let mut same = Checking {
-            hasher: sha2::Sha256::new(),
-            same_as: Some(BufReader::with_capacity(1 << 16, &f)),
-            buf: Vec::new(),
-            out: std::io::sink(),
-        };
-        let equal = to(&mut same).is_ok()
-            && same
-                .same_as
-                .as_mut()
-                .is_some_and(|r| r.read(&mut [0u8; 1]).is_ok_and(|n| n == 0));
-        if equal {
-            // Same bytes, maybe from a run killed before its fsyncs: make
-            // them durable before anything is recorded about them.
-            f.sync_all()
-                .map_err(|e| StageError::io("fsync", &path, e))?;
-            sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
-            return Ok(hex::encode(same.hasher.finalize()));
-        }
-    }
-    let f = nofollow::create_truncated(&tmp).map_err(|e| StageError::io("create", &tmp, e))?;
-    let mut w = Checking {
-        hasher: sha2::Sha256::new(),
-        same_as: None,
-        buf: Vec::new(),
-        out: BufWriter::with_capacity(1 << 16, f),
-    };
-    to(&mut w)
-        .and_then(|()| w.flush())
-        .and_then(|()| w.out.get_ref().sync_all())
-        .map_err(|e| StageError::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| StageError::io("rename", &tmp, e))?;
-    sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
-    Ok(hex::encode(w.hasher.finalize()))
-}
-
 fn read_config(source: &Path) -> Result<Value> {
     let path = source.join(CONFIG_FILE);
     let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
@@ -274,41 +164,10 @@ fn read_config(source: &Path) -> Result<Value> {
     })
 }
 
-/// Removes leftover component temp files under `dir` (refusing a link
-/// planted at one); returns them.
-fn remove_temp_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        let entries = match std::fs::read_dir(&d) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(StageError::io("list", &d, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| StageError::io("list", &d, e))?;
-            let path = entry.path();
-            let ft = entry
-                .file_type()
-                .map_err(|e| StageError::io("stat", &path, e))?;
-            if ft.is_dir() {
-                stack.push(path);
-            } else if path.to_string_lossy().ends_with(TEMP_SUFFIX) {
-                // A link where ftpipe writes its temp files was planted.
-                ftpipe_receipts::nofollow::check_absent_or_regular(&path)
-                    .map_err(|e| StageError::io("open", &path, e))?;
-                std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
-                removed.push(path);
-            }
-        }
-    }
-    Ok(removed)
-}
-
 /// Why existing output may not be reused under `skel`.
 fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
     let mut reasons = Vec::new();
-    if let Ok(bytes) = ftpipe_receipts::nofollow::read_limited(
+    if let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
         &artifact.join(MANIFEST_FILE),
         crate::verify::MAX_MANIFEST_BYTES,
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
@@ -538,9 +397,9 @@ pub async fn convert(
     std::fs::create_dir_all(&paths.artifact)
         .map_err(|e| StageError::io("create", &paths.artifact, e))?;
     sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
-    write_atomic_json(&paths.state_dir, SKELETON_FILE, &skel, false, false)?;
+    write_atomic_json(&paths.state_dir, SKELETON_FILE, &skel, COMPACT)?;
     crashpoint::hit("skeleton-written");
-    write_atomic_json(&paths.state_dir, PLAN_FILE, &plan, true, false)?;
+    write_atomic_json(&paths.state_dir, PLAN_FILE, &plan, PRETTY)?;
     for t in remove_temp_files(&paths.artifact)? {
         tracing::info!("removed stale temp file {}", t.display());
     }
@@ -640,7 +499,7 @@ pub async fn convert(
             message: "a component has no receipt after conversion".into(),
         })?;
     // The same bytes as Manifest::to_bytes, streamed.
-    let manifest_sha256 = write_atomic_json(&paths.artifact, MANIFEST_FILE, &manifest, true, true)?;
+    let manifest_sha256 = write_atomic_json(&paths.artifact, MANIFEST_FILE, &manifest, PUBLISHED)?;
     crashpoint::hit("manifest-written");
     let last = store
         .artifact_log()
@@ -654,7 +513,7 @@ pub async fn convert(
     }
     crashpoint::hit("manifest-recorded");
     let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, top_k);
-    write_atomic_json(&paths.artifact, PLACEMENT_FILE, &placement, true, true)?;
+    write_atomic_json(&paths.artifact, PLACEMENT_FILE, &placement, PUBLISHED)?;
     Ok(ConvertOutcome {
         manifest_sha256,
         fingerprint: manifest.fingerprint,
@@ -742,14 +601,6 @@ fn preflight(
         .map(|s| (s.file.clone(), s.bytes))
         .collect();
     let needed = artifact_peak(plan, excluded, &shards, opts.retire_sources, opts.jobs);
-    let available = fs4::available_space(&paths.artifact)
-        .map_err(|e| StageError::io("statvfs", &paths.artifact, e))?;
-    if needed > available {
-        return Err(StageError::InsufficientSpace {
-            volume: paths.artifact.clone(),
-            available,
-            needed,
-        });
-    }
+    ftpipe_fs::require_space(&paths.artifact, needed)?;
     Ok(())
 }

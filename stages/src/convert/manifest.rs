@@ -400,11 +400,4 @@ impl Placement {
     }
 }
 
-/// Suffix of a component's temp file, created beside it in the same
-/// directory; never hashed into anything, removed at the start of a run.
-pub const TEMP_SUFFIX: &str = ".ftpipe-tmp";
-
-/// The temp path of component `name` (artifact-relative).
-pub fn temp_name(name: &str) -> String {
-    format!("{name}{TEMP_SUFFIX}")
-}
+pub use ftpipe_fs::durable::{TEMP_SUFFIX, temp_name};

@@ -25,8 +25,8 @@ use super::engine::ConvertPaths;
 use super::skeleton::Skeleton;
 use crate::crashpoint;
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dir;
 use crate::identity::{Expected, LfsSha256, hash_file};
+use ftpipe_fs::durable::sync_dir;
 
 /// What one run has checked, found corrupt and retired.
 #[derive(Debug, Default)]

@@ -25,8 +25,8 @@ use super::component::{CheckedSpan, Component, ComponentContent, SourceSpan, Ten
 use super::error::ConvertError;
 use super::manifest::temp_name;
 use crate::error::{Result, StageError};
-use crate::fetch::sync_dirs_up_to;
 use crate::paths::safe_join;
+use ftpipe_fs::durable::sync_dirs_up_to;
 
 /// Source bytes read per pread.
 pub const CHUNK_BYTES: usize = 8 << 20;
@@ -77,8 +77,7 @@ impl Sources {
 
     fn open(&self, file: &str) -> Result<File> {
         let path = safe_join(&self.root, file)?;
-        ftpipe_receipts::nofollow::open_read(&path)
-            .map_err(|e| StageError::io("open source", path, e))
+        ftpipe_fs::nofollow::open_read(&path).map_err(|e| StageError::io("open source", path, e))
     }
 
     /// Calls `each` with consecutive chunks of `span`, each at most
@@ -253,9 +252,9 @@ pub fn write_component(
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
     let dir = path.parent().unwrap_or(artifact).to_owned();
     std::fs::create_dir_all(&dir).map_err(|e| StageError::io("create", &dir, e))?;
-    ftpipe_receipts::nofollow::check_absent_or_regular(&path)
+    ftpipe_fs::nofollow::check_absent_or_regular(&path)
         .map_err(|e| StageError::io("open", &path, e))?;
-    let file = ftpipe_receipts::nofollow::create_truncated(&tmp)
+    let file = ftpipe_fs::nofollow::create_truncated(&tmp)
         .map_err(|e| StageError::io("create", &tmp, e))?;
     let sink = HashingWriter {
         file,

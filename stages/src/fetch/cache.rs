@@ -17,13 +17,14 @@ use tokio::task::block_in_place;
 use ftpipe_receipts::{CacheCandidate, FileRow, Receipt};
 
 use super::FetchCtx;
-use super::part::{AppendError, PartFile, create_dirs_durably, sync_dir};
+use super::part::{AppendError, PartFile};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::hfcache::{Lookup, LookupKind, place};
 use crate::identity::{Expected, hash_file};
 use crate::paths::{cache_temp_path, part_path};
 use crate::progress::ProgressEvent;
+use ftpipe_fs::durable::{create_dirs_durably, sync_dir};
 
 /// Copy buffer of a resume prefix.
 const PREFIX_COPY_BUF: usize = 1 << 20;
@@ -124,7 +125,7 @@ pub(crate) async fn adopt_whole(
         create_dirs_durably(&ctx.source_root, &dir)?;
         remove_if_present(&temp)?;
         let how = place(&candidate.blob, &temp)?;
-        ftpipe_receipts::nofollow::open_read(&temp)?.sync_all()?;
+        ftpipe_fs::nofollow::open_read(&temp)?.sync_all()?;
         sync_dir(&dir)?;
         let digest = hash_file(&temp, expected, file.size)?;
         Ok((how, digest))
@@ -205,7 +206,7 @@ pub(crate) async fn seed_from_incomplete(
     };
     let io = |e| StageError::io("copy from", &incomplete, e);
     let copied = block_in_place(|| -> Result<u64> {
-        let src = ftpipe_receipts::nofollow::open_read(&incomplete).map_err(io)?;
+        let src = ftpipe_fs::nofollow::open_read(&incomplete).map_err(io)?;
         let mut src = src.take(len);
         let mut buf = vec![0u8; PREFIX_COPY_BUF];
         loop {

@@ -32,7 +32,6 @@ pub use headers::{
     ContentRange, PinContradiction, check_linked_meta, check_partial, etag, parse_content_range,
     retry_after_secs, strong_validator,
 };
-pub use part::{create_dirs_durably, sync_dir, sync_dirs_up_to};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use segmented::WRITE_ALIGN;
 pub use transfer::expected_identity;
@@ -236,7 +235,7 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     });
     // `source/` and its entry in `DIR` durable before any byte is claimed.
     let out = ctx.source_root.parent().unwrap_or(&ctx.source_root);
-    create_dirs_durably(out, &ctx.source_root)
+    ftpipe_fs::durable::create_dirs_durably(out, &ctx.source_root)
         .map_err(|e| StageError::io("create", &ctx.source_root, e))?;
     // Keep room for the ledger on the target volume (see
     // `Store::ensure_space_reserve`); released when the fetch ends.
@@ -256,15 +255,7 @@ async fn fetch_files(
 ) -> Result<()> {
     let store = &ctx.store;
     if ctx.opts.preflight && needed > 0 {
-        let available = fs4::available_space(&ctx.source_root)
-            .map_err(|e| StageError::io("statvfs", &ctx.source_root, e))?;
-        if available < needed {
-            return Err(StageError::InsufficientSpace {
-                volume: ctx.source_root.clone(),
-                available,
-                needed,
-            });
-        }
+        ftpipe_fs::require_space(&ctx.source_root, needed)?;
     }
     let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
     let mut set = JoinSet::new();

@@ -6,31 +6,7 @@ use std::fs::File;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-/// Fsyncs a directory so a create or rename inside it is durable.
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Fsyncs every directory from `dir` up to and including `root`, so every
-/// entry on the path is durable whoever created it (another task, or a run
-/// killed between its mkdir and its fsync). `dir` must lie under `root`.
-pub fn sync_dirs_up_to(root: &Path, dir: &Path) -> std::io::Result<()> {
-    let mut d = Some(dir);
-    while let Some(cur) = d {
-        sync_dir(cur)?;
-        if cur == root {
-            break;
-        }
-        d = cur.parent();
-    }
-    Ok(())
-}
-
-/// `create_dir_all(dir)`, then [`sync_dirs_up_to`]`(root, dir)`.
-pub fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    sync_dirs_up_to(root, dir)
-}
+use ftpipe_fs::durable::{sync_dir, sync_dirs_up_to};
 
 /// An open `.part` file whose first `len` bytes are known good.
 pub struct PartFile {
@@ -56,7 +32,7 @@ impl PartFile {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
         let existed = std::fs::symlink_metadata(path).is_ok();
-        let file = ftpipe_receipts::nofollow::open_write(path)?;
+        let file = ftpipe_fs::nofollow::open_write(path)?;
         if !existed {
             sync_dirs_up_to(root, dir)?;
         }

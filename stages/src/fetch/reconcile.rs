@@ -9,12 +9,12 @@ use tokio::task::block_in_place;
 
 use ftpipe_receipts::{FileRow, Receipt, RunId, Store};
 
-use super::part::sync_dir;
 use super::transfer::expected_identity;
 use crate::error::{Result, StageError};
 use crate::identity::hash_file;
 use crate::paths::{part_path, safe_join};
 use crate::progress::{ProgressEvent, Reporter};
+use ftpipe_fs::durable::sync_dir;
 
 enum Action {
     Adopt {
@@ -76,7 +76,7 @@ pub async fn reconcile(
     for f in files.iter().filter(|f| f.selected) {
         let final_path = safe_join(source_root, &f.path)?;
         let part = crate::paths::part_path(&final_path);
-        if let Err(e) = ftpipe_receipts::nofollow::check_absent_or_regular(&part) {
+        if let Err(e) = ftpipe_fs::nofollow::check_absent_or_regular(&part) {
             conflicts.push((part, e.to_string()));
             continue;
         }

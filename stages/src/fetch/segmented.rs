@@ -41,7 +41,6 @@ use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
 use super::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
-use super::part::sync_dir;
 use super::transfer::{
     DIGEST_REFETCHES, RateWindow, discard, error_chain, expected_identity, header_value,
     record_published, settle_stream_part,
@@ -52,6 +51,7 @@ use crate::identity::{Expected, IdentityHasher, hash_prefix};
 use crate::limits::MAX_RETRY_AFTER;
 use crate::paths::part_path;
 use crate::progress::ProgressEvent;
+use ftpipe_fs::durable::sync_dir;
 
 /// Range boundaries and writes are aligned to this (a multiple of every
 /// common filesystem block size), so a written tail is a whole extent.

@@ -442,8 +442,8 @@ fn load_json<T: DeserializeOwned>(dir: &Path, name: &str, limit: u64) -> Result<
     }
     // Parsed as it is read (no copy of the file in memory), from at most
     // `limit + 1` bytes: one more than the limit means it grew meanwhile.
-    let file = ftpipe_receipts::nofollow::open_read(&path)
-        .map_err(|e| format!("cannot read {name}: {e}"))?;
+    let file =
+        ftpipe_fs::nofollow::open_read(&path).map_err(|e| format!("cannot read {name}: {e}"))?;
     let mut reader = CountingReader {
         inner: std::io::BufReader::new(file.take(limit + 1)),
         read: 0,

@@ -1,0 +1,22 @@
+//! Filesystem durability for ftpipe: the one place that knows how bytes
+//! become durable on the target volume. Everything above it (receipts,
+//! stages, pipeline) writes through these functions, so the power-cut test
+//! guards one module.
+//!
+//! - [`durable`]: temp file → write → `sync_all` → rename → fsync the
+//!   directory; durable directory creation; leftover temp cleanup.
+//! - [`nofollow`]: opening files under `DIR` without following links.
+//! - [`space`]: the free-space preflight, [`require_space`].
+//! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
+//! - [`error`]: [`FsError`], which names the operation and path at fault.
+
+pub mod durable;
+mod error;
+pub mod layout;
+pub mod nofollow;
+pub mod space;
+
+pub use durable::TEMP_SUFFIX;
+pub use error::{FsError, Result};
+pub use layout::Layout;
+pub use space::require_space;
