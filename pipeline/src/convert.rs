@@ -21,14 +21,14 @@ use ftpipe_stages::convert::engine::current_converter;
 use ftpipe_stages::convert::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
-    ConvertOptions, ConvertOutcome, ConvertPaths, Published, convert, plan_published_or_remote,
+    ConvertOptions, ConvertOutcome, Published, convert, plan_published_or_remote,
 };
 use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_stages::hub::HubClient;
 use ftpipe_stages::progress::{ProgressEvent, Reporter};
 
 use crate::state::StageState;
-use crate::{FetchParams, Layout, Pipeline, PipelineError, Result, replay};
+use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
 
 /// What `run` reports.
 #[derive(Debug, Clone, Serialize)]
@@ -47,18 +47,6 @@ pub struct RunOutcome {
     pub fingerprint: String,
 }
 
-impl Layout {
-    /// Conversion paths under `--out`.
-    pub fn convert_paths(&self) -> ConvertPaths {
-        ConvertPaths {
-            out: self.out.clone(),
-            source: self.source.clone(),
-            artifact: self.artifact.clone(),
-            state_dir: self.state_dir.clone(),
-        }
-    }
-}
-
 impl Pipeline {
     /// The `convert` stage.
     pub async fn convert(
@@ -66,7 +54,7 @@ impl Pipeline {
         opts: &ConvertOptions,
         reporter: Arc<dyn Reporter>,
     ) -> Result<ConvertOutcome> {
-        let paths = self.layout.convert_paths();
+        let paths = self.layout.clone();
         self.stage("convert", async {
             Ok(convert(&self.store, self.run, &paths, opts, reporter.as_ref()).await?)
         })
@@ -107,7 +95,7 @@ impl Pipeline {
             // Judged from receipts, never from watermarks: a `.part` that
             // reached its size but was not published is read from the hub.
             let receipts = self.store.receipts().await?;
-            let published = Published::from_receipts(&self.layout.source, &receipts);
+            let published = Published::from_receipts(self.layout.source(), &receipts);
             let plan = plan_published_or_remote(
                 client,
                 &pin.repo,
@@ -126,7 +114,7 @@ impl Pipeline {
                 .await?
                 .into_iter()
                 .filter(|c| {
-                    std::fs::metadata(self.layout.artifact.join(&c.path))
+                    std::fs::metadata(self.layout.artifact().join(&c.path))
                         .is_ok_and(|m| m.len() == c.size)
                 })
                 .map(|c| c.path)
@@ -139,8 +127,8 @@ impl Pipeline {
             let artifact =
                 artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
             let needed = sources_needed.saturating_add(artifact);
-            std::fs::create_dir_all(&self.layout.out).map_err(|e| StageError::io("create", &self.layout.out, e))?;
-            let checked = ftpipe_fs::require_space(&self.layout.out, needed);
+            std::fs::create_dir_all(self.layout.dir()).map_err(|e| StageError::io("create", self.layout.dir(), e))?;
+            let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
             if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
                 &checked
             {
@@ -159,7 +147,7 @@ impl Pipeline {
 
     /// The `verify` stage: the artifact checked on its own, as a receiver would.
     async fn verify_stage(&self) -> Result<()> {
-        let artifact = self.layout.artifact.clone();
+        let artifact = self.layout.artifact().to_owned();
         self.stage("verify", async move {
             let report =
                 block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, false))?;
@@ -266,7 +254,7 @@ impl Pipeline {
         else {
             return Ok(None);
         };
-        let artifact = &self.layout.artifact;
+        let artifact = &self.layout.artifact();
         let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
             &artifact.join(MANIFEST_FILE),
             ftpipe_stages::verify::MAX_MANIFEST_BYTES,
@@ -280,7 +268,7 @@ impl Pipeline {
             return Ok(None);
         };
         // The whole converter identity (version, formats, profile, options).
-        let converter = current_converter(&self.layout.source, opts).ok();
+        let converter = current_converter(self.layout.source(), opts).ok();
         if converter.as_ref() != Some(&manifest.converter)
             || manifest.source.commit != pin.commit
             || !all_sizes_match(artifact, &manifest)
@@ -294,7 +282,7 @@ impl Pipeline {
                 // Logged but still on disk (killed before the unlink)
                 // is not retired yet: the conversion finishes it.
                 f.path.ends_with(".safetensors")
-                    && (!retired.contains(&f.path) || self.layout.source.join(&f.path).exists())
+                    && (!retired.contains(&f.path) || self.layout.source().join(&f.path).exists())
             }) {
                 return Ok(None);
             }

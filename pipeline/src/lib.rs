@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+pub use ftpipe_fs::Layout;
 use ftpipe_receipts::{Pin, RunId, Store};
 use ftpipe_stages::audit::{AuditReport, audit};
 use ftpipe_stages::bundle::{BundleSummary, write_bundle};
@@ -35,38 +36,6 @@ pub use error::{PipelineError, Result};
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
 use state::{STAGES, StageEvent, StageState};
-
-/// Where things live under `--out`.
-#[derive(Debug, Clone)]
-pub struct Layout {
-    /// The output directory.
-    pub out: PathBuf,
-    /// `DIR/.ftpipe`.
-    pub state_dir: PathBuf,
-    /// `DIR/.ftpipe/state.db`.
-    pub db: PathBuf,
-    /// `DIR/.ftpipe/lock`.
-    pub lock: PathBuf,
-    /// `DIR/source`.
-    pub source: PathBuf,
-    /// `DIR/artifact`.
-    pub artifact: PathBuf,
-}
-
-impl Layout {
-    /// The layout under `out`.
-    pub fn new(out: &Path) -> Layout {
-        let state_dir = out.join(".ftpipe");
-        Layout {
-            out: out.to_owned(),
-            db: state_dir.join("state.db"),
-            lock: state_dir.join("lock"),
-            source: out.join("source"),
-            artifact: out.join("artifact"),
-            state_dir,
-        }
-    }
-}
 
 /// Everything `fetch` needs from the command line.
 #[derive(Debug, Clone)]
@@ -146,8 +115,8 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stri
 /// are opened.
 fn check_no_links(layout: &Layout) -> Result<()> {
     use ftpipe_fs::nofollow::{check_absent_or_regular, check_real_dirs};
-    for dir in [&layout.state_dir, &layout.source, &layout.artifact] {
-        check_real_dirs(&layout.out, dir).map_err(|(path, source)| PipelineError::Io {
+    for dir in [&layout.state_dir(), &layout.source(), &layout.artifact()] {
+        check_real_dirs(layout.dir(), dir).map_err(|(path, source)| PipelineError::Io {
             op: "open",
             path,
             source,
@@ -159,9 +128,11 @@ fn check_no_links(layout: &Layout) -> Result<()> {
         source,
     };
     let entries =
-        std::fs::read_dir(&layout.state_dir).map_err(|e| io(layout.state_dir.clone(), e))?;
+        std::fs::read_dir(layout.state_dir()).map_err(|e| io(layout.state_dir().to_owned(), e))?;
     for entry in entries {
-        let path = entry.map_err(|e| io(layout.state_dir.clone(), e))?.path();
+        let path = entry
+            .map_err(|e| io(layout.state_dir().to_owned(), e))?
+            .path();
         check_absent_or_regular(&path).map_err(|e| io(path, e))?;
     }
     Ok(())
@@ -177,10 +148,10 @@ impl Pipeline {
         // fsync up to `DIR`, or to its deepest ancestor that already exists.
         let io = |source| PipelineError::Io {
             op: "create",
-            path: layout.state_dir.clone(),
+            path: layout.state_dir().to_owned(),
             source,
         };
-        let state_dir = std::path::absolute(&layout.state_dir).map_err(io)?;
+        let state_dir = std::path::absolute(layout.state_dir()).map_err(io)?;
         let mut top = state_dir.parent().unwrap_or(&state_dir);
         while !top.exists()
             && let Some(parent) = top.parent()
@@ -189,8 +160,8 @@ impl Pipeline {
         }
         ftpipe_fs::durable::create_dirs_durably(top, &state_dir).map_err(io)?;
         check_no_links(&layout)?;
-        let lock = DirLock::acquire(&layout.lock)?;
-        let store = Store::open(&layout.db).await?;
+        let lock = DirLock::acquire(&layout.lock())?;
+        let store = Store::open(&layout.db()).await?;
         let states = replay(&store.stage_events().await?)?;
         let run = store.begin_run(command, env!("CARGO_PKG_VERSION")).await?;
         Ok(Pipeline {
@@ -263,8 +234,8 @@ impl Pipeline {
             .await?;
         let audit = audit(
             &self.store,
-            &self.layout.source,
-            &self.layout.artifact,
+            self.layout.source(),
+            self.layout.artifact(),
             false,
         )
         .await?;
@@ -298,7 +269,7 @@ impl Pipeline {
         resolved: &Resolved,
         reporter: &Arc<dyn Reporter>,
     ) -> Result<ReconcileReport> {
-        let source = self.layout.source.clone();
+        let source = self.layout.source().to_owned();
         self.stage("fetch", async {
             let mut retired = self.store.retired_sources().await?;
             if params.reacquire {
@@ -329,7 +300,7 @@ impl Pipeline {
                     resolved.pin.clone(),
                     reporter.clone(),
                     params.options.clone(),
-                    source.clone(),
+                    self.layout.clone(),
                 )
                 .with_cache(params.hf_cache.clone(), params.offline),
             );
@@ -344,12 +315,12 @@ impl Pipeline {
 /// read-only commands (`status`, `audit`) that may run beside a fetch.
 pub async fn open_existing(out: &Path) -> Result<(Layout, Store)> {
     let layout = Layout::new(out);
-    if !layout.db.is_file() {
+    if !layout.db().is_file() {
         return Err(PipelineError::NoState {
             dir: out.to_owned(),
         });
     }
-    let store = Store::open(&layout.db).await?;
+    let store = Store::open(&layout.db()).await?;
     Ok((layout, store))
 }
 
@@ -422,9 +393,9 @@ pub async fn audit_with_bundle(
     bundle: Option<&Path>,
 ) -> Result<(AuditReport, Option<BundleSummary>)> {
     let (layout, store) = open_existing(out).await?;
-    let report = audit(&store, &layout.source, &layout.artifact, deep).await?;
+    let report = audit(&store, layout.source(), layout.artifact(), deep).await?;
     let summary = match bundle {
-        Some(dest) => Some(write_bundle(&store, &layout.out, &report, dest).await?),
+        Some(dest) => Some(write_bundle(&store, layout.dir(), &report, dest).await?),
         None => None,
     };
     Ok((report, summary))

@@ -40,7 +40,7 @@ pub async fn plan(
     opts: &PlanOptions,
 ) -> Result<Plan> {
     match source {
-        PlanSource::Local => Ok(plan_local_with(&Layout::new(out).source, opts)?),
+        PlanSource::Local => Ok(plan_local_with(Layout::new(out).source(), opts)?),
         PlanSource::Remote {
             endpoint,
             token,

@@ -20,9 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use ftpipe_receipts::{RunId, Store};
 
-use super::engine::ConvertPaths;
 use crate::crashpoint;
 use crate::error::{Result, StageError};
+use ftpipe_fs::Layout;
 use ftpipe_fs::durable::sync_dir;
 use ftpipe_fs::durable::write_atomic;
 
@@ -39,18 +39,18 @@ struct Marker {
 pub(super) async fn set_aside(
     store: &Store,
     run: RunId,
-    paths: &ConvertPaths,
+    paths: &Layout,
     why: &str,
 ) -> Result<PathBuf> {
     let mut name = format!("artifact.stale-run{run}");
     let mut n = 1;
-    while paths.out.join(&name).exists() {
+    while paths.dir().join(&name).exists() {
         name = format!("artifact.stale-run{run}.{n}");
         n += 1;
     }
-    let dest = paths.out.join(&name);
+    let dest = paths.dir().join(&name);
     let marker = serde_json::to_vec(&Marker { to: name.clone() }).unwrap_or_default();
-    write_atomic(&paths.state_dir, SET_ASIDE_MARKER, &marker)?;
+    write_atomic(paths.state_dir(), SET_ASIDE_MARKER, &marker)?;
     store
         .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))
         .await?;
@@ -61,29 +61,29 @@ pub(super) async fn set_aside(
     Ok(dest)
 }
 
-fn rename_aside(paths: &ConvertPaths, dest: &Path) -> Result<()> {
-    if paths.artifact.exists() {
-        std::fs::rename(&paths.artifact, dest)
-            .map_err(|e| StageError::io("rename", &paths.artifact, e))?;
-        sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
+fn rename_aside(paths: &Layout, dest: &Path) -> Result<()> {
+    if paths.artifact().exists() {
+        std::fs::rename(paths.artifact(), dest)
+            .map_err(|e| StageError::io("rename", paths.artifact(), e))?;
+        sync_dir(paths.dir()).map_err(|e| StageError::io("fsync", paths.dir(), e))?;
     }
     Ok(())
 }
 
-fn remove_marker(paths: &ConvertPaths) -> Result<()> {
-    let path = paths.state_dir.join(SET_ASIDE_MARKER);
+fn remove_marker(paths: &Layout) -> Result<()> {
+    let path = paths.state_dir().join(SET_ASIDE_MARKER);
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(StageError::io("remove", &path, e)),
     }
-    sync_dir(&paths.state_dir).map_err(|e| StageError::io("fsync", &paths.state_dir, e))
+    sync_dir(paths.state_dir()).map_err(|e| StageError::io("fsync", paths.state_dir(), e))
 }
 
 /// Finishes a set-aside a killed run left pending; returns where the
 /// artifact went if this call renamed it.
-pub(super) async fn finish_pending(store: &Store, paths: &ConvertPaths) -> Result<Option<PathBuf>> {
-    let path = paths.state_dir.join(SET_ASIDE_MARKER);
+pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Option<PathBuf>> {
+    let path = paths.state_dir().join(SET_ASIDE_MARKER);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -101,8 +101,8 @@ pub(super) async fn finish_pending(store: &Store, paths: &ConvertPaths) -> Resul
         store.artifact_log().await?.last().is_some_and(|a| {
             a.event == "set_aside" && a.set_aside_to.as_deref() == Some(&marker.to)
         });
-    let dest = paths.out.join(&marker.to);
-    let renamed = if committed && !dest.exists() && paths.artifact.exists() {
+    let dest = paths.dir().join(&marker.to);
+    let renamed = if committed && !dest.exists() && paths.artifact().exists() {
         rename_aside(paths, &dest)?;
         Some(dest)
     } else {

@@ -14,7 +14,7 @@ use ftpipe_formats::Q3GlobalScale;
 use ftpipe_receipts::{ComponentReceipt, RunId, Store};
 
 use super::component::{Component, ComponentContent, ComponentKind};
-use super::engine::{ConvertOptions, ConvertPaths};
+use super::engine::ConvertOptions;
 use super::plan::Plan;
 use super::retire::Retirer;
 use super::skeleton::Skeleton;
@@ -22,13 +22,14 @@ use super::write::{Sources, read_global_scale, write_component};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::progress::{ProgressEvent, Reporter};
+use ftpipe_fs::Layout;
 
 /// One batch of components written in parallel.
 pub(super) struct Batch<'a> {
     pub(super) store: &'a Arc<Store>,
     pub(super) run: RunId,
     pub(super) skel: &'a Skeleton,
-    pub(super) paths: &'a ConvertPaths,
+    pub(super) paths: &'a Layout,
     pub(super) opts: &'a ConvertOptions,
     pub(super) reporter: &'a dyn Reporter,
     pub(super) sources: Arc<Sources>,
@@ -58,7 +59,9 @@ impl Batch<'_> {
             {
                 g.insert(
                     layer,
-                    block_in_place(|| read_global_scale(&self.paths.artifact, &c.name, &r.sha256))?,
+                    block_in_place(|| {
+                        read_global_scale(self.paths.artifact(), &c.name, &r.sha256)
+                    })?,
                 );
             }
         }
@@ -79,7 +82,7 @@ impl Batch<'_> {
         let scales = Arc::new(scales);
         let tasks = futures_util::stream::iter(components).map(|c| {
             let (sources, scales, failed) = (self.sources.clone(), scales.clone(), failed.clone());
-            let artifact = self.paths.artifact.clone();
+            let artifact = self.paths.artifact().to_owned();
             tokio::task::spawn_blocking(move || {
                 if failed.load(Ordering::SeqCst) {
                     return (c, None);

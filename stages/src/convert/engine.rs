@@ -39,6 +39,7 @@ use super::space::artifact_peak;
 use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
+use ftpipe_fs::Layout;
 use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
 
 /// State files under `.ftpipe`, read back only by ftpipe.
@@ -107,19 +108,6 @@ impl ConvertOptions {
             recipe: self.recipe.as_ref().map(Recipe::digest),
         }
     }
-}
-
-/// Where conversion reads and writes.
-#[derive(Debug, Clone)]
-pub struct ConvertPaths {
-    /// `DIR`.
-    pub out: PathBuf,
-    /// `DIR/source`.
-    pub source: PathBuf,
-    /// `DIR/artifact`.
-    pub artifact: PathBuf,
-    /// `DIR/.ftpipe`.
-    pub state_dir: PathBuf,
 }
 
 /// What a finished conversion reports.
@@ -244,11 +232,11 @@ pub fn current_converter(source: &Path, opts: &ConvertOptions) -> Result<Convert
 /// Headers of retired shards absent from `source`, from the saved skeleton.
 async fn retired_headers(
     store: &Store,
-    paths: &ConvertPaths,
+    paths: &Layout,
     retired: &BTreeSet<String>,
     receipts: &BTreeMap<String, Receipt>,
 ) -> Result<BTreeMap<String, SavedHeader>> {
-    let path = paths.state_dir.join(SKELETON_FILE);
+    let path = paths.state_dir().join(SKELETON_FILE);
     let saved: BTreeMap<String, SavedHeader> = std::fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Skeleton>(&b).ok())
@@ -256,7 +244,7 @@ async fn retired_headers(
         .unwrap_or_default();
     let mut out = BTreeMap::new();
     for file in retired {
-        let on_disk = crate::paths::safe_join(&paths.source, file)?;
+        let on_disk = crate::paths::safe_join(paths.source(), file)?;
         if on_disk.exists() {
             continue;
         }
@@ -296,7 +284,7 @@ async fn retired_by(store: &Store, file: &str) -> Result<i64> {
 /// for shards retired since, the headers saved in the last skeleton.
 async fn prepare(
     store: &Store,
-    paths: &ConvertPaths,
+    paths: &Layout,
     opts: &ConvertOptions,
     retired: &BTreeSet<String>,
 ) -> Result<Prepared> {
@@ -324,15 +312,15 @@ async fn prepare(
         }
         .into());
     }
-    let config = read_config(&paths.source)?;
+    let config = read_config(paths.source())?;
     let top_k = config
         .get("num_experts_per_tok")
         .and_then(Value::as_u64)
         .unwrap_or(8);
-    let converter = current_converter(&paths.source, opts)?;
+    let converter = current_converter(paths.source(), opts)?;
     let saved = retired_headers(store, paths, retired, &receipts).await?;
     let (plan, mut headers) =
-        block_in_place(|| plan_local_saved(&paths.source, &opts.plan_options(), &saved))?;
+        block_in_place(|| plan_local_saved(paths.source(), &opts.plan_options(), &saved))?;
     for (file, h) in &mut headers {
         if let Some(r) = receipts.get(file) {
             h.digest.clone_from(&r.digest);
@@ -343,11 +331,11 @@ async fn prepare(
     Ok(Prepared { skel, plan })
 }
 
-/// Converts the sources under `paths.source` into `paths.artifact`.
+/// Converts the sources under `paths.source()` into `paths.artifact()`.
 pub async fn convert(
     store: &Arc<Store>,
     run: RunId,
-    paths: &ConvertPaths,
+    paths: &Layout,
     opts: &ConvertOptions,
     reporter: &dyn Reporter,
 ) -> Result<ConvertOutcome> {
@@ -362,18 +350,18 @@ pub async fn convert(
             ),
         });
     }
-    let reasons = stale_reasons(&skel, &store.components().await?, &paths.artifact);
+    let reasons = stale_reasons(&skel, &store.components().await?, paths.artifact());
     if !reasons.is_empty() {
         // A rebuild rewrites everything: refuse before setting anything
         // aside if a shard it needs is gone.
         if let Some(c) = plan.components.iter().find(|c| {
             c.source_files
                 .iter()
-                .any(|f| !source_present(&paths.source, f))
+                .any(|f| !source_present(paths.source(), f))
         }) {
-            let (component, source_file) = needs_retired(c, &plan, &paths.source);
+            let (component, source_file) = needs_retired(c, &plan, paths.source());
             return Err(ConvertError::RebuildNeedsSources {
-                dir: paths.artifact.display().to_string(),
+                dir: paths.artifact().display().to_string(),
                 reasons: reasons.join("; "),
                 component,
                 run: retired_by(store, &source_file).await?,
@@ -383,7 +371,7 @@ pub async fn convert(
         }
         if !opts.rebuild {
             return Err(ConvertError::StaleArtifact {
-                dir: paths.artifact.display().to_string(),
+                dir: paths.artifact().display().to_string(),
                 reasons: reasons.join("; "),
             }
             .into());
@@ -394,17 +382,17 @@ pub async fn convert(
         });
         set_aside_to = Some(dest);
     }
-    std::fs::create_dir_all(&paths.artifact)
-        .map_err(|e| StageError::io("create", &paths.artifact, e))?;
-    sync_dir(&paths.out).map_err(|e| StageError::io("fsync", &paths.out, e))?;
-    write_atomic_json(&paths.state_dir, SKELETON_FILE, &skel, COMPACT)?;
+    std::fs::create_dir_all(paths.artifact())
+        .map_err(|e| StageError::io("create", paths.artifact(), e))?;
+    sync_dir(paths.dir()).map_err(|e| StageError::io("fsync", paths.dir(), e))?;
+    write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
     crashpoint::hit("skeleton-written");
-    write_atomic_json(&paths.state_dir, PLAN_FILE, &plan, PRETTY)?;
-    for t in remove_temp_files(&paths.artifact)? {
+    write_atomic_json(paths.state_dir(), PLAN_FILE, &plan, PRETTY)?;
+    for t in remove_temp_files(paths.artifact())? {
         tracing::info!("removed stale temp file {}", t.display());
     }
-    let mut done = valid_receipts(&skel, store.components().await?, &paths.artifact);
-    let (pending, blocked) = split_blocked(&plan, &done, &paths.source);
+    let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
+    let (pending, blocked) = split_blocked(&plan, &done, paths.source());
     let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
     let todo_bytes: u64 = pending
         .iter()
@@ -427,7 +415,7 @@ pub async fn convert(
     // The lookup buffers the config fixes are checked before anything is
     // written: a wrong one leaves no component from those sources behind,
     // so the run resumes on fixed sources without --rebuild.
-    let sources = Arc::new(Sources::new(&paths.source));
+    let sources = Arc::new(Sources::new(paths.source()));
     for c in &pending {
         if let ComponentContent::Ftw { tensors } = &c.content {
             for t in tensors {
@@ -478,7 +466,7 @@ pub async fn convert(
     if let Some(c) = blocked.first() {
         // Everything readable was converted; this one needs a retired shard
         // (itself, or through its table's global scale).
-        let (component, source_file) = needs_retired(c, &plan, &paths.source);
+        let (component, source_file) = needs_retired(c, &plan, paths.source());
         return Err(ConvertError::SourceRetired {
             component,
             run: retired_by(store, &source_file).await?,
@@ -499,7 +487,7 @@ pub async fn convert(
             message: "a component has no receipt after conversion".into(),
         })?;
     // The same bytes as Manifest::to_bytes, streamed.
-    let manifest_sha256 = write_atomic_json(&paths.artifact, MANIFEST_FILE, &manifest, PUBLISHED)?;
+    let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;
     crashpoint::hit("manifest-written");
     let last = store
         .artifact_log()
@@ -513,7 +501,7 @@ pub async fn convert(
     }
     crashpoint::hit("manifest-recorded");
     let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, top_k);
-    write_atomic_json(&paths.artifact, PLACEMENT_FILE, &placement, PUBLISHED)?;
+    write_atomic_json(paths.artifact(), PLACEMENT_FILE, &placement, PUBLISHED)?;
     Ok(ConvertOutcome {
         manifest_sha256,
         fingerprint: manifest.fingerprint,
@@ -591,16 +579,16 @@ fn source_present(root: &Path, file: &str) -> bool {
 fn preflight(
     plan: &Plan,
     excluded: &BTreeSet<String>,
-    paths: &ConvertPaths,
+    paths: &Layout,
     opts: &ConvertOptions,
 ) -> Result<()> {
     let shards: BTreeMap<String, u64> = plan
         .sources
         .iter()
-        .filter(|s| source_present(&paths.source, &s.file))
+        .filter(|s| source_present(paths.source(), &s.file))
         .map(|s| (s.file.clone(), s.bytes))
         .collect();
     let needed = artifact_peak(plan, excluded, &shards, opts.retire_sources, opts.jobs);
-    ftpipe_fs::require_space(&paths.artifact, needed)?;
+    ftpipe_fs::require_space(paths.artifact(), needed)?;
     Ok(())
 }

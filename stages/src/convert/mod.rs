@@ -23,7 +23,7 @@ pub mod space;
 pub mod write;
 
 pub use component::{Component, ComponentContent, ComponentKind};
-pub use engine::{ConvertOptions, ConvertOutcome, ConvertPaths, convert};
+pub use engine::{ConvertOptions, ConvertOutcome, convert};
 pub use error::ConvertError;
 pub use plan::{
     Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,

@@ -21,11 +21,11 @@ use tokio::task::block_in_place;
 
 use ftpipe_receipts::{ComponentReceipt, RunId, Store};
 
-use super::engine::ConvertPaths;
 use super::skeleton::Skeleton;
 use crate::crashpoint;
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, LfsSha256, hash_file};
+use ftpipe_fs::Layout;
 use ftpipe_fs::durable::sync_dir;
 
 /// What one run has checked, found corrupt and retired.
@@ -108,7 +108,7 @@ impl Retirer {
         run: RunId,
         skel: &Skeleton,
         done: &BTreeMap<String, ComponentReceipt>,
-        paths: &ConvertPaths,
+        paths: &Layout,
     ) -> Result<()> {
         let mut readers: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (c, files) in &skel.readers {
@@ -121,11 +121,11 @@ impl Retirer {
             if !file.ends_with(".safetensors") || !comps.iter().all(|c| done.contains_key(*c)) {
                 continue;
             }
-            let path = crate::paths::safe_join(&paths.source, file)?;
+            let path = crate::paths::safe_join(paths.source(), file)?;
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
-            if !self.readers_match(&comps, done, &paths.artifact)? {
+            if !self.readers_match(&comps, done, paths.artifact())? {
                 continue;
             }
             // Logged by a run killed before its unlink: finish it, no new row.
@@ -136,7 +136,7 @@ impl Retirer {
             }
             crashpoint::hit("retirement-logged");
             std::fs::remove_file(&path).map_err(|e| StageError::io("remove", &path, e))?;
-            let dir = path.parent().unwrap_or(&paths.source);
+            let dir = path.parent().unwrap_or(paths.source());
             sync_dir(dir).map_err(|e| StageError::io("fsync", dir, e))?;
             self.state().retired.push(file.to_owned());
         }

@@ -120,9 +120,12 @@ pub(crate) async fn adopt_whole(
         detail,
     };
     let temp = cache_temp_path(final_path);
-    let dir = final_path.parent().unwrap_or(&ctx.source_root).to_owned();
+    let dir = final_path
+        .parent()
+        .unwrap_or(ctx.layout.source())
+        .to_owned();
     let placed = block_in_place(|| -> std::io::Result<_> {
-        create_dirs_durably(&ctx.source_root, &dir)?;
+        create_dirs_durably(ctx.layout.source(), &dir)?;
         remove_if_present(&temp)?;
         let how = place(&candidate.blob, &temp)?;
         ftpipe_fs::nofollow::open_read(&temp)?.sync_all()?;
@@ -219,7 +222,7 @@ pub(crate) async fn seed_from_incomplete(
                 Err(AppendError::NoSpace) => {
                     return Err(StageError::io(
                         "write",
-                        &ctx.source_root,
+                        ctx.layout.source(),
                         std::io::Error::from(std::io::ErrorKind::StorageFull),
                     ));
                 }

@@ -92,7 +92,8 @@ pub struct FetchCtx {
     pub(crate) pin: Pin,
     pub(crate) reporter: Arc<dyn Reporter>,
     pub(crate) opts: FetchOptions,
-    pub(crate) source_root: PathBuf,
+    /// Where the target directory's paths are (files land in `source()`).
+    pub(crate) layout: ftpipe_fs::Layout,
     /// Set by the first job that hits a full volume: the others stop
     /// appending so the freed space reserve is left to the ledger.
     pub(crate) volume_full: AtomicBool,
@@ -116,7 +117,7 @@ impl FetchCtx {
         pin: Pin,
         reporter: Arc<dyn Reporter>,
         opts: FetchOptions,
-        source_root: PathBuf,
+        layout: ftpipe_fs::Layout,
     ) -> Self {
         FetchCtx {
             client,
@@ -124,7 +125,7 @@ impl FetchCtx {
             run,
             pin,
             reporter,
-            source_root,
+            layout,
             volume_full: AtomicBool::new(false),
             connections: Arc::new(Semaphore::new(opts.connections.max(1))),
             unstarted: AtomicUsize::new(0),
@@ -234,9 +235,8 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
         done_bytes: total - needed.min(total),
     });
     // `source/` and its entry in `DIR` durable before any byte is claimed.
-    let out = ctx.source_root.parent().unwrap_or(&ctx.source_root);
-    ftpipe_fs::durable::create_dirs_durably(out, &ctx.source_root)
-        .map_err(|e| StageError::io("create", &ctx.source_root, e))?;
+    ftpipe_fs::durable::create_dirs_durably(ctx.layout.dir(), ctx.layout.source())
+        .map_err(|e| StageError::io("create", ctx.layout.source(), e))?;
     // Keep room for the ledger on the target volume (see
     // `Store::ensure_space_reserve`); released when the fetch ends.
     if needed > 0 && !tokio::task::block_in_place(|| store.ensure_space_reserve()) {
@@ -255,13 +255,13 @@ async fn fetch_files(
 ) -> Result<()> {
     let store = &ctx.store;
     if ctx.opts.preflight && needed > 0 {
-        ftpipe_fs::require_space(&ctx.source_root, needed)?;
+        ftpipe_fs::require_space(ctx.layout.source(), needed)?;
     }
     let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
     let mut set = JoinSet::new();
     ctx.unstarted.store(todo.len(), Ordering::SeqCst);
     for file in todo {
-        let final_path = safe_join(&ctx.source_root, &file.path)?;
+        let final_path = safe_join(ctx.layout.source(), &file.path)?;
         let ctx = ctx.clone();
         let limit = limit.clone();
         set.spawn(async move {
@@ -272,7 +272,7 @@ async fn fetch_files(
             let path = file.path.clone();
             // Once the volume is full, files not yet started are not started.
             let res = if ctx.volume_full.load(Ordering::SeqCst) {
-                Err(ctx.no_space(&path, ctx.source_root.clone()).await)
+                Err(ctx.no_space(&path, ctx.layout.source().to_owned()).await)
             } else {
                 let fetched = match connection {
                     Err(e) => Err(StageError::InvalidInput {
@@ -342,11 +342,7 @@ async fn fetch_files(
             bytes += f.size.saturating_sub(committed);
         }
         return Err(StageError::OfflineMissing {
-            dir: ctx
-                .source_root
-                .parent()
-                .unwrap_or(&ctx.source_root)
-                .to_owned(),
+            dir: ctx.layout.dir().to_owned(),
             cache: ctx.hf_cache.as_ref().map(|c| c.root.clone()),
             missing,
             bytes,

@@ -283,7 +283,7 @@ impl Coordinator {
         let part_path = self.part_path();
         let mut ranges = store.ranges(&path).await?;
         let mut part =
-            block_in_place(|| super::part::PartFile::open(&self.ctx.source_root, &part_path))
+            block_in_place(|| super::part::PartFile::open(self.ctx.layout.source(), &part_path))
                 .map_err(|e| self.io("open", e))?;
         if !ranges.is_empty() && !tiles(&ranges, size) {
             // Not a tiling of this file (stored for another size): the
@@ -1298,7 +1298,7 @@ impl RangeWorker {
 
     fn no_space(&self, at: u64) -> StageError {
         StageError::NoSpace {
-            volume: self.shared.ctx.source_root.clone(),
+            volume: self.shared.ctx.layout.source().to_owned(),
             path: self.path().to_owned(),
             committed: at,
             still_needed: self.shared.size.saturating_sub(at),

@@ -281,7 +281,7 @@ impl FileTask {
     /// Brings the `.part` file and the ledger into agreement and returns the
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
-        let mut part = block_in_place(|| PartFile::open(&self.ctx.source_root, &self.part_path))
+        let mut part = block_in_place(|| PartFile::open(self.ctx.layout.source(), &self.part_path))
             .map_err(|e| self.io("open", e))?;
         let ledger = settle_stream_part(
             &self.ctx,
@@ -558,7 +558,7 @@ impl FileTask {
                     // with SQLITE_FULL before).
                     self.ctx.mark_volume_full();
                     break Err(StageError::NoSpace {
-                        volume: self.ctx.source_root.clone(),
+                        volume: self.ctx.layout.source().to_owned(),
                         path: path.clone(),
                         committed: part.len(),
                         still_needed: size - part.len(),
