@@ -774,10 +774,8 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
         None => println!("pin          none"),
     }
-    for stage in ftpipe_pipeline::state::STAGES {
-        if let Some(state) = s.stages.get(*stage) {
-            println!("stage        {stage:<10} {state:?}");
-        }
+    for (stage, state) in &s.stages {
+        println!("stage        {stage:<10} {state:?}");
     }
     println!(
         "files        {} selected, {} published, {} partial",

@@ -10,25 +10,24 @@
 //! volume.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::task::block_in_place;
 
 use ftpipe_stages::StageError;
-use ftpipe_stages::convert::engine::current_converter;
-use ftpipe_stages::convert::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
-    ConvertOptions, ConvertOutcome, Published, convert, plan_published_or_remote,
+    ConvertOptions, ConvertOutcome, Published, convert, current_artifact, plan_published_or_remote,
 };
 use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_stages::hub::HubClient;
 use ftpipe_stages::progress::{ProgressEvent, Reporter};
+use ftpipe_stages::resolve::Resolved;
 
 use crate::state::StageState;
 use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
+use ftpipe_receipts::{RunId, Stage};
 
 /// What `run` reports.
 #[derive(Debug, Clone, Serialize)]
@@ -55,7 +54,7 @@ impl Pipeline {
         reporter: Arc<dyn Reporter>,
     ) -> Result<ConvertOutcome> {
         let paths = self.layout.clone();
-        self.stage("convert", async {
+        self.stage(Stage::Convert, async {
             Ok(convert(&self.store, self.run, &paths, opts, reporter.as_ref()).await?)
         })
         .await
@@ -68,18 +67,19 @@ impl Pipeline {
         &self,
         client: &HubClient,
         params: &FetchParams,
+        resolved: &Resolved,
         opts: &ConvertOptions,
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
-        self.stage("plan", async {
-            let pin = self.store.pin().await?.ok_or_else(|| StageError::InvalidInput {
-                what: "pin",
-                message: "resolve did not pin a commit".into(),
-            })?;
-            let files = self.store.files().await?;
-            let selected: Vec<_> = files.iter().filter(|f| f.selected).cloned().collect();
-            let sources_needed = bytes_still_needed(&self.store, &selected).await?;
-            let retired = self.store.retired_sources().await?;
+        self.stage(Stage::Plan, async {
+            let Resolved {
+                pin,
+                selected,
+                listing,
+                ..
+            } = resolved;
+            let sources_needed = bytes_still_needed(&self.store, selected).await?;
+            let retired = self.store.retired().await?;
             if !retired.is_empty() && !params.reacquire {
                 // Nothing will be fetched; convert works from its skeleton
                 // and says what to re-acquire if a component is missing.
@@ -100,7 +100,7 @@ impl Pipeline {
                 client,
                 &pin.repo,
                 &pin.commit,
-                &files,
+                listing,
                 &published,
                 &opts.plan_options(),
             )
@@ -148,7 +148,7 @@ impl Pipeline {
     /// The `verify` stage: the artifact checked on its own, as a receiver would.
     async fn verify_stage(&self) -> Result<()> {
         let artifact = self.layout.artifact().to_owned();
-        self.stage("verify", async move {
+        self.stage(Stage::Verify, async move {
             let report =
                 block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, false))?;
             if report.ok {
@@ -187,10 +187,12 @@ impl Pipeline {
             let report = self
                 .fetch_stage(&client, &params, &resolved, &reporter)
                 .await?;
-            self.plan_stage(&client, &params, &opts, &reporter).await?;
+            self.plan_stage(&client, &params, &resolved, &opts, &reporter)
+                .await?;
             report
         } else {
-            self.plan_stage(&client, &params, &opts, &reporter).await?;
+            self.plan_stage(&client, &params, &resolved, &opts, &reporter)
+                .await?;
             self.fetch_stage(&client, &params, &resolved, &reporter)
                 .await?
         };
@@ -223,9 +225,9 @@ impl Pipeline {
             return Ok(None);
         }
         let states = replay(&self.store.stage_events().await?)?;
-        let runs: BTreeSet<i64> = ["resolve", "plan", "fetch", "convert", "verify"]
+        let runs: BTreeSet<RunId> = Stage::ALL
             .iter()
-            .filter_map(|s| match states.get(*s) {
+            .filter_map(|s| match states.get(s) {
                 Some(StageState::Completed { run }) => Some(*run),
                 _ => None,
             })
@@ -244,84 +246,19 @@ impl Pipeline {
         if pin.repo != req.repo || (pin.revision != req.revision && pin.commit != req.revision) {
             return Ok(None);
         }
-        let Some(recorded) = self
-            .store
-            .artifact_log()
-            .await?
-            .into_iter()
-            .rfind(|a| a.event == "manifest")
-            .and_then(|a| a.manifest_sha256)
-        else {
+        let Some(current) = current_artifact(&self.store, &self.layout, &pin, opts).await? else {
             return Ok(None);
         };
-        let artifact = &self.layout.artifact();
-        let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
-            &artifact.join(MANIFEST_FILE),
-            ftpipe_stages::verify::MAX_MANIFEST_BYTES,
-        ) else {
-            return Ok(None);
-        };
-        if ftpipe_stages::convert::manifest::sha256_hex(&bytes) != recorded {
-            return Ok(None);
-        }
-        let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
-            return Ok(None);
-        };
-        // The whole converter identity (version, formats, profile, options).
-        let converter = current_converter(self.layout.source(), opts).ok();
-        if converter.as_ref() != Some(&manifest.converter)
-            || manifest.source.commit != pin.commit
-            || !all_sizes_match(artifact, &manifest)
-            || !placement_current(artifact, &manifest, opts)
-        {
-            return Ok(None);
-        }
-        if opts.retire_sources {
-            let retired = self.store.retired_sources().await?;
-            if manifest.source.files.iter().any(|f| {
-                // Logged but still on disk (killed before the unlink)
-                // is not retired yet: the conversion finishes it.
-                f.path.ends_with(".safetensors")
-                    && (!retired.contains(&f.path) || self.layout.source().join(&f.path).exists())
-            }) {
-                return Ok(None);
-            }
-        }
         Ok(Some(RunOutcome {
             noop: true,
             summary: format!(
                 "nothing to do: {}@{} is converted and verified ({} components, {} bytes)",
-                pin.repo,
-                pin.commit,
-                manifest.components.len(),
-                manifest.components.iter().map(|c| c.size).sum::<u64>()
+                pin.repo, pin.commit, current.components, current.bytes
             ),
             reconcile: None,
             convert: None,
-            manifest_sha256: recorded,
-            fingerprint: manifest.fingerprint,
+            manifest_sha256: current.manifest_sha256,
+            fingerprint: current.fingerprint,
         }))
     }
-}
-
-/// Sizes only: a no-op rerun must answer in under a second whatever the
-/// artifact size; `ftpipe verify --deep` re-hashes every component.
-fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
-    m.components.iter().all(|c| {
-        std::fs::symlink_metadata(artifact.join(&c.path))
-            .is_ok_and(|md| md.is_file() && md.len() == c.size)
-    })
-}
-
-/// The placement on disk is for this manifest and these budgets.
-fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
-    ftpipe_fs::nofollow::read_limited(
-        &artifact.join(PLACEMENT_FILE),
-        ftpipe_stages::verify::MAX_PLACEMENT_BYTES,
-    )
-    .ok()
-    .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())
-    .is_some_and(|p| {
-        p.ram_budget == opts.ram_budget && p.reserve == opts.reserve && p.check(manifest).is_ok()
-    })
 }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::sync::Mutex;
 
 pub use ftpipe_fs::Layout;
-use ftpipe_receipts::{Pin, RunId, Store};
+use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 use ftpipe_stages::audit::{AuditReport, audit};
 use ftpipe_stages::bundle::{BundleSummary, write_bundle};
 use ftpipe_stages::crashpoint;
@@ -35,7 +35,7 @@ pub use convert::RunOutcome;
 pub use error::{PipelineError, Result};
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
-use state::{STAGES, StageEvent, StageState};
+use state::StageState;
 
 /// Everything `fetch` needs from the command line.
 #[derive(Debug, Clone)]
@@ -88,22 +88,19 @@ pub struct Pipeline {
     layout: Layout,
     store: Arc<Store>,
     run: RunId,
-    states: Mutex<BTreeMap<String, StageState>>,
+    states: Mutex<BTreeMap<Stage, StageState>>,
     _lock: DirLock,
 }
 
 /// Replays the event log into per-stage states.
-pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<String, StageState>> {
-    let mut states: BTreeMap<String, StageState> = STAGES
+pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stage, StageState>> {
+    let mut states: BTreeMap<Stage, StageState> = Stage::ALL
         .iter()
-        .map(|s| (s.to_string(), StageState::Pending))
+        .map(|s| (*s, StageState::Pending))
         .collect();
     for e in events {
-        let Some(event) = StageEvent::parse(&e.event) else {
-            continue;
-        };
-        let state = states.entry(e.stage.clone()).or_insert(StageState::Pending);
-        *state = state.record(&e.stage, event, e.run_id)?;
+        let state = states.entry(e.stage).or_insert(StageState::Pending);
+        *state = state.record(e.stage, e.event, e.run_id)?;
     }
     Ok(states)
 }
@@ -183,19 +180,19 @@ impl Pipeline {
         &self.store
     }
 
-    async fn record(&self, stage: &str, event: StageEvent, detail: &str) -> Result<()> {
+    async fn record(&self, stage: Stage, event: StageEvent, detail: &str) -> Result<()> {
         let mut states = self.states.lock().await;
-        let current = states.get(stage).copied().unwrap_or(StageState::Pending);
+        let current = states.get(&stage).copied().unwrap_or(StageState::Pending);
         let next = current.record(stage, event, self.run)?;
         self.store
-            .append_stage_event(self.run, stage, event.as_str(), detail)
+            .append_stage_event(self.run, stage, event, detail)
             .await?;
-        states.insert(stage.to_owned(), next);
+        states.insert(stage, next);
         Ok(())
     }
 
     /// Runs one stage between `started` and `completed`/`failed` events.
-    async fn stage<T, F>(&self, name: &str, fut: F) -> Result<T>
+    async fn stage<T, F>(&self, name: Stage, fut: F) -> Result<T>
     where
         F: std::future::Future<Output = Result<T>>,
     {
@@ -214,7 +211,7 @@ impl Pipeline {
                 // log cannot take the failure (a full disk fails both), the
                 // stage stays `running`, as after a kill.
                 if let Err(log) = self.record(name, StageEvent::Failed, &e.to_string()).await {
-                    tracing::warn!(stage = name, error = %log, "could not log the stage failure");
+                    tracing::warn!(stage = %name, error = %log, "could not log the stage failure");
                 }
                 Err(e)
             }
@@ -253,7 +250,7 @@ impl Pipeline {
         params: &FetchParams,
         reporter: &Arc<dyn Reporter>,
     ) -> Result<Resolved> {
-        self.stage("resolve", async {
+        self.stage(Stage::Resolve, async {
             Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
         })
         .await
@@ -270,8 +267,8 @@ impl Pipeline {
         reporter: &Arc<dyn Reporter>,
     ) -> Result<ReconcileReport> {
         let source = self.layout.source().to_owned();
-        self.stage("fetch", async {
-            let mut retired = self.store.retired_sources().await?;
+        self.stage(Stage::Fetch, async {
+            let mut retired = self.store.retired().await?;
             if params.reacquire {
                 for path in std::mem::take(&mut retired) {
                     let bytes = resolved
@@ -280,7 +277,7 @@ impl Pipeline {
                         .find(|f| f.path == path)
                         .map_or(0, |f| f.size);
                     self.store
-                        .log_retirement(self.run, &path, "reacquired", bytes)
+                        .log_retirement(self.run, &path, RetirementEvent::Reacquired, bytes)
                         .await?;
                 }
             }
@@ -330,7 +327,7 @@ pub struct StatusReport {
     /// The pin, if any.
     pub pin: Option<Pin>,
     /// Per-stage state replayed from the log.
-    pub stages: BTreeMap<String, StageState>,
+    pub stages: BTreeMap<Stage, StageState>,
     /// Selected files.
     pub files: usize,
     /// Files with receipts.
@@ -355,12 +352,7 @@ pub async fn status(out: &Path) -> Result<StatusReport> {
         .filter(|f| f.selected)
         .map(|f| f.path)
         .collect();
-    let receipts: std::collections::HashSet<String> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| r.path)
-        .collect();
+    let receipts = store.published_paths().await?;
     let ledger: Vec<_> = ledger
         .into_iter()
         .filter(|l| selected.contains(&l.path))

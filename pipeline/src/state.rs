@@ -6,41 +6,7 @@
 
 use serde::Serialize;
 
-/// Stages in their fixed order.
-pub const STAGES: &[&str] = &["resolve", "plan", "fetch", "convert", "verify"];
-
-/// An event on a stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StageEvent {
-    /// A run began the stage.
-    Started,
-    /// The stage finished successfully.
-    Completed,
-    /// The stage failed (the detail says why).
-    Failed,
-}
-
-impl StageEvent {
-    /// Name stored in the log.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StageEvent::Started => "started",
-            StageEvent::Completed => "completed",
-            StageEvent::Failed => "failed",
-        }
-    }
-
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<StageEvent> {
-        match s {
-            "started" => Some(StageEvent::Started),
-            "completed" => Some(StageEvent::Completed),
-            "failed" => Some(StageEvent::Failed),
-            _ => None,
-        }
-    }
-}
+use ftpipe_receipts::{RunId, Stage, StageEvent};
 
 /// Where a stage stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,25 +15,25 @@ pub enum StageState {
     /// Never started.
     Pending,
     /// Started by `run` and not finished (or that run was killed).
-    Running { run: i64 },
+    Running { run: RunId },
     /// Last run completed it.
-    Completed { run: i64 },
+    Completed { run: RunId },
     /// Last run failed it.
-    Failed { run: i64 },
+    Failed { run: RunId },
 }
 
 /// An event that cannot follow the current state.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("stage {stage}: event {event:?} of run {run} cannot follow {from:?}")]
 pub struct IllegalTransition {
-    /// Stage name.
-    pub stage: String,
+    /// The stage.
+    pub stage: Stage,
     /// State before the event.
     pub from: StageState,
     /// The event.
     pub event: StageEvent,
     /// The run that appended it.
-    pub run: i64,
+    pub run: RunId,
 }
 
 impl StageState {
@@ -76,9 +42,9 @@ impl StageState {
     /// only legal for the run that started it.
     pub fn record(
         self,
-        stage: &str,
+        stage: Stage,
         event: StageEvent,
-        run: i64,
+        run: RunId,
     ) -> Result<StageState, IllegalTransition> {
         use StageEvent as E;
         use StageState as S;
@@ -91,8 +57,8 @@ impl StageState {
             (S::Running { run: r }, E::Failed) if r == run => Some(S::Failed { run }),
             _ => None,
         };
-        next.ok_or_else(|| IllegalTransition {
-            stage: stage.to_owned(),
+        next.ok_or(IllegalTransition {
+            stage,
             from: self,
             event,
             run,
@@ -104,26 +70,30 @@ impl StageState {
 mod tests {
     use super::*;
 
+    const F: Stage = Stage::Fetch;
+    const R1: RunId = RunId::from_raw(1);
+    const R2: RunId = RunId::from_raw(2);
+
     #[test]
     fn legal_and_illegal_transitions() {
         let s = StageState::Pending
-            .record("fetch", StageEvent::Started, 1)
+            .record(F, StageEvent::Started, R1)
             .unwrap();
-        assert!(s.record("fetch", StageEvent::Started, 1).is_err());
-        let crashed_then_new = s.record("fetch", StageEvent::Started, 2).unwrap();
+        assert!(s.record(F, StageEvent::Started, R1).is_err());
+        let crashed_then_new = s.record(F, StageEvent::Started, R2).unwrap();
         assert!(
             crashed_then_new
-                .record("fetch", StageEvent::Completed, 1)
+                .record(F, StageEvent::Completed, R1)
                 .is_err()
         );
         let done = crashed_then_new
-            .record("fetch", StageEvent::Completed, 2)
+            .record(F, StageEvent::Completed, R2)
             .unwrap();
-        assert_eq!(done, StageState::Completed { run: 2 });
-        assert!(done.record("fetch", StageEvent::Failed, 2).is_err());
+        assert_eq!(done, StageState::Completed { run: R2 });
+        assert!(done.record(F, StageEvent::Failed, R2).is_err());
         assert!(
             StageState::Pending
-                .record("fetch", StageEvent::Completed, 1)
+                .record(F, StageEvent::Completed, R1)
                 .is_err()
         );
     }

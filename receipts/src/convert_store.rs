@@ -1,11 +1,13 @@
 //! Conversion records: component receipts, source retirements and the
 //! artifact log (manifests written, artifacts set aside).
 
+use std::collections::BTreeSet;
+
 use serde::Serialize;
 use sqlx::{Connection, Row};
 
 use crate::error::{QueryContext, Result};
-use crate::model::RunId;
+use crate::events::{ArtifactEvent, RetirementEvent, RunId};
 use crate::store::{Store, to_i64, to_u64};
 
 /// The durable claim that a component file is complete, fsynced and named.
@@ -34,8 +36,8 @@ pub struct RetirementRow {
     pub run_id: RunId,
     /// Source path (repo-relative).
     pub path: String,
-    /// `retired` or `reacquired`.
-    pub event: String,
+    /// What happened to the source.
+    pub event: RetirementEvent,
     /// Size of the source file.
     pub bytes: u64,
     /// When.
@@ -47,8 +49,8 @@ pub struct RetirementRow {
 pub struct ArtifactRow {
     /// Run that appended it.
     pub run_id: RunId,
-    /// `manifest` or `set_aside`.
-    pub event: String,
+    /// What happened to the artifact.
+    pub event: ArtifactEvent,
     /// SHA-256 of manifest.json.
     pub manifest_sha256: Option<String>,
     /// The artifact fingerprint.
@@ -167,18 +169,19 @@ impl Store {
         .fetch_all(&mut *conn)
         .await
         .ctx("select artifacts")?;
-        Ok(rows
-            .into_iter()
-            .map(|r| ArtifactRow {
-                run_id: r.get(0),
-                event: r.get(1),
-                manifest_sha256: r.get(2),
-                fingerprint: r.get(3),
-                detail: r.get(4),
-                at: r.get(5),
-                set_aside_to: r.get(6),
+        rows.into_iter()
+            .map(|r| {
+                Ok(ArtifactRow {
+                    run_id: r.get(0),
+                    event: ArtifactEvent::parse(r.get(1))?,
+                    manifest_sha256: r.get(2),
+                    fingerprint: r.get(3),
+                    detail: r.get(4),
+                    at: r.get(5),
+                    set_aside_to: r.get(6),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Appends a retirement event (`retired` after the file was unlinked and
@@ -187,7 +190,7 @@ impl Store {
         &self,
         run: RunId,
         path: &str,
-        event: &str,
+        event: RetirementEvent,
         bytes: u64,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
@@ -197,7 +200,7 @@ impl Store {
         )
         .bind(run)
         .bind(path)
-        .bind(event)
+        .bind(event.as_str())
         .bind(to_i64(path, bytes)?)
         .execute(&mut *tx)
         .await
@@ -220,7 +223,7 @@ impl Store {
                 Ok(RetirementRow {
                     run_id: r.get(0),
                     bytes: to_u64(&path, "source_retirements.bytes", r.get(3))?,
-                    event: r.get(2),
+                    event: RetirementEvent::parse(r.get(2))?,
                     at: r.get(4),
                     path,
                 })
@@ -229,15 +232,33 @@ impl Store {
     }
 
     /// Source paths whose last retirement event is `retired`.
-    pub async fn retired_sources(&self) -> Result<std::collections::BTreeSet<String>> {
-        let mut out = std::collections::BTreeSet::new();
+    pub async fn retired(&self) -> Result<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
         for r in self.retirement_log().await? {
-            if r.event == "retired" {
-                out.insert(r.path);
-            } else {
-                out.remove(&r.path);
-            }
+            match r.event {
+                RetirementEvent::Retired => out.insert(r.path),
+                RetirementEvent::Reacquired => out.remove(&r.path),
+            };
         }
         Ok(out)
+    }
+
+    /// The last retirement of `path`, if its last event is a retirement.
+    pub async fn last_retirement(&self, path: &str) -> Result<Option<RetirementRow>> {
+        Ok(self
+            .retirement_log()
+            .await?
+            .into_iter()
+            .rfind(|r| r.path == path)
+            .filter(|r| r.event == RetirementEvent::Retired))
+    }
+
+    /// The last manifest recorded, if any.
+    pub async fn last_manifest(&self) -> Result<Option<ArtifactRow>> {
+        Ok(self
+            .artifact_log()
+            .await?
+            .into_iter()
+            .rfind(|a| a.event == ArtifactEvent::Manifest))
     }
 }

@@ -50,6 +50,9 @@ pub enum StoreError {
     /// A byte count does not fit in SQLite's signed 64-bit integer.
     #[error("byte count {value} for {path} exceeds the database limit")]
     CounterOverflow { path: String, value: u64 },
+    /// A stored name (stage, event) that this version does not know.
+    #[error("unknown value {value:?} in {column}")]
+    UnknownValue { column: &'static str, value: String },
     /// `PRAGMA integrity_check` reported a problem.
     #[error("state database integrity check failed: {report}")]
     Integrity { report: String },

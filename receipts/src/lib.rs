@@ -11,14 +11,16 @@
 
 mod convert_store;
 mod error;
+mod events;
 mod model;
 mod ranges;
 mod store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
+pub use events::{ArtifactEvent, RetirementEvent, RunId, Stage, StageEvent};
 pub use model::{
-    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, StageEventRow,
 };
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;

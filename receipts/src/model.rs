@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-/// Identifier of one invocation of ftpipe.
-pub type RunId = i64;
+pub use crate::events::RunId;
+use crate::events::{Stage, StageEvent};
 
 /// The pinned revision of the repository being acquired.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -143,10 +143,10 @@ pub struct StageEventRow {
     pub id: i64,
     /// The run that appended it.
     pub run_id: RunId,
-    /// Stage name (`resolve`, `fetch`, ...).
-    pub stage: String,
-    /// Event name (`started`, `completed`, `failed`).
-    pub event: String,
+    /// The stage.
+    pub stage: Stage,
+    /// What happened to it.
+    pub event: StageEvent,
     /// Free text (e.g. the error that failed the stage).
     pub detail: String,
     /// When.

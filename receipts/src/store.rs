@@ -9,6 +9,7 @@ use sqlx::{Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::error::{QueryContext, Result, StoreError};
+use crate::events::{Stage, StageEvent};
 use crate::model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
 };
@@ -228,23 +229,23 @@ impl Store {
             .ctx("insert run")?
             .last_insert_rowid();
         tx.commit().await.ctx("commit run")?;
-        Ok(id)
+        Ok(RunId::from_raw(id))
     }
 
     /// Appends one stage event to the log.
     pub async fn append_stage_event(
         &self,
         run: RunId,
-        stage: &str,
-        event: &str,
+        stage: Stage,
+        event: StageEvent,
         detail: &str,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query("INSERT INTO stage_events (run_id, stage, event, detail) VALUES (?, ?, ?, ?)")
             .bind(run)
-            .bind(stage)
-            .bind(event)
+            .bind(stage.as_str())
+            .bind(event.as_str())
             .bind(detail)
             .execute(&mut *tx)
             .await
@@ -261,17 +262,18 @@ impl Store {
         .fetch_all(&mut *conn)
         .await
         .ctx("select stage events")?;
-        Ok(rows
-            .into_iter()
-            .map(|r| StageEventRow {
-                id: r.get(0),
-                run_id: r.get(1),
-                stage: r.get(2),
-                event: r.get(3),
-                detail: r.get(4),
-                at: r.get(5),
+        rows.into_iter()
+            .map(|r| {
+                Ok(StageEventRow {
+                    id: r.get(0),
+                    run_id: r.get(1),
+                    stage: Stage::parse(r.get(2))?,
+                    event: StageEvent::parse(r.get(3))?,
+                    detail: r.get(4),
+                    at: r.get(5),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// The pin, if resolve has run.
@@ -753,6 +755,21 @@ impl Store {
             .await
             .ctx("delete receipt")?;
         tx.commit().await.ctx("commit revoke")
+    }
+
+    /// Paths that hold a receipt (published and verified).
+    pub async fn published_paths(&self) -> Result<std::collections::BTreeSet<String>> {
+        Ok(self.receipts().await?.into_iter().map(|r| r.path).collect())
+    }
+
+    /// Every receipt, keyed by path.
+    pub async fn receipts_by_path(&self) -> Result<std::collections::BTreeMap<String, Receipt>> {
+        Ok(self
+            .receipts()
+            .await?
+            .into_iter()
+            .map(|r| (r.path.clone(), r))
+            .collect())
     }
 
     /// All receipts, ordered by path.

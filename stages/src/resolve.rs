@@ -43,6 +43,8 @@ pub struct Resolved {
     pub branch_moved_to: Option<String>,
     /// Files selected for this run.
     pub selected: Vec<FileRow>,
+    /// The whole pinned listing (selected or not), as stored.
+    pub listing: Vec<FileRow>,
 }
 
 #[derive(Deserialize)]
@@ -374,11 +376,12 @@ pub async fn resolve(
     };
     apply_selection(&mut files, &req.include, &req.exclude)?;
     store.save_pin(&pin, &files).await?;
-    let selected = files.into_iter().filter(|f| f.selected).collect();
+    let selected = files.iter().filter(|f| f.selected).cloned().collect();
     Ok(Resolved {
         pin,
         branch_moved_to,
         selected,
+        listing: files,
     })
 }
 
@@ -420,11 +423,12 @@ async fn resolve_offline(
     let mut files = store.files().await?;
     apply_selection(&mut files, &req.include, &req.exclude)?;
     store.save_pin(&pin, &files).await?;
-    let selected = files.into_iter().filter(|f| f.selected).collect();
+    let selected = files.iter().filter(|f| f.selected).cloned().collect();
     Ok(Resolved {
         pin,
         branch_moved_to: None,
         selected,
+        listing: files,
     })
 }
 

@@ -17,7 +17,7 @@ use std::path::Path;
 use serde::Deserialize;
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{ArtifactRow, ComponentReceipt};
+use ftpipe_receipts::{ArtifactEvent, ArtifactRow, ComponentReceipt};
 
 use super::{ComponentProblem, KindAudit, PendingComponent, walk};
 use crate::convert::manifest::{
@@ -379,15 +379,14 @@ fn check_manifest(
 /// The manifest on disk against the last one the artifact log recorded
 /// (a set-aside resets the log's claim).
 fn check_manifest_log(out: &mut ArtifactPart, bytes: &[u8], log: &[ArtifactRow]) {
-    let last = log
-        .iter()
-        .rfind(|a| a.event == "manifest" || a.event == "set_aside");
+    // Every event of the log either claims a manifest or resets the claim.
+    let last = log.last();
     if let Some(ArtifactRow {
         event,
         manifest_sha256: Some(recorded),
         ..
     }) = last
-        && event == "manifest"
+        && *event == ArtifactEvent::Manifest
     {
         let actual = sha256_hex(bytes);
         if &actual != recorded {

@@ -52,13 +52,8 @@ pub(super) async fn audit_sources(
         .into_iter()
         .map(|l| (l.path.clone(), l))
         .collect();
-    let receipts: HashMap<String, _> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| (r.path.clone(), r))
-        .collect();
-    let retired: BTreeSet<String> = store.retired_sources().await?;
+    let receipts = store.receipts_by_path().await?;
+    let retired: BTreeSet<String> = store.retired().await?;
     let attempt_bytes = store.attempt_bytes().await?;
     let mut out = SourcePart {
         lines: Vec::new(),

@@ -348,7 +348,12 @@ async fn stray_and_temp_files_in_the_artifact() {
 async fn retired_sources_are_counted_not_missing() {
     let f = fixture().await;
     f.store
-        .log_retirement(f.run, SHARD, "retired", 10_000)
+        .log_retirement(
+            f.run,
+            SHARD,
+            ftpipe_receipts::RetirementEvent::Retired,
+            10_000,
+        )
         .await
         .unwrap();
     // Logged but not yet deleted (a crash in between): retained, fine.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use ftpipe_receipts::{RunId, Store};
+use ftpipe_receipts::{ArtifactEvent, RunId, Store};
 
 use crate::crashpoint;
 use crate::error::{Result, StageError};
@@ -97,10 +97,9 @@ pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Opti
         what: "set-aside marker",
         message: format!("{}: destination {:?}: {e}", path.display(), marker.to),
     })?;
-    let committed =
-        store.artifact_log().await?.last().is_some_and(|a| {
-            a.event == "set_aside" && a.set_aside_to.as_deref() == Some(&marker.to)
-        });
+    let committed = store.artifact_log().await?.last().is_some_and(|a| {
+        a.event == ArtifactEvent::SetAside && a.set_aside_to.as_deref() == Some(&marker.to)
+    });
     let dest = paths.dir().join(&marker.to);
     let renamed = if committed && !dest.exists() && paths.artifact().exists() {
         rename_aside(paths, &dest)?;

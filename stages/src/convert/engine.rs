@@ -26,7 +26,7 @@ use ftpipe_receipts::{ComponentReceipt, Receipt, RunId, Store};
 use super::aside;
 use super::batch::Batch;
 use super::component::TensorSource;
-use super::error::ConvertError;
+use super::error::{ConvertError, RetiredBy};
 use super::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
 };
@@ -270,14 +270,11 @@ async fn retired_headers(
     Ok(out)
 }
 
-/// The run that retired `file` (0 when the log does not say).
-async fn retired_by(store: &Store, file: &str) -> Result<i64> {
-    Ok(store
-        .retirement_log()
-        .await?
-        .iter()
-        .rfind(|r| r.path == file && r.event == "retired")
-        .map_or(0, |r| r.run_id))
+/// The run that retired `file`, as the retirement log says.
+async fn retired_by(store: &Store, file: &str) -> Result<RetiredBy> {
+    Ok(RetiredBy(
+        store.last_retirement(file).await?.map(|r| r.run_id),
+    ))
 }
 
 /// The plan and skeleton of this conversion, from the shards present and,
@@ -291,12 +288,7 @@ async fn prepare(
     let pin = store.pin().await?.ok_or_else(|| ConvertError::NotFetched {
         file: CONFIG_FILE.into(),
     })?;
-    let receipts: BTreeMap<_, _> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| (r.path.clone(), r))
-        .collect();
+    let receipts = store.receipts_by_path().await?;
     // Judged from receipts: a file is converted from only once published.
     let unfetched: Vec<String> = store
         .files()
@@ -339,7 +331,7 @@ pub async fn convert(
     opts: &ConvertOptions,
     reporter: &dyn Reporter,
 ) -> Result<ConvertOutcome> {
-    let retired = store.retired_sources().await?;
+    let retired = store.retired().await?;
     let Prepared { skel, plan } = prepare(store, paths, opts, &retired).await?;
     let mut set_aside_to = aside::finish_pending(store, paths).await?;
     if let Some(dest) = &set_aside_to {
@@ -489,11 +481,7 @@ pub async fn convert(
     // The same bytes as Manifest::to_bytes, streamed.
     let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;
     crashpoint::hit("manifest-written");
-    let last = store
-        .artifact_log()
-        .await?
-        .into_iter()
-        .rfind(|a| a.event == "manifest");
+    let last = store.last_manifest().await?;
     if last.and_then(|a| a.manifest_sha256).as_deref() != Some(manifest_sha256.as_str()) {
         store
             .record_manifest(run, &manifest_sha256, &manifest.fingerprint)

@@ -298,31 +298,31 @@ pub enum ConvertError {
     },
     /// A component must be (re)built but a source it reads was retired.
     #[error(
-        "component {component} has no valid receipt and must be written, but its source {source_file} was retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again (every other component was written)"
+        "component {component} has no valid receipt and must be written, but its source {source_file} was retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again (every other component was written)"
     )]
     SourceRetired {
         component: String,
         source_file: String,
-        run: i64,
+        run: RetiredBy,
     },
     /// A stale artifact cannot be rebuilt: a shard it needs was retired.
     #[error(
-        "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources (run {run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"
+        "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"
     )]
     RebuildNeedsSources {
         dir: String,
         reasons: String,
         component: String,
         source_file: String,
-        run: i64,
+        run: RetiredBy,
     },
     /// A retired shard's header was not saved, so nothing can be planned.
     #[error(
-        "source {source_file} was retired by --retire-sources (run {run}) and the header of this version of it is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
+        "source {source_file} was retired by --retire-sources ({run}) and the header of this version of it is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
     )]
     RetiredHeaderMissing {
         source_file: String,
-        run: i64,
+        run: RetiredBy,
         skeleton: String,
     },
     /// Conversion needs verified sources.
@@ -340,4 +340,17 @@ pub enum ConvertError {
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
     )]
     StaleArtifact { dir: String, reasons: String },
+}
+
+/// Which run retired a source, as the retirement log says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetiredBy(pub Option<ftpipe_receipts::RunId>);
+
+impl std::fmt::Display for RetiredBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(run) => write!(f, "run {run}"),
+            None => f.write_str("a run the retirement log does not name"),
+        }
+    }
 }

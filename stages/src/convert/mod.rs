@@ -9,6 +9,7 @@
 mod aside;
 mod batch;
 pub mod component;
+mod current;
 pub mod engine;
 mod error;
 pub mod manifest;
@@ -23,8 +24,9 @@ pub mod space;
 pub mod write;
 
 pub use component::{Component, ComponentContent, ComponentKind};
+pub use current::{CurrentArtifact, current_artifact};
 pub use engine::{ConvertOptions, ConvertOutcome, convert};
-pub use error::ConvertError;
+pub use error::{ConvertError, RetiredBy};
 pub use plan::{
     Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,
     plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{ComponentReceipt, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, RetirementEvent, RunId, Store};
 
 use super::skeleton::Skeleton;
 use crate::crashpoint;
@@ -116,7 +116,7 @@ impl Retirer {
                 readers.entry(f.as_str()).or_default().push(c.as_str());
             }
         }
-        let logged = store.retired_sources().await?;
+        let logged = store.retired().await?;
         for (file, comps) in readers {
             if !file.ends_with(".safetensors") || !comps.iter().all(|c| done.contains_key(*c)) {
                 continue;
@@ -131,7 +131,7 @@ impl Retirer {
             // Logged by a run killed before its unlink: finish it, no new row.
             if !logged.contains(file) {
                 store
-                    .log_retirement(run, file, "retired", meta.len())
+                    .log_retirement(run, file, RetirementEvent::Retired, meta.len())
                     .await?;
             }
             crashpoint::hit("retirement-logged");

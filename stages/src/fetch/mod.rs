@@ -179,12 +179,7 @@ impl FetchCtx {
 
 /// Bytes still needed for the selected files (expected minus durable).
 pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {
-    let receipts: std::collections::HashSet<String> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| r.path)
-        .collect();
+    let receipts = store.published_paths().await?;
     let ledger = store.ledger().await?;
     let selected: std::collections::HashSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
     Ok(ledger
@@ -216,12 +211,7 @@ async fn fetch_one(
 /// have run first.
 pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     let store = &ctx.store;
-    let receipts: std::collections::HashSet<String> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| r.path)
-        .collect();
+    let receipts = store.published_paths().await?;
     let todo: Vec<FileRow> = files
         .iter()
         .filter(|f| f.selected && !receipts.contains(&f.path))
@@ -322,12 +312,7 @@ async fn fetch_files(
             .any(|e| matches!(e, StageError::Offline { .. }))
     {
         let ledger = store.ledger().await?;
-        let receipts: std::collections::HashSet<String> = store
-            .receipts()
-            .await?
-            .into_iter()
-            .map(|r| r.path)
-            .collect();
+        let receipts = store.published_paths().await?;
         let mut missing = Vec::new();
         let mut bytes = 0u64;
         for f in files {

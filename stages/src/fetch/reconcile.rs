@@ -48,12 +48,7 @@ pub async fn reconcile(
     files: &[FileRow],
     reporter: &dyn Reporter,
 ) -> Result<ReconcileReport> {
-    let receipts: HashMap<String, Receipt> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| (r.path.clone(), r))
-        .collect();
+    let receipts = store.receipts_by_path().await?;
     let ledger: HashMap<String, u64> = store
         .ledger()
         .await?
@@ -170,12 +165,7 @@ pub async fn reconcile(
         }
     }
     // Only now, with no conflict, remove our own stale temp files.
-    let published: HashMap<String, Receipt> = store
-        .receipts()
-        .await?
-        .into_iter()
-        .map(|r| (r.path.clone(), r))
-        .collect();
+    let published = store.receipts_by_path().await?;
     // A cache blob placed but never renamed (a crash between the two) is
     // never claimed by the database: always ours to remove.
     for f in files {
