@@ -5,6 +5,13 @@
 //! run), then runs stages in order. Each stage is bracketed by `started` and
 //! `completed`/`failed` events appended through [`state::StageState::record`],
 //! the same function `status` replays, so what is shown is what is logged.
+//!
+//! - this file: [`Pipeline`] (open, lock, run stages), `fetch`, `status`.
+//! - `convert`: the plan, convert and verify stages and the whole `run`.
+//! - [`state`]: stage status as a pure function of the event log.
+//! - `lock`: one ftpipe per output directory.
+//! - `plan`: the read-only `plan` command.
+//! - `error`: [`PipelineError`].
 
 mod convert;
 mod error;

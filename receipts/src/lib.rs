@@ -8,6 +8,16 @@
 //!
 //! The store never decides anything: callers fsync their bytes first and
 //! only then call the method that claims them.
+//!
+//! - `store`: [`Store`], the single writer: runs, stage events, the pin and
+//!   listing, the byte ledger, attempts, discards, download receipts, the
+//!   Hugging Face cache log.
+//! - `ranges`: durable watermarks of a file fetched in segments.
+//! - `convert_store`: component receipts, the retirement log and the
+//!   artifact log.
+//! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
+//!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`]).
+//! - `model`: the plain row types; `error`: [`StoreError`].
 
 mod convert_store;
 mod error;

@@ -93,11 +93,11 @@ impl Store {
                 path: path.to_owned(),
                 source,
             })?;
-        // Fix: a kill -9 while SQLite was creating the file (before the WAL
-        // header reached it) leaves an empty or hot-journalled file; SQLite
-        // rolls it back to empty on this open, and since the file exists the
-        // bootstrap branch above is skipped, so the database stayed in
-        // rollback-journal mode for good. Complete the interrupted creation.
+        // A kill -9 while SQLite was creating the file (before the WAL header
+        // reached it) leaves an empty or hot-journalled file, which SQLite
+        // rolls back to empty on this open; the file exists, so the bootstrap
+        // branch above was skipped. Complete the interrupted creation: a
+        // database is never left in rollback-journal mode.
         if !bootstrap {
             let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
                 .fetch_one(&mut conn)
@@ -126,13 +126,11 @@ impl Store {
 
     /// The connection, for a write transaction.
     ///
-    /// Fix: when SQLite rolls a transaction back by itself (a `COMMIT` that
-    /// fails with `SQLITE_FULL` on a full volume), sqlx still counts it as
-    /// open and the `ROLLBACK` it sends on drop fails ("no transaction is
-    /// active"), so every later `BEGIN` of this process failed with
-    /// "attempted to call begin_with at non-zero transaction depth", hiding
-    /// the real error. No transaction outlives a method here, so a connection
-    /// still "in a transaction" at the start of one is stale: replace it.
+    /// No transaction outlives a method here, so a connection still "in a
+    /// transaction" at the start of one is stale and is replaced. (When
+    /// SQLite rolls a transaction back by itself, a `COMMIT` failing with
+    /// `SQLITE_FULL`, sqlx still counts it as open, and its `ROLLBACK` on
+    /// drop fails; every later `BEGIN` would fail and hide the real error.)
     pub(crate) async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>> {
         let mut conn = self.conn.lock().await;
         if conn.is_in_transaction() {
@@ -331,17 +329,13 @@ impl Store {
                 .await
                 .ctx("insert temp file")?;
         }
-        // Bug fix (repin): files whose identity changed used to lose their
-        // ledger row while their discards (append-only) stayed, so the next
-        // audit found `transferred != committed + discarded`; and nothing
-        // remembered that the final file on disk was our own superseded
-        // publication, so reconcile called it a conflict and `--repin` could
-        // never fetch the new content. Now a changed file keeps its ledger
-        // row, reset to zero with its committed bytes recorded as a
-        // `superseded_by_repin` discard (the invariant keeps holding), and
-        // that discard row (written even for 0 bytes when the file had a
-        // receipt) tells reconcile the old final file is ours to replace.
-        // Only files that left the listing lose their ledger row.
+        // On a repin, a file whose identity changed keeps its ledger row
+        // (its discards are append-only, so `transferred = committed +
+        // discarded` must keep holding): the row is reset to zero and its
+        // committed bytes become a `superseded_by_repin` discard. That
+        // discard (written even for 0 bytes when the file had a receipt)
+        // tells reconcile the old final file is ours to replace. Only files
+        // that left the listing lose their ledger row.
         macro_rules! changed {
             () => {
                 "SELECT f.path FROM files f JOIN new_files n ON n.path = f.path

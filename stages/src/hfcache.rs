@@ -293,21 +293,14 @@ impl Placement {
     }
 }
 
-/// `FICLONE` from `linux/fs.h`: `_IOW(0x94, 9, int)`.
-const FICLONE: libc::c_ulong = 0x4004_9409;
-
 /// Places `blob` at `dest` (which must not exist): a reflink where the
 /// filesystem can, else a hard link on the same filesystem, else a copy.
 /// `dest` is created without following links; nothing is written to the
 /// cache. The caller fsyncs and verifies `dest`.
 pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
-    use std::os::fd::AsRawFd;
     let src = ftpipe_fs::nofollow::open_read(blob)?;
     let out = create_new(dest)?;
-    // SAFETY: both descriptors are open for the duration of the call;
-    // FICLONE takes the source descriptor as its argument.
-    let rc = unsafe { libc::ioctl(out.as_raw_fd(), FICLONE as _, src.as_raw_fd()) };
-    if rc == 0 {
+    if rustix::fs::ioctl_ficlone(&out, &src).is_ok() {
         return Ok(Placement::Reflink);
     }
     drop(out);

@@ -1,10 +1,28 @@
 //! Conversion of safetensors sources into the runtime formats.
 //!
-//! This first part reads and validates source headers without touching
-//! tensor data, maps every source tensor to an output component through a
-//! [`profile`], and predicts every component's exact size ([`plan`]) —
-//! locally, or over HTTP Range with only the first 8 + N bytes of each shard
-//! — before anything is written.
+//! A conversion is planned in full before a byte is written: source headers
+//! are read and validated without touching tensor data, every source
+//! tensor is mapped to an output component by a built-in [`profile`] or a
+//! [`recipe`], and every component's exact size is predicted ([`plan`]),
+//! locally or over HTTP Range with only the first 8 + N bytes of each shard.
+//! Then [`engine`] writes the components, each with a receipt, and the
+//! manifest last.
+//!
+//! - [`safetensors`]: the validating header reader.
+//! - [`profile`], [`recipe`], [`component`], `nvfp4`: which tensors become
+//!   which components (built-in Qwen4-Exp layouts, user recipes, ModelOpt
+//!   NVFP4 triples).
+//! - [`plan`]: the component list with exact sizes; [`space`]: the space a
+//!   conversion still needs, for the preflights.
+//! - [`skeleton`]: everything the manifest will say except digests, saved
+//!   before the first component so a run after `--retire-sources` can finish.
+//! - [`engine`]: the idempotent stage (reuse by identity, stale artifacts,
+//!   manifest and placement); `batch`: parallel component writes; [`write`]:
+//!   one component, streamed; `retire`: deleting shards once consumed;
+//!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - `current`: whether the artifact on disk is current (the no-op check).
+//! - [`manifest`]: `manifest.json` and `placement.json`.
+//! - `error`: [`ConvertError`], naming the file, tensor or field at fault.
 
 mod aside;
 mod batch;

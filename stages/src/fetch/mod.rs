@@ -1,5 +1,15 @@
 //! Fetch: download every selected file of the pinned listing into
 //! `DIR/source/`, resuming from durable watermarks.
+//!
+//! - `reconcile`: before any byte moves, disk against the database (adopt
+//!   verified files, revoke receipts whose file changed, cut `.part` tails
+//!   the ledger does not claim).
+//! - `cache`: taking a pinned file from a Hugging Face cache first.
+//! - `transfer`: one file as one stream: resume, append what a validated
+//!   response promised, checkpoint, verify, publish.
+//! - `segmented`: a large file as several ranges into one sparse `.part`.
+//! - `part`: the `.part` file; `headers`: strict parsing of the headers
+//!   that decide whether bytes may be appended.
 
 mod cache;
 mod headers;

@@ -385,10 +385,9 @@ impl FileTask {
             .stream(url, headers, part, hasher, validator, &mut attempt)
             .await
         {
-            // Bug fix: the digest used to be compared only after the attempt
-            // was closed as `ok`, so the attempt that delivered corrupt bytes
-            // was recorded as a success. Verify first, so a digest mismatch
-            // is kept as a `failed` attempt (docs/design.md, step 5.6).
+            // Verified before the attempt is closed: an attempt is `ok` only
+            // if the bytes it delivered match the pinned digest; a mismatch
+            // closes it as `failed` (docs/design.md, step 5.6).
             Ok(()) => self.verify(part, hasher.clone()).await,
             Err(e) => Err(e),
         };
@@ -400,8 +399,9 @@ impl FileTask {
         attempt.error = result.as_ref().err().map(ToString::to_string);
         self.attempt_id = None;
         let finished = self.ctx.store.finish_attempt(&attempt).await;
-        // Fix: on a full volume this write can fail too; keep the error that
-        // ended the attempt (the row stays `in_flight`, as after a crash).
+        // On a full volume this write can fail too: the error that ended the
+        // attempt is the one reported (the row stays `in_flight`, as after a
+        // crash).
         match (result, finished) {
             (Err(e), _) => Err(e),
             (Ok(_), Err(f)) => Err(f.into()),
@@ -552,10 +552,9 @@ impl FileTask {
             }) {
                 Ok(()) => {}
                 Err(AppendError::NoSpace) => {
-                    // Fix: the state database is on this volume too; free
-                    // the reserve so the checkpoint below, the attempt and
-                    // the stage event can still be written (they failed
-                    // with SQLITE_FULL before).
+                    // The state database is on this volume too: freeing the
+                    // reserve lets the checkpoint below, the attempt and the
+                    // stage event still be written.
                     self.ctx.mark_volume_full();
                     break Err(StageError::NoSpace {
                         volume: self.ctx.layout.source().to_owned(),
@@ -594,8 +593,9 @@ impl FileTask {
         // Bytes of a validated response that arrived before a failure are a
         // correct prefix: make them durable rather than fetch them again.
         let saved = self.checkpoint(part, since, validator.as_deref()).await;
-        // Fix: the failure that ended the body (e.g. no space) comes first;
-        // a checkpoint that failed with it leaves the watermark where it was.
+        // The failure that ended the body (e.g. no space) is the one
+        // reported; a checkpoint that failed with it leaves the watermark
+        // where it was.
         if let (Err(first), Err(e)) = (&outcome, &saved) {
             tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
         }
@@ -633,9 +633,9 @@ impl FileTask {
             .checkpoint(self.path(), part.len(), delta, validator, self.attempt_id)
             .await
         {
-            // Fix: the ledger write can be the first to meet a full volume
-            // (the WAL grows too). Free the space reserve and commit once more
-            // so the fsynced bytes are kept; the next append then stops.
+            // The ledger write can be the first to meet a full volume (the
+            // WAL grows too): with the space reserve freed, one more commit
+            // keeps the fsynced bytes; the next append then stops.
             Err(e) if e.is_disk_full() => {
                 self.ctx.mark_volume_full();
                 store
