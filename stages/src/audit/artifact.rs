@@ -25,8 +25,8 @@ use crate::convert::manifest::{
 };
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, LfsSha256, hash_file};
-use crate::paths::safe_join;
 use crate::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
+use ftpipe_fs::paths::safe_join;
 
 /// Component kinds this build writes.
 const KINDS: &[&str] = &["ftw", "ftexpert", "q3_segment", "q3_global_scale"];

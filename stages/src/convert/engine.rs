@@ -256,7 +256,7 @@ async fn retired_headers(
         .unwrap_or_default();
     let mut out = BTreeMap::new();
     for file in retired {
-        let on_disk = crate::paths::safe_join(&paths.source, file)?;
+        let on_disk = ftpipe_fs::paths::safe_join(&paths.source, file)?;
         if on_disk.exists() {
             continue;
         }
@@ -584,7 +584,7 @@ fn needs_retired(c: &Component, plan: &Plan, source: &Path) -> (String, String) 
 
 /// True when source file `file` is on disk under `root`.
 fn source_present(root: &Path, file: &str) -> bool {
-    crate::paths::safe_join(root, file).is_ok_and(|p| p.exists())
+    ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| p.exists())
 }
 
 /// Refuses when the artifact's peak need does not fit the volume.

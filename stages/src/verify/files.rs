@@ -14,7 +14,7 @@ use ftpipe_formats::{ExpertLayout, FtwHeader, Q3GlobalScale, TensorDesc};
 use super::{Findings, check};
 use crate::convert::manifest::{ComponentLayout, Manifest, ManifestComponent};
 use crate::identity::{Expected, LfsSha256, hash_file};
-use crate::paths::safe_join;
+use ftpipe_fs::paths::safe_join;
 
 /// Bytes read from a global scale record: one more than valid, so a long
 /// file is reported as such without reading it all.

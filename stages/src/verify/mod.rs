@@ -53,7 +53,7 @@ use crate::convert::manifest::{
 };
 use crate::convert::profile::FTW_COMPONENT;
 use crate::error::StageError;
-use crate::paths::validate_repo_path;
+use ftpipe_fs::paths::validate_repo_path;
 
 /// Largest `manifest.json` read, checked before reading it. It lists every
 /// tensor: a ~300k-tensor NVFP4 MoE export's is ~27 MB (see the test
