@@ -29,11 +29,11 @@ use arbitrary::{Arbitrary, Unstructured};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
+use ftpipe_artifact::manifest::{Manifest, Placement};
 use ftpipe_formats::{
     Dtype, ExpertLayout, ExpertView, ExpertWriter, FtwHeader, FtwLayout, FtwView, FtwWriter,
     Q3Geometry, Q3GlobalScale, Q3SegmentSet, TensorDesc, TensorKind, e4m3, nvfp4, q3,
 };
-use ftpipe_stages::convert::manifest::{Manifest, Placement};
 use ftpipe_stages::convert::plan::{plan_from_parts, shard_files, weight_map};
 use ftpipe_stages::convert::recipe::Recipe;
 use ftpipe_stages::convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::task::block_in_place;
 
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_stages::StageError;
 use ftpipe_stages::convert::engine::current_converter;
-use ftpipe_stages::convert::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
     ConvertOptions, ConvertOutcome, ConvertPaths, Published, convert, plan_published_or_remote,
@@ -162,7 +162,8 @@ impl Pipeline {
         let artifact = self.layout.artifact.clone();
         self.stage("verify", async move {
             let report =
-                block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, false))?;
+                block_in_place(|| ftpipe_artifact::verify::verify_artifact(&artifact, false))
+                    .map_err(StageError::from)?;
             if report.ok {
                 return Ok(());
             }
@@ -269,11 +270,11 @@ impl Pipeline {
         let artifact = &self.layout.artifact;
         let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
             &artifact.join(MANIFEST_FILE),
-            ftpipe_stages::verify::MAX_MANIFEST_BYTES,
+            ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
         ) else {
             return Ok(None);
         };
-        if ftpipe_stages::convert::manifest::sha256_hex(&bytes) != recorded {
+        if ftpipe_artifact::manifest::sha256_hex(&bytes) != recorded {
             return Ok(None);
         }
         let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
@@ -329,7 +330,7 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
 fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
     ftpipe_fs::nofollow::read_limited(
         &artifact.join(PLACEMENT_FILE),
-        ftpipe_stages::verify::MAX_PLACEMENT_BYTES,
+        ftpipe_artifact::verify::MAX_PLACEMENT_BYTES,
     )
     .ok()
     .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())

@@ -198,6 +198,9 @@ pub enum StageError {
     /// Planning or converting the source checkpoint failed.
     #[error(transparent)]
     Convert(#[from] crate::convert::ConvertError),
+    /// Reading, hashing or verifying the artifact failed.
+    #[error(transparent)]
+    Artifact(#[from] ftpipe_artifact::ArtifactError),
 }
 
 impl StageError {

@@ -17,15 +17,14 @@ use std::path::Path;
 use serde::Deserialize;
 use tokio::task::block_in_place;
 
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
+use ftpipe_artifact::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
+use ftpipe_fs::TEMP_SUFFIX;
 use ftpipe_receipts::{ArtifactRow, ComponentReceipt};
 
 use super::{ComponentProblem, KindAudit, PendingComponent, walk};
-use crate::convert::manifest::{
-    MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, TEMP_SUFFIX, sha256_hex,
-};
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, LfsSha256, hash_file};
-use crate::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
 use ftpipe_fs::paths::safe_join;
 
 /// Component kinds this build writes.

@@ -27,9 +27,6 @@ use super::aside;
 use super::batch::Batch;
 use super::component::TensorSource;
 use super::error::ConvertError;
-use super::manifest::{
-    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
-};
 use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
 use super::recipe::Recipe;
@@ -39,6 +36,9 @@ use super::space::artifact_peak;
 use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
+use ftpipe_artifact::manifest::{
+    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
+};
 use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
 
 /// State files under `.ftpipe`, read back only by ftpipe.
@@ -169,7 +169,7 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
     let mut reasons = Vec::new();
     if let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
         &artifact.join(MANIFEST_FILE),
-        crate::verify::MAX_MANIFEST_BYTES,
+        ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
     {
         let now = &skel.manifest;

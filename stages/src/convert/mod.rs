@@ -11,7 +11,6 @@ mod batch;
 pub mod component;
 pub mod engine;
 mod error;
-pub mod manifest;
 mod nvfp4;
 pub mod plan;
 pub mod profile;

@@ -25,11 +25,11 @@ use ftpipe_receipts::Receipt;
 
 use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
-use super::manifest::{
+use super::plan::{INDEX_FILE, Plan, SavedHeader};
+use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
-use super::plan::{INDEX_FILE, Plan, SavedHeader};
 
 /// What `DIR/.ftpipe/convert.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

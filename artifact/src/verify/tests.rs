@@ -11,8 +11,9 @@ use ftpipe_formats::{
 };
 
 use super::*;
-use crate::convert::manifest::{
-    ConvertOptionsId, ConverterIdentity, ManifestComponent, SourceIdentity, sha256_hex,
+use crate::manifest::{
+    ConvertOptionsId, ConverterIdentity, InventoryTensor, ManifestComponent, OmittedEntry,
+    Partition, SourceFileId, SourceIdentity, sha256_hex,
 };
 
 const WIDTH: u64 = 64;
@@ -481,7 +482,6 @@ fn a_missing_or_broken_manifest_is_a_failure_and_no_dir_an_error() {
 /// never a real one.
 #[test]
 fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
-    use crate::convert::manifest::{InventoryTensor, SourceFileId};
     const LAYERS: u64 = 94;
     const EXPERTS: u64 = 256;
     let parts = ["weight", "weight_scale", "weight_scale_2", "input_scale"];
@@ -557,13 +557,13 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
         tensors,
         // The export's vision tower (333) and MTP head (31), omitted.
         omitted: (0..364)
-            .map(|i| crate::convert::manifest::OmittedEntry {
+            .map(|i| OmittedEntry {
                 tensor: format!("model.visual.blocks.{i}.attn.qkv.weight"),
                 file: format!("model-{:05}-of-00206.safetensors", 1 + i % 206),
                 reason: if i < 333 {
-                    crate::convert::profile::Partition::Vision
+                    Partition::Vision
                 } else {
-                    crate::convert::profile::Partition::Mtp
+                    Partition::Mtp
                 },
             })
             .collect(),

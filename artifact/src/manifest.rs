@@ -16,8 +16,6 @@ use sha2::{Digest, Sha256};
 
 use ftpipe_formats::TensorDesc;
 
-use super::profile::Partition;
-
 /// File name of the manifest at the artifact root.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// File name of the placement beside it.
@@ -26,6 +24,8 @@ pub const PLACEMENT_FILE: &str = "placement.json";
 pub const MANIFEST_SCHEMA: &str = "ftpipe.manifest/1";
 /// Placement schema this build writes and reads.
 pub const PLACEMENT_SCHEMA: &str = "ftpipe.placement/1";
+/// Path of the FTW component (the always-resident stream).
+pub const FTW_COMPONENT: &str = "model.ftw";
 
 /// One source file the artifact was converted from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,6 +185,30 @@ pub struct Manifest {
     /// artifact; part of the fingerprint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<OmittedEntry>,
+}
+
+/// A partition of a multimodal release: the text model is converted, the
+/// others are left out and listed in [`Manifest::omitted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partition {
+    /// The text model: converted.
+    Text,
+    /// `model.visual.*`: omitted.
+    Vision,
+    /// `mtp.*`: omitted.
+    Mtp,
+}
+
+impl Partition {
+    /// Label used in the manifest (`reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partition::Text => "text",
+            Partition::Vision => "vision",
+            Partition::Mtp => "mtp",
+        }
+    }
 }
 
 /// A source tensor the artifact leaves out, and why.
@@ -399,5 +423,3 @@ impl Placement {
         Ok(())
     }
 }
-
-pub use ftpipe_fs::durable::{TEMP_SUFFIX, temp_name};
