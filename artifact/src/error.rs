@@ -1,6 +1,7 @@
 //! Errors of the artifact crate. A failed *check* is not an error: it is a
 //! [`crate::verify::Failure`] in the report. An error means the work could
-//! not be done at all: the artifact directory cannot be opened or listed.
+//! not be done at all: the artifact directory cannot be opened or listed,
+//! or a value to be hashed or written does not serialize.
 
 use std::path::PathBuf;
 
@@ -23,6 +24,16 @@ pub enum ArtifactError {
     NotADirectory {
         /// The path as given.
         path: PathBuf,
+    },
+    /// A value could not be serialized to JSON, so it is neither hashed nor
+    /// written (never replaced by empty bytes).
+    #[error("cannot serialize {what} as JSON: {source}")]
+    Serialize {
+        /// What was being serialized (`the fingerprint input`, `the manifest`).
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
     },
 }
 

@@ -10,7 +10,8 @@
 //!   ([`manifest::Placement`]: which expert layers stay in RAM).
 //! - [`verify`]: [`verify::verify_artifact`], every check of an artifact
 //!   directory against its manifest, listed in one [`verify::VerifyReport`].
-//! - [`ArtifactError`]: why verification could not start.
+//! - [`ArtifactError`]: why verification could not start, or why a value
+//!   could not be serialized to be hashed or written.
 
 mod error;
 pub mod manifest;

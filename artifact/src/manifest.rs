@@ -16,6 +16,8 @@ use sha2::{Digest, Sha256};
 
 use ftpipe_formats::TensorDesc;
 
+use crate::ArtifactError;
+
 /// File name of the manifest at the artifact root.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// File name of the placement beside it.
@@ -251,37 +253,47 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// SHA-256 of the canonical JSON of `value`.
-pub fn canonical_sha256<T: Serialize>(value: &T) -> String {
-    // Serializing typed structs to a Vec cannot fail (no maps with
-    // non-string keys, no custom serializers that error).
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    sha256_hex(&bytes)
+/// SHA-256 of the canonical JSON of `value` (`what` names it in the
+/// error). A value that does not serialize is an error, never the digest
+/// of empty bytes.
+pub fn canonical_sha256<T: Serialize>(
+    what: &'static str,
+    value: &T,
+) -> Result<String, ArtifactError> {
+    let bytes =
+        serde_json::to_vec(value).map_err(|source| ArtifactError::Serialize { what, source })?;
+    Ok(sha256_hex(&bytes))
 }
 
 impl Manifest {
     /// The fingerprint these contents imply.
-    pub fn compute_fingerprint(&self) -> String {
-        canonical_sha256(&FingerprintInput {
-            source: &self.source,
-            converter: &self.converter,
-            components: self
-                .components
-                .iter()
-                .map(|c| ComponentDigest {
-                    path: &c.path,
-                    sha256: &c.sha256,
-                })
-                .collect(),
-            omitted: &self.omitted,
-        })
+    pub fn compute_fingerprint(&self) -> Result<String, ArtifactError> {
+        canonical_sha256(
+            "the fingerprint input",
+            &FingerprintInput {
+                source: &self.source,
+                converter: &self.converter,
+                components: self
+                    .components
+                    .iter()
+                    .map(|c| ComponentDigest {
+                        path: &c.path,
+                        sha256: &c.sha256,
+                    })
+                    .collect(),
+                omitted: &self.omitted,
+            },
+        )
     }
 
     /// The bytes written to `manifest.json`: pretty JSON plus a newline.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ArtifactError> {
+        let mut v = serde_json::to_vec_pretty(self).map_err(|source| ArtifactError::Serialize {
+            what: "the manifest",
+            source,
+        })?;
         v.push(b'\n');
-        v
+        Ok(v)
     }
 
     /// The component at `path`.
@@ -421,5 +433,35 @@ impl Placement {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_sha256_refuses_a_value_that_does_not_serialize() {
+        // JSON object keys must be strings: a tuple key fails to serialize.
+        let unserializable: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let err = canonical_sha256("the test value", &unserializable).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ArtifactError::Serialize {
+                    what: "the test value",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("cannot serialize the test value as JSON: "),
+            "{err}"
+        );
+        // What does serialize hashes its canonical (compact) bytes.
+        let digest = canonical_sha256("a map", &BTreeMap::from([("k", 1)])).unwrap();
+        assert_eq!(digest, sha256_hex(br#"{"k":1}"#));
     }
 }

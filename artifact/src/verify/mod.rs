@@ -325,9 +325,9 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
             format!("schema is {:?}, expected {MANIFEST_SCHEMA:?}", m.schema),
         );
     }
-    let computed = m.compute_fingerprint();
-    if computed != m.fingerprint {
-        found.fail(
+    match m.compute_fingerprint() {
+        Ok(computed) if computed == m.fingerprint => {}
+        Ok(computed) => found.fail(
             Some(MANIFEST_FILE),
             check::FINGERPRINT,
             format!(
@@ -335,7 +335,15 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
                  digests hash to {computed} (the manifest was edited)",
                 m.fingerprint
             ),
-        );
+        ),
+        Err(e) => found.fail(
+            Some(MANIFEST_FILE),
+            check::FINGERPRINT,
+            format!(
+                "recorded fingerprint {}, which cannot be recomputed: {e}",
+                m.fingerprint
+            ),
+        ),
     }
     let mut seen = HashSet::new();
     let mut checkable = HashSet::new();

@@ -334,15 +334,19 @@ fn check_manifest(
     m: &Manifest,
     by_path: &BTreeMap<&str, &ComponentReceipt>,
 ) {
-    if m.compute_fingerprint() != m.fingerprint {
-        out.problem(
+    match m.compute_fingerprint() {
+        Ok(computed) if computed == m.fingerprint => {}
+        Ok(computed) => out.problem(
             MANIFEST_FILE,
             format!(
-                "fingerprint {} does not match its contents ({})",
-                m.fingerprint,
-                m.compute_fingerprint()
+                "fingerprint {} does not match its contents ({computed})",
+                m.fingerprint
             ),
-        );
+        ),
+        Err(e) => out.problem(
+            MANIFEST_FILE,
+            format!("fingerprint {} cannot be recomputed: {e}", m.fingerprint),
+        ),
     }
     let listed: BTreeSet<&str> = m.components.iter().map(|c| c.path.as_str()).collect();
     for c in &m.components {

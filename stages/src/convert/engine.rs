@@ -493,7 +493,7 @@ pub async fn convert(
     let top_k = skel.top_k;
     // Dropped with the skeleton: the saved headers.
     let manifest = skel
-        .finish(&digests)
+        .finish(&digests)?
         .ok_or_else(|| StageError::InvalidInput {
             what: "manifest",
             message: "a component has no receipt after conversion".into(),
