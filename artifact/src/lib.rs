@@ -13,6 +13,9 @@
 //! - [`ArtifactError`]: why verification could not start, or why a value
 //!   could not be serialized to be hashed or written.
 
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
 mod error;
 pub mod manifest;
 pub mod verify;

@@ -85,6 +85,7 @@ impl ConverterIdentity {
     /// The identity of this build with `profile` and `options`.
     pub fn current(profile: &str, options: ConvertOptionsId) -> ConverterIdentity {
         ConverterIdentity {
+            // Every workspace crate has the workspace version.
             ftpipe: env!("CARGO_PKG_VERSION").to_owned(),
             formats: ftpipe_formats::FORMAT_VERSIONS
                 .iter()
