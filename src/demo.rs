@@ -31,11 +31,12 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 use ftpipe_fixtures::{Fault, FaultRule, FixtureHub, HubBuilder, RepoFile, checkpoint};
+use ftpipe_fs::TEMP_SUFFIX;
 use ftpipe_pipeline::{FetchParams, Pipeline};
 use ftpipe_stages::convert::ConvertOptions;
-use ftpipe_stages::convert::manifest::{MANIFEST_FILE, TEMP_SUFFIX};
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::resolve::ResolveRequest;
 
@@ -73,7 +74,7 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
 
     let artifact = out.join("artifact");
     let verify =
-        tokio::task::block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, true))?;
+        tokio::task::block_in_place(|| ftpipe_artifact::verify::verify_artifact(&artifact, true))?;
     println!("\nverify (deep, the artifact on its own):");
     print!("{}", crate::verify_view::render(&verify));
     let audit = ftpipe_pipeline::audit_dir(&out, false).await?;

@@ -15,10 +15,10 @@ use anyhow::{Context, bail};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 
+use ftpipe_artifact::manifest::Partition;
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
 use ftpipe_stages::convert::ConvertOptions;
-use ftpipe_stages::convert::profile::Partition;
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::Token;
@@ -708,8 +708,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(true)
         }
         Command::Verify { dir, deep, json } => {
-            let r =
-                tokio::task::block_in_place(|| ftpipe_stages::verify::verify_artifact(&dir, deep))?;
+            let r = tokio::task::block_in_place(|| {
+                ftpipe_artifact::verify::verify_artifact(&dir, deep)
+            })?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

@@ -6,7 +6,7 @@
 //! reaches the terminal, so a hostile file name cannot emit control codes.
 
 use crate::table::n;
-use ftpipe_stages::verify::{Failure, VerifyReport};
+use ftpipe_artifact::verify::{Failure, VerifyReport};
 
 /// Hex digits of the fingerprint shown in the status line.
 const FINGERPRINT_SHOWN: usize = 12;

@@ -6,6 +6,10 @@
 //! - [`durable`]: temp file → write → `sync_all` → rename → fsync the
 //!   directory; durable directory creation; leftover temp cleanup.
 //! - [`nofollow`]: opening files under `DIR` without following links.
+//! - [`overlapped`]: a file's prefix read on one thread while the caller
+//!   hashes it on another.
+//! - [`paths`]: untrusted relative paths checked as text and against the
+//!   tree ([`paths::safe_join`]) before they name a file.
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
 //! - [`error`]: [`FsError`], which names the operation and path at fault.
@@ -14,6 +18,8 @@ pub mod durable;
 mod error;
 pub mod layout;
 pub mod nofollow;
+pub mod overlapped;
+pub mod paths;
 pub mod space;
 
 pub use durable::TEMP_SUFFIX;

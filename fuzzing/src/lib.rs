@@ -29,11 +29,11 @@ use arbitrary::{Arbitrary, Unstructured};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
+use ftpipe_artifact::manifest::{Manifest, Placement};
 use ftpipe_formats::{
     Dtype, ExpertLayout, ExpertView, ExpertWriter, FtwHeader, FtwLayout, FtwView, FtwWriter,
     Q3Geometry, Q3GlobalScale, Q3SegmentSet, TensorDesc, TensorKind, e4m3, nvfp4, q3,
 };
-use ftpipe_stages::convert::manifest::{Manifest, Placement};
 use ftpipe_stages::convert::plan::{plan_from_parts, shard_files, weight_map};
 use ftpipe_stages::convert::recipe::Recipe;
 use ftpipe_stages::convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};
@@ -420,10 +420,16 @@ pub fn manifest_placement(data: &[u8]) {
     let Ok(manifest) = serde_json::from_slice::<Manifest>(m) else {
         return;
     };
-    let bytes = manifest.to_bytes();
+    let bytes = manifest.to_bytes().expect("a parsed manifest serializes");
     let again: Manifest = serde_json::from_slice(&bytes).expect("a written manifest parses");
-    assert_eq!(again.to_bytes(), bytes, "manifest round trip changed bytes");
-    let _ = manifest.compute_fingerprint();
+    assert_eq!(
+        again.to_bytes().expect("a reparsed manifest serializes"),
+        bytes,
+        "manifest round trip changed bytes"
+    );
+    manifest
+        .compute_fingerprint()
+        .expect("a parsed manifest's fingerprint input serializes");
     if let Ok(placement) = serde_json::from_slice::<Placement>(p) {
         let _ = placement.check(&manifest);
     }

@@ -150,7 +150,8 @@ impl Pipeline {
         let artifact = self.layout.artifact().to_owned();
         self.stage(Stage::Verify, async move {
             let report =
-                block_in_place(|| ftpipe_stages::verify::verify_artifact(&artifact, false))?;
+                block_in_place(|| ftpipe_artifact::verify::verify_artifact(&artifact, false))
+                    .map_err(StageError::from)?;
             if report.ok {
                 return Ok(());
             }

@@ -22,11 +22,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use ftpipe_artifact::manifest::{MANIFEST_FILE, PLACEMENT_FILE};
 use ftpipe_receipts::Store;
 
 use crate::audit::AuditReport;
 use crate::convert::engine::{PLAN_FILE, SKELETON_FILE};
-use crate::convert::manifest::{MANIFEST_FILE, PLACEMENT_FILE};
 use crate::error::{Result, StageError};
 use ftpipe_fs::durable::sync_dir;
 

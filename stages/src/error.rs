@@ -74,18 +74,10 @@ pub enum StageError {
     /// A listing field failed validation.
     #[error("listing entry {path:?}: {problem}")]
     BadListing { path: String, problem: String },
-    /// A path from a listing is unsafe.
-    #[error("unsafe path {path:?} in listing: {reason}")]
-    UnsafePath { path: String, reason: &'static str },
-    /// An entry on disk on the way to `path` is a link or not a directory.
-    #[error(
-        "{on_disk} {problem} (on the path of {path:?}); ftpipe never reads or writes through it (remove it and re-run)"
-    )]
-    UnsafeOnDisk {
-        path: String,
-        on_disk: PathBuf,
-        problem: &'static str,
-    },
+    /// A path from a listing is unsafe, or a link or non-directory on disk
+    /// lies on its way.
+    #[error(transparent)]
+    UnsafePath(#[from] ftpipe_fs::paths::PathError),
     /// Too many redirects.
     #[error("too many redirects (more than {limit}) fetching {path}")]
     TooManyRedirects { path: String, limit: usize },
@@ -206,6 +198,9 @@ pub enum StageError {
     /// Planning or converting the source checkpoint failed.
     #[error(transparent)]
     Convert(#[from] crate::convert::ConvertError),
+    /// Reading, hashing or verifying the artifact failed.
+    #[error(transparent)]
+    Artifact(#[from] ftpipe_artifact::ArtifactError),
 }
 
 impl StageError {

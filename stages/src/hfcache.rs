@@ -17,7 +17,7 @@ use serde::Serialize;
 use ftpipe_receipts::FileRow;
 
 use crate::identity::{CommitId, LfsSha256};
-use crate::paths::validate_repo_path;
+use ftpipe_fs::paths::validate_repo_path;
 
 /// The longest link chain followed under `snapshots/` (hf writes one link).
 const MAX_LINK_HOPS: usize = 8;

@@ -102,65 +102,16 @@ impl IdentityHasher {
     }
 }
 
-/// Read size of the prefix re-hash: small enough to stay in L2 cache.
-const HASH_READ_BUF: usize = 128 << 10;
-/// Buffers in flight between the reader thread and the hasher.
-const HASH_BUFFERS: usize = 4;
-
 /// Hashes the first `len` bytes of `file` into `hasher` (used to rebuild the
-/// digest state of a resumed prefix, and by audit and adoption).
-///
-/// A reader thread fills a small ring of buffers while this thread hashes,
-/// so reading and SHA-256 overlap on two cores: the re-hash is the whole
-/// cost of a resume.
+/// digest state of a resumed prefix, and by audit and adoption), reading
+/// and hashing on two threads ([`ftpipe_fs::overlapped::read_prefix`]): the
+/// re-hash is the whole cost of a resume.
 pub fn hash_prefix(
     file: &mut std::fs::File,
     len: u64,
     hasher: &mut IdentityHasher,
 ) -> std::io::Result<()> {
-    use std::io::{Error, ErrorKind, Read, Seek, SeekFrom};
-    use std::sync::mpsc::sync_channel;
-    file.seek(SeekFrom::Start(0))?;
-    let mut reader = file.try_clone()?;
-    let (full_tx, full_rx) = sync_channel::<std::io::Result<(Vec<u8>, usize)>>(HASH_BUFFERS);
-    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(HASH_BUFFERS);
-    for _ in 0..HASH_BUFFERS {
-        let _ = empty_tx.send(vec![0u8; HASH_READ_BUF]);
-    }
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let mut left = len;
-            while left > 0 {
-                let Ok(mut buf) = empty_rx.recv() else { return };
-                let want = usize::try_from(left.min(HASH_READ_BUF as u64)).unwrap_or(HASH_READ_BUF);
-                let read = match reader.read(&mut buf[..want]) {
-                    Ok(0) => Err(Error::new(
-                        ErrorKind::UnexpectedEof,
-                        "file shorter than the prefix to hash",
-                    )),
-                    Ok(n) => Ok((buf, n)),
-                    Err(e) => Err(e),
-                };
-                let stop = read.is_err();
-                if let Ok((_, n)) = &read {
-                    left -= *n as u64;
-                }
-                if full_tx.send(read).is_err() || stop {
-                    return;
-                }
-            }
-        });
-        let mut hashed = 0u64;
-        while hashed < len {
-            let (buf, n) = full_rx
-                .recv()
-                .map_err(|_| Error::new(ErrorKind::UnexpectedEof, "prefix reader stopped"))??;
-            hasher.update(&buf[..n]);
-            hashed += n as u64;
-            let _ = empty_tx.send(buf);
-        }
-        Ok(())
-    })
+    ftpipe_fs::overlapped::read_prefix(file, len, |bytes| hasher.update(bytes))
 }
 
 /// Hashes a whole file against `expected` and returns the hex digest.
@@ -178,6 +129,7 @@ pub fn hash_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ftpipe_fs::overlapped::READ_BUF;
 
     #[test]
     fn git_blob_id_of_hello() {
@@ -193,11 +145,11 @@ mod tests {
     fn prefix_hash_equals_one_shot_hash_and_reports_short_files() {
         use std::io::Write;
         let mut file = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..(3 * HASH_READ_BUF + 17))
+        let data: Vec<u8> = (0..(3 * READ_BUF + 17))
             .map(|i| (i * 31 % 251) as u8)
             .collect();
         file.write_all(&data).unwrap();
-        for len in [0, 1, HASH_READ_BUF as u64, data.len() as u64 - 5] {
+        for len in [0, 1, READ_BUF as u64, data.len() as u64 - 5] {
             let expected = Expected::Sha256(LfsSha256::parse(&"0".repeat(64)).unwrap());
             let mut streamed = expected.hasher(len);
             hash_prefix(&mut file, len, &mut streamed).unwrap();

@@ -10,8 +10,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::convert::SourceHeader;
-use crate::convert::manifest::{ComponentLayout, MANIFEST_FILE, Manifest};
 use crate::error::{Result, StageError};
+use ftpipe_artifact::manifest::{ComponentLayout, MANIFEST_FILE, Manifest};
 
 /// One tensor or record field as listed by a header.
 #[derive(Debug, Clone, Serialize)]
@@ -104,7 +104,7 @@ fn inspect_q3(path: &Path, file_len: u64) -> Result<Inspection> {
     })?;
     let bytes = ftpipe_fs::nofollow::read_limited(
         &root.join(MANIFEST_FILE),
-        crate::verify::MAX_MANIFEST_BYTES,
+        ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     )
     .map_err(|e| StageError::io("read", root.join(MANIFEST_FILE), e))?;
     let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {

@@ -39,6 +39,5 @@ pub mod limits;
 pub mod paths;
 pub mod progress;
 pub mod resolve;
-pub mod verify;
 
 pub use error::{Result, StageError};

@@ -15,8 +15,6 @@ pub const MAX_TREE_PAGES: usize = 10_000;
 pub const MAX_FILES: usize = 1_000_000;
 /// Largest single file accepted (64 TiB).
 pub const MAX_FILE_SIZE: u64 = 64 << 40;
-/// Longest repository path accepted, in bytes.
-pub const MAX_PATH_LEN: usize = 1024;
 /// Redirect hops followed for one request.
 pub const MAX_REDIRECTS: usize = 10;
 /// Longest `Retry-After` honoured.

@@ -16,8 +16,8 @@ use crate::limits::{
     MAX_FILE_SIZE, MAX_FILES, MAX_JSON_BYTES, MAX_LISTING_BYTES, MAX_TREE_PAGE_BYTES,
     MAX_TREE_PAGES,
 };
-use crate::paths::validate_repo_path;
 use crate::progress::{ProgressEvent, Reporter};
+use ftpipe_fs::paths::validate_repo_path;
 
 /// What the user asked to resolve.
 #[derive(Debug, Clone)]

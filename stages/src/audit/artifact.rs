@@ -17,16 +17,15 @@ use std::path::Path;
 use serde::Deserialize;
 use tokio::task::block_in_place;
 
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
+use ftpipe_artifact::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
+use ftpipe_fs::TEMP_SUFFIX;
 use ftpipe_receipts::{ArtifactEvent, ArtifactRow, ComponentReceipt};
 
 use super::{ComponentProblem, KindAudit, PendingComponent, walk};
-use crate::convert::manifest::{
-    MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, TEMP_SUFFIX, sha256_hex,
-};
 use crate::error::{Result, StageError};
 use crate::identity::{Expected, LfsSha256, hash_file};
-use crate::paths::safe_join;
-use crate::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
+use ftpipe_fs::paths::safe_join;
 
 /// Component kinds this build writes.
 const KINDS: &[&str] = &["ftw", "ftexpert", "q3_segment", "q3_global_scale"];
@@ -335,15 +334,19 @@ fn check_manifest(
     m: &Manifest,
     by_path: &BTreeMap<&str, &ComponentReceipt>,
 ) {
-    if m.compute_fingerprint() != m.fingerprint {
-        out.problem(
+    match m.compute_fingerprint() {
+        Ok(computed) if computed == m.fingerprint => {}
+        Ok(computed) => out.problem(
             MANIFEST_FILE,
             format!(
-                "fingerprint {} does not match its contents ({})",
-                m.fingerprint,
-                m.compute_fingerprint()
+                "fingerprint {} does not match its contents ({computed})",
+                m.fingerprint
             ),
-        );
+        ),
+        Err(e) => out.problem(
+            MANIFEST_FILE,
+            format!("fingerprint {} cannot be recomputed: {e}", m.fingerprint),
+        ),
     }
     let listed: BTreeSet<&str> = m.components.iter().map(|c| c.path.as_str()).collect();
     for c in &m.components {

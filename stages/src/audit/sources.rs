@@ -18,7 +18,7 @@ use super::{FileAudit, Retirement, SourceTotals, walk};
 use crate::error::{Result, StageError};
 use crate::fetch::expected_identity;
 use crate::identity::hash_file;
-use crate::paths::{CACHE_TEMP_SUFFIX, PART_SUFFIX, safe_join};
+use ftpipe_fs::paths::{CACHE_TEMP_SUFFIX, PART_SUFFIX, safe_join};
 
 /// What the source half found.
 pub(super) struct SourcePart {

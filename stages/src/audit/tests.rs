@@ -9,14 +9,15 @@ use std::path::{Path, PathBuf};
 
 use sha1::{Digest, Sha1};
 
+use ftpipe_artifact::manifest::{
+    ComponentLayout, ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, MANIFEST_SCHEMA, Manifest,
+    ManifestComponent, PLACEMENT_FILE, Placement, SourceIdentity, sha256_hex,
+};
+use ftpipe_fs::TEMP_SUFFIX;
 use ftpipe_receipts::{ComponentReceipt, FileRow, Pin, Receipt, RunId, Store};
 
 use super::{AuditReport, audit};
 use crate::convert::engine::PLAN_FILE;
-use crate::convert::manifest::{
-    ComponentLayout, ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest,
-    ManifestComponent, PLACEMENT_FILE, Placement, SourceIdentity, TEMP_SUFFIX, sha256_hex,
-};
 use crate::convert::{Component, ComponentContent, ComponentKind, Plan};
 
 pub(crate) const CONFIG: &str = "config.json";
@@ -204,7 +205,7 @@ pub(crate) async fn fixture() -> Fixture {
         });
     }
     let mut manifest = Manifest {
-        schema: crate::convert::manifest::MANIFEST_SCHEMA.into(),
+        schema: MANIFEST_SCHEMA.into(),
         fingerprint: String::new(),
         source: SourceIdentity {
             repo: pin.repo.clone(),
@@ -217,8 +218,8 @@ pub(crate) async fn fixture() -> Fixture {
         tensors: vec![],
         omitted: vec![],
     };
-    manifest.fingerprint = manifest.compute_fingerprint();
-    let bytes = manifest.to_bytes();
+    manifest.fingerprint = manifest.compute_fingerprint().unwrap();
+    let bytes = manifest.to_bytes().unwrap();
     write(&out.join("artifact").join(MANIFEST_FILE), &bytes);
     store
         .record_manifest(run, &sha256_hex(&bytes), &manifest.fingerprint)

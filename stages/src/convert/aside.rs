@@ -93,7 +93,7 @@ pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Opti
         what: "set-aside marker",
         message: format!("{}: {e}", path.display()),
     })?;
-    crate::paths::validate_repo_path(&marker.to).map_err(|e| StageError::InvalidInput {
+    ftpipe_fs::paths::validate_repo_path(&marker.to).map_err(|e| StageError::InvalidInput {
         what: "set-aside marker",
         message: format!("{}: destination {:?}: {e}", path.display(), marker.to),
     })?;

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use ftpipe_artifact::manifest::FTW_COMPONENT;
 use ftpipe_formats::{Dtype, TensorDesc, sizes};
 
 use super::error::ConvertError;
@@ -16,8 +17,6 @@ use super::safetensors::{SourceHeader, SourceTensor};
 
 /// The config file every profile is chosen from.
 pub const CONFIG_FILE: &str = "config.json";
-/// Name of the FTW component.
-pub const FTW_COMPONENT: &str = "model.ftw";
 /// The `model_type`s the built-in profiles handle.
 pub const KNOWN_MODEL_TYPES: &[&str] = &["qwen4_exp", "qwen3_moe"];
 

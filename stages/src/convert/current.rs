@@ -8,8 +8,8 @@ use ftpipe_fs::Layout;
 use ftpipe_receipts::{Pin, Store};
 
 use super::engine::{ConvertOptions, current_converter};
-use super::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
 use crate::Result;
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
 
 /// A current artifact, as its manifest describes it.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub async fn current_artifact(
     let artifact = &layout.artifact();
     let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
         &artifact.join(MANIFEST_FILE),
-        crate::verify::MAX_MANIFEST_BYTES,
+        ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     ) else {
         return Ok(None);
     };
@@ -93,7 +93,7 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
 fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
     ftpipe_fs::nofollow::read_limited(
         &artifact.join(PLACEMENT_FILE),
-        crate::verify::MAX_PLACEMENT_BYTES,
+        ftpipe_artifact::verify::MAX_PLACEMENT_BYTES,
     )
     .ok()
     .and_then(|b| serde_json::from_slice::<Placement>(&b).ok())

@@ -27,9 +27,6 @@ use super::aside;
 use super::batch::Batch;
 use super::component::TensorSource;
 use super::error::{ConvertError, RetiredBy};
-use super::manifest::{
-    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
-};
 use super::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
 use super::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
 use super::recipe::Recipe;
@@ -39,6 +36,9 @@ use super::space::artifact_peak;
 use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
+use ftpipe_artifact::manifest::{
+    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
+};
 use ftpipe_fs::Layout;
 use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
 
@@ -157,7 +157,7 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
     let mut reasons = Vec::new();
     if let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
         &artifact.join(MANIFEST_FILE),
-        crate::verify::MAX_MANIFEST_BYTES,
+        ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
     {
         let now = &skel.manifest;
@@ -244,7 +244,7 @@ async fn retired_headers(
         .unwrap_or_default();
     let mut out = BTreeMap::new();
     for file in retired {
-        let on_disk = crate::paths::safe_join(paths.source(), file)?;
+        let on_disk = ftpipe_fs::paths::safe_join(paths.source(), file)?;
         if on_disk.exists() {
             continue;
         }
@@ -473,7 +473,7 @@ pub async fn convert(
     let top_k = skel.top_k;
     // Dropped with the skeleton: the saved headers.
     let manifest = skel
-        .finish(&digests)
+        .finish(&digests)?
         .ok_or_else(|| StageError::InvalidInput {
             what: "manifest",
             message: "a component has no receipt after conversion".into(),
@@ -560,7 +560,7 @@ fn needs_retired(c: &Component, plan: &Plan, source: &Path) -> (String, String) 
 
 /// True when source file `file` is on disk under `root`.
 fn source_present(root: &Path, file: &str) -> bool {
-    crate::paths::safe_join(root, file).is_ok_and(|p| p.exists())
+    ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| p.exists())
 }
 
 /// Refuses when the artifact's peak need does not fit the volume.

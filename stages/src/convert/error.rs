@@ -9,6 +9,9 @@ pub enum ConvertError {
     /// A safetensors header failed validation.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// A component identity could not be hashed.
+    #[error(transparent)]
+    Artifact(#[from] ftpipe_artifact::ArtifactError),
     /// No profile handles this `model_type`.
     #[error(
         "{file}: unknown model_type {model_type:?}; known profiles: {known}; for any other model write a TOML recipe and pass --recipe FILE.toml"

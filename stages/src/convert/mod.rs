@@ -30,7 +30,6 @@ pub mod component;
 mod current;
 pub mod engine;
 mod error;
-pub mod manifest;
 mod nvfp4;
 pub mod plan;
 pub mod profile;

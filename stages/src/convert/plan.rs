@@ -27,7 +27,7 @@ use crate::error::{Result, StageError};
 use crate::fetch::parse_content_range;
 use crate::hub::{HubClient, redact};
 use crate::limits::MAX_JSON_BYTES;
-use crate::paths::{safe_join, validate_repo_path};
+use ftpipe_fs::paths::{safe_join, validate_repo_path};
 
 /// The safetensors index every plan starts from.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

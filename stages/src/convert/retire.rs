@@ -121,7 +121,7 @@ impl Retirer {
             if !file.ends_with(".safetensors") || !comps.iter().all(|c| done.contains_key(*c)) {
                 continue;
             }
-            let path = crate::paths::safe_join(paths.source(), file)?;
+            let path = ftpipe_fs::paths::safe_join(paths.source(), file)?;
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };

@@ -25,11 +25,12 @@ use ftpipe_receipts::Receipt;
 
 use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
-use super::manifest::{
+use super::plan::{INDEX_FILE, Plan, SavedHeader};
+use ftpipe_artifact::ArtifactError;
+use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
-use super::plan::{INDEX_FILE, Plan, SavedHeader};
 
 /// What `DIR/.ftpipe/convert.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,19 +212,22 @@ impl Skeleton {
                 .iter()
                 .filter_map(|f| by_path.get(f.as_str()).copied())
                 .collect();
-            canonical_sha256(&IdentityInput {
-                converter: &converter,
-                component: c,
-                content: &c.content,
-                sources,
-                scale,
-            })
+            canonical_sha256(
+                "a component identity",
+                &IdentityInput {
+                    converter: &converter,
+                    component: c,
+                    content: &c.content,
+                    sources,
+                    scale,
+                },
+            )
         };
         // Scales first: a segment's identity includes its scale's.
         let mut scale_ids = BTreeMap::new();
         for c in &plan.components {
             if let ComponentContent::Q3GlobalScale { layer, .. } = &c.content {
-                scale_ids.insert(*layer, identity(c, None));
+                scale_ids.insert(*layer, identity(c, None)?);
             }
         }
         for c in &plan.components {
@@ -240,9 +244,9 @@ impl Skeleton {
                                 tensor: format!("the global scale of PLE layer {layer}"),
                                 needed_for: c.name.clone(),
                             })?;
-                    identity(c, Some(scale))
+                    identity(c, Some(scale))?
                 }
-                _ => identity(c, None),
+                _ => identity(c, None)?,
             };
             identities.insert(c.name.clone(), id);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
@@ -281,16 +285,23 @@ impl Skeleton {
         })
     }
 
-    /// The finished manifest given every component's digest.
+    /// The finished manifest given every component's digest, `None` when
+    /// a component has none.
     /// Consumes the skeleton: its manifest (with an inventory entry per
     /// source tensor) is finished in place, not cloned.
-    pub fn finish(self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
+    pub fn finish(
+        self,
+        digests: &BTreeMap<String, String>,
+    ) -> Result<Option<Manifest>, ArtifactError> {
         let mut m = self.manifest;
         for c in &mut m.components {
-            c.sha256 = digests.get(&c.path)?.clone();
+            let Some(digest) = digests.get(&c.path) else {
+                return Ok(None);
+            };
+            c.sha256 = digest.clone();
         }
-        m.fingerprint = m.compute_fingerprint();
-        Some(m)
+        m.fingerprint = m.compute_fingerprint()?;
+        Ok(Some(m))
     }
 }
 

@@ -23,10 +23,9 @@ use ftpipe_formats::{
 
 use super::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use super::error::ConvertError;
-use super::manifest::temp_name;
 use crate::error::{Result, StageError};
-use crate::paths::safe_join;
-use ftpipe_fs::durable::sync_dirs_up_to;
+use ftpipe_fs::durable::{sync_dirs_up_to, temp_name};
+use ftpipe_fs::paths::safe_join;
 
 /// Source bytes read per pread.
 pub const CHUNK_BYTES: usize = 8 << 20;

@@ -35,8 +35,8 @@ use crate::limits::{
     DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
     DEFAULT_MIN_RATE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_STALL_WINDOW,
 };
-use crate::paths::safe_join;
 use crate::progress::{ProgressEvent, Reporter};
+use ftpipe_fs::paths::safe_join;
 
 pub use headers::{
     ContentRange, PinContradiction, check_linked_meta, check_partial, etag, parse_content_range,

@@ -12,9 +12,10 @@ use ftpipe_receipts::{FileRow, Receipt, RunId, Store};
 use super::transfer::expected_identity;
 use crate::error::{Result, StageError};
 use crate::identity::hash_file;
-use crate::paths::{part_path, safe_join};
+use crate::paths::part_path;
 use crate::progress::{ProgressEvent, Reporter};
 use ftpipe_fs::durable::sync_dir;
+use ftpipe_fs::paths::safe_join;
 
 enum Action {
     Adopt {

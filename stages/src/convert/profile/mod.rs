@@ -68,8 +68,8 @@ use super::recipe::Recipe;
 use super::safetensors::SourceHeader;
 
 pub use super::component::{
-    CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, FTW_COMPONENT,
-    FtwTensor, KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
+    CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, FtwTensor,
+    KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
 };
 use super::component::{FtwBuilder, expert_sidecar, fmt_err, plain_dtype};
 
@@ -78,7 +78,7 @@ mod fused;
 pub mod release;
 use config::TextConfig;
 use fused::FUSED_NAMES;
-pub use release::{OmittedTensor, Partition, Release};
+pub use release::{OmittedTensor, Release};
 
 // ---------------------------------------------------------------------------
 // Config access.

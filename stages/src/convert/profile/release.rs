@@ -37,6 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use ftpipe_artifact::manifest::Partition;
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::config::TextConfig;
@@ -55,39 +56,16 @@ pub const MAX_NGRAM_HEADS: u64 = 4096;
 /// Most n-gram shards the config may ask for.
 pub const MAX_NGRAM_PARTS: u64 = 1 << 20;
 
-/// A partition of a multimodal release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Partition {
-    /// The text model: converted.
-    Text,
-    /// `model.visual.*`: omitted.
-    Vision,
-    /// `mtp.*`: omitted.
-    Mtp,
-}
-
-impl Partition {
-    /// The partition of `name`, `None` when it is in none.
-    pub fn of(name: &str) -> Option<Partition> {
-        if name.starts_with("model.language_model.") || name == "lm_head.weight" {
-            Some(Partition::Text)
-        } else if name.starts_with("model.visual.") {
-            Some(Partition::Vision)
-        } else if name.starts_with("mtp.") {
-            Some(Partition::Mtp)
-        } else {
-            None
-        }
-    }
-
-    /// Label used in the manifest (`reason`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Partition::Text => "text",
-            Partition::Vision => "vision",
-            Partition::Mtp => "mtp",
-        }
+/// The partition of source tensor `name`, `None` when it is in none.
+fn partition_of(name: &str) -> Option<Partition> {
+    if name.starts_with("model.language_model.") || name == "lm_head.weight" {
+        Some(Partition::Text)
+    } else if name.starts_with("model.visual.") {
+        Some(Partition::Vision)
+    } else if name.starts_with("mtp.") {
+        Some(Partition::Mtp)
+    } else {
+        None
     }
 }
 
@@ -616,7 +594,7 @@ impl MoeProfile {
         let mut omitted = Vec::new();
         let mut stray = Vec::new();
         for (name, file, t) in cat.iter() {
-            match Partition::of(name) {
+            match partition_of(name) {
                 Some(Partition::Text) => {}
                 Some(reason) => omitted.push(OmittedTensor {
                     tensor: name.to_owned(),
@@ -658,7 +636,7 @@ impl MoeProfile {
             }
         }
         for (name, file, _) in cat.iter() {
-            if Partition::of(name) == Some(Partition::Text)
+            if partition_of(name) == Some(Partition::Text)
                 && !claimed.contains(name)
                 && !r.has_own_rule(name, &self.moe_layers)
                 && !is_claimed_part(name, &expected)
@@ -689,7 +667,7 @@ impl MoeProfile {
         }
         // Whatever the rules above did not take is not part of the layout.
         for (name, file, _) in cat.iter() {
-            if Partition::of(name) == Some(Partition::Text) && !claimed.contains(name) {
+            if partition_of(name) == Some(Partition::Text) && !claimed.contains(name) {
                 return Err(ConvertError::UnexpectedTensor {
                     file: file.to_owned(),
                     tensor: name.to_owned(),

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::convert::safetensors::SourceHeader;
+use ftpipe_artifact::manifest::Partition;
 use ftpipe_fixtures::RepoFile;
 use ftpipe_fixtures::checkpoint::content_bytes;
 use ftpipe_fixtures::qwen4::{Mutation, QwenShape, generate_qwen4_repo_mutated};

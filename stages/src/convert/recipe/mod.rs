@@ -730,9 +730,10 @@ fn expert_component(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::component::{ComponentContent, ComponentKind, FTW_COMPONENT};
+    use crate::convert::component::{ComponentContent, ComponentKind};
     use crate::convert::profile::Profile;
     use crate::convert::safetensors::SourceHeader;
+    use ftpipe_artifact::manifest::FTW_COMPONENT;
     use ftpipe_formats::sizes;
     use serde_json::json;
 

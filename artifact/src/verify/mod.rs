@@ -47,13 +47,14 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::convert::manifest::{
-    ComponentLayout, MANIFEST_FILE, MANIFEST_SCHEMA, Manifest, PLACEMENT_FILE, Placement,
-    TEMP_SUFFIX,
+use ftpipe_fs::TEMP_SUFFIX;
+use ftpipe_fs::paths::validate_repo_path;
+
+use crate::ArtifactError;
+use crate::manifest::{
+    ComponentLayout, FTW_COMPONENT, MANIFEST_FILE, MANIFEST_SCHEMA, Manifest, PLACEMENT_FILE,
+    Placement,
 };
-use crate::convert::profile::FTW_COMPONENT;
-use crate::error::StageError;
-use crate::paths::validate_repo_path;
 
 /// Largest `manifest.json` read, checked before reading it. It lists every
 /// tensor: a ~300k-tensor NVFP4 MoE export's is ~27 MB (see the test
@@ -66,6 +67,10 @@ pub const MAX_PLACEMENT_BYTES: u64 = 1024 * 1024;
 /// summarized in a single failure (a report stays readable when someone
 /// unpacked a whole checkpoint into the artifact directory).
 pub const MAX_LISTED_EXTRAS: usize = 1000;
+/// Most entries (files and directories) listed under the artifact
+/// directory before the walk stops with a failure: an artifact has one
+/// entry per component, and no real one comes near.
+pub const MAX_ARTIFACT_ENTRIES: usize = 1_000_000;
 
 /// Short ids of the checks, as they appear in [`Failure::check`].
 pub mod check {
@@ -181,12 +186,11 @@ impl Findings {
 ///
 /// Returns `Err` only when verification cannot start (no such directory,
 /// not a directory, root not listable); every failed check is in the report.
-pub fn verify_artifact(dir: &Path, deep: bool) -> Result<VerifyReport, StageError> {
-    let meta = std::fs::metadata(dir).map_err(|e| StageError::io("open artifact", dir, e))?;
+pub fn verify_artifact(dir: &Path, deep: bool) -> Result<VerifyReport, ArtifactError> {
+    let meta = std::fs::metadata(dir).map_err(|e| ArtifactError::io("open artifact", dir, e))?;
     if !meta.is_dir() {
-        return Err(StageError::InvalidInput {
-            what: "artifact directory",
-            message: format!("{} is not a directory", dir.display()),
+        return Err(ArtifactError::NotADirectory {
+            path: dir.to_owned(),
         });
     }
     let listing = tree::walk(dir)?;
@@ -321,9 +325,9 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
             format!("schema is {:?}, expected {MANIFEST_SCHEMA:?}", m.schema),
         );
     }
-    let computed = m.compute_fingerprint();
-    if computed != m.fingerprint {
-        found.fail(
+    match m.compute_fingerprint() {
+        Ok(computed) if computed == m.fingerprint => {}
+        Ok(computed) => found.fail(
             Some(MANIFEST_FILE),
             check::FINGERPRINT,
             format!(
@@ -331,7 +335,15 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
                  digests hash to {computed} (the manifest was edited)",
                 m.fingerprint
             ),
-        );
+        ),
+        Err(e) => found.fail(
+            Some(MANIFEST_FILE),
+            check::FINGERPRINT,
+            format!(
+                "recorded fingerprint {}, which cannot be recomputed: {e}",
+                m.fingerprint
+            ),
+        ),
     }
     let mut seen = HashSet::new();
     let mut checkable = HashSet::new();

@@ -3,18 +3,20 @@
 //! Only headers are read (through a `BufReader`; the format crate bounds
 //! how much a header may claim), so a quick verify of a 100 GB artifact
 //! costs a few stats and a few KiB per component. The `deep` hash streams
-//! the file with the same overlapped reader the fetch stage uses.
+//! the file with the same overlapped reader the fetch stage uses
+//! ([`ftpipe_fs::overlapped::read_prefix`]).
 
 use std::fs::{File, FileType};
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+use sha2::{Digest, Sha256};
+
 use ftpipe_formats::{ExpertLayout, FtwHeader, Q3GlobalScale, TensorDesc};
+use ftpipe_fs::paths::safe_join;
 
 use super::{Findings, check};
-use crate::convert::manifest::{ComponentLayout, Manifest, ManifestComponent};
-use crate::identity::{Expected, LfsSha256, hash_file};
-use crate::paths::safe_join;
+use crate::manifest::{ComponentLayout, Manifest, ManifestComponent};
 
 /// Bytes read from a global scale record: one more than valid, so a long
 /// file is reported as such without reading it all.
@@ -87,9 +89,10 @@ pub(crate) fn check_component(
             check::SIZE,
             format!("{name}: expected {} bytes (manifest), found {len}", c.size),
         );
-    } else if deep && let Some(digest) = LfsSha256::parse(&c.sha256) {
-        // A malformed recorded digest is already a `digest_format` failure.
-        match hash_file(&path, &Expected::Sha256(digest), len) {
+    } else if deep && is_hex64(&c.sha256) {
+        // A malformed recorded digest is already a `digest_format` failure;
+        // one in upper case is still hashed, and differs from the result.
+        match sha256_file(&path, len) {
             Ok(actual) if actual == c.sha256 => {}
             Ok(actual) => found.fail(
                 p,
@@ -120,6 +123,19 @@ pub(crate) fn check_component(
         // without decoding; its geometry is checked in `tree`.
         ComponentLayout::Q3Segment { .. } => {}
     }
+}
+
+/// 64 hex digits in either case.
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Lower-case hex SHA-256 of the first `len` bytes of `path`.
+fn sha256_file(path: &Path, len: u64) -> std::io::Result<String> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    ftpipe_fs::overlapped::read_prefix(&mut file, len, |bytes| hasher.update(bytes))?;
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// A descriptor in one line: `key dtype kind [shape]`.

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use ftpipe_formats::TensorDesc;
 
-use super::profile::Partition;
+use crate::ArtifactError;
 
 /// File name of the manifest at the artifact root.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -26,6 +26,8 @@ pub const PLACEMENT_FILE: &str = "placement.json";
 pub const MANIFEST_SCHEMA: &str = "ftpipe.manifest/1";
 /// Placement schema this build writes and reads.
 pub const PLACEMENT_SCHEMA: &str = "ftpipe.placement/1";
+/// Path of the FTW component (the always-resident stream).
+pub const FTW_COMPONENT: &str = "model.ftw";
 
 /// One source file the artifact was converted from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +85,7 @@ impl ConverterIdentity {
     /// The identity of this build with `profile` and `options`.
     pub fn current(profile: &str, options: ConvertOptionsId) -> ConverterIdentity {
         ConverterIdentity {
+            // Every workspace crate has the workspace version.
             ftpipe: env!("CARGO_PKG_VERSION").to_owned(),
             formats: ftpipe_formats::FORMAT_VERSIONS
                 .iter()
@@ -187,6 +190,30 @@ pub struct Manifest {
     pub omitted: Vec<OmittedEntry>,
 }
 
+/// A partition of a multimodal release: the text model is converted, the
+/// others are left out and listed in [`Manifest::omitted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Partition {
+    /// The text model: converted.
+    Text,
+    /// `model.visual.*`: omitted.
+    Vision,
+    /// `mtp.*`: omitted.
+    Mtp,
+}
+
+impl Partition {
+    /// Label used in the manifest (`reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Partition::Text => "text",
+            Partition::Vision => "vision",
+            Partition::Mtp => "mtp",
+        }
+    }
+}
+
 /// A source tensor the artifact leaves out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OmittedEntry {
@@ -227,37 +254,47 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// SHA-256 of the canonical JSON of `value`.
-pub fn canonical_sha256<T: Serialize>(value: &T) -> String {
-    // Serializing typed structs to a Vec cannot fail (no maps with
-    // non-string keys, no custom serializers that error).
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    sha256_hex(&bytes)
+/// SHA-256 of the canonical JSON of `value` (`what` names it in the
+/// error). A value that does not serialize is an error, never the digest
+/// of empty bytes.
+pub fn canonical_sha256<T: Serialize>(
+    what: &'static str,
+    value: &T,
+) -> Result<String, ArtifactError> {
+    let bytes =
+        serde_json::to_vec(value).map_err(|source| ArtifactError::Serialize { what, source })?;
+    Ok(sha256_hex(&bytes))
 }
 
 impl Manifest {
     /// The fingerprint these contents imply.
-    pub fn compute_fingerprint(&self) -> String {
-        canonical_sha256(&FingerprintInput {
-            source: &self.source,
-            converter: &self.converter,
-            components: self
-                .components
-                .iter()
-                .map(|c| ComponentDigest {
-                    path: &c.path,
-                    sha256: &c.sha256,
-                })
-                .collect(),
-            omitted: &self.omitted,
-        })
+    pub fn compute_fingerprint(&self) -> Result<String, ArtifactError> {
+        canonical_sha256(
+            "the fingerprint input",
+            &FingerprintInput {
+                source: &self.source,
+                converter: &self.converter,
+                components: self
+                    .components
+                    .iter()
+                    .map(|c| ComponentDigest {
+                        path: &c.path,
+                        sha256: &c.sha256,
+                    })
+                    .collect(),
+                omitted: &self.omitted,
+            },
+        )
     }
 
     /// The bytes written to `manifest.json`: pretty JSON plus a newline.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ArtifactError> {
+        let mut v = serde_json::to_vec_pretty(self).map_err(|source| ArtifactError::Serialize {
+            what: "the manifest",
+            source,
+        })?;
         v.push(b'\n');
-        v
+        Ok(v)
     }
 
     /// The component at `path`.
@@ -400,4 +437,32 @@ impl Placement {
     }
 }
 
-pub use ftpipe_fs::durable::{TEMP_SUFFIX, temp_name};
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_sha256_refuses_a_value_that_does_not_serialize() {
+        // JSON object keys must be strings: a tuple key fails to serialize.
+        let unserializable: BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let err = canonical_sha256("the test value", &unserializable).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ArtifactError::Serialize {
+                    what: "the test value",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("cannot serialize the test value as JSON: "),
+            "{err}"
+        );
+        // What does serialize hashes its canonical (compact) bytes.
+        let digest = canonical_sha256("a map", &BTreeMap::from([("k", 1)])).unwrap();
+        assert_eq!(digest, sha256_hex(br#"{"k":1}"#));
+    }
+}

@@ -13,13 +13,12 @@ use std::path::{Path, PathBuf};
 
 use ftpipe_formats::q3_segment_len;
 
+use ftpipe_fs::TEMP_SUFFIX;
+
 use super::files::file_kind;
-use super::{Failure, Findings, MAX_LISTED_EXTRAS, check, ple_dir};
-use crate::convert::manifest::{
-    ComponentLayout, MANIFEST_FILE, Manifest, PLACEMENT_FILE, TEMP_SUFFIX,
-};
-use crate::error::StageError;
-use crate::limits::MAX_FILES;
+use super::{Failure, Findings, MAX_ARTIFACT_ENTRIES, MAX_LISTED_EXTRAS, check, ple_dir};
+use crate::ArtifactError;
+use crate::manifest::{ComponentLayout, MANIFEST_FILE, Manifest, PLACEMENT_FILE};
 
 /// One non-directory entry under the artifact directory.
 #[derive(Debug)]
@@ -39,7 +38,7 @@ pub(crate) struct Listing {
 
 /// Lists `dir` recursively without following symlinks. Only an unreadable
 /// root is an error; an unreadable subdirectory is a failure in the report.
-pub(crate) fn walk(dir: &Path) -> Result<Listing, StageError> {
+pub(crate) fn walk(dir: &Path) -> Result<Listing, ArtifactError> {
     let mut listing = Listing::default();
     let mut found = Findings::default();
     let mut stack: Vec<(PathBuf, String)> = vec![(dir.to_path_buf(), String::new())];
@@ -47,7 +46,7 @@ pub(crate) fn walk(dir: &Path) -> Result<Listing, StageError> {
     while let Some((abs, rel)) = stack.pop() {
         let rd = match std::fs::read_dir(&abs) {
             Ok(rd) => rd,
-            Err(e) if rel.is_empty() => return Err(StageError::io("list", &abs, e)),
+            Err(e) if rel.is_empty() => return Err(ArtifactError::io("list", &abs, e)),
             Err(e) => {
                 found.fail(Some(&rel), check::IO, format!("cannot list {rel}: {e}"));
                 continue;
@@ -62,11 +61,11 @@ pub(crate) fn walk(dir: &Path) -> Result<Listing, StageError> {
                 }
             };
             seen += 1;
-            if seen > MAX_FILES {
+            if seen > MAX_ARTIFACT_ENTRIES {
                 found.fail(
                     None,
                     check::UNEXPECTED_FILE,
-                    format!("more than {MAX_FILES} entries; stopped listing"),
+                    format!("more than {MAX_ARTIFACT_ENTRIES} entries; stopped listing"),
                 );
                 listing.failures = found.0;
                 return Ok(listing);

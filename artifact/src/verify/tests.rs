@@ -11,8 +11,9 @@ use ftpipe_formats::{
 };
 
 use super::*;
-use crate::convert::manifest::{
-    ConvertOptionsId, ConverterIdentity, ManifestComponent, SourceIdentity, sha256_hex,
+use crate::manifest::{
+    ConvertOptionsId, ConverterIdentity, InventoryTensor, ManifestComponent, OmittedEntry,
+    Partition, SourceFileId, SourceIdentity, sha256_hex,
 };
 
 const WIDTH: u64 = 64;
@@ -140,7 +141,7 @@ fn build(dir: &Path) -> Manifest {
         tensors: Vec::new(),
         omitted: vec![],
     };
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir, &m);
     let ftw_size = m.components[0].size;
     let layer_size = m.components[1].size;
@@ -150,7 +151,7 @@ fn build(dir: &Path) -> Manifest {
 }
 
 fn write_manifest(dir: &Path, m: &Manifest) {
-    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes().unwrap()).unwrap();
 }
 
 fn write_placement(dir: &Path, p: &Placement) {
@@ -301,7 +302,7 @@ fn a_consistently_refingerprinted_edit_still_fails_deep_and_placement() {
     let dir = tempfile::tempdir().unwrap();
     let mut m = build(dir.path());
     m.components[1].sha256 = "f".repeat(64);
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     expect(
         &verify(dir.path(), false),
@@ -368,7 +369,7 @@ fn headers_are_checked_against_the_manifest_layout() {
     if let ComponentLayout::Q3GlobalScale { segments, .. } = &mut m.components[6].layout {
         *segments = 4;
     }
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     let r = verify(dir.path(), false);
@@ -399,7 +400,7 @@ fn corrupt_headers_truncation_and_bad_scales_fail() {
     let neg = bf16::from_f32(-1.0).to_bits().to_le_bytes();
     std::fs::write(dir.path().join("ple/layer_000/global_scale.bf16"), neg).unwrap();
     m.components[6].sha256 = sha256_hex(&neg);
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     expect(
@@ -419,7 +420,7 @@ fn hostile_manifest_paths_are_refused_without_touching_them() {
     let mut m = build(dir.path());
     m.components[3].path = "../outside.q3".into();
     m.components[4].path = "ple/layer_000/shard_0.q3".into();
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     let r = verify(dir.path(), false);
@@ -481,7 +482,6 @@ fn a_missing_or_broken_manifest_is_a_failure_and_no_dir_an_error() {
 /// never a real one.
 #[test]
 fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
-    use crate::convert::manifest::{InventoryTensor, SourceFileId};
     const LAYERS: u64 = 94;
     const EXPERTS: u64 = 256;
     let parts = ["weight", "weight_scale", "weight_scale_2", "input_scale"];
@@ -557,18 +557,18 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
         tensors,
         // The export's vision tower (333) and MTP head (31), omitted.
         omitted: (0..364)
-            .map(|i| crate::convert::manifest::OmittedEntry {
+            .map(|i| OmittedEntry {
                 tensor: format!("model.visual.blocks.{i}.attn.qkv.weight"),
                 file: format!("model-{:05}-of-00206.safetensors", 1 + i % 206),
                 reason: if i < 333 {
-                    crate::convert::profile::Partition::Vision
+                    Partition::Vision
                 } else {
-                    crate::convert::profile::Partition::Mtp
+                    Partition::Mtp
                 },
             })
             .collect(),
     };
-    let len = manifest.to_bytes().len() as u64;
+    let len = manifest.to_bytes().unwrap().len() as u64;
     eprintln!("{sources} source tensors: manifest.json of {len} bytes");
     assert!(
         len.saturating_mul(2) <= MAX_MANIFEST_BYTES,

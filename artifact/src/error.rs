@@ -1,0 +1,49 @@
+//! Errors of the artifact crate. A failed *check* is not an error: it is a
+//! [`crate::verify::Failure`] in the report. An error means the work could
+//! not be done at all: the artifact directory cannot be opened or listed,
+//! or a value to be hashed or written does not serialize.
+
+use std::path::PathBuf;
+
+/// Why an artifact operation could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// A filesystem operation on the artifact directory failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation (`open artifact`, `list`).
+        op: &'static str,
+        /// The path it was applied to.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path given as the artifact directory is not a directory.
+    #[error("invalid artifact directory: {path} is not a directory")]
+    NotADirectory {
+        /// The path as given.
+        path: PathBuf,
+    },
+    /// A value could not be serialized to JSON, so it is neither hashed nor
+    /// written (never replaced by empty bytes).
+    #[error("cannot serialize {what} as JSON: {source}")]
+    Serialize {
+        /// What was being serialized (`the fingerprint input`, `the manifest`).
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ArtifactError {
+    /// Wraps an I/O error with the operation and path.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ArtifactError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
