@@ -1,7 +1,6 @@
 //! Shared support for the end-to-end tests: a fixture hub on loopback, the
 //! real `ftpipe` binary run as a subprocess, and readers of its JSON output
 //! and SQLite state (a real file, opened read-only).
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
