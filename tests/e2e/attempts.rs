@@ -100,12 +100,7 @@ fn an_interrupted_attempt_shows_its_committed_bytes_and_attempts_sum_to_transfer
         assert_eq!(total, l.transferred, "{}: {l:?}", file.path);
     }
     let a = audit_json(&out, false);
-    let line = a["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["path"] == f.path.as_str())
-        .unwrap();
+    let line = audit_line(&a, &f.path);
     assert_eq!(line["attempt_bytes"], line["transferred_bytes"], "{line}");
 }
 
@@ -127,12 +122,7 @@ fn audit_names_attempts_that_do_not_add_up() {
     let a = audit_json(&out, false);
     assert_eq!(a["ok"], false, "{a}");
     assert_eq!(a["reconciliation_error"], 7, "{a}");
-    let line = a["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["path"] == f.path.as_str())
-        .unwrap();
+    let line = audit_line(&a, &f.path);
     let problem = line["problem"].as_str().unwrap_or_default();
     assert!(problem.contains("attempts received"), "{line}");
 }

@@ -7,17 +7,13 @@
 use std::io::Read;
 
 use crate::common::*;
-use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
+use ftpipe_fixtures::qwen4::QwenShape;
 
 const TOKEN: &str = "hf_bundleTestToken0123456789";
 
 #[test]
 fn audit_reconciles_bundles_without_the_token_and_catches_a_tampered_ledger() {
-    let hub = RunningHub::start(
-        HubBuilder::new().repo(REPO, generate_qwen4_repo(71, QwenShape::default())),
-    )
-    .unwrap();
+    let hub = qwen4_hub(71, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(run_cmd(&hub.endpoint(), &out, &[]).env("HF_TOKEN", TOKEN));

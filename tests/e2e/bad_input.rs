@@ -9,18 +9,10 @@
 use std::path::Path;
 
 use crate::common::*;
-use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
+use ftpipe_fixtures::{RepoFile, checkpoint};
 use serde_json::json;
-use sha2::Digest;
 
-const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
-const OID: &str = "89abcdef0123456789abcdef0123456789abcdef";
-
-fn sha256_hex(b: &[u8]) -> String {
-    hex::encode(sha2::Sha256::digest(b))
-}
-
-/// A raw hub serving `tree` (the JSON of the one tree page) at [`COMMIT`],
+/// A raw hub serving `tree` (the JSON of the one tree page) at [`RAW_COMMIT`],
 /// and `body(path)` for resolve requests.
 fn raw_hub<F>(max_conns: usize, tree: String, body: F) -> RawServer
 where
@@ -28,11 +20,11 @@ where
 {
     RawServer::start(max_conns, move |target| {
         if target.starts_with(&format!("/api/models/{REPO}/revision/")) {
-            RawResponse::new(200, json!({ "sha": COMMIT }).to_string())
+            RawResponse::new(200, json!({ "sha": RAW_COMMIT }).to_string())
                 .header("Content-Type", "application/json")
-        } else if target.starts_with(&format!("/api/models/{REPO}/tree/{COMMIT}")) {
+        } else if target.starts_with(&format!("/api/models/{REPO}/tree/{RAW_COMMIT}")) {
             RawResponse::new(200, tree.clone()).header("Content-Type", "application/json")
-        } else if let Some(p) = target.strip_prefix(&format!("/{REPO}/resolve/{COMMIT}/")) {
+        } else if let Some(p) = target.strip_prefix(&format!("/{REPO}/resolve/{RAW_COMMIT}/")) {
             body(p)
         } else {
             RawResponse::new(404, "nope")
@@ -44,7 +36,7 @@ where
 /// with SHA-256 of `content`.
 fn lfs_tree(path: &str, size: u64, content: &[u8]) -> String {
     json!([{
-        "type": "file", "path": path, "oid": OID, "size": size,
+        "type": "file", "path": path, "oid": RAW_OID, "size": size,
         "lfs": { "oid": sha256_hex(content), "size": size, "pointerSize": 130 }
     }])
     .to_string()
@@ -77,8 +69,8 @@ fn hostile_listing_paths_are_refused_before_any_write() {
     .enumerate()
     {
         let tree = json!([
-            { "type": "file", "path": "ok.json", "oid": OID, "size": 5 },
-            { "type": "file", "path": bad, "oid": OID, "size": 5 },
+            { "type": "file", "path": "ok.json", "oid": RAW_OID, "size": 5 },
+            { "type": "file", "path": bad, "oid": RAW_OID, "size": 5 },
         ])
         .to_string();
         let srv = raw_hub(4, tree, |_| RawResponse::new(200, "hello"));
@@ -105,17 +97,13 @@ fn hostile_listing_paths_are_refused_before_any_write() {
     }
 }
 
-fn small_hub(files: Vec<RepoFile>) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap()
-}
-
 #[test]
 fn symlink_already_in_source_pointing_outside_is_refused() {
     let files = vec![
         RepoFile::bytes("config.json", b"{\"a\": 1}\n".to_vec()),
         RepoFile::bytes("sub/weights.json", b"[1, 2, 3]\n".to_vec()),
     ];
-    let hub = small_hub(files);
+    let hub = hub_serving(files);
 
     // A directory symlink on the path of a listed file.
     let dir = tempfile::tempdir().unwrap();
@@ -160,7 +148,7 @@ fn oversized_json_is_refused() {
     // A tree page that streams past the limit without a Content-Length.
     let srv = RawServer::start(4, |t| {
         if t.contains("/revision/") {
-            RawResponse::new(200, json!({ "sha": COMMIT }).to_string())
+            RawResponse::new(200, json!({ "sha": RAW_COMMIT }).to_string())
         } else {
             // HTTP/1.0-style close-delimited body of 65 MiB.
             let mut body = b"[".to_vec();
@@ -194,34 +182,34 @@ fn malformed_json_is_refused_clearly() {
         ),
         (
             "truncated tree",
-            json!({ "sha": COMMIT }).to_string(),
+            json!({ "sha": RAW_COMMIT }).to_string(),
             "[{\"type\":\"file\",\"path\":\"a.json\"".into(),
             "malformed JSON",
         ),
         (
             "tree not an array",
-            json!({ "sha": COMMIT }).to_string(),
+            json!({ "sha": RAW_COMMIT }).to_string(),
             json!({ "files": [] }).to_string(),
             "malformed JSON",
         ),
         (
             "bad git oid",
-            json!({ "sha": COMMIT }).to_string(),
+            json!({ "sha": RAW_COMMIT }).to_string(),
             json!([{ "type": "file", "path": "a.json", "oid": "xyz", "size": 1 }]).to_string(),
             "\"a.json\": oid \"xyz\" is not a 40-hex git blob id",
         ),
         (
             "lfs size disagrees",
-            json!({ "sha": COMMIT }).to_string(),
-            json!([{ "type": "file", "path": "w.safetensors", "oid": OID, "size": 10,
+            json!({ "sha": RAW_COMMIT }).to_string(),
+            json!([{ "type": "file", "path": "w.safetensors", "oid": RAW_OID, "size": 10,
                      "lfs": { "oid": "a".repeat(64), "size": 11 } }])
             .to_string(),
             "\"w.safetensors\": lfs.size 11 differs from size 10",
         ),
         (
             "negative size",
-            json!({ "sha": COMMIT }).to_string(),
-            json!([{ "type": "file", "path": "a.json", "oid": OID, "size": -1 }]).to_string(),
+            json!({ "sha": RAW_COMMIT }).to_string(),
+            json!([{ "type": "file", "path": "a.json", "oid": RAW_OID, "size": -1 }]).to_string(),
             "listing entry \"a.json\": size -1 is not an unsigned 64-bit integer",
         ),
     ];

@@ -79,12 +79,7 @@ fn check_components_after_kill(out: &Path, label: &str) -> usize {
         let bytes = std::fs::read(&file)
             .unwrap_or_else(|e| panic!("{label}: receipt for {path} without its file: {e}"));
         assert_eq!(bytes.len().to_string(), size, "{label}: size of {path}");
-        use sha2::Digest;
-        assert_eq!(
-            hex::encode(sha2::Sha256::digest(&bytes)),
-            sha,
-            "{label}: {path}"
-        );
+        assert_eq!(sha256_hex(&bytes), sha, "{label}: {path}");
     }
     rows.len()
 }
@@ -169,9 +164,7 @@ fn a_run_killed_between_the_last_checkpoint_and_the_publish_finishes() {
     assert_eq!(complete_unpublished.len(), 1, "{complete_unpublished:?}");
     let published = ledger_snapshot(&out).iter().filter(|r| r.receipt).count();
     assert_eq!(published, files - 1);
-    let part = out
-        .join("source")
-        .join(format!("{}.part", complete_unpublished[0].path));
+    let part = part_path(&out, &complete_unpublished[0].path);
     assert!(part.is_file(), "{}", part.display());
     // `convert` alone also judges from receipts: it names the file.
     let o = run(&mut convert_cmd(&out, &[]));

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::common::*;
-use ftpipe_fixtures::RunningHub;
 use ftpipe_fixtures::qwen4::QwenShape;
 use ftpipe_formats::{ExpertView, FtwView, Q3GlobalScale, q3};
 use half::bf16;
@@ -117,14 +116,10 @@ fn check_readback(out: &Path, shape: &QwenShape) {
     }
 }
 
-fn hub(seed: u64, shape: &QwenShape) -> RunningHub {
-    qwen4_hub(seed, shape.clone())
-}
-
 #[test]
 fn run_converts_and_the_artifact_reads_back_equal_to_the_source() {
     let shape = QwenShape::default();
-    let hub = hub(21, &shape);
+    let hub = qwen4_hub(21, shape.clone());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--jobs", "2"]));
@@ -161,7 +156,7 @@ fn run_converts_and_the_artifact_reads_back_equal_to_the_source() {
 #[test]
 fn rerun_is_a_noop_that_says_so_and_makes_no_request() {
     let shape = QwenShape::default();
-    let hub = hub(22, &shape);
+    let hub = qwen4_hub(22, shape.clone());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -231,7 +226,7 @@ fn rerun_is_a_noop_that_says_so_and_makes_no_request() {
 #[test]
 fn two_independent_runs_write_byte_identical_manifests() {
     let shape = QwenShape::default();
-    let hub = hub(23, &shape);
+    let hub = qwen4_hub(23, shape.clone());
     let tmp = tempfile::tempdir().unwrap();
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     run_ok(&mut run_cmd(&hub.endpoint(), &a, &["--jobs", "1"]));

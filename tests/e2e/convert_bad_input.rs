@@ -10,7 +10,7 @@ use crate::common::*;
 use ftpipe_fixtures::qwen4::{
     Mutation, QwenShape, generate_qwen4_repo, generate_qwen4_repo_mutated,
 };
-use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
+use ftpipe_fixtures::{RepoFile, RunningHub, checkpoint};
 
 const SEED: u64 = 41;
 
@@ -37,7 +37,7 @@ fn fails_then_resumes(mutations: Vec<Mutation>, needles: &[&str], writes_nothing
     let shape = QwenShape::default();
     let good = generate_qwen4_repo(SEED, shape.clone());
     let bad = generate_qwen4_repo_mutated(SEED, shape, &mutations);
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, bad)).unwrap();
+    let hub = hub_serving(bad);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -61,7 +61,7 @@ fn fails_then_resumes(mutations: Vec<Mutation>, needles: &[&str], writes_nothing
         good.iter()
             .filter(|f| {
                 let got: u64 = body_gets(hub, &f.path).iter().map(|r| r.body_bytes).sum();
-                got >= checkpoint::content_bytes(f).unwrap().len() as u64 && got > 0
+                got >= content_len(f) && got > 0
             })
             .map(|f| f.path.clone())
             .filter(|p| p.ends_with(".safetensors"))

@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use ftpipe_fixtures::checkpoint::SplitMix64;
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
 
 const KILLS: usize = 12;
 
@@ -70,8 +69,7 @@ fn retired_shards(out: &Path) -> usize {
 }
 
 fn sha_file(p: &Path) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(p).unwrap()))
+    sha256_hex(&std::fs::read(p).unwrap())
 }
 
 fn written_lines(text: &str) -> Vec<String> {
@@ -103,7 +101,7 @@ fn crash_and_resume(extra: &[&str], kills_wanted: usize) {
     eprintln!("crash seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
     let files = generate_qwen4_repo(seed % 1000, QwenShape::medium());
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
+    let hub = hub_serving(files);
     let tmp = tempfile::tempdir().unwrap();
     let fetched = tmp.path().join("fetched");
     run_ok(&mut fetch_cmd(&hub.endpoint(), &fetched, &[]));

@@ -8,14 +8,10 @@
 use std::path::Path;
 
 use crate::common::*;
+use ftpipe_fixtures::checkpoint;
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{RunningHub, checkpoint};
 
 const PROTECT: &str = "model.layers.1.mlp.experts.*";
-
-fn hub(seed: u64) -> RunningHub {
-    qwen4_hub(seed, QwenShape::default())
-}
 
 fn shards(out: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(out.join("source"))
@@ -29,7 +25,7 @@ fn shards(out: &Path) -> Vec<String> {
 
 #[test]
 fn another_converter_variant_is_refused_then_rebuilt_with_the_old_artifact_kept() {
-    let hub = hub(31);
+    let hub = qwen4_hub(31, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -79,7 +75,7 @@ fn another_converter_variant_is_refused_then_rebuilt_with_the_old_artifact_kept(
 
 #[test]
 fn other_sources_are_refused_after_a_repin() {
-    let hub = hub(32);
+    let hub = qwen4_hub(32, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -111,7 +107,7 @@ fn other_sources_are_refused_after_a_repin() {
 
 #[test]
 fn retired_sources_then_a_lost_component_asks_to_reacquire() {
-    let hub = hub(33);
+    let hub = qwen4_hub(33, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let before = {
@@ -180,7 +176,7 @@ fn retired_sources_then_a_lost_component_asks_to_reacquire() {
 /// rename. Crash points (`FTPIPE_CRASH_AT`) abort at the exact steps.
 #[test]
 fn a_set_aside_killed_at_each_step_finishes_under_the_logged_name() {
-    let hub = hub(34);
+    let hub = qwen4_hub(34, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));

@@ -21,16 +21,11 @@ use ftpipe_fixtures::qwen4::release::{
     ReleaseShape, generate_release_repo, generate_release_repo_mutated, ngram_shard,
     ngram_table_scale, ple_tensor,
 };
-use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub};
 use ftpipe_formats::{ExpertView, FtwView, Q3GlobalScale, e4m3, q3};
 use serde_json::json;
 
 const SEED: u64 = 41;
 const TEXT: &str = "model.language_model";
-
-fn hub(files: Vec<RepoFile>) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap()
-}
 
 /// The source values of an n-gram shard as f32 (BF16, or FP8 × scale).
 fn table_values(src: &BTreeMap<String, Vec<u8>>, shard: &str, scale: Option<f32>) -> Vec<f32> {
@@ -46,7 +41,7 @@ fn table_values(src: &BTreeMap<String, Vec<u8>>, shard: &str, scale: Option<f32>
 
 /// Runs, verifies deeply and reads the artifact back against the source.
 fn convert_and_check(shape: &ReleaseShape) {
-    let hub = hub(generate_release_repo(SEED, shape));
+    let hub = hub_serving(generate_release_repo(SEED, shape));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--jobs", "2"]));
@@ -200,7 +195,7 @@ fn nvfp4_release_with_an_fp8_ple_table_converts_and_reads_back() {
 
 #[test]
 fn plan_prints_the_omitted_partitions() {
-    let hub = hub(generate_release_repo(SEED, &ReleaseShape::tiny()));
+    let hub = hub_serving(generate_release_repo(SEED, &ReleaseShape::tiny()));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run_ok(ftpipe().args(["plan", REPO, "--out"]).arg(&out).args([
@@ -232,7 +227,7 @@ fn plan_prints_the_omitted_partitions() {
 /// every needle (never panicking), then publishes the fixed checkpoint and
 /// expects `run --repin` to resume in the same directory to a clean audit.
 fn fails_then_resumes(m: &[Mutation], shape: &ReleaseShape, needles: &[&str]) {
-    let hub = hub(generate_release_repo_mutated(SEED, shape, m));
+    let hub = hub_serving(generate_release_repo_mutated(SEED, shape, m));
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -246,12 +241,6 @@ fn fails_then_resumes(m: &[Mutation], shape: &ReleaseShape, needles: &[&str]) {
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--repin"]));
     assert_clean_audit(&out);
     assert!(out.join("artifact/manifest.json").exists(), "{m:?}");
-}
-
-fn assert_names(err: &str, needles: &[&str]) {
-    for n in needles {
-        assert!(err.contains(n), "{n:?} not in:\n{err}");
-    }
 }
 
 /// Each bad input of issue 10 fails with exit 1 and an error naming the
@@ -404,7 +393,7 @@ fn release_runs_interrupted_and_resumed_give_the_uninterrupted_manifest() {
         rng >> 33
     };
     for shape in [ReleaseShape::tiny(), ReleaseShape::tiny_nvfp4()] {
-        let hub = hub(generate_release_repo(SEED, &shape));
+        let hub = hub_serving(generate_release_repo(SEED, &shape));
         let tmp = tempfile::tempdir().unwrap();
         let reference = tmp.path().join("reference");
         run_ok(&mut run_cmd(&hub.endpoint(), &reference, &[]));

@@ -15,12 +15,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::common::*;
-use ftpipe_fixtures::RunningHub;
 use ftpipe_fixtures::qwen4::QwenShape;
-
-fn hub(seed: u64) -> RunningHub {
-    qwen4_hub(seed, QwenShape::default())
-}
 
 /// Component → the shards it reads, from the saved skeleton.
 fn readers(out: &Path) -> BTreeMap<String, Vec<String>> {
@@ -43,7 +38,7 @@ fn receipt_count(out: &Path, component: &str) -> usize {
 
 #[test]
 fn after_partial_retirement_readable_components_are_rebuilt_and_the_rest_named() {
-    let hub = hub(41);
+    let hub = qwen4_hub(41, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
     run_ok(&mut run_cmd(&hub.endpoint(), &reference, &[]));
@@ -95,7 +90,7 @@ fn after_partial_retirement_readable_components_are_rebuilt_and_the_rest_named()
 
 #[test]
 fn a_component_corrupted_in_place_is_rewritten_before_its_shard_is_retired() {
-    let hub = hub(42);
+    let hub = qwen4_hub(42, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -134,7 +129,7 @@ fn a_component_corrupted_in_place_is_rewritten_before_its_shard_is_retired() {
 /// leaves the artifact as it is.
 #[test]
 fn a_rebuild_that_needs_retired_shards_is_refused_and_changes_nothing() {
-    let hub = hub(43);
+    let hub = qwen4_hub(43, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--retire-sources"]));
@@ -172,7 +167,7 @@ fn a_rebuild_that_needs_retired_shards_is_refused_and_changes_nothing() {
 /// shard it reads.
 #[test]
 fn a_segment_whose_scale_needs_a_retired_shard_waits_with_it() {
-    let hub = hub(44);
+    let hub = qwen4_hub(44, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let reference = tmp.path().join("reference");
     run_ok(&mut run_cmd(&hub.endpoint(), &reference, &[]));
@@ -219,7 +214,7 @@ fn a_segment_whose_scale_needs_a_retired_shard_waits_with_it() {
 /// shard for good; now it keeps `run` from being a no-op and is unlinked.
 #[test]
 fn a_retirement_killed_before_its_unlink_is_finished_by_run() {
-    let hub = hub(45);
+    let hub = qwen4_hub(45, QwenShape::default());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(run_cmd(&hub.endpoint(), &out, &["--retire-sources"])

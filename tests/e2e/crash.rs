@@ -85,10 +85,7 @@ fn sigkill_at_random_moments_then_resume_matches_reference_model() {
     eprintln!("crash seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
     let (hub, files) = hub_with_repo(seed % 1000, REPO_BYTES);
-    let expected_total: u64 = files
-        .iter()
-        .map(|f| ftpipe_fixtures::checkpoint::content_bytes(f).unwrap().len() as u64)
-        .sum();
+    let expected_total: u64 = files.iter().map(content_len).sum();
     let dir = tempfile::tempdir().unwrap();
 
     // Calibration: one uninterrupted fetch (T), then a no-op re-run (S:

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ftpipe_fixtures::{Fault, FaultRule, checkpoint};
+use ftpipe_fixtures::{Fault, FaultRule};
 
 /// Where a [`SmallMount`] is mounted.
 enum Target {
@@ -155,9 +155,7 @@ fn write_ballast(path: &Path) -> u64 {
 }
 
 fn part_len(out: &Path, path: &str) -> u64 {
-    let mut p = out.join("source").join(path).into_os_string();
-    p.push(".part");
-    std::fs::metadata(PathBuf::from(p))
+    std::fs::metadata(part_path(out, path))
         .map(|m| m.len())
         .unwrap_or(0)
 }
@@ -237,12 +235,7 @@ fn fill_mid_run_then_resume(out: &Path, fill: &Path, named: &Path) {
     let (hub, files) = hub_with_repo(21, 24 << 20);
     let sizes: Vec<(String, u64)> = files
         .iter()
-        .map(|f| {
-            (
-                f.path.clone(),
-                checkpoint::content_bytes(f).unwrap().len() as u64,
-            )
-        })
+        .map(|f| (f.path.clone(), content_len(f)))
         .collect();
     let total: u64 = sizes.iter().map(|(_, s)| s).sum();
     let (big, big_size) = sizes.iter().max_by_key(|(_, s)| *s).cloned().unwrap();
@@ -348,10 +341,7 @@ fn preflight_refuses_a_repo_bigger_than_the_volume() {
         return;
     };
     let (hub, files) = hub_with_repo(22, 16 << 20);
-    let total: u64 = files
-        .iter()
-        .map(|f| checkpoint::content_bytes(f).unwrap().len() as u64)
-        .sum();
+    let total: u64 = files.iter().map(content_len).sum();
     let out = mount.path().join("out");
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
     let err = stderr(&o);
@@ -389,10 +379,7 @@ fn run_preflight_counts_sources_and_artifact() {
     };
     let shape = QwenShape::medium();
     let files = generate_qwen4_repo(5, shape);
-    let hub = ftpipe_fixtures::RunningHub::start(
-        ftpipe_fixtures::HubBuilder::new().repo(REPO, files.clone()),
-    )
-    .unwrap();
+    let hub = hub_serving(files.clone());
     let scratch = tempfile::tempdir().unwrap();
     let o = run_ok(
         ftpipe()
@@ -409,10 +396,7 @@ fn run_preflight_counts_sources_and_artifact() {
     );
     let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let artifact = plan["total_bytes"].as_u64().unwrap();
-    let sources: u64 = files
-        .iter()
-        .map(|f| checkpoint::content_bytes(f).unwrap().len() as u64)
-        .sum();
+    let sources: u64 = files.iter().map(content_len).sum();
     let volume = 100u64 << 20;
     assert!(
         sources < volume && sources + artifact > volume,
@@ -447,9 +431,7 @@ fn conversion_fills_the_disk_then_resumes_with_exit_5() {
         return;
     };
     let files = generate_qwen4_repo(6, QwenShape::medium());
-    let hub =
-        ftpipe_fixtures::RunningHub::start(ftpipe_fixtures::HubBuilder::new().repo(REPO, files))
-            .unwrap();
+    let hub = hub_serving(files);
     let out = mount.path().join("out");
     run_ok(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
     let o = run_ok(ftpipe().args(["plan", REPO, "--json", "--out"]).arg(&out));

@@ -20,12 +20,6 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     v
 }
 
-/// A 2 MiB repo (two ~1 MiB LFS shards plus small JSON files).
-fn setup(seed: u64) -> (RunningHub, Vec<RepoFile>, tempfile::TempDir) {
-    let (hub, files) = hub_with_repo(seed, 2 << 20);
-    (hub, files, tempfile::tempdir().unwrap())
-}
-
 /// Success: exit 0, bytes equal the hub's, audit clean, ledger adds up.
 fn assert_success(o: &std::process::Output, out: &std::path::Path, files: &[RepoFile]) {
     assert!(
@@ -62,10 +56,6 @@ fn interrupt_then(hub: &RunningHub, path: &str, fault: Fault) {
     hub.inject(FaultRule::new(path, fault).nth(2));
 }
 
-fn size_of(f: &RepoFile) -> u64 {
-    checkpoint::content_bytes(f).unwrap().len() as u64
-}
-
 fn assert_nothing_published(out: &std::path::Path, path: &str) {
     assert!(
         !out.join("source").join(path).exists(),
@@ -76,7 +66,7 @@ fn assert_nothing_published(out: &std::path::Path, path: &str) {
 
 #[test]
 fn reset_mid_body_resumes_with_range_and_if_range() {
-    let (hub, files, dir) = setup(11);
+    let (hub, files, dir) = hub_2mib_and_tempdir(11);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(
@@ -96,7 +86,7 @@ fn reset_mid_body_resumes_with_range_and_if_range() {
 
 #[test]
 fn short_body_resumes() {
-    let (hub, files, dir) = setup(12);
+    let (hub, files, dir) = hub_2mib_and_tempdir(12);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::ShortBody { after: 200_000 }));
@@ -106,12 +96,12 @@ fn short_body_resumes() {
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry", "ok"]);
     let l = ledger(&out, &f.path);
     assert_eq!(l.discarded, 0);
-    assert_eq!(l.transferred, size_of(f));
+    assert_eq!(l.transferred, content_len(f));
 }
 
 #[test]
 fn ignored_range_discards_prefix_and_restarts_from_zero() {
-    let (hub, files, dir) = setup(13);
+    let (hub, files, dir) = hub_2mib_and_tempdir(13);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     interrupt_then(&hub, &f.path, Fault::IgnoreRange);
@@ -123,14 +113,14 @@ fn ignored_range_discards_prefix_and_restarts_from_zero() {
     assert_eq!(gets[1].status, 200, "the fault answers 200 to the range");
     let l = ledger(&out, &f.path);
     assert_eq!(discards(&out, &f.path), [format!("range_not_honoured:{n}")]);
-    assert_eq!(l.committed, size_of(f));
-    assert_eq!(l.transferred, n + size_of(f));
+    assert_eq!(l.committed, content_len(f));
+    assert_eq!(l.transferred, n + content_len(f));
     assert_eq!(l.transferred, l.committed + l.discarded);
 }
 
 #[test]
 fn wrong_content_range_on_resume_is_never_appended() {
-    let (hub, files, dir) = setup(14);
+    let (hub, files, dir) = hub_2mib_and_tempdir(14);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     interrupt_then(&hub, &f.path, Fault::WrongContentRange);
@@ -140,7 +130,7 @@ fn wrong_content_range_on_resume_is_never_appended() {
     // The lying 206 contributed no byte: nothing discarded, nothing counted.
     let l = ledger(&out, &f.path);
     assert_eq!(l.discarded, 0, "{:?}", discards(&out, &f.path));
-    assert_eq!(l.transferred, size_of(f));
+    assert_eq!(l.transferred, content_len(f));
     let cr = query(
         &out,
         &format!(
@@ -163,7 +153,7 @@ fn wrong_content_range_on_resume_is_never_appended() {
 /// is retried rather than failing the file for good.
 #[test]
 fn wrong_content_range_on_first_request_is_retried() {
-    let (hub, files, dir) = setup(15);
+    let (hub, files, dir) = hub_2mib_and_tempdir(15);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::WrongContentRange));
@@ -172,7 +162,7 @@ fn wrong_content_range_on_first_request_is_retried() {
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry", "ok"]);
     let l = ledger(&out, &f.path);
     assert_eq!(l.discarded, 0);
-    assert_eq!(l.transferred, size_of(f));
+    assert_eq!(l.transferred, content_len(f));
 }
 
 fn changed(f: &RepoFile) -> Vec<u8> {
@@ -191,7 +181,7 @@ fn changed(f: &RepoFile) -> Vec<u8> {
 /// the file, without publishing anything.
 #[test]
 fn changed_content_of_lfs_file_fails_with_digest_mismatch() {
-    let (hub, files, dir) = setup(16);
+    let (hub, files, dir) = hub_2mib_and_tempdir(16);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(
@@ -244,10 +234,13 @@ fn changed_content_of_lfs_file_fails_with_digest_mismatch() {
 /// Same for a small file served by the hub itself (git blob identity).
 #[test]
 fn changed_content_of_small_file_fails_with_digest_mismatch() {
-    let (hub, files, dir) = setup(17);
+    let (hub, files, dir) = hub_2mib_and_tempdir(17);
     let out = dir.path().join("out");
     let f = files.iter().find(|f| f.path == "tokenizer.json").unwrap();
-    assert!(size_of(f) > 2 * 1024, "tokenizer.json is big enough to cut");
+    assert!(
+        content_len(f) > 2 * 1024,
+        "tokenizer.json is big enough to cut"
+    );
     hub.inject(FaultRule::new(&f.path, Fault::ResetMidBody { after: 1024 }));
     hub.inject(
         FaultRule::new(
@@ -284,7 +277,7 @@ fn changed_content_of_small_file_fails_with_digest_mismatch() {
 
 #[test]
 fn range_not_satisfiable_is_retried() {
-    let (hub, files, dir) = setup(18);
+    let (hub, files, dir) = hub_2mib_and_tempdir(18);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     interrupt_then(&hub, &f.path, Fault::RangeNotSatisfiable);
@@ -301,11 +294,11 @@ fn range_not_satisfiable_is_retried() {
     assert_eq!(statuses, ["200", "416", "206"]);
     let l = ledger(&out, &f.path);
     assert_eq!(l.discarded, 0);
-    assert_eq!(l.transferred, size_of(f));
+    assert_eq!(l.transferred, content_len(f));
 }
 
 fn retry_after(status: u16, seed: u64) {
-    let (hub, files, dir) = setup(seed);
+    let (hub, files, dir) = hub_2mib_and_tempdir(seed);
     let out = dir.path().join("out");
     let f = files.iter().find(|f| f.path == "config.json").unwrap();
     hub.inject(FaultRule::new(
@@ -341,7 +334,7 @@ fn retry_after_503_is_honoured() {
 
 #[test]
 fn stall_hits_read_timeout_and_resumes() {
-    let (hub, files, dir) = setup(21);
+    let (hub, files, dir) = hub_2mib_and_tempdir(21);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(
@@ -372,7 +365,7 @@ fn stall_hits_read_timeout_and_resumes() {
 
 #[test]
 fn redirect_loop_fails_with_too_many_redirects() {
-    let (hub, files, dir) = setup(22);
+    let (hub, files, dir) = hub_2mib_and_tempdir(22);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::RedirectLoop).times(100));
@@ -400,13 +393,13 @@ fn redirect_loop_fails_with_too_many_redirects() {
 /// `ok` before the digest was compared, so no failed attempt was kept.
 #[test]
 fn flipped_byte_is_refetched_once() {
-    let (hub, files, dir) = setup(23);
+    let (hub, files, dir) = hub_2mib_and_tempdir(23);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::FlipByte { offset: 500_000 }));
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args(&[])));
     assert_success(&o, &out, &files);
-    let size = size_of(f);
+    let size = content_len(f);
     assert_eq!(discards(&out, &f.path), [format!("digest_mismatch:{size}")]);
     let l = ledger(&out, &f.path);
     assert_eq!((l.committed, l.transferred), (size, 2 * size));
@@ -424,7 +417,7 @@ fn flipped_byte_is_refetched_once() {
 /// Regression (same bug): both corrupt attempts must be kept as `failed`.
 #[test]
 fn flipped_byte_twice_fails_and_publishes_nothing() {
-    let (hub, files, dir) = setup(24);
+    let (hub, files, dir) = hub_2mib_and_tempdir(24);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::FlipByte { offset: 123 }).times(2));
@@ -435,7 +428,7 @@ fn flipped_byte_twice_fails_and_publishes_nothing() {
     assert!(err.contains(&f.path), "{err}");
     assert_nothing_published(&out, &f.path);
     assert_eq!(attempt_outcomes(&out, &f.path), ["failed", "failed"]);
-    let size = size_of(f);
+    let size = content_len(f);
     assert_eq!(
         discards(&out, &f.path),
         [
@@ -456,7 +449,7 @@ fn flipped_byte_twice_fails_and_publishes_nothing() {
 
 #[test]
 fn status_500_is_retried() {
-    let (hub, files, dir) = setup(25);
+    let (hub, files, dir) = hub_2mib_and_tempdir(25);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::Status { code: 500 }).times(2));
@@ -464,14 +457,14 @@ fn status_500_is_retried() {
     assert_success(&o, &out, &files);
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry", "retry", "ok"]);
     let l = ledger(&out, &f.path);
-    assert_eq!((l.discarded, l.transferred), (0, size_of(f)));
+    assert_eq!((l.discarded, l.transferred), (0, content_len(f)));
 }
 
 /// Regression: for an LFS file the final error only named the CDN URL
 /// (`/lfs/<sha>`), not the file; it now says which file it was fetching.
 #[test]
 fn status_404_fails_fast_naming_the_file() {
-    let (hub, files, dir) = setup(26);
+    let (hub, files, dir) = hub_2mib_and_tempdir(26);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::Status { code: 404 }).times(100));
@@ -497,7 +490,7 @@ fn status_404_fails_fast_naming_the_file() {
 /// whenever an attempt appended bytes.
 #[test]
 fn resets_that_make_progress_do_not_exhaust_retries() {
-    let (hub, files, dir) = setup(21);
+    let (hub, files, dir) = hub_2mib_and_tempdir(21);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
     hub.inject(FaultRule::new(&f.path, Fault::ResetMidBody { after: 100_000 }).times(6));
@@ -510,7 +503,7 @@ fn resets_that_make_progress_do_not_exhaust_retries() {
     assert_eq!(attempt_outcomes(&out, &f.path).len(), 7);
 
     // Without progress the budget of 2 retries is final.
-    let (hub, _, dir) = setup(22);
+    let (hub, _, dir) = hub_2mib_and_tempdir(22);
     let out = dir.path().join("out");
     hub.inject(FaultRule::new(&f.path, Fault::Status { code: 500 }).times(10));
     let o = run(&mut fetch_cmd(

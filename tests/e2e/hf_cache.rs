@@ -92,22 +92,8 @@ fn events<'a>(lines: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json:
     lines.iter().filter(|v| v["event"] == name).collect()
 }
 
-fn len_of(f: &RepoFile) -> u64 {
-    content_bytes(f).unwrap().len() as u64
-}
-
 fn sha256_of(f: &RepoFile) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(content_bytes(f).unwrap()))
-}
-
-fn audit_line<'a>(a: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
-    a["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["path"] == path)
-        .unwrap_or_else(|| panic!("no audit line for {path}"))
+    sha256_hex(&content_bytes(f).unwrap())
 }
 
 /// Every file verified, `transferred + cache = committed + discarded`, no
@@ -154,7 +140,7 @@ fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
     );
     assert_eq!(summary["session"]["hf_cache_from"], "HF_HOME");
     let a = assert_audit_clean(&out);
-    let total: u64 = files.iter().map(len_of).sum();
+    let total: u64 = files.iter().map(content_len).sum();
     assert_eq!(a["cache_bytes"], total, "{a:#}");
     assert_eq!(a["transferred_bytes"], 0, "{a:#}");
     let candidates = a["cache_candidates"].as_array().unwrap();
@@ -265,7 +251,7 @@ fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
     );
     assert_eq!(
         body_bytes_served(&hub),
-        len_of(&victim),
+        content_len(&victim),
         "only the victim is fetched"
     );
     let a = assert_audit_clean(&out);
@@ -293,10 +279,10 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
     let victim = files
         .iter()
         .filter(|f| f.path.ends_with(".safetensors"))
-        .max_by_key(|f| len_of(f))
+        .max_by_key(|f| content_len(f))
         .unwrap()
         .clone();
-    assert!(len_of(&victim) > 12 << 20, "{}", len_of(&victim));
+    assert!(content_len(&victim) > 12 << 20, "{}", content_len(&victim));
     hub.inject(FaultRule::new(
         victim.path.clone(),
         Fault::Stall {
@@ -359,13 +345,13 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
         gets[0].range.as_deref(),
         Some(format!("bytes={prefix_len}-").as_str())
     );
-    assert_eq!(body_bytes_served(&hub), len_of(&victim) - prefix_len);
+    assert_eq!(body_bytes_served(&hub), content_len(&victim) - prefix_len);
     let a = assert_audit_clean(&out);
     let line = audit_line(&a, &victim.path);
     assert_eq!(line["cache_bytes"], prefix_len, "{line}");
     assert_eq!(
         line["transferred_bytes"],
-        len_of(&victim) - prefix_len,
+        content_len(&victim) - prefix_len,
         "{line}"
     );
     // Copied, never moved: the cache still holds the prefix as it was.
@@ -483,7 +469,7 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     for f in &gone {
         assert!(err.contains(&f.path), "{err}");
     }
-    let needed: u64 = gone.iter().map(|f| len_of(f)).sum();
+    let needed: u64 = gone.iter().map(|f| content_len(f)).sum();
     assert!(
         err.contains(&format!("{needed} bytes still needed")),
         "{err}"

@@ -12,9 +12,6 @@ use crate::common::*;
 use ftpipe_fixtures::qwen4::QwenShape;
 use serde_json::json;
 
-const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
-const OID: &str = "89abcdef0123456789abcdef0123456789abcdef";
-
 /// Runs `cmd` to its end, sampling the child's peak RSS (`VmHWM`) until it
 /// exits. Returns the output and the last peak seen, in bytes.
 fn run_measuring_rss(cmd: &mut std::process::Command) -> (Output, u64) {
@@ -52,7 +49,7 @@ fn tree_page(page: usize, n: usize) -> String {
             json!({
                 "type": "file",
                 "path": format!("d{page}/{pad}{i}.bin"),
-                "oid": OID,
+                "oid": RAW_OID,
                 "size": 1,
             })
         })
@@ -66,8 +63,9 @@ fn endless_listing_pages_stop_at_the_total_limit_with_bounded_memory() {
     assert!(page.len() > 900_000, "{}", page.len());
     let srv = RawServer::start(1000, move |target| {
         if target.starts_with(&format!("/api/models/{REPO}/revision/")) {
-            RawResponse::new(200, json!({ "sha": COMMIT }).to_string())
-        } else if let Some(rest) = target.strip_prefix(&format!("/api/models/{REPO}/tree/{COMMIT}"))
+            RawResponse::new(200, json!({ "sha": RAW_COMMIT }).to_string())
+        } else if let Some(rest) =
+            target.strip_prefix(&format!("/api/models/{REPO}/tree/{RAW_COMMIT}"))
         {
             // Every page links to another: the listing never ends. Paths
             // differ per page so no entry is "listed twice".
@@ -80,7 +78,7 @@ fn endless_listing_pages_stop_at_the_total_limit_with_bounded_memory() {
             RawResponse::new(200, body).header(
                 "Link",
                 &format!(
-                    "</api/models/{REPO}/tree/{COMMIT}?recursive=true&page={}>; rel=\"next\"",
+                    "</api/models/{REPO}/tree/{RAW_COMMIT}?recursive=true&page={}>; rel=\"next\"",
                     n + 1
                 ),
             )
@@ -114,12 +112,12 @@ fn listing_size_errors_name_the_entry() {
         ("1.5", "size 1.5 "),
     ] {
         let tree = format!(
-            r#"[{{"type":"file","path":"good.json","oid":"{OID}","size":1}},
-                {{"type":"file","path":"sub/bad.bin","oid":"{OID}","size":{size}}}]"#
+            r#"[{{"type":"file","path":"good.json","oid":"{RAW_OID}","size":1}},
+                {{"type":"file","path":"sub/bad.bin","oid":"{RAW_OID}","size":{size}}}]"#
         );
         let srv = RawServer::start(10, move |target| {
             if target.starts_with(&format!("/api/models/{REPO}/revision/")) {
-                RawResponse::new(200, json!({ "sha": COMMIT }).to_string())
+                RawResponse::new(200, json!({ "sha": RAW_COMMIT }).to_string())
             } else if target.starts_with(&format!("/api/models/{REPO}/tree/")) {
                 RawResponse::new(200, tree.clone())
             } else {

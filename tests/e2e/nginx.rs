@@ -231,11 +231,6 @@ fn git_blob_oid(content: &[u8]) -> String {
     sha1_hex(&[format!("blob {}\0", content.len()).as_bytes(), content])
 }
 
-fn sha256_hex(content: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(sha2::Sha256::digest(content))
-}
-
 /// The hub's tree listing for `files` (LFS entries carry the pointer's git
 /// oid and the content's SHA-256, as on the real hub), and a commit id
 /// derived from it.
@@ -333,7 +328,7 @@ fn kill_and_resume_against_nginx() {
         .stderr(log1)
         .spawn()
         .expect("spawn ftpipe");
-    let part = out.join("source").join(format!("{}.part", big.path));
+    let part = part_path(&out, &big.path);
     let deadline = Instant::now() + Duration::from_secs(60);
     let killed_at = loop {
         if let Some(status) = child.try_wait().unwrap() {

@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use ftpipe_fixtures::{Fault, FaultRule, RepoFile, RunningHub, checkpoint};
+use ftpipe_fixtures::{Fault, FaultRule, RunningHub};
 
 /// Far above what any of these runs needs, far below "never ends".
 const BOUND: Duration = Duration::from_secs(120);
@@ -41,15 +41,6 @@ fn run_bounded(cmd: &mut Command) -> (Output, Duration) {
     }
 }
 
-fn setup(seed: u64) -> (RunningHub, Vec<RepoFile>, tempfile::TempDir) {
-    let (hub, files) = hub_with_repo(seed, 2 << 20);
-    (hub, files, tempfile::tempdir().unwrap())
-}
-
-fn size_of(f: &RepoFile) -> u64 {
-    checkpoint::content_bytes(f).unwrap().len() as u64
-}
-
 fn served(hub: &RunningHub, path: &str) -> u64 {
     body_gets(hub, path).iter().map(|r| r.body_bytes).sum()
 }
@@ -66,7 +57,7 @@ fn assert_ledger_adds_up(out: &std::path::Path, path: &str) {
 
 #[test]
 fn endless_body_is_cut_at_the_size_and_the_excess_is_a_discard() {
-    let (hub, files, dir) = setup(1201);
+    let (hub, files, dir) = hub_2mib_and_tempdir(1201);
     let out = dir.path().join("out");
     let f = lfs_file(&files).clone();
     hub.inject(FaultRule::new(&f.path, Fault::EndlessBody).times(10_000));
@@ -77,9 +68,9 @@ fn endless_body_is_cut_at_the_size_and_the_excess_is_a_discard() {
     // One response: cut at the size, then the complete .part is verified
     // without another request.
     assert_eq!(body_gets(&hub, &f.path).len(), 1);
-    assert!(served(&hub, &f.path) < 16 * size_of(&f));
+    assert!(served(&hub, &f.path) < 16 * content_len(&f));
     let l = ledger(&out, &f.path);
-    assert_eq!(l.committed, size_of(&f));
+    assert_eq!(l.committed, content_len(&f));
     assert!(l.discarded > 0, "the excess was not recorded: {l:?}");
     assert_eq!(discard_reasons(&out, &f.path), ["long_body_excess"]);
     assert_eq!(attempt_outcomes(&out, &f.path), ["retry"]);
@@ -96,7 +87,7 @@ fn endless_body_is_cut_at_the_size_and_the_excess_is_a_discard() {
 
 #[test]
 fn range_ignoring_cutter_fails_in_bounded_time_saying_so() {
-    let (hub, files, dir) = setup(1203);
+    let (hub, files, dir) = hub_2mib_and_tempdir(1203);
     let out = dir.path().join("out");
     let f = lfs_file(&files).clone();
     hub.inject(FaultRule::new(&f.path, Fault::IgnoreRangeShort { after: 300_000 }).times(10_000));
@@ -123,7 +114,7 @@ fn range_ignoring_cutter_fails_in_bounded_time_saying_so() {
 
 #[test]
 fn trickle_is_a_stall_and_ends_after_the_retries() {
-    let (hub, files, dir) = setup(1204);
+    let (hub, files, dir) = hub_2mib_and_tempdir(1204);
     let out = dir.path().join("out");
     let f = lfs_file(&files).clone();
     // 1000 bytes/s, each read well within the 30 s read timeout.
@@ -158,7 +149,7 @@ fn trickle_is_a_stall_and_ends_after_the_retries() {
 
 #[test]
 fn one_trickling_response_is_a_stall_then_the_transfer_resumes() {
-    let (hub, files, dir) = setup(1205);
+    let (hub, files, dir) = hub_2mib_and_tempdir(1205);
     let out = dir.path().join("out");
     let f = lfs_file(&files).clone();
     hub.inject(FaultRule::new(
@@ -194,7 +185,7 @@ fn one_trickling_response_is_a_stall_then_the_transfer_resumes() {
 
 #[test]
 fn retry_after_wait_is_shown_with_its_length() {
-    let (hub, files, dir) = setup(1206);
+    let (hub, files, dir) = hub_2mib_and_tempdir(1206);
     let out = dir.path().join("out");
     let f = files.iter().find(|f| f.path == "config.json").unwrap();
     hub.inject(FaultRule::new(

@@ -10,7 +10,7 @@ use crate::common::*;
 use ftpipe_fixtures::qwen4::{
     Mutation, QwenShape, generate_qwen4_repo, generate_qwen4_repo_mutated,
 };
-use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
+use ftpipe_fixtures::{RepoFile, checkpoint};
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 use serde_json::Value;
 
@@ -38,7 +38,7 @@ fn component<'a>(plan: &'a Value, name: &str) -> &'a Value {
 #[test]
 fn remote_plan_reads_only_headers_and_equals_local_plan_after_fetch() {
     let files = generate_qwen4_repo(11, QwenShape::default());
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files.clone())).unwrap();
+    let hub = hub_serving(files.clone());
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let ep = hub.endpoint();
@@ -48,7 +48,7 @@ fn remote_plan_reads_only_headers_and_equals_local_plan_after_fetch() {
 
     // Only ranged 206s on the shards, each far smaller than the shard.
     for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
-        let size = checkpoint::content_bytes(f).unwrap().len() as u64;
+        let size = content_len(f);
         let gets = body_gets(&hub, &f.path);
         assert_eq!(gets.len(), 2, "{}: {gets:?}", f.path);
         for r in &gets {
@@ -131,12 +131,6 @@ fn mutated(m: Mutation) -> Vec<RepoFile> {
     generate_qwen4_repo_mutated(3, QwenShape::default(), &[m])
 }
 
-fn assert_names(err: &str, needles: &[&str]) {
-    for n in needles {
-        assert!(err.contains(n), "{n:?} not in: {err}");
-    }
-}
-
 #[test]
 fn bad_sources_fail_naming_the_culprit() {
     let tmp = tempfile::tempdir().unwrap();
@@ -214,7 +208,7 @@ fn malformed_header_fails_locally_and_remotely_without_reading_weights() {
     let err = local_plan_fails(&files, &tmp.path().join("local"));
     assert_names(&err, &[&shard, "runs past the end"]);
 
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
+    let hub = hub_serving(files);
     let out = tmp.path().join("remote");
     let o = run(&mut plan_cmd(
         &out,
@@ -231,7 +225,7 @@ fn malformed_header_fails_locally_and_remotely_without_reading_weights() {
 #[test]
 fn unknown_model_type_remote_fails_before_any_shard_request() {
     let files = mutated(Mutation::ModelType("mystery".into()));
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files.clone())).unwrap();
+    let hub = hub_serving(files.clone());
     let tmp = tempfile::tempdir().unwrap();
     let o = run(&mut plan_cmd(
         tmp.path(),

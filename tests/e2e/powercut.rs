@@ -63,7 +63,6 @@ use ftpipe_fixtures::RepoFile;
 use ftpipe_fixtures::checkpoint::{self, SplitMix64};
 use ftpipe_fixtures::powercut::{CutReport, Kind, Model, Mounted, ROOT};
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
 
 const CUTS: usize = 24;
 
@@ -124,11 +123,6 @@ impl Drop for KillOnDrop {
             let _ = c.wait();
         }
     }
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 fn git_blob_id(bytes: &[u8]) -> String {
@@ -435,7 +429,7 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
             )
         })
         .collect();
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
+    let hub = hub_serving(files);
     let endpoint = hub.endpoint();
     let tmp = tempfile::tempdir().unwrap();
     let mut shards = hub_files.keys().filter(|p| p.ends_with(".safetensors"));

@@ -5,7 +5,6 @@
 
 use crate::common::*;
 use ftpipe_fixtures::qwen4::{Mutation, QwenShape, generate_qwen3_moe_repo_mutated};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
 
 const RECIPE: &str = r#"
 model_type = "acme_moe"
@@ -32,7 +31,7 @@ fn an_unknown_model_converts_with_a_recipe() {
         QwenShape::default(),
         &[Mutation::ModelType("acme_moe".into())],
     );
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, files)).unwrap();
+    let hub = hub_serving(files);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -109,7 +108,7 @@ fn a_recipe_contract_lists_every_mismatch_and_the_run_resumes_after_the_fix() {
         Mutation::Reshape(expert.into(), vec![32, 64]),
         Mutation::Retype("model.embed_tokens.weight".into(), "F16"),
     ]);
-    let hub = RunningHub::start(HubBuilder::new().repo(REPO, bad)).unwrap();
+    let hub = hub_serving(bad);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let recipe = tmp.path().join("acme.toml");

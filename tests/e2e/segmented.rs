@@ -30,15 +30,11 @@ struct Big {
     size: u64,
 }
 
-fn size_of(f: &RepoFile) -> u64 {
-    ftpipe_fixtures::checkpoint::content_bytes(f).unwrap().len() as u64
-}
-
 fn largest(files: &[RepoFile]) -> Big {
-    let f = files.iter().max_by_key(|f| size_of(f)).unwrap();
+    let f = files.iter().max_by_key(|f| content_len(f)).unwrap();
     Big {
         path: f.path.clone(),
-        size: size_of(f),
+        size: content_len(f),
     }
 }
 

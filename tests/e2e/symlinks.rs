@@ -73,7 +73,7 @@ fn part_file_link_is_refused_before_any_byte_and_nothing_is_published() {
     let (hub, files) = hub_with_repo(1101, 1 << 20);
     let lfs = lfs_file(&files).path.clone();
     let (_d, victim, out) = setup();
-    let part = out.join("source").join(format!("{lfs}.part"));
+    let part = part_path(&out, &lfs);
     plant_link(&victim, &part);
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
     assert_refused(&o, &part, &victim);
@@ -91,7 +91,7 @@ fn hard_linked_part_file_is_refused() {
     let (hub, files) = hub_with_repo(1102, 1 << 20);
     let lfs = lfs_file(&files).path.clone();
     let (_d, victim, out) = setup();
-    let part = out.join("source").join(format!("{lfs}.part"));
+    let part = part_path(&out, &lfs);
     std::fs::create_dir_all(part.parent().unwrap()).unwrap();
     std::fs::hard_link(&victim, &part).unwrap();
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
@@ -104,7 +104,7 @@ fn fifo_part_file_is_refused_without_blocking() {
     let (hub, files) = hub_with_repo(1103, 1 << 20);
     let lfs = lfs_file(&files).path.clone();
     let (_d, victim, out) = setup();
-    let part = out.join("source").join(format!("{lfs}.part"));
+    let part = part_path(&out, &lfs);
     std::fs::create_dir_all(part.parent().unwrap()).unwrap();
     let made = std::process::Command::new("mkfifo")
         .arg(&part)

@@ -186,10 +186,7 @@ fn fetch_bars_resume_where_they_are_and_clear_for_the_final_lines() {
         return;
     }
     let (hub, files) = slow_hub(51, 12 << 20);
-    let total: u64 = files
-        .iter()
-        .map(|f| ftpipe_fixtures::checkpoint::content_bytes(f).unwrap().len() as u64)
-        .sum();
+    let total: u64 = files.iter().map(content_len).sum();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let args = [

@@ -7,15 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
-use ftpipe_fixtures::{HubBuilder, RunningHub};
+use ftpipe_fixtures::qwen4::QwenShape;
 
 /// A converted artifact, copied away from its output directory.
 fn artifact_copy(tmp: &Path) -> PathBuf {
-    let hub = RunningHub::start(
-        HubBuilder::new().repo(REPO, generate_qwen4_repo(51, QwenShape::default())),
-    )
-    .unwrap();
+    let hub = qwen4_hub(51, QwenShape::default());
     let out = tmp.join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
     let copy = tmp.join("shipped");

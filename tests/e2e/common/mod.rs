@@ -9,13 +9,14 @@ use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
 pub const REPO: &str = "acme/tiny";
 
+/// A hub serving `files` as `REPO`.
+pub fn hub_serving(files: Vec<RepoFile>) -> RunningHub {
+    RunningHub::start(HubBuilder::new().repo(REPO, files)).expect("start fixture hub")
+}
+
 /// A hub serving a generated qwen4_exp checkpoint of this shape as `REPO`.
 pub fn qwen4_hub(seed: u64, shape: ftpipe_fixtures::qwen4::QwenShape) -> RunningHub {
-    RunningHub::start(HubBuilder::new().repo(
-        REPO,
-        ftpipe_fixtures::qwen4::generate_qwen4_repo(seed, shape),
-    ))
-    .unwrap()
+    hub_serving(ftpipe_fixtures::qwen4::generate_qwen4_repo(seed, shape))
 }
 
 /// A hub serving a generated repo of about `bytes` bytes.
@@ -28,6 +29,31 @@ pub fn hub_with(builder: HubBuilder, seed: u64, bytes: u64) -> (RunningHub, Vec<
     let files = checkpoint::generate_small_repo(seed, bytes);
     let hub = RunningHub::start(builder.repo(REPO, files.clone())).expect("start fixture hub");
     (hub, files)
+}
+
+/// A 2 MiB repo (two ~1 MiB LFS shards plus small JSON files) on a hub, and
+/// a fresh directory for the output.
+pub fn hub_2mib_and_tempdir(seed: u64) -> (RunningHub, Vec<RepoFile>, tempfile::TempDir) {
+    let (hub, files) = hub_with_repo(seed, 2 << 20);
+    (hub, files, tempfile::tempdir().unwrap())
+}
+
+/// Length of a repo file's content.
+pub fn content_len(f: &RepoFile) -> u64 {
+    checkpoint::content_bytes(f).expect("fixture bytes").len() as u64
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Asserts `err` contains every one of `needles`.
+pub fn assert_names(err: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in:\n{err}");
+    }
 }
 
 /// A home for huggingface_hub settings that never exists: the tests do
@@ -84,6 +110,16 @@ pub fn audit_json(out: &Path, deep: bool) -> serde_json::Value {
     let o = run(&mut cmd);
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("audit output is not JSON ({e}): {}", stderr(&o)))
+}
+
+/// The line of repo file `path` in an audit's `files`.
+pub fn audit_line<'a>(audit: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
+    audit["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == path)
+        .unwrap_or_else(|| panic!("no audit line for {path}"))
 }
 
 /// Asserts every published file equals the hub's bytes.
@@ -228,14 +264,18 @@ pub fn try_ledger_snapshot(out: &Path) -> Result<Vec<LedgerSnap>, String> {
         .collect())
 }
 
+/// `DIR/source/<path>.part`, where repo file `path` is downloaded.
+pub fn part_path(out: &Path, path: &str) -> PathBuf {
+    let mut part = out.join("source").join(path).into_os_string();
+    part.push(".part");
+    part.into()
+}
+
 /// Length of the file's bytes on disk for the durability invariant: the
 /// `.part` if present, else the final file, else 0.
 pub fn on_disk_len(out: &Path, path: &str) -> u64 {
-    let fin = out.join("source").join(path);
-    let mut part = fin.clone().into_os_string();
-    part.push(".part");
-    std::fs::metadata(&part)
-        .or_else(|_| std::fs::metadata(&fin))
+    std::fs::metadata(part_path(out, path))
+        .or_else(|_| std::fs::metadata(out.join("source").join(path)))
         .map(|m| m.len())
         .unwrap_or(0)
 }
@@ -470,6 +510,12 @@ pub fn tree_of(dir: &Path) -> Vec<String> {
     out
 }
 
+/// The commit a hand-written listing served by a [`RawServer`] is pinned to.
+pub const RAW_COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// The git oid of the entries of a hand-written listing.
+pub const RAW_OID: &str = "89abcdef0123456789abcdef0123456789abcdef";
+
 /// A canned HTTP response of [`RawServer`].
 pub struct RawResponse {
     pub status: u16,
@@ -615,9 +661,7 @@ pub fn manifest_sha(out: &Path) -> String {
 
 /// Hex SHA-256 of `manifest.json` in an artifact directory.
 pub fn manifest_sha_in(artifact: &Path) -> String {
-    use sha2::Digest;
-    let bytes = std::fs::read(artifact.join("manifest.json")).expect("manifest.json");
-    hex::encode(sha2::Sha256::digest(bytes))
+    sha256_hex(&std::fs::read(artifact.join("manifest.json")).expect("manifest.json"))
 }
 
 /// `DIR/artifact/manifest.json`, parsed.
