@@ -160,24 +160,6 @@ fn part_len(out: &Path, path: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The ledger agrees with the disk: committed ≤ on-disk length for every
-/// file, `transferred = committed + discarded`, integrity ok.
-fn assert_ledger_consistent(out: &Path) -> Vec<LedgerSnap> {
-    assert_eq!(query(out, "PRAGMA integrity_check"), ["ok"]);
-    let rows = ledger_snapshot(out);
-    for r in &rows {
-        let disk = on_disk_len(out, &r.path);
-        assert!(
-            r.committed <= disk,
-            "ledger claims {} bytes of {} but {disk} are on disk",
-            r.committed,
-            r.path
-        );
-        assert_eq!(r.transferred, r.committed + r.discarded, "{r:?}");
-    }
-    rows
-}
-
 const STALL_AFTER: u64 = 3 << 20;
 const ARGS: &[&str] = &[
     "--jobs",
@@ -278,7 +260,10 @@ fn fill_mid_run_then_resume(out: &Path, fill: &Path, named: &Path) {
         err.contains(&named.display().to_string()),
         "the volume is not named: {err}"
     );
-    let rows = assert_ledger_consistent(out);
+    // The ledger agrees with the disk (committed ≤ on-disk length,
+    // `transferred = committed + discarded`, integrity ok, ...).
+    let rows = ledger_snapshot(out);
+    check_ledger_rows(out, &rows, "after the disk filled");
     let still: u64 = rows
         .iter()
         .filter(|r| !r.receipt)

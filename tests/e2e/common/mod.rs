@@ -301,26 +301,35 @@ pub struct KillState {
 /// The ledger invariants that must hold whenever no ftpipe process is
 /// running (see the `crash` module for why each holds); `kill` labels failures.
 pub fn check_after_kill(out: &Path, kill: &str) -> KillState {
-    let mut st = KillState::default();
     let rows = match try_ledger_snapshot(out) {
         Ok(rows) => rows,
         // Killed while SQLite was creating the database, before WAL was on:
         // a hot rollback journal only the next writer can roll back.
         Err(e) if out.join(".ftpipe/state.db-journal").exists() => {
             eprintln!("{kill}: database bootstrap interrupted ({e})");
-            return st;
+            return KillState::default();
         }
         Err(e) => panic!("{kill}: cannot read the state database: {e}"),
     };
     if rows.is_empty() {
-        return st; // killed before the listing was stored
+        return KillState::default(); // killed before the listing was stored
     }
+    check_ledger_rows(out, &rows, kill)
+}
+
+/// The invariants of [`check_after_kill`] on `rows`, the ledger of `out`
+/// read by the caller: integrity ok; per file committed ≤ bytes on disk,
+/// `transferred = committed + discarded`, `committed + adopted ≤ expected`,
+/// nothing adopted, and a receipt only with the whole final file. `kill`
+/// labels failures.
+pub fn check_ledger_rows(out: &Path, rows: &[LedgerSnap], kill: &str) -> KillState {
+    let mut st = KillState::default();
     assert_eq!(
         query(out, "PRAGMA integrity_check"),
         ["ok"],
         "{kill}: integrity"
     );
-    for r in &rows {
+    for r in rows {
         let disk = on_disk_len(out, &r.path);
         assert!(
             r.committed <= disk,
