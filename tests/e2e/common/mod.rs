@@ -79,15 +79,25 @@ pub fn ftpipe() -> Command {
     cmd
 }
 
-/// `ftpipe fetch REPO --endpoint E --out OUT --quiet` plus fast retry settings
-/// and `extra` arguments.
-pub fn fetch_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
+/// `ftpipe SUBCOMMAND REPO --endpoint E --out OUT` plus fast retry
+/// settings and `extra` arguments.
+fn repo_cmd(subcommand: &str, endpoint: &str, out: &Path, extra: &[&str]) -> Command {
     let mut cmd = ftpipe();
-    cmd.args(["fetch", REPO, "--endpoint", endpoint, "--out"])
+    cmd.args([subcommand, REPO, "--endpoint", endpoint, "--out"])
         .arg(out)
         .args(["--retry-base-ms", "20"])
         .args(extra);
     cmd
+}
+
+/// `ftpipe fetch REPO --endpoint E --out OUT` (see [`repo_cmd`]).
+pub fn fetch_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
+    repo_cmd("fetch", endpoint, out, extra)
+}
+
+/// `ftpipe run REPO --endpoint E --out OUT` (see [`repo_cmd`]).
+pub fn run_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
+    repo_cmd("run", endpoint, out, extra)
 }
 
 /// Runs a command and returns its output (stdout, stderr, status).
@@ -629,17 +639,6 @@ impl RawServer {
 pub fn skip_unless_ci(why: &str) {
     assert!(std::env::var_os("CI").is_none(), "required in CI: {why}");
     eprintln!("SKIP: {why}");
-}
-
-/// `ftpipe run REPO --endpoint E --out OUT --quiet` plus fast retry settings
-/// and `extra` arguments.
-pub fn run_cmd(endpoint: &str, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = ftpipe();
-    cmd.args(["run", REPO, "--endpoint", endpoint, "--out"])
-        .arg(out)
-        .args(["--retry-base-ms", "20"])
-        .args(extra);
-    cmd
 }
 
 /// `ftpipe convert --out OUT` plus `extra` arguments (stderr is not a
