@@ -96,26 +96,6 @@ fn sha256_of(f: &RepoFile) -> String {
     sha256_hex(&content_bytes(f).unwrap())
 }
 
-/// Every file verified, `transferred + cache = committed + discarded`, no
-/// problem anywhere.
-fn assert_audit_clean(out: &Path) -> serde_json::Value {
-    let a = audit_json(out, true);
-    assert_eq!(a["ok"], true, "audit not ok: {a:#}");
-    assert_eq!(a["reconciliation_error"], 0, "{a:#}");
-    for f in a["files"].as_array().unwrap() {
-        assert_eq!(f["verified"], true, "{f}");
-        let n = |k: &str| f[k].as_u64().unwrap();
-        assert_eq!(n("committed_bytes"), n("expected_bytes"), "{f}");
-        assert_eq!(
-            n("transferred_bytes") + n("cache_bytes"),
-            n("committed_bytes") + n("discarded_bytes"),
-            "{f}"
-        );
-    }
-    assert_eq!(query(out, "PRAGMA integrity_check"), ["ok"]);
-    a
-}
-
 #[test]
 fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
     if !require_hf() {
@@ -139,7 +119,7 @@ fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
         hf_home.join("hub").to_str().unwrap()
     );
     assert_eq!(summary["session"]["hf_cache_from"], "HF_HOME");
-    let a = assert_audit_clean(&out);
+    let a = assert_clean_audit(&out);
     let total: u64 = files.iter().map(content_len).sum();
     assert_eq!(a["cache_bytes"], total, "{a:#}");
     assert_eq!(a["transferred_bytes"], 0, "{a:#}");
@@ -215,7 +195,7 @@ fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
         );
     }
     assert!(!body_gets(&hub, &changed.path).is_empty());
-    let a = assert_audit_clean(&out);
+    let a = assert_clean_audit(&out);
     assert_eq!(audit_line(&a, &changed.path)["cache_bytes"], 0);
 }
 
@@ -254,7 +234,7 @@ fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
         content_len(&victim),
         "only the victim is fetched"
     );
-    let a = assert_audit_clean(&out);
+    let a = assert_clean_audit(&out);
     let rows: Vec<_> = a["cache_candidates"]
         .as_array()
         .unwrap()
@@ -346,7 +326,7 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
         Some(format!("bytes={prefix_len}-").as_str())
     );
     assert_eq!(body_bytes_served(&hub), content_len(&victim) - prefix_len);
-    let a = assert_audit_clean(&out);
+    let a = assert_clean_audit(&out);
     let line = audit_line(&a, &victim.path);
     assert_eq!(line["cache_bytes"], prefix_len, "{line}");
     assert_eq!(
@@ -486,5 +466,5 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     );
     assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
     assert_files_match(&out, &files);
-    assert_audit_clean(&out);
+    assert_clean_audit(&out);
 }

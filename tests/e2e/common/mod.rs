@@ -193,8 +193,9 @@ pub fn try_query(out: &Path, sql: &str) -> Result<Vec<String>, String> {
     })
 }
 
-/// The audit is clean and the ledger adds up for every file.
-pub fn assert_clean_audit(out: &Path) {
+/// The deep audit is clean and the ledger adds up for every file
+/// (`transferred + cache = committed + discarded`); returns the audit.
+pub fn assert_clean_audit(out: &Path) -> serde_json::Value {
     let a = audit_json(out, true);
     assert_eq!(a["ok"], true, "audit not ok: {a:#}");
     assert_eq!(a["reconciliation_error"], 0, "{a:#}");
@@ -205,7 +206,7 @@ pub fn assert_clean_audit(out: &Path) {
         let t = f["transferred_bytes"].as_u64().unwrap();
         let c = f["committed_bytes"].as_u64().unwrap();
         let d = f["discarded_bytes"].as_u64().unwrap();
-        let cache = f["cache_bytes"].as_u64().unwrap_or(0);
+        let cache = f["cache_bytes"].as_u64().unwrap();
         assert_eq!(
             t + cache,
             c + d,
@@ -217,6 +218,7 @@ pub fn assert_clean_audit(out: &Path) {
         part_files(&out.join("source")).is_empty(),
         "temp files left"
     );
+    a
 }
 
 /// One ledger row with its discard total and whether a receipt exists, read
