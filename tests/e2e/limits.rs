@@ -5,8 +5,8 @@
 //! whole (an unknown 100 MB field, or whitespace) and said OK.
 
 use std::path::Path;
-use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
 use crate::common::*;
 use ftpipe_fixtures::qwen4::QwenShape;
@@ -15,30 +15,23 @@ use serde_json::json;
 /// Runs `cmd` to its end, sampling the child's peak RSS (`VmHWM`) until it
 /// exits. Returns the output and the last peak seen, in bytes.
 fn run_measuring_rss(cmd: &mut std::process::Command) -> (Output, u64) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ftpipe");
-    let status = format!("/proc/{}/status", child.id());
-    let t = Instant::now();
     let mut peak = 0u64;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(&status)
-            && let Some(kb) = s
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        {
-            peak = peak.max(kb * 1024);
-        }
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(300), "ftpipe did not end");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    (child.wait_with_output().unwrap(), peak)
+    let (o, _) = run_watched(
+        cmd,
+        Duration::from_secs(300),
+        Duration::from_millis(5),
+        |pid| {
+            if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                && let Some(kb) = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak = peak.max(kb * 1024);
+            }
+        },
+    );
+    (o, peak)
 }
 
 /// One tree page of `n` valid file entries with long paths (~1 MiB).

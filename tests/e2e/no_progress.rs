@@ -8,8 +8,8 @@
 //! silent. Each test runs the real binary against the fixture hub under a
 //! generous wall-clock limit (a bound, not a speed claim).
 
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use crate::common::*;
 use ftpipe_fixtures::{Fault, FaultRule, RunningHub};
@@ -19,26 +19,7 @@ const BOUND: Duration = Duration::from_secs(120);
 
 /// Runs `cmd`, killing it and failing the test if it outlives `BOUND`.
 fn run_bounded(cmd: &mut Command) -> (Output, Duration) {
-    let t = Instant::now();
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ftpipe");
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return (child.wait_with_output().unwrap(), t.elapsed());
-        }
-        if t.elapsed() > BOUND {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "ftpipe still running after {BOUND:?}:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    run_watched(cmd, BOUND, Duration::from_millis(50), |_| {})
 }
 
 fn served(hub: &RunningHub, path: &str) -> u64 {

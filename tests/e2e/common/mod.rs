@@ -651,6 +651,39 @@ pub fn convert_cmd(out: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
+/// Runs `cmd` with its output piped, calling `each_poll(pid)` and then
+/// checking for its exit every `poll`. Kills it and fails the test if it
+/// outlives `bound`; otherwise returns its output and run time.
+pub fn run_watched(
+    cmd: &mut Command,
+    bound: std::time::Duration,
+    poll: std::time::Duration,
+    mut each_poll: impl FnMut(u32),
+) -> (Output, std::time::Duration) {
+    use std::process::Stdio;
+    let t = std::time::Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ftpipe");
+    loop {
+        each_poll(child.id());
+        if child.try_wait().unwrap().is_some() {
+            return (child.wait_with_output().unwrap(), t.elapsed());
+        }
+        if t.elapsed() > bound {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "ftpipe still running after {bound:?}:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// Runs `cmd` and asserts it exits 0, returning its output.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let o = run(cmd);
