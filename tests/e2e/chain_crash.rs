@@ -247,6 +247,7 @@ fn child_finished_in(spawned: Instant) -> u64 {
 
 #[test]
 fn kill_storm_over_whole_chains_keeps_every_invariant() {
+    let _heavy = heavy();
     let t0 = Instant::now();
     let kills: usize = std::env::var("KILLS")
         .ok()

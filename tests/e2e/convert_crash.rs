@@ -81,6 +81,7 @@ fn written_lines(text: &str) -> Vec<String> {
 
 #[test]
 fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
+    let _heavy = heavy();
     crash_and_resume(&["--jobs", "2"], KILLS);
 }
 
@@ -91,6 +92,7 @@ fn sigkill_during_conversion_then_resume_gives_the_same_manifest() {
 /// the shards present plus the headers saved for retired ones.
 #[test]
 fn sigkill_during_conversion_with_retirement_then_resume() {
+    let _heavy = heavy();
     crash_and_resume(&["--jobs", "2", "--retire-sources"], KILLS / 2);
 }
 

@@ -80,6 +80,7 @@ const ARGS: &[&str] = &[
 
 #[test]
 fn sigkill_at_random_moments_then_resume_matches_reference_model() {
+    let _heavy = heavy();
     let t0 = Instant::now();
     let seed = crash_seed();
     eprintln!("crash seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");

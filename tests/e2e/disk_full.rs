@@ -184,6 +184,7 @@ const ARGS: &[&str] = &[
 /// written, and the run stops with exit 5 naming the volume.
 #[test]
 fn disk_fills_mid_run_then_resumes_from_the_watermark() {
+    let _time_bounded = time_bounded();
     let Some(mount) = mount_or_skip("disk_fills_mid_run", 40) else {
         return;
     };
@@ -197,6 +198,7 @@ fn disk_fills_mid_run_then_resumes_from_the_watermark() {
 /// database failure (exit 1). Here `DIR/.ftpipe` is its own small tmpfs.
 #[test]
 fn state_volume_fills_first_then_resumes_from_the_watermark() {
+    let _time_bounded = time_bounded();
     let outer = tempfile::tempdir().unwrap();
     let out = outer.path().join("out");
     std::fs::create_dir_all(out.join(".ftpipe")).unwrap();

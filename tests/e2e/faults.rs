@@ -181,6 +181,7 @@ fn changed(f: &RepoFile) -> Vec<u8> {
 /// the file, without publishing anything.
 #[test]
 fn changed_content_of_lfs_file_fails_with_digest_mismatch() {
+    let _time_bounded = time_bounded();
     let (hub, files, dir) = hub_2mib_and_tempdir(16);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
@@ -334,6 +335,7 @@ fn retry_after_503_is_honoured() {
 
 #[test]
 fn stall_hits_read_timeout_and_resumes() {
+    let _time_bounded = time_bounded();
     let (hub, files, dir) = hub_2mib_and_tempdir(21);
     let out = dir.path().join("out");
     let f = lfs_file(&files);
@@ -464,6 +466,7 @@ fn status_500_is_retried() {
 /// (`/lfs/<sha>`), not the file; it now says which file it was fetching.
 #[test]
 fn status_404_fails_fast_naming_the_file() {
+    let _time_bounded = time_bounded();
     let (hub, files, dir) = hub_2mib_and_tempdir(26);
     let out = dir.path().join("out");
     let f = lfs_file(&files);

@@ -98,6 +98,7 @@ fn sha256_of(f: &RepoFile) -> String {
 
 #[test]
 fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }
@@ -155,6 +156,7 @@ fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
 
 #[test]
 fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }
@@ -201,6 +203,7 @@ fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
 
 #[test]
 fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }
@@ -250,6 +253,7 @@ fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
 
 #[test]
 fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }
@@ -340,6 +344,7 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
 
 #[test]
 fn the_token_file_is_used_when_hf_token_is_unset_and_written_nowhere() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }
@@ -411,6 +416,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
+    let _heavy = heavy();
     if !require_hf() {
         return;
     }

@@ -52,6 +52,28 @@
 //! * `audit_bundle`: `ftpipe audit` reconciles and `--bundle` holds the
 //!   evidence without the token.
 //! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
+//!
+//! All modules share one process, and libtest runs their tests side by side
+//! (`available_parallelism` threads, as it did within each former binary).
+//! So nothing here may depend on being alone in the process: no test sets
+//! an environment variable, the current directory or a signal handler of
+//! the test process (the binary under test gets its settings on its
+//! `Command`); every server binds port 0 on loopback (nginx probes for a
+//! free port and retries); scratch paths are temp dirs, and each tmux
+//! server has a socket of its own.
+//!
+//! The rule for load: a test that times SIGKILLs or power cuts against its
+//! own calibration run, or drives an external server or client (nginx,
+//! `hf download`), starts with `let _heavy = common::heavy();`; a test that
+//! asserts a tight wall-clock bound starts with `let _time_bounded =
+//! common::time_bounded();`. A heavy test then runs beside light tests only,
+//! never beside another heavy or a time-bounded one, as when every file was
+//! a test binary of its own (and heavy tests of one file, which used to run
+//! side by side, now run one after the other). Today's heavy tests: the kill
+//! storms of `crash`, `chain_crash`, `segmented` and `convert_crash`,
+//! `powercut`, `nginx` and every `hf_cache` test; time-bounded: the three
+//! `faults` tests with a deadline and `disk_full`'s two fills within a
+//! 1.5 s stall.
 
 mod common;
 

@@ -296,6 +296,7 @@ fn committed_bytes(out: &Path, path: &str) -> u64 {
 
 #[test]
 fn kill_and_resume_against_nginx() {
+    let _heavy = heavy();
     let Some(nginx_bin) = find_nginx() else {
         skip_unless_ci("nginx not installed");
         return;

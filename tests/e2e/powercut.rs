@@ -403,6 +403,7 @@ fn timed_ok(cmd: &mut std::process::Command) -> Duration {
 /// before the kill must survive the cut, and a nested repo file is included.
 #[test]
 fn power_cuts_during_run_lose_nothing_reported_durable() {
+    let _heavy = heavy();
     power_cuts(vec![RepoFile::bytes(
         "docs/notes/usage.md",
         &b"nested file: its directories are created by the fetch\n"[..],

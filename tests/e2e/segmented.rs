@@ -268,6 +268,7 @@ fn several_ranges_in_flight(out: &std::path::Path) -> bool {
 
 #[test]
 fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
+    let _heavy = heavy();
     let (hub, files) = hub_with_repo(47, 12 << 20);
     let big = largest(&files);
     cap_connections_at(&hub, &big.path, 25);

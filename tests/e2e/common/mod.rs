@@ -56,6 +56,29 @@ pub fn assert_names(err: &str, needles: &[&str]) {
     }
 }
 
+/// Heavy tests hold it for writing, time-bounded tests for reading (see
+/// [`heavy`], [`time_bounded`] and the rule in main.rs).
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held for the whole of a heavy test (a kill or power-cut storm timed
+/// against its own calibration, an external server or client): no other
+/// heavy test and no [`time_bounded`] test runs meanwhile, as when each
+/// had a test binary of its own. A test that failed holding it does not
+/// block the rest (poisoning is ignored: the lock guards no data).
+pub fn heavy() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Held for the whole of a test with a tight wall-clock bound: it runs
+/// beside light and other time-bounded tests, never beside a [`heavy`] one.
+pub fn time_bounded() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A home for huggingface_hub settings that never exists: the tests do
 /// not see the developer's cache, token or offline switch.
 pub const NO_HF_HOME: &str = "/nonexistent/ftpipe-tests/hf-home";
