@@ -59,8 +59,9 @@
 //! an environment variable, the current directory or a signal handler of
 //! the test process (the binary under test gets its settings on its
 //! `Command`); every server binds port 0 on loopback (nginx probes for a
-//! free port and retries); scratch paths are temp dirs, and each tmux
-//! server has a socket of its own.
+//! free port and retries); scratch paths are temp dirs, each tmux server
+//! has a socket of its own, and `powercut`'s FUSE filesystem, served by
+//! threads of this process, is mounted on a temp dir only its own runs use.
 //!
 //! The rule for load: a test that times SIGKILLs or power cuts against its
 //! own calibration run, or drives an external server or client (nginx,
