@@ -270,6 +270,8 @@ fn kill_storm_over_whole_chains_keeps_every_invariant() {
     let mut mid_file = 0usize;
     let new_dir = |n: usize| -> PathBuf { tmp.path().join(format!("chain-{n}")) };
     let mut out = new_dir(0);
+    // No kill has landed in `out` yet: a run there is a whole chain.
+    let mut from_scratch = true;
     let mut kill = 0;
     while kill < kills {
         let delay = rng.next_u64() % chain_ms;
@@ -289,19 +291,23 @@ fn kill_storm_over_whole_chains_keeps_every_invariant() {
         );
         if status.success() {
             // The chain finished before the kill (not counted as a kill):
-            // check it, start afresh. A whole chain is never longer than
-            // that: a calibration slowed by a busy machine would otherwise
-            // keep the delays past most chains' ends.
-            if child_finished_in(spawned) < chain_ms {
+            // check it, start afresh. If it ran from scratch, a whole chain
+            // is never longer than that: a calibration slowed by a busy
+            // machine would otherwise keep the delays past most chains'
+            // ends. A resumed run's time bounds only what was left of its
+            // chain, so it says nothing about a whole one.
+            if from_scratch && child_finished_in(spawned) < chain_ms {
                 chain_ms = child_finished_in(spawned).max(20);
             }
             exited += 1;
             chains += 1;
             check_finished(&hub, &out, &reference, &label);
             out = new_dir(chains);
+            from_scratch = true;
             continue;
         }
         kill += 1;
+        from_scratch = false;
         let st = check_after_kill(&out, &label);
         mid_file += usize::from(st.mid_file);
         check_components_after_kill(&out, &label);
