@@ -1,8 +1,6 @@
 //! FTEXPERT1: round trips, one-pread record access, one test per check.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ftpipe_formats::ftexpert::{MAX_EXPERTS, MAX_RECORD_FIELDS, MAX_RECORD_TABLE_LEN};
 use ftpipe_formats::*;
 use proptest::prelude::*;

@@ -1,9 +1,7 @@
 //! Q3_PLE_32 segment set: exactly `shard_0..shard_{N-1}` plus the global
 //! scale; every deviation is an error naming the segment.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ftpipe_formats::q3_set::{Q3_GLOBAL_SCALE_NAME, q3_segment_name};
 use ftpipe_formats::*;
 use half::bf16;

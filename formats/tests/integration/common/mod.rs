@@ -1,5 +1,4 @@
 //! Builders of small valid files shared by the integration tests.
-#![allow(dead_code)]
 
 use ftpipe_formats::*;
 use half::bf16;

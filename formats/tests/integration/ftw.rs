@@ -1,9 +1,7 @@
 //! FTW v1: round trips, header-only validation, one test per reader check
 //! and per writer misuse.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ftpipe_formats::ftw::{MAX_FTW_INDEX_LEN, MAX_FTW_TENSORS};
 use ftpipe_formats::*;
 use proptest::prelude::*;

@@ -4,9 +4,7 @@
 //! assert each returns without panicking. The committed corpora are
 //! replayed by `ftpipe-fuzzing`'s own tests.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use ftpipe_formats::*;
 use proptest::prelude::*;
 
@@ -63,7 +61,7 @@ proptest! {
 }
 
 /// Regenerate the committed seed corpus:
-/// `cargo test -p ftpipe-formats --test no_panic -- --ignored write_seed_corpus`.
+/// `cargo test -p ftpipe-formats --test integration -- --ignored no_panic::write_seed_corpus`.
 #[test]
 #[ignore]
 fn write_seed_corpus() {
