@@ -1,0 +1,476 @@
+//! A Hugging Face hub cache filled by the real client (`hf download`,
+//! huggingface_hub 2.4.0) as the first source of pinned files, the hub's
+//! token conventions, and offline mode.
+//!
+//! Every test starts the fixture hub on loopback, lets `hf download` fill a
+//! temporary `HF_HOME`, then runs `ftpipe` with that `HF_HOME` and checks
+//! the hub's request log: what the cache holds (and verifies) must not be
+//! requested again. Skipped locally without `hf`; a failure under `CI`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use ftpipe_fixtures::checkpoint::content_bytes;
+use ftpipe_fixtures::{Fault, FaultRule, Origin, RepoFile, RunningHub};
+
+fn hf_available() -> bool {
+    Command::new("hf")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `false` (after a note) when `hf` is missing; CI requires it.
+fn require_hf() -> bool {
+    if hf_available() {
+        return true;
+    }
+    skip_unless_ci("`hf` (huggingface_hub) not installed");
+    false
+}
+
+/// `hf download REPO [--revision REV]` into the cache of `hf_home`.
+fn hf_download(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Command {
+    let mut cmd = Command::new("hf");
+    cmd.args(["download", REPO]);
+    if let Some(rev) = revision {
+        cmd.args(["--revision", rev]);
+    }
+    cmd.env("HF_ENDPOINT", endpoint)
+        .env("HF_HOME", hf_home)
+        .env("HF_HUB_DISABLE_TELEMETRY", "1")
+        .env("HF_HUB_DISABLE_XET", "1")
+        .env("HF_TOKEN", "hf_fixture_dummy_token")
+        .env_remove("HF_HUB_CACHE")
+        .env_remove("HF_HUB_OFFLINE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn hf_download_ok(endpoint: &str, hf_home: &Path, revision: Option<&str>) {
+    let o = hf_download(endpoint, hf_home, revision).output().unwrap();
+    assert!(o.status.success(), "hf download failed: {}", stderr(&o));
+}
+
+/// Body bytes the hub served for file bodies (resolve or CDN, 200/206).
+fn body_bytes_served(hub: &RunningHub) -> u64 {
+    hub.requests()
+        .iter()
+        .filter(|r| r.method == "GET" && (r.status == 200 || r.status == 206))
+        .filter(|r| r.origin == Origin::Cdn || r.path.contains("/resolve/"))
+        .map(|r| r.body_bytes)
+        .sum()
+}
+
+fn blobs_dir(hf_home: &Path) -> PathBuf {
+    hf_home.join("hub/models--acme--tiny/blobs")
+}
+
+/// `ftpipe fetch --json` with `HF_HOME` set, parsed as JSON lines.
+fn fetch_json(
+    hub: &RunningHub,
+    out: &Path,
+    hf_home: &Path,
+    extra: &[&str],
+) -> (Output, Vec<serde_json::Value>) {
+    let mut cmd = fetch_cmd(&hub.endpoint(), out, &["--json"]);
+    cmd.args(extra).env("HF_HOME", hf_home);
+    let o = run(&mut cmd);
+    let lines = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    (o, lines)
+}
+
+fn events<'a>(lines: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json::Value> {
+    lines.iter().filter(|v| v["event"] == name).collect()
+}
+
+fn sha256_of(f: &RepoFile) -> String {
+    sha256_hex(&content_bytes(f).unwrap())
+}
+
+#[test]
+fn a_full_cache_is_adopted_without_a_body_byte_from_the_hub() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let (hub, files) = hub_with_repo(31, 6 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    hf_download_ok(&hub.endpoint(), &hf_home, None);
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(body_bytes_served(&hub), 0, "{:#?}", hub.requests());
+    assert_files_match(&out, &files);
+    let adopted = events(&lines, "file_adopted");
+    assert_eq!(adopted.len(), files.len(), "{lines:#?}");
+    let summary = lines.last().unwrap();
+    assert_eq!(
+        summary["session"]["hf_cache"],
+        hf_home.join("hub").to_str().unwrap()
+    );
+    assert_eq!(summary["session"]["hf_cache_from"], "HF_HOME");
+    let a = assert_clean_audit(&out);
+    let total: u64 = files.iter().map(content_len).sum();
+    assert_eq!(a["cache_bytes"], total, "{a:#}");
+    assert_eq!(a["transferred_bytes"], 0, "{a:#}");
+    let candidates = a["cache_candidates"].as_array().unwrap();
+    assert!(
+        candidates.iter().all(|c| c["outcome"] == "adopted"),
+        "{candidates:#?}"
+    );
+    // The audit table has a line for them.
+    let table = run_ok(ftpipe().args(["audit", "--out"]).arg(&out));
+    let text = String::from_utf8_lossy(&table.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("adopted from HF cache"))
+        .unwrap_or_else(|| panic!("no cache line in:\n{text}"));
+    assert!(!line.trim_end().ends_with(" 0"), "{line}");
+    // The cache is intact: every blob still there.
+    for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
+        assert!(
+            blobs_dir(&hf_home).join(sha256_of(f)).is_file(),
+            "{}",
+            f.path
+        );
+    }
+    // --no-hf-cache skips it.
+    let out2 = tmp.path().join("out2");
+    hub.clear_requests();
+    let (o, lines) = fetch_json(&hub, &out2, &hf_home, &["--no-hf-cache"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(events(&lines, "file_adopted").is_empty());
+    assert_eq!(body_bytes_served(&hub), total);
+}
+
+#[test]
+fn only_blobs_matching_the_pin_are_adopted_from_another_revision() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let (hub, files) = hub_with_repo(32, 6 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    let old = hub.commit(REPO, "main").unwrap();
+    hf_download_ok(&hub.endpoint(), &hf_home, Some(&old));
+    // A new commit changes one shard; the cache holds the old revision.
+    let changed = lfs_file(&files).clone();
+    let mut new_bytes = content_bytes(&changed).unwrap().to_vec();
+    let last = new_bytes.len() - 1;
+    new_bytes[last] ^= 0x5a;
+    hub.update_file(REPO, &changed.path, new_bytes.clone())
+        .unwrap();
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&changed.path)).unwrap(),
+        new_bytes
+    );
+    let adopted: Vec<&str> = events(&lines, "file_adopted")
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    // Unchanged LFS shards are found by their sha256; small files only
+    // through a snapshot of the pinned commit, which the cache lacks.
+    for f in &files {
+        let lfs = f.path.ends_with(".safetensors");
+        let expect = lfs && f.path != changed.path;
+        assert_eq!(
+            adopted.contains(&f.path.as_str()),
+            expect,
+            "{}: {adopted:?}",
+            f.path
+        );
+    }
+    assert!(!body_gets(&hub, &changed.path).is_empty());
+    let a = assert_clean_audit(&out);
+    assert_eq!(audit_line(&a, &changed.path)["cache_bytes"], 0);
+}
+
+#[test]
+fn a_corrupted_cached_blob_is_ignored_recorded_and_refetched() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let (hub, files) = hub_with_repo(33, 6 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    hf_download_ok(&hub.endpoint(), &hf_home, None);
+    let victim = lfs_file(&files).clone();
+    let blob = blobs_dir(&hf_home).join(sha256_of(&victim));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[1000] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let rejected = events(&lines, "cache_rejected");
+    assert_eq!(rejected.len(), 1, "{lines:#?}");
+    assert_eq!(rejected[0]["path"], victim.path.as_str());
+    assert!(
+        rejected[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("sha256 is"),
+        "{}",
+        rejected[0]
+    );
+    assert_eq!(
+        body_bytes_served(&hub),
+        content_len(&victim),
+        "only the victim is fetched"
+    );
+    let a = assert_clean_audit(&out);
+    let rows: Vec<_> = a["cache_candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"] == "rejected")
+        .collect();
+    assert_eq!(rows.len(), 1, "{a:#}");
+    assert_eq!(rows[0]["path"], victim.path.as_str());
+    assert_eq!(audit_line(&a, &victim.path)["cache_bytes"], 0);
+    // The cache was not touched.
+    assert_eq!(std::fs::read(&blob).unwrap(), bytes);
+}
+
+#[test]
+fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    // Shards of ~13 MB: hf writes 10 MiB chunks, so 12 MiB then a stall
+    // leaves a 10 MiB `.incomplete`.
+    let (hub, files) = hub_with_repo(34, 40 << 20);
+    let victim = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .max_by_key(|f| content_len(f))
+        .unwrap()
+        .clone();
+    assert!(content_len(&victim) > 12 << 20, "{}", content_len(&victim));
+    hub.inject(FaultRule::new(
+        victim.path.clone(),
+        Fault::Stall {
+            after: 12 << 20,
+            for_ms: 120_000,
+        },
+    ));
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    let mut child = hf_download(&hub.endpoint(), &hf_home, None)
+        .spawn()
+        .unwrap();
+    let sha = sha256_of(&victim);
+    let others = files.len() - 1;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let incomplete = loop {
+        assert!(Instant::now() < deadline, "hf never left a 10 MiB prefix");
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(rd) = std::fs::read_dir(blobs_dir(&hf_home)) else {
+            continue;
+        };
+        let names: Vec<(String, u64)> = rd
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().unwrap().len(),
+                )
+            })
+            .collect();
+        let complete = names
+            .iter()
+            .filter(|(n, _)| !n.ends_with(".incomplete"))
+            .count();
+        let prefix = names
+            .iter()
+            .find(|(n, len)| n.starts_with(&sha) && n.ends_with(".incomplete") && *len >= 10 << 20);
+        if let (Some((name, _)), true) = (prefix, complete >= others) {
+            break blobs_dir(&hf_home).join(name);
+        }
+    };
+    // kill -9: the client gets no chance to clean up its temp file.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    hub.clear_faults();
+    let prefix_len = std::fs::metadata(&incomplete).unwrap().len();
+    let prefix_bytes = std::fs::read(&incomplete).unwrap();
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let resumed = events(&lines, "file_resumed_from_cache");
+    assert_eq!(resumed.len(), 1, "{lines:#?}");
+    assert_eq!(resumed[0]["bytes"], prefix_len);
+    // The rest only, with a strict Range from the prefix.
+    let gets = body_requests(&hub, &victim.path);
+    assert_eq!(gets.len(), 1, "{gets:#?}");
+    assert_eq!(
+        gets[0].range.as_deref(),
+        Some(format!("bytes={prefix_len}-").as_str())
+    );
+    assert_eq!(body_bytes_served(&hub), content_len(&victim) - prefix_len);
+    let a = assert_clean_audit(&out);
+    let line = audit_line(&a, &victim.path);
+    assert_eq!(line["cache_bytes"], prefix_len, "{line}");
+    assert_eq!(
+        line["transferred_bytes"],
+        content_len(&victim) - prefix_len,
+        "{line}"
+    );
+    // Copied, never moved: the cache still holds the prefix as it was.
+    assert_eq!(std::fs::read(&incomplete).unwrap(), prefix_bytes);
+}
+
+#[test]
+fn the_token_file_is_used_when_hf_token_is_unset_and_written_nowhere() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let (hub, files) = hub_with_repo(35, 2 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    std::fs::create_dir_all(&hf_home).unwrap();
+    const SECRET: &str = "hf_tokenfile_Secret_7f3a9c";
+    std::fs::write(hf_home.join("token"), format!("{SECRET}\n")).unwrap();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_eq!(lines.last().unwrap()["session"]["token_source"], "hf_home");
+    let api = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.origin == Origin::Main)
+        .collect::<Vec<_>>();
+    assert!(
+        !api.is_empty() && api.iter().all(|r| r.authorization),
+        "{api:#?}"
+    );
+    // HF_TOKEN_PATH names another file.
+    let elsewhere = tmp.path().join("elsewhere-token");
+    std::fs::write(&elsewhere, SECRET).unwrap();
+    let out2 = tmp.path().join("out2");
+    let mut cmd = fetch_cmd(&hub.endpoint(), &out2, &["--json"]);
+    cmd.env("HF_HOME", tmp.path().join("empty-home"))
+        .env("HF_TOKEN_PATH", &elsewhere);
+    let o2 = run_ok(&mut cmd);
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o2.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(summary["session"]["token_source"], "token_path");
+    // Never written anywhere: outputs, every file under DIR, the bundle.
+    let bundle = tmp.path().join("evidence.tar.zst");
+    let b = run_ok(
+        ftpipe()
+            .args(["audit", "--out"])
+            .arg(&out)
+            .arg("--bundle")
+            .arg(&bundle),
+    );
+    for o in [&o, &o2, &b] {
+        assert!(!String::from_utf8_lossy(&o.stdout).contains(SECRET));
+        assert!(!stderr(o).contains(SECRET));
+    }
+    let unpacked = zstd::decode_all(std::fs::File::open(&bundle).unwrap()).unwrap();
+    assert!(
+        !contains(&unpacked, SECRET.as_bytes()),
+        "token in the bundle"
+    );
+    for dir in [&out, &out2] {
+        for rel in tree_of(dir) {
+            let p = dir.join(&rel);
+            if p.is_file() {
+                assert!(
+                    !contains(&std::fs::read(&p).unwrap(), SECRET.as_bytes()),
+                    "token in {rel}"
+                );
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let (hub, files) = hub_with_repo(36, 3 << 20);
+    let tmp = tempfile::tempdir().unwrap();
+    let empty_home = tmp.path().join("no-cache");
+    let out = tmp.path().join("out");
+    // No state at all: nothing to pin without the network.
+    hub.clear_requests();
+    let mut cmd = fetch_cmd(&hub.endpoint(), &out, &[]);
+    cmd.env("HF_HOME", &empty_home).env("HF_HUB_OFFLINE", "1");
+    let o = run(&mut cmd);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("offline") && stderr(&o).contains("no pin"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
+    // A complete state: offline fetch is a verified no-op without a request.
+    run_ok(fetch_cmd(&hub.endpoint(), &out, &[]).env("HF_HOME", &empty_home));
+    hub.clear_requests();
+    run_ok(fetch_cmd(&hub.endpoint(), &out, &["--offline"]).env("HF_HOME", &empty_home));
+    assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
+    // Two files gone: offline names both, and the bytes still needed.
+    let gone: Vec<&RepoFile> = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .collect();
+    for f in &gone {
+        std::fs::remove_file(out.join("source").join(&f.path)).unwrap();
+    }
+    let o = run(fetch_cmd(&hub.endpoint(), &out, &["--offline"]).env("HF_HOME", &empty_home));
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    for f in &gone {
+        assert!(err.contains(&f.path), "{err}");
+    }
+    let needed: u64 = gone.iter().map(|f| content_len(f)).sum();
+    assert!(
+        err.contains(&format!("{needed} bytes still needed")),
+        "{err}"
+    );
+    assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
+    // With a cache holding them, offline succeeds from the cache alone.
+    let hf_home = tmp.path().join("hf-home");
+    hf_download_ok(&hub.endpoint(), &hf_home, None);
+    hub.clear_requests();
+    run_ok(
+        fetch_cmd(&hub.endpoint(), &out, &[])
+            .env("HF_HOME", &hf_home)
+            .env("HF_HUB_OFFLINE", "1"),
+    );
+    assert!(hub.requests().is_empty(), "{:#?}", hub.requests());
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+}

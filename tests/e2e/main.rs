@@ -1,0 +1,110 @@
+//! End-to-end tests of the `ftpipe` binary: one test binary (`cargo test
+//! --test e2e`), one module per area; filter by module path, e.g.
+//! `cargo test --test e2e faults::` or `cargo test --test e2e
+//! chain_crash::kill_storm`. Each module's own doc says what it checks.
+//!
+//! * `common`: shared support (fixture hub, the binary as a subprocess,
+//!   readers of its JSON output and SQLite state, ledger invariants).
+//! * `fetch_basic`: a clean fetch, an idempotent re-run, the directory lock.
+//! * `faults`: every fault the fixture hub injects ends in a verified file
+//!   or a clear error.
+//! * `no_progress`: every no-progress loop of fetch ends in bounded time.
+//! * `segmented`: a large file fetched as several HTTP ranges into one
+//!   `.part`, including a kill storm while ranges are in flight.
+//! * `attempts`: attempt byte counts add up to the ledger, also after SIGKILL.
+//! * `crash`: `ftpipe fetch` killed with SIGKILL at seeded moments, then
+//!   resumed and compared with a reference model.
+//! * `chain_crash`: every named crash point of resolve → plan → fetch →
+//!   convert → verify, and a kill storm over whole chains.
+//! * `powercut`: power cuts during `ftpipe run` on a FUSE filesystem that
+//!   keeps only what was fsynced.
+//! * `disk_full`: fetch and conversion on small mounts that fill up.
+//! * `nginx`: kill and resume against a real nginx.
+//! * `hf_cache`: a Hugging Face cache filled by the real `hf download`, the
+//!   hub's token conventions, offline mode.
+//! * `security`: the token stays on the hub's origin and out of all state;
+//!   the pin is sticky.
+//! * `symlinks`: links, hard links and FIFOs planted in `DIR` are refused.
+//! * `bad_input`: hostile or inconsistent listings, JSON, sizes and files on
+//!   disk end in a clear error.
+//! * `limits`: everything read from outside is bounded (listing, manifest).
+//! * `tty_progress`: the progress bars in a real terminal (tmux).
+//! * `plan`: `ftpipe plan`, remote (headers over HTTP Range) and local.
+//! * `plan_real_geometry`: planning the released Qwen4-Exp geometry from
+//!   sparse files.
+//! * `convert`: `ftpipe run` converts a qwen4_exp checkpoint and the
+//!   artifact reads back equal to the source.
+//! * `convert_modelopt`: ModelOpt input scales and fused NVFP4 experts pass
+//!   through exactly.
+//! * `convert_release`: the released Qwen4-Exp layout, its bad inputs, and
+//!   interrupted runs.
+//! * `convert_bad_input`: malformed sources fail naming the file and tensor,
+//!   then resume once fixed.
+//! * `convert_crash`: `ftpipe convert` killed with SIGKILL at seeded moments,
+//!   with and without `--retire-sources`.
+//! * `convert_identity`: no silent reuse of an artifact from another
+//!   converter variant or other sources.
+//! * `convert_retire`: regressions of `--retire-sources`.
+//! * `recipe`: a model no profile knows, converted with a TOML recipe.
+//! * `verify`: `ftpipe verify` on a copied artifact names every tampered
+//!   component.
+//! * `inspect`: `ftpipe inspect` on FTW, FTEXPERT and safetensors files.
+//! * `audit_bundle`: `ftpipe audit` reconciles and `--bundle` holds the
+//!   evidence without the token.
+//! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
+//!
+//! All modules share one process, and libtest runs their tests side by side
+//! (`available_parallelism` threads, as it did within each former binary).
+//! So nothing here may depend on being alone in the process: no test sets
+//! an environment variable, the current directory or a signal handler of
+//! the test process (the binary under test gets its settings on its
+//! `Command`); every server binds port 0 on loopback (nginx probes for a
+//! free port and retries); scratch paths are temp dirs, each tmux server
+//! has a socket of its own, and `powercut`'s FUSE filesystem, served by
+//! threads of this process, is mounted on a temp dir only its own runs use.
+//!
+//! The rule for load: a test that times SIGKILLs or power cuts against its
+//! own calibration run, or drives an external server or client (nginx,
+//! `hf download`), starts with `let _heavy = common::heavy();`; a test that
+//! asserts a tight wall-clock bound starts with `let _time_bounded =
+//! common::time_bounded();`. A heavy test then runs beside light tests only,
+//! never beside another heavy or a time-bounded one, as when every file was
+//! a test binary of its own (and heavy tests of one file, which used to run
+//! side by side, now run one after the other). Today's heavy tests: the kill
+//! storms of `crash`, `chain_crash`, `segmented` and `convert_crash`,
+//! `powercut`, `nginx` and every `hf_cache` test; time-bounded: the three
+//! `faults` tests with a deadline and `disk_full`'s two fills within a
+//! 1.5 s stall.
+
+mod common;
+
+mod attempts;
+mod audit_bundle;
+mod bad_input;
+mod chain_crash;
+mod convert;
+mod convert_bad_input;
+mod convert_crash;
+mod convert_identity;
+mod convert_modelopt;
+mod convert_release;
+mod convert_retire;
+mod crash;
+mod demo;
+mod disk_full;
+mod faults;
+mod fetch_basic;
+mod hf_cache;
+mod inspect;
+mod limits;
+mod nginx;
+mod no_progress;
+mod plan;
+mod plan_real_geometry;
+mod powercut;
+mod recipe;
+mod security;
+mod segmented;
+mod symlinks;
+mod tty_progress;
+mod verify;

@@ -1,0 +1,352 @@
+//! Segmented fetch: a large file as several HTTP ranges into one `.part`,
+//! each with its own durable watermark. Real HTTP to the fixture hub, which
+//! caps each connection (a trickle per GET) so that ranges overlap in time.
+
+use crate::common::*;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use ftpipe_fixtures::{Fault, FaultRule, RepoFile, RunningHub};
+
+/// Segmentation knobs scaled to the fixture: files of at least 1 MiB are
+/// split, never below 256 KiB, with frequent checkpoints.
+const SEGMENTED: &[&str] = &[
+    "--segment-threshold",
+    "1MiB",
+    "--min-range",
+    "256KiB",
+    "--connections",
+    "6",
+    "--checkpoint-bytes",
+    "131072",
+    "--checkpoint-secs",
+    "0.05",
+];
+
+/// The largest file of the repo (the one that gets split).
+struct Big {
+    path: String,
+    size: u64,
+}
+
+fn largest(files: &[RepoFile]) -> Big {
+    let f = files.iter().max_by_key(|f| content_len(f)).unwrap();
+    Big {
+        path: f.path.clone(),
+        size: content_len(f),
+    }
+}
+
+/// Every later body GET of `path` is capped at about 1.6 MB/s per
+/// connection (inject other faults first: the first matching rule fires).
+fn cap_connections(hub: &RunningHub, path: &str) {
+    cap_connections_at(hub, path, 10);
+}
+
+/// 16 KiB per `every_ms` on each connection.
+fn cap_connections_at(hub: &RunningHub, path: &str, every_ms: u64) {
+    hub.inject(
+        FaultRule::new(
+            path,
+            Fault::Trickle {
+                bytes: 16 * 1024,
+                every_ms,
+            },
+        )
+        .times(100_000),
+    );
+}
+
+/// Distinct `Range` request starts for `path`, in order of first use.
+fn range_starts(hub: &RunningHub, path: &str) -> Vec<u64> {
+    let mut starts = Vec::new();
+    for r in body_requests(hub, path) {
+        let start = r
+            .range
+            .as_deref()
+            .and_then(|v| v.strip_prefix("bytes="))
+            .and_then(|v| v.split('-').next())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(s) = start
+            && !starts.contains(&s)
+        {
+            starts.push(s);
+        }
+    }
+    starts
+}
+
+/// Σ attempt bytes per path equals the ledger's transferred bytes.
+fn assert_attempts_add_up(out: &std::path::Path) {
+    for l in ledger_snapshot(out) {
+        let sum = query(
+            out,
+            &format!(
+                "SELECT COALESCE(SUM(body_bytes), 0) FROM attempts WHERE path = {}",
+                sql_str(&l.path)
+            ),
+        );
+        assert_eq!(
+            sum,
+            [l.transferred.to_string()],
+            "attempt bytes of {}",
+            l.path
+        );
+    }
+}
+
+#[test]
+fn a_large_file_is_fetched_as_several_ranges_and_verified() {
+    let (hub, files) = hub_with_repo(41, 6 << 20);
+    let big = largest(&files);
+    assert!(big.size >= 2 << 20, "fixture shard {} B", big.size);
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    let starts = range_starts(&hub, &big.path);
+    assert!(
+        starts.len() >= 3,
+        "{} fetched with ranges starting at {starts:?}",
+        big.path
+    );
+    // Every range request asked for an aligned start and got exactly it.
+    for r in body_requests(&hub, &big.path) {
+        assert_eq!(r.status, 206, "{r:?}");
+    }
+    for s in &starts {
+        assert_eq!(s % 65536, 0, "range start {s} not aligned");
+    }
+    // Nothing fetched twice: no discards, transferred = size.
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.transferred, big.size, "{l:?}");
+    assert!(discards(&out, &big.path).is_empty());
+    assert_attempts_add_up(&out);
+    assert_eq!(query(&out, "SELECT count(*) FROM fetch_ranges"), ["0"]);
+    // Ranges ran at the same time: more than one connection's worth of
+    // rate (at most 1 s of one capped stream per 1.6 MB).
+    let attempts = query(
+        &out,
+        &format!(
+            "SELECT count(*) FROM attempts WHERE path = {} AND outcome = 'ok'",
+            sql_str(&big.path)
+        ),
+    );
+    assert_eq!(attempts, [starts.len().to_string()]);
+}
+
+#[test]
+fn quiet_prints_nothing_on_success() {
+    let (hub, _) = hub_with_repo(42, 1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(fetch_cmd(&hub.endpoint(), &out, &[]).arg("--quiet"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    // Errors still reach stderr.
+    let o = run(ftpipe()
+        .args([
+            "fetch",
+            "acme/missing",
+            "--endpoint",
+            &hub.endpoint(),
+            "--quiet",
+            "--out",
+        ])
+        .arg(dir.path().join("other")));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("acme/missing"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_server_that_ignores_ranges_gets_one_stream() {
+    let (hub, files) = hub_with_repo(43, 6 << 20);
+    let big = largest(&files);
+    hub.inject(FaultRule::new(&big.path, Fault::IgnoreRange).times(100_000));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    let gets = body_requests(&hub, &big.path);
+    assert_eq!(gets.len(), 1, "one 200 stream: {gets:?}");
+    assert_eq!(gets[0].status, 200);
+    assert_eq!(ledger(&out, &big.path).transferred, big.size);
+}
+
+#[test]
+fn a_range_answered_with_200_after_a_split_falls_back_to_one_stream() {
+    let (hub, files) = hub_with_repo(44, 6 << 20);
+    let big = largest(&files);
+    // The second range request (a split) is answered with the full body.
+    hub.inject(FaultRule::new(&big.path, Fault::IgnoreRange).nth(2));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert!(
+        discard_reasons(&out, &big.path).contains(&"range_not_honoured".to_owned()),
+        "{:?}",
+        discard_reasons(&out, &big.path)
+    );
+    assert_attempts_add_up(&out);
+}
+
+#[test]
+fn a_file_that_changes_mid_fetch_is_refused_while_ranges_are_in_flight() {
+    let (hub, files) = hub_with_repo(45, 6 << 20);
+    let big = largest(&files);
+    let new: Vec<u8> = (0..big.size).map(|i| (i * 7 % 251) as u8).collect();
+    // The third request (a split range) sees new content under the same
+    // path and commit: a 200 with another ETag and X-Linked-Etag.
+    hub.inject(FaultRule::new(&big.path, Fault::ChangeContent { new: new.into() }).nth(3));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("changed under the pinned commit"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!has_receipt(&out, &big.path));
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    assert_attempts_add_up(&out);
+    // Nothing of the new content was kept: what is durable is the old
+    // version's prefix of each range, stored before the change.
+    let starts = range_starts(&hub, &big.path);
+    assert!(starts.len() >= 3, "{starts:?}");
+}
+
+#[test]
+fn a_lying_content_range_on_a_range_is_retried() {
+    let (hub, files) = hub_with_repo(46, 6 << 20);
+    let big = largest(&files);
+    hub.inject(FaultRule::new(&big.path, Fault::WrongContentRange).nth(2));
+    hub.inject(FaultRule::new(&big.path, Fault::ResetMidBody { after: 300_000 }).nth(3));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let outcomes = attempt_outcomes(&out, &big.path);
+    assert!(
+        outcomes.iter().filter(|o| *o == "retry").count() >= 2,
+        "{outcomes:?}"
+    );
+}
+
+/// Paths with at least two attempts in flight at once (several ranges of
+/// one file being fetched when the process died).
+fn several_ranges_in_flight(out: &std::path::Path) -> bool {
+    try_query(
+        out,
+        "SELECT count(*) FROM (SELECT path FROM attempts WHERE outcome = 'in_flight'
+           GROUP BY path HAVING count(*) >= 2)",
+    )
+    .map(|v| v != ["0"])
+    .unwrap_or(false)
+}
+
+#[test]
+fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
+    let _heavy = heavy();
+    let (hub, files) = hub_with_repo(47, 12 << 20);
+    let big = largest(&files);
+    cap_connections_at(&hub, &big.path, 25);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(crash_seed());
+    let mut kills = 0;
+    let mut in_flight_kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "did not finish");
+        let mut child = fetch_cmd(&hub.endpoint(), &out, SEGMENTED)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let wait = Duration::from_millis(150 + rng.next_u64() % 500);
+        std::thread::sleep(wait);
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        let st = check_after_kill(&out, &format!("kill {kills}"));
+        in_flight_kills += usize::from(several_ranges_in_flight(&out));
+        // The ranges tile the file and their durable sum is the ledger's.
+        let sums = query(
+            &out,
+            &format!(
+                "SELECT COALESCE(SUM(watermark - start), -1) || '|' || COALESCE(SUM(end_ - start), 0)
+                 FROM fetch_ranges WHERE path = {}",
+                sql_str(&big.path)
+            ),
+        );
+        let l = ledger(&out, &big.path);
+        if sums[0] != "-1|0" {
+            assert_eq!(
+                sums[0],
+                format!("{}|{}", l.committed, big.size),
+                "kill {kills}: ranges vs ledger {l:?}"
+            );
+        }
+        let _ = st;
+    }
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    assert!(kills >= 3, "only {kills} kills landed");
+    assert!(
+        in_flight_kills >= 1,
+        "no kill landed while several ranges of one file were in flight ({kills} kills)"
+    );
+    // Bytes fetched twice are exactly the recorded discards, all of them
+    // un-checkpointed tails.
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.transferred, big.size + l.discarded, "{l:?}");
+    // No tail is counted that the hub did not send (a tail measured twice,
+    // or a hole taken for written bytes, would exceed it).
+    let sent: u64 = body_requests(&hub, &big.path)
+        .iter()
+        .map(|r| r.body_bytes)
+        .sum();
+    assert!(
+        l.transferred <= sent,
+        "ledger says {} transferred, the hub sent {sent}",
+        l.transferred
+    );
+    for reason in discard_reasons(&out, &big.path) {
+        assert!(
+            reason == "uncheckpointed_tail" || reason == "unaligned_remainder",
+            "unexpected discard {reason}"
+        );
+    }
+    eprintln!(
+        "{kills} kills, {in_flight_kills} with several ranges in flight; {} bytes fetched twice",
+        l.discarded
+    );
+}
