@@ -775,7 +775,7 @@ mod tests {
     /// Regenerates the seed files of the stage-parser corpora:
     /// `cargo test -p ftpipe-fuzzing -- --ignored write_seed_corpus`.
     /// (`manifest_placement` seeds come from a real artifact, the
-    /// `recipe_toml` seed is the recipe of `tests/recipe.rs`: see
+    /// `recipe_toml` seed is the recipe of `tests/e2e/recipe.rs`: see
     /// docs/fuzzing.md.)
     #[test]
     #[ignore]
