@@ -17,8 +17,8 @@ use clap::{Args, Parser, Subcommand};
 
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
-use ftpipe_stages::convert::ConvertOptions;
 use ftpipe_stages::convert::profile::Partition;
+use ftpipe_stages::convert::{ConvertError, ConvertOptions};
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::Token;
@@ -32,6 +32,7 @@ mod exit {
     pub const AUDIT_FAILED: u8 = 4;
     pub const NO_SPACE: u8 = 5;
     pub const VERIFY_FAILED: u8 = 6;
+    pub const INTERNAL: u8 = 7;
 }
 
 /// `verify` found problems (already listed on stdout).
@@ -806,8 +807,23 @@ fn describe(err: &anyhow::Error) -> String {
     out
 }
 
+/// Whether `e` is a broken invariant or a failed task (a bug).
+fn is_internal(e: &StageError) -> bool {
+    matches!(
+        e,
+        StageError::Internal { .. } | StageError::Convert(ConvertError::Internal { .. })
+    )
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
+        let stage = match cause.downcast_ref::<PipelineError>() {
+            Some(PipelineError::Stage(s)) => Some(s),
+            _ => cause.downcast_ref::<StageError>(),
+        };
+        if stage.is_some_and(is_internal) {
+            return exit::INTERNAL;
+        }
         if cause.downcast_ref::<VerifyFailed>().is_some() {
             return exit::VERIFY_FAILED;
         }
@@ -891,5 +907,26 @@ mod tests {
         let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
         let denied = anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", other)));
         assert_eq!(exit_code(&denied), exit::FAILURE);
+        let join = std::io::Error::other("task panicked");
+        let task = StageError::internal_from("conversion task", join);
+        assert!(
+            task.to_string().ends_with("conversion task: task panicked"),
+            "{task}"
+        );
+        let in_pipeline = anyhow::Error::from(PipelineError::Stage(task));
+        assert_eq!(exit_code(&in_pipeline), exit::INTERNAL);
+        assert_eq!(
+            describe(&in_pipeline),
+            "internal error (a bug, please report it): conversion task: task panicked",
+            "the cause is printed once"
+        );
+        let invariant = ConvertError::internal("MoE layer 3 has no experts");
+        let direct = anyhow::Error::from(StageError::from(invariant)).context("convert");
+        assert_eq!(exit_code(&direct), exit::INTERNAL);
+        let input = anyhow::Error::from(StageError::InvalidInput {
+            what: "glob",
+            message: "x".into(),
+        });
+        assert_eq!(exit_code(&input), exit::FAILURE);
     }
 }

@@ -72,10 +72,11 @@ impl Pipeline {
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
         self.stage("plan", async {
-            let pin = self.store.pin().await?.ok_or_else(|| StageError::InvalidInput {
-                what: "pin",
-                message: "resolve did not pin a commit".into(),
-            })?;
+            let pin = self
+                .store
+                .pin()
+                .await?
+                .ok_or_else(|| StageError::internal("resolve did not pin a commit"))?;
             let files = self.store.files().await?;
             let selected: Vec<_> = files.iter().filter(|f| f.selected).cloned().collect();
             let sources_needed = bytes_still_needed(&self.store, &selected).await?;

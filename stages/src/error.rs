@@ -186,6 +186,29 @@ pub enum StageError {
     /// Invalid user input (glob, endpoint, token file).
     #[error("invalid {what}: {message}")]
     InvalidInput { what: &'static str, message: String },
+    /// A broken invariant or a task that panicked or was cancelled: a bug,
+    /// not bad input. Durable state stays consistent (nothing is recorded
+    /// for the work that failed), so a re-run resumes.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A state file ftpipe wrote under `DIR/.ftpipe` does not parse: it
+    /// was damaged or edited since.
+    #[error("{path}: damaged state file (ftpipe wrote it; it was changed since): {source}")]
+    MalformedState {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A state file ftpipe wrote parses but holds an impossible value.
+    #[error("{path}: damaged state file (ftpipe wrote it; it was changed since): {problem}")]
+    BadState { path: PathBuf, problem: String },
     /// A repository id or revision breaks the hub's naming rules.
     #[error("{message}")]
     BadName { message: String },
@@ -216,6 +239,25 @@ impl StageError {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    /// A broken invariant (see [`StageError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        StageError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failed task join or another internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StageError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
         }
     }
 

@@ -89,13 +89,14 @@ pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Opti
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StageError::io("read", &path, e)),
     };
-    let marker: Marker = serde_json::from_slice(&bytes).map_err(|e| StageError::InvalidInput {
-        what: "set-aside marker",
-        message: format!("{}: {e}", path.display()),
-    })?;
-    crate::paths::validate_repo_path(&marker.to).map_err(|e| StageError::InvalidInput {
-        what: "set-aside marker",
-        message: format!("{}: destination {:?}: {e}", path.display(), marker.to),
+    let marker: Marker =
+        serde_json::from_slice(&bytes).map_err(|source| StageError::MalformedState {
+            path: path.clone(),
+            source,
+        })?;
+    crate::paths::validate_repo_path(&marker.to).map_err(|e| StageError::BadState {
+        path: path.clone(),
+        problem: format!("set-aside destination {:?}: {e}", marker.to),
     })?;
     let committed =
         store.artifact_log().await?.last().is_some_and(|a| {

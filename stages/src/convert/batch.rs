@@ -105,10 +105,7 @@ impl Batch<'_> {
         let mut first_err = None;
         let mut written = 0;
         while let Some(joined) = results.next().await {
-            let (c, r) = joined.map_err(|e| StageError::InvalidInput {
-                what: "conversion task",
-                message: e.to_string(),
-            })?;
+            let (c, r) = joined.map_err(|e| StageError::internal_from("conversion task", e))?;
             match r {
                 None => {}
                 Some(Err(e)) => {

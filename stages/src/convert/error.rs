@@ -335,9 +335,40 @@ pub enum ConvertError {
         files.join(", ")
     )]
     SourcesNotFetched { count: usize, files: Vec<String> },
+    /// A broken invariant of planning or conversion: a bug, not bad input.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Existing output was made under another identity.
     #[error(
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
     )]
     StaleArtifact { dir: String, reasons: String },
+}
+
+impl ConvertError {
+    /// A broken invariant (see [`ConvertError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        ConvertError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ConvertError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
 }

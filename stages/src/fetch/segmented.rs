@@ -439,10 +439,7 @@ impl Coordinator {
                     .clone()
                     .acquire_owned()
                     .await
-                    .map_err(|e| StageError::InvalidInput {
-                        what: "connection pool",
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| StageError::internal_from("connection pool", e))?;
                 self.permits.push(permit);
                 continue;
             }
@@ -454,10 +451,7 @@ impl Coordinator {
             tokio::select! {
                 joined = workers.join_next() => {
                     let Some(joined) = joined else { continue };
-                    let end = joined.map_err(|e| StageError::InvalidInput {
-                        what: "range task",
-                        message: e.to_string(),
-                    })?;
+                    let end = joined.map_err(|e| StageError::internal_from("range task", e))?;
                     let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays, &mut pending_delay).await?;
                     match outcome {
                         Next::Continue => {}
