@@ -286,6 +286,12 @@ impl StageError {
     }
 }
 
+impl From<crate::convert::RecipeError> for StageError {
+    fn from(e: crate::convert::RecipeError) -> Self {
+        StageError::Convert(e.into())
+    }
+}
+
 impl From<ftpipe_fs::FsError> for StageError {
     fn from(e: ftpipe_fs::FsError) -> Self {
         match e {

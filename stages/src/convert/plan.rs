@@ -21,7 +21,7 @@ use tokio::task::block_in_place;
 
 use super::error::ConvertError;
 use super::profile::{CONFIG_FILE, Component, OmittedTensor, Profile, model_type};
-use super::recipe::{MAX_RECIPE_BYTES, Recipe};
+use super::recipe::{MAX_RECIPE_BYTES, Recipe, RecipeError};
 use super::safetensors::{SourceError, SourceHeader};
 use crate::error::{Result, StageError};
 use crate::fetch::parse_content_range;
@@ -159,7 +159,7 @@ pub fn load_recipe(path: &Path) -> Result<Recipe> {
     let label = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| StageError::io("read", path, e))?;
     if meta.len() > MAX_RECIPE_BYTES as u64 {
-        return Err(ConvertError::RecipeTooLarge {
+        return Err(RecipeError::TooLarge {
             file: label,
             len: meta.len(),
             limit: MAX_RECIPE_BYTES as u64,

@@ -64,7 +64,7 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
 use super::nvfp4::{NVFP4_PARTS, companion_of, is_nvfp4, nvfp4_module};
-use super::recipe::Recipe;
+use super::recipe::{Recipe, RecipeError};
 use super::safetensors::SourceHeader;
 
 pub use super::component::{
@@ -275,11 +275,12 @@ impl Profile {
         };
         let mt = model_type(cfg)?;
         if mt != r.model_type() {
-            return Err(ConvertError::RecipeModelType {
+            return Err(RecipeError::ModelType {
                 file: r.file().to_owned(),
                 recipe: r.model_type().to_owned(),
                 config: mt.to_owned(),
-            });
+            }
+            .into());
         }
         Ok(Profile::Recipe(r.bind(cfg)?))
     }
