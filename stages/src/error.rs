@@ -56,8 +56,13 @@ pub enum StageError {
         bytes: u64,
     },
     /// A network request failed before any response.
-    #[error("request to {url} failed: {message}")]
-    Http { url: String, message: String },
+    #[error("request to {url} failed: {source}")]
+    Http {
+        url: String,
+        /// Without its URL (`url` is the redacted one).
+        #[source]
+        source: reqwest::Error,
+    },
     /// The server answered with a status we cannot use.
     #[error("{url} answered HTTP {status}{detail}")]
     Status {
@@ -69,8 +74,12 @@ pub enum StageError {
     #[error("response from {url} exceeds the limit of {limit} bytes")]
     OversizedResponse { url: String, limit: u64 },
     /// A JSON response did not parse.
-    #[error("malformed JSON from {url}: {message}")]
-    MalformedJson { url: String, message: String },
+    #[error("malformed JSON from {url}: {source}")]
+    MalformedJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A listing field failed validation.
     #[error("listing entry {path:?}: {problem}")]
     BadListing { path: String, problem: String },
@@ -232,8 +241,9 @@ pub enum StageError {
 }
 
 impl StageError {
-    /// Wraps an I/O error with the operation and path, mapping ENOSPC
-    /// callers handle separately.
+    /// Wraps an I/O error with the operation and path. A full disk
+    /// (`ErrorKind::StorageFull`) stays the source, which is how the
+    /// binary finds it anywhere in the chain (exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StageError::Io {
             op,

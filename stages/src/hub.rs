@@ -111,7 +111,7 @@ impl HubClient {
             .build()
             .map_err(|e| StageError::Http {
                 url: endpoint.to_string(),
-                message: e.to_string(),
+                source: e.without_url(),
             })?;
         Ok(HubClient {
             http,
@@ -177,9 +177,9 @@ impl HubClient {
         limit: u64,
     ) -> Result<(T, HeaderMap, u64)> {
         let (body, headers) = self.get_bytes_limited(url, limit).await?;
-        let value = serde_json::from_slice(&body).map_err(|e| StageError::MalformedJson {
+        let value = serde_json::from_slice(&body).map_err(|source| StageError::MalformedJson {
             url: url.to_string(),
-            message: e.to_string(),
+            source,
         })?;
         Ok((value, headers, body.len() as u64))
     }
@@ -196,7 +196,7 @@ impl HubClient {
         }
         let mut resp = req.send().await.map_err(|e| StageError::Http {
             url: url.to_string(),
-            message: e.without_url().to_string(),
+            source: e.without_url(),
         })?;
         let status = resp.status();
         if !status.is_success() {
@@ -222,7 +222,7 @@ impl HubClient {
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| StageError::Http {
             url: url.to_string(),
-            message: e.without_url().to_string(),
+            source: e.without_url(),
         })? {
             if body.len() as u64 + chunk.len() as u64 > limit {
                 return Err(StageError::OversizedResponse {
@@ -258,7 +258,7 @@ impl HubClient {
             }
             let resp = req.send().await.map_err(|e| StageError::Http {
                 url: redact(&url),
-                message: e.without_url().to_string(),
+                source: e.without_url(),
             })?;
             let headers = resp.headers();
             meta.gather(headers);

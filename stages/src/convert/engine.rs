@@ -146,7 +146,7 @@ fn read_config(source: &Path) -> Result<Value> {
     serde_json::from_slice(&bytes).map_err(|e| {
         ConvertError::MalformedJson {
             file: CONFIG_FILE.into(),
-            message: e.to_string(),
+            source: e,
         }
         .into()
     })

@@ -39,6 +39,15 @@ pub enum ConvertError {
         missing: u64,
         highest: u64,
     },
+    /// A glob of a config field does not compile.
+    #[error("{file}: {field} has an invalid pattern {pattern:?}: {source}")]
+    InvalidConfigGlob {
+        file: String,
+        field: String,
+        pattern: String,
+        #[source]
+        source: globset::Error,
+    },
     /// A config field is missing or has the wrong type.
     #[error("{file}: {field} {problem}")]
     BadConfig {
@@ -47,8 +56,15 @@ pub enum ConvertError {
         problem: String,
     },
     /// A JSON file (config, index) does not parse.
-    #[error("{file}: malformed JSON: {message}")]
-    MalformedJson { file: String, message: String },
+    #[error("{file}: malformed JSON: {source}")]
+    MalformedJson {
+        file: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSON file (config, index) exceeds its size limit.
+    #[error("{file}: malformed JSON: {len} bytes exceed the limit of {limit}")]
+    JsonTooLarge { file: String, len: u64, limit: u64 },
     /// A key repeats in a JSON object of a source file (a map would keep
     /// only the last).
     #[error("{file}: duplicate key(s): {keys}")]
@@ -159,12 +175,21 @@ pub enum ConvertError {
         source: ftpipe_formats::FormatError,
     },
     /// A source file could not be read where the plan put a tensor.
-    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {message}")]
+    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {source}")]
     SourceRead {
         file: String,
         tensor: String,
         offset: u64,
-        message: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tensor read whole holds the wrong number of bytes.
+    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {problem}")]
+    BadSourceValue {
+        file: String,
+        tensor: String,
+        offset: u64,
+        problem: String,
     },
     /// A tensor to be quantized holds NaN or infinity.
     #[error(

@@ -78,9 +78,9 @@ impl Plan {
 
 /// Parses `bytes` of `file`, refusing a key repeated in any object.
 fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
-    let malformed = |e: serde_json::Error| ConvertError::MalformedJson {
+    let malformed = |source: serde_json::Error| ConvertError::MalformedJson {
         file: file.to_owned(),
-        message: e.to_string(),
+        source,
     };
     let value = serde_json::from_slice(bytes).map_err(malformed)?;
     let dups = crate::json_keys::duplicate_keys(bytes).map_err(malformed)?;
@@ -246,9 +246,10 @@ fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
             }));
         }
         Ok(m) if m.len() > MAX_JSON_BYTES => {
-            return Err(StageError::from(ConvertError::MalformedJson {
+            return Err(StageError::from(ConvertError::JsonTooLarge {
                 file: file.to_owned(),
-                message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", m.len()),
+                len: m.len(),
+                limit: MAX_JSON_BYTES,
             }));
         }
         _ => {}
@@ -304,10 +305,10 @@ pub fn plan_local_saved(
                 let (header, json) = SourceHeader::read_with_json(&path, &file)
                     .map_err(|e| StageError::io("read", &path, e))?
                     .map_err(ConvertError::from)?;
-                let json = String::from_utf8(json).map_err(|e| {
-                    ConvertError::from(SourceError::MalformedHeader {
+                let json = String::from_utf8(json).map_err(|source| {
+                    ConvertError::from(SourceError::HeaderNotUtf8 {
                         file: file.clone(),
-                        message: format!("header is not UTF-8: {e}"),
+                        source,
                     })
                 })?;
                 let kept = SavedHeader {
@@ -410,9 +411,10 @@ async fn get_small(
     file: &FileRow,
 ) -> Result<Vec<u8>> {
     if file.size > MAX_JSON_BYTES {
-        return Err(ConvertError::MalformedJson {
+        return Err(ConvertError::JsonTooLarge {
             file: file.path.clone(),
-            message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", file.size),
+            len: file.size,
+            limit: MAX_JSON_BYTES,
         }
         .into());
     }
@@ -625,6 +627,21 @@ mod tests {
     use ftpipe_fixtures::checkpoint::content_bytes;
     use ftpipe_fixtures::qwen4::{self, Mutation, QwenShape};
     use ftpipe_formats::{Dtype, TensorKind};
+
+    /// Malformed JSON names the file and the parser's position, and keeps
+    /// the parser's error as the source for programs walking the chain.
+    #[test]
+    fn malformed_json_keeps_the_parser_error_as_its_source() {
+        let e = parse_json("config.json", b"{\"a\": }").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("config.json: malformed JSON: expected value at line 1 column 7"),
+            "{msg}"
+        );
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(source.downcast_ref::<serde_json::Error>().is_some(), "{source:?}");
+        assert!(msg.ends_with(&source.to_string()), "{msg}");
+    }
 
     fn plan_of(files: &[RepoFile]) -> Result<Plan, ConvertError> {
         let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();

@@ -86,16 +86,20 @@ pub use release::{OmittedTensor, Partition, Release};
 fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
-        b.add(Glob::new(p).map_err(|e| ConvertError::BadConfig {
-            file: CONFIG_FILE.into(),
-            field: what.into(),
-            problem: format!("has an invalid pattern {p:?}: {e}"),
-        })?);
+        b.add(
+            Glob::new(p).map_err(|source| ConvertError::InvalidConfigGlob {
+                file: CONFIG_FILE.into(),
+                field: what.into(),
+                pattern: p.clone(),
+                source,
+            })?,
+        );
     }
-    b.build().map_err(|e| ConvertError::BadConfig {
+    b.build().map_err(|source| ConvertError::InvalidConfigGlob {
         file: CONFIG_FILE.into(),
         field: what.into(),
-        problem: e.to_string(),
+        pattern: patterns.join(" "),
+        source,
     })
 }
 
