@@ -420,10 +420,16 @@ pub fn manifest_placement(data: &[u8]) {
     let Ok(manifest) = serde_json::from_slice::<Manifest>(m) else {
         return;
     };
-    let bytes = manifest.to_bytes();
+    let bytes = manifest.to_bytes().expect("a parsed manifest serializes");
     let again: Manifest = serde_json::from_slice(&bytes).expect("a written manifest parses");
-    assert_eq!(again.to_bytes(), bytes, "manifest round trip changed bytes");
-    let _ = manifest.compute_fingerprint();
+    assert_eq!(
+        again.to_bytes().expect("a parsed manifest serializes"),
+        bytes,
+        "manifest round trip changed bytes"
+    );
+    manifest
+        .compute_fingerprint()
+        .expect("a parsed manifest has a fingerprint");
     if let Ok(placement) = serde_json::from_slice::<Placement>(p) {
         let _ = placement.check(&manifest);
     }

@@ -200,6 +200,7 @@ impl HubClient {
         })?;
         let status = resp.status();
         if !status.is_success() {
+            // The hub's explanation is optional: none adds nothing.
             let detail = header_str(resp.headers(), "x-error-message")
                 .or_else(|| header_str(resp.headers(), "x-error-code"))
                 .map(|m| format!(": {m}"))

@@ -335,15 +335,19 @@ fn check_manifest(
     m: &Manifest,
     by_path: &BTreeMap<&str, &ComponentReceipt>,
 ) {
-    if m.compute_fingerprint() != m.fingerprint {
-        out.problem(
+    match m.compute_fingerprint() {
+        Ok(f) if f == m.fingerprint => {}
+        Ok(f) => out.problem(
             MANIFEST_FILE,
             format!(
-                "fingerprint {} does not match its contents ({})",
-                m.fingerprint,
-                m.compute_fingerprint()
+                "fingerprint {} does not match its contents ({f})",
+                m.fingerprint
             ),
-        );
+        ),
+        Err(e) => out.problem(
+            MANIFEST_FILE,
+            format!("the fingerprint of its contents cannot be computed: {e}"),
+        ),
     }
     let listed: BTreeSet<&str> = m.components.iter().map(|c| c.path.as_str()).collect();
     for c in &m.components {

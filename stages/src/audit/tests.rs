@@ -217,8 +217,8 @@ pub(crate) async fn fixture() -> Fixture {
         tensors: vec![],
         omitted: vec![],
     };
-    manifest.fingerprint = manifest.compute_fingerprint();
-    let bytes = manifest.to_bytes();
+    manifest.fingerprint = manifest.compute_fingerprint().unwrap();
+    let bytes = manifest.to_bytes().unwrap();
     write(&out.join("artifact").join(MANIFEST_FILE), &bytes);
     store
         .record_manifest(run, &sha256_hex(&bytes), &manifest.fingerprint)

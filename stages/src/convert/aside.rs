@@ -49,7 +49,8 @@ pub(super) async fn set_aside(
         n += 1;
     }
     let dest = paths.dir().join(&name);
-    let marker = serde_json::to_vec(&Marker { to: name.clone() }).unwrap_or_default();
+    let marker = serde_json::to_vec(&Marker { to: name.clone() })
+        .map_err(|e| StageError::internal_from("serializing the set-aside marker", e))?;
     write_atomic(paths.state_dir(), SET_ASIDE_MARKER, &marker)?;
     store
         .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))

@@ -227,17 +227,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// SHA-256 of the canonical JSON of `value`.
-pub fn canonical_sha256<T: Serialize>(value: &T) -> String {
-    // Serializing typed structs to a Vec cannot fail (no maps with
-    // non-string keys, no custom serializers that error).
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    sha256_hex(&bytes)
+/// SHA-256 of the canonical JSON of `value`; a value that does not
+/// serialize (a map with non-string keys) is an error, never the digest of
+/// nothing.
+pub fn canonical_sha256<T: Serialize>(value: &T) -> Result<String, serde_json::Error> {
+    serde_json::to_vec(value).map(|bytes| sha256_hex(&bytes))
 }
 
 impl Manifest {
     /// The fingerprint these contents imply.
-    pub fn compute_fingerprint(&self) -> String {
+    pub fn compute_fingerprint(&self) -> Result<String, serde_json::Error> {
         canonical_sha256(&FingerprintInput {
             source: &self.source,
             converter: &self.converter,
@@ -254,10 +253,10 @@ impl Manifest {
     }
 
     /// The bytes written to `manifest.json`: pretty JSON plus a newline.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = serde_json::to_vec_pretty(self).unwrap_or_default();
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let mut v = serde_json::to_vec_pretty(self)?;
         v.push(b'\n');
-        v
+        Ok(v)
     }
 
     /// The component at `path`.
@@ -401,3 +400,22 @@ impl Placement {
 }
 
 pub use ftpipe_fs::durable::{TEMP_SUFFIX, temp_name};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value that does not serialize has no digest: hashing "nothing"
+    /// would give every such value the SHA-256 of the empty string.
+    #[test]
+    fn a_value_that_does_not_serialize_has_no_digest() {
+        let bad: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let e = canonical_sha256(&bad).unwrap_err();
+        assert!(e.to_string().contains("key must be a string"), "{e}");
+        assert_eq!(
+            canonical_sha256(&"x").unwrap(),
+            sha256_hex(b"\"x\""),
+            "a value that serializes is hashed as its JSON"
+        );
+    }
+}

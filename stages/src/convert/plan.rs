@@ -463,6 +463,8 @@ pub async fn get_range(
             detail: format!(" to {range} (expected 206 Partial Content)"),
         });
     }
+    // A missing or non-ASCII header is "", which the check below refuses
+    // and reports as what was received.
     let raw = resp
         .headers()
         .get("content-range")

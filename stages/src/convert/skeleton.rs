@@ -218,12 +218,15 @@ impl Skeleton {
                 sources,
                 scale,
             })
+            .map_err(|e| {
+                ConvertError::internal_from(format!("serializing the identity of {}", c.name), e)
+            })
         };
         // Scales first: a segment's identity includes its scale's.
         let mut scale_ids = BTreeMap::new();
         for c in &plan.components {
             if let ComponentContent::Q3GlobalScale { layer, .. } = &c.content {
-                scale_ids.insert(*layer, identity(c, None));
+                scale_ids.insert(*layer, identity(c, None)?);
             }
         }
         for c in &plan.components {
@@ -240,9 +243,9 @@ impl Skeleton {
                                 tensor: format!("the global scale of PLE layer {layer}"),
                                 needed_for: c.name.clone(),
                             })?;
-                    identity(c, Some(scale))
+                    identity(c, Some(scale))?
                 }
-                _ => identity(c, None),
+                _ => identity(c, None)?,
             };
             identities.insert(c.name.clone(), id);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
@@ -284,13 +287,23 @@ impl Skeleton {
     /// The finished manifest given every component's digest.
     /// Consumes the skeleton: its manifest (with an inventory entry per
     /// source tensor) is finished in place, not cloned.
-    pub fn finish(self, digests: &BTreeMap<String, String>) -> Option<Manifest> {
+    pub fn finish(self, digests: &BTreeMap<String, String>) -> Result<Manifest, ConvertError> {
         let mut m = self.manifest;
         for c in &mut m.components {
-            c.sha256 = digests.get(&c.path)?.clone();
+            c.sha256 = digests
+                .get(&c.path)
+                .ok_or_else(|| {
+                    ConvertError::internal(format!(
+                        "component {} has no receipt after conversion",
+                        c.path
+                    ))
+                })?
+                .clone();
         }
-        m.fingerprint = m.compute_fingerprint();
-        Some(m)
+        m.fingerprint = m
+            .compute_fingerprint()
+            .map_err(|e| ConvertError::internal_from("serializing the manifest fingerprint", e))?;
+        Ok(m)
     }
 }
 

@@ -284,7 +284,8 @@ async fn fetch_files(
                     Err(StageError::Store(s)) if s.is_disk_full() => {
                         ctx.mark_volume_full();
                         let db_dir = ctx.store.path().parent().map(PathBuf::from);
-                        Err(ctx.no_space(&path, db_dir.unwrap_or_default()).await)
+                        let volume = db_dir.unwrap_or_else(|| ctx.layout.state_dir().to_owned());
+                        Err(ctx.no_space(&path, volume).await)
                     }
                     r => r,
                 }

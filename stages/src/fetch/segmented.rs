@@ -514,6 +514,7 @@ impl Coordinator {
                     break;
                 }
             };
+            // No retry pending for this range: start it at once.
             let delay = pending_delay.remove(&start).unwrap_or_default();
             workers.spawn(worker(st.shared.clone(), start, delay, permit));
         }
@@ -1045,7 +1046,12 @@ impl RangeWorker {
         let url = ctx
             .client
             .resolve_url(&ctx.pin.repo, &ctx.pin.commit, &path)?;
-        self.attempt.host = url.host_str().unwrap_or_default().to_owned();
+        self.attempt.host = url
+            .host_str()
+            .ok_or_else(|| {
+                StageError::internal(format!("file URL {} has no host", crate::hub::redact(&url)))
+            })?
+            .to_owned();
         self.attempt.id = ctx.store.start_attempt(ctx.run, &self.attempt).await?;
         {
             let mut slots = shared.slots();
@@ -1088,6 +1094,7 @@ impl RangeWorker {
                 check_range(&path, resp.headers(), from, end, size)?;
                 match &validator {
                     Some(v) if now.as_ref() != Some(v) => {
+                        // Message only: a missing ETag shows as "".
                         return Err(StageError::BadHeader {
                             path,
                             header: "ETag",
@@ -1216,6 +1223,7 @@ impl RangeWorker {
                 expected: known.clone(),
                 actual: got.clone(),
             }),
+            // `v` is Some in this arm; the default is never taken.
             (Some(_), None) => Err(StageError::BadHeader {
                 path: self.shared.path.clone(),
                 header: "ETag",

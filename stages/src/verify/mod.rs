@@ -321,9 +321,13 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
             format!("schema is {:?}, expected {MANIFEST_SCHEMA:?}", m.schema),
         );
     }
-    let computed = m.compute_fingerprint();
-    if computed != m.fingerprint {
-        found.fail(
+    match m.compute_fingerprint() {
+        Err(e) => found.fail(
+            Some(MANIFEST_FILE),
+            check::FINGERPRINT,
+            format!("the fingerprint of the manifest's contents cannot be computed: {e}"),
+        ),
+        Ok(computed) if computed != m.fingerprint => found.fail(
             Some(MANIFEST_FILE),
             check::FINGERPRINT,
             format!(
@@ -331,7 +335,8 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
                  digests hash to {computed} (the manifest was edited)",
                 m.fingerprint
             ),
-        );
+        ),
+        Ok(_) => {}
     }
     let mut seen = HashSet::new();
     let mut checkable = HashSet::new();

@@ -140,7 +140,7 @@ fn build(dir: &Path) -> Manifest {
         tensors: Vec::new(),
         omitted: vec![],
     };
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir, &m);
     let ftw_size = m.components[0].size;
     let layer_size = m.components[1].size;
@@ -150,7 +150,7 @@ fn build(dir: &Path) -> Manifest {
 }
 
 fn write_manifest(dir: &Path, m: &Manifest) {
-    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes()).unwrap();
+    std::fs::write(dir.join(MANIFEST_FILE), m.to_bytes().unwrap()).unwrap();
 }
 
 fn write_placement(dir: &Path, p: &Placement) {
@@ -301,7 +301,7 @@ fn a_consistently_refingerprinted_edit_still_fails_deep_and_placement() {
     let dir = tempfile::tempdir().unwrap();
     let mut m = build(dir.path());
     m.components[1].sha256 = "f".repeat(64);
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     expect(
         &verify(dir.path(), false),
@@ -368,7 +368,7 @@ fn headers_are_checked_against_the_manifest_layout() {
     if let ComponentLayout::Q3GlobalScale { segments, .. } = &mut m.components[6].layout {
         *segments = 4;
     }
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     let r = verify(dir.path(), false);
@@ -399,7 +399,7 @@ fn corrupt_headers_truncation_and_bad_scales_fail() {
     let neg = bf16::from_f32(-1.0).to_bits().to_le_bytes();
     std::fs::write(dir.path().join("ple/layer_000/global_scale.bf16"), neg).unwrap();
     m.components[6].sha256 = sha256_hex(&neg);
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     expect(
@@ -419,7 +419,7 @@ fn hostile_manifest_paths_are_refused_without_touching_them() {
     let mut m = build(dir.path());
     m.components[3].path = "../outside.q3".into();
     m.components[4].path = "ple/layer_000/shard_0.q3".into();
-    m.fingerprint = m.compute_fingerprint();
+    m.fingerprint = m.compute_fingerprint().unwrap();
     write_manifest(dir.path(), &m);
     write_placement(dir.path(), &Placement::generate(&m, 0, 0, 2));
     let r = verify(dir.path(), false);
@@ -568,7 +568,7 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
             })
             .collect(),
     };
-    let len = manifest.to_bytes().len() as u64;
+    let len = manifest.to_bytes().unwrap().len() as u64;
     eprintln!("{sources} source tensors: manifest.json of {len} bytes");
     assert!(
         len.saturating_mul(2) <= MAX_MANIFEST_BYTES,

@@ -545,7 +545,10 @@ impl MoeProfile {
                 records.push(rec);
             }
         }
-        expert_sidecar(name, l, fields.unwrap_or_default(), records)
+        let fields = fields.ok_or_else(|| {
+            ConvertError::internal(format!("MoE layer {l} has no experts (num_experts is 0)"))
+        })?;
+        expert_sidecar(name, l, fields, records)
     }
 
     fn ple_components(
@@ -662,6 +665,7 @@ impl MoeProfile {
             if !moe {
                 return Err(format!("layer {l} is not a MoE layer"));
             }
+            // `split` yields at least one item; "" fails the parse below.
             let e = ex.split('.').next().unwrap_or_default();
             return match e.parse::<u64>() {
                 Ok(e) if e >= self.experts => {
@@ -674,6 +678,7 @@ impl MoeProfile {
             };
         }
         let module = base.map(|(m, _)| m).unwrap_or(name);
+        // Classification only: "" is no attention or MLP module.
         let module_rest = module
             .strip_prefix(&format!("model.layers.{l}."))
             .unwrap_or_default();

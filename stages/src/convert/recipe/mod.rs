@@ -404,6 +404,7 @@ fn expert_slot(name: &str) -> Result<(u64, u64, String), String> {
         return Err(format!("layer index {layer} exceeds {}", u32::MAX));
     }
     let expert = parse("expert", e)?;
+    // No segment after the expert index is an empty field, refused below.
     let field = segs.get(ei + 1..).unwrap_or_default().join(".");
     if field.is_empty() || field.split('.').any(str::is_empty) {
         return Err(format!(
