@@ -115,11 +115,24 @@ pub enum ConvertError {
         expected: String,
         actual: String,
     },
-    /// A tensor named in `quantization_config.ignore` is quantized in the source.
-    #[error(
-        "{file}: tensor {tensor} is protected by quantization_config.ignore but stored quantized"
-    )]
-    ProtectedQuantized { file: String, tensor: String },
+    /// A tensor named in `quantization_config.ignore` or matched by a
+    /// `--protect` glob (`by`) is quantized in the source.
+    #[error("{file}: tensor {tensor} is protected by {by} but stored quantized")]
+    ProtectedQuantized {
+        file: String,
+        tensor: String,
+        by: String,
+    },
+    /// A `--protect` glob cannot be used.
+    #[error("invalid --protect option {glob:?}: {problem}")]
+    BadProtect { glob: String, problem: String },
+    /// A `--protect` glob does not compile.
+    #[error("invalid --protect option {glob:?}: {source}")]
+    InvalidProtectGlob {
+        glob: String,
+        #[source]
+        source: globset::Error,
+    },
     /// A ModelOpt activation `input_scale` beside a module that is not
     /// stored as NVFP4.
     #[error(

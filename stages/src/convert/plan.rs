@@ -129,7 +129,8 @@ pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
 #[derive(Debug, Clone, Default)]
 pub struct PlanOptions {
     /// Extra globs of tensors kept BF16 and marked protected (`--protect`),
-    /// added to `quantization_config.ignore` (built-in profiles only).
+    /// beside those `quantization_config.ignore` names (built-in profiles
+    /// only); config.json is not changed.
     pub protect: Vec<String>,
     /// A declarative recipe instead of a built-in profile (`--recipe`).
     pub recipe: Option<Recipe>,
@@ -138,18 +139,7 @@ pub struct PlanOptions {
 impl PlanOptions {
     /// The profile these options choose for `config`.
     pub fn profile(&self, config: &Value) -> Result<Profile, ConvertError> {
-        if self.recipe.is_some() && !self.protect.is_empty() {
-            return Err(ConvertError::BadConfig {
-                file: "--protect".into(),
-                field: "protect".into(),
-                problem:
-                    "cannot be combined with --recipe; use dtype = \"protected\" in the recipe"
-                        .into(),
-            });
-        }
-        let mut config = config.clone();
-        add_protected(&mut config, &self.protect)?;
-        Profile::from_config_with_recipe(&config, self.recipe.as_ref())
+        Profile::with_options(config, self.recipe.as_ref(), &self.protect)
     }
 }
 
@@ -333,33 +323,6 @@ pub fn plan_local_saved(
         read.insert(file, kept);
     }
     Ok((plan_from_parts(&config, map, &headers, opts)?, read))
-}
-
-/// Appends `protect` to the config's `quantization_config.ignore`.
-fn add_protected(config: &mut Value, protect: &[String]) -> Result<(), ConvertError> {
-    if protect.is_empty() {
-        return Ok(());
-    }
-    let bad = |problem: &str| ConvertError::BadConfig {
-        file: CONFIG_FILE.into(),
-        field: "quantization_config.ignore".into(),
-        problem: problem.into(),
-    };
-    let obj = config
-        .as_object_mut()
-        .ok_or_else(|| bad("cannot be set: config.json is not an object"))?;
-    let qc = obj
-        .entry("quantization_config")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let qc = qc
-        .as_object_mut()
-        .ok_or_else(|| bad("cannot be set: quantization_config is not an object"))?;
-    let ignore = qc
-        .entry("ignore")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    let list = ignore.as_array_mut().ok_or_else(|| bad("is not a list"))?;
-    list.extend(protect.iter().cloned().map(Value::String));
-    Ok(())
 }
 
 /// Reads a response body of exactly `expected` bytes (at most `limit` when

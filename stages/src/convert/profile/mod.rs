@@ -172,6 +172,9 @@ pub struct MoeProfile {
     allow_fused: bool,
     ple: Option<PleConfig>,
     ignore: GlobSet,
+    /// The `--protect` globs (a converter option, not part of the config).
+    protect: Vec<String>,
+    protect_set: GlobSet,
 }
 
 /// A profile chosen from `config.json`.
@@ -265,7 +268,57 @@ impl Profile {
             allow_fused: q4,
             ple,
             ignore: glob_set(&ignore, "quantization_config.ignore")?,
+            protect: Vec::new(),
+            protect_set: GlobSet::empty(),
         }))
+    }
+
+    /// Chooses the profile as [`Profile::from_config_with_recipe`] does and
+    /// keeps the tensors matching `protect` (`--protect`) BF16, marked
+    /// protected, beside those of `quantization_config.ignore`. `--protect`
+    /// applies to the built-in profiles; a recipe says `dtype = "protected"`.
+    pub fn with_options(
+        cfg: &Value,
+        recipe: Option<&Recipe>,
+        protect: &[String],
+    ) -> Result<Profile, ConvertError> {
+        if let (Some(r), Some(glob)) = (recipe, protect.first()) {
+            return Err(ConvertError::BadProtect {
+                glob: glob.clone(),
+                problem: format!(
+                    "cannot be combined with --recipe {}; use dtype = \"protected\" in the recipe",
+                    r.file()
+                ),
+            });
+        }
+        let mut profile = Profile::from_config_with_recipe(cfg, recipe)?;
+        if let Profile::Moe(m) = &mut profile
+            && !protect.is_empty()
+        {
+            let mut b = GlobSetBuilder::new();
+            for p in protect {
+                if p.is_empty() {
+                    return Err(ConvertError::BadProtect {
+                        glob: p.clone(),
+                        problem: "is empty".into(),
+                    });
+                }
+                b.add(
+                    Glob::new(p).map_err(|source| ConvertError::InvalidProtectGlob {
+                        glob: p.clone(),
+                        source,
+                    })?,
+                );
+            }
+            m.protect_set = b
+                .build()
+                .map_err(|source| ConvertError::InvalidProtectGlob {
+                    glob: protect.join(" "),
+                    source,
+                })?;
+            m.protect = protect.to_vec();
+        }
+        Ok(profile)
     }
 
     /// Uses `recipe` when given (its `model_type` must be `cfg`'s), else
@@ -332,7 +385,20 @@ struct Linear {
 
 impl MoeProfile {
     fn protected(&self, module: &str) -> bool {
-        self.ignore.is_match(module) || self.ignore.is_match(format!("{module}.weight"))
+        self.protected_by(module).is_some()
+    }
+
+    /// What protects `module`: `quantization_config.ignore` or the first
+    /// `--protect` glob matching it (or its `.weight`).
+    fn protected_by(&self, module: &str) -> Option<String> {
+        let weight = format!("{module}.weight");
+        if self.ignore.is_match(module) || self.ignore.is_match(&weight) {
+            return Some("quantization_config.ignore".into());
+        }
+        let mut hits = self.protect_set.matches(module);
+        hits.extend(self.protect_set.matches(&weight));
+        let first = hits.into_iter().min()?;
+        Some(format!("--protect {:?}", self.protect[first]))
     }
 
     /// The weight of linear `module` (BF16/F16/F32 or an NVFP4 triplet) with
@@ -351,10 +417,11 @@ impl MoeProfile {
         })?;
         if is_nvfp4(cat, module) {
             let nv = nvfp4_module(cat, module)?;
-            if self.protected(module) {
+            if let Some(by) = self.protected_by(module) {
                 return Err(ConvertError::ProtectedQuantized {
                     file: file.to_owned(),
                     tensor: name,
+                    by,
                 });
             }
             if nv.native.shape() != expected {
