@@ -855,7 +855,10 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
 }
 
 /// The error and its causes, `: `-separated, skipping a cause whose text
-/// its parent's message already ends with (errors that show their source).
+/// the message already ends with. The rule for the library errors: a
+/// message ends with its cause's text (`{source}`), which stays the
+/// `#[source]` for exit codes; so the line names the file/URL and the cause
+/// once, and an anyhow context here gets its cause appended.
 fn describe(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {

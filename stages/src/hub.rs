@@ -279,7 +279,11 @@ impl HubClient {
                 })?;
                 continue;
             }
-            let host = url.host_str().unwrap_or_default().to_owned();
+            // Recorded with the attempt: a URL that was fetched has a host.
+            let host = url
+                .host_str()
+                .ok_or_else(|| StageError::internal(format!("{} has no host", redact(&url))))?
+                .to_owned();
             return Ok(BodyResponse {
                 response: resp,
                 meta,
