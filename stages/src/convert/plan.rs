@@ -604,7 +604,10 @@ mod tests {
             "{msg}"
         );
         let source = std::error::Error::source(&e).expect("a source");
-        assert!(source.downcast_ref::<serde_json::Error>().is_some(), "{source:?}");
+        assert!(
+            source.downcast_ref::<serde_json::Error>().is_some(),
+            "{source:?}"
+        );
         assert!(msg.ends_with(&source.to_string()), "{msg}");
     }
 

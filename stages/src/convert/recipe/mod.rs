@@ -1370,7 +1370,10 @@ shape = [32, "text.hidden_size"]
                 .starts_with("recipe.toml: rules[1]: glob \"lm_head[\" is invalid: "),
             "{e}"
         );
-        assert!(std::error::Error::source(&e).is_some(), "the globset error is kept");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the globset error is kept"
+        );
         let e = parse_err(&MOE.replace("\"lm_head.weight\"", "\"\""));
         assert!(matches!(e, RecipeError::BadGlob { rule: 1, .. }), "{e}");
         let e = parse_err("model_type = 3\n");
