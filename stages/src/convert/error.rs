@@ -46,7 +46,7 @@ pub enum ConvertError {
         field: String,
         pattern: String,
         #[source]
-        source: globset::Error,
+        source: Box<globset::Error>,
     },
     /// A config field is missing or has the wrong type.
     #[error("{file}: {field} {problem}")]

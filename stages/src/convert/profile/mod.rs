@@ -91,7 +91,7 @@ fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
                 file: CONFIG_FILE.into(),
                 field: what.into(),
                 pattern: p.clone(),
-                source,
+                source: Box::new(source),
             })?,
         );
     }
@@ -99,7 +99,7 @@ fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
         file: CONFIG_FILE.into(),
         field: what.into(),
         pattern: patterns.join(" "),
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -77,7 +77,7 @@ pub enum RecipeError {
         rule: usize,
         glob: String,
         #[source]
-        source: globset::Error,
+        source: Box<globset::Error>,
     },
     /// The rules' globs compile one by one but not as one set.
     #[error("{file}: the rules' globs do not compile together: {source}")]

@@ -286,7 +286,7 @@ impl TryFrom<RawRecipe> for Recipe {
                 file: file.clone(),
                 rule: i,
                 glob: r.glob.clone(),
-                source,
+                source: Box::new(source),
             })?;
             builder.add(glob);
             let component = match r.component.as_str() {
