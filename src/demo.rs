@@ -206,6 +206,7 @@ async fn crash_download(
     };
     hub.inject(FaultRule::new(victim, stall).times(8));
     let mut child = spawn_run(&hub.endpoint(), out, Stdio::null())?;
+    // Printed only (the kill goes through `child`).
     let pid = child.id().unwrap_or_default();
     let others_pending = || {
         sizes
@@ -242,6 +243,7 @@ async fn crash_download(
 /// kill landed during the conversion.
 async fn crash_conversion(endpoint: &str, out: &Path) -> anyhow::Result<bool> {
     let mut child = spawn_run(endpoint, out, Stdio::piped())?;
+    // Printed only (the kill goes through `child`).
     let pid = child.id().unwrap_or_default();
     let stderr = child.stderr.take().context("child stderr")?;
     let mut lines = BufReader::new(stderr).lines();
@@ -278,6 +280,7 @@ async fn crash_conversion(endpoint: &str, out: &Path) -> anyhow::Result<bool> {
         );
         return Ok(false);
     };
+    // Printed only; `split` yields at least one item.
     let first = trigger.split(':').next().unwrap_or_default();
     println!(
         "crash 2 (conversion): killed `ftpipe run` (pid {pid}) with SIGKILL once {first} was \
@@ -330,6 +333,7 @@ fn print_resume_requests(hub: &FixtureHub) {
             .unwrap_or(&r.path);
         println!(
             "    resume request: {file} Range: {} If-Range: {} -> HTTP {}, {} body bytes",
+            // Printed only: a request without Range shows nothing.
             r.range.as_deref().unwrap_or_default(),
             r.if_range.as_deref().unwrap_or("-"),
             r.status,

@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use ftpipe_artifact::manifest::Partition;
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
-use ftpipe_stages::convert::ConvertOptions;
+use ftpipe_stages::convert::{ConvertError, ConvertOptions};
 use ftpipe_stages::fetch::FetchOptions;
 use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::Token;
@@ -32,7 +32,15 @@ mod exit {
     pub const AUDIT_FAILED: u8 = 4;
     pub const NO_SPACE: u8 = 5;
     pub const VERIFY_FAILED: u8 = 6;
+    pub const INTERNAL: u8 = 7;
 }
+
+/// Files transferred in parallel when neither `--jobs` nor `--fetch-jobs`
+/// says otherwise.
+const DEFAULT_FETCH_JOBS: usize = 4;
+/// Components converted in parallel when neither `--jobs` nor
+/// `--convert-jobs` says otherwise: the same for `convert` and `run`.
+const DEFAULT_CONVERT_JOBS: usize = 2;
 
 /// `verify` found problems (already listed on stdout).
 #[derive(Debug)]
@@ -158,9 +166,11 @@ struct FetchArgs {
     /// Skip files matching these globs.
     #[arg(long)]
     exclude: Vec<String>,
-    /// Files transferred in parallel (1 to 64; at most --connections at once).
-    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
-    jobs: usize,
+    /// Files transferred in parallel (1 to 64, default 4; at most
+    /// --connections at once). For `run`: the default of both
+    /// --fetch-jobs and --convert-jobs.
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    jobs: Option<usize>,
     /// HTTP requests in flight at once over all files (1 to 64): each file
     /// takes one, free ones split large files into ranges.
     #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
@@ -241,7 +251,7 @@ struct ConvertArgs {
     #[arg(long)]
     out: PathBuf,
     /// Components converted in parallel (1 to 64).
-    #[arg(long, default_value_t = 2, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = DEFAULT_CONVERT_JOBS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     jobs: usize,
     #[command(flatten)]
     tuning: ConvertTuning,
@@ -260,8 +270,42 @@ struct ConvertArgs {
 struct RunArgs {
     #[command(flatten)]
     fetch: FetchArgs,
+    /// Files the fetch stage transfers in parallel (1 to 64; default
+    /// --jobs, else 4, as `fetch`).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    fetch_jobs: Option<usize>,
+    /// Components the convert stage converts in parallel (1 to 64; default
+    /// --jobs, else 2, as `convert`).
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    convert_jobs: Option<usize>,
     #[command(flatten)]
     tuning: ConvertTuning,
+}
+
+impl RunArgs {
+    /// `--fetch-jobs`, else `--jobs`, else the default of `fetch`.
+    fn fetch_jobs(&self) -> usize {
+        self.fetch_jobs
+            .or(self.fetch.jobs)
+            .unwrap_or(DEFAULT_FETCH_JOBS)
+    }
+
+    /// `--convert-jobs`, else `--jobs`, else the default of `convert`.
+    fn convert_jobs(&self) -> usize {
+        self.convert_jobs
+            .or(self.fetch.jobs)
+            .unwrap_or(DEFAULT_CONVERT_JOBS)
+    }
+}
+
+/// How many files and components a command works on at once, reported in
+/// the JSON summary.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Jobs {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fetch: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    convert: Option<usize>,
 }
 
 /// Parses `123`, `64KiB`, `1.5GiB`, `2G` (powers of 1024) into bytes.
@@ -453,7 +497,7 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
     }
 }
 
-fn fetch_params(args: &FetchArgs) -> anyhow::Result<(FetchParams, Session)> {
+fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
     let (token, token_source) = load_token(args.hub.token_file.as_deref())?;
     let cache = hf_cache(&args.hub)?;
     let offline = args.hub.offline || offline_env();
@@ -475,7 +519,7 @@ fn fetch_params(args: &FetchArgs) -> anyhow::Result<(FetchParams, Session)> {
             exclude: args.exclude.clone(),
         },
         options: FetchOptions {
-            jobs: args.jobs,
+            jobs,
             connections: args.connections,
             segment_threshold: args.segment_threshold,
             min_range: args.min_range.max(ftpipe_stages::fetch::WRITE_ALIGN),
@@ -516,11 +560,13 @@ fn convert_options(
 }
 
 /// Prints `outcome` as the final JSON summary line (with the session:
-/// token source, cache, offline), or as `text()`; nothing when `quiet`.
+/// token source, cache, offline; and the jobs used), or as `text()`;
+/// nothing when `quiet`.
 fn print_summary<T: serde::Serialize>(
     json: bool,
     quiet: bool,
     session: Option<&Session>,
+    jobs: Jobs,
     outcome: &T,
     text: impl FnOnce() -> String,
 ) {
@@ -528,7 +574,7 @@ fn print_summary<T: serde::Serialize>(
         return;
     }
     if json {
-        let mut v = serde_json::json!({ "event": "summary", "outcome": outcome });
+        let mut v = serde_json::json!({ "event": "summary", "outcome": outcome, "jobs": jobs });
         if let (Some(s), Some(obj)) = (session, v.as_object_mut()) {
             obj.insert("session".into(), serde_json::json!(s));
         }
@@ -540,15 +586,25 @@ fn print_summary<T: serde::Serialize>(
 
 /// Runs a fetch and returns whether everything verified.
 async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
-    let (params, session) = fetch_params(&args)?;
+    let jobs = args.jobs.unwrap_or(DEFAULT_FETCH_JOBS);
+    let (params, session) = fetch_params(&args, jobs)?;
     let pipeline = Pipeline::open(&args.hub.out, "fetch").await?;
     let rep = reporter(args.json, args.quiet);
     let outcome = pipeline.fetch(params, rep.clone()).await;
     rep.finish();
     let outcome = outcome?;
-    print_summary(args.json, args.quiet, Some(&session), &outcome, || {
-        table::render(&outcome.audit)
-    });
+    let jobs = Jobs {
+        fetch: Some(jobs),
+        convert: None,
+    };
+    print_summary(
+        args.json,
+        args.quiet,
+        Some(&session),
+        jobs,
+        &outcome,
+        || table::render(&outcome.audit),
+    );
     // fetch answers for the sources; a pending conversion is not its failure.
     Ok(outcome.audit.sources_ok)
 }
@@ -561,7 +617,11 @@ async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
     let outcome = pipeline.convert(&opts, rep.clone()).await;
     rep.finish();
     let outcome = outcome?;
-    print_summary(args.json, args.quiet, None, &outcome, || {
+    let jobs = Jobs {
+        fetch: None,
+        convert: Some(opts.jobs),
+    };
+    print_summary(args.json, args.quiet, None, jobs, &outcome, || {
         render_convert(&outcome)
     });
     Ok(true)
@@ -569,8 +629,12 @@ async fn run_convert(args: ConvertArgs) -> anyhow::Result<bool> {
 
 /// The whole chain; a finished run is a no-op that says so.
 async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
-    let (params, session) = fetch_params(&args.fetch)?;
-    let opts = convert_options(&args.tuning, args.fetch.jobs, !args.fetch.no_preflight)?;
+    let (params, session) = fetch_params(&args.fetch, args.fetch_jobs())?;
+    let opts = convert_options(&args.tuning, args.convert_jobs(), !args.fetch.no_preflight)?;
+    let jobs = Jobs {
+        fetch: Some(params.options.jobs),
+        convert: Some(opts.jobs),
+    };
     let pipeline = Pipeline::open(&args.fetch.hub.out, "run").await?;
     let rep = reporter(args.fetch.json, args.fetch.quiet);
     let outcome = pipeline.run(params, opts, rep.clone()).await;
@@ -580,6 +644,7 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
         args.fetch.json,
         args.fetch.quiet,
         Some(&session),
+        jobs,
         &outcome,
         || match &outcome.convert {
             Some(c) => render_convert(c),
@@ -789,7 +854,10 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
 }
 
 /// The error and its causes, `: `-separated, skipping a cause whose text
-/// its parent's message already ends with (errors that show their source).
+/// the message already ends with. The rule for the library errors: a
+/// message ends with its cause's text (`{source}`), which stays the
+/// `#[source]` for exit codes; so the line names the file/URL and the cause
+/// once, and an anyhow context here gets its cause appended.
 fn describe(err: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in err.chain() {
@@ -805,8 +873,23 @@ fn describe(err: &anyhow::Error) -> String {
     out
 }
 
+/// Whether `e` is a broken invariant or a failed task (a bug).
+fn is_internal(e: &StageError) -> bool {
+    matches!(
+        e,
+        StageError::Internal { .. } | StageError::Convert(ConvertError::Internal { .. })
+    )
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
+        let stage = match cause.downcast_ref::<PipelineError>() {
+            Some(PipelineError::Stage(s)) => Some(s),
+            _ => cause.downcast_ref::<StageError>(),
+        };
+        if stage.is_some_and(is_internal) {
+            return exit::INTERNAL;
+        }
         if cause.downcast_ref::<VerifyFailed>().is_some() {
             return exit::VERIFY_FAILED;
         }
@@ -890,5 +973,26 @@ mod tests {
         let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
         let denied = anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", other)));
         assert_eq!(exit_code(&denied), exit::FAILURE);
+        let join = std::io::Error::other("task panicked");
+        let task = StageError::internal_from("conversion task", join);
+        assert!(
+            task.to_string().ends_with("conversion task: task panicked"),
+            "{task}"
+        );
+        let in_pipeline = anyhow::Error::from(PipelineError::Stage(task));
+        assert_eq!(exit_code(&in_pipeline), exit::INTERNAL);
+        assert_eq!(
+            describe(&in_pipeline),
+            "internal error (a bug, please report it): conversion task: task panicked",
+            "the cause is printed once"
+        );
+        let invariant = ConvertError::internal("MoE layer 3 has no experts");
+        let direct = anyhow::Error::from(StageError::from(invariant)).context("convert");
+        assert_eq!(exit_code(&direct), exit::INTERNAL);
+        let input = anyhow::Error::from(StageError::InvalidInput {
+            what: "glob",
+            message: "x".into(),
+        });
+        assert_eq!(exit_code(&input), exit::FAILURE);
     }
 }

@@ -235,6 +235,7 @@ pub fn render_inspection(i: &ftpipe_stages::inspect::Inspection) -> String {
             "{} (PLE layer {}{}), size recorded in the manifest: {} bytes\n",
             q.component,
             q.layer,
+            // The global scale has no segment index: nothing to add.
             q.index
                 .map(|x| format!(", segment shard_{x}"))
                 .unwrap_or_default(),

@@ -49,10 +49,8 @@ pub struct BundleSummary {
 }
 
 fn json<T: Serialize + ?Sized>(name: &str, value: &T) -> Result<(String, Vec<u8>)> {
-    let mut bytes = serde_json::to_vec_pretty(value).map_err(|e| StageError::InvalidInput {
-        what: "bundle entry",
-        message: format!("{name}: {e}"),
-    })?;
+    let mut bytes = serde_json::to_vec_pretty(value)
+        .map_err(|e| StageError::internal_from(format!("serializing bundle entry {name}"), e))?;
     bytes.push(b'\n');
     Ok((name.to_owned(), bytes))
 }
@@ -195,10 +193,7 @@ pub async fn write_bundle_checked(
     let written =
         tokio::task::spawn_blocking(move || write_archive(&entries, &tmp_owned, &dest_owned))
             .await
-            .map_err(|e| StageError::InvalidInput {
-                what: "bundle task",
-                message: e.to_string(),
-            })?;
+            .map_err(|e| StageError::internal_from("bundle task", e))?;
     let bytes = match written {
         Ok(b) => b,
         Err(e) => {

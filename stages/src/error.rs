@@ -56,8 +56,13 @@ pub enum StageError {
         bytes: u64,
     },
     /// A network request failed before any response.
-    #[error("request to {url} failed: {message}")]
-    Http { url: String, message: String },
+    #[error("request to {url} failed: {source}")]
+    Http {
+        url: String,
+        /// Without its URL (`url` is the redacted one).
+        #[source]
+        source: reqwest::Error,
+    },
     /// The server answered with a status we cannot use.
     #[error("{url} answered HTTP {status}{detail}")]
     Status {
@@ -69,8 +74,12 @@ pub enum StageError {
     #[error("response from {url} exceeds the limit of {limit} bytes")]
     OversizedResponse { url: String, limit: u64 },
     /// A JSON response did not parse.
-    #[error("malformed JSON from {url}: {message}")]
-    MalformedJson { url: String, message: String },
+    #[error("malformed JSON from {url}: {source}")]
+    MalformedJson {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A listing field failed validation.
     #[error("listing entry {path:?}: {problem}")]
     BadListing { path: String, problem: String },
@@ -178,6 +187,29 @@ pub enum StageError {
     /// Invalid user input (glob, endpoint, token file).
     #[error("invalid {what}: {message}")]
     InvalidInput { what: &'static str, message: String },
+    /// A broken invariant or a task that panicked or was cancelled: a bug,
+    /// not bad input. Durable state stays consistent (nothing is recorded
+    /// for the work that failed), so a re-run resumes.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A state file ftpipe wrote under `DIR/.ftpipe` does not parse: it
+    /// was damaged or edited since.
+    #[error("{path}: damaged state file (ftpipe wrote it; it was changed since): {source}")]
+    MalformedState {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A state file ftpipe wrote parses but holds an impossible value.
+    #[error("{path}: damaged state file (ftpipe wrote it; it was changed since): {problem}")]
+    BadState { path: PathBuf, problem: String },
     /// A repository id or revision breaks the hub's naming rules.
     #[error("{message}")]
     BadName { message: String },
@@ -204,13 +236,33 @@ pub enum StageError {
 }
 
 impl StageError {
-    /// Wraps an I/O error with the operation and path, mapping ENOSPC
-    /// callers handle separately.
+    /// Wraps an I/O error with the operation and path. A full disk
+    /// (`ErrorKind::StorageFull`) stays the source, which is how the
+    /// binary finds it anywhere in the chain (exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         StageError::Io {
             op,
             path: path.into(),
             source,
+        }
+    }
+
+    /// A broken invariant (see [`StageError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        StageError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failed task join or another internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StageError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
         }
     }
 
@@ -236,6 +288,12 @@ impl StageError {
             }
             _ => false,
         }
+    }
+}
+
+impl From<crate::convert::RecipeError> for StageError {
+    fn from(e: crate::convert::RecipeError) -> Self {
+        StageError::Convert(e.into())
     }
 }
 

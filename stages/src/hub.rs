@@ -111,7 +111,7 @@ impl HubClient {
             .build()
             .map_err(|e| StageError::Http {
                 url: endpoint.to_string(),
-                message: e.to_string(),
+                source: e.without_url(),
             })?;
         Ok(HubClient {
             http,
@@ -177,9 +177,9 @@ impl HubClient {
         limit: u64,
     ) -> Result<(T, HeaderMap, u64)> {
         let (body, headers) = self.get_bytes_limited(url, limit).await?;
-        let value = serde_json::from_slice(&body).map_err(|e| StageError::MalformedJson {
+        let value = serde_json::from_slice(&body).map_err(|source| StageError::MalformedJson {
             url: url.to_string(),
-            message: e.to_string(),
+            source,
         })?;
         Ok((value, headers, body.len() as u64))
     }
@@ -196,10 +196,11 @@ impl HubClient {
         }
         let mut resp = req.send().await.map_err(|e| StageError::Http {
             url: url.to_string(),
-            message: e.without_url().to_string(),
+            source: e.without_url(),
         })?;
         let status = resp.status();
         if !status.is_success() {
+            // The hub's explanation is optional: none adds nothing.
             let detail = header_str(resp.headers(), "x-error-message")
                 .or_else(|| header_str(resp.headers(), "x-error-code"))
                 .map(|m| format!(": {m}"))
@@ -222,7 +223,7 @@ impl HubClient {
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.map_err(|e| StageError::Http {
             url: url.to_string(),
-            message: e.without_url().to_string(),
+            source: e.without_url(),
         })? {
             if body.len() as u64 + chunk.len() as u64 > limit {
                 return Err(StageError::OversizedResponse {
@@ -258,7 +259,7 @@ impl HubClient {
             }
             let resp = req.send().await.map_err(|e| StageError::Http {
                 url: redact(&url),
-                message: e.without_url().to_string(),
+                source: e.without_url(),
             })?;
             let headers = resp.headers();
             meta.gather(headers);
@@ -278,7 +279,11 @@ impl HubClient {
                 })?;
                 continue;
             }
-            let host = url.host_str().unwrap_or_default().to_owned();
+            // Recorded with the attempt: a URL that was fetched has a host.
+            let host = url
+                .host_str()
+                .ok_or_else(|| StageError::internal(format!("{} has no host", redact(&url))))?
+                .to_owned();
             return Ok(BodyResponse {
                 response: resp,
                 meta,

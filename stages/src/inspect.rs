@@ -234,6 +234,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
             q3: None,
         });
     }
+    // Chooses the reader only: a name that is not UTF-8 is no Q3 file name.
     let fname = path
         .file_name()
         .and_then(|n| n.to_str())

@@ -203,10 +203,11 @@ pub async fn revision_commit(client: &HubClient, repo: &str, revision: &str) -> 
 
 /// The commit in the revision API's answer (`{"sha": "<40 hex>", …}`).
 pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
-    let raw: RawRevision = serde_json::from_slice(body).map_err(|e| StageError::MalformedJson {
-        url: url.to_owned(),
-        message: e.to_string(),
-    })?;
+    let raw: RawRevision =
+        serde_json::from_slice(body).map_err(|source| StageError::MalformedJson {
+            url: url.to_owned(),
+            source,
+        })?;
     CommitId::parse(&raw.sha)
         .map(|c| c.as_str().to_owned())
         .ok_or_else(|| {
@@ -221,9 +222,9 @@ pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
 /// (directories skipped); duplicates across pages are the caller's check.
 pub fn parse_tree_page(url: &str, body: &[u8]) -> Result<Vec<FileRow>> {
     let page: Vec<RawTreeEntry> =
-        serde_json::from_slice(body).map_err(|e| StageError::MalformedJson {
+        serde_json::from_slice(body).map_err(|source| StageError::MalformedJson {
             url: url.to_owned(),
-            message: e.to_string(),
+            source,
         })?;
     page.into_iter()
         .filter_map(|raw| validate_entry(raw).transpose())

@@ -241,3 +241,49 @@ fn two_independent_runs_write_byte_identical_manifests() {
         );
     }
 }
+
+/// `run` drives fetch and conversion with the defaults of `fetch` and
+/// `convert` (it used to convert with the fetch default of `--jobs`, 4,
+/// where `convert` uses 2); `--jobs` sets both unless `--fetch-jobs` /
+/// `--convert-jobs` say otherwise. The JSON summary reports the values
+/// handed to the stages.
+#[test]
+fn run_converts_with_the_jobs_default_of_convert() {
+    let shape = QwenShape::default();
+    let hub = qwen4_hub(24, shape.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let jobs = |o: &std::process::Output| -> serde_json::Value {
+        let text = String::from_utf8_lossy(&o.stdout);
+        let last = text.lines().last().unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(last).unwrap();
+        assert_eq!(v["event"], "summary", "{last}");
+        v["jobs"].clone()
+    };
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--json"]));
+    let convert = run_ok(&mut convert_cmd(&out, &["--json"]));
+    assert_eq!(jobs(&convert), serde_json::json!({"convert": 2}));
+    assert_eq!(
+        jobs(&o),
+        serde_json::json!({"fetch": 4, "convert": jobs(&convert)["convert"]})
+    );
+    let o = run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--json", "--jobs", "3"],
+    ));
+    assert_eq!(jobs(&o), serde_json::json!({"fetch": 3, "convert": 3}));
+    let o = run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--json", "--jobs", "3", "--convert-jobs", "1"],
+    ));
+    assert_eq!(jobs(&o), serde_json::json!({"fetch": 3, "convert": 1}));
+    let o = run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--json", "--fetch-jobs", "5"],
+    ));
+    assert_eq!(jobs(&o), serde_json::json!({"fetch": 5, "convert": 2}));
+    assert_clean_audit(&out);
+}

@@ -196,6 +196,7 @@ pub(crate) fn check_q3_layers(m: &Manifest, found: &mut Findings) {
 /// as `q3_segment_set`, anything else as `unexpected_file`. Without a
 /// manifest only temp files are reported (everything would be "extra").
 pub(crate) fn check_extras(listing: &Listing, m: Option<&Manifest>, found: &mut Findings) {
+    // Without a manifest nothing is expected and no layer is PLE (see above).
     let expected: HashSet<&str> = m
         .map(|m| m.components.iter().map(|c| c.path.as_str()).collect())
         .unwrap_or_default();

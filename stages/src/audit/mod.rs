@@ -264,6 +264,7 @@ pub async fn audit(
     artifact_root: &Path,
     deep: bool,
 ) -> Result<AuditReport> {
+    // `dir` only names the directory in the message.
     let pin = store.pin().await?.ok_or_else(|| StageError::NotPinned {
         dir: source_root
             .parent()

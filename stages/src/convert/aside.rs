@@ -49,7 +49,8 @@ pub(super) async fn set_aside(
         n += 1;
     }
     let dest = paths.dir().join(&name);
-    let marker = serde_json::to_vec(&Marker { to: name.clone() }).unwrap_or_default();
+    let marker = serde_json::to_vec(&Marker { to: name.clone() })
+        .map_err(|e| StageError::internal_from("serializing the set-aside marker", e))?;
     write_atomic(paths.state_dir(), SET_ASIDE_MARKER, &marker)?;
     store
         .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))
@@ -89,13 +90,14 @@ pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Opti
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StageError::io("read", &path, e)),
     };
-    let marker: Marker = serde_json::from_slice(&bytes).map_err(|e| StageError::InvalidInput {
-        what: "set-aside marker",
-        message: format!("{}: {e}", path.display()),
-    })?;
-    ftpipe_fs::paths::validate_repo_path(&marker.to).map_err(|e| StageError::InvalidInput {
-        what: "set-aside marker",
-        message: format!("{}: destination {:?}: {e}", path.display(), marker.to),
+    let marker: Marker =
+        serde_json::from_slice(&bytes).map_err(|source| StageError::MalformedState {
+            path: path.clone(),
+            source,
+        })?;
+    ftpipe_fs::paths::validate_repo_path(&marker.to).map_err(|e| StageError::BadState {
+        path: path.clone(),
+        problem: format!("set-aside destination {:?}: {e}", marker.to),
     })?;
     let committed = store.artifact_log().await?.last().is_some_and(|a| {
         a.event == ArtifactEvent::SetAside && a.set_aside_to.as_deref() == Some(&marker.to)

@@ -105,10 +105,7 @@ impl Batch<'_> {
         let mut first_err = None;
         let mut written = 0;
         while let Some(joined) = results.next().await {
-            let (c, r) = joined.map_err(|e| StageError::InvalidInput {
-                what: "conversion task",
-                message: e.to_string(),
-            })?;
+            let (c, r) = joined.map_err(|e| StageError::internal_from("conversion task", e))?;
             match r {
                 None => {}
                 Some(Err(e)) => {
@@ -117,18 +114,19 @@ impl Batch<'_> {
                 Some(Ok(w)) => {
                     // Renamed into place and fsynced, no receipt yet.
                     crashpoint::hit("component-renamed");
+                    let identity = self.skel.identities.get(&c.name).cloned().ok_or_else(|| {
+                        StageError::internal(format!(
+                            "component {} has no identity in the skeleton",
+                            c.name
+                        ))
+                    })?;
                     let receipt = ComponentReceipt {
                         path: c.name.clone(),
                         kind: c.kind.as_str().to_owned(),
                         predicted_bytes: c.predicted_bytes,
                         size: w.size,
                         sha256: w.sha256,
-                        identity: self
-                            .skel
-                            .identities
-                            .get(&c.name)
-                            .cloned()
-                            .unwrap_or_default(),
+                        identity,
                         run_id: self.run,
                     };
                     self.store.put_component(self.run, &receipt).await?;

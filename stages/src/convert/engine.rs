@@ -146,7 +146,7 @@ fn read_config(source: &Path) -> Result<Value> {
     serde_json::from_slice(&bytes).map_err(|e| {
         ConvertError::MalformedJson {
             file: CONFIG_FILE.into(),
-            message: e.to_string(),
+            source: e,
         }
         .into()
     })
@@ -176,6 +176,8 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
             ));
         }
         if m.converter != now.converter {
+            // Display only (the identities are compared above, not these
+            // strings); a typed converter identity always serializes.
             reasons.push(format!(
                 "manifest.json was made by converter {} (this run is {})",
                 serde_json::to_string(&m.converter).unwrap_or_default(),
@@ -236,18 +238,33 @@ async fn retired_headers(
     retired: &BTreeSet<String>,
     receipts: &BTreeMap<String, Receipt>,
 ) -> Result<BTreeMap<String, SavedHeader>> {
-    let path = paths.state_dir().join(SKELETON_FILE);
-    let saved: BTreeMap<String, SavedHeader> = std::fs::read(&path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Skeleton>(&b).ok())
-        .map(|s| s.headers)
-        .unwrap_or_default();
-    let mut out = BTreeMap::new();
+    let mut absent = Vec::new();
     for file in retired {
-        let on_disk = ftpipe_fs::paths::safe_join(paths.source(), file)?;
-        if on_disk.exists() {
-            continue;
+        if !ftpipe_fs::paths::safe_join(paths.source(), file)?.exists() {
+            absent.push(file);
         }
+    }
+    if absent.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let path = paths.state_dir().join(SKELETON_FILE);
+    // No skeleton yet: no header was saved (a retired shard then fails
+    // below as RetiredHeaderMissing). A skeleton that does not read or
+    // parse is an error, not "nothing saved".
+    let saved: BTreeMap<String, SavedHeader> = match std::fs::read(&path) {
+        Ok(b) => {
+            serde_json::from_slice::<Skeleton>(&b)
+                .map_err(|source| StageError::MalformedState {
+                    path: path.clone(),
+                    source,
+                })?
+                .headers
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => return Err(StageError::io("read", &path, e)),
+    };
+    let mut out = BTreeMap::new();
+    for file in absent {
         // Saved for this version of the file (its receipt's digest) only.
         let digest = receipts.get(file).map(|r| r.digest.as_str());
         match saved
@@ -472,12 +489,7 @@ pub async fn convert(
         .collect();
     let top_k = skel.top_k;
     // Dropped with the skeleton: the saved headers.
-    let manifest = skel
-        .finish(&digests)?
-        .ok_or_else(|| StageError::InvalidInput {
-            what: "manifest",
-            message: "a component has no receipt after conversion".into(),
-        })?;
+    let manifest = skel.finish(&digests)?;
     // The same bytes as Manifest::to_bytes, streamed.
     let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;
     crashpoint::hit("manifest-written");

@@ -21,112 +21,9 @@ pub enum ConvertError {
         model_type: String,
         known: String,
     },
-    /// A recipe file exceeds [`MAX_RECIPE_BYTES`](super::recipe::MAX_RECIPE_BYTES).
-    #[error("{file}: recipe of {len} bytes exceeds the limit of {limit} bytes")]
-    RecipeTooLarge { file: String, len: u64, limit: u64 },
-    /// A recipe is not valid TOML of the recipe schema (syntax, unknown or
-    /// missing key, wrong type).
-    #[error("{file}: {message}")]
-    RecipeSyntax { file: String, message: String },
-    /// `model_type` or `name` of a recipe is not a usable name.
-    #[error("{file}: {field} {value:?} {problem}")]
-    RecipeBadName {
-        file: String,
-        field: String,
-        value: String,
-        problem: String,
-    },
-    /// An `[[expect]]` table of a recipe is malformed.
-    #[error("{file}: expect[{index}]: {problem}")]
-    RecipeBadExpect {
-        file: String,
-        index: usize,
-        problem: String,
-    },
-    /// Source tensors disagree with a recipe's `[[expect]]` tables: one
-    /// line per tensor (`FILE: TENSOR: expected …, found …`).
-    #[error(
-        "{count} tensor(s) disagree with the [[expect]] tables of recipe {recipe} ({file}):\n{problems}"
-    )]
-    RecipeContract {
-        file: String,
-        recipe: String,
-        count: usize,
-        problems: String,
-    },
-    /// A recipe has no rules.
-    #[error("{file}: the recipe has no [[rules]]; every tensor must be placed by a rule")]
-    RecipeNoRules { file: String },
-    /// A recipe has more than [`MAX_RECIPE_RULES`](super::recipe::MAX_RECIPE_RULES) rules.
-    #[error("{file}: {count} rules exceed the limit of {limit}")]
-    RecipeTooManyRules {
-        file: String,
-        count: usize,
-        limit: usize,
-    },
-    /// A rule's glob is empty, too long or does not compile.
-    #[error("{file}: rules[{rule}]: glob {glob:?} {problem}")]
-    RecipeBadGlob {
-        file: String,
-        rule: usize,
-        glob: String,
-        problem: String,
-    },
-    /// A rule's `component` is not one the recipe format knows.
-    #[error(
-        "{file}: rules[{rule}]: component {value:?} is not \"ftw\" or \"experts\" (there is no skip: every tensor must land in a component)"
-    )]
-    RecipeBadComponent {
-        file: String,
-        rule: usize,
-        value: String,
-    },
-    /// A rule's `dtype` is not one the recipe format knows.
-    #[error("{file}: rules[{rule}]: dtype {value:?} is not \"keep\" or \"protected\"")]
-    RecipeBadDtype {
-        file: String,
-        rule: usize,
-        value: String,
-    },
-    /// The recipe was written for another `model_type` than the config's.
-    #[error(
-        "{file}: the recipe is for model_type {recipe:?}, but config.json has model_type {config:?}"
-    )]
-    RecipeModelType {
-        file: String,
-        recipe: String,
-        config: String,
-    },
-    /// A rule places no tensor (a typo, or shadowed by earlier rules).
-    #[error(
-        "{file}: rules[{rule}] (glob {glob:?}) places no tensor of the source: it matches none, or only tensors an earlier rule already places"
-    )]
-    RecipeRuleUnused {
-        file: String,
-        rule: usize,
-        glob: String,
-    },
-    /// A recipe rule asks to protect a tensor the source stores as NVFP4.
-    #[error(
-        "{file}: tensor {tensor} is stored quantized (NVFP4), but rules[{rule}] (glob {glob:?}) asks for dtype = \"protected\""
-    )]
-    RecipeProtectedQuantized {
-        file: String,
-        tensor: String,
-        rule: usize,
-        glob: String,
-    },
-    /// A tensor an `experts` rule matched has no layer/expert/field in its name.
-    #[error(
-        "{file}: tensor {tensor} matched by rules[{rule}] (glob {glob:?}, component \"experts\"): {problem}"
-    )]
-    RecipeExpertName {
-        file: String,
-        tensor: String,
-        rule: usize,
-        glob: String,
-        problem: String,
-    },
+    /// A recipe is unusable, or the source contradicts it.
+    #[error(transparent)]
+    Recipe(#[from] super::recipe::RecipeError),
     /// Two tensors land in the same expert field.
     #[error("layer {layer}: expert {expert} field {field} is given by both {first} and {second}")]
     DuplicateExpertField {
@@ -145,6 +42,15 @@ pub enum ConvertError {
         missing: u64,
         highest: u64,
     },
+    /// A glob of a config field does not compile.
+    #[error("{file}: {field} has an invalid pattern {pattern:?}: {source}")]
+    InvalidConfigGlob {
+        file: String,
+        field: String,
+        pattern: String,
+        #[source]
+        source: Box<globset::Error>,
+    },
     /// A config field is missing or has the wrong type.
     #[error("{file}: {field} {problem}")]
     BadConfig {
@@ -153,8 +59,15 @@ pub enum ConvertError {
         problem: String,
     },
     /// A JSON file (config, index) does not parse.
-    #[error("{file}: malformed JSON: {message}")]
-    MalformedJson { file: String, message: String },
+    #[error("{file}: malformed JSON: {source}")]
+    MalformedJson {
+        file: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSON file (config, index) exceeds its size limit.
+    #[error("{file}: malformed JSON: {len} bytes exceed the limit of {limit}")]
+    JsonTooLarge { file: String, len: u64, limit: u64 },
     /// A key repeats in a JSON object of a source file (a map would keep
     /// only the last).
     #[error("{file}: duplicate key(s): {keys}")]
@@ -205,11 +118,24 @@ pub enum ConvertError {
         expected: String,
         actual: String,
     },
-    /// A tensor named in `quantization_config.ignore` is quantized in the source.
-    #[error(
-        "{file}: tensor {tensor} is protected by quantization_config.ignore but stored quantized"
-    )]
-    ProtectedQuantized { file: String, tensor: String },
+    /// A tensor named in `quantization_config.ignore` or matched by a
+    /// `--protect` glob (`by`) is quantized in the source.
+    #[error("{file}: tensor {tensor} is protected by {by} but stored quantized")]
+    ProtectedQuantized {
+        file: String,
+        tensor: String,
+        by: String,
+    },
+    /// A `--protect` glob cannot be used.
+    #[error("invalid --protect option {glob:?}: {problem}")]
+    BadProtect { glob: String, problem: String },
+    /// A `--protect` glob does not compile.
+    #[error("invalid --protect option {glob:?}: {source}")]
+    InvalidProtectGlob {
+        glob: String,
+        #[source]
+        source: globset::Error,
+    },
     /// A ModelOpt activation `input_scale` beside a module that is not
     /// stored as NVFP4.
     #[error(
@@ -265,12 +191,21 @@ pub enum ConvertError {
         source: ftpipe_formats::FormatError,
     },
     /// A source file could not be read where the plan put a tensor.
-    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {message}")]
+    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {source}")]
     SourceRead {
         file: String,
         tensor: String,
         offset: u64,
-        message: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tensor read whole holds the wrong number of bytes.
+    #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {problem}")]
+    BadSourceValue {
+        file: String,
+        tensor: String,
+        offset: u64,
+        problem: String,
     },
     /// A tensor to be quantized holds NaN or infinity.
     #[error(
@@ -338,6 +273,16 @@ pub enum ConvertError {
         files.join(", ")
     )]
     SourcesNotFetched { count: usize, files: Vec<String> },
+    /// A broken invariant of planning or conversion: a bug, not bad input.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// Existing output was made under another identity.
     #[error(
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
@@ -354,6 +299,27 @@ impl std::fmt::Display for RetiredBy {
         match self.0 {
             Some(run) => write!(f, "run {run}"),
             None => f.write_str("a run the retirement log does not name"),
+        }
+    }
+}
+
+impl ConvertError {
+    /// A broken invariant (see [`ConvertError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        ConvertError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ConvertError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
         }
     }
 }

@@ -49,4 +49,5 @@ pub use plan::{
     plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,
 };
 pub use profile::Profile;
+pub use recipe::RecipeError;
 pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

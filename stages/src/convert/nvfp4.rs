@@ -45,6 +45,7 @@ pub(crate) fn f32_scale(
         return Err(ConvertError::ShapeMismatch {
             file: file.to_owned(),
             tensor: name.to_owned(),
+            // Message only; callers always pass at least one shape.
             expected: shapes.first().map(|s| s.to_vec()).unwrap_or_default(),
             actual: t.shape().to_vec(),
             because: what.to_owned(),

@@ -21,7 +21,7 @@ use tokio::task::block_in_place;
 
 use super::error::ConvertError;
 use super::profile::{CONFIG_FILE, Component, OmittedTensor, Profile, model_type};
-use super::recipe::{MAX_RECIPE_BYTES, Recipe};
+use super::recipe::{MAX_RECIPE_BYTES, Recipe, RecipeError};
 use super::safetensors::{SourceError, SourceHeader};
 use crate::error::{Result, StageError};
 use crate::fetch::parse_content_range;
@@ -78,9 +78,9 @@ impl Plan {
 
 /// Parses `bytes` of `file`, refusing a key repeated in any object.
 fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
-    let malformed = |e: serde_json::Error| ConvertError::MalformedJson {
+    let malformed = |source: serde_json::Error| ConvertError::MalformedJson {
         file: file.to_owned(),
-        message: e.to_string(),
+        source,
     };
     let value = serde_json::from_slice(bytes).map_err(malformed)?;
     let dups = crate::json_keys::duplicate_keys(bytes).map_err(malformed)?;
@@ -129,7 +129,8 @@ pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
 #[derive(Debug, Clone, Default)]
 pub struct PlanOptions {
     /// Extra globs of tensors kept BF16 and marked protected (`--protect`),
-    /// added to `quantization_config.ignore` (built-in profiles only).
+    /// beside those `quantization_config.ignore` names (built-in profiles
+    /// only); config.json is not changed.
     pub protect: Vec<String>,
     /// A declarative recipe instead of a built-in profile (`--recipe`).
     pub recipe: Option<Recipe>,
@@ -138,18 +139,7 @@ pub struct PlanOptions {
 impl PlanOptions {
     /// The profile these options choose for `config`.
     pub fn profile(&self, config: &Value) -> Result<Profile, ConvertError> {
-        if self.recipe.is_some() && !self.protect.is_empty() {
-            return Err(ConvertError::BadConfig {
-                file: "--protect".into(),
-                field: "protect".into(),
-                problem:
-                    "cannot be combined with --recipe; use dtype = \"protected\" in the recipe"
-                        .into(),
-            });
-        }
-        let mut config = config.clone();
-        add_protected(&mut config, &self.protect)?;
-        Profile::from_config_with_recipe(&config, self.recipe.as_ref())
+        Profile::with_options(config, self.recipe.as_ref(), &self.protect)
     }
 }
 
@@ -159,7 +149,7 @@ pub fn load_recipe(path: &Path) -> Result<Recipe> {
     let label = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| StageError::io("read", path, e))?;
     if meta.len() > MAX_RECIPE_BYTES as u64 {
-        return Err(ConvertError::RecipeTooLarge {
+        return Err(RecipeError::TooLarge {
             file: label,
             len: meta.len(),
             limit: MAX_RECIPE_BYTES as u64,
@@ -246,9 +236,10 @@ fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
             }));
         }
         Ok(m) if m.len() > MAX_JSON_BYTES => {
-            return Err(StageError::from(ConvertError::MalformedJson {
+            return Err(StageError::from(ConvertError::JsonTooLarge {
                 file: file.to_owned(),
-                message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", m.len()),
+                len: m.len(),
+                limit: MAX_JSON_BYTES,
             }));
         }
         _ => {}
@@ -304,10 +295,10 @@ pub fn plan_local_saved(
                 let (header, json) = SourceHeader::read_with_json(&path, &file)
                     .map_err(|e| StageError::io("read", &path, e))?
                     .map_err(ConvertError::from)?;
-                let json = String::from_utf8(json).map_err(|e| {
-                    ConvertError::from(SourceError::MalformedHeader {
+                let json = String::from_utf8(json).map_err(|source| {
+                    ConvertError::from(SourceError::HeaderNotUtf8 {
                         file: file.clone(),
-                        message: format!("header is not UTF-8: {e}"),
+                        source,
                     })
                 })?;
                 let kept = SavedHeader {
@@ -332,33 +323,6 @@ pub fn plan_local_saved(
         read.insert(file, kept);
     }
     Ok((plan_from_parts(&config, map, &headers, opts)?, read))
-}
-
-/// Appends `protect` to the config's `quantization_config.ignore`.
-fn add_protected(config: &mut Value, protect: &[String]) -> Result<(), ConvertError> {
-    if protect.is_empty() {
-        return Ok(());
-    }
-    let bad = |problem: &str| ConvertError::BadConfig {
-        file: CONFIG_FILE.into(),
-        field: "quantization_config.ignore".into(),
-        problem: problem.into(),
-    };
-    let obj = config
-        .as_object_mut()
-        .ok_or_else(|| bad("cannot be set: config.json is not an object"))?;
-    let qc = obj
-        .entry("quantization_config")
-        .or_insert_with(|| Value::Object(Default::default()));
-    let qc = qc
-        .as_object_mut()
-        .ok_or_else(|| bad("cannot be set: quantization_config is not an object"))?;
-    let ignore = qc
-        .entry("ignore")
-        .or_insert_with(|| Value::Array(Vec::new()));
-    let list = ignore.as_array_mut().ok_or_else(|| bad("is not a list"))?;
-    list.extend(protect.iter().cloned().map(Value::String));
-    Ok(())
 }
 
 /// Reads a response body of exactly `expected` bytes (at most `limit` when
@@ -410,9 +374,10 @@ async fn get_small(
     file: &FileRow,
 ) -> Result<Vec<u8>> {
     if file.size > MAX_JSON_BYTES {
-        return Err(ConvertError::MalformedJson {
+        return Err(ConvertError::JsonTooLarge {
             file: file.path.clone(),
-            message: format!("{} bytes exceed the limit of {MAX_JSON_BYTES}", file.size),
+            len: file.size,
+            limit: MAX_JSON_BYTES,
         }
         .into());
     }
@@ -461,6 +426,8 @@ pub async fn get_range(
             detail: format!(" to {range} (expected 206 Partial Content)"),
         });
     }
+    // A missing or non-ASCII header is "", which the check below refuses
+    // and reports as what was received.
     let raw = resp
         .headers()
         .get("content-range")
@@ -625,6 +592,24 @@ mod tests {
     use ftpipe_fixtures::checkpoint::content_bytes;
     use ftpipe_fixtures::qwen4::{self, Mutation, QwenShape};
     use ftpipe_formats::{Dtype, TensorKind};
+
+    /// Malformed JSON names the file and the parser's position, and keeps
+    /// the parser's error as the source for programs walking the chain.
+    #[test]
+    fn malformed_json_keeps_the_parser_error_as_its_source() {
+        let e = parse_json("config.json", b"{\"a\": }").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("config.json: malformed JSON: expected value at line 1 column 7"),
+            "{msg}"
+        );
+        let source = std::error::Error::source(&e).expect("a source");
+        assert!(
+            source.downcast_ref::<serde_json::Error>().is_some(),
+            "{source:?}"
+        );
+        assert!(msg.ends_with(&source.to_string()), "{msg}");
+    }
 
     fn plan_of(files: &[RepoFile]) -> Result<Plan, ConvertError> {
         let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();

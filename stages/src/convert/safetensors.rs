@@ -22,7 +22,7 @@ pub const MAX_RANK: usize = 8;
 pub const MAX_TENSORS: usize = 1_000_000;
 
 /// A check on a safetensors source that failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// Fewer than 8 bytes: no header length.
     #[error("{file}: {len} bytes is too short for a safetensors header length")]
@@ -44,8 +44,21 @@ pub enum SourceError {
         file_len: u64,
     },
     /// The header is not the expected JSON.
-    #[error("{file}: malformed header JSON: {message}")]
-    MalformedHeader { file: String, message: String },
+    /// `at` names the part (`tensor NAME: `, `__metadata__: `) or is empty.
+    #[error("{file}: malformed header JSON: {at}{source}")]
+    MalformedHeader {
+        file: String,
+        at: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The header bytes are not UTF-8.
+    #[error("{file}: malformed header JSON: header is not UTF-8: {source}")]
+    HeaderNotUtf8 {
+        file: String,
+        #[source]
+        source: std::string::FromUtf8Error,
+    },
     /// A key repeats in the header JSON (a map would keep only the last).
     #[error("{file}: duplicate key(s) in the header: {keys}")]
     DuplicateKeys { file: String, keys: String },
@@ -226,15 +239,18 @@ impl SourceHeader {
         let f = || file.to_owned();
         let header_len = json.len() as u64;
         let mut raw: BTreeMap<String, serde_json::Value> =
-            serde_json::from_slice(json).map_err(|e| SourceError::MalformedHeader {
+            serde_json::from_slice(json).map_err(|source| SourceError::MalformedHeader {
                 file: f(),
-                message: e.to_string(),
+                at: String::new(),
+                source,
             })?;
-        let dups =
-            crate::json_keys::duplicate_keys(json).map_err(|e| SourceError::MalformedHeader {
+        let dups = crate::json_keys::duplicate_keys(json).map_err(|source| {
+            SourceError::MalformedHeader {
                 file: f(),
-                message: e.to_string(),
-            })?;
+                at: String::new(),
+                source,
+            }
+        })?;
         if !dups.is_empty() {
             return Err(SourceError::DuplicateKeys {
                 file: f(),
@@ -243,10 +259,13 @@ impl SourceHeader {
         }
         let metadata = match raw.remove("__metadata__") {
             None => BTreeMap::new(),
-            Some(v) => serde_json::from_value(v).map_err(|e| SourceError::MalformedHeader {
-                file: f(),
-                message: format!("__metadata__: {e}"),
-            })?,
+            Some(v) => {
+                serde_json::from_value(v).map_err(|source| SourceError::MalformedHeader {
+                    file: f(),
+                    at: "__metadata__: ".into(),
+                    source,
+                })?
+            }
         };
         if raw.len() > MAX_TENSORS {
             return Err(SourceError::TooManyTensors {
@@ -257,9 +276,10 @@ impl SourceHeader {
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, value) in raw {
             let t: RawTensor =
-                serde_json::from_value(value).map_err(|e| SourceError::MalformedHeader {
+                serde_json::from_value(value).map_err(|source| SourceError::MalformedHeader {
                     file: f(),
-                    message: format!("tensor {name}: {e}"),
+                    at: format!("tensor {name}: "),
+                    source,
                 })?;
             let dtype = parse_dtype(&t.dtype).ok_or_else(|| SourceError::UnknownDtype {
                 file: f(),

@@ -26,7 +26,6 @@ use ftpipe_receipts::Receipt;
 use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
 use super::plan::{INDEX_FILE, Plan, SavedHeader};
-use ftpipe_artifact::ArtifactError;
 use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
@@ -289,19 +288,21 @@ impl Skeleton {
     /// a component has none.
     /// Consumes the skeleton: its manifest (with an inventory entry per
     /// source tensor) is finished in place, not cloned.
-    pub fn finish(
-        self,
-        digests: &BTreeMap<String, String>,
-    ) -> Result<Option<Manifest>, ArtifactError> {
+    pub fn finish(self, digests: &BTreeMap<String, String>) -> Result<Manifest, ConvertError> {
         let mut m = self.manifest;
         for c in &mut m.components {
-            let Some(digest) = digests.get(&c.path) else {
-                return Ok(None);
-            };
-            c.sha256 = digest.clone();
+            c.sha256 = digests
+                .get(&c.path)
+                .ok_or_else(|| {
+                    ConvertError::internal(format!(
+                        "component {} has no receipt after conversion",
+                        c.path
+                    ))
+                })?
+                .clone();
         }
         m.fingerprint = m.compute_fingerprint()?;
-        Ok(Some(m))
+        Ok(m)
     }
 }
 

@@ -95,11 +95,11 @@ impl Sources {
             buf.resize(n, 0);
             let at = span.offset + done;
             f.read_exact_at(buf, at)
-                .map_err(|e| ConvertError::SourceRead {
+                .map_err(|source| ConvertError::SourceRead {
                     file: span.file.clone(),
                     tensor: span.tensor.clone(),
                     offset: at,
-                    message: e.to_string(),
+                    source,
                 })?;
             each(done, buf)?;
             done += n as u64;
@@ -167,12 +167,12 @@ pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
 
 /// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`: 4 bytes).
 fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
-    let bad = |message: String| -> StageError {
-        ConvertError::SourceRead {
+    let bad = |problem: String| -> StageError {
+        ConvertError::BadSourceValue {
             file: span.file.clone(),
             tensor: span.tensor.clone(),
             offset: span.offset,
-            message,
+            problem,
         }
         .into()
     };

@@ -275,10 +275,7 @@ async fn fetch_files(
                 Err(ctx.no_space(&path, ctx.layout.source().to_owned()).await)
             } else {
                 let fetched = match connection {
-                    Err(e) => Err(StageError::InvalidInput {
-                        what: "connection pool",
-                        message: e.to_string(),
-                    }),
+                    Err(e) => Err(StageError::internal_from("connection pool", e)),
                     Ok(connection) => fetch_one(&ctx, file, final_path, connection).await,
                 };
                 match fetched {
@@ -287,7 +284,8 @@ async fn fetch_files(
                     Err(StageError::Store(s)) if s.is_disk_full() => {
                         ctx.mark_volume_full();
                         let db_dir = ctx.store.path().parent().map(PathBuf::from);
-                        Err(ctx.no_space(&path, db_dir.unwrap_or_default()).await)
+                        let volume = db_dir.unwrap_or_else(|| ctx.layout.state_dir().to_owned());
+                        Err(ctx.no_space(&path, volume).await)
                     }
                     r => r,
                 }
@@ -307,10 +305,7 @@ async fn fetch_files(
         match joined {
             Ok(Ok(())) => {}
             Ok(Err(e)) => errors.push(e),
-            Err(join) => errors.push(StageError::InvalidInput {
-                what: "task",
-                message: join.to_string(),
-            }),
+            Err(join) => errors.push(StageError::internal_from("fetch task", join)),
         }
     }
     let total_files = files.len();

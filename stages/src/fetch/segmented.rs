@@ -439,10 +439,7 @@ impl Coordinator {
                     .clone()
                     .acquire_owned()
                     .await
-                    .map_err(|e| StageError::InvalidInput {
-                        what: "connection pool",
-                        message: e.to_string(),
-                    })?;
+                    .map_err(|e| StageError::internal_from("connection pool", e))?;
                 self.permits.push(permit);
                 continue;
             }
@@ -454,10 +451,7 @@ impl Coordinator {
             tokio::select! {
                 joined = workers.join_next() => {
                     let Some(joined) = joined else { continue };
-                    let end = joined.map_err(|e| StageError::InvalidInput {
-                        what: "range task",
-                        message: e.to_string(),
-                    })?;
+                    let end = joined.map_err(|e| StageError::internal_from("range task", e))?;
                     let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays, &mut pending_delay).await?;
                     match outcome {
                         Next::Continue => {}
@@ -520,6 +514,7 @@ impl Coordinator {
                     break;
                 }
             };
+            // No retry pending for this range: start it at once.
             let delay = pending_delay.remove(&start).unwrap_or_default();
             workers.spawn(worker(st.shared.clone(), start, delay, permit));
         }
@@ -1051,7 +1046,12 @@ impl RangeWorker {
         let url = ctx
             .client
             .resolve_url(&ctx.pin.repo, &ctx.pin.commit, &path)?;
-        self.attempt.host = url.host_str().unwrap_or_default().to_owned();
+        self.attempt.host = url
+            .host_str()
+            .ok_or_else(|| {
+                StageError::internal(format!("file URL {} has no host", crate::hub::redact(&url)))
+            })?
+            .to_owned();
         self.attempt.id = ctx.store.start_attempt(ctx.run, &self.attempt).await?;
         {
             let mut slots = shared.slots();
@@ -1094,6 +1094,7 @@ impl RangeWorker {
                 check_range(&path, resp.headers(), from, end, size)?;
                 match &validator {
                     Some(v) if now.as_ref() != Some(v) => {
+                        // Message only: a missing ETag shows as "".
                         return Err(StageError::BadHeader {
                             path,
                             header: "ETag",
@@ -1222,6 +1223,7 @@ impl RangeWorker {
                 expected: known.clone(),
                 actual: got.clone(),
             }),
+            // `v` is Some in this arm; the default is never taken.
             (Some(_), None) => Err(StageError::BadHeader {
                 path: self.shared.path.clone(),
                 header: "ETag",

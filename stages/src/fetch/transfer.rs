@@ -378,7 +378,12 @@ impl FileTask {
             self.ctx
                 .client
                 .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
-        attempt.host = url.host_str().unwrap_or_default().to_owned();
+        attempt.host = url
+            .host_str()
+            .ok_or_else(|| {
+                StageError::internal(format!("file URL {} has no host", crate::hub::redact(&url)))
+            })?
+            .to_owned();
         attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
         self.attempt_id = Some(attempt.id);
         let result = match self
@@ -460,6 +465,7 @@ impl FileTask {
                 check_partial(&path, resp.headers(), start, size)?;
                 let now = strong_validator(resp.headers());
                 if validator.is_some() && now != *validator {
+                    // Message only: a missing ETag shows as "".
                     return Err(StageError::BadHeader {
                         path,
                         header: "ETag",

@@ -116,10 +116,14 @@ impl MoeProfile {
             }
         }
         for s in [&gu[0], &down[0]] {
-            if self.protected(&p) || self.protected(&s.tensor) {
+            if let Some(by) = self
+                .protected_by(&p)
+                .or_else(|| self.protected_by(&s.tensor))
+            {
                 return Err(ConvertError::ProtectedQuantized {
                     file: s.file.clone(),
                     tensor: s.tensor.clone(),
+                    by,
                 });
             }
         }

@@ -64,7 +64,7 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
 use super::nvfp4::{NVFP4_PARTS, companion_of, is_nvfp4, nvfp4_module};
-use super::recipe::Recipe;
+use super::recipe::{Recipe, RecipeError};
 use super::safetensors::SourceHeader;
 
 pub use super::component::{
@@ -86,16 +86,20 @@ pub use release::{OmittedTensor, Release};
 fn glob_set(patterns: &[String], what: &str) -> Result<GlobSet, ConvertError> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
-        b.add(Glob::new(p).map_err(|e| ConvertError::BadConfig {
-            file: CONFIG_FILE.into(),
-            field: what.into(),
-            problem: format!("has an invalid pattern {p:?}: {e}"),
-        })?);
+        b.add(
+            Glob::new(p).map_err(|source| ConvertError::InvalidConfigGlob {
+                file: CONFIG_FILE.into(),
+                field: what.into(),
+                pattern: p.clone(),
+                source: Box::new(source),
+            })?,
+        );
     }
-    b.build().map_err(|e| ConvertError::BadConfig {
+    b.build().map_err(|source| ConvertError::InvalidConfigGlob {
         file: CONFIG_FILE.into(),
         field: what.into(),
-        problem: e.to_string(),
+        pattern: patterns.join(" "),
+        source: Box::new(source),
     })
 }
 
@@ -168,6 +172,9 @@ pub struct MoeProfile {
     allow_fused: bool,
     ple: Option<PleConfig>,
     ignore: GlobSet,
+    /// The `--protect` globs (a converter option, not part of the config).
+    protect: Vec<String>,
+    protect_set: GlobSet,
 }
 
 /// A profile chosen from `config.json`.
@@ -261,7 +268,57 @@ impl Profile {
             allow_fused: q4,
             ple,
             ignore: glob_set(&ignore, "quantization_config.ignore")?,
+            protect: Vec::new(),
+            protect_set: GlobSet::empty(),
         }))
+    }
+
+    /// Chooses the profile as [`Profile::from_config_with_recipe`] does and
+    /// keeps the tensors matching `protect` (`--protect`) BF16, marked
+    /// protected, beside those of `quantization_config.ignore`. `--protect`
+    /// applies to the built-in profiles; a recipe says `dtype = "protected"`.
+    pub fn with_options(
+        cfg: &Value,
+        recipe: Option<&Recipe>,
+        protect: &[String],
+    ) -> Result<Profile, ConvertError> {
+        if let (Some(r), Some(glob)) = (recipe, protect.first()) {
+            return Err(ConvertError::BadProtect {
+                glob: glob.clone(),
+                problem: format!(
+                    "cannot be combined with --recipe {}; use dtype = \"protected\" in the recipe",
+                    r.file()
+                ),
+            });
+        }
+        let mut profile = Profile::from_config_with_recipe(cfg, recipe)?;
+        if let Profile::Moe(m) = &mut profile
+            && !protect.is_empty()
+        {
+            let mut b = GlobSetBuilder::new();
+            for p in protect {
+                if p.is_empty() {
+                    return Err(ConvertError::BadProtect {
+                        glob: p.clone(),
+                        problem: "is empty".into(),
+                    });
+                }
+                b.add(
+                    Glob::new(p).map_err(|source| ConvertError::InvalidProtectGlob {
+                        glob: p.clone(),
+                        source,
+                    })?,
+                );
+            }
+            m.protect_set = b
+                .build()
+                .map_err(|source| ConvertError::InvalidProtectGlob {
+                    glob: protect.join(" "),
+                    source,
+                })?;
+            m.protect = protect.to_vec();
+        }
+        Ok(profile)
     }
 
     /// Uses `recipe` when given (its `model_type` must be `cfg`'s), else
@@ -275,11 +332,12 @@ impl Profile {
         };
         let mt = model_type(cfg)?;
         if mt != r.model_type() {
-            return Err(ConvertError::RecipeModelType {
+            return Err(RecipeError::ModelType {
                 file: r.file().to_owned(),
                 recipe: r.model_type().to_owned(),
                 config: mt.to_owned(),
-            });
+            }
+            .into());
         }
         Ok(Profile::Recipe(r.bind(cfg)?))
     }
@@ -327,7 +385,20 @@ struct Linear {
 
 impl MoeProfile {
     fn protected(&self, module: &str) -> bool {
-        self.ignore.is_match(module) || self.ignore.is_match(format!("{module}.weight"))
+        self.protected_by(module).is_some()
+    }
+
+    /// What protects `module`: `quantization_config.ignore` or the first
+    /// `--protect` glob matching it (or its `.weight`).
+    fn protected_by(&self, module: &str) -> Option<String> {
+        let weight = format!("{module}.weight");
+        if self.ignore.is_match(module) || self.ignore.is_match(&weight) {
+            return Some("quantization_config.ignore".into());
+        }
+        let mut hits = self.protect_set.matches(module);
+        hits.extend(self.protect_set.matches(&weight));
+        let first = hits.into_iter().min()?;
+        Some(format!("--protect {:?}", self.protect[first]))
     }
 
     /// The weight of linear `module` (BF16/F16/F32 or an NVFP4 triplet) with
@@ -346,10 +417,11 @@ impl MoeProfile {
         })?;
         if is_nvfp4(cat, module) {
             let nv = nvfp4_module(cat, module)?;
-            if self.protected(module) {
+            if let Some(by) = self.protected_by(module) {
                 return Err(ConvertError::ProtectedQuantized {
                     file: file.to_owned(),
                     tensor: name,
+                    by,
                 });
             }
             if nv.native.shape() != expected {
@@ -540,7 +612,10 @@ impl MoeProfile {
                 records.push(rec);
             }
         }
-        expert_sidecar(name, l, fields.unwrap_or_default(), records)
+        let fields = fields.ok_or_else(|| {
+            ConvertError::internal(format!("MoE layer {l} has no experts (num_experts is 0)"))
+        })?;
+        expert_sidecar(name, l, fields, records)
     }
 
     fn ple_components(
@@ -657,6 +732,7 @@ impl MoeProfile {
             if !moe {
                 return Err(format!("layer {l} is not a MoE layer"));
             }
+            // `split` yields at least one item; "" fails the parse below.
             let e = ex.split('.').next().unwrap_or_default();
             return match e.parse::<u64>() {
                 Ok(e) if e >= self.experts => {
@@ -669,6 +745,7 @@ impl MoeProfile {
             };
         }
         let module = base.map(|(m, _)| m).unwrap_or(name);
+        // Classification only: "" is no attention or MLP module.
         let module_rest = module
             .strip_prefix(&format!("model.layers.{l}."))
             .unwrap_or_default();

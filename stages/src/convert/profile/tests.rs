@@ -334,6 +334,79 @@ fn fused_nvfp4_records_read_the_per_expert_bytes() {
     assert_ne!(gu[..4], gu[4..8], "varied scales tell gate from up");
 }
 
+/// `--protect` is a converter option beside `quantization_config.ignore`:
+/// config.json is not edited, a protected tensor becomes kind Protected, a
+/// quantized one is refused naming the glob, and a glob that cannot be used
+/// is an invalid `--protect` option naming it (not a config.json error).
+#[test]
+fn protect_globs_are_a_converter_option_named_in_their_errors() {
+    let files = repo(modelopt_shape(), &[]);
+    let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
+    let cfg: Value = serde_json::from_slice(&get(CONFIG_FILE)).unwrap();
+    let headers: Vec<SourceHeader> = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .map(|f| {
+            let b = content_bytes(f).unwrap();
+            let len = b.len() as u64;
+            let n = SourceHeader::header_len(&f.path, &b, len).unwrap() as usize;
+            SourceHeader::parse(&f.path, &b[8..8 + n], len).unwrap()
+        })
+        .collect();
+    let with = |protect: &[&str]| {
+        let protect: Vec<String> = protect.iter().map(|s| s.to_string()).collect();
+        Profile::with_options(&cfg, None, &protect).and_then(|p| p.components(&headers))
+    };
+    let plain = ftw_of(&with(&[]).unwrap());
+    let (key, _) = plain
+        .iter()
+        .find(|(k, t)| {
+            k.ends_with(".weight")
+                && t.desc.dtype == Dtype::BF16
+                && t.desc.kind == TensorKind::Plain
+        })
+        .expect("a plain BF16 weight in the FTW stream");
+    let protected = ftw_of(&with(&[key.as_str()]).unwrap());
+    assert_eq!(protected[key].desc.kind, TensorKind::Protected, "{key}");
+    let untouched = plain.iter().filter(|(k, _)| *k != key);
+    for (k, t) in untouched {
+        assert_eq!(protected[k].desc.kind, t.desc.kind, "{k}");
+    }
+
+    let quantized = "model.layers.0.self_attn.o_proj";
+    let e = with(&[quantized]).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "{quantized}.weight is protected by --protect \"{quantized}\" but stored quantized"
+        )),
+        "{e}"
+    );
+
+    let e = with(&["lm_head["]).unwrap_err().to_string();
+    assert!(
+        e.starts_with("invalid --protect option \"lm_head[\": "),
+        "{e}"
+    );
+    assert!(!e.contains(CONFIG_FILE), "{e}");
+    let e = with(&[""]).unwrap_err().to_string();
+    assert_eq!(e, "invalid --protect option \"\": is empty");
+
+    let recipe = Recipe::from_toml(
+        "r.toml",
+        "model_type = \"qwen4_exp\"\n[[rules]]\nglob = \"*\"\ncomponent = \"ftw\"\n",
+    )
+    .unwrap();
+    let e = Profile::with_options(&cfg, Some(&recipe), &["lm_head.weight".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "invalid --protect option \"lm_head.weight\": cannot be combined with --recipe r.toml"
+        ),
+        "{e}"
+    );
+}
+
 /// The text model is read from `text_config` when present, from the top
 /// level otherwise; errors name the JSON path.
 mod text_config {

@@ -31,6 +31,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::RecipeError;
 use crate::convert::component::{CONFIG_FILE, Catalog};
 use crate::convert::error::ConvertError;
 use crate::convert::nvfp4::{is_nvfp4, nvfp4_triplet};
@@ -108,8 +109,8 @@ fn placeholders(pattern: &str) -> Result<Vec<&str>, String> {
 
 impl Expect {
     /// Validates table `i` of recipe `file`.
-    pub(super) fn new(file: &str, i: usize, raw: RawExpect) -> Result<Expect, ConvertError> {
-        let bad = |problem: String| ConvertError::RecipeBadExpect {
+    pub(super) fn new(file: &str, i: usize, raw: RawExpect) -> Result<Expect, RecipeError> {
+        let bad = |problem: String| RecipeError::BadExpect {
             file: file.to_owned(),
             index: i,
             problem,
@@ -212,11 +213,13 @@ fn resolve(cfg: &Value, file: &str, i: usize, d: &RawDim) -> Result<u64, Convert
         RawDim::Literal(n) => return Ok(*n),
         RawDim::Field(s) => s,
     };
-    let (k, path) = parse_field(s).map_err(|problem| ConvertError::RecipeBadExpect {
-        file: file.to_owned(),
-        index: i,
-        problem: format!("{s:?} {problem}"),
-    })?;
+    let (k, path) = parse_field(s)
+        .map_err(|problem| RecipeError::BadExpect {
+            file: file.to_owned(),
+            index: i,
+            problem: format!("{s:?} {problem}"),
+        })
+        .map_err(ConvertError::from)?;
     let field = path.join(".");
     let v = path
         .iter()
@@ -267,13 +270,14 @@ pub(super) fn bind(
         }
         total = total.saturating_add(names);
         if total > MAX_EXPECTED_TENSORS {
-            return Err(ConvertError::RecipeBadExpect {
+            return Err(RecipeError::BadExpect {
                 file: file.to_owned(),
                 index: i,
                 problem: format!(
                     "with config.json's values the [[expect]] tables name more than {MAX_EXPECTED_TENSORS} tensors"
                 ),
-            });
+            }
+            .into());
         }
         let shape = match &e.shape {
             None => None,

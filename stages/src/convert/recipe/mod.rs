@@ -70,9 +70,10 @@
 //!   model must have, with dtype and shape, read against `config.json`
 //!   (format in [`contract`]). Checked before any rule places anything; every
 //!   missing tensor or wrong dtype or shape is listed in one
-//!   [`ConvertError::RecipeContract`] (file, tensor, expected, found).
+//!   [`RecipeError::Contract`] (file, tensor, expected, found).
 //!
-//! Every violation is a [`ConvertError`] naming the recipe file, the rule
+//! Every violation is a [`RecipeError`] (or, for what the source itself
+//! gets wrong, a [`ConvertError`]) naming the recipe file, the rule
 //! (`rules[i]`, counted from 0) and glob, and the source file and tensor, or
 //! the layer, expert and field. [`Recipe::digest`] identifies what decides
 //! the output (model_type, the normalized rules and the `[[expect]]` tables)
@@ -95,9 +96,11 @@ use super::error::ConvertError;
 use super::nvfp4::{companion_of, is_nvfp4, nvfp4_module};
 
 pub mod contract;
+mod error;
 use super::safetensors::SourceTensor;
 use contract::{BoundExpect, Expect, RawExpect};
 pub use contract::{MAX_EXPECT_TABLES, MAX_EXPECTED_TENSORS};
+pub use error::RecipeError;
 
 /// Largest recipe file accepted, in bytes.
 pub const MAX_RECIPE_BYTES: usize = 1024 * 1024;
@@ -211,7 +214,7 @@ struct RawRule {
     dtype: Option<String>,
 }
 
-fn check_name(file: &str, field: &str, value: &str) -> Result<(), ConvertError> {
+fn check_name(file: &str, field: &str, value: &str) -> Result<(), RecipeError> {
     let problem = if value.is_empty() {
         "is empty".to_owned()
     } else if value.len() > MAX_RECIPE_NAME_LEN {
@@ -223,7 +226,7 @@ fn check_name(file: &str, field: &str, value: &str) -> Result<(), ConvertError> 
     } else {
         return Ok(());
     };
-    Err(ConvertError::RecipeBadName {
+    Err(RecipeError::BadName {
         file: file.to_owned(),
         field: field.to_owned(),
         value: value.to_owned(),
@@ -232,9 +235,9 @@ fn check_name(file: &str, field: &str, value: &str) -> Result<(), ConvertError> 
 }
 
 impl TryFrom<RawRecipe> for Recipe {
-    type Error = ConvertError;
+    type Error = RecipeError;
 
-    fn try_from(raw: RawRecipe) -> Result<Recipe, ConvertError> {
+    fn try_from(raw: RawRecipe) -> Result<Recipe, RecipeError> {
         let file = raw.file;
         check_name(&file, "model_type", &raw.model_type)?;
         let name = match raw.name {
@@ -242,7 +245,7 @@ impl TryFrom<RawRecipe> for Recipe {
             Some(n) => {
                 check_name(&file, "name", &n)?;
                 if KNOWN_MODEL_TYPES.contains(&n.as_str()) {
-                    return Err(ConvertError::RecipeBadName {
+                    return Err(RecipeError::BadName {
                         file,
                         field: "name".into(),
                         value: n,
@@ -253,10 +256,10 @@ impl TryFrom<RawRecipe> for Recipe {
             }
         };
         if raw.rules.is_empty() {
-            return Err(ConvertError::RecipeNoRules { file });
+            return Err(RecipeError::NoRules { file });
         }
         if raw.rules.len() > MAX_RECIPE_RULES {
-            return Err(ConvertError::RecipeTooManyRules {
+            return Err(RecipeError::TooManyRules {
                 file,
                 count: raw.rules.len(),
                 limit: MAX_RECIPE_RULES,
@@ -265,7 +268,7 @@ impl TryFrom<RawRecipe> for Recipe {
         let mut rules = Vec::with_capacity(raw.rules.len());
         let mut builder = GlobSetBuilder::new();
         for (i, r) in raw.rules.into_iter().enumerate() {
-            let bad_glob = |problem: String| ConvertError::RecipeBadGlob {
+            let bad_glob = |problem: String| RecipeError::BadGlob {
                 file: file.clone(),
                 rule: i,
                 glob: r.glob.clone(),
@@ -279,13 +282,18 @@ impl TryFrom<RawRecipe> for Recipe {
                     "is longer than {MAX_RECIPE_GLOB_LEN} bytes"
                 )));
             }
-            let glob = Glob::new(&r.glob).map_err(|e| bad_glob(format!("is invalid: {e}")))?;
+            let glob = Glob::new(&r.glob).map_err(|source| RecipeError::InvalidGlob {
+                file: file.clone(),
+                rule: i,
+                glob: r.glob.clone(),
+                source: Box::new(source),
+            })?;
             builder.add(glob);
             let component = match r.component.as_str() {
                 "ftw" => RecipeComponent::Ftw,
                 "experts" => RecipeComponent::Experts,
                 _ => {
-                    return Err(ConvertError::RecipeBadComponent {
+                    return Err(RecipeError::BadComponent {
                         file,
                         rule: i,
                         value: r.component,
@@ -296,7 +304,7 @@ impl TryFrom<RawRecipe> for Recipe {
                 None | Some("keep") => DtypePolicy::Keep,
                 Some("protected") => DtypePolicy::Protected,
                 Some(other) => {
-                    return Err(ConvertError::RecipeBadDtype {
+                    return Err(RecipeError::BadDtype {
                         file,
                         rule: i,
                         value: other.to_owned(),
@@ -309,17 +317,15 @@ impl TryFrom<RawRecipe> for Recipe {
                 dtype,
             });
         }
-        let set = builder.build().map_err(|e| ConvertError::RecipeSyntax {
+        let set = builder.build().map_err(|source| RecipeError::GlobSet {
             file: file.clone(),
-            message: format!("the rules' globs do not compile together: {e}"),
+            source,
         })?;
         if raw.expect.len() > MAX_EXPECT_TABLES {
-            return Err(ConvertError::RecipeSyntax {
+            return Err(RecipeError::TooManyExpects {
                 file,
-                message: format!(
-                    "{} [[expect]] tables exceed the limit of {MAX_EXPECT_TABLES}",
-                    raw.expect.len()
-                ),
+                count: raw.expect.len(),
+                limit: MAX_EXPECT_TABLES,
             });
         }
         let expects = raw
@@ -398,6 +404,7 @@ fn expert_slot(name: &str) -> Result<(u64, u64, String), String> {
         return Err(format!("layer index {layer} exceeds {}", u32::MAX));
     }
     let expert = parse("expert", e)?;
+    // No segment after the expert index is an empty field, refused below.
     let field = segs.get(ei + 1..).unwrap_or_default().join(".");
     if field.is_empty() || field.split('.').any(str::is_empty) {
         return Err(format!(
@@ -414,9 +421,9 @@ fn describe(d: &TensorDesc) -> String {
 
 impl Recipe {
     /// Parses and validates a recipe; `file_label` names it in errors.
-    pub fn from_toml(file_label: &str, text: &str) -> Result<Recipe, ConvertError> {
+    pub fn from_toml(file_label: &str, text: &str) -> Result<Recipe, RecipeError> {
         if text.len() > MAX_RECIPE_BYTES {
-            return Err(ConvertError::RecipeTooLarge {
+            return Err(RecipeError::TooLarge {
                 file: file_label.to_owned(),
                 len: text.len() as u64,
                 limit: MAX_RECIPE_BYTES as u64,
@@ -430,7 +437,7 @@ impl Recipe {
                 }
                 None => String::new(),
             };
-            ConvertError::RecipeSyntax {
+            RecipeError::Syntax {
                 file: file_label.to_owned(),
                 message: format!("{at}{}", e.message().trim_end()),
             }
@@ -504,20 +511,20 @@ impl Recipe {
             Some(c) => contract::check(c, cat),
             None if self.expects.is_empty() => Vec::new(),
             None => {
-                return Err(ConvertError::RecipeBadExpect {
-                    file: self.file.clone(),
-                    index: 0,
-                    problem: "the recipe was not bound to a config.json".into(),
-                });
+                return Err(ConvertError::internal(format!(
+                    "recipe {} has [[expect]] tables but was not bound to a config.json",
+                    self.file
+                )));
             }
         };
         if !problems.is_empty() {
-            return Err(ConvertError::RecipeContract {
+            return Err(RecipeError::Contract {
                 file: self.file.clone(),
                 recipe: self.name.clone(),
                 count: problems.len(),
                 problems: problems.join("\n"),
-            });
+            }
+            .into());
         }
         let mut used = vec![false; self.rules.len()];
         let mut ftw = FtwBuilder::default();
@@ -550,14 +557,15 @@ impl Recipe {
                     }
                 }
                 RecipeComponent::Experts => {
-                    let (l, e, field) =
-                        expert_slot(name).map_err(|problem| ConvertError::RecipeExpertName {
+                    let (l, e, field) = expert_slot(name)
+                        .map_err(|problem| RecipeError::ExpertName {
                             file: file.to_owned(),
                             tensor: name.to_owned(),
                             rule: ri,
                             glob: rule.glob.clone(),
                             problem,
-                        })?;
+                        })
+                        .map_err(ConvertError::from)?;
                     let p = self.place(cat, ri, name, file, t)?;
                     if let Some(s) = p.input_scale {
                         ftw.insert(s)?;
@@ -586,11 +594,12 @@ impl Recipe {
             }
         }
         if let Some(ri) = used.iter().position(|u| !u) {
-            return Err(ConvertError::RecipeRuleUnused {
+            return Err(RecipeError::RuleUnused {
                 file: self.file.clone(),
                 rule: ri,
                 glob: self.rules[ri].glob.clone(),
-            });
+            }
+            .into());
         }
 
         let mut components = vec![ftw.finish()?];
@@ -615,12 +624,13 @@ impl Recipe {
             && is_nvfp4(cat, module)
         {
             if rule.dtype == DtypePolicy::Protected {
-                return Err(ConvertError::RecipeProtectedQuantized {
+                return Err(RecipeError::ProtectedQuantized {
                     file: file.to_owned(),
                     tensor: name.to_owned(),
                     rule: ri,
                     glob: rule.glob.clone(),
-                });
+                }
+                .into());
             }
             let nv = nvfp4_module(cat, module)?;
             return Ok(Placed {
@@ -928,7 +938,10 @@ shape = [32, "text.hidden_size"]
         let e = r2
             .components(&Catalog::new(&moe_headers()).unwrap())
             .unwrap_err();
-        assert!(matches!(e, ConvertError::RecipeBadExpect { .. }), "{e}");
+        assert!(
+            matches!(&e, ConvertError::Internal { what, .. } if what.contains("not bound to a config.json")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -947,9 +960,9 @@ shape = [32, "text.hidden_size"]
             &[header(F1, &a), header(F2, &b)],
         )
         .unwrap_err();
-        let ConvertError::RecipeContract {
+        let ConvertError::Recipe(RecipeError::Contract {
             count, problems, ..
-        } = &e
+        }) = &e
         else {
             panic!("{e}")
         };
@@ -996,12 +1009,12 @@ shape = [32, "text.hidden_size"]
             let text = format!("{MOE}\n[[expect]]\n{table}\n");
             let e = parse_err(&text);
             assert!(
-                matches!(&e, ConvertError::RecipeBadExpect { index: 0, problem, .. } if problem.contains(needle)),
+                matches!(&e, RecipeError::BadExpect { index: 0, problem, .. } if problem.contains(needle)),
                 "{table}: {e}"
             );
         }
         let e = parse_err(&format!("{MOE}\n[[expect]]\ntensor = \"a\"\nsize = 1\n"));
-        assert!(matches!(e, ConvertError::RecipeSyntax { .. }), "{e}");
+        assert!(matches!(e, RecipeError::Syntax { .. }), "{e}");
         // The expansion is bounded before any name is built.
         let text = format!(
             "{MOE}\n[[expect]]\ntensor = \"a.{{x}}.{{y}}\"\neach = {{ x = \"num_experts\", y = \"num_experts\" }}\n"
@@ -1010,7 +1023,7 @@ shape = [32, "text.hidden_size"]
         cfg["num_experts"] = json!(1u64 << 12);
         let e = run_with(&text, cfg, &moe_headers()).unwrap_err();
         assert!(
-            matches!(&e, ConvertError::RecipeBadExpect { problem, .. } if problem.contains("more than")),
+            matches!(&e, ConvertError::Recipe(RecipeError::BadExpect { problem, .. }) if problem.contains("more than")),
             "{e}"
         );
     }
@@ -1062,7 +1075,7 @@ shape = [32, "text.hidden_size"]
         );
     }
 
-    fn parse_err(text: &str) -> ConvertError {
+    fn parse_err(text: &str) -> RecipeError {
         Recipe::from_toml("recipe.toml", text).unwrap_err()
     }
 
@@ -1292,7 +1305,7 @@ shape = [32, "text.hidden_size"]
         let other = json!({"model_type": "mistral"});
         let e = Profile::from_config_with_recipe(&other, Some(&r)).unwrap_err();
         assert!(
-            matches!(&e, ConvertError::RecipeModelType { file, recipe, config }
+            matches!(&e, ConvertError::Recipe(RecipeError::ModelType { file, recipe, config })
                 if file == "moe.toml" && recipe == "tiny_moe" && config == "mistral"),
             "{e}"
         );
@@ -1306,7 +1319,7 @@ shape = [32, "text.hidden_size"]
     fn schema_errors() {
         let e = parse_err(&format!("{MOE}\nextra = 1\n"));
         assert!(
-            matches!(&e, ConvertError::RecipeSyntax { message, .. } if message.contains("unknown field `extra`")),
+            matches!(&e, RecipeError::Syntax { message, .. } if message.contains("unknown field `extra`")),
             "{e}"
         );
         let e = parse_err(&MOE.replace(
@@ -1314,30 +1327,30 @@ shape = [32, "text.hidden_size"]
             "component = \"experts\"\nlayer = 2",
         ));
         assert!(
-            matches!(&e, ConvertError::RecipeSyntax { message, .. }
+            matches!(&e, RecipeError::Syntax { message, .. }
                 if message.contains("unknown field `layer`") && message.starts_with("line 7, column 1")),
             "{e}"
         );
         let e = parse_err(&MOE.replace("\"experts\"", "\"skip\""));
         assert!(
-            matches!(&e, ConvertError::RecipeBadComponent { rule: 0, value, .. } if value == "skip"),
+            matches!(&e, RecipeError::BadComponent { rule: 0, value, .. } if value == "skip"),
             "{e}"
         );
         let e = parse_err(&MOE.replace("\"protected\"", "\"fp8\""));
         assert!(
-            matches!(&e, ConvertError::RecipeBadDtype { rule: 1, value, .. } if value == "fp8"),
+            matches!(&e, RecipeError::BadDtype { rule: 1, value, .. } if value == "fp8"),
             "{e}"
         );
         let e = parse_err("model_type = \"x\"\n");
-        assert!(matches!(e, ConvertError::RecipeNoRules { .. }), "{e}");
+        assert!(matches!(e, RecipeError::NoRules { .. }), "{e}");
         let e = parse_err("[[rules]]\nglob = \"*\"\ncomponent = \"ftw\"\n");
         assert!(
-            matches!(&e, ConvertError::RecipeSyntax { message, .. } if message.contains("model_type")),
+            matches!(&e, RecipeError::Syntax { message, .. } if message.contains("model_type")),
             "{e}"
         );
         let e = parse_err(&MOE.replace("tiny_moe", ""));
         assert!(
-            matches!(&e, ConvertError::RecipeBadName { field, .. } if field == "model_type"),
+            matches!(&e, RecipeError::BadName { field, .. } if field == "model_type"),
             "{e}"
         );
         let e = parse_err(&MOE.replace(
@@ -1345,23 +1358,29 @@ shape = [32, "text.hidden_size"]
             "model_type = \"m\"\nname = \"qwen3_moe\"",
         ));
         assert!(
-            matches!(&e, ConvertError::RecipeBadName { field, .. } if field == "name"),
+            matches!(&e, RecipeError::BadName { field, .. } if field == "name"),
             "{e}"
         );
         let e = parse_err(&MOE.replace("\"lm_head.weight\"", "\"lm_head[\""));
         assert!(
-            matches!(&e, ConvertError::RecipeBadGlob { rule: 1, glob, .. } if glob == "lm_head["),
+            matches!(&e, RecipeError::InvalidGlob { rule: 1, glob, .. } if glob == "lm_head["),
             "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("recipe.toml: rules[1]: glob \"lm_head[\" is invalid: "),
+            "{e}"
+        );
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the globset error is kept"
         );
         let e = parse_err(&MOE.replace("\"lm_head.weight\"", "\"\""));
-        assert!(
-            matches!(e, ConvertError::RecipeBadGlob { rule: 1, .. }),
-            "{e}"
-        );
+        assert!(matches!(e, RecipeError::BadGlob { rule: 1, .. }), "{e}");
         let e = parse_err("model_type = 3\n");
-        assert!(matches!(e, ConvertError::RecipeSyntax { .. }), "{e}");
+        assert!(matches!(e, RecipeError::Syntax { .. }), "{e}");
         let e = parse_err("model_type = \"x\"\nrules = [");
-        assert!(matches!(e, ConvertError::RecipeSyntax { .. }), "{e}");
+        assert!(matches!(e, RecipeError::Syntax { .. }), "{e}");
 
         let mut many = String::from("model_type = \"x\"\n");
         for i in 0..=MAX_RECIPE_RULES {
@@ -1371,14 +1390,11 @@ shape = [32, "text.hidden_size"]
         }
         let e = parse_err(&many);
         assert!(
-            matches!(e, ConvertError::RecipeTooManyRules { count, .. } if count == MAX_RECIPE_RULES + 1),
+            matches!(e, RecipeError::TooManyRules { count, .. } if count == MAX_RECIPE_RULES + 1),
             "{e}"
         );
         let big = format!("{MOE}#{}", "x".repeat(MAX_RECIPE_BYTES));
-        assert!(matches!(
-            parse_err(&big),
-            ConvertError::RecipeTooLarge { .. }
-        ));
+        assert!(matches!(parse_err(&big), RecipeError::TooLarge { .. }));
     }
 
     #[test]
@@ -1403,7 +1419,7 @@ shape = [32, "text.hidden_size"]
         );
         let e = run(&recipe, &[header(F1, &llama())]).unwrap_err();
         assert!(
-            matches!(&e, ConvertError::RecipeRuleUnused { rule: 1, glob, .. } if glob == "lm_haed.weight"),
+            matches!(&e, ConvertError::Recipe(RecipeError::RuleUnused { rule: 1, glob, .. }) if glob == "lm_haed.weight"),
             "{e}"
         );
         // A rule shadowed by an earlier one never places anything either.
@@ -1411,7 +1427,10 @@ shape = [32, "text.hidden_size"]
             format!("{LLAMA}\n[[rules]]\nglob = \"model.norm.weight\"\ncomponent = \"ftw\"\n");
         let e = run(&recipe, &[header(F1, &llama())]).unwrap_err();
         assert!(
-            matches!(e, ConvertError::RecipeRuleUnused { rule: 2, .. }),
+            matches!(
+                e,
+                ConvertError::Recipe(RecipeError::RuleUnused { rule: 2, .. })
+            ),
             "{e}"
         );
     }
@@ -1422,7 +1441,7 @@ shape = [32, "text.hidden_size"]
         let recipe = MOE.replace("glob = \"lm_head.weight\"", "glob = \"*.q_proj.weight\"");
         let e = run(&recipe, &moe_headers()).unwrap_err();
         assert!(
-            matches!(&e, ConvertError::RecipeProtectedQuantized { file, tensor, rule: 1, .. }
+            matches!(&e, ConvertError::Recipe(RecipeError::ProtectedQuantized { file, tensor, rule: 1, .. })
                 if file == F2 && tensor == "model.layers.1.self_attn.q_proj.weight"),
             "{e}"
         );
@@ -1578,7 +1597,7 @@ shape = [32, "text.hidden_size"]
             );
             let e = run(&recipe, &[header(F1, &a2), header(F2, &b)]).unwrap_err();
             assert!(
-                matches!(&e, ConvertError::RecipeExpertName { tensor, rule: 0, problem, .. }
+                matches!(&e, ConvertError::Recipe(RecipeError::ExpertName { tensor, rule: 0, problem, .. })
                     if tensor == bad && problem.contains(why)),
                 "{bad}: {e}"
             );
