@@ -1,6 +1,9 @@
 //! `ftpipe`: the command line. Thin on purpose: parse arguments, pick a
 //! progress display, call the pipeline, print, and map errors to exit codes.
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
 mod demo;
 mod report;
 mod table;
@@ -334,6 +337,10 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err(format!("{s:?} is out of range"));
     }
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "checked just above: finite, 0 ≤ bytes ≤ u64::MAX"
+    )]
     Ok(bytes as u64)
 }
 

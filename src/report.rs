@@ -94,8 +94,10 @@ impl Bars {
         } else {
             "ETA -".to_owned()
         };
+        #[expect(clippy::cast_sign_loss, reason = "a non-negative rate; `as` saturates")]
+        let rate = rate as u64;
         self.total
-            .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate as u64)));
+            .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate)));
     }
 }
 

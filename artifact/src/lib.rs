@@ -13,6 +13,8 @@
 //! - [`ArtifactError`]: why verification could not start, or why a value
 //!   could not be serialized to be hashed or written.
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -15,6 +15,8 @@
 //! authority) and a fast parallel encoder (`encode`) that is byte-identical
 //! to it, plus a decoder.
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

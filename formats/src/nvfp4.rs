@@ -217,13 +217,16 @@ fn boundaries(d: f32) -> [i16; 8] {
     let mut out = [0i16; 8];
     // Smallest magnitude whose quotient does not underflow to zero.
     out[0] = first_true(
-        |b| scan::widen(b as u16) / d > 0.0,
+        |b| scan::widen(b.cast_unsigned()) / d > 0.0,
         guess(f32::from_bits(1)),
     );
     const MID: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
     for (i, t) in MID.iter().enumerate() {
         let code = (i + 1) as u8;
-        out[i + 1] = first_true(|b| e2m1_ref(scan::widen(b as u16) / d) >= code, guess(*t));
+        out[i + 1] = first_true(
+            |b| e2m1_ref(scan::widen(b.cast_unsigned()) / d) >= code,
+            guess(*t),
+        );
     }
     out
 }
@@ -278,7 +281,10 @@ fn encode_chunk(x: &[u16], s2: f32, table: &BoundaryTable, codes: &mut [u8], sca
     {
         let mut bamax = [0u16; GROUP];
         for (a, b) in bamax.iter_mut().zip(blocks) {
-            *a = b.iter().fold(0i16, |m, &v| m.max((v & 0x7FFF) as i16)) as u16;
+            *a = b
+                .iter()
+                .fold(0i16, |m, &v| m.max((v & 0x7FFF).cast_signed()))
+                .cast_unsigned();
         }
         // The reference's `block_scale`, branch-free.
         for (e, &a) in scales.iter_mut().zip(&bamax) {

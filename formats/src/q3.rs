@@ -252,7 +252,7 @@ fn encode_ref_by<T: Copy>(
             } else {
                 (f(v) / d).round_ties_even().clamp(-4.0, 3.0)
             };
-            let q = (k as i32 + 4) as u32;
+            let q = (k as i32 + 4).cast_unsigned();
             // Append q's three bits to the little-endian bit string.
             for bit in 0..3 {
                 if q >> bit & 1 == 1 {
@@ -283,7 +283,7 @@ fn signed_max(block: &[u16; Q3_BLOCK]) -> f32 {
         let key = ((Q3_BLOCK - i) as i16) << 1 | (b >> 15) as i16;
         k.max(if (b & 0x7FFF) as i16 == mb { key } else { 0 })
     });
-    scan::widen(mb as u16 | ((first & 1) as u16) << 15)
+    scan::widen(mb.cast_unsigned() | (first & 1).cast_unsigned() << 15)
 }
 
 /// Compare constants for a block whose step `d` satisfies
@@ -335,7 +335,7 @@ fn codes_by_compares(block: &[u16; Q3_BLOCK], flip: u16, c: &[i16; 4], q: &mut [
         let n = i16::from(a > c[0]) + i16::from(a > c[1]) + i16::from(a > c[2]);
         // x' < 0: −(n + [a ≥ 3.5|d|]), else +n (−0 has n = 0).
         let v = n + (i16::from(a > c[3]) & neg);
-        *q = (4 + ((v ^ neg) - neg)) as u16;
+        *q = (4 + ((v ^ neg) - neg)).cast_unsigned();
     }
 }
 
@@ -400,7 +400,7 @@ fn encode_block(
         // reference's own arithmetic.
         for (q, &b) in q.iter_mut().zip(block) {
             let k = (scan::widen(b) / d).round_ties_even().clamp(-4.0, 3.0);
-            *q = (k as i32 + 4) as u16;
+            *q = (k as i32 + 4).cast_unsigned() as u16;
         }
     }
     let (sc, codes) = o.split_at_mut(2);
@@ -547,7 +547,12 @@ mod tests {
                 codes_by_compares(block, flip, &c, &mut q);
                 for (&b, &q) in block.iter().zip(&q) {
                     let k = (scan::widen(b) / d).round_ties_even().clamp(-4.0, 3.0);
-                    assert_eq!(q, (k as i32 + 4) as u16, "d={d:e} x={:e}", scan::widen(b));
+                    assert_eq!(
+                        q,
+                        (k as i32 + 4).cast_unsigned() as u16,
+                        "d={d:e} x={:e}",
+                        scan::widen(b)
+                    );
                 }
             }
         }

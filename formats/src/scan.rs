@@ -58,7 +58,9 @@ pub(crate) fn absmax_ref(key: &str, x: &[bf16], base: u64) -> Result<f32> {
 /// Max magnitude bits of a chunk (vectorizes as an i16 max).
 #[inline]
 pub(crate) fn max_mag_bits(x: &[u16]) -> u16 {
-    x.iter().fold(0i16, |m, &b| m.max((b & 0x7FFF) as i16)) as u16
+    x.iter()
+        .fold(0i16, |m, &b| m.max((b & 0x7FFF).cast_signed()))
+        .cast_unsigned()
 }
 
 /// Fast, parallel version of [`absmax_ref`] with the same result and error.

@@ -14,6 +14,9 @@
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
 //! - [`error`]: [`FsError`], which names the operation and path at fault.
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
 pub mod durable;
 mod error;
 pub mod layout;

@@ -41,7 +41,7 @@ mod tests {
                 assert_eq!(needed, u64::MAX);
                 assert!(available >= free / 2, "free space changed wildly");
             }
-            other => panic!("expected InsufficientSpace, got {other}"),
+            other @ FsError::Io { .. } => panic!("expected InsufficientSpace, got {other}"),
         }
     }
 }

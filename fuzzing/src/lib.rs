@@ -22,6 +22,9 @@
 //! | [`ftexpert_round_trip`] | FTEXPERT1 writer → reader |
 //! | [`codec_round_trip`] | Q3_PLE_32, NVFP4 and E4M3 encoders → decoders (fast = reference, error within the documented bound) |
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
@@ -189,7 +192,9 @@ impl ArbHeader {
                 json[i] = *byte;
             }
         }
-        let declared = (json.len() as i64 + i64::from(self.len_delta)).max(0) as u64;
+        let declared = (json.len() as i64 + i64::from(self.len_delta))
+            .max(0)
+            .cast_unsigned();
         let mut file = declared.to_le_bytes().to_vec();
         file.extend_from_slice(&json);
         // The generator's own data stays small (the parser never reads it).

@@ -9,7 +9,12 @@ use crate::state::IllegalTransition;
 pub enum PipelineError {
     /// Another ftpipe process works on the same directory.
     #[error("{lock} is held by another ftpipe (pid {pid}); wait for it or stop it")]
-    Locked { lock: PathBuf, pid: String },
+    Locked {
+        /// The lock file.
+        lock: PathBuf,
+        /// The holder's pid, as recorded in the lock file.
+        pid: String,
+    },
     /// A stage failed.
     #[error(transparent)]
     Stage(#[from] ftpipe_stages::StageError),
@@ -22,8 +27,11 @@ pub enum PipelineError {
     /// A local filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {
+        /// The operation that failed (read, fsync, create, rename...).
         op: &'static str,
+        /// The file or directory it failed on.
         path: PathBuf,
+        /// The underlying I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -31,12 +39,17 @@ pub enum PipelineError {
     /// verify` would report it).
     #[error("{artifact}: verification failed: {}", problems.join("; "))]
     VerifyFailed {
+        /// The artifact directory.
         artifact: PathBuf,
+        /// Every problem verification found.
         problems: Vec<String>,
     },
     /// The directory has no ftpipe state.
     #[error("{dir} holds no ftpipe state (no .ftpipe/state.db); run `ftpipe fetch` first")]
-    NoState { dir: PathBuf },
+    NoState {
+        /// The directory without state.
+        dir: PathBuf,
+    },
 }
 
 /// Shorthand for results of this crate.

@@ -13,6 +13,9 @@
 //! - `plan`: the read-only `plan` command.
 //! - `error`: [`PipelineError`].
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
 mod convert;
 mod error;
 mod lock;

@@ -15,11 +15,20 @@ pub enum StageState {
     /// Never started.
     Pending,
     /// Started by `run` and not finished (or that run was killed).
-    Running { run: RunId },
+    Running {
+        /// The run that started it.
+        run: RunId,
+    },
     /// Last run completed it.
-    Completed { run: RunId },
+    Completed {
+        /// The run that completed it.
+        run: RunId,
+    },
     /// Last run failed it.
-    Failed { run: RunId },
+    Failed {
+        /// The run that failed it.
+        run: RunId,
+    },
 }
 
 /// An event that cannot follow the current state.

@@ -19,6 +19,9 @@
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`]).
 //! - `model`: the plain row types; `error`: [`StoreError`].
 
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
 mod convert_store;
 mod error;
 mod events;

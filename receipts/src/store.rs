@@ -520,25 +520,31 @@ impl Store {
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        insert_discard(&mut tx, run, path, reason, bytes).await?;
-        let extra = if also_transferred {
-            to_i64(path, bytes)?
-        } else {
-            0
-        };
         // Bytes received but not yet counted belong to the attempt that
         // received them: the newest one of this path still in flight (cut
-        // short by a crash, or the current one).
-        if also_transferred {
+        // short by a crash, or the current one). Network bytes are only ever
+        // written while their attempt is in flight, so a tail no attempt can
+        // own was never received uncounted: it is the excess of a cut whose
+        // truncation a crash undid (already discarded) or an unclaimed cache
+        // copy (never counted). It is cut without a second count.
+        let attributed = if also_transferred {
             sqlx::query(
                 "UPDATE attempts SET body_bytes = body_bytes + ? WHERE id =
                    (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = 'in_flight')",
             )
-            .bind(extra)
+            .bind(to_i64(path, bytes)?)
             .bind(path)
             .execute(&mut *tx)
             .await
-            .ctx("attempt bytes")?;
+            .ctx("attempt bytes")?
+            .rows_affected()
+                > 0
+        } else {
+            false
+        };
+        let extra = if attributed { to_i64(path, bytes)? } else { 0 };
+        if attributed || !also_transferred {
+            insert_discard(&mut tx, run, path, reason, bytes).await?;
         }
         let validator_reset = committed == 0;
         sqlx::query(

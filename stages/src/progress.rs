@@ -11,69 +11,117 @@ use serde::Serialize;
 pub enum ProgressEvent {
     /// The fetch is about to start: totals, with already committed bytes done.
     FetchPlanned {
+        /// Files selected for the fetch.
         files: usize,
+        /// Bytes of all selected files.
         total_bytes: u64,
+        /// Bytes of them already committed.
         done_bytes: u64,
     },
     /// A file transfer (re)starts at `resumed_from`.
     FileStarted {
+        /// The file's repo path.
         path: String,
+        /// The file's size in bytes.
         size: u64,
+        /// Bytes already committed, where the transfer starts.
         resumed_from: u64,
     },
     /// Bytes were appended to a file.
-    FileBytes { path: String, bytes: u64 },
+    FileBytes {
+        /// The file's repo path.
+        path: String,
+        /// Bytes appended by this step.
+        bytes: u64,
+    },
     /// A file's progress went back to `to` (bytes discarded).
     FileRewound {
+        /// The file's repo path.
         path: String,
+        /// The byte offset progress went back to.
         to: u64,
+        /// Why the bytes were discarded.
         reason: String,
     },
     /// An attempt failed and will be retried after `delay`.
     FileRetry {
+        /// The file's repo path.
         path: String,
+        /// The number of the attempt that failed (1-based).
         attempt: u32,
+        /// The wait before the retry (serialized as milliseconds).
         #[serde(with = "millis")]
         delay: Duration,
         /// Set when the wait is the hub's `Retry-After` (seconds it asked
         /// for; the wait is capped at `MAX_RETRY_AFTER`).
         retry_after_secs: Option<u64>,
+        /// The failed attempt's error message.
         error: String,
     },
     /// A file was taken whole from the Hugging Face cache: verified and
     /// published, no byte requested (`placement`: reflink, hardlink, copy).
     FileAdopted {
+        /// The file's repo path.
         path: String,
+        /// The file's size in bytes.
         size: u64,
+        /// How it was placed: `reflink`, `hardlink` or `copy`.
         placement: String,
     },
     /// The prefix of an interrupted download in the cache was copied into
     /// the file's `.part` and is now its watermark (not network bytes).
-    FileResumedFromCache { path: String, bytes: u64 },
+    FileResumedFromCache {
+        /// The file's repo path.
+        path: String,
+        /// Bytes copied from the cache (the new watermark).
+        bytes: u64,
+    },
     /// A cache file looked at for `path` was not used (recorded).
     CacheRejected {
+        /// The repo path the cache file was considered for.
         path: String,
+        /// The cache file that was not used.
         cache_path: String,
+        /// Why it was not used.
         reason: String,
     },
     /// A file was verified and published.
-    FilePublished { path: String, size: u64 },
+    FilePublished {
+        /// The file's repo path.
+        path: String,
+        /// The file's size in bytes.
+        size: u64,
+    },
     /// A file failed for good.
-    FileFailed { path: String, error: String },
+    FileFailed {
+        /// The file's repo path.
+        path: String,
+        /// The final error message.
+        error: String,
+    },
     /// Conversion is about to start: components, with reused bytes done.
     ConvertPlanned {
+        /// Components of the artifact.
         components: usize,
+        /// Bytes of all components.
         total_bytes: u64,
+        /// Bytes of components reused from an earlier run.
         done_bytes: u64,
     },
     /// A component is durable and has its receipt.
     ComponentWritten {
+        /// The component's path in the artifact.
         path: String,
+        /// The component's kind.
         kind: String,
+        /// The component's size in bytes.
         size: u64,
     },
     /// A free-form note (e.g. the branch moved).
-    Note { message: String },
+    Note {
+        /// The note's text.
+        message: String,
+    },
 }
 
 mod millis {

@@ -117,7 +117,7 @@ fn sigkill_at_random_moments_then_resume_matches_reference_model() {
 
     // A round is one output directory killed until it is complete; the next
     // round starts afresh with shorter delays, so every kill hits real work.
-    let mut rounds = 1;
+    let mut rounds: u32 = 1;
     let mut out = dir.path().join("out-1");
     let mut waste: BTreeMap<String, u64> = BTreeMap::new();
     let mut transferred = 0u64;
@@ -188,7 +188,7 @@ fn sigkill_at_random_moments_then_resume_matches_reference_model() {
         "crash run (seed {seed}): {KILLS} kills in {rounds} round(s) ({mid_file_kills} mid-file, \
          {exited_before_kill} after the fetch had already exited), transferred {transferred} for \
          {} expected, wasted by reason {waste:?}, interrupted attempts {interrupted}, total {:?}",
-        expected_total * rounds as u64,
+        expected_total * u64::from(rounds),
         t0.elapsed()
     );
 }

@@ -23,7 +23,7 @@ use crate::manifest::{ComponentLayout, Manifest, ManifestComponent};
 const SCALE_READ_LIMIT: u64 = 3;
 
 /// A file type in words, for messages.
-pub(crate) fn file_kind(ft: &FileType) -> &'static str {
+pub(crate) fn file_kind(ft: FileType) -> &'static str {
     if ft.is_symlink() {
         "symlink"
     } else if ft.is_dir() {
@@ -77,7 +77,7 @@ pub(crate) fn check_component(
             check::NOT_REGULAR_FILE,
             format!(
                 "{name} is a {}, expected a regular file",
-                file_kind(&meta.file_type())
+                file_kind(meta.file_type())
             ),
         );
         return;

@@ -443,7 +443,7 @@ fn load_json<T: DeserializeOwned>(dir: &Path, name: &str, limit: u64) -> Result<
     if !meta.is_file() {
         return Err(format!(
             "{name} is a {}, expected a regular file",
-            files::file_kind(&meta.file_type())
+            files::file_kind(meta.file_type())
         ));
     }
     if meta.len() > limit {

@@ -245,7 +245,7 @@ pub(crate) fn check_extras(listing: &Listing, m: Option<&Manifest>, found: &mut 
                 check::UNEXPECTED_FILE,
                 format!(
                     "unexpected file {rel} ({}): not listed in {MANIFEST_FILE}",
-                    file_kind(&e.file_type)
+                    file_kind(e.file_type)
                 ),
             )
         };

@@ -135,10 +135,8 @@ fn edge_vectors() -> Vec<Vec<bf16>> {
                 }
             })
             .collect(),
-        (0..64).map(|i| bf16::from_bits(1 + i as u16)).collect(), // positive subnormals
-        (0..64)
-            .map(|i| bf16::from_bits(0x8001 + i as u16))
-            .collect(), // negative subnormals
+        (0..64u16).map(|i| bf16::from_bits(1 + i)).collect(), // positive subnormals
+        (0..64u16).map(|i| bf16::from_bits(0x8001 + i)).collect(), // negative subnormals
         vec![bf16::MAX; 64],
         vec![bf16::MIN; 64],
         (0..64)
@@ -308,7 +306,7 @@ fn non_finite_inputs_name_tensor_and_index() {
         ] {
             match r {
                 Err(FormatError::NonFinite { key, index, .. }) => {
-                    assert_eq!((key.as_str(), index), ("emb", 1070))
+                    assert_eq!((key.as_str(), index), ("emb", 1070));
                 }
                 other => panic!("{other:?}"),
             }
@@ -320,7 +318,7 @@ fn non_finite_inputs_name_tensor_and_index() {
         ] {
             match r {
                 Err(FormatError::NonFinite { key, index, .. }) => {
-                    assert_eq!((key.as_str(), index), ("w", 70))
+                    assert_eq!((key.as_str(), index), ("w", 70));
                 }
                 other => panic!("{other:?}"),
             }

@@ -17,8 +17,11 @@ pub enum ConvertError {
         "{file}: unknown model_type {model_type:?}; known profiles: {known}; for any other model write a TOML recipe and pass --recipe FILE.toml"
     )]
     UnknownModelType {
+        /// The config file giving the model_type (repo-relative).
         file: String,
+        /// The model_type the config gives.
         model_type: String,
+        /// The model types a built-in profile handles, comma-separated.
         known: String,
     },
     /// A recipe is unusable, or the source contradicts it.
@@ -27,10 +30,15 @@ pub enum ConvertError {
     /// Two tensors land in the same expert field.
     #[error("layer {layer}: expert {expert} field {field} is given by both {first} and {second}")]
     DuplicateExpertField {
+        /// The layer index.
         layer: u64,
+        /// The expert index.
         expert: u64,
+        /// The expert field both tensors land in.
         field: String,
+        /// The tensor that gives the field first.
         first: String,
+        /// The tensor that gives it again.
         second: String,
     },
     /// The experts of a layer are not numbered 0..E-1.
@@ -38,65 +46,106 @@ pub enum ConvertError {
         "layer {layer}: expert {missing} is missing (experts must be numbered 0..E-1 without gaps; the highest found is {highest})"
     )]
     ExpertGap {
+        /// The layer index.
         layer: u64,
+        /// The lowest expert number that is absent.
         missing: u64,
+        /// The highest expert number found.
         highest: u64,
     },
     /// A glob of a config field does not compile.
     #[error("{file}: {field} has an invalid pattern {pattern:?}: {source}")]
     InvalidConfigGlob {
+        /// The config file holding the pattern (repo-relative).
         file: String,
+        /// The config field holding the pattern.
         field: String,
+        /// The pattern that does not compile (all of them, space-separated, if the set fails).
         pattern: String,
+        /// The glob compiler's error.
         #[source]
         source: Box<globset::Error>,
     },
     /// A config field is missing or has the wrong type.
     #[error("{file}: {field} {problem}")]
     BadConfig {
+        /// The config file at fault (repo-relative).
         file: String,
+        /// The config field at fault (dotted path).
         field: String,
+        /// What is wrong with the field.
         problem: String,
     },
     /// A JSON file (config, index) does not parse.
     #[error("{file}: malformed JSON: {source}")]
     MalformedJson {
+        /// The JSON file at fault (repo-relative).
         file: String,
+        /// The JSON parser's error.
         #[source]
         source: serde_json::Error,
     },
     /// A JSON file (config, index) exceeds its size limit.
     #[error("{file}: malformed JSON: {len} bytes exceed the limit of {limit}")]
-    JsonTooLarge { file: String, len: u64, limit: u64 },
+    JsonTooLarge {
+        /// The JSON file at fault (repo-relative).
+        file: String,
+        /// The file's size in bytes.
+        len: u64,
+        /// The largest size accepted, in bytes.
+        limit: u64,
+    },
     /// A key repeats in a JSON object of a source file (a map would keep
     /// only the last).
     #[error("{file}: duplicate key(s): {keys}")]
-    DuplicateJsonKeys { file: String, keys: String },
+    DuplicateJsonKeys {
+        /// The JSON file at fault (repo-relative).
+        file: String,
+        /// The repeated keys, with the objects they repeat in.
+        keys: String,
+    },
     /// A file the plan needs is not there.
     #[error("{file} is missing from the source checkpoint")]
-    MissingFile { file: String },
+    MissingFile {
+        /// The missing file (repo-relative).
+        file: String,
+    },
     /// The index and the shard headers disagree.
     #[error("{file}: tensor {tensor}: {problem}")]
     IndexMismatch {
+        /// The shard whose header holds the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// How the index disagrees with the header.
         problem: String,
     },
     /// The same tensor is stored in two files.
     #[error("tensor {tensor} is stored in both {first} and {second}")]
     DuplicateTensor {
+        /// The tensor name.
         tensor: String,
+        /// The file(s) storing it first (repo-relative, comma-separated).
         first: String,
+        /// The file(s) storing it again (repo-relative, comma-separated).
         second: String,
     },
     /// A tensor the profile requires is absent.
     #[error("missing tensor {tensor} (needed for {needed_for})")]
-    MissingTensor { tensor: String, needed_for: String },
+    MissingTensor {
+        /// The name of the absent tensor.
+        tensor: String,
+        /// What the tensor is needed for.
+        needed_for: String,
+    },
     /// A tensor no rule of the profile accounts for.
     #[error("{file}: unexpected tensor {tensor} ({reason})")]
     UnexpectedTensor {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// Why no rule accounts for the tensor.
         reason: String,
     },
     /// A tensor's shape contradicts the config.
@@ -104,35 +153,54 @@ pub enum ConvertError {
         "{file}: tensor {tensor} has shape {actual:?}, config implies {expected:?} ({because})"
     )]
     ShapeMismatch {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The shape the config implies.
         expected: Vec<u64>,
+        /// The shape the header gives.
         actual: Vec<u64>,
+        /// Which config fields imply the expected shape, and how.
         because: String,
     },
     /// A tensor's dtype is not one the profile accepts here.
     #[error("{file}: tensor {tensor} has dtype {actual}, expected {expected}")]
     DtypeMismatch {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The dtype(s) the profile accepts here.
         expected: String,
+        /// The dtype the header gives.
         actual: String,
     },
     /// A tensor named in `quantization_config.ignore` or matched by a
     /// `--protect` glob (`by`) is quantized in the source.
     #[error("{file}: tensor {tensor} is protected by {by} but stored quantized")]
     ProtectedQuantized {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// What protects it: `quantization_config.ignore` or the `--protect` glob.
         by: String,
     },
     /// A `--protect` glob cannot be used.
     #[error("invalid --protect option {glob:?}: {problem}")]
-    BadProtect { glob: String, problem: String },
+    BadProtect {
+        /// The `--protect` glob as given.
+        glob: String,
+        /// Why the glob cannot be used.
+        problem: String,
+    },
     /// A `--protect` glob does not compile.
     #[error("invalid --protect option {glob:?}: {source}")]
     InvalidProtectGlob {
+        /// The `--protect` glob as given.
         glob: String,
+        /// The glob compiler's error.
         #[source]
         source: globset::Error,
     },
@@ -142,18 +210,27 @@ pub enum ConvertError {
         "{file}: tensor {tensor} is an activation input_scale, but {module} is not stored as ModelOpt NVFP4 ({expected} is missing); an input_scale is accepted only beside NVFP4 weights"
     )]
     OrphanInputScale {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The `input_scale` tensor name.
         tensor: String,
+        /// The module the scale belongs to.
         module: String,
+        /// The NVFP4 tensor of the module that is missing.
         expected: String,
     },
     /// Experts of one layer do not share one record layout.
     #[error("layer {layer}: expert {expert} field {field} is {found}, expert 0 has {expected}")]
     MixedExpertLayout {
+        /// The layer index.
         layer: u64,
+        /// The expert whose layout differs from expert 0's.
         expert: u64,
+        /// The expert field that differs.
         field: String,
+        /// Expert 0's layout of the field (`dtype kind shape`).
         expected: String,
+        /// This expert's layout of the field (`dtype kind shape`).
         found: String,
     },
     /// Text tensors that disagree with the release layout the config
@@ -163,48 +240,74 @@ pub enum ConvertError {
         "{count} text tensor(s) disagree with the {profile} release layout config.json implies:\n{problems}"
     )]
     ReleaseLayout {
+        /// The release profile config.json implies.
         profile: String,
+        /// How many text tensors disagree.
         count: usize,
+        /// Every mismatch, one per line.
         problems: String,
     },
     /// Tensors outside every partition (text, vision, mtp) of the release.
     #[error(
         "{count} tensor(s) belong to no known partition (text model.language_model.* and lm_head.weight, vision model.visual.*, mtp mtp.*):\n{tensors}"
     )]
-    UnknownPartition { count: usize, tensors: String },
+    UnknownPartition {
+        /// How many tensors belong to no partition.
+        count: usize,
+        /// Their names, one per line.
+        tensors: String,
+    },
     /// A lookup buffer's values differ from those the config fixes
     /// (`problem`: `holds ACTUAL, expected EXPECTED (why)`).
     #[error("{file}: {tensor} {problem}")]
     LookupBufferMismatch {
+        /// The source file holding the buffer (repo-relative).
         file: String,
+        /// The lookup buffer's tensor name.
         tensor: String,
+        /// The values held, those expected, and why.
         problem: String,
     },
     /// The PLE table disagrees with the config's geometry.
     #[error("PLE table of layer {layer}: {problem}")]
-    PleGeometry { layer: u64, problem: String },
+    PleGeometry {
+        /// The PLE layer index.
+        layer: u64,
+        /// How the table disagrees with the config.
+        problem: String,
+    },
     /// A predicted layout is invalid for the target format.
     #[error("component {component}: {source}")]
     Format {
+        /// The component whose layout is invalid.
         component: String,
+        /// The target format's error.
         #[source]
         source: ftpipe_formats::FormatError,
     },
     /// A source file could not be read where the plan put a tensor.
     #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {source}")]
     SourceRead {
+        /// The source file that could not be read (repo-relative).
         file: String,
+        /// The tensor being read.
         tensor: String,
+        /// Absolute byte offset in the file where the read failed.
         offset: u64,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// A tensor read whole holds the wrong number of bytes.
     #[error("{file}: tensor {tensor}: cannot read at offset {offset}: {problem}")]
     BadSourceValue {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// Absolute byte offset of the tensor in the file.
         offset: u64,
+        /// How the bytes read differ from what the tensor must hold.
         problem: String,
     },
     /// A tensor to be quantized holds NaN or infinity.
@@ -212,26 +315,41 @@ pub enum ConvertError {
         "{file}: tensor {tensor}: element {index} is {value}, a finite value is required to quantize it"
     )]
     NonFinite {
+        /// The source file holding the tensor (repo-relative).
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// Index of the first non-finite element in the tensor.
         index: u64,
+        /// The non-finite value (NaN or infinity).
         value: f32,
     },
     /// A component came out a different size than predicted.
     #[error("component {component}: wrote {actual} bytes, the plan predicted {predicted}")]
     SizeMismatch {
+        /// The component name.
         component: String,
+        /// The size in bytes the plan predicted.
         predicted: u64,
+        /// The size in bytes actually written.
         actual: u64,
     },
     /// A Q3 segment was scheduled before its table's global scale existed.
     #[error("component {component}: the global scale of PLE layer {layer} is not written yet")]
-    MissingGlobalScale { component: String, layer: u64 },
+    MissingGlobalScale {
+        /// The component holding the Q3 segment.
+        component: String,
+        /// The PLE layer whose global scale is not written yet.
+        layer: u64,
+    },
     /// A component on disk does not match its receipt.
     #[error("component {component}: SHA-256 {actual} on disk, its receipt says {expected}")]
     ComponentDigest {
+        /// The component name.
         component: String,
+        /// The SHA-256 its receipt records.
         expected: String,
+        /// The SHA-256 of the file on disk.
         actual: String,
     },
     /// A component must be (re)built but a source it reads was retired.
@@ -239,8 +357,11 @@ pub enum ConvertError {
         "component {component} has no valid receipt and must be written, but its source {source_file} was retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again (every other component was written)"
     )]
     SourceRetired {
+        /// The component that must be written.
         component: String,
+        /// The retired source file it reads (repo-relative).
         source_file: String,
+        /// The run that retired the source.
         run: RetiredBy,
     },
     /// A stale artifact cannot be rebuilt: a shard it needs was retired.
@@ -248,10 +369,15 @@ pub enum ConvertError {
         "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"
     )]
     RebuildNeedsSources {
+        /// The artifact directory.
         dir: String,
+        /// How the artifact's identity differs, `; `-separated.
         reasons: String,
+        /// The component that reads the retired source.
         component: String,
+        /// The retired source file it reads (repo-relative).
         source_file: String,
+        /// The run that retired the source.
         run: RetiredBy,
     },
     /// A retired shard's header was not saved, so nothing can be planned.
@@ -259,27 +385,40 @@ pub enum ConvertError {
         "source {source_file} was retired by --retire-sources ({run}) and the header of this version of it is not saved in {skeleton}, so the conversion cannot be planned; re-acquire the sources with `ftpipe fetch --reacquire` and convert again"
     )]
     RetiredHeaderMissing {
+        /// The retired source file (repo-relative).
         source_file: String,
+        /// The run that retired the source.
         run: RetiredBy,
+        /// The skeleton file that lacks this version's header.
         skeleton: String,
     },
     /// Conversion needs verified sources.
     #[error("{file} has no download receipt: fetch (and verify) the checkpoint before converting")]
-    NotFetched { file: String },
+    NotFetched {
+        /// The source file without a download receipt (repo-relative).
+        file: String,
+    },
     /// Selected source files without a download receipt (a complete `.part`
     /// is not a published file).
     #[error(
         "{count} source file(s) have no download receipt ({}): run `ftpipe fetch` (or `ftpipe run`) to finish and verify them before converting",
         files.join(", ")
     )]
-    SourcesNotFetched { count: usize, files: Vec<String> },
+    SourcesNotFetched {
+        /// How many selected files have no download receipt.
+        count: usize,
+        /// Those files (repo-relative).
+        files: Vec<String>,
+    },
     /// A broken invariant of planning or conversion: a bug, not bad input.
     #[error(
         "internal error (a bug, please report it): {what}{}",
         source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
     )]
     Internal {
+        /// The invariant that broke.
         what: String,
+        /// The underlying error, if any.
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
@@ -287,7 +426,12 @@ pub enum ConvertError {
     #[error(
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
     )]
-    StaleArtifact { dir: String, reasons: String },
+    StaleArtifact {
+        /// The artifact directory.
+        dir: String,
+        /// How the artifact's identity differs, `; `-separated.
+        reasons: String,
+    },
 }
 
 /// Which run retired a source, as the retirement log says.

@@ -26,12 +26,20 @@ pub const MAX_TENSORS: usize = 1_000_000;
 pub enum SourceError {
     /// Fewer than 8 bytes: no header length.
     #[error("{file}: {len} bytes is too short for a safetensors header length")]
-    TooShort { file: String, len: u64 },
+    TooShort {
+        /// The safetensors file at fault.
+        file: String,
+        /// The file's size in bytes.
+        len: u64,
+    },
     /// The declared header length exceeds [`MAX_HEADER_LEN`].
     #[error("{file}: header length {header_len} exceeds the limit of {limit} bytes")]
     HeaderTooLarge {
+        /// The safetensors file at fault.
         file: String,
+        /// The declared header length in bytes.
         header_len: u64,
+        /// The largest header length accepted, in bytes.
         limit: u64,
     },
     /// The declared header runs past the end of the file.
@@ -39,59 +47,90 @@ pub enum SourceError {
         "{file}: header of {header_len} bytes at offset 8 runs past the end of the {file_len}-byte file"
     )]
     HeaderBeyondFile {
+        /// The safetensors file at fault.
         file: String,
+        /// The declared header length in bytes.
         header_len: u64,
+        /// The file's size in bytes.
         file_len: u64,
     },
     /// The header is not the expected JSON.
     /// `at` names the part (`tensor NAME: `, `__metadata__: `) or is empty.
     #[error("{file}: malformed header JSON: {at}{source}")]
     MalformedHeader {
+        /// The safetensors file at fault.
         file: String,
+        /// The part of the header at fault, as a message prefix, or empty.
         at: String,
+        /// The JSON parser's error.
         #[source]
         source: serde_json::Error,
     },
     /// The header bytes are not UTF-8.
     #[error("{file}: malformed header JSON: header is not UTF-8: {source}")]
     HeaderNotUtf8 {
+        /// The safetensors file at fault.
         file: String,
+        /// The UTF-8 decoding error.
         #[source]
         source: std::string::FromUtf8Error,
     },
     /// A key repeats in the header JSON (a map would keep only the last).
     #[error("{file}: duplicate key(s) in the header: {keys}")]
-    DuplicateKeys { file: String, keys: String },
+    DuplicateKeys {
+        /// The safetensors file at fault.
+        file: String,
+        /// The repeated keys, with the objects they repeat in.
+        keys: String,
+    },
     /// A dtype this reader does not know.
     #[error("{file}: tensor {tensor}: unknown dtype {dtype:?}")]
     UnknownDtype {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The dtype the header gives.
         dtype: String,
     },
     /// Too many dimensions.
     #[error("{file}: tensor {tensor}: rank {rank} exceeds {MAX_RANK}")]
     RankTooLarge {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The number of dimensions the header gives.
         rank: usize,
     },
     /// Too many tensors.
     #[error("{file}: {count} tensors exceed the limit of {MAX_TENSORS}")]
-    TooManyTensors { file: String, count: usize },
+    TooManyTensors {
+        /// The safetensors file at fault.
+        file: String,
+        /// How many tensors the header lists.
+        count: usize,
+    },
     /// `data_offsets` has end < begin.
     #[error("{file}: tensor {tensor}: data_offsets [{begin}, {end}] end before they begin")]
     InvertedOffsets {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The begin data offset.
         begin: u64,
+        /// The end data offset, below `begin`.
         end: u64,
     },
     /// Element count × width overflows.
     #[error("{file}: tensor {tensor}: shape {shape:?} overflows")]
     ShapeOverflow {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The shape whose size overflows.
         shape: Vec<u64>,
     },
     /// The byte length disagrees with dtype × shape.
@@ -99,11 +138,17 @@ pub enum SourceError {
         "{file}: tensor {tensor}: {dtype} {shape:?} needs {expected} bytes, data_offsets give {actual}"
     )]
     DtypeShapeMismatch {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The dtype the header gives.
         dtype: String,
+        /// The shape the header gives.
         shape: Vec<u64>,
+        /// The byte length dtype and shape need.
         expected: u64,
+        /// The byte length `data_offsets` give.
         actual: u64,
     },
     /// A tensor starts after the previous one ended.
@@ -111,9 +156,13 @@ pub enum SourceError {
         "{file}: tensor {tensor}: gap before it: starts at data offset {begin}, previous data ended at {expected}"
     )]
     Gap {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The data offset where the tensor starts.
         begin: u64,
+        /// The data offset where the previous tensor ended.
         expected: u64,
     },
     /// A tensor starts before the previous one ended.
@@ -121,16 +170,23 @@ pub enum SourceError {
         "{file}: tensor {tensor}: overlaps the previous tensor: starts at data offset {begin}, previous data ended at {expected}"
     )]
     Overlap {
+        /// The safetensors file at fault.
         file: String,
+        /// The tensor name.
         tensor: String,
+        /// The data offset where the tensor starts.
         begin: u64,
+        /// The data offset where the previous tensor ended.
         expected: u64,
     },
     /// The file is shorter than header + data.
     #[error("{file}: truncated: header and data need {expected} bytes, the file has {actual}")]
     Truncated {
+        /// The safetensors file at fault.
         file: String,
+        /// The bytes header and data need.
         expected: u64,
+        /// The file's size in bytes.
         actual: u64,
     },
     /// The file has bytes after the data.
@@ -138,9 +194,13 @@ pub enum SourceError {
         "{file}: {extra} unexpected bytes after the last tensor (file has {actual}, header and data end at {expected})"
     )]
     TrailingBytes {
+        /// The safetensors file at fault.
         file: String,
+        /// The byte offset where header and data end.
         expected: u64,
+        /// The file's size in bytes.
         actual: u64,
+        /// How many bytes follow the data.
         extra: u64,
     },
 }

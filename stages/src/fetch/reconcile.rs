@@ -79,7 +79,7 @@ pub async fn reconcile(
         let receipt = receipts.get(&f.path);
         match std::fs::symlink_metadata(&final_path) {
             Ok(meta) if !meta.is_file() => {
-                conflicts.push((final_path, "not a regular file".to_owned()))
+                conflicts.push((final_path, "not a regular file".to_owned()));
             }
             Ok(meta)
                 if meta.len() != f.size && receipt.is_none() && superseded.contains(&f.path) => {}

@@ -1149,15 +1149,12 @@ impl RangeWorker {
                 n = tokio::time::timeout(BODY_TICK, resp.chunk()) => n,
                 _ = cancel.wait_for(|c| *c) => return Ok(Ended::Cancelled),
             };
-            let next = match next {
-                Ok(n) => n,
-                Err(_) => {
-                    if let Err(e) = rate.check(&path, 0) {
-                        self.unproductive = true;
-                        return Err(e);
-                    }
-                    continue;
+            let Ok(next) = next else {
+                if let Err(e) = rate.check(&path, 0) {
+                    self.unproductive = true;
+                    return Err(e);
                 }
+                continue;
             };
             let chunk = match next {
                 Ok(Some(c)) => c,

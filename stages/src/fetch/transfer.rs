@@ -698,6 +698,8 @@ impl RateWindow {
         if self.min_rate == 0 || elapsed < self.window {
             return Ok(());
         }
+        // Non-negative and finite (a rate times a duration); `as` saturates.
+        #[expect(clippy::cast_sign_loss, reason = "a non-negative byte count")]
         let needed = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
         if self.bytes < needed {
             return Err(StageError::Stalled {
