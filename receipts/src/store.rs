@@ -951,3 +951,90 @@ async fn insert_candidate(
     .ctx("insert cache candidate")?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! Regression: after a power cut between lowering a watermark (with its
+    //! discard) and the durable truncation of the `.part`, the next run found
+    //! the same excess past the watermark again, counted it as received
+    //! bytes a second time and attributed it to no attempt, so the ledger
+    //! claimed more transferred bytes than its attempts received (the
+    //! power-cut test's seeded cache prefix: 35,538 bytes).
+
+    use super::*;
+
+    const PATH: &str = "model.safetensors";
+
+    async fn store_with_one_file(dir: &Path) -> (Store, RunId) {
+        let store = Store::open(&dir.join("state.db")).await.unwrap();
+        let run = store.begin_run("test", "0").await.unwrap();
+        let pin = Pin {
+            repo: "acme/tiny".into(),
+            revision: "main".into(),
+            commit: "a".repeat(40),
+            endpoint: "http://127.0.0.1".into(),
+        };
+        let file = FileRow {
+            path: PATH.into(),
+            size: 1000,
+            git_oid: "b".repeat(40),
+            lfs_sha256: Some("c".repeat(64)),
+            xet_hash: None,
+            selected: true,
+        };
+        store.save_pin(&pin, &[file]).await.unwrap();
+        (store, run)
+    }
+
+    fn attempt() -> Attempt {
+        Attempt {
+            id: 0,
+            path: PATH.into(),
+            host: "127.0.0.1".into(),
+            range_start: None,
+            if_range: None,
+            status: None,
+            content_range: None,
+            etag: None,
+            body_bytes: 0,
+            outcome: "in_flight".into(),
+            error: None,
+            started_at: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tail_no_attempt_owns_is_not_counted_as_received() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, run) = store_with_one_file(dir.path()).await;
+        store
+            .discard(run, PATH, "uncheckpointed_tail", 40, 0, true)
+            .await
+            .unwrap();
+        let row = store.ledger_row(PATH).await.unwrap();
+        assert_eq!((row.transferred, row.discarded), (0, 0), "{row:?}");
+        assert!(store.discards().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_tail_of_an_attempt_in_flight_is_counted_once_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, run) = store_with_one_file(dir.path()).await;
+        let id = store.start_attempt(run, &attempt()).await.unwrap();
+        store
+            .checkpoint(PATH, 100, 100, None, Some(id))
+            .await
+            .unwrap();
+        store
+            .discard(run, PATH, "uncheckpointed_tail", 40, 100, true)
+            .await
+            .unwrap();
+        let row = store.ledger_row(PATH).await.unwrap();
+        assert_eq!(
+            (row.committed, row.transferred, row.discarded),
+            (100, 140, 40)
+        );
+        let bytes = store.attempt_bytes().await.unwrap();
+        assert_eq!(bytes.get(PATH), Some(&140), "Σ attempt bytes = transferred");
+    }
+}
