@@ -9,16 +9,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
     /// A filesystem operation on the artifact directory failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation (`open artifact`, `list`).
-        op: &'static str,
-        /// The path it was applied to.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Fs(#[from] ftpipe_fs::FsError),
     /// The path given as the artifact directory is not a directory.
     #[error("invalid artifact directory: {path} is not a directory")]
     NotADirectory {
@@ -40,10 +32,6 @@ pub enum ArtifactError {
 impl ArtifactError {
     /// Wraps an I/O error with the operation and path.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ArtifactError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        ArtifactError::Fs(ftpipe_fs::FsError::io(op, path, source))
     }
 }

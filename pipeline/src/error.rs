@@ -25,16 +25,8 @@ pub enum PipelineError {
     #[error(transparent)]
     IllegalTransition(#[from] IllegalTransition),
     /// A local filesystem operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation that failed (read, fsync, create, rename...).
-        op: &'static str,
-        /// The file or directory it failed on.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Fs(#[from] ftpipe_fs::FsError),
     /// The artifact failed verification at the end of `run` (as `ftpipe
     /// verify` would report it).
     #[error("{artifact}: verification failed: {}", problems.join("; "))]

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use ftpipe_fs::FsError;
 pub use ftpipe_fs::Layout;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 use ftpipe_stages::audit::{AuditReport, audit};
@@ -123,17 +124,10 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stag
 fn check_no_links(layout: &Layout) -> Result<()> {
     use ftpipe_fs::nofollow::{check_absent_or_regular, check_real_dirs};
     for dir in [&layout.state_dir(), &layout.source(), &layout.artifact()] {
-        check_real_dirs(layout.dir(), dir).map_err(|(path, source)| PipelineError::Io {
-            op: "open",
-            path,
-            source,
-        })?;
+        check_real_dirs(layout.dir(), dir)
+            .map_err(|(path, source)| FsError::io("open", path, source))?;
     }
-    let io = |path: PathBuf, source| PipelineError::Io {
-        op: "open",
-        path,
-        source,
-    };
+    let io = |path: PathBuf, source| FsError::io("open", path, source);
     let entries =
         std::fs::read_dir(layout.state_dir()).map_err(|e| io(layout.state_dir().to_owned(), e))?;
     for entry in entries {
@@ -153,11 +147,7 @@ impl Pipeline {
         // `.ftpipe/` (and every directory this run creates on the way to
         // it) must be durable entries before the database claims anything:
         // fsync up to `DIR`, or to its deepest ancestor that already exists.
-        let io = |source| PipelineError::Io {
-            op: "create",
-            path: layout.state_dir().to_owned(),
-            source,
-        };
+        let io = |source| FsError::io("create", layout.state_dir(), source);
         let state_dir = std::path::absolute(layout.state_dir()).map_err(io)?;
         let mut top = state_dir.parent().unwrap_or(&state_dir);
         while !top.exists()

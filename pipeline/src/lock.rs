@@ -7,6 +7,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{PipelineError, Result};
+use ftpipe_fs::FsError;
 
 /// Held for as long as the value lives.
 #[derive(Debug)]
@@ -18,11 +19,7 @@ pub struct DirLock {
 impl DirLock {
     /// Takes the lock or fails at once naming the holder's PID.
     pub fn acquire(path: &Path) -> Result<DirLock> {
-        let io = |op, source| PipelineError::Io {
-            op,
-            path: path.to_owned(),
-            source,
-        };
+        let io = |op, source| PipelineError::from(FsError::io(op, path, source));
         let mut file = ftpipe_fs::nofollow::open_write(path).map_err(|e| io("open", e))?;
         match file.try_lock() {
             Ok(()) => {}
