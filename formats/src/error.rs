@@ -361,7 +361,7 @@ pub enum FormatError {
     /// Data was offered for a tensor other than the next one in the index.
     #[error("expected data for {expected:?}, got {found:?}")]
     WrongOrder {
-        /// Next key in the index (or "<end>").
+        /// Next key in the index (or `"<end>"`).
         expected: String,
         /// Key offered.
         found: String,

@@ -10,6 +10,12 @@
 //! * [`q3`], [`q3_set`] — Q3_PLE_32, the 3.5-bit per-layer embedding table
 //!   and its segment set.
 //! * [`nvfp4`], [`e4m3`] — NVFP4 and its FP8 block scales.
+//! * [`dtype`] — element types and their byte widths; [`entry`] — the
+//!   aligned entry layout rule shared by the indexes; [`sizes`] — exact
+//!   output sizes from tensor descriptions, for planning before writing.
+//! * [`error`] — [`FormatError`], naming the offset and field at fault.
+//! * `cursor`, `scan`, `slots` — bounds-checked reading, bf16 range scans
+//!   and fixed-size slot arithmetic used by the readers and encoders.
 //!
 //! Every quantized format has a scalar reference encoder (`encode_ref`, the
 //! authority) and a fast parallel encoder (`encode`) that is byte-identical
