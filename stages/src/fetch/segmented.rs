@@ -169,6 +169,9 @@ struct WorkerEnd {
     attempt: Attempt,
     /// Received but not stored (a buffered remainder below the alignment).
     unkept: u64,
+    /// Received past the end of the range the request asked for (a body
+    /// longer than its `Content-Range`, possible without `Content-Length`).
+    excess: u64,
     retry_after: Option<u64>,
     /// The attempt cannot count as progress (a stall).
     unproductive: bool,
@@ -598,6 +601,7 @@ impl Coordinator {
             result,
             mut attempt,
             unkept,
+            excess,
             retry_after,
             unproductive,
             permit,
@@ -611,20 +615,25 @@ impl Coordinator {
                 .find(|s| s.start == start)
                 .map_or(start, |s| s.end)
         };
-        if unkept > 0 {
-            self.ctx
-                .store
-                .discard_unkept(
-                    self.ctx.run,
-                    self.path(),
-                    "unaligned_remainder",
-                    unkept,
-                    Some(attempt.id),
-                    start,
-                    range_end,
-                    false,
-                )
-                .await?;
+        for (reason, bytes) in [
+            ("unaligned_remainder", unkept),
+            ("range_body_excess", excess),
+        ] {
+            if bytes > 0 {
+                self.ctx
+                    .store
+                    .discard_unkept(
+                        self.ctx.run,
+                        self.path(),
+                        reason,
+                        bytes,
+                        Some(attempt.id),
+                        start,
+                        range_end,
+                        false,
+                    )
+                    .await?;
+            }
         }
         let (progressed, stored) = {
             let mut slots = st.shared.slots();
@@ -640,7 +649,7 @@ impl Coordinator {
                 None => (false, 0),
             }
         };
-        attempt.body_bytes = stored + unkept;
+        attempt.body_bytes = stored + unkept + excess;
         attempt.outcome = match &result {
             Ok(Ended::Done) => "ok".into(),
             Ok(Ended::Cancelled) => "cancelled".into(),
@@ -964,6 +973,7 @@ async fn worker(
         shared,
         start,
         buffer: Vec::new(),
+        excess: 0,
         retry_after: None,
         unproductive: false,
         attempt: Attempt::default(),
@@ -994,6 +1004,7 @@ async fn worker(
         result,
         attempt: w.attempt,
         unkept,
+        excess: w.excess,
         retry_after: w.retry_after,
         unproductive: w.unproductive,
         permit,
@@ -1005,6 +1016,8 @@ struct RangeWorker {
     start: u64,
     /// Received, not yet written (from `written` on).
     buffer: Vec<u8>,
+    /// Bytes received past the end this request asked for.
+    excess: u64,
     retry_after: Option<u64>,
     unproductive: bool,
     attempt: Attempt,
@@ -1186,6 +1199,11 @@ impl RangeWorker {
                 };
                 let keep = (chunk.len() as u64).min(s.end - s.pos);
                 s.pos += keep;
+                // Past the requested end (not a split's shorter end): the
+                // server sent more than its Content-Range said.
+                if s.end == end {
+                    self.excess += chunk.len() as u64 - keep;
+                }
                 (keep, s.pos == s.end)
             };
             self.buffer.extend_from_slice(&chunk[..keep as usize]);
