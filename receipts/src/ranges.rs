@@ -235,22 +235,17 @@ impl Store {
 }
 
 impl Store {
-    /// Records `bytes` of `path` that were received but are not kept, and
-    /// counts them as transferred (the watermarks do not move). They belong
-    /// to the attempt `attempt`, or, when `None`, to the newest attempt
-    /// still `in_flight` whose range started inside `[start, end)` (one cut
-    /// short by a crash). With `crash_tail` that attempt's tail is marked
-    /// measured, so it is never counted twice.
-    #[allow(clippy::too_many_arguments)]
+    /// Records `bytes` of `path` that were received by `attempt` but are not
+    /// kept, and counts them as transferred (the watermarks do not move).
+    /// With `crash_tail` that attempt's tail is marked measured, so it is
+    /// never counted twice.
     pub async fn discard_unkept(
         &self,
         run: RunId,
         path: &str,
         reason: &str,
         bytes: u64,
-        attempt: Option<i64>,
-        start: u64,
-        end: u64,
+        attempt: i64,
         crash_tail: bool,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
@@ -258,16 +253,11 @@ impl Store {
         insert_discard(&mut tx, run, path, reason, bytes).await?;
         sqlx::query(
             "UPDATE attempts SET body_bytes = body_bytes + ?1,
-               tail_measured = tail_measured OR ?6 WHERE id = COALESCE(?2,
-               (SELECT MAX(id) FROM attempts WHERE path = ?3 AND outcome = 'in_flight'
-                  AND range_start >= ?4 AND range_start < ?5))",
+               tail_measured = tail_measured OR ?2 WHERE id = ?3",
         )
         .bind(to_i64(path, bytes)?)
-        .bind(attempt)
-        .bind(path)
-        .bind(to_i64(path, start)?)
-        .bind(to_i64(path, end)?)
         .bind(crash_tail)
+        .bind(attempt)
         .execute(&mut *tx)
         .await
         .ctx("attempt bytes")?;

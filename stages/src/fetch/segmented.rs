@@ -353,9 +353,7 @@ impl Coordinator {
                         &path,
                         "uncheckpointed_tail",
                         tail,
-                        Some(attempt),
-                        r.start,
-                        r.end,
+                        attempt,
                         true,
                     )
                     .await?;
@@ -608,13 +606,6 @@ impl Coordinator {
         } = end;
         self.permits.push(permit);
         self.checkpoint(st).await?;
-        let range_end = {
-            let slots = st.shared.slots();
-            slots
-                .iter()
-                .find(|s| s.start == start)
-                .map_or(start, |s| s.end)
-        };
         for (reason, bytes) in [
             ("unaligned_remainder", unkept),
             ("range_body_excess", excess),
@@ -622,16 +613,7 @@ impl Coordinator {
             if bytes > 0 {
                 self.ctx
                     .store
-                    .discard_unkept(
-                        self.ctx.run,
-                        self.path(),
-                        reason,
-                        bytes,
-                        Some(attempt.id),
-                        start,
-                        range_end,
-                        false,
-                    )
+                    .discard_unkept(self.ctx.run, self.path(), reason, bytes, attempt.id, false)
                     .await?;
             }
         }
@@ -789,15 +771,23 @@ impl Coordinator {
     /// Every byte of the file, durable or not, is thrown away (recorded).
     async fn discard_everything(&self, st: &PassState, reason: &str) -> Result<()> {
         let store = &self.ctx.store;
-        let unkept: Vec<(u64, u64, Option<i64>, u64)> = {
+        // Bytes are received only by a range's current attempt, which the
+        // slot names until that attempt's end is handled.
+        let unkept: Vec<(Option<i64>, u64)> = {
             let slots = st.shared.slots();
             slots
                 .iter()
                 .filter(|s| s.received > 0)
-                .map(|s| (s.start, s.end, s.attempt, s.received))
+                .map(|s| (s.attempt, s.received))
                 .collect()
         };
-        for (start, end, attempt, bytes) in unkept {
+        for (attempt, bytes) in unkept {
+            let attempt = attempt.ok_or_else(|| {
+                StageError::internal(format!(
+                    "{}: {bytes} bytes received by a range with no attempt",
+                    self.path()
+                ))
+            })?;
             store
                 .discard_unkept(
                     self.ctx.run,
@@ -805,8 +795,6 @@ impl Coordinator {
                     "uncheckpointed_tail",
                     bytes,
                     attempt,
-                    start,
-                    end,
                     false,
                 )
                 .await?;
