@@ -198,7 +198,7 @@ http {{
     fastcgi_temp_path {ngx}/fastcgi;
     uwsgi_temp_path {ngx}/uwsgi;
     scgi_temp_path {ngx}/scgi;
-    log_format ranges escape=none '$status\\t$request_method\\t$uri\\trange=$http_range\\tif_range=$http_if_range\\tsent=$body_bytes_sent';
+    log_format ranges escape=none '$status\\t$request_method\\t$uri\\trange=$http_range\\tif_range=$http_if_range\\tend=$msec\\tdur=$request_time\\tconn=$connection\\tsent=$body_bytes_sent';
     access_log {ngx}/access.log ranges;
     server {{
         listen 127.0.0.1:{port};

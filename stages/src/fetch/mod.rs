@@ -222,11 +222,16 @@ async fn fetch_one(
 pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     let store = &ctx.store;
     let receipts = store.published_paths().await?;
-    let todo: Vec<FileRow> = files
+    let mut todo: Vec<FileRow> = files
         .iter()
         .filter(|f| f.selected && !receipts.contains(&f.path))
         .cloned()
         .collect();
+    // Files fetched as one stream first, largest first; then the large
+    // files, which split into ranges and so absorb the connections the
+    // others leave free: the link is not left with one long stream at the end.
+    let threshold = ctx.opts.segment_threshold.max(1);
+    todo.sort_by_key(|f| (f.size >= threshold, std::cmp::Reverse(f.size)));
     let total: u64 = files.iter().map(|f| f.size).sum();
     let needed = bytes_still_needed(store, files).await?;
     ctx.reporter.report(ProgressEvent::FetchPlanned {

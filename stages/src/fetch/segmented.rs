@@ -24,6 +24,7 @@
 //! changed (another validator); either way every byte of the file is
 //! discarded, recorded, and the file starts again.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
 use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
@@ -58,6 +60,8 @@ use ftpipe_fs::durable::sync_dir;
 pub const WRITE_ALIGN: u64 = 64 * 1024;
 /// A worker writes once this much is buffered (a multiple of the alignment).
 const WRITE_BATCH: usize = 4 * WRITE_ALIGN as usize;
+/// At most this many buffers per vectored write (Linux's `IOV_MAX` is 1024).
+const MAX_IOVECS: usize = 64;
 /// Chunk of the digest's reads of the durable prefix.
 const HASH_CHUNK: u64 = 1 << 20;
 /// How often the coordinator looks for free connections and due checkpoints.
@@ -175,7 +179,9 @@ struct WorkerEnd {
     retry_after: Option<u64>,
     /// The attempt cannot count as progress (a stall).
     unproductive: bool,
-    permit: OwnedSemaphorePermit,
+    /// The worker's connection; taken by the coordinator when it hands the
+    /// connection on before handling the end.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 /// What one pass over the file came to.
@@ -189,8 +195,8 @@ enum Pass {
     },
 }
 
-/// Fetches, verifies and publishes one file in ranges, holding `permit`
-/// (its first connection) throughout.
+/// Fetches, verifies and publishes one file in ranges, starting on `permit`
+/// (its first connection); connections go back to the pool once unused.
 pub async fn fetch_segmented(
     ctx: Arc<FetchCtx>,
     file: FileRow,
@@ -244,6 +250,8 @@ struct PassState {
     cancel: watch::Sender<bool>,
     hasher: IdentityHasher,
     hashed: u64,
+    /// The digest's read buffer, allocated once per pass.
+    hash_buf: Vec<u8>,
     last_checkpoint: Instant,
 }
 
@@ -405,6 +413,7 @@ impl Coordinator {
             cancel,
             hasher,
             hashed: prefix,
+            hash_buf: Vec::new(),
             last_checkpoint: Instant::now(),
         })
     }
@@ -452,7 +461,14 @@ impl Coordinator {
             tokio::select! {
                 joined = workers.join_next() => {
                     let Some(joined) = joined else { continue };
-                    let end = joined.map_err(|e| StageError::internal_from("range task", e))?;
+                    let mut end = joined.map_err(|e| StageError::internal_from("range task", e))?;
+                    if matches!(end.result, Ok(Ended::Done)) && failure.is_none() && restart.is_none() {
+                        // The connection goes on to the next range before this
+                        // range's checkpoint (an fsync), so it is never idle
+                        // for it. The ended slot stays busy until handled.
+                        self.permits.extend(end.permit.take());
+                        self.schedule(&st, &mut workers, &mut pending_delay).await?;
+                    }
                     let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays, &mut pending_delay).await?;
                     match outcome {
                         Next::Continue => {}
@@ -484,6 +500,9 @@ impl Coordinator {
             }
             return Ok(pass);
         }
+        // Every range is written: the last connections serve other files
+        // while this one is checkpointed, hashed to its end and published.
+        self.permits.clear();
         self.checkpoint(&mut st).await?;
         self.finish(st).await
     }
@@ -604,7 +623,7 @@ impl Coordinator {
             unproductive,
             permit,
         } = end;
-        self.permits.push(permit);
+        self.permits.extend(permit);
         self.checkpoint(st).await?;
         for (reason, bytes) in [
             ("unaligned_remainder", unkept),
@@ -760,8 +779,8 @@ impl Coordinator {
         };
         if prefix > st.hashed {
             let (from, file) = (st.hashed, &st.shared.file);
-            let hasher = &mut st.hasher;
-            block_in_place(|| hash_range(file, from, prefix, hasher))
+            let (hasher, buf) = (&mut st.hasher, &mut st.hash_buf);
+            block_in_place(|| hash_range(file, from, prefix, hasher, buf))
                 .map_err(|e| self.io("hash", e))?;
             st.hashed = prefix;
         }
@@ -906,8 +925,67 @@ fn contiguous_prefix(slots: &[Slot]) -> u64 {
 }
 
 /// Feeds bytes `[from, to)` of `file` to `hasher`.
-fn hash_range(file: &File, from: u64, to: u64, hasher: &mut IdentityHasher) -> std::io::Result<()> {
-    let mut buf = vec![0u8; HASH_CHUNK.min(to - from) as usize];
+/// Writes the first `len` bytes of `chunks` at `offset` (vectored, whole).
+fn write_chunks_at(
+    file: &File,
+    chunks: &VecDeque<Bytes>,
+    len: usize,
+    offset: u64,
+) -> std::io::Result<()> {
+    let (mut done, mut at) = (0usize, offset);
+    while done < len {
+        let mut slices = Vec::with_capacity(chunks.len().min(MAX_IOVECS));
+        let (mut skip, mut want) = (done, len - done);
+        for c in chunks {
+            if skip >= c.len() {
+                skip -= c.len();
+                continue;
+            }
+            let take = (c.len() - skip).min(want);
+            slices.push(std::io::IoSlice::new(&c[skip..skip + take]));
+            (skip, want) = (0, want - take);
+            if want == 0 || slices.len() == MAX_IOVECS {
+                break;
+            }
+        }
+        match rustix::io::pwritev(file, &slices, at) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(w) => {
+                done += w;
+                at += w as u64;
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Drops the first `n` bytes of `chunks` (a partly written chunk is sliced,
+/// not copied).
+fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = chunks.front_mut() else {
+            return;
+        };
+        if front.len() <= n {
+            n -= front.len();
+            chunks.pop_front();
+        } else {
+            bytes::Buf::advance(front, n);
+            n = 0;
+        }
+    }
+}
+
+fn hash_range(
+    file: &File,
+    from: u64,
+    to: u64,
+    hasher: &mut IdentityHasher,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    buf.resize(HASH_CHUNK as usize, 0);
     let mut at = from;
     while at < to {
         let n = (to - at).min(HASH_CHUNK) as usize;
@@ -960,7 +1038,8 @@ async fn worker(
     let mut w = RangeWorker {
         shared,
         start,
-        buffer: Vec::new(),
+        buffer: VecDeque::new(),
+        buffered: 0,
         excess: 0,
         retry_after: None,
         unproductive: false,
@@ -981,7 +1060,7 @@ async fn worker(
     // Whole blocks of the buffer are still worth writing; the remainder
     // below the alignment is not kept.
     let flushed = w.flush(false);
-    let unkept = w.buffer.len() as u64;
+    let unkept = w.buffered as u64;
     let result = match (result, flushed) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e),
@@ -995,15 +1074,18 @@ async fn worker(
         excess: w.excess,
         retry_after: w.retry_after,
         unproductive: w.unproductive,
-        permit,
+        permit: Some(permit),
     }
 }
 
 struct RangeWorker {
     shared: Arc<Shared>,
     start: u64,
-    /// Received, not yet written (from `written` on).
-    buffer: Vec<u8>,
+    /// Received, not yet written (from `written` on): the response's own
+    /// chunks, written with one vectored write and never copied.
+    buffer: VecDeque<Bytes>,
+    /// Bytes in `buffer`.
+    buffered: usize,
     /// Bytes received past the end this request asked for.
     excess: u64,
     retry_after: Option<u64>,
@@ -1194,8 +1276,11 @@ impl RangeWorker {
                 }
                 (keep, s.pos == s.end)
             };
-            self.buffer.extend_from_slice(&chunk[..keep as usize]);
-            if done || self.buffer.len() >= WRITE_BATCH {
+            if keep > 0 {
+                self.buffered += keep as usize;
+                self.buffer.push_back(chunk.slice(..keep as usize));
+            }
+            if done || self.buffered >= WRITE_BATCH {
                 self.flush(done)?;
             }
             if done {
@@ -1260,7 +1345,7 @@ impl RangeWorker {
                 None => return Ok(()),
             }
         };
-        let upto = written + self.buffer.len() as u64;
+        let upto = written + self.buffered as u64;
         let n = if all {
             upto - written
         } else {
@@ -1272,8 +1357,8 @@ impl RangeWorker {
         if shared.ctx.volume_full.load(Ordering::SeqCst) {
             return Err(self.no_space(written));
         }
-        let data = &self.buffer[..n as usize];
-        match block_in_place(|| shared.file.write_all_at(data, written)) {
+        let (buffer, len) = (&self.buffer, n as usize);
+        match block_in_place(|| write_chunks_at(&shared.file, buffer, len, written)) {
             Ok(()) => {}
             Err(e)
                 if e.kind() == std::io::ErrorKind::StorageFull
@@ -1284,7 +1369,8 @@ impl RangeWorker {
             }
             Err(e) => return Err(shared.io("write", e)),
         }
-        self.buffer.drain(..n as usize);
+        consume_front(&mut self.buffer, n as usize);
+        self.buffered -= n as usize;
         {
             let mut slots = shared.slots();
             if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
