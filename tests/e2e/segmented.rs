@@ -350,3 +350,75 @@ fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
         l.discarded
     );
 }
+
+/// The start of a body request's `Range`, if any.
+fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
+    r.range
+        .as_deref()?
+        .strip_prefix("bytes=")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `range_body_excess`, deterministically: the hub answers a range with its
+/// exact `Content-Range`, no `Content-Length`, and one chunk that straddles
+/// the range's end. The bytes past the end are not written; they are a
+/// `range_body_excess` discard of exactly their count, counted for the
+/// attempt that received them, and the file verifies.
+#[test]
+fn bytes_past_a_range_end_are_a_range_body_excess_of_that_attempt() {
+    const EXTRA: u64 = 3000;
+    let (hub, files) = hub_with_repo(51, 6 << 20);
+    let big = largest(&files);
+    assert!(big.size >= 2 << 20, "{}", big.size);
+    // One split only: the whole file is at least twice the minimum range,
+    // neither half is.
+    let min_range = (big.size / 3).to_string();
+    hub.inject(FaultRule::new(&big.path, Fault::RangeOverrun { extra: EXTRA }).nth(2));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            &min_range,
+            "--connections",
+            "2",
+        ],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let gets = body_requests(&hub, &big.path);
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    let overrun = &gets[1];
+    let start = range_start(overrun).unwrap();
+    assert_eq!(
+        overrun.range,
+        Some(format!("bytes={start}-{}", big.size - 1))
+    );
+    assert_eq!(overrun.body_bytes, big.size - start + EXTRA);
+    assert_eq!(
+        discards(&out, &big.path),
+        [format!("range_body_excess:{EXTRA}")]
+    );
+    let attempt = query(
+        &out,
+        &format!(
+            "SELECT body_bytes || ':' || outcome FROM attempts WHERE path = {} AND range_start = {start}",
+            sql_str(&big.path)
+        ),
+    );
+    assert_eq!(attempt, [format!("{}:ok", big.size - start + EXTRA)]);
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, big.size + EXTRA, "{l:?}");
+    assert_eq!(l.transferred, l.committed + l.discarded);
+}
