@@ -362,6 +362,71 @@ fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
         .ok()
 }
 
+/// The `validator_changed` path: the CDN gives the file a new ETag (the
+/// validator `If-Range` carries) while its content and `X-Linked-Etag`
+/// stay, so a split range is answered with `200`. Every byte of the file,
+/// durable or not, is discarded as `validator_changed` (bytes under two
+/// validators are never combined) and the file starts again under the new
+/// validator, which it learns from the first response, then verifies.
+#[test]
+fn a_changed_validator_discards_the_file_and_it_starts_again() {
+    let (hub, files) = hub_with_repo(50, 6 << 20);
+    let big = largest(&files);
+    hub.inject(FaultRule::new(&big.path, Fault::ChangeEtag).nth(3));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let gets = body_gets(&hub, &big.path);
+    let changed = gets
+        .iter()
+        .position(|r| r.fault.as_deref() == Some("ChangeEtag"))
+        .expect("the ETag changed");
+    assert_eq!(gets[changed].status, 200, "{:?}", gets[changed]);
+    let old_etag = gets[changed].if_range.clone().expect("an If-Range");
+    let reasons = discard_reasons(&out, &big.path);
+    assert!(
+        reasons.contains(&"validator_changed".to_owned()),
+        "{:?}",
+        discards(&out, &big.path)
+    );
+    for r in &reasons {
+        assert!(
+            [
+                "validator_changed",
+                "uncheckpointed_tail",
+                "unaligned_remainder"
+            ]
+            .contains(&r.as_str()),
+            "{:?}",
+            discards(&out, &big.path)
+        );
+    }
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    // The discarded bytes were those of the first pass, fetched under the
+    // old validator; the second pass fetched the whole file again.
+    let first_pass: u64 = gets[..changed].iter().map(|r| r.body_bytes).sum();
+    assert!(l.discarded > 0 && l.discarded <= first_pass, "{l:?}");
+    // The new pass asked under the new ETag only, and was split again.
+    let again: Vec<_> = gets[changed + 1..]
+        .iter()
+        .filter(|r| r.if_range.as_deref() != Some(old_etag.as_str()))
+        .collect();
+    assert!(again.len() >= 2, "{gets:?}");
+    assert!(again.iter().all(|r| r.status == 206), "{again:?}");
+    let new_etag = again
+        .iter()
+        .find_map(|r| r.if_range.clone())
+        .expect("a split under the new ETag");
+    assert_ne!(new_etag, old_etag);
+}
+
 /// `range_body_excess`, deterministically: the hub answers a range with its
 /// exact `Content-Range`, no `Content-Length`, and one chunk that straddles
 /// the range's end. The bytes past the end are not written; they are a
