@@ -351,6 +351,33 @@ fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
     );
 }
 
+/// The most requests of `records` the hub had in flight at once at any
+/// moment of `[from, to)` (a request is in flight from its arrival until
+/// the hub is done with its response).
+fn max_in_flight(
+    records: &[ftpipe_fixtures::RequestRecord],
+    from: Instant,
+    to: Option<Instant>,
+) -> usize {
+    let in_flight = |t: Instant| {
+        records
+            .iter()
+            .filter(|r| r.started <= t && r.ended.is_none_or(|e| t < e))
+            .count()
+    };
+    std::iter::once(from)
+        .chain(records.iter().map(|r| r.started))
+        .filter(|t| *t >= from && to.is_none_or(|to| *t < to))
+        .map(in_flight)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every body GET the hub served, of any file.
+fn all_body_requests(hub: &RunningHub, files: &[RepoFile]) -> Vec<ftpipe_fixtures::RequestRecord> {
+    files.iter().flat_map(|f| body_gets(hub, &f.path)).collect()
+}
+
 /// The start of a body request's `Range`, if any.
 fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
     r.range
@@ -360,6 +387,84 @@ fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Regression: a range waiting to retry (backoff, or up to MAX_RETRY_AFTER
+/// after a 429 with Retry-After) slept in its worker while holding its
+/// connection permit. Here three segmented files share `--connections 2`
+/// and the first request of each is told to come back in 2 s: the first two
+/// files kept both connections idle through their waits, so the third one
+/// could not even ask until one of them had retried and finished. A waiting
+/// range now holds no connection: the hub's log shows all three asking
+/// before any retry, each retry still honouring Retry-After, and never
+/// more than 2 body requests in flight.
+#[test]
+fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
+    let files: Vec<RepoFile> = (0..3u64)
+        .map(|i| {
+            let bytes: Vec<u8> = (0..1_300_000u64)
+                .map(|j| ((j * 31 + i * 7 + j / 977) % 251) as u8)
+                .collect();
+            RepoFile::bytes(format!("shard-{i}.bin"), bytes)
+        })
+        .collect();
+    let hub = hub_serving(files.clone());
+    for f in &files {
+        hub.inject(FaultRule::new(
+            &f.path,
+            Fault::RetryAfter {
+                status: 429,
+                secs: 2,
+            },
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            "256KiB",
+            "--connections",
+            "2",
+        ],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let all = all_body_requests(&hub, &files);
+    let mut last_429 = None;
+    let mut first_retry = None;
+    for f in &files {
+        let gets = body_gets(&hub, &f.path);
+        assert_eq!(gets[0].status, 429, "{gets:?}");
+        let retry = gets
+            .iter()
+            .find(|r| r.status == 206)
+            .unwrap_or_else(|| panic!("{} never retried: {gets:?}", f.path));
+        // Retry-After was honoured.
+        let waited = retry.started - gets[0].started;
+        assert!(
+            waited >= Duration::from_secs(2),
+            "{} retried after {waited:?}",
+            f.path
+        );
+        last_429 = last_429.max(Some(gets[0].started));
+        first_retry = Some(first_retry.map_or(retry.started, |t: Instant| t.min(retry.started)));
+    }
+    // Every file could ask while the others waited: no waiting range kept
+    // a connection.
+    assert!(
+        last_429 < first_retry,
+        "a file asked only after another had retried: {all:?}"
+    );
+    // The budget: never more than 2 body requests at once.
+    let first = all.iter().map(|r| r.started).min().unwrap();
+    assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
 }
 
 /// The `validator_changed` path: the CDN gives the file a new ETag (the
