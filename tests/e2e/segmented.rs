@@ -467,6 +467,99 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
     assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
 }
 
+/// Regression: a `--repin` while a `.part` of a partly segmented fetch of
+/// the old content was on disk. The repin ended the file's ranges (and set
+/// its watermark to 0), so the next open took the old sparse `.part` for a
+/// single stream and recorded its whole length, holes included, as an
+/// `uncheckpointed_tail` received by the killed run's attempt: the ledger
+/// then claimed more bytes transferred than the hub ever sent. The old
+/// pin's bytes are now discarded as `superseded_by_repin`: the durable ones
+/// by the repin, the un-checkpointed tails (measured against the old
+/// ranges) at the next open, holes never.
+#[test]
+fn a_repin_discards_a_partly_segmented_part_as_the_old_pins() {
+    let (hub, files) = hub_with_repo(49, 6 << 20);
+    let big = largest(&files);
+    cap_connections_at(&hub, &big.path, 25);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = fetch_cmd(&hub.endpoint(), &out, SEGMENTED)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once several ranges hold durable bytes and are in flight.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "ranges never got going");
+        assert!(child.try_wait().unwrap().is_none(), "finished too soon");
+        let durable = try_query(
+            &out,
+            &format!(
+                "SELECT count(*) FROM fetch_ranges WHERE path = {} AND watermark > start",
+                sql_str(&big.path)
+            ),
+        );
+        if durable.is_ok_and(|v| v[0].parse::<u32>().unwrap() >= 2)
+            && several_ranges_in_flight(&out)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let old = ledger(&out, &big.path);
+    assert!(old.committed > 0 && old.committed < big.size, "{old:?}");
+    assert!(part_path(&out, &big.path).exists());
+    let sent_to_old: u64 = body_requests(&hub, &big.path)
+        .iter()
+        .map(|r| r.body_bytes)
+        .sum();
+
+    // The branch moves: the shard changes (same size).
+    let mut new_shard = ftpipe_fixtures::checkpoint::content_bytes(
+        files.iter().find(|f| f.path == big.path).unwrap(),
+    )
+    .unwrap()
+    .to_vec();
+    new_shard[100] ^= 1;
+    hub.update_file(REPO, &big.path, new_shard.clone()).unwrap();
+    hub.clear_faults();
+    let mut args = vec!["--repin"];
+    args.extend_from_slice(SEGMENTED);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&big.path)).unwrap(),
+        new_shard
+    );
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    // The new content was fetched once; what was thrown away is the old
+    // pin's: its durable bytes and its tails, no more than the hub sent.
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, big.size + l.discarded, "{l:?}");
+    assert!(l.discarded >= old.committed, "{l:?} after {old:?}");
+    assert!(
+        l.discarded <= sent_to_old,
+        "{} bytes of the old pin discarded, the hub sent {sent_to_old}: {:?}",
+        l.discarded,
+        discards(&out, &big.path)
+    );
+    for d in discards(&out, &big.path) {
+        assert!(d.starts_with("superseded_by_repin:"), "{d}");
+    }
+    let sent: u64 = body_requests(&hub, &big.path)
+        .iter()
+        .map(|r| r.body_bytes)
+        .sum();
+    assert!(l.transferred <= sent, "ledger {l:?}, the hub sent {sent}");
+    assert_eq!(query(&out, "SELECT count(*) FROM fetch_ranges"), ["0"]);
+}
+
 /// The `validator_changed` path: the CDN gives the file a new ETag (the
 /// validator `If-Range` carries) while its content and `X-Linked-Etag`
 /// stay, so a split range is answered with `200`. Every byte of the file,

@@ -961,7 +961,7 @@ fn hash_range(file: &File, from: u64, to: u64, hasher: &mut IdentityHasher) -> s
 /// starts there. Writes are aligned, so an extent is exactly what was
 /// written; a filesystem without `SEEK_DATA` reports the rest of the range
 /// (an over-count, never an under-count).
-fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
+pub(super) fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
     use rustix::fs::{SeekFrom, seek};
     let data = match seek(file, SeekFrom::Data(watermark)) {
         Ok(d) => d,
