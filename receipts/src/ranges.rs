@@ -266,13 +266,15 @@ impl Store {
     }
 
     /// The newest attempt of `path` still `in_flight` (one cut short by a
-    /// crash) whose range started inside `[start, end)` and whose tail was
-    /// not measured yet.
+    /// crash) whose range started inside `[start, end)` (a stream's first
+    /// attempt, without a range, starts at 0) and whose tail was not
+    /// measured yet.
     pub async fn in_flight_attempt(&self, path: &str, start: u64, end: u64) -> Result<Option<i64>> {
         let mut conn = self.conn.lock().await;
         let id: Option<i64> = sqlx::query_scalar(
             "SELECT MAX(id) FROM attempts WHERE path = ?1 AND outcome = 'in_flight'
-               AND tail_measured = 0 AND range_start >= ?2 AND range_start < ?3",
+               AND tail_measured = 0 AND COALESCE(range_start, 0) >= ?2
+               AND COALESCE(range_start, 0) < ?3",
         )
         .bind(path)
         .bind(to_i64(path, start)?)
@@ -293,5 +295,42 @@ impl Store {
             .await
             .ctx("delete ranges")?;
         tx.commit().await.ctx("commit end_ranges")
+    }
+}
+
+impl Store {
+    /// What a repin left of `path`'s `.part` (see `save_pin`): the old
+    /// pin's ranges by start, or its stream watermark as one range; empty
+    /// when there is nothing to settle.
+    pub async fn superseded_part(&self, path: &str) -> Result<Vec<RangeRow>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT start, end_, watermark FROM superseded_parts WHERE path = ? ORDER BY start",
+        )
+        .bind(path)
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select superseded_parts")?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(RangeRow {
+                    start: to_u64(path, "superseded_parts.start", r.get(0))?,
+                    end: to_u64(path, "superseded_parts.end_", r.get(1))?,
+                    watermark: to_u64(path, "superseded_parts.watermark", r.get(2))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets the old pin's `.part` of `path` (it was emptied).
+    pub async fn end_superseded_part(&self, path: &str) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("DELETE FROM superseded_parts WHERE path = ?")
+            .bind(path)
+            .execute(&mut *tx)
+            .await
+            .ctx("delete superseded_parts")?;
+        tx.commit().await.ctx("commit end_superseded_part")
     }
 }

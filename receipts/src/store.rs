@@ -349,7 +349,26 @@ impl Store {
                  WHERE n.path IS NULL"
             };
         }
+        // The old pin's `.part` geometry is kept for the next open (see
+        // migration 0006) before the ledger reset ends the ranges; a file
+        // repinned again before that keeps the oldest, which is on disk.
         for sql in [
+            concat!(
+                "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
+                 SELECT path, start, end_, watermark FROM fetch_ranges WHERE path IN (",
+                changed!(),
+                ")"
+            ),
+            concat!(
+                "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
+                 SELECT l.path, 0, l.expected_bytes, l.committed_bytes FROM ledger l
+                 WHERE l.path IN (",
+                changed!(),
+                ") AND l.committed_bytes > 0 AND l.committed_bytes <= l.expected_bytes
+                   AND l.path NOT IN (SELECT path FROM receipts)
+                   AND NOT EXISTS (SELECT 1 FROM fetch_ranges r WHERE r.path = l.path)"
+            ),
+            concat!("DELETE FROM fetch_ranges WHERE path IN (", changed!(), ")"),
             concat!(
                 "INSERT INTO discards (run_id, path, reason, bytes)
                  SELECT (SELECT MAX(id) FROM runs), l.path, 'superseded_by_repin', l.committed_bytes
@@ -367,6 +386,7 @@ impl Store {
             ),
             concat!("DELETE FROM receipts WHERE path IN (", changed!(), ")"),
             concat!("DELETE FROM receipts WHERE path IN (", gone!(), ")"),
+            concat!("DELETE FROM superseded_parts WHERE path IN (", gone!(), ")"),
             concat!("DELETE FROM ledger WHERE path IN (", gone!(), ")"),
             concat!("DELETE FROM files WHERE path IN (", gone!(), ")"),
         ] {
@@ -1036,5 +1056,81 @@ mod tests {
         );
         let bytes = store.attempt_bytes().await.unwrap();
         assert_eq!(bytes.get(PATH), Some(&140), "Σ attempt bytes = transferred");
+    }
+
+    /// The same file under a new identity (a repin that changed it).
+    async fn repin_changed(store: &Store) {
+        let pin = Pin {
+            repo: "acme/tiny".into(),
+            revision: "main".into(),
+            commit: "d".repeat(40),
+            endpoint: "http://127.0.0.1".into(),
+        };
+        let file = FileRow {
+            path: PATH.into(),
+            size: 1000,
+            git_oid: "e".repeat(40),
+            lfs_sha256: Some("f".repeat(64)),
+            xet_hash: None,
+            selected: true,
+        };
+        store.save_pin(&pin, &[file]).await.unwrap();
+    }
+
+    /// Regression: a repin ended a changed file's ranges and kept nothing
+    /// of them, so the next open took the old pin's sparse `.part` for one
+    /// stream and counted its whole length as a tail. The repin now keeps
+    /// the old ranges (or a stream's watermark) in `superseded_parts`.
+    #[tokio::test]
+    async fn a_repin_keeps_the_old_parts_geometry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _run) = store_with_one_file(dir.path()).await;
+        store.begin_ranges(PATH).await.unwrap();
+        store
+            .split_range(PATH, 0, 512, Some("\"v\""))
+            .await
+            .unwrap();
+        let progress = [
+            crate::RangeProgress {
+                start: 0,
+                watermark: 100,
+                attempt: None,
+                received: 100,
+            },
+            crate::RangeProgress {
+                start: 512,
+                watermark: 600,
+                attempt: None,
+                received: 88,
+            },
+        ];
+        store
+            .checkpoint_ranges(PATH, &progress, Some("\"v\""))
+            .await
+            .unwrap();
+        repin_changed(&store).await;
+        let old = store.superseded_part(PATH).await.unwrap();
+        let geometry: Vec<_> = old.iter().map(|r| (r.start, r.end, r.watermark)).collect();
+        assert_eq!(geometry, [(0, 512, 100), (512, 1000, 600)]);
+        assert!(store.ranges(PATH).await.unwrap().is_empty());
+        let row = store.ledger_row(PATH).await.unwrap();
+        assert_eq!(
+            (row.committed, row.transferred, row.discarded),
+            (0, 188, 188)
+        );
+        // Repinned again before any fetch: the oldest geometry, on disk, stays.
+        repin_changed(&store).await;
+        assert_eq!(store.superseded_part(PATH).await.unwrap(), old);
+        store.end_superseded_part(PATH).await.unwrap();
+        assert!(store.superseded_part(PATH).await.unwrap().is_empty());
+
+        // A stream's watermark is kept as one range.
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = store_with_one_file(dir.path()).await;
+        store.checkpoint(PATH, 300, 300, None, None).await.unwrap();
+        repin_changed(&store).await;
+        let old = store.superseded_part(PATH).await.unwrap();
+        let geometry: Vec<_> = old.iter().map(|r| (r.start, r.end, r.watermark)).collect();
+        assert_eq!(geometry, [(0, 1000, 300)]);
     }
 }

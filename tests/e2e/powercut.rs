@@ -627,3 +627,260 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         t0.elapsed()
     );
 }
+
+/// The durable path a repin adds: the old pin's `.part` geometry kept in
+/// `superseded_parts`, its tails recorded as `superseded_by_repin`, the
+/// `.part` emptied, then the rows forgotten. A shard is left half fetched
+/// in ranges by a SIGKILL (on the normal disk), the branch moves, and
+/// `fetch --repin` on the power-cut filesystem is cut again and again: at
+/// the crash points after the first tail is recorded and after the `.part`
+/// is emptied (no tail is counted twice on the way), then at random
+/// delays. After every cut the database
+/// claims nothing that is not durable (checked against the content of the
+/// commit it is pinned to), rows of the old `.part` outlive neither its
+/// emptying nor the start of the new bytes, and the ledger adds up; the
+/// last tree then finishes on disk to the new content and a clean audit.
+#[test]
+fn power_cuts_while_a_repin_settles_a_partly_segmented_part() {
+    let _heavy = heavy();
+    if !Path::new("/dev/fuse").exists() {
+        skip_unless_ci("/dev/fuse is missing: cannot mount the power-cut filesystem");
+        return;
+    }
+    let seed = crash_seed();
+    eprintln!("power-cut seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = SplitMix64::new(seed);
+    let shard = "model-00001-of-00001.safetensors".to_owned();
+    let old: Vec<u8> = (0..9u64 << 20).map(|i| (i * 131 % 251) as u8).collect();
+    let mut new = old.clone();
+    new[12345] ^= 1;
+    let readme = b"# repinned\n".to_vec();
+    let contents = |shard_bytes: &[u8]| -> BTreeMap<String, Vec<u8>> {
+        [
+            (shard.clone(), shard_bytes.to_vec()),
+            ("README.md".to_owned(), readme.clone()),
+        ]
+        .into_iter()
+        .collect()
+    };
+    let (old_files, new_files) = (contents(&old), contents(&new));
+    let hub = hub_serving(
+        old_files
+            .iter()
+            .map(|(p, b)| RepoFile::bytes(p.clone(), b.clone()))
+            .collect(),
+    );
+    let endpoint = hub.endpoint();
+    let old_commit = hub.commit(REPO, "main").unwrap();
+    // About 650 KB/s per connection: the fetch of the shard takes seconds.
+    hub.inject(
+        ftpipe_fixtures::FaultRule::new(
+            &shard,
+            ftpipe_fixtures::Fault::Trickle {
+                bytes: 64 * 1024,
+                every_ms: 100,
+            },
+        )
+        .times(100_000),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+
+    // The old pin's fetch, killed once two ranges hold durable bytes.
+    let first = tmp.path().join("first");
+    let out = first.join("out");
+    let mut child = KillOnDrop(Some(
+        fetch_cmd(&endpoint, &out, RUN_ARGS)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "ranges never got going");
+        let c = child.0.as_mut().unwrap();
+        assert!(c.try_wait().unwrap().is_none(), "the first fetch finished");
+        let durable = try_query(
+            &out,
+            "SELECT count(*) FROM fetch_ranges WHERE watermark > start",
+        );
+        if durable.is_ok_and(|v| v[0].parse::<u32>().unwrap() >= 2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(child);
+    assert!(
+        PathBuf::from(format!(
+            "{}.part",
+            out.join("source").join(&shard).display()
+        ))
+        .exists()
+    );
+
+    // The branch moves; the repin runs on the power-cut filesystem.
+    let new_commit = hub.update_file(REPO, &shard, new.clone()).unwrap();
+    let mut current = first;
+    let (mut settling, mut after_repin) = (0, 0);
+    let superseded_bytes = |out: &Path| {
+        query(
+            out,
+            &format!(
+                "SELECT COALESCE(SUM(bytes), 0) FROM discards WHERE path = {} \
+                 AND reason = 'superseded_by_repin'",
+                sql_str(&shard)
+            ),
+        )[0]
+        .parse::<u64>()
+        .unwrap()
+    };
+    let mut superseded_after = Vec::new();
+    for cut in 1..=10 {
+        // The first two runs abort at the settling's crash points, the
+        // others are killed anywhere.
+        let crash_at = match cut {
+            1 => Some("superseded-tail-recorded"),
+            2 => Some("superseded-part-emptied"),
+            _ => None,
+        };
+        let delay = Duration::from_millis(rng.next_u64() % 2500);
+        let mnt = tmp.path().join(format!("mnt-{cut}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mounted = Mounted::mount(&mnt, Model::load_dir(&current).unwrap());
+        let mut mounted = match mounted {
+            Ok(m) => m,
+            Err(e) => {
+                skip_unless_ci(&format!("cannot mount the power-cut filesystem: {e}"));
+                return;
+            }
+        };
+        let mut args = vec!["--repin"];
+        args.extend_from_slice(RUN_ARGS);
+        let mut cmd = fetch_cmd(&endpoint, &mnt.join("out"), &args);
+        if let Some(point) = crash_at {
+            cmd.env("FTPIPE_CRASH_AT", point);
+        }
+        let mut child = KillOnDrop(Some(
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        ));
+        if let Some(point) = crash_at {
+            let o = child.0.take().unwrap().wait_with_output().unwrap();
+            assert!(
+                stderr(&o).contains(&format!("FTPIPE_CRASH_AT={point}#1: aborting here")),
+                "cut {cut}: {point} not reached: {}",
+                stderr(&o)
+            );
+        } else {
+            std::thread::sleep(delay);
+            if let Some(mut c) = child.0.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        let dump = tmp.path().join(format!("cut-{cut}"));
+        let report = mounted.cut(&dump).expect("dump the durable view");
+        drop(mounted);
+        let out = dump.join("out");
+        let name = match crash_at {
+            Some(point) => format!("repin cut {cut} (at {point})"),
+            None => format!("repin cut {cut} (after {delay:?})"),
+        };
+        let pinned = rows(&out, "SELECT commit_sha FROM pin", "pin");
+        let on_new = pinned.first().is_some_and(|r| r[0] == new_commit);
+        assert!(
+            on_new || pinned.first().is_some_and(|r| r[0] == old_commit),
+            "{name}: pinned to {pinned:?}"
+        );
+        let files = if on_new { &new_files } else { &old_files };
+        let claims = check_recovered(&out, files, &name);
+        let superseded = rows(
+            &out,
+            &format!(
+                "SELECT count(*) FROM superseded_parts WHERE path = {}",
+                sql_str(&shard)
+            ),
+            "superseded_parts",
+        );
+        let superseded = superseded.first().is_some_and(|r| r[0] != "0");
+        if superseded {
+            settling += 1;
+            // Until the old `.part` is emptied nothing of the new pin is claimed.
+            assert!(on_new, "{name}: superseded rows under the old pin");
+            let l = ledger(&out, &shard);
+            assert_eq!(l.committed, 0, "{name}: {l:?}");
+            assert_eq!(
+                query(&out, "SELECT count(*) FROM fetch_ranges"),
+                ["0"],
+                "{name}: new ranges while the old part is unsettled"
+            );
+        } else if on_new {
+            after_repin += 1;
+        }
+        if crash_at.is_some() {
+            assert!(superseded, "{name}: the old part's rows are gone");
+        }
+        if crash_at == Some("superseded-part-emptied") {
+            let part = PathBuf::from(format!(
+                "{}.part",
+                out.join("source").join(&shard).display()
+            ));
+            assert_eq!(
+                std::fs::metadata(&part).map(|m| m.len()).ok(),
+                Some(0),
+                "{name}"
+            );
+        }
+        superseded_after.push(if on_new { superseded_bytes(&out) } else { 0 });
+        if claims.database {
+            for l in ledger_snapshot(&out) {
+                assert_eq!(l.transferred, l.committed + l.discarded, "{name}: {l:?}");
+            }
+        }
+        eprintln!(
+            "{name}: pinned to the {} commit, old part {}, {} B committed; {report}",
+            if on_new { "new" } else { "old" },
+            if superseded {
+                "not yet settled"
+            } else {
+                "settled or none"
+            },
+            claims.committed
+        );
+        std::fs::remove_dir_all(&current).unwrap();
+        current = dump;
+    }
+    assert!(
+        after_repin > 0,
+        "no cut landed after the repin was committed"
+    );
+    // Recorded tails are never counted again: once the part was emptied,
+    // the old pin's discards stay as they were.
+    assert!(
+        superseded_after[1] >= superseded_after[0],
+        "{superseded_after:?}"
+    );
+    for later in &superseded_after[2..] {
+        assert_eq!(*later, superseded_after[1], "{superseded_after:?}");
+    }
+    eprintln!("{settling} cuts found the old part unsettled, {after_repin} after it");
+
+    let out = current.join("out");
+    hub.clear_faults();
+    let mut args = vec!["--repin"];
+    args.extend_from_slice(RUN_ARGS);
+    run_ok(&mut fetch_cmd(&endpoint, &out, &args));
+    assert_eq!(std::fs::read(out.join("source").join(&shard)).unwrap(), new);
+    assert_clean_audit(&out);
+    let l = ledger(&out, &shard);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    assert_eq!(l.committed, new.len() as u64);
+    assert_eq!(query(&out, "SELECT count(*) FROM superseded_parts"), ["0"]);
+    assert!(
+        discard_reasons(&out, &shard).contains(&"superseded_by_repin".to_owned()),
+        "{:?}",
+        discards(&out, &shard)
+    );
+}

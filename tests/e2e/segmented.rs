@@ -350,3 +350,338 @@ fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
         l.discarded
     );
 }
+
+/// The most requests of `records` the hub had in flight at once at any
+/// moment of `[from, to)` (a request is in flight from its arrival until
+/// the hub is done with its response).
+fn max_in_flight(
+    records: &[ftpipe_fixtures::RequestRecord],
+    from: Instant,
+    to: Option<Instant>,
+) -> usize {
+    let in_flight = |t: Instant| {
+        records
+            .iter()
+            .filter(|r| r.started <= t && r.ended.is_none_or(|e| t < e))
+            .count()
+    };
+    std::iter::once(from)
+        .chain(records.iter().map(|r| r.started))
+        .filter(|t| *t >= from && to.is_none_or(|to| *t < to))
+        .map(in_flight)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every body GET the hub served, of any file.
+fn all_body_requests(hub: &RunningHub, files: &[RepoFile]) -> Vec<ftpipe_fixtures::RequestRecord> {
+    files.iter().flat_map(|f| body_gets(hub, &f.path)).collect()
+}
+
+/// The start of a body request's `Range`, if any.
+fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
+    r.range
+        .as_deref()?
+        .strip_prefix("bytes=")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Regression: a range waiting to retry (backoff, or up to MAX_RETRY_AFTER
+/// after a 429 with Retry-After) slept in its worker while holding its
+/// connection permit. Here three segmented files share `--connections 2`
+/// and the first request of each is told to come back in 2 s: the first two
+/// files kept both connections idle through their waits, so the third one
+/// could not even ask until one of them had retried and finished. A waiting
+/// range now holds no connection: the hub's log shows all three asking
+/// before any retry, each retry still honouring Retry-After, and never
+/// more than 2 body requests in flight.
+#[test]
+fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
+    let files: Vec<RepoFile> = (0..3u64)
+        .map(|i| {
+            let bytes: Vec<u8> = (0..1_300_000u64)
+                .map(|j| ((j * 31 + i * 7 + j / 977) % 251) as u8)
+                .collect();
+            RepoFile::bytes(format!("shard-{i}.bin"), bytes)
+        })
+        .collect();
+    let hub = hub_serving(files.clone());
+    for f in &files {
+        hub.inject(FaultRule::new(
+            &f.path,
+            Fault::RetryAfter {
+                status: 429,
+                secs: 2,
+            },
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            "256KiB",
+            "--connections",
+            "2",
+        ],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let all = all_body_requests(&hub, &files);
+    let mut last_429 = None;
+    let mut first_retry = None;
+    for f in &files {
+        let gets = body_gets(&hub, &f.path);
+        assert_eq!(gets[0].status, 429, "{gets:?}");
+        let retry = gets
+            .iter()
+            .find(|r| r.status == 206)
+            .unwrap_or_else(|| panic!("{} never retried: {gets:?}", f.path));
+        // Retry-After was honoured.
+        let waited = retry.started - gets[0].started;
+        assert!(
+            waited >= Duration::from_secs(2),
+            "{} retried after {waited:?}",
+            f.path
+        );
+        last_429 = last_429.max(Some(gets[0].started));
+        first_retry = Some(first_retry.map_or(retry.started, |t: Instant| t.min(retry.started)));
+    }
+    // Every file could ask while the others waited: no waiting range kept
+    // a connection.
+    assert!(
+        last_429 < first_retry,
+        "a file asked only after another had retried: {all:?}"
+    );
+    // The budget: never more than 2 body requests at once.
+    let first = all.iter().map(|r| r.started).min().unwrap();
+    assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
+}
+
+/// Regression: a `--repin` while a `.part` of a partly segmented fetch of
+/// the old content was on disk. The repin ended the file's ranges (and set
+/// its watermark to 0), so the next open took the old sparse `.part` for a
+/// single stream and recorded its whole length, holes included, as an
+/// `uncheckpointed_tail` received by the killed run's attempt: the ledger
+/// then claimed more bytes transferred than the hub ever sent. The old
+/// pin's bytes are now discarded as `superseded_by_repin`: the durable ones
+/// by the repin, the un-checkpointed tails (measured against the old
+/// ranges) at the next open, holes never.
+#[test]
+fn a_repin_discards_a_partly_segmented_part_as_the_old_pins() {
+    let (hub, files) = hub_with_repo(49, 6 << 20);
+    let big = largest(&files);
+    cap_connections_at(&hub, &big.path, 25);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut child = fetch_cmd(&hub.endpoint(), &out, SEGMENTED)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once several ranges hold durable bytes and are in flight.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "ranges never got going");
+        assert!(child.try_wait().unwrap().is_none(), "finished too soon");
+        let durable = try_query(
+            &out,
+            &format!(
+                "SELECT count(*) FROM fetch_ranges WHERE path = {} AND watermark > start",
+                sql_str(&big.path)
+            ),
+        );
+        if durable.is_ok_and(|v| v[0].parse::<u32>().unwrap() >= 2)
+            && several_ranges_in_flight(&out)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let old = ledger(&out, &big.path);
+    assert!(old.committed > 0 && old.committed < big.size, "{old:?}");
+    assert!(part_path(&out, &big.path).exists());
+    let sent_to_old: u64 = body_requests(&hub, &big.path)
+        .iter()
+        .map(|r| r.body_bytes)
+        .sum();
+
+    // The branch moves: the shard changes (same size).
+    let mut new_shard = ftpipe_fixtures::checkpoint::content_bytes(
+        files.iter().find(|f| f.path == big.path).unwrap(),
+    )
+    .unwrap()
+    .to_vec();
+    new_shard[100] ^= 1;
+    hub.update_file(REPO, &big.path, new_shard.clone()).unwrap();
+    hub.clear_faults();
+    let mut args = vec!["--repin"];
+    args.extend_from_slice(SEGMENTED);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&big.path)).unwrap(),
+        new_shard
+    );
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    // The new content was fetched once; what was thrown away is the old
+    // pin's: its durable bytes and its tails, no more than the hub sent.
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, big.size + l.discarded, "{l:?}");
+    assert!(l.discarded >= old.committed, "{l:?} after {old:?}");
+    assert!(
+        l.discarded <= sent_to_old,
+        "{} bytes of the old pin discarded, the hub sent {sent_to_old}: {:?}",
+        l.discarded,
+        discards(&out, &big.path)
+    );
+    for d in discards(&out, &big.path) {
+        assert!(d.starts_with("superseded_by_repin:"), "{d}");
+    }
+    let sent: u64 = body_requests(&hub, &big.path)
+        .iter()
+        .map(|r| r.body_bytes)
+        .sum();
+    assert!(l.transferred <= sent, "ledger {l:?}, the hub sent {sent}");
+    assert_eq!(query(&out, "SELECT count(*) FROM fetch_ranges"), ["0"]);
+}
+
+/// The `validator_changed` path: the CDN gives the file a new ETag (the
+/// validator `If-Range` carries) while its content and `X-Linked-Etag`
+/// stay, so a split range is answered with `200`. Every byte of the file,
+/// durable or not, is discarded as `validator_changed` (bytes under two
+/// validators are never combined) and the file starts again under the new
+/// validator, which it learns from the first response, then verifies.
+#[test]
+fn a_changed_validator_discards_the_file_and_it_starts_again() {
+    let (hub, files) = hub_with_repo(50, 6 << 20);
+    let big = largest(&files);
+    hub.inject(FaultRule::new(&big.path, Fault::ChangeEtag).nth(3));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, SEGMENTED));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let gets = body_gets(&hub, &big.path);
+    let changed = gets
+        .iter()
+        .position(|r| r.fault.as_deref() == Some("ChangeEtag"))
+        .expect("the ETag changed");
+    assert_eq!(gets[changed].status, 200, "{:?}", gets[changed]);
+    let old_etag = gets[changed].if_range.clone().expect("an If-Range");
+    let reasons = discard_reasons(&out, &big.path);
+    assert!(
+        reasons.contains(&"validator_changed".to_owned()),
+        "{:?}",
+        discards(&out, &big.path)
+    );
+    for r in &reasons {
+        assert!(
+            [
+                "validator_changed",
+                "uncheckpointed_tail",
+                "unaligned_remainder"
+            ]
+            .contains(&r.as_str()),
+            "{:?}",
+            discards(&out, &big.path)
+        );
+    }
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+    // The discarded bytes were those of the first pass, fetched under the
+    // old validator; the second pass fetched the whole file again.
+    let first_pass: u64 = gets[..changed].iter().map(|r| r.body_bytes).sum();
+    assert!(l.discarded > 0 && l.discarded <= first_pass, "{l:?}");
+    // The new pass asked under the new ETag only, and was split again.
+    let again: Vec<_> = gets[changed + 1..]
+        .iter()
+        .filter(|r| r.if_range.as_deref() != Some(old_etag.as_str()))
+        .collect();
+    assert!(again.len() >= 2, "{gets:?}");
+    assert!(again.iter().all(|r| r.status == 206), "{again:?}");
+    let new_etag = again
+        .iter()
+        .find_map(|r| r.if_range.clone())
+        .expect("a split under the new ETag");
+    assert_ne!(new_etag, old_etag);
+}
+
+/// `range_body_excess`, deterministically: the hub answers a range with its
+/// exact `Content-Range`, no `Content-Length`, and one chunk that straddles
+/// the range's end. The bytes past the end are not written; they are a
+/// `range_body_excess` discard of exactly their count, counted for the
+/// attempt that received them, and the file verifies.
+#[test]
+fn bytes_past_a_range_end_are_a_range_body_excess_of_that_attempt() {
+    const EXTRA: u64 = 3000;
+    let (hub, files) = hub_with_repo(51, 6 << 20);
+    let big = largest(&files);
+    assert!(big.size >= 2 << 20, "{}", big.size);
+    // One split only: the whole file is at least twice the minimum range,
+    // neither half is.
+    let min_range = (big.size / 3).to_string();
+    hub.inject(FaultRule::new(&big.path, Fault::RangeOverrun { extra: EXTRA }).nth(2));
+    cap_connections(&hub, &big.path);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            &min_range,
+            "--connections",
+            "2",
+        ],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let gets = body_requests(&hub, &big.path);
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    let overrun = &gets[1];
+    let start = range_start(overrun).unwrap();
+    assert_eq!(
+        overrun.range,
+        Some(format!("bytes={start}-{}", big.size - 1))
+    );
+    assert_eq!(overrun.body_bytes, big.size - start + EXTRA);
+    assert_eq!(
+        discards(&out, &big.path),
+        [format!("range_body_excess:{EXTRA}")]
+    );
+    let attempt = query(
+        &out,
+        &format!(
+            "SELECT body_bytes || ':' || outcome FROM attempts WHERE path = {} AND range_start = {start}",
+            sql_str(&big.path)
+        ),
+    );
+    assert_eq!(attempt, [format!("{}:ok", big.size - start + EXTRA)]);
+    let l = ledger(&out, &big.path);
+    assert_eq!(l.committed, big.size);
+    assert_eq!(l.transferred, big.size + EXTRA, "{l:?}");
+    assert_eq!(l.transferred, l.committed + l.discarded);
+}

@@ -95,6 +95,9 @@ struct Slot {
     attempt: Option<i64>,
     attempt_bytes: u64,
     busy: bool,
+    /// A retry is not started before this (backoff, `Retry-After`): until
+    /// then the range is idle and holds no connection.
+    retry_at: Option<Instant>,
     /// Consecutive failed attempts without progress.
     failures: u32,
 }
@@ -111,12 +114,18 @@ impl Slot {
             attempt: None,
             attempt_bytes: 0,
             busy: false,
+            retry_at: None,
             failures: 0,
         }
     }
 
     fn complete(&self) -> bool {
         self.durable == self.end
+    }
+
+    /// Idle and incomplete, with a retry not yet due at `now`.
+    fn waiting(&self, now: Instant) -> bool {
+        !self.busy && !self.complete() && self.retry_at.is_some_and(|t| t > now)
     }
 }
 
@@ -195,8 +204,9 @@ enum Pass {
     },
 }
 
-/// Fetches, verifies and publishes one file in ranges, starting on `permit`
-/// (its first connection); connections go back to the pool once unused.
+/// Fetches, verifies and publishes one file in ranges, starting with
+/// `permit` (its first connection). A connection is held only by a range
+/// whose request is being made or read, never by one waiting to retry.
 pub async fn fetch_segmented(
     ctx: Arc<FetchCtx>,
     file: FileRow,
@@ -432,15 +442,20 @@ impl Coordinator {
         let mut restart: Option<Pass> = None;
         let mut delays: std::collections::HashMap<u64, backon::ExponentialBackoff> =
             std::collections::HashMap::new();
-        let mut pending_delay: std::collections::HashMap<u64, Duration> =
-            std::collections::HashMap::new();
         loop {
             if failure.is_none() && restart.is_none() {
-                self.schedule(&st, &mut workers, &mut pending_delay).await?;
+                self.schedule(&st, &mut workers).await?;
             }
             if workers.is_empty() {
                 if failure.is_some() || restart.is_some() || all_complete(&st.shared) {
                     break;
+                }
+                if let Some(due) = only_waiting(&st.shared) {
+                    // Every range left waits to retry: no connection is
+                    // held meanwhile, another file may use it.
+                    self.permits.clear();
+                    tokio::time::sleep_until(due.into()).await;
+                    continue;
                 }
                 // Work is left but no connection is held: wait for one, fairly.
                 let permit = self
@@ -467,9 +482,9 @@ impl Coordinator {
                         // range's checkpoint (an fsync), so it is never idle
                         // for it. The ended slot stays busy until handled.
                         self.permits.extend(end.permit.take());
-                        self.schedule(&st, &mut workers, &mut pending_delay).await?;
+                        self.schedule(&st, &mut workers).await?;
                     }
-                    let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays, &mut pending_delay).await?;
+                    let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays).await?;
                     match outcome {
                         Next::Continue => {}
                         Next::Fail(e) => {
@@ -483,7 +498,7 @@ impl Coordinator {
                     }
                 }
                 _ = st.shared.wrote.notified() => {}
-                _ = tokio::time::sleep(SCHEDULE_TICK) => {}
+                _ = tokio::time::sleep(next_tick(&st.shared)) => {}
             }
         }
         if let Some(e) = failure {
@@ -508,12 +523,7 @@ impl Coordinator {
     }
 
     /// Starts workers while connections and work are available.
-    async fn schedule(
-        &mut self,
-        st: &PassState,
-        workers: &mut JoinSet<WorkerEnd>,
-        pending_delay: &mut std::collections::HashMap<u64, Duration>,
-    ) -> Result<()> {
+    async fn schedule(&mut self, st: &PassState, workers: &mut JoinSet<WorkerEnd>) -> Result<()> {
         loop {
             let Some(start) = self.next_work(st).await? else {
                 break;
@@ -534,9 +544,7 @@ impl Coordinator {
                     break;
                 }
             };
-            // No retry pending for this range: start it at once.
-            let delay = pending_delay.remove(&start).unwrap_or_default();
-            workers.spawn(worker(st.shared.clone(), start, delay, permit));
+            workers.spawn(worker(st.shared.clone(), start, permit));
         }
         // Connections held without a use go back to the pool.
         if !workers.is_empty() {
@@ -546,13 +554,19 @@ impl Coordinator {
     }
 
     /// The next range to start a worker on, marked busy: an idle incomplete
-    /// range, else a new range split off the largest remaining gap.
+    /// range whose retry (if any) is due, else a new range split off the
+    /// largest remaining gap of a busy or waiting range.
     async fn next_work(&self, st: &PassState) -> Result<Option<u64>> {
         let shared = &st.shared;
+        let now = Instant::now();
         let split = {
             let mut slots = shared.slots();
-            if let Some(s) = slots.iter_mut().find(|s| !s.busy && !s.complete()) {
+            if let Some(s) = slots
+                .iter_mut()
+                .find(|s| !s.busy && !s.complete() && !s.waiting(now))
+            {
                 s.busy = true;
+                s.retry_at = None;
                 return Ok(Some(s.start));
             }
             if self.single
@@ -566,7 +580,7 @@ impl Coordinator {
             let best = slots
                 .iter()
                 .enumerate()
-                .filter(|(_, s)| s.busy)
+                .filter(|(_, s)| s.busy || s.waiting(now))
                 .max_by_key(|(_, s)| s.end - s.pos);
             let Some((i, s)) = best else { return Ok(None) };
             let remaining = s.end - s.pos;
@@ -611,7 +625,6 @@ impl Coordinator {
         end: WorkerEnd,
         schedule: &ExponentialBuilder,
         delays: &mut std::collections::HashMap<u64, backon::ExponentialBackoff>,
-        pending_delay: &mut std::collections::HashMap<u64, Duration>,
     ) -> Result<Next> {
         let WorkerEnd {
             start,
@@ -712,6 +725,7 @@ impl Coordinator {
                 if let Some(after) = retry_after {
                     delay = delay.max(Duration::from_secs(after).min(MAX_RETRY_AFTER));
                 }
+                s.retry_at = Some(Instant::now() + delay);
                 drop(slots);
                 tracing::warn!(path = self.path(), range = start, ?delay, error = %e, "retrying range");
                 self.ctx.reporter.report(ProgressEvent::FileRetry {
@@ -721,7 +735,6 @@ impl Coordinator {
                     retry_after_secs: retry_after,
                     error: e.to_string(),
                 });
-                pending_delay.insert(start, delay);
                 Ok(Next::Continue)
             }
             Err(e) => Ok(Next::Fail(e)),
@@ -889,6 +902,32 @@ fn undo_reserve(shared: &Shared, start: u64) {
     }
 }
 
+/// When every incomplete range is idle and waiting to retry: the earliest
+/// retry.
+fn only_waiting(shared: &Shared) -> Option<Instant> {
+    let now = Instant::now();
+    let slots = shared.slots();
+    let mut left = slots.iter().filter(|s| !s.complete()).peekable();
+    left.peek()?;
+    left.map(|s| s.waiting(now).then_some(s.retry_at).flatten())
+        .collect::<Option<Vec<Instant>>>()?
+        .into_iter()
+        .min()
+}
+
+/// How long the coordinator may sleep: the schedule tick, or less when a
+/// retry falls due sooner.
+fn next_tick(shared: &Shared) -> Duration {
+    let now = Instant::now();
+    shared
+        .slots()
+        .iter()
+        .filter(|s| s.waiting(now))
+        .filter_map(|s| s.retry_at)
+        .map(|t| t - now)
+        .fold(SCHEDULE_TICK, Duration::min)
+}
+
 fn all_complete(shared: &Shared) -> bool {
     shared.slots().iter().all(Slot::complete)
 }
@@ -1000,7 +1039,7 @@ fn hash_range(
 /// starts there. Writes are aligned, so an extent is exactly what was
 /// written; a filesystem without `SEEK_DATA` reports the rest of the range
 /// (an over-count, never an under-count).
-fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
+pub(super) fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Result<u64> {
     use rustix::fs::{SeekFrom, seek};
     let data = match seek(file, SeekFrom::Data(watermark)) {
         Ok(d) => d,
@@ -1029,12 +1068,7 @@ fn punch_hole(file: &File, offset: u64, len: u64) {
 }
 
 /// Streams one range into the part file.
-async fn worker(
-    shared: Arc<Shared>,
-    start: u64,
-    delay: Duration,
-    permit: OwnedSemaphorePermit,
-) -> WorkerEnd {
+async fn worker(shared: Arc<Shared>, start: u64, permit: OwnedSemaphorePermit) -> WorkerEnd {
     let mut w = RangeWorker {
         shared,
         start,
@@ -1045,17 +1079,12 @@ async fn worker(
         unproductive: false,
         attempt: Attempt::default(),
     };
-    let mut cancel = w.shared.cancel.clone();
-    // Cancelled while waiting; once running, `run` stops at its own await
-    // points (the request, each chunk), never inside a database write.
-    let waited = tokio::select! {
-        () = tokio::time::sleep(delay) => true,
-        _ = cancel.wait_for(|c| *c) => false,
-    };
-    let result = if waited {
-        w.run().await
-    } else {
+    // `run` stops at its own await points (the request, each chunk) when
+    // the file is cancelled, never inside a database write.
+    let result = if *w.shared.cancel.borrow() {
         Ok(Ended::Cancelled)
+    } else {
+        w.run().await
     };
     // Whole blocks of the buffer are still worth writing; the remainder
     // below the alignment is not kept.

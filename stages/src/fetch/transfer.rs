@@ -91,17 +91,67 @@ pub(super) async fn discard(
     Ok(())
 }
 
+/// Empties a `.part` that holds bytes of a pin a repin superseded (see
+/// `Store::save_pin`). Its durable bytes were recorded by the repin; the
+/// tails the old pin's in-flight attempts wrote past their watermarks are
+/// measured against the old ranges (holes are not bytes), counted for
+/// those attempts and recorded as `superseded_by_repin`, then the part is
+/// cut to nothing and the old ranges forgotten, in that order: a crash in
+/// between measures no tail twice (each attempt is marked measured).
+async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartFile) -> Result<()> {
+    let store = &ctx.store;
+    let old = store.superseded_part(&file.path).await?;
+    if old.is_empty() {
+        return Ok(());
+    }
+    for r in old.iter().filter(|r| !r.complete()) {
+        let Some(attempt) = store.in_flight_attempt(&file.path, r.start, r.end).await? else {
+            continue;
+        };
+        let tail =
+            block_in_place(|| super::segmented::written_tail(part.file_mut(), r.watermark, r.end))
+                .map_err(|e| StageError::io("seek", part.path(), e))?;
+        if tail > 0 {
+            store
+                .discard_unkept(
+                    ctx.run,
+                    &file.path,
+                    "superseded_by_repin",
+                    tail,
+                    attempt,
+                    true,
+                )
+                .await?;
+            // A tail recorded (its attempt marked measured), the part not
+            // yet emptied.
+            crashpoint::hit("superseded-tail-recorded");
+        }
+    }
+    block_in_place(|| part.truncate(0)).map_err(|e| StageError::io("truncate", part.path(), e))?;
+    // The part is empty and durable; the old ranges are still stored.
+    crashpoint::hit("superseded-part-emptied");
+    store.end_superseded_part(&file.path).await?;
+    ctx.reporter.report(ProgressEvent::FileRewound {
+        path: file.path.clone(),
+        to: 0,
+        reason: "superseded_by_repin".to_owned(),
+    });
+    Ok(())
+}
+
 /// Brings a `.part` fetched as one stream and its watermark into agreement:
-/// bytes past the watermark are cut and recorded (they were received), a
-/// part shorter than the watermark lowers it; an empty part is seeded once
-/// from an interrupted download in the Hugging Face cache. Returns the
-/// ledger row as it was before.
+/// bytes of a superseded pin are settled first (above), bytes past the
+/// watermark are cut and recorded (they were received), a part shorter
+/// than the watermark lowers it; an empty part is seeded once from an
+/// interrupted download in the Hugging Face cache. Returns the ledger row
+/// as it was before.
 pub(super) async fn settle_stream_part(
     ctx: &FetchCtx,
     file: &FileRow,
     part: &mut PartFile,
     cache_prefix_tried: &mut bool,
 ) -> Result<ftpipe_receipts::LedgerRow> {
+    settle_superseded_part(ctx, file, part).await?;
     let ledger = ctx.store.ledger_row(&file.path).await?;
     let (watermark, on_disk) = (ledger.committed, part.len());
     if on_disk > watermark {
