@@ -358,6 +358,13 @@ struct PlanArgs {
     /// Plan with this declarative TOML recipe instead of a built-in profile.
     #[arg(long, value_name = "FILE.toml")]
     recipe: Option<PathBuf>,
+    /// Plan for a fetch of only the files matching these globs (default:
+    /// the selection DIR was pinned with).
+    #[arg(long)]
+    include: Vec<String>,
+    /// Plan for a fetch that skips the files matching these globs.
+    #[arg(long)]
+    exclude: Vec<String>,
 }
 
 /// A clap parser of seconds within `lo..=hi`; the error gives the range.
@@ -694,6 +701,12 @@ fn render_convert(o: &ftpipe_stages::convert::ConvertOutcome) -> String {
             o.omitted.0, o.omitted.1
         ));
     }
+    if o.not_fetched.0 > 0 {
+        out.push_str(&format!(
+            "not fetched      {} omitted source tensors in files of {} bytes left out by --exclude (listed in manifest.json, \"fetched\": false)\n",
+            o.not_fetched.0, o.not_fetched.1
+        ));
+    }
     out
 }
 
@@ -716,12 +729,18 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
             Some(p) => Some(ftpipe_stages::convert::load_recipe(p)?),
             None => None,
         },
+        selection: ftpipe_stages::resolve::FetchSelection::default(),
+    };
+    let globs = ftpipe_pipeline::SelectionGlobs {
+        include: args.include.clone(),
+        exclude: args.exclude.clone(),
     };
     let plan = ftpipe_pipeline::plan(
         &args.hub.out,
         &args.hub.repo,
         &args.hub.revision,
         source,
+        &globs,
         &opts,
     )
     .await?;
@@ -829,14 +848,34 @@ fn render_plan(plan: &ftpipe_stages::convert::Plan) -> String {
         plan.components.len(),
         plan.total_bytes
     ));
+    let count = |p: Partition, fetched: bool| {
+        plan.omitted
+            .iter()
+            .filter(|o| o.reason == p && o.fetched == fetched)
+            .count()
+    };
     let (n, bytes) = plan.omitted_totals();
     if n > 0 {
-        let count = |p: Partition| plan.omitted.iter().filter(|o| o.reason == p).count();
         out.push_str(&format!(
             "omitted: {n} source tensors, {bytes} bytes, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
-            count(Partition::Vision),
-            count(Partition::Mtp)
+            count(Partition::Vision, true),
+            count(Partition::Mtp, true)
         ));
+    }
+    let (n, bytes) = plan.not_fetched_totals();
+    if n > 0 {
+        out.push_str(&format!(
+            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {bytes} bytes left out of the fetch:\n",
+            count(Partition::Vision, false),
+            count(Partition::Mtp, false),
+            plan.excluded_sources.len()
+        ));
+        for s in &plan.excluded_sources {
+            out.push_str(&format!(
+                "  {} ({} tensors, {} bytes; {})\n",
+                s.file, s.tensors, s.bytes, s.by
+            ));
+        }
     }
     out
 }

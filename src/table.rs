@@ -140,6 +140,14 @@ pub fn render(a: &AuditReport) -> String {
             &n(a.omitted_bytes),
         );
     }
+    if a.not_fetched_tensors > 0 {
+        pair(
+            &mut out,
+            "omitted, not fetched (n/B)",
+            &a.not_fetched_tensors.to_string(),
+            &n(a.not_fetched_bytes),
+        );
+    }
     if !a.pending_components.is_empty() {
         let pending: u64 = a.pending_components.iter().map(|p| p.predicted_bytes).sum();
         pair(
@@ -318,6 +326,8 @@ mod tests {
             manifest_present: true,
             omitted_tensors: 0,
             omitted_bytes: 0,
+            not_fetched_tensors: 0,
+            not_fetched_bytes: 0,
             pending_components: vec![],
             component_problems: vec![],
             reconciliation_error: 0,

@@ -223,6 +223,23 @@ pub struct OmittedEntry {
     pub file: String,
     /// Its partition: `vision` or `mtp`.
     pub reason: Partition,
+    /// False when its file was left out of the fetch (`--exclude`): the
+    /// tensor is named by the index but its bytes were never downloaded.
+    /// Written only when false, so manifests (and fingerprints) of fully
+    /// fetched sources are unchanged and older manifests read as fetched.
+    #[serde(default = "fetched_default", skip_serializing_if = "is_fetched")]
+    pub fetched: bool,
+}
+
+/// The `fetched` of an omitted entry that does not say: fetched.
+pub fn fetched_default() -> bool {
+    true
+}
+
+/// Serde's `skip_serializing_if` for `fetched`: written only when false.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+pub fn is_fetched(fetched: &bool) -> bool {
+    *fetched
 }
 
 /// A component's contribution to the fingerprint.
@@ -464,5 +481,31 @@ mod tests {
         // What does serialize hashes its canonical (compact) bytes.
         let digest = canonical_sha256("a map", &BTreeMap::from([("k", 1)])).unwrap();
         assert_eq!(digest, sha256_hex(br#"{"k":1}"#));
+    }
+
+    /// An omitted entry without `fetched` (manifests before `--exclude` of
+    /// omitted partitions) reads as fetched and serializes as it was read,
+    /// so its fingerprint input is unchanged; a not-fetched entry says so
+    /// and hashes differently.
+    #[test]
+    fn omitted_entries_say_fetched_only_when_not() {
+        let old = r#"{"tensor":"mtp.fc.weight","file":"m.safetensors","reason":"mtp"}"#;
+        let e: OmittedEntry = serde_json::from_str(old).unwrap();
+        assert!(e.fetched);
+        assert_eq!(serde_json::to_string(&e).unwrap(), old);
+        let not = OmittedEntry {
+            fetched: false,
+            ..e.clone()
+        };
+        let json = serde_json::to_string(&not).unwrap();
+        assert!(
+            json.ends_with(r#""reason":"mtp","fetched":false}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<OmittedEntry>(&json).unwrap(), not);
+        assert_ne!(
+            canonical_sha256("e", &[e]).unwrap(),
+            canonical_sha256("e", &[not]).unwrap()
+        );
     }
 }

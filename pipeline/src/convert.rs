@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio::task::block_in_place;
 
 use ftpipe_stages::StageError;
+use ftpipe_stages::convert::PlanOptions;
 use ftpipe_stages::convert::space::artifact_peak;
 use ftpipe_stages::convert::{
     ConvertOptions, ConvertOutcome, Published, convert, current_artifact, plan_published_or_remote,
@@ -23,7 +24,7 @@ use ftpipe_stages::convert::{
 use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_stages::hub::HubClient;
 use ftpipe_stages::progress::{ProgressEvent, Reporter};
-use ftpipe_stages::resolve::Resolved;
+use ftpipe_stages::resolve::{FetchSelection, Resolved, apply_selection};
 
 use crate::state::StageState;
 use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
@@ -96,13 +97,17 @@ impl Pipeline {
             // reached its size but was not published is read from the hub.
             let receipts = self.store.receipts().await?;
             let published = Published::from_receipts(self.layout.source(), &receipts);
+            let plan_opts = PlanOptions {
+                selection: FetchSelection::of(listing, &params.resolve.globs()),
+                ..opts.plan_options()
+            };
             let plan = plan_published_or_remote(
                 client,
                 &pin.repo,
                 &pin.commit,
                 listing,
                 &published,
-                &opts.plan_options(),
+                &plan_opts,
             )
             .await?;
             if !params.options.preflight {
@@ -245,6 +250,13 @@ impl Pipeline {
         };
         let req = &params.resolve;
         if pin.repo != req.repo || (pin.revision != req.revision && pin.commit != req.revision) {
+            return Ok(None);
+        }
+        // Another selection fetches other files: not finished.
+        let stored = self.store.files().await?;
+        let mut asked = stored.clone();
+        apply_selection(&mut asked, &req.include, &req.exclude)?;
+        if asked != stored {
             return Ok(None);
         }
         let Some(current) = current_artifact(&self.store, &self.layout, &pin, opts).await? else {

@@ -44,6 +44,7 @@ use ftpipe_stages::resolve::{ResolveRequest, Resolved, resolve};
 
 pub use convert::RunOutcome;
 pub use error::{PipelineError, Result};
+pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
 use state::StageState;

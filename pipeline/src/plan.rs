@@ -4,9 +4,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use ftpipe_receipts::{FileRow, SelectionGlobs};
 use ftpipe_stages::convert::{Plan, PlanOptions, plan_local_with, plan_remote};
 use ftpipe_stages::hub::{HubClient, Token};
-use ftpipe_stages::resolve::{list_tree, revision_commit};
+use ftpipe_stages::resolve::{
+    FetchSelection, apply_selection, list_tree, revision_commit, stored_selection,
+};
 
 use crate::error::{PipelineError, Result};
 use crate::{Layout, open_existing};
@@ -31,16 +34,42 @@ pub enum PlanSource {
 
 /// Plans the conversion of `repo` at `revision` into `out`. A remote plan
 /// reuses the pin of `out` when it is for the same repo and revision, and
-/// otherwise resolves the commit without writing anything.
+/// otherwise resolves the commit without writing anything. Shards the
+/// fetch selection leaves out are not read: `globs` when it has any, else
+/// the selection stored with the pin of `out`.
 pub async fn plan(
     out: &Path,
     repo: &str,
     revision: &str,
     source: PlanSource,
+    globs: &SelectionGlobs,
     opts: &PlanOptions,
 ) -> Result<Plan> {
+    let with_selection = |mut listing: Vec<FileRow>, stored: Option<FetchSelection>| {
+        let selection = if globs.include.is_empty() && globs.exclude.is_empty() {
+            stored.unwrap_or_default()
+        } else {
+            apply_selection(&mut listing, &globs.include, &globs.exclude)?;
+            FetchSelection::of(&listing, globs)
+        };
+        Ok::<_, PipelineError>((
+            listing,
+            PlanOptions {
+                selection,
+                ..opts.clone()
+            },
+        ))
+    };
     match source {
-        PlanSource::Local => Ok(plan_local_with(Layout::new(out).source(), opts)?),
+        PlanSource::Local => {
+            let (listing, stored) = match open_existing(out).await {
+                Ok((_, store)) => (store.files().await?, Some(stored_selection(&store).await?)),
+                Err(PipelineError::NoState { .. }) => (Vec::new(), None),
+                Err(e) => return Err(e),
+            };
+            let (_, opts) = with_selection(listing, stored)?;
+            Ok(plan_local_with(Layout::new(out).source(), &opts)?)
+        }
         PlanSource::Remote {
             endpoint,
             token,
@@ -55,23 +84,26 @@ pub async fn plan(
             };
             let pinned = match open_existing(out).await {
                 Ok((_, store)) => match store.pin().await? {
-                    Some(p) if p.repo == repo && p.revision == revision => {
-                        Some((p.commit, store.files().await?))
-                    }
+                    Some(p) if p.repo == repo && p.revision == revision => Some((
+                        p.commit,
+                        store.files().await?,
+                        stored_selection(&store).await?,
+                    )),
                     _ => None,
                 },
                 Err(PipelineError::NoState { .. }) => None,
                 Err(e) => return Err(e),
             };
-            let (commit, listing) = match pinned {
-                Some(pin) => pin,
+            let (commit, listing, stored) = match pinned {
+                Some((commit, listing, stored)) => (commit, listing, Some(stored)),
                 None => {
                     let commit = revision_commit(&client, repo, revision).await?;
                     let listing = list_tree(&client, repo, &commit).await?;
-                    (commit, listing)
+                    (commit, listing, None)
                 }
             };
-            Ok(plan_remote(&client, repo, &commit, &listing, opts).await?)
+            let (listing, opts) = with_selection(listing, stored)?;
+            Ok(plan_remote(&client, repo, &commit, &listing, &opts).await?)
         }
     }
 }

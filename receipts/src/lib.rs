@@ -33,7 +33,8 @@ pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
 pub use events::{ArtifactEvent, RetirementEvent, RunId, Stage, StageEvent};
 pub use model::{
-    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, StageEventRow,
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,
+    StageEventRow,
 };
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;

@@ -19,6 +19,16 @@ pub struct Pin {
     pub endpoint: String,
 }
 
+/// The include/exclude globs a fetch selection was made with, in the
+/// order given on the command line.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SelectionGlobs {
+    /// `--include` globs (every file when empty).
+    pub include: Vec<String>,
+    /// `--exclude` globs.
+    pub exclude: Vec<String>,
+}
+
 /// One file of the pinned listing with its three distinct identities.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FileRow {

@@ -11,7 +11,8 @@ use tokio::sync::{Mutex, MutexGuard};
 use crate::error::{QueryContext, Result, StoreError};
 use crate::events::{Stage, StageEvent};
 use crate::model::{
-    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, StageEventRow,
+    Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, SelectionGlobs,
+    StageEventRow,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
@@ -289,13 +290,40 @@ impl Store {
         }))
     }
 
-    /// Stores the pin and its listing in one transaction, replacing an
-    /// older pin. Ledger rows are created for new selected files and kept for
-    /// files whose identity is unchanged; rows of files whose identity changed
-    /// or that left the listing are removed with their receipts.
+    /// [`Store::save_pin_selected`] for a listing selected without globs.
     pub async fn save_pin(&self, pin: &Pin, files: &[FileRow]) -> Result<()> {
+        self.save_pin_selected(pin, files, &SelectionGlobs::default())
+            .await
+    }
+
+    /// Stores the pin, its listing and the globs that selected it in one
+    /// transaction, replacing an older pin. Ledger rows are created for new
+    /// selected files and kept for files whose identity is unchanged; rows
+    /// of files whose identity changed or that left the listing are removed
+    /// with their receipts.
+    pub async fn save_pin_selected(
+        &self,
+        pin: &Pin,
+        files: &[FileRow],
+        globs: &SelectionGlobs,
+    ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("DELETE FROM selection_globs")
+            .execute(&mut *tx)
+            .await
+            .ctx("clear selection globs")?;
+        for (kind, list) in [("include", &globs.include), ("exclude", &globs.exclude)] {
+            for (position, glob) in (0i64..).zip(list) {
+                sqlx::query("INSERT INTO selection_globs (kind, position, glob) VALUES (?, ?, ?)")
+                    .bind(kind)
+                    .bind(position)
+                    .bind(glob)
+                    .execute(&mut *tx)
+                    .await
+                    .ctx("insert selection glob")?;
+            }
+        }
         sqlx::query(
             "INSERT INTO pin (id, repo, revision, commit_sha, endpoint) VALUES (1, ?, ?, ?, ?)
              ON CONFLICT(id) DO UPDATE SET repo = excluded.repo, revision = excluded.revision,
@@ -413,6 +441,27 @@ impl Store {
         .await
         .ctx("create ledger rows")?;
         tx.commit().await.ctx("commit pin")
+    }
+
+    /// The globs the stored listing was selected with (none when it was
+    /// selected without any, or before they were recorded).
+    pub async fn selection_globs(&self) -> Result<SelectionGlobs> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query("SELECT kind, glob FROM selection_globs ORDER BY kind, position")
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("select selection globs")?;
+        let mut globs = SelectionGlobs::default();
+        for r in rows {
+            let kind: String = r.get(0);
+            let glob: String = r.get(1);
+            if kind == "include" {
+                globs.include.push(glob);
+            } else {
+                globs.exclude.push(glob);
+            }
+        }
+        Ok(globs)
     }
 
     /// The pinned listing, ordered by path.
@@ -1021,6 +1070,32 @@ mod tests {
             error: None,
             started_at: String::new(),
         }
+    }
+
+    /// The selection globs are stored with the pin and replaced, not
+    /// appended to, by the next pin.
+    #[tokio::test]
+    async fn selection_globs_are_replaced_with_the_pin() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = store_with_one_file(dir.path()).await;
+        assert_eq!(
+            store.selection_globs().await.unwrap(),
+            SelectionGlobs::default()
+        );
+        let pin = store.pin().await.unwrap().unwrap();
+        let files = store.files().await.unwrap();
+        let globs = SelectionGlobs {
+            include: vec!["*.json".into(), "*.safetensors".into()],
+            exclude: vec!["model-vision*".into()],
+        };
+        store.save_pin_selected(&pin, &files, &globs).await.unwrap();
+        assert_eq!(store.selection_globs().await.unwrap(), globs);
+        let fewer = SelectionGlobs {
+            include: vec![],
+            exclude: vec!["mtp*".into()],
+        };
+        store.save_pin_selected(&pin, &files, &fewer).await.unwrap();
+        assert_eq!(store.selection_globs().await.unwrap(), fewer);
     }
 
     #[tokio::test]

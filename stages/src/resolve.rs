@@ -7,7 +7,9 @@
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
-use ftpipe_receipts::{FileRow, Pin, Store};
+use std::collections::BTreeMap;
+
+use ftpipe_receipts::{FileRow, Pin, SelectionGlobs, Store};
 
 use crate::error::{Result, StageError};
 use crate::hub::{HubClient, next_link};
@@ -32,6 +34,80 @@ pub struct ResolveRequest {
     pub include: Vec<String>,
     /// Exclude globs.
     pub exclude: Vec<String>,
+}
+
+impl ResolveRequest {
+    /// The include/exclude globs of this request.
+    pub fn globs(&self) -> SelectionGlobs {
+        SelectionGlobs {
+            include: self.include.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+/// A file of the pinned listing that the fetch selection leaves out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExcludedFile {
+    /// Its size in the listing.
+    pub size: u64,
+    /// What left it out, for messages: `--exclude "GLOB"`, or that no
+    /// `--include` glob matches it.
+    pub by: String,
+}
+
+/// What the fetch selection (`--include` / `--exclude`) left out of the
+/// pinned listing. Empty when every file is selected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FetchSelection {
+    excluded: BTreeMap<String, ExcludedFile>,
+}
+
+impl FetchSelection {
+    /// The unselected files of `listing`, each with the glob of `globs`
+    /// that left it out (the first `--exclude` glob matching it, else the
+    /// `--include` globs none of which matches it).
+    pub fn of(listing: &[FileRow], globs: &SelectionGlobs) -> Self {
+        let matches =
+            |g: &String, path: &str| Glob::new(g).is_ok_and(|g| g.compile_matcher().is_match(path));
+        let excluded = listing
+            .iter()
+            .filter(|f| !f.selected)
+            .map(|f| {
+                let by = if let Some(g) = globs.exclude.iter().find(|g| matches(g, &f.path)) {
+                    format!("--exclude {g:?}")
+                } else if !globs.include.is_empty()
+                    && !globs.include.iter().any(|g| matches(g, &f.path))
+                {
+                    let list: Vec<String> =
+                        globs.include.iter().map(|g| format!("{g:?}")).collect();
+                    format!("--include {} (which it does not match)", list.join(", "))
+                } else {
+                    "the fetch selection (the globs that left it out were not recorded)".to_owned()
+                };
+                (f.path.clone(), ExcludedFile { size: f.size, by })
+            })
+            .collect();
+        FetchSelection { excluded }
+    }
+
+    /// Why `file` was left out, `None` when it is selected (or not listed).
+    pub fn excluded(&self, file: &str) -> Option<&ExcludedFile> {
+        self.excluded.get(file)
+    }
+
+    /// Every file is selected.
+    pub fn is_empty(&self) -> bool {
+        self.excluded.is_empty()
+    }
+}
+
+/// The fetch selection stored with the pin of `store` (none without a pin).
+pub async fn stored_selection(store: &Store) -> Result<FetchSelection> {
+    Ok(FetchSelection::of(
+        &store.files().await?,
+        &store.selection_globs().await?,
+    ))
 }
 
 /// The outcome of resolve.
@@ -376,7 +452,7 @@ pub async fn resolve(
         }
     };
     apply_selection(&mut files, &req.include, &req.exclude)?;
-    store.save_pin(&pin, &files).await?;
+    store.save_pin_selected(&pin, &files, &req.globs()).await?;
     let selected = files.iter().filter(|f| f.selected).cloned().collect();
     Ok(Resolved {
         pin,
@@ -423,7 +499,7 @@ async fn resolve_offline(
     }
     let mut files = store.files().await?;
     apply_selection(&mut files, &req.include, &req.exclude)?;
-    store.save_pin(&pin, &files).await?;
+    store.save_pin_selected(&pin, &files, &req.globs()).await?;
     let selected = files.iter().filter(|f| f.selected).cloned().collect();
     Ok(Resolved {
         pin,
@@ -479,5 +555,20 @@ mod tests {
         apply_selection(&mut files, &["*.safetensors".into()], &["c/*".into()]).unwrap();
         let sel: Vec<bool> = files.iter().map(|f| f.selected).collect();
         assert_eq!(sel, [false, true, false]);
+        // Each left-out file names the glob that left it out.
+        let globs = SelectionGlobs {
+            include: vec!["*.safetensors".into()],
+            exclude: vec!["x*".into(), "c/*".into()],
+        };
+        let s = FetchSelection::of(&files, &globs);
+        assert_eq!(
+            s.excluded("c/d.safetensors").unwrap().by,
+            r#"--exclude "c/*""#
+        );
+        assert_eq!(
+            s.excluded("a.json").unwrap().by,
+            r#"--include "*.safetensors" (which it does not match)"#
+        );
+        assert!(s.excluded("b.safetensors").is_none());
     }
 }

@@ -38,6 +38,9 @@
 //!   through exactly.
 //! * `convert_release`: the released Qwen4-Exp layout, its bad inputs, and
 //!   interrupted runs.
+//! * `convert_exclude`: `--exclude` of the vision / MTP files of the
+//!   released layout (never requested, listed as not fetched), and of a
+//!   text shard (an error naming it).
 //! * `convert_bad_input`: malformed sources fail naming the file and tensor,
 //!   then resume once fixed.
 //! * `convert_crash`: `ftpipe convert` killed with SIGKILL at seeded moments,
@@ -89,6 +92,7 @@ mod chain_crash;
 mod convert;
 mod convert_bad_input;
 mod convert_crash;
+mod convert_exclude;
 mod convert_identity;
 mod convert_modelopt;
 mod convert_release;

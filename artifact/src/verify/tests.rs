@@ -565,6 +565,7 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
                 } else {
                     Partition::Mtp
                 },
+                fetched: true,
             })
             .collect(),
     };

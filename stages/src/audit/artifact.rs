@@ -37,11 +37,21 @@ struct PlanFile {
     total_bytes: u64,
     #[serde(default)]
     omitted: Vec<PlannedOmission>,
+    #[serde(default)]
+    excluded_sources: Vec<PlannedExclusion>,
 }
 
 /// A source tensor the plan leaves out of the artifact (vision, MTP).
 #[derive(Debug, Deserialize)]
 struct PlannedOmission {
+    bytes: u64,
+    #[serde(default = "ftpipe_artifact::manifest::fetched_default")]
+    fetched: bool,
+}
+
+/// A shard the fetch selection left out (its listed size).
+#[derive(Debug, Deserialize)]
+struct PlannedExclusion {
     bytes: u64,
 }
 
@@ -59,8 +69,11 @@ pub(super) struct ArtifactPart {
     pub known_target_from: &'static str,
     pub plan_present: bool,
     pub manifest_present: bool,
-    /// Count and source bytes of the tensors the plan omits.
+    /// Count and source bytes of the fetched tensors the plan omits.
     pub omitted: (usize, u64),
+    /// Count of the omitted tensors not fetched, and the listed bytes of
+    /// their files.
+    pub not_fetched: (usize, u64),
     pub pending: Vec<PendingComponent>,
     pub problems: Vec<ComponentProblem>,
     pub receipts_without_files: Vec<String>,
@@ -114,6 +127,7 @@ pub(super) fn audit_artifact(
         plan_present: false,
         manifest_present: false,
         omitted: (0, 0),
+        not_fetched: (0, 0),
         pending: Vec::new(),
         problems: Vec::new(),
         receipts_without_files: Vec::new(),
@@ -272,9 +286,11 @@ fn check_plan(
     by_path: &BTreeMap<&str, &ComponentReceipt>,
 ) {
     out.known_target_from = "plan";
-    out.omitted = (
-        plan.omitted.len(),
-        plan.omitted.iter().map(|o| o.bytes).sum(),
+    let fetched = plan.omitted.iter().filter(|o| o.fetched);
+    out.omitted = (fetched.clone().count(), fetched.map(|o| o.bytes).sum());
+    out.not_fetched = (
+        plan.omitted.iter().filter(|o| !o.fetched).count(),
+        plan.excluded_sources.iter().map(|s| s.bytes).sum(),
     );
     out.known_target_total = plan.components.iter().map(|c| c.predicted_bytes).sum();
     if plan.total_bytes != out.known_target_total {

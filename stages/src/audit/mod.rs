@@ -198,6 +198,10 @@ pub struct AuditReport {
     pub omitted_tensors: usize,
     /// Their source bytes.
     pub omitted_bytes: u64,
+    /// Omitted tensors whose files the fetch selection left out.
+    pub not_fetched_tensors: usize,
+    /// The listed bytes of those files (never downloaded).
+    pub not_fetched_bytes: u64,
     /// Planned components without a receipt.
     pub pending_components: Vec<PendingComponent>,
     /// Problems with components, the manifest, the placement or the plan.
@@ -334,6 +338,8 @@ pub async fn audit(
         manifest_present: art.manifest_present,
         omitted_tensors: art.omitted.0,
         omitted_bytes: art.omitted.1,
+        not_fetched_tensors: art.not_fetched.0,
+        not_fetched_bytes: art.not_fetched.1,
         pending_components: art.pending,
         component_problems: art.problems,
         reconciliation_error: src.error + art.error,

@@ -111,6 +111,7 @@ pub(crate) fn write_plan(f: &Fixture, extra: &[(&str, u64)]) {
         components,
         total_bytes,
         omitted: vec![],
+        excluded_sources: vec![],
     };
     write(
         &f.out.join(".ftpipe").join(PLAN_FILE),

@@ -36,6 +36,7 @@ use super::space::artifact_peak;
 use super::write::{self, Sources};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
+use crate::resolve::{FetchSelection, stored_selection};
 use ftpipe_artifact::manifest::{
     ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
 };
@@ -91,6 +92,7 @@ impl ConvertOptions {
         PlanOptions {
             protect: self.protect_globs(),
             recipe: self.recipe.clone(),
+            selection: FetchSelection::default(),
         }
     }
 
@@ -131,8 +133,12 @@ pub struct ConvertOutcome {
     pub set_aside: Option<PathBuf>,
     /// The placement written.
     pub placement: Placement,
-    /// Count and source bytes of the tensors left out (vision, MTP).
+    /// Count and source bytes of the tensors left out (vision, MTP) that
+    /// were fetched.
     pub omitted: (usize, u64),
+    /// Count of the omitted tensors not fetched (`--exclude`), and the
+    /// listed bytes of the files holding them.
+    pub not_fetched: (usize, u64),
 }
 
 fn read_config(source: &Path) -> Result<Value> {
@@ -328,8 +334,12 @@ async fn prepare(
         .unwrap_or(8);
     let converter = current_converter(paths.source(), opts)?;
     let saved = retired_headers(store, paths, retired, &receipts).await?;
+    let plan_opts = PlanOptions {
+        selection: stored_selection(store).await?,
+        ..opts.plan_options()
+    };
     let (plan, mut headers) =
-        block_in_place(|| plan_local_saved(paths.source(), &opts.plan_options(), &saved))?;
+        block_in_place(|| plan_local_saved(paths.source(), &plan_opts, &saved))?;
     for (file, h) in &mut headers {
         if let Some(r) = receipts.get(file) {
             h.digest.clone_from(&r.digest);
@@ -513,6 +523,7 @@ pub async fn convert(
         set_aside: set_aside_to,
         placement,
         omitted: plan.omitted_totals(),
+        not_fetched: plan.not_fetched_totals(),
     })
 }
 

@@ -257,6 +257,20 @@ pub enum ConvertError {
         /// Their names, one per line.
         tensors: String,
     },
+    /// Files left out of the fetch hold tensors the artifact needs: only
+    /// tensors of an omitted partition (vision, mtp) may stay unfetched.
+    #[error(
+        "{count} file(s) left out of the fetch hold tensors the {profile} artifact needs (only vision model.visual.* and mtp mtp.* tensors may be left unfetched; fetch these files or narrow the --exclude glob):\n{problems}"
+    )]
+    ExcludedSourceNeeded {
+        /// The profile converting.
+        profile: String,
+        /// How many left-out files hold needed tensors.
+        count: usize,
+        /// One line per file: its path, the glob that left it out, how many
+        /// needed tensors it holds and the first few of them.
+        problems: String,
+    },
     /// A lookup buffer's values differ from those the config fixes
     /// (`problem`: `holds ACTUAL, expected EXPECTED (why)`).
     #[error("{file}: {tensor} {problem}")]

@@ -27,6 +27,8 @@ use crate::error::{Result, StageError};
 use crate::fetch::parse_content_range;
 use crate::hub::{HubClient, redact};
 use crate::limits::MAX_JSON_BYTES;
+use crate::resolve::FetchSelection;
+use ftpipe_artifact::manifest::Partition;
 use ftpipe_fs::paths::{safe_join, validate_repo_path};
 
 /// The safetensors index every plan starts from.
@@ -61,19 +63,121 @@ pub struct Plan {
     /// Sum of the predicted component sizes: the known target total.
     pub total_bytes: u64,
     /// Source tensors of other partitions (vision, MTP) left out of the
-    /// artifact; still fetched and verified as part of the pinned sources.
+    /// artifact: fetched and verified as part of the pinned sources unless
+    /// their file was left out of the fetch (`fetched: false`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub omitted: Vec<OmittedTensor>,
+    /// Shards the index names that the fetch selection left out; every
+    /// tensor in them is an omitted, not-fetched one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_sources: Vec<ExcludedSource>,
+}
+
+/// A shard of the index left out of the fetch (`--exclude`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExcludedSource {
+    /// Repo-relative path.
+    pub file: String,
+    /// Its size in the pinned listing (header included: it was never read).
+    pub bytes: u64,
+    /// Tensors the index places in it.
+    pub tensors: u64,
+    /// What left it out (`--exclude "GLOB"`).
+    pub by: String,
 }
 
 impl Plan {
-    /// Count and source bytes of the omitted tensors.
+    /// Count and source bytes of the omitted tensors that were fetched.
     pub fn omitted_totals(&self) -> (usize, u64) {
+        let fetched = self.omitted.iter().filter(|o| o.fetched);
+        (fetched.clone().count(), fetched.map(|o| o.bytes).sum())
+    }
+
+    /// Count of the omitted tensors left out of the fetch, and the bytes
+    /// of the files holding them (their sizes in the listing).
+    pub fn not_fetched_totals(&self) -> (usize, u64) {
         (
-            self.omitted.len(),
-            self.omitted.iter().map(|o| o.bytes).sum(),
+            self.omitted.iter().filter(|o| !o.fetched).count(),
+            self.excluded_sources.iter().map(|s| s.bytes).sum(),
         )
     }
+}
+
+/// Tensors named in the error about a needed tensor in an excluded file.
+const EXCLUDED_EXAMPLES: usize = 3;
+
+/// Moves the index entries whose file the fetch selection left out of
+/// `map`: they become not-fetched omitted tensors when `profile` leaves
+/// their partition out of the artifact. Any other tensor in a left-out
+/// file (text, or of no known partition) is an error naming the file, its
+/// glob, and the tensors.
+fn take_unfetched(
+    map: &mut BTreeMap<String, String>,
+    selection: &FetchSelection,
+    profile: &Profile,
+) -> Result<(Vec<OmittedTensor>, Vec<ExcludedSource>), ConvertError> {
+    if selection.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut by_file: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    map.retain(|tensor, file| {
+        if selection.excluded(file).is_none() {
+            return true;
+        }
+        by_file
+            .entry(file.clone())
+            .or_default()
+            .push(tensor.clone());
+        false
+    });
+    let mut omitted = Vec::new();
+    let mut sources = Vec::new();
+    let mut problems = Vec::new();
+    for (file, tensors) in by_file {
+        let Some(why) = selection.excluded(&file) else {
+            continue;
+        };
+        let mut needed = Vec::new();
+        for t in &tensors {
+            match profile.partition(t) {
+                Some(p) if p != Partition::Text => omitted.push(OmittedTensor {
+                    tensor: t.clone(),
+                    file: file.clone(),
+                    reason: p,
+                    bytes: 0,
+                    fetched: false,
+                }),
+                Some(_) => needed.push(format!("{t} (text)")),
+                None => needed.push(format!("{t} (no known partition)")),
+            }
+        }
+        if !needed.is_empty() {
+            let more = needed.len().saturating_sub(EXCLUDED_EXAMPLES);
+            let mut shown = needed[..needed.len().min(EXCLUDED_EXAMPLES)].join(", ");
+            if more > 0 {
+                shown.push_str(&format!(" and {more} more"));
+            }
+            problems.push(format!(
+                "  {file}, left out by {}: {} tensor(s) the artifact needs: {shown}",
+                why.by,
+                needed.len()
+            ));
+        }
+        sources.push(ExcludedSource {
+            file,
+            bytes: why.size,
+            tensors: tensors.len() as u64,
+            by: why.by.clone(),
+        });
+    }
+    if !problems.is_empty() {
+        return Err(ConvertError::ExcludedSourceNeeded {
+            profile: profile.name().to_owned(),
+            count: problems.len(),
+            problems: problems.join("\n"),
+        });
+    }
+    Ok((omitted, sources))
 }
 
 /// Parses `bytes` of `file`, refusing a key repeated in any object.
@@ -125,6 +229,14 @@ pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// The shard files the index lists that `selection` keeps, sorted: the
+/// ones whose headers a plan reads.
+pub fn fetched_shards(map: &BTreeMap<String, String>, selection: &FetchSelection) -> Vec<String> {
+    let mut files = shard_files(map);
+    files.retain(|f| selection.excluded(f).is_none());
+    files
+}
+
 /// Converter options that change the plan.
 #[derive(Debug, Clone, Default)]
 pub struct PlanOptions {
@@ -134,6 +246,9 @@ pub struct PlanOptions {
     pub protect: Vec<String>,
     /// A declarative recipe instead of a built-in profile (`--recipe`).
     pub recipe: Option<Recipe>,
+    /// The shards left out of the fetch: not read, their tensors omitted
+    /// when their partition may be (vision, MTP), else an error.
+    pub selection: FetchSelection,
 }
 
 impl PlanOptions {
@@ -161,14 +276,16 @@ pub fn load_recipe(path: &Path) -> Result<Recipe> {
 }
 
 /// Checks index ↔ headers agreement, chooses the profile and predicts every
-/// component. `headers` are those of [`shard_files`], with their file sizes.
+/// component. `headers` are those of [`shard_files`] that the fetch
+/// selection of `opts` keeps ([`fetched_shards`]), with their file sizes.
 pub fn plan_from_parts(
     config: &Value,
-    map: BTreeMap<String, String>,
+    mut map: BTreeMap<String, String>,
     headers: &[(SourceHeader, u64)],
     opts: &PlanOptions,
 ) -> Result<Plan, ConvertError> {
     let profile = opts.profile(config)?;
+    let (unfetched, excluded_sources) = take_unfetched(&mut map, &opts.selection, &profile)?;
     for (h, _) in headers {
         for t in h.tensors() {
             match map.get(t.name()) {
@@ -205,7 +322,8 @@ pub fn plan_from_parts(
     }
     // The map is checked; the profile needs only the headers.
     drop(map);
-    let (components, omitted) = profile.map(headers.iter().map(|(h, _)| h))?;
+    let (components, mut omitted) = profile.map(headers.iter().map(|(h, _)| h))?;
+    omitted.extend(unfetched);
     let total_bytes = components.iter().map(|c| c.predicted_bytes).sum();
     let sources: Vec<PlannedSource> = headers
         .iter()
@@ -224,6 +342,7 @@ pub fn plan_from_parts(
         components,
         total_bytes,
         omitted,
+        excluded_sources,
     })
 }
 
@@ -288,7 +407,7 @@ pub fn plan_local_saved(
     )?)?;
     let mut headers = Vec::new();
     let mut read = BTreeMap::new();
-    for file in shard_files(&map) {
+    for file in fetched_shards(&map, &opts.selection) {
         let path = safe_join(source_root, &file)?;
         let (header, kept) = match std::fs::metadata(&path) {
             Ok(m) => {
@@ -568,7 +687,7 @@ pub async fn plan_published_or_remote(
     // costs nothing.
     opts.profile(&config)?;
     let mut headers = Vec::new();
-    for file in shard_files(&map) {
+    for file in fetched_shards(&map, &opts.selection) {
         let row = find(&file)?;
         let h = match published.root_of(&file) {
             Some(root) => {

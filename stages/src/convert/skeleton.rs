@@ -274,6 +274,7 @@ impl Skeleton {
                         tensor: o.tensor.clone(),
                         file: o.file.clone(),
                         reason: o.reason,
+                        fetched: o.fetched,
                     })
                     .collect(),
             },

@@ -96,6 +96,7 @@ mod tests {
             total_bytes: components.iter().map(|c| c.predicted_bytes).sum(),
             components,
             omitted: vec![],
+            excluded_sources: vec![],
         }
     }
 

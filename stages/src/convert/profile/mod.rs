@@ -60,6 +60,7 @@ use std::collections::BTreeSet;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde_json::Value;
 
+use ftpipe_artifact::manifest::Partition;
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::error::ConvertError;
@@ -347,6 +348,18 @@ impl Profile {
         match self {
             Profile::Moe(m) => m.family,
             Profile::Recipe(r) => r.name(),
+        }
+    }
+
+    /// The partition of source tensor `tensor`: in the released layout
+    /// by its name (`None` when it is in none); every tensor of the other
+    /// layouts is text, which the artifact needs.
+    pub fn partition(&self, tensor: &str) -> Option<Partition> {
+        match self {
+            Profile::Moe(MoeProfile {
+                release: Some(_), ..
+            }) => release::partition_of(tensor),
+            Profile::Moe(_) | Profile::Recipe(_) => Some(Partition::Text),
         }
     }
 

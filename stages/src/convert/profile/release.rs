@@ -57,7 +57,7 @@ pub const MAX_NGRAM_HEADS: u64 = 4096;
 pub const MAX_NGRAM_PARTS: u64 = 1 << 20;
 
 /// The partition of source tensor `name`, `None` when it is in none.
-fn partition_of(name: &str) -> Option<Partition> {
+pub(crate) fn partition_of(name: &str) -> Option<Partition> {
     if name.starts_with("model.language_model.") || name == "lm_head.weight" {
         Some(Partition::Text)
     } else if name.starts_with("model.visual.") {
@@ -78,8 +78,16 @@ pub struct OmittedTensor {
     pub file: String,
     /// The partition it belongs to (`vision` or `mtp`).
     pub reason: Partition,
-    /// Its bytes in the source.
+    /// Its bytes in the source; 0 when it was not fetched (its file's
+    /// header was never read: the plan's `excluded_sources` have the
+    /// file sizes).
     pub bytes: u64,
+    /// False when its file was left out of the fetch (`--exclude`).
+    #[serde(
+        default = "ftpipe_artifact::manifest::fetched_default",
+        skip_serializing_if = "ftpipe_artifact::manifest::is_fetched"
+    )]
+    pub fetched: bool,
 }
 
 /// What a release tensor must be.
@@ -601,6 +609,7 @@ impl MoeProfile {
                     file: file.to_owned(),
                     reason,
                     bytes: t.len(),
+                    fetched: true,
                 }),
                 None => stray.push(format!("  {file}: {name}")),
             }
