@@ -231,6 +231,13 @@ pub fn current_converter(source: &Path, opts: &ConvertOptions) -> Result<Convert
     ))
 }
 
+/// The headers of a saved skeleton ([`Skeleton::headers`]).
+#[derive(serde::Deserialize)]
+struct SavedHeaders {
+    #[serde(default)]
+    headers: BTreeMap<String, SavedHeader>,
+}
+
 /// Headers of retired shards absent from `source`, from the saved skeleton.
 async fn retired_headers(
     store: &Store,
@@ -250,10 +257,12 @@ async fn retired_headers(
     let path = paths.state_dir().join(SKELETON_FILE);
     // No skeleton yet: no header was saved (a retired shard then fails
     // below as RetiredHeaderMissing). A skeleton that does not read or
-    // parse is an error, not "nothing saved".
-    let saved: BTreeMap<String, SavedHeader> = match std::fs::read(&path) {
-        Ok(b) => {
-            serde_json::from_slice::<Skeleton>(&b)
+    // parse is an error, not "nothing saved". Only the headers are kept:
+    // the rest of the skeleton (~85 MB of JSON at 300k tensors) is built
+    // again from the plan.
+    let saved: BTreeMap<String, SavedHeader> = match std::fs::File::open(&path) {
+        Ok(f) => {
+            serde_json::from_reader::<_, SavedHeaders>(std::io::BufReader::new(f))
                 .map_err(|source| StageError::MalformedState {
                     path: path.clone(),
                     source,
@@ -489,7 +498,6 @@ pub async fn convert(
         .map(|(p, r)| (p.clone(), r.sha256.clone()))
         .collect();
     let top_k = skel.top_k;
-    // Dropped with the skeleton: the saved headers.
     let manifest = skel.finish(&digests)?;
     // The same bytes as Manifest::to_bytes, streamed.
     let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;

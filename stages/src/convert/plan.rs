@@ -9,7 +9,9 @@
 //! no weights. Both feed the same [`plan_from_parts`], so they agree.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderValue, RANGE};
@@ -272,6 +274,103 @@ pub struct SavedHeader {
     pub digest: String,
 }
 
+/// A shard's header as the skeleton saves it ([`SavedHeader`] on disk).
+/// The JSON of a shard that is present is not kept in memory (for ~300k
+/// tensors it is ~40 MB): it is read again from the shard when the
+/// skeleton is serialized, and must hash to what was planned from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptHeader {
+    /// The shard's length when its header was read.
+    pub len: u64,
+    /// The header JSON, or where to read it again.
+    pub json: KeptJson,
+    /// The shard's digest from its download receipt (see [`SavedHeader`]).
+    pub digest: String,
+}
+
+/// Where a [`KeptHeader`]'s JSON is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptJson {
+    /// In the shard at `path`: its N = `json_len` bytes after the length,
+    /// whose SHA-256 is `sha256`.
+    InShard {
+        /// The shard under the source root.
+        path: PathBuf,
+        /// N, the header JSON length.
+        json_len: u64,
+        /// SHA-256 of the N bytes read while planning.
+        sha256: [u8; 32],
+    },
+    /// Saved by an earlier skeleton (the shard was retired since).
+    Saved(String),
+}
+
+impl From<SavedHeader> for KeptHeader {
+    fn from(h: SavedHeader) -> KeptHeader {
+        KeptHeader {
+            len: h.len,
+            json: KeptJson::Saved(h.json),
+            digest: h.digest,
+        }
+    }
+}
+
+/// [`SavedHeader`]'s fields and order, borrowed: the bytes a
+/// [`KeptHeader`] serializes to are those of the equal [`SavedHeader`].
+#[derive(Serialize)]
+struct SavedHeaderRef<'a> {
+    len: u64,
+    json: &'a str,
+    digest: &'a str,
+}
+
+impl KeptHeader {
+    /// The header JSON read again from the shard, refused unless it is the
+    /// one planned from.
+    fn reread(path: &Path, json_len: u64, sha256: &[u8; 32]) -> Result<String, String> {
+        let at = path.display();
+        let (json, _) = SourceHeader::read_json(path, &at.to_string())
+            .map_err(|e| format!("{at}: cannot read its header again: {e}"))?
+            .map_err(|e| format!("{e}"))?;
+        if json.len() as u64 != json_len || <[u8; 32]>::from(Sha256::digest(&json)) != *sha256 {
+            return Err(format!(
+                "{at}: header changed since it was planned ({} bytes now, {json_len} then)",
+                json.len()
+            ));
+        }
+        String::from_utf8(json).map_err(|e| format!("{at}: header is not UTF-8: {e}"))
+    }
+}
+
+impl Serialize for KeptHeader {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let reread;
+        let json = match &self.json {
+            KeptJson::Saved(json) => json.as_str(),
+            KeptJson::InShard {
+                path,
+                json_len,
+                sha256,
+            } => {
+                reread = Self::reread(path, *json_len, sha256).map_err(serde::ser::Error::custom)?;
+                reread.as_str()
+            }
+        };
+        SavedHeaderRef {
+            len: self.len,
+            json,
+            digest: &self.digest,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeptHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        SavedHeader::deserialize(d).map(KeptHeader::from)
+    }
+}
+
 /// [`plan_local_with`], taking the header of a shard absent from
 /// `source_root` from `saved` (shards retired after their header was
 /// saved). Also returns every shard's header as read, to be saved.
@@ -279,7 +378,7 @@ pub fn plan_local_saved(
     source_root: &Path,
     opts: &PlanOptions,
     saved: &BTreeMap<String, SavedHeader>,
-) -> Result<(Plan, BTreeMap<String, SavedHeader>)> {
+) -> Result<(Plan, BTreeMap<String, KeptHeader>)> {
     let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
     // The index's JSON tree is dropped as soon as its map is read.
     let map = weight_map(&parse_json(
@@ -301,9 +400,13 @@ pub fn plan_local_saved(
                         source,
                     })
                 })?;
-                let kept = SavedHeader {
+                let kept = KeptHeader {
                     len: m.len(),
-                    json,
+                    json: KeptJson::InShard {
+                        json_len: json.len() as u64,
+                        sha256: Sha256::digest(json.as_bytes()).into(),
+                        path,
+                    },
                     digest: String::new(),
                 };
                 (header, kept)
@@ -315,7 +418,7 @@ pub fn plan_local_saved(
                     .ok_or_else(|| ConvertError::MissingFile { file: file.clone() })?;
                 let header = SourceHeader::parse(&file, kept.json.as_bytes(), kept.len)
                     .map_err(ConvertError::from)?;
-                (header, kept)
+                (header, KeptHeader::from(kept))
             }
             Err(e) => return Err(StageError::io("stat", path, e)),
         };

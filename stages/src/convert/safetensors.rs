@@ -460,6 +460,20 @@ impl SourceHeader {
         path: &std::path::Path,
         name: &str,
     ) -> std::io::Result<Result<(SourceHeader, Vec<u8>), SourceError>> {
+        let (json, file_len) = match Self::read_json(path, name)? {
+            Ok(read) => read,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(SourceHeader::parse(name, &json, file_len).map(|h| (h, json)))
+    }
+
+    /// The raw header JSON of a local file (the N bytes after the length,
+    /// N checked against [`MAX_HEADER_LEN`] and the file), and the file's
+    /// length.
+    pub fn read_json(
+        path: &std::path::Path,
+        name: &str,
+    ) -> std::io::Result<Result<(Vec<u8>, u64), SourceError>> {
         use std::io::Read;
         let mut file = std::fs::File::open(path)?;
         let file_len = file.metadata()?.len();
@@ -472,7 +486,7 @@ impl SourceHeader {
         // n ≤ MAX_HEADER_LEN, so it fits in memory and in usize.
         let mut json = vec![0u8; n as usize];
         file.read_exact(&mut json)?;
-        Ok(SourceHeader::parse(name, &json, file_len).map(|h| (h, json)))
+        Ok(Ok((json, file_len)))
     }
 
     /// The file this header belongs to.

@@ -25,7 +25,7 @@ use ftpipe_receipts::Receipt;
 
 use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
-use super::plan::{INDEX_FILE, Plan, SavedHeader};
+use super::plan::{INDEX_FILE, KeptHeader, Plan};
 use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
@@ -42,9 +42,10 @@ pub struct Skeleton {
     pub readers: BTreeMap<String, Vec<String>>,
     /// `num_experts_per_tok`, for placement.
     pub top_k: u64,
-    /// Shard path → its header as read while present.
+    /// Shard path → its header as read while present (the JSON of a
+    /// present shard is read from it again when the skeleton is written).
     #[serde(default)]
-    pub headers: BTreeMap<String, SavedHeader>,
+    pub headers: BTreeMap<String, KeptHeader>,
 }
 
 #[derive(Serialize)]
@@ -196,7 +197,7 @@ impl Skeleton {
         source: SourceIdentity,
         converter: ConverterIdentity,
         top_k: u64,
-        headers: BTreeMap<String, SavedHeader>,
+        headers: BTreeMap<String, KeptHeader>,
     ) -> Result<Skeleton, ConvertError> {
         let by_path: BTreeMap<&str, &SourceFileId> =
             source.files.iter().map(|f| (f.path.as_str(), f)).collect();
