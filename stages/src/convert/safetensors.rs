@@ -11,6 +11,7 @@
 //! bounded chunks at the absolute offsets this reader returns.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -215,7 +216,9 @@ struct RawTensor {
 /// One validated tensor of a source file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceTensor {
-    name: String,
+    /// Shared with the plan's source spans and inventory, so each name is
+    /// allocated once however many places refer to it.
+    name: Arc<str>,
     dtype: safetensors::Dtype,
     shape: Vec<u64>,
     offset: u64,
@@ -225,6 +228,10 @@ pub struct SourceTensor {
 impl SourceTensor {
     /// Tensor name.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Tensor name, shared.
+    pub fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
     /// Element type.
@@ -252,7 +259,7 @@ impl SourceTensor {
 /// A validated safetensors header: tensors in file order with absolute offsets.
 #[derive(Debug, Clone)]
 pub struct SourceHeader {
-    file: String,
+    file: Arc<str>,
     header_len: u64,
     tensors: Vec<SourceTensor>,
     /// Indices into `tensors` in name order, for [`SourceHeader::tensor`].
@@ -408,7 +415,7 @@ impl SourceHeader {
             }
             cursor = end;
             out.push(SourceTensor {
-                name,
+                name: name.into(),
                 dtype,
                 shape,
                 // Saturates only when `cursor` does too: then Truncated below.
@@ -438,7 +445,7 @@ impl SourceHeader {
             .collect();
         by_name.sort_unstable_by(|&a, &b| out[a as usize].name.cmp(&out[b as usize].name));
         Ok(SourceHeader {
-            file: f(),
+            file: file.into(),
             header_len,
             tensors: out,
             by_name,
@@ -493,6 +500,10 @@ impl SourceHeader {
     pub fn file(&self) -> &str {
         &self.file
     }
+    /// The file this header belongs to, shared.
+    pub fn shared_file(&self) -> &Arc<str> {
+        &self.file
+    }
     /// N, the JSON length.
     pub fn json_len(&self) -> u64 {
         self.header_len
@@ -507,7 +518,7 @@ impl SourceHeader {
         // scan would be quadratic in the tensors per file.
         let i = self
             .by_name
-            .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
+            .binary_search_by(|&i| (*self.tensors[i as usize].name).cmp(name))
             .ok()?;
         self.tensors.get(self.by_name[i] as usize)
     }

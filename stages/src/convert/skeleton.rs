@@ -17,6 +17,7 @@
 //! and names the shard to re-acquire for what it cannot.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -93,12 +94,8 @@ pub fn files_read(plan: &Plan) -> Vec<String> {
     v
 }
 
-fn source_names(src: &TensorSource) -> Vec<String> {
-    match src {
-        TensorSource::Span(s) => vec![s.tensor.clone()],
-        TensorSource::Native(p) => p.iter().map(|s| s.tensor.clone()).collect(),
-        TensorSource::Checked(c) => vec![c.span.tensor.clone()],
-    }
+fn source_names(src: &TensorSource) -> Vec<Arc<str>> {
+    src.spans().iter().map(|s| s.tensor.clone()).collect()
 }
 
 fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
@@ -149,8 +146,9 @@ fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
 }
 
 fn inventory(c: &Component) -> Vec<InventoryTensor> {
-    let item = |key: String, sources: Vec<String>| InventoryTensor {
-        component: c.name.clone(),
+    let component: Arc<str> = c.name.as_str().into();
+    let item = |key: String, sources: Vec<Arc<str>>| InventoryTensor {
+        component: component.clone(),
         key,
         sources,
     };
@@ -179,7 +177,7 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
         ComponentContent::Q3GlobalScale {
             segments, scales, ..
         } => {
-            let mut names: Vec<String> = segments.iter().map(|s| s.tensor.clone()).collect();
+            let mut names: Vec<Arc<str>> = segments.iter().map(|s| s.tensor.clone()).collect();
             for s in scales {
                 if !names.contains(&s.tensor) {
                     names.push(s.tensor.clone());
