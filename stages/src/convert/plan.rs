@@ -97,25 +97,70 @@ fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
 
 /// The index's `weight_map` (tensor → file), with every file path checked.
 pub fn weight_map(index: &Value) -> Result<BTreeMap<String, String>, ConvertError> {
-    let bad = |problem: String| ConvertError::BadConfig {
-        file: INDEX_FILE.into(),
-        field: "weight_map".into(),
-        problem,
-    };
     // Deserialized from the borrowed value: a clone of a ~300k-entry map
     // would double the index's footprint.
     let v = index
         .get("weight_map")
-        .ok_or_else(|| bad("is missing".into()))?;
+        .ok_or_else(|| bad_weight_map("is missing".into()))?;
     let map = <BTreeMap<String, String> as serde::Deserialize>::deserialize(v)
-        .map_err(|e| bad(format!("is not a map of strings: {e}")))?;
+        .map_err(|e| bad_weight_map(format!("is not a map of strings: {e}")))?;
+    check_shard_paths(&map)?;
+    Ok(map)
+}
+
+fn bad_weight_map(problem: String) -> ConvertError {
+    ConvertError::BadConfig {
+        file: INDEX_FILE.into(),
+        field: "weight_map".into(),
+        problem,
+    }
+}
+
+/// Every file `map` names is a safe relative `.safetensors` path.
+fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError> {
     for file in map.values().collect::<BTreeSet<_>>() {
-        validate_repo_path(file).map_err(|e| bad(format!("names an unsafe file: {e}")))?;
+        validate_repo_path(file)
+            .map_err(|e| bad_weight_map(format!("names an unsafe file: {e}")))?;
         if !file.ends_with(".safetensors") {
-            return Err(bad(format!("names {file:?}, not a .safetensors file")));
+            return Err(bad_weight_map(format!(
+                "names {file:?}, not a .safetensors file"
+            )));
         }
     }
-    Ok(map)
+    Ok(())
+}
+
+/// [`weight_map`] of the index's bytes, with the checks of [`parse_json`],
+/// built without the JSON tree: for ~300k tensors the tree alone is ~60 MB
+/// beside the map. Repeated keys are looked for first, so that walk's key
+/// sets are gone before the map is built.
+pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
+    let dups = crate::json_keys::duplicate_keys(bytes).map_err(|source| {
+        ConvertError::MalformedJson {
+            file: INDEX_FILE.into(),
+            source,
+        }
+    })?;
+    if !dups.is_empty() {
+        return Err(ConvertError::DuplicateJsonKeys {
+            file: INDEX_FILE.into(),
+            keys: crate::json_keys::describe(&dups),
+        });
+    }
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: Option<BTreeMap<String, String>>,
+    }
+    match serde_json::from_slice::<Index>(bytes) {
+        Ok(Index {
+            weight_map: Some(map),
+        }) => {
+            check_shard_paths(&map)?;
+            Ok(map)
+        }
+        // Not the expected shape: the general path names what is wrong.
+        _ => weight_map(&parse_json(INDEX_FILE, bytes)?),
+    }
 }
 
 /// The shard files the index lists, sorted.
@@ -380,11 +425,7 @@ pub fn plan_local_saved(
     saved: &BTreeMap<String, SavedHeader>,
 ) -> Result<(Plan, BTreeMap<String, KeptHeader>)> {
     let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
-    // The index's JSON tree is dropped as soon as its map is read.
-    let map = weight_map(&parse_json(
-        INDEX_FILE,
-        &read_small(source_root, INDEX_FILE)?,
-    )?)?;
+    let map = index_weight_map(&read_small(source_root, INDEX_FILE)?)?;
     let mut headers = Vec::new();
     let mut read = BTreeMap::new();
     for file in shard_files(&map) {
@@ -665,8 +706,7 @@ pub async fn plan_published_or_remote(
         }
     };
     let config = parse_json(CONFIG_FILE, &small(CONFIG_FILE).await?)?;
-    // The index's JSON tree is dropped as soon as its map is read.
-    let map = weight_map(&parse_json(INDEX_FILE, &small(INDEX_FILE).await?)?)?;
+    let map = index_weight_map(&small(INDEX_FILE).await?)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
     opts.profile(&config)?;
@@ -714,10 +754,38 @@ mod tests {
         assert!(msg.ends_with(&source.to_string()), "{msg}");
     }
 
+    /// The index is read without its JSON tree: every index the tree path
+    /// refuses is refused with the same message, and a good one gives the
+    /// same map.
+    #[test]
+    fn index_weight_map_agrees_with_the_json_tree() {
+        let tree = |b: &[u8]| parse_json(INDEX_FILE, b).and_then(|v| weight_map(&v));
+        let cases: [&[u8]; 9] = [
+            br#"{"metadata": {"total_size": 1}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}"#,
+            br#"{"metadata": {}}"#,
+            br#"{"weight_map": null}"#,
+            br#"{"weight_map": {"a": 1}}"#,
+            br#"{"weight_map": {"a": "m.safetensors", "a": "n.safetensors"}}"#,
+            br#"{"weight_map": {"a": "../m.safetensors"}}"#,
+            br#"{"weight_map": {"a": "m.bin"}}"#,
+            br#"{"weight_map": {"a": "m.safetensors"}"#,
+            br#"[1, 2]"#,
+        ];
+        for b in cases {
+            let (direct, via_tree) = (index_weight_map(b), tree(b));
+            match (&direct, &via_tree) {
+                (Ok(a), Ok(t)) => assert_eq!(a, t),
+                (Err(a), Err(t)) => assert_eq!(a.to_string(), t.to_string()),
+                _ => panic!("{}: {direct:?} vs {via_tree:?}", String::from_utf8_lossy(b)),
+            }
+        }
+        assert_eq!(index_weight_map(cases[0]).unwrap().len(), 2);
+    }
+
     fn plan_of(files: &[RepoFile]) -> Result<Plan, ConvertError> {
         let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
         let config = parse_json(CONFIG_FILE, &get(CONFIG_FILE))?;
-        let map = weight_map(&parse_json(INDEX_FILE, &get(INDEX_FILE))?)?;
+        let map = index_weight_map(&get(INDEX_FILE))?;
         let headers = shard_files(&map)
             .into_iter()
             .map(|f| {
