@@ -484,8 +484,7 @@ pub async fn convert(
     if let Some(&i) = blocked.first() {
         // Everything readable was converted; this one needs a retired shard
         // (itself, or through its table's global scale).
-        let (component, source_file) =
-            needs_retired(&plan.components[i], &plan, paths.source());
+        let (component, source_file) = needs_retired(&plan.components[i], &plan, paths.source());
         return Err(ConvertError::SourceRetired {
             component,
             run: retired_by(store, &source_file).await?,

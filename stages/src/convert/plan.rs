@@ -135,12 +135,11 @@ fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError>
 /// beside the map. Repeated keys are looked for first, so that walk's key
 /// sets are gone before the map is built.
 pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
-    let dups = crate::json_keys::duplicate_keys(bytes).map_err(|source| {
-        ConvertError::MalformedJson {
+    let dups =
+        crate::json_keys::duplicate_keys(bytes).map_err(|source| ConvertError::MalformedJson {
             file: INDEX_FILE.into(),
             source,
-        }
-    })?;
+        })?;
     if !dups.is_empty() {
         return Err(ConvertError::DuplicateJsonKeys {
             file: INDEX_FILE.into(),
@@ -397,7 +396,8 @@ impl Serialize for KeptHeader {
                 json_len,
                 sha256,
             } => {
-                reread = Self::reread(path, *json_len, sha256).map_err(serde::ser::Error::custom)?;
+                reread =
+                    Self::reread(path, *json_len, sha256).map_err(serde::ser::Error::custom)?;
                 reread.as_str()
             }
         };

@@ -89,8 +89,8 @@ use sha2::{Digest, Sha256};
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind};
 
 use super::component::{
-    Catalog, Component, FtwBuilder, FtwTensor, KNOWN_MODEL_TYPES, TensorSource,
-    expert_sidecar, plain_dtype,
+    Catalog, Component, FtwBuilder, FtwTensor, KNOWN_MODEL_TYPES, TensorSource, expert_sidecar,
+    plain_dtype,
 };
 use super::error::ConvertError;
 use super::nvfp4::{companion_of, is_nvfp4, nvfp4_module};
