@@ -754,6 +754,45 @@ mod tests {
         assert!(msg.ends_with(&source.to_string()), "{msg}");
     }
 
+    /// A present shard's header is not kept in memory: the skeleton reads
+    /// it again and writes exactly what a [`SavedHeader`] with the JSON
+    /// would, and refuses a header that changed since it was planned.
+    #[test]
+    fn kept_header_rereads_the_shard_and_refuses_a_changed_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let json = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let write = |json: &str| {
+            let mut b = (json.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(json.as_bytes());
+            b.extend_from_slice(&[0; 4]);
+            std::fs::write(&path, b).unwrap();
+        };
+        write(json);
+        let kept = KeptHeader {
+            len: 8 + json.len() as u64 + 4,
+            json: KeptJson::InShard {
+                path: path.clone(),
+                json_len: json.len() as u64,
+                sha256: Sha256::digest(json.as_bytes()).into(),
+            },
+            digest: "d".repeat(64),
+        };
+        let saved = SavedHeader {
+            len: kept.len,
+            json: json.to_owned(),
+            digest: kept.digest.clone(),
+        };
+        assert_eq!(
+            serde_json::to_string(&kept).unwrap(),
+            serde_json::to_string(&saved).unwrap()
+        );
+        // Same length, other bytes: the digest tells them apart.
+        write(&json.replace(r#""a""#, r#""b""#));
+        let e = serde_json::to_string(&kept).unwrap_err().to_string();
+        assert!(e.contains("header changed since it was planned"), "{e}");
+    }
+
     /// The index is read without its JSON tree: every index the tree path
     /// refuses is refused with the same message, and a good one gives the
     /// same map.
