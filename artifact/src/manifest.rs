@@ -10,6 +10,7 @@
 //! the machine: two runs over the same inputs write the same bytes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -153,17 +154,19 @@ pub struct ManifestComponent {
     pub layout: ComponentLayout,
 }
 
-/// One tensor of the inventory.
+/// One tensor of the inventory. There is one per output tensor (~150k for
+/// the NVFP4 export): the component and source names are shared, not
+/// copied per entry; they serialize as plain strings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InventoryTensor {
     /// Component holding it.
-    pub component: String,
+    pub component: Arc<str>,
     /// Key in the component: the FTW key, `{expert}.{field}` in an
     /// FTEXPERT1 sidecar, `rows` for a Q3 segment, `scale` for a global scale.
     pub key: String,
     /// Source tensors it was made from.
-    pub sources: Vec<String>,
+    pub sources: Vec<Arc<str>>,
 }
 
 /// The manifest.

@@ -499,11 +499,11 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
         for e in 0..EXPERTS {
             for f in ["gate_proj", "up_proj", "down_proj"] {
                 tensors.push(InventoryTensor {
-                    component: name.clone(),
+                    component: name.as_str().into(),
                     key: format!("{e}.{f}"),
                     sources: parts
                         .iter()
-                        .map(|p| format!("model.layers.{l}.mlp.experts.{e}.{f}.{p}"))
+                        .map(|p| format!("model.layers.{l}.mlp.experts.{e}.{f}.{p}").into())
                         .collect(),
                 });
                 sources += parts.len();
@@ -529,7 +529,7 @@ fn max_manifest_bytes_holds_a_300k_tensor_nvfp4_manifest_twice() {
                 key: key.clone(),
                 sources: parts
                     .iter()
-                    .map(|p| format!("model.layers.{l}.self_attn.{proj}.{p}"))
+                    .map(|p| format!("model.layers.{l}.self_attn.{proj}.{p}").into())
                     .collect(),
             });
             sources += parts.len();

@@ -13,7 +13,7 @@ use tokio::task::block_in_place;
 use ftpipe_formats::Q3GlobalScale;
 use ftpipe_receipts::{ComponentReceipt, RunId, Store};
 
-use super::component::{Component, ComponentContent, ComponentKind};
+use super::component::{ComponentContent, ComponentKind};
 use super::engine::ConvertOptions;
 use super::plan::Plan;
 use super::retire::Retirer;
@@ -37,18 +37,19 @@ pub(super) struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Writes `pending`: global scales first, then the rest encoded under
-    /// the scales' receipted bytes (read back and checked).
+    /// Writes `pending` (indices into `plan.components`): global scales
+    /// first, then the rest encoded under the scales' receipted bytes (read
+    /// back and checked).
     pub(super) async fn write_pending(
         &self,
-        pending: Vec<Component>,
-        plan: &Plan,
+        pending: Vec<usize>,
+        plan: &Arc<Plan>,
         done: &mut BTreeMap<String, ComponentReceipt>,
     ) -> Result<usize> {
         let (scales, rest): (Vec<_>, Vec<_>) = pending
             .into_iter()
-            .partition(|c| c.kind == ComponentKind::Q3GlobalScale);
-        let mut written = self.write_all(scales, done, BTreeMap::new()).await?;
+            .partition(|&i| plan.components[i].kind == ComponentKind::Q3GlobalScale);
+        let mut written = self.write_all(plan, scales, done, BTreeMap::new()).await?;
         if rest.is_empty() {
             return Ok(written);
         }
@@ -65,33 +66,36 @@ impl Batch<'_> {
                 );
             }
         }
-        written += self.write_all(rest, done, g).await?;
+        written += self.write_all(plan, rest, done, g).await?;
         Ok(written)
     }
 
-    /// Writes `components` up to `jobs` at a time, committing each receipt
-    /// as soon as its file is durable. After the first failure no new
-    /// component starts; those in flight finish (and get receipts).
+    /// Writes `components` (indices into `plan.components`) up to `jobs` at
+    /// a time, committing each receipt as soon as its file is durable.
+    /// After the first failure no new component starts; those in flight
+    /// finish (and get receipts).
     async fn write_all(
         &self,
-        components: Vec<Component>,
+        plan: &Arc<Plan>,
+        components: Vec<usize>,
         done: &mut BTreeMap<String, ComponentReceipt>,
         scales: BTreeMap<u64, Q3GlobalScale>,
     ) -> Result<usize> {
         let failed = Arc::new(AtomicBool::new(false));
         let scales = Arc::new(scales);
-        let tasks = futures_util::stream::iter(components).map(|c| {
+        let tasks = futures_util::stream::iter(components).map(|i| {
             let (sources, scales, failed) = (self.sources.clone(), scales.clone(), failed.clone());
             let artifact = self.paths.artifact().to_owned();
+            let plan = plan.clone();
             tokio::task::spawn_blocking(move || {
                 if failed.load(Ordering::SeqCst) {
-                    return (c, None);
+                    return (i, None);
                 }
-                let r = write_component(&sources, &artifact, &c, &scales);
+                let r = write_component(&sources, &artifact, &plan.components[i], &scales);
                 if r.is_err() {
                     failed.store(true, Ordering::SeqCst);
                 }
-                (c, Some(r))
+                (i, Some(r))
             })
         });
         let jobs = self.opts.jobs.max(1);
@@ -105,7 +109,8 @@ impl Batch<'_> {
         let mut first_err = None;
         let mut written = 0;
         while let Some(joined) = results.next().await {
-            let (c, r) = joined.map_err(|e| StageError::internal_from("conversion task", e))?;
+            let (i, r) = joined.map_err(|e| StageError::internal_from("conversion task", e))?;
+            let c = &plan.components[i];
             match r {
                 None => {}
                 Some(Err(e)) => {

@@ -6,6 +6,7 @@
 //! tensors are recognised lives beside it in [`super::nvfp4`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -21,12 +22,15 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const KNOWN_MODEL_TYPES: &[&str] = &["qwen4_exp", "qwen3_moe"];
 
 /// Bytes `[offset, offset + len)` of a source file, holding (part of) a tensor.
+///
+/// File and tensor names are shared with the source headers (a plan of the
+/// NVFP4 export holds ~300k spans: owned names would be ~40 MB of copies).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SourceSpan {
     /// Source file (repo-relative).
-    pub file: String,
+    pub file: Arc<str>,
     /// Source tensor name.
-    pub tensor: String,
+    pub tensor: Arc<str>,
     /// Absolute offset in the file.
     pub offset: u64,
     /// Length in bytes.
@@ -46,12 +50,17 @@ pub enum TensorSource {
 }
 
 impl TensorSource {
-    pub(super) fn files(&self) -> Vec<&str> {
+    /// The spans read, in output order.
+    pub fn spans(&self) -> &[SourceSpan] {
         match self {
-            TensorSource::Span(s) => vec![s.file.as_str()],
-            TensorSource::Native(p) => p.iter().map(|s| s.file.as_str()).collect(),
-            TensorSource::Checked(c) => vec![c.span.file.as_str()],
+            TensorSource::Span(s) => std::slice::from_ref(s),
+            TensorSource::Native(p) => &p[..],
+            TensorSource::Checked(c) => std::slice::from_ref(&c.span),
         }
+    }
+
+    pub(super) fn files(&self) -> Vec<&str> {
+        self.spans().iter().map(|s| &*s.file).collect()
     }
 }
 
@@ -157,7 +166,7 @@ pub struct Component {
 
 /// All tensors of the source by name, with their file.
 pub struct Catalog<'a> {
-    by_name: BTreeMap<&'a str, (&'a str, &'a SourceTensor)>,
+    by_name: BTreeMap<&'a str, (&'a Arc<str>, &'a SourceTensor)>,
 }
 
 impl<'a> Catalog<'a> {
@@ -166,10 +175,10 @@ impl<'a> Catalog<'a> {
         let mut by_name = BTreeMap::new();
         for h in headers {
             for t in h.tensors() {
-                if let Some((first, _)) = by_name.insert(t.name(), (h.file(), t)) {
+                if let Some((first, _)) = by_name.insert(t.name(), (h.shared_file(), t)) {
                     return Err(ConvertError::DuplicateTensor {
                         tensor: t.name().to_owned(),
-                        first: first.to_owned(),
+                        first: first.to_string(),
                         second: h.file().to_owned(),
                     });
                 }
@@ -179,18 +188,19 @@ impl<'a> Catalog<'a> {
     }
 
     pub(super) fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
-        self.by_name.get(name).copied()
+        self.by_name.get(name).map(|&(f, t)| (&**f, t))
     }
 
     /// Every tensor in name order: `(name, file, tensor)`.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str, &'a SourceTensor)> + '_ {
-        self.by_name.iter().map(|(&n, &(f, t))| (n, f, t))
+        self.by_name.iter().map(|(&n, &(f, t))| (n, &**f, t))
     }
 
+    /// The whole of tensor `name`, its names shared with the header.
     pub(super) fn span(&self, name: &str) -> Option<SourceSpan> {
-        self.get(name).map(|(f, t)| SourceSpan {
-            file: f.to_owned(),
-            tensor: name.to_owned(),
+        self.by_name.get(name).map(|&(f, t)| SourceSpan {
+            file: f.clone(),
+            tensor: t.shared_name().clone(),
             offset: t.offset(),
             len: t.len(),
         })
@@ -283,8 +293,8 @@ impl CheckedSpan {
             return Ok(());
         }
         Err(ConvertError::LookupBufferMismatch {
-            file: self.span.file.clone(),
-            tensor: self.span.tensor.clone(),
+            file: self.span.file.to_string(),
+            tensor: self.span.tensor.to_string(),
             problem: format!(
                 "holds {}, expected {} ({})",
                 i64s(found),

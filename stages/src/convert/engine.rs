@@ -237,6 +237,13 @@ pub fn current_converter(source: &Path, opts: &ConvertOptions) -> Result<Convert
     ))
 }
 
+/// The headers of a saved skeleton ([`Skeleton::headers`]).
+#[derive(serde::Deserialize)]
+struct SavedHeaders {
+    #[serde(default)]
+    headers: BTreeMap<String, SavedHeader>,
+}
+
 /// Headers of retired shards absent from `source`, from the saved skeleton.
 async fn retired_headers(
     store: &Store,
@@ -256,10 +263,12 @@ async fn retired_headers(
     let path = paths.state_dir().join(SKELETON_FILE);
     // No skeleton yet: no header was saved (a retired shard then fails
     // below as RetiredHeaderMissing). A skeleton that does not read or
-    // parse is an error, not "nothing saved".
-    let saved: BTreeMap<String, SavedHeader> = match std::fs::read(&path) {
-        Ok(b) => {
-            serde_json::from_slice::<Skeleton>(&b)
+    // parse is an error, not "nothing saved". Only the headers are kept:
+    // the rest of the skeleton (~85 MB of JSON at 300k tensors) is built
+    // again from the plan.
+    let saved: BTreeMap<String, SavedHeader> = match std::fs::File::open(&path) {
+        Ok(f) => {
+            serde_json::from_reader::<_, SavedHeaders>(std::io::BufReader::new(f))
                 .map_err(|source| StageError::MalformedState {
                     path: path.clone(),
                     source,
@@ -360,6 +369,9 @@ pub async fn convert(
 ) -> Result<ConvertOutcome> {
     let retired = store.retired().await?;
     let Prepared { skel, plan } = prepare(store, paths, opts, &retired).await?;
+    // Shared with the write tasks, which take components by index: a copy
+    // of the pending components would double the plan's source spans.
+    let plan = Arc::new(plan);
     let mut set_aside_to = aside::finish_pending(store, paths).await?;
     if let Some(dest) = &set_aside_to {
         reporter.report(ProgressEvent::Note {
@@ -406,7 +418,7 @@ pub async fn convert(
     sync_dir(paths.dir()).map_err(|e| StageError::io("fsync", paths.dir(), e))?;
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
     crashpoint::hit("skeleton-written");
-    write_atomic_json(paths.state_dir(), PLAN_FILE, &plan, PRETTY)?;
+    write_atomic_json(paths.state_dir(), PLAN_FILE, &*plan, PRETTY)?;
     for t in remove_temp_files(paths.artifact())? {
         tracing::info!("removed stale temp file {}", t.display());
     }
@@ -416,7 +428,7 @@ pub async fn convert(
     let todo_bytes: u64 = pending
         .iter()
         .chain(&blocked)
-        .map(|c| c.predicted_bytes)
+        .map(|&i| plan.components[i].predicted_bytes)
         .sum();
     reporter.report(ProgressEvent::ConvertPlanned {
         components: skel.manifest.components.len(),
@@ -427,7 +439,7 @@ pub async fn convert(
         let excluded = done
             .keys()
             .cloned()
-            .chain(blocked.iter().map(|c| c.name.clone()))
+            .chain(blocked.iter().map(|&i| plan.components[i].name.clone()))
             .collect();
         preflight(&plan, &excluded, paths, opts)?;
     }
@@ -435,8 +447,8 @@ pub async fn convert(
     // written: a wrong one leaves no component from those sources behind,
     // so the run resumes on fixed sources without --rebuild.
     let sources = Arc::new(Sources::new(paths.source()));
-    for c in &pending {
-        if let ComponentContent::Ftw { tensors } = &c.content {
+    for &i in &pending {
+        if let ComponentContent::Ftw { tensors } = &plan.components[i].content {
             for t in tensors {
                 if let TensorSource::Checked(chk) = &t.source {
                     block_in_place(|| write::check_lookup(&sources, chk))?;
@@ -473,19 +485,16 @@ pub async fn convert(
                 });
                 done.remove(c);
             }
-            let again = plan
-                .components
-                .iter()
-                .filter(|c| corrupt.contains(&c.name))
-                .cloned()
+            let again = (0..plan.components.len())
+                .filter(|&i| corrupt.contains(&plan.components[i].name))
                 .collect();
             written += ctx.write_pending(again, &plan, &mut done).await?;
         }
     }
-    if let Some(c) = blocked.first() {
+    if let Some(&i) = blocked.first() {
         // Everything readable was converted; this one needs a retired shard
         // (itself, or through its table's global scale).
-        let (component, source_file) = needs_retired(c, &plan, paths.source());
+        let (component, source_file) = needs_retired(&plan.components[i], &plan, paths.source());
         return Err(ConvertError::SourceRetired {
             component,
             run: retired_by(store, &source_file).await?,
@@ -498,7 +507,6 @@ pub async fn convert(
         .map(|(p, r)| (p.clone(), r.sha256.clone()))
         .collect();
     let top_k = skel.top_k;
-    // Dropped with the skeleton: the saved headers.
     let manifest = skel.finish(&digests)?;
     // The same bytes as Manifest::to_bytes, streamed.
     let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;
@@ -527,30 +535,37 @@ pub async fn convert(
     })
 }
 
-/// Components without a valid receipt: those that can be written now, and
-/// those that cannot because a shard they read was retired — a Q3 segment
-/// also when its table's global scale cannot be written.
+/// Components without a valid receipt, as indices into `plan.components`:
+/// those that can be written now, and those that cannot because a shard
+/// they read was retired — a Q3 segment also when its table's global scale
+/// cannot be written.
 fn split_blocked(
     plan: &Plan,
     done: &BTreeMap<String, ComponentReceipt>,
     source: &Path,
-) -> (Vec<Component>, Vec<Component>) {
-    let (pending, mut blocked): (Vec<Component>, Vec<Component>) = plan
+) -> (Vec<usize>, Vec<usize>) {
+    let (pending, mut blocked): (Vec<usize>, Vec<usize>) = plan
         .components
         .iter()
-        .filter(|c| !done.contains_key(&c.name))
-        .cloned()
-        .partition(|c| c.source_files.iter().all(|f| source_present(source, f)));
+        .enumerate()
+        .filter(|(_, c)| !done.contains_key(&c.name))
+        .map(|(i, _)| i)
+        .partition(|&i| {
+            plan.components[i]
+                .source_files
+                .iter()
+                .all(|f| source_present(source, f))
+        });
     let blocked_scales: BTreeSet<u64> = blocked
         .iter()
-        .filter_map(|c| match c.content {
+        .filter_map(|&i| match plan.components[i].content {
             ComponentContent::Q3GlobalScale { layer, .. } => Some(layer),
             _ => None,
         })
         .collect();
-    let (stuck, pending): (Vec<Component>, Vec<Component>) =
-        pending.into_iter().partition(|c| {
-            matches!(c.content, ComponentContent::Q3Segment { layer, .. } if blocked_scales.contains(&layer))
+    let (stuck, pending): (Vec<usize>, Vec<usize>) =
+        pending.into_iter().partition(|&i| {
+            matches!(plan.components[i].content, ComponentContent::Q3Segment { layer, .. } if blocked_scales.contains(&layer))
         });
     blocked.extend(stuck);
     (pending, blocked)

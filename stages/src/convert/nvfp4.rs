@@ -10,6 +10,8 @@
 //! `[]` or `[1]`) goes with an NVFP4 `X` and is an orphan beside anything
 //! else ([`companion_of`]).
 
+use std::sync::Arc;
+
 use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind};
 
 use super::component::{Catalog, FtwTensor, SourceSpan, TensorSource, fmt_err};
@@ -29,10 +31,11 @@ pub(crate) fn f32_scale(
     shapes: &[&[u64]],
     what: &str,
 ) -> Result<FtwTensor, ConvertError> {
-    let (file, t) = cat.get(name).ok_or_else(|| ConvertError::MissingTensor {
+    let missing = || ConvertError::MissingTensor {
         tensor: name.to_owned(),
         needed_for: what.to_owned(),
-    })?;
+    };
+    let (file, t) = cat.get(name).ok_or_else(missing)?;
     if t.dtype() != safetensors::Dtype::F32 {
         return Err(ConvertError::DtypeMismatch {
             file: file.to_owned(),
@@ -53,12 +56,7 @@ pub(crate) fn f32_scale(
     }
     Ok(FtwTensor {
         desc: TensorDesc::new(name, Dtype::F32, TensorKind::Plain, t.shape()),
-        source: TensorSource::Span(SourceSpan {
-            file: file.to_owned(),
-            tensor: name.to_owned(),
-            offset: t.offset(),
-            len: t.len(),
-        }),
+        source: TensorSource::Span(cat.span(name).ok_or_else(missing)?),
     })
 }
 
@@ -131,15 +129,18 @@ pub(crate) struct Nvfp4Module {
     /// The activation `input_scale`, when present.
     pub input_scale: Option<FtwTensor>,
     /// Every source tensor it takes.
-    pub claimed: Vec<String>,
+    pub claimed: Vec<Arc<str>>,
 }
 
 /// NVFP4 `module` ([`is_nvfp4`] holds) with its triplet and input scale checked.
 pub(crate) fn nvfp4_module(cat: &Catalog, module: &str) -> Result<Nvfp4Module, ConvertError> {
     let (native, spans) = nvfp4_triplet(cat, module)?;
     let input_scale = input_scale_of(cat, module)?;
-    let mut claimed: Vec<String> = spans.iter().map(|s| s.tensor.clone()).collect();
-    claimed.extend(input_scale.as_ref().map(|t| t.desc.key.clone()));
+    let claimed = spans
+        .iter()
+        .chain(input_scale.iter().flat_map(|t| t.source.spans()))
+        .map(|s| s.tensor.clone())
+        .collect();
     Ok(Nvfp4Module {
         native,
         source: TensorSource::Native(Box::new(spans)),
@@ -173,25 +174,21 @@ pub(crate) fn nvfp4_triplet(
         safetensors::Dtype::F32,
     ]) {
         let n = format!("{module}.{p}");
-        let (f, t) = cat.get(&n).ok_or_else(|| ConvertError::MissingTensor {
+        let missing = || ConvertError::MissingTensor {
             tensor: n.clone(),
             needed_for: format!("the NVFP4 triplet of {module}"),
-        })?;
+        };
+        let (f, t) = cat.get(&n).ok_or_else(missing)?;
         if t.dtype() != want {
             return Err(ConvertError::DtypeMismatch {
                 file: f.to_owned(),
-                tensor: n,
+                tensor: n.clone(),
                 expected: format!("{want:?} (part of the NVFP4 triplet of {module})"),
                 actual: format!("{:?}", t.dtype()),
             });
         }
         parts.push(t);
-        spans.push(SourceSpan {
-            file: f.to_owned(),
-            tensor: n,
-            offset: t.offset(),
-            len: t.len(),
-        });
+        spans.push(cat.span(&n).ok_or_else(missing)?);
     }
     let nv = NativeNvfp4::new(
         &format!("{module}.weight"),

@@ -9,7 +9,9 @@
 //! no weights. Both feed the same [`plan_from_parts`], so they agree.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderValue, RANGE};
@@ -199,25 +201,69 @@ fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
 
 /// The index's `weight_map` (tensor → file), with every file path checked.
 pub fn weight_map(index: &Value) -> Result<BTreeMap<String, String>, ConvertError> {
-    let bad = |problem: String| ConvertError::BadConfig {
-        file: INDEX_FILE.into(),
-        field: "weight_map".into(),
-        problem,
-    };
     // Deserialized from the borrowed value: a clone of a ~300k-entry map
     // would double the index's footprint.
     let v = index
         .get("weight_map")
-        .ok_or_else(|| bad("is missing".into()))?;
+        .ok_or_else(|| bad_weight_map("is missing".into()))?;
     let map = <BTreeMap<String, String> as serde::Deserialize>::deserialize(v)
-        .map_err(|e| bad(format!("is not a map of strings: {e}")))?;
+        .map_err(|e| bad_weight_map(format!("is not a map of strings: {e}")))?;
+    check_shard_paths(&map)?;
+    Ok(map)
+}
+
+fn bad_weight_map(problem: String) -> ConvertError {
+    ConvertError::BadConfig {
+        file: INDEX_FILE.into(),
+        field: "weight_map".into(),
+        problem,
+    }
+}
+
+/// Every file `map` names is a safe relative `.safetensors` path.
+fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError> {
     for file in map.values().collect::<BTreeSet<_>>() {
-        validate_repo_path(file).map_err(|e| bad(format!("names an unsafe file: {e}")))?;
+        validate_repo_path(file)
+            .map_err(|e| bad_weight_map(format!("names an unsafe file: {e}")))?;
         if !file.ends_with(".safetensors") {
-            return Err(bad(format!("names {file:?}, not a .safetensors file")));
+            return Err(bad_weight_map(format!(
+                "names {file:?}, not a .safetensors file"
+            )));
         }
     }
-    Ok(map)
+    Ok(())
+}
+
+/// [`weight_map`] of the index's bytes, with the checks of [`parse_json`],
+/// built without the JSON tree: for ~300k tensors the tree alone is ~60 MB
+/// beside the map. Repeated keys are looked for first, so that walk's key
+/// sets are gone before the map is built.
+pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
+    let dups =
+        crate::json_keys::duplicate_keys(bytes).map_err(|source| ConvertError::MalformedJson {
+            file: INDEX_FILE.into(),
+            source,
+        })?;
+    if !dups.is_empty() {
+        return Err(ConvertError::DuplicateJsonKeys {
+            file: INDEX_FILE.into(),
+            keys: crate::json_keys::describe(&dups),
+        });
+    }
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: Option<BTreeMap<String, String>>,
+    }
+    match serde_json::from_slice::<Index>(bytes) {
+        Ok(Index {
+            weight_map: Some(map),
+        }) => {
+            check_shard_paths(&map)?;
+            Ok(map)
+        }
+        // Not the expected shape: the general path names what is wrong.
+        _ => weight_map(&parse_json(INDEX_FILE, bytes)?),
+    }
 }
 
 /// The shard files the index lists, sorted.
@@ -391,6 +437,104 @@ pub struct SavedHeader {
     pub digest: String,
 }
 
+/// A shard's header as the skeleton saves it ([`SavedHeader`] on disk).
+/// The JSON of a shard that is present is not kept in memory (for ~300k
+/// tensors it is ~40 MB): it is read again from the shard when the
+/// skeleton is serialized, and must hash to what was planned from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptHeader {
+    /// The shard's length when its header was read.
+    pub len: u64,
+    /// The header JSON, or where to read it again.
+    pub json: KeptJson,
+    /// The shard's digest from its download receipt (see [`SavedHeader`]).
+    pub digest: String,
+}
+
+/// Where a [`KeptHeader`]'s JSON is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeptJson {
+    /// In the shard at `path`: its N = `json_len` bytes after the length,
+    /// whose SHA-256 is `sha256`.
+    InShard {
+        /// The shard under the source root.
+        path: PathBuf,
+        /// N, the header JSON length.
+        json_len: u64,
+        /// SHA-256 of the N bytes read while planning.
+        sha256: [u8; 32],
+    },
+    /// Saved by an earlier skeleton (the shard was retired since).
+    Saved(String),
+}
+
+impl From<SavedHeader> for KeptHeader {
+    fn from(h: SavedHeader) -> KeptHeader {
+        KeptHeader {
+            len: h.len,
+            json: KeptJson::Saved(h.json),
+            digest: h.digest,
+        }
+    }
+}
+
+/// [`SavedHeader`]'s fields and order, borrowed: the bytes a
+/// [`KeptHeader`] serializes to are those of the equal [`SavedHeader`].
+#[derive(Serialize)]
+struct SavedHeaderRef<'a> {
+    len: u64,
+    json: &'a str,
+    digest: &'a str,
+}
+
+impl KeptHeader {
+    /// The header JSON read again from the shard, refused unless it is the
+    /// one planned from.
+    fn reread(path: &Path, json_len: u64, sha256: &[u8; 32]) -> Result<String, String> {
+        let at = path.display();
+        let (json, _) = SourceHeader::read_json(path, &at.to_string())
+            .map_err(|e| format!("{at}: cannot read its header again: {e}"))?
+            .map_err(|e| format!("{e}"))?;
+        if json.len() as u64 != json_len || <[u8; 32]>::from(Sha256::digest(&json)) != *sha256 {
+            return Err(format!(
+                "{at}: header changed since it was planned ({} bytes now, {json_len} then)",
+                json.len()
+            ));
+        }
+        String::from_utf8(json).map_err(|e| format!("{at}: header is not UTF-8: {e}"))
+    }
+}
+
+impl Serialize for KeptHeader {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let reread;
+        let json = match &self.json {
+            KeptJson::Saved(json) => json.as_str(),
+            KeptJson::InShard {
+                path,
+                json_len,
+                sha256,
+            } => {
+                reread =
+                    Self::reread(path, *json_len, sha256).map_err(serde::ser::Error::custom)?;
+                reread.as_str()
+            }
+        };
+        SavedHeaderRef {
+            len: self.len,
+            json,
+            digest: &self.digest,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for KeptHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        SavedHeader::deserialize(d).map(KeptHeader::from)
+    }
+}
+
 /// [`plan_local_with`], taking the header of a shard absent from
 /// `source_root` from `saved` (shards retired after their header was
 /// saved). Also returns every shard's header as read, to be saved.
@@ -398,13 +542,9 @@ pub fn plan_local_saved(
     source_root: &Path,
     opts: &PlanOptions,
     saved: &BTreeMap<String, SavedHeader>,
-) -> Result<(Plan, BTreeMap<String, SavedHeader>)> {
+) -> Result<(Plan, BTreeMap<String, KeptHeader>)> {
     let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
-    // The index's JSON tree is dropped as soon as its map is read.
-    let map = weight_map(&parse_json(
-        INDEX_FILE,
-        &read_small(source_root, INDEX_FILE)?,
-    )?)?;
+    let map = index_weight_map(&read_small(source_root, INDEX_FILE)?)?;
     let mut headers = Vec::new();
     let mut read = BTreeMap::new();
     for file in fetched_shards(&map, &opts.selection) {
@@ -420,9 +560,13 @@ pub fn plan_local_saved(
                         source,
                     })
                 })?;
-                let kept = SavedHeader {
+                let kept = KeptHeader {
                     len: m.len(),
-                    json,
+                    json: KeptJson::InShard {
+                        json_len: json.len() as u64,
+                        sha256: Sha256::digest(json.as_bytes()).into(),
+                        path,
+                    },
                     digest: String::new(),
                 };
                 (header, kept)
@@ -434,7 +578,7 @@ pub fn plan_local_saved(
                     .ok_or_else(|| ConvertError::MissingFile { file: file.clone() })?;
                 let header = SourceHeader::parse(&file, kept.json.as_bytes(), kept.len)
                     .map_err(ConvertError::from)?;
-                (header, kept)
+                (header, KeptHeader::from(kept))
             }
             Err(e) => return Err(StageError::io("stat", path, e)),
         };
@@ -681,8 +825,7 @@ pub async fn plan_published_or_remote(
         }
     };
     let config = parse_json(CONFIG_FILE, &small(CONFIG_FILE).await?)?;
-    // The index's JSON tree is dropped as soon as its map is read.
-    let map = weight_map(&parse_json(INDEX_FILE, &small(INDEX_FILE).await?)?)?;
+    let map = index_weight_map(&small(INDEX_FILE).await?)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
     opts.profile(&config)?;
@@ -730,10 +873,77 @@ mod tests {
         assert!(msg.ends_with(&source.to_string()), "{msg}");
     }
 
+    /// A present shard's header is not kept in memory: the skeleton reads
+    /// it again and writes exactly what a [`SavedHeader`] with the JSON
+    /// would, and refuses a header that changed since it was planned.
+    #[test]
+    fn kept_header_rereads_the_shard_and_refuses_a_changed_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let json = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let write = |json: &str| {
+            let mut b = (json.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(json.as_bytes());
+            b.extend_from_slice(&[0; 4]);
+            std::fs::write(&path, b).unwrap();
+        };
+        write(json);
+        let kept = KeptHeader {
+            len: 8 + json.len() as u64 + 4,
+            json: KeptJson::InShard {
+                path: path.clone(),
+                json_len: json.len() as u64,
+                sha256: Sha256::digest(json.as_bytes()).into(),
+            },
+            digest: "d".repeat(64),
+        };
+        let saved = SavedHeader {
+            len: kept.len,
+            json: json.to_owned(),
+            digest: kept.digest.clone(),
+        };
+        assert_eq!(
+            serde_json::to_string(&kept).unwrap(),
+            serde_json::to_string(&saved).unwrap()
+        );
+        // Same length, other bytes: the digest tells them apart.
+        write(&json.replace(r#""a""#, r#""b""#));
+        let e = serde_json::to_string(&kept).unwrap_err().to_string();
+        assert!(e.contains("header changed since it was planned"), "{e}");
+    }
+
+    /// The index is read without its JSON tree: every index the tree path
+    /// refuses is refused with the same message, and a good one gives the
+    /// same map.
+    #[test]
+    fn index_weight_map_agrees_with_the_json_tree() {
+        let tree = |b: &[u8]| parse_json(INDEX_FILE, b).and_then(|v| weight_map(&v));
+        let cases: [&[u8]; 9] = [
+            br#"{"metadata": {"total_size": 1}, "weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}"#,
+            br#"{"metadata": {}}"#,
+            br#"{"weight_map": null}"#,
+            br#"{"weight_map": {"a": 1}}"#,
+            br#"{"weight_map": {"a": "m.safetensors", "a": "n.safetensors"}}"#,
+            br#"{"weight_map": {"a": "../m.safetensors"}}"#,
+            br#"{"weight_map": {"a": "m.bin"}}"#,
+            br#"{"weight_map": {"a": "m.safetensors"}"#,
+            br#"[1, 2]"#,
+        ];
+        for b in cases {
+            let (direct, via_tree) = (index_weight_map(b), tree(b));
+            match (&direct, &via_tree) {
+                (Ok(a), Ok(t)) => assert_eq!(a, t),
+                (Err(a), Err(t)) => assert_eq!(a.to_string(), t.to_string()),
+                _ => panic!("{}: {direct:?} vs {via_tree:?}", String::from_utf8_lossy(b)),
+            }
+        }
+        assert_eq!(index_weight_map(cases[0]).unwrap().len(), 2);
+    }
+
     fn plan_of(files: &[RepoFile]) -> Result<Plan, ConvertError> {
         let get = |p: &str| content_bytes(files.iter().find(|f| f.path == p).unwrap()).unwrap();
         let config = parse_json(CONFIG_FILE, &get(CONFIG_FILE))?;
-        let map = weight_map(&parse_json(INDEX_FILE, &get(INDEX_FILE))?)?;
+        let map = index_weight_map(&get(INDEX_FILE))?;
         let headers = shard_files(&map)
             .into_iter()
             .map(|f| {

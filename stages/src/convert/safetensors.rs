@@ -11,6 +11,7 @@
 //! bounded chunks at the absolute offsets this reader returns.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -212,10 +213,110 @@ struct RawTensor {
     data_offsets: (u64, u64),
 }
 
+/// A key repeated anywhere in the header is an error (a map keeps one).
+fn refuse_duplicate_keys(file: &str, json: &[u8]) -> Result<(), SourceError> {
+    let dups =
+        crate::json_keys::duplicate_keys(json).map_err(|source| SourceError::MalformedHeader {
+            file: file.to_owned(),
+            at: String::new(),
+            source,
+        })?;
+    if dups.is_empty() {
+        Ok(())
+    } else {
+        Err(SourceError::DuplicateKeys {
+            file: file.to_owned(),
+            keys: crate::json_keys::describe(&dups),
+        })
+    }
+}
+
+/// The header object: `__metadata__` and the tensors, in file order (a
+/// repeated key is kept twice; the duplicate check refuses it).
+struct Entries {
+    metadata: BTreeMap<String, String>,
+    tensors: Vec<(String, RawTensor)>,
+}
+
+impl Entries {
+    /// The entries of a header that does not deserialize as [`Entries`],
+    /// through the JSON tree, or the error naming the part at fault.
+    fn from_tree(file: &str, json: &[u8]) -> Result<Entries, SourceError> {
+        let f = || file.to_owned();
+        let mut raw: BTreeMap<String, serde_json::Value> =
+            serde_json::from_slice(json).map_err(|source| SourceError::MalformedHeader {
+                file: f(),
+                at: String::new(),
+                source,
+            })?;
+        refuse_duplicate_keys(file, json)?;
+        let metadata = match raw.remove("__metadata__") {
+            None => BTreeMap::new(),
+            Some(v) => {
+                serde_json::from_value(v).map_err(|source| SourceError::MalformedHeader {
+                    file: f(),
+                    at: "__metadata__: ".into(),
+                    source,
+                })?
+            }
+        };
+        if raw.len() > MAX_TENSORS {
+            return Err(SourceError::TooManyTensors {
+                file: f(),
+                count: raw.len(),
+            });
+        }
+        let mut tensors = Vec::with_capacity(raw.len());
+        for (name, value) in raw {
+            let t: RawTensor =
+                serde_json::from_value(value).map_err(|source| SourceError::MalformedHeader {
+                    file: f(),
+                    at: format!("tensor {name}: "),
+                    source,
+                })?;
+            tensors.push((name, t));
+        }
+        Ok(Entries { metadata, tensors })
+    }
+}
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a safetensors header object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut metadata = BTreeMap::new();
+                let mut tensors = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "__metadata__" {
+                        metadata = map.next_value()?;
+                    } else if tensors.len() >= MAX_TENSORS {
+                        // Past the limit: the tree path counts and refuses.
+                        return Err(serde::de::Error::custom("too many tensors"));
+                    } else {
+                        tensors.push((key, map.next_value()?));
+                    }
+                }
+                Ok(Entries { metadata, tensors })
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
 /// One validated tensor of a source file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceTensor {
-    name: String,
+    /// Shared with the plan's source spans and inventory, so each name is
+    /// allocated once however many places refer to it.
+    name: Arc<str>,
     dtype: safetensors::Dtype,
     shape: Vec<u64>,
     offset: u64,
@@ -225,6 +326,10 @@ pub struct SourceTensor {
 impl SourceTensor {
     /// Tensor name.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Tensor name, shared.
+    pub fn shared_name(&self) -> &Arc<str> {
         &self.name
     }
     /// Element type.
@@ -252,7 +357,7 @@ impl SourceTensor {
 /// A validated safetensors header: tensors in file order with absolute offsets.
 #[derive(Debug, Clone)]
 pub struct SourceHeader {
-    file: String,
+    file: Arc<str>,
     header_len: u64,
     tensors: Vec<SourceTensor>,
     /// Indices into `tensors` in name order, for [`SourceHeader::tensor`].
@@ -298,35 +403,23 @@ impl SourceHeader {
     pub fn parse(file: &str, json: &[u8], file_len: u64) -> Result<SourceHeader, SourceError> {
         let f = || file.to_owned();
         let header_len = json.len() as u64;
-        let mut raw: BTreeMap<String, serde_json::Value> =
-            serde_json::from_slice(json).map_err(|source| SourceError::MalformedHeader {
-                file: f(),
-                at: String::new(),
-                source,
-            })?;
-        let dups = crate::json_keys::duplicate_keys(json).map_err(|source| {
-            SourceError::MalformedHeader {
-                file: f(),
-                at: String::new(),
-                source,
+        // Typed straight from the bytes; a header that does not fit is
+        // parsed again as a JSON tree, whose errors name the part at fault.
+        // (The tree of a 37k-tensor header is ~30 MB; the typed entries a
+        // quarter of that.)
+        let entries = match serde_json::from_slice::<Entries>(json) {
+            Ok(entries) => {
+                refuse_duplicate_keys(file, json)?;
+                entries
             }
-        })?;
-        if !dups.is_empty() {
-            return Err(SourceError::DuplicateKeys {
-                file: f(),
-                keys: crate::json_keys::describe(&dups),
-            });
-        }
-        let metadata = match raw.remove("__metadata__") {
-            None => BTreeMap::new(),
-            Some(v) => {
-                serde_json::from_value(v).map_err(|source| SourceError::MalformedHeader {
-                    file: f(),
-                    at: "__metadata__: ".into(),
-                    source,
-                })?
-            }
+            Err(_) => Entries::from_tree(file, json)?,
         };
+        let Entries {
+            metadata,
+            tensors: mut raw,
+        } = entries;
+        // Checked in name order, as the tree (a sorted map) gave them.
+        raw.sort_by(|a, b| a.0.cmp(&b.0));
         if raw.len() > MAX_TENSORS {
             return Err(SourceError::TooManyTensors {
                 file: f(),
@@ -334,13 +427,7 @@ impl SourceHeader {
             });
         }
         let mut tensors = Vec::with_capacity(raw.len());
-        for (name, value) in raw {
-            let t: RawTensor =
-                serde_json::from_value(value).map_err(|source| SourceError::MalformedHeader {
-                    file: f(),
-                    at: format!("tensor {name}: "),
-                    source,
-                })?;
+        for (name, t) in raw {
             let dtype = parse_dtype(&t.dtype).ok_or_else(|| SourceError::UnknownDtype {
                 file: f(),
                 tensor: name.clone(),
@@ -408,7 +495,7 @@ impl SourceHeader {
             }
             cursor = end;
             out.push(SourceTensor {
-                name,
+                name: name.into(),
                 dtype,
                 shape,
                 // Saturates only when `cursor` does too: then Truncated below.
@@ -438,7 +525,7 @@ impl SourceHeader {
             .collect();
         by_name.sort_unstable_by(|&a, &b| out[a as usize].name.cmp(&out[b as usize].name));
         Ok(SourceHeader {
-            file: f(),
+            file: file.into(),
             header_len,
             tensors: out,
             by_name,
@@ -460,6 +547,20 @@ impl SourceHeader {
         path: &std::path::Path,
         name: &str,
     ) -> std::io::Result<Result<(SourceHeader, Vec<u8>), SourceError>> {
+        let (json, file_len) = match Self::read_json(path, name)? {
+            Ok(read) => read,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(SourceHeader::parse(name, &json, file_len).map(|h| (h, json)))
+    }
+
+    /// The raw header JSON of a local file (the N bytes after the length,
+    /// N checked against [`MAX_HEADER_LEN`] and the file), and the file's
+    /// length.
+    pub fn read_json(
+        path: &std::path::Path,
+        name: &str,
+    ) -> std::io::Result<Result<(Vec<u8>, u64), SourceError>> {
         use std::io::Read;
         let mut file = std::fs::File::open(path)?;
         let file_len = file.metadata()?.len();
@@ -472,11 +573,15 @@ impl SourceHeader {
         // n ≤ MAX_HEADER_LEN, so it fits in memory and in usize.
         let mut json = vec![0u8; n as usize];
         file.read_exact(&mut json)?;
-        Ok(SourceHeader::parse(name, &json, file_len).map(|h| (h, json)))
+        Ok(Ok((json, file_len)))
     }
 
     /// The file this header belongs to.
     pub fn file(&self) -> &str {
+        &self.file
+    }
+    /// The file this header belongs to, shared.
+    pub fn shared_file(&self) -> &Arc<str> {
         &self.file
     }
     /// N, the JSON length.
@@ -493,7 +598,7 @@ impl SourceHeader {
         // scan would be quadratic in the tensors per file.
         let i = self
             .by_name
-            .binary_search_by(|&i| self.tensors[i as usize].name.as_str().cmp(name))
+            .binary_search_by(|&i| (*self.tensors[i as usize].name).cmp(name))
             .ok()?;
         self.tensors.get(self.by_name[i] as usize)
     }
@@ -565,6 +670,42 @@ mod tests {
         assert!(matches!(
             parse(&big, 16),
             Err(SourceError::ShapeOverflow { .. })
+        ));
+    }
+
+    /// The typed parse and the JSON tree read a good header alike; a header
+    /// the typed parse refuses gets the tree's error naming the part.
+    #[test]
+    fn typed_entries_agree_with_the_tree() {
+        let flat = |e: Entries| {
+            let mut t: Vec<_> = e
+                .tensors
+                .into_iter()
+                .map(|(n, r)| (n, r.dtype, r.shape, r.data_offsets))
+                .collect();
+            t.sort();
+            (e.metadata, t)
+        };
+        let typed = serde_json::from_slice::<Entries>(GOOD.as_bytes()).unwrap();
+        let tree = Entries::from_tree("m.safetensors", GOOD.as_bytes()).unwrap();
+        assert_eq!(flat(typed), flat(tree));
+        let bad = GOOD.replace(r#""dtype":"BF16""#, r#""dtype":16"#);
+        assert!(serde_json::from_slice::<Entries>(bad.as_bytes()).is_err());
+        let e = parse(&bad, 16).unwrap_err();
+        assert!(
+            matches!(&e, SourceError::MalformedHeader { at, .. } if at == "tensor b: "),
+            "{e}"
+        );
+        let meta = GOOD.replace(r#"{"format":"pt"}"#, r#"{"format":1}"#);
+        let e = parse(&meta, 16).unwrap_err();
+        assert!(
+            matches!(&e, SourceError::MalformedHeader { at, .. } if at == "__metadata__: "),
+            "{e}"
+        );
+        let dup = GOOD.replace(r#""a":{"#, r#""b":{"#);
+        assert!(matches!(
+            parse(&dup, 16),
+            Err(SourceError::DuplicateKeys { .. })
         ));
     }
 

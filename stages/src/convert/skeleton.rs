@@ -17,6 +17,7 @@
 //! and names the shard to re-acquire for what it cannot.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +26,7 @@ use ftpipe_receipts::Receipt;
 
 use super::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use super::error::ConvertError;
-use super::plan::{INDEX_FILE, Plan, SavedHeader};
+use super::plan::{INDEX_FILE, KeptHeader, Plan};
 use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
@@ -42,9 +43,10 @@ pub struct Skeleton {
     pub readers: BTreeMap<String, Vec<String>>,
     /// `num_experts_per_tok`, for placement.
     pub top_k: u64,
-    /// Shard path → its header as read while present.
+    /// Shard path → its header as read while present (the JSON of a
+    /// present shard is read from it again when the skeleton is written).
     #[serde(default)]
-    pub headers: BTreeMap<String, SavedHeader>,
+    pub headers: BTreeMap<String, KeptHeader>,
 }
 
 #[derive(Serialize)]
@@ -92,12 +94,8 @@ pub fn files_read(plan: &Plan) -> Vec<String> {
     v
 }
 
-fn source_names(src: &TensorSource) -> Vec<String> {
-    match src {
-        TensorSource::Span(s) => vec![s.tensor.clone()],
-        TensorSource::Native(p) => p.iter().map(|s| s.tensor.clone()).collect(),
-        TensorSource::Checked(c) => vec![c.span.tensor.clone()],
-    }
+fn source_names(src: &TensorSource) -> Vec<Arc<str>> {
+    src.spans().iter().map(|s| s.tensor.clone()).collect()
 }
 
 fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
@@ -148,8 +146,9 @@ fn layout_of(c: &Component) -> Result<ComponentLayout, ConvertError> {
 }
 
 fn inventory(c: &Component) -> Vec<InventoryTensor> {
-    let item = |key: String, sources: Vec<String>| InventoryTensor {
-        component: c.name.clone(),
+    let component: Arc<str> = c.name.as_str().into();
+    let item = |key: String, sources: Vec<Arc<str>>| InventoryTensor {
+        component: component.clone(),
         key,
         sources,
     };
@@ -178,7 +177,7 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
         ComponentContent::Q3GlobalScale {
             segments, scales, ..
         } => {
-            let mut names: Vec<String> = segments.iter().map(|s| s.tensor.clone()).collect();
+            let mut names: Vec<Arc<str>> = segments.iter().map(|s| s.tensor.clone()).collect();
             for s in scales {
                 if !names.contains(&s.tensor) {
                     names.push(s.tensor.clone());
@@ -196,7 +195,7 @@ impl Skeleton {
         source: SourceIdentity,
         converter: ConverterIdentity,
         top_k: u64,
-        headers: BTreeMap<String, SavedHeader>,
+        headers: BTreeMap<String, KeptHeader>,
     ) -> Result<Skeleton, ConvertError> {
         let by_path: BTreeMap<&str, &SourceFileId> =
             source.files.iter().map(|f| (f.path.as_str(), f)).collect();

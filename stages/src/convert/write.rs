@@ -96,8 +96,8 @@ impl Sources {
             let at = span.offset + done;
             f.read_exact_at(buf, at)
                 .map_err(|source| ConvertError::SourceRead {
-                    file: span.file.clone(),
-                    tensor: span.tensor.clone(),
+                    file: span.file.to_string(),
+                    tensor: span.tensor.to_string(),
                     offset: at,
                     source,
                 })?;
@@ -121,8 +121,8 @@ fn bf16_view(bytes: &[u8], out: &mut Vec<bf16>) {
 fn codec_err(component: &str, span: &SourceSpan, e: FormatError) -> StageError {
     match e {
         FormatError::NonFinite { index, value, .. } => ConvertError::NonFinite {
-            file: span.file.clone(),
-            tensor: span.tensor.clone(),
+            file: span.file.to_string(),
+            tensor: span.tensor.to_string(),
             index,
             value,
         }
@@ -169,8 +169,8 @@ pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
 fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
     let bad = |problem: String| -> StageError {
         ConvertError::BadSourceValue {
-            file: span.file.clone(),
-            tensor: span.tensor.clone(),
+            file: span.file.to_string(),
+            tensor: span.tensor.to_string(),
             offset: span.offset,
             problem,
         }

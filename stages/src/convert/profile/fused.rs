@@ -2,6 +2,7 @@
 //! module's doc), passed through as byte sub-spans of the fused tensors.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind};
 
@@ -32,7 +33,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<String>,
+        claimed: &mut BTreeSet<Arc<str>>,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<(Vec<TensorDesc>, Vec<Vec<TensorSource>>), ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
@@ -85,13 +86,12 @@ impl MoeProfile {
                     because: because.clone(),
                 });
             }
-            claimed.insert(n.clone());
-            Ok(SourceSpan {
-                file: f.to_owned(),
-                tensor: n,
-                offset: t.offset(),
-                len: t.len(),
-            })
+            let span = cat.span(&n).ok_or_else(|| ConvertError::MissingTensor {
+                tensor: n.clone(),
+                needed_for: format!("the NVFP4 fused experts of layer {l}"),
+            })?;
+            claimed.insert(span.tensor.clone());
+            Ok(span)
         };
         use safetensors::Dtype::{F8_E4M3, F32, U8};
         let gu = [
@@ -111,8 +111,9 @@ impl MoeProfile {
             let n = format!("{p}.{suffix}");
             if cat.get(&n).is_some() {
                 let what = format!("the activation input_scale of the {because}");
-                ftw_extra.push(f32_scale(cat, &n, &[&shape], &what)?);
-                claimed.insert(n);
+                let scale = f32_scale(cat, &n, &[&shape], &what)?;
+                claimed.extend(scale.source.spans().iter().map(|s| s.tensor.clone()));
+                ftw_extra.push(scale);
             }
         }
         for s in [&gu[0], &down[0]] {
@@ -121,8 +122,8 @@ impl MoeProfile {
                 .or_else(|| self.protected_by(&s.tensor))
             {
                 return Err(ConvertError::ProtectedQuantized {
-                    file: s.file.clone(),
-                    tensor: s.tensor.clone(),
+                    file: s.file.to_string(),
+                    tensor: s.tensor.to_string(),
                     by,
                 });
             }

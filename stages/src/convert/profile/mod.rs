@@ -56,6 +56,7 @@
 //! `ftpipe_formats::sizes`, exact.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde_json::Value;
@@ -391,7 +392,7 @@ struct Linear {
     kind: TensorKind,
     shape: Vec<u64>,
     source: TensorSource,
-    claimed: Vec<String>,
+    claimed: Vec<Arc<str>>,
     /// The NVFP4 module's activation `input_scale`, bound for the FTW stream.
     input_scale: Option<FtwTensor>,
 }
@@ -491,8 +492,8 @@ impl MoeProfile {
                 TensorKind::Plain
             },
             shape: w.shape().to_vec(),
+            claimed: vec![w.shared_name().clone()],
             source: TensorSource::Span(cat.span(&name).expect("present")),
-            claimed: vec![name],
             // A BF16 module's input_scale stays unclaimed: the FTW stream
             // refuses it as an orphan.
             input_scale: None,
@@ -505,7 +506,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<String>,
+        claimed: &mut BTreeSet<Arc<str>>,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Component, ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
@@ -556,8 +557,9 @@ impl MoeProfile {
                         ),
                     });
                 }
-                claimed.insert(n.to_owned());
-                Ok(cat.span(n).expect("present"))
+                let span = cat.span(n).expect("present");
+                claimed.insert(span.tensor.clone());
+                Ok(span)
             };
             let gu = get(&fused_gu, [e_n, 2 * i, h])?;
             let d = get(&fused_d, [e_n, h, i])?;
@@ -636,7 +638,7 @@ impl MoeProfile {
         cat: &Catalog,
         ple: &PleConfig,
         l: u64,
-        claimed: &mut BTreeSet<String>,
+        claimed: &mut BTreeSet<Arc<str>>,
     ) -> Result<Vec<Component>, ConvertError> {
         let mut out = Vec::new();
         let mut spans = Vec::new();
@@ -671,8 +673,8 @@ impl MoeProfile {
                 }
             };
             total_rows = total_rows.saturating_add(rows);
-            claimed.insert(n.clone());
             let span = cat.span(&n).expect("present");
+            claimed.insert(span.tensor.clone());
             let name = format!("ple/layer_{l:03}/shard_{i}.q3");
             let predicted = sizes::q3_len(rows, ple.width).map_err(fmt_err(&name))?;
             out.push(Component {
@@ -706,7 +708,7 @@ impl MoeProfile {
             kind: ComponentKind::Q3GlobalScale,
             predicted_bytes: sizes::Q3_GLOBAL_SCALE_LEN,
             items: 1,
-            source_files: spans.iter().map(|s| s.file.clone()).collect(),
+            source_files: spans.iter().map(|s| s.file.to_string()).collect(),
             content: ComponentContent::Q3GlobalScale {
                 layer: l,
                 segments: spans,

@@ -34,6 +34,7 @@
 //! partitions: omitted from the text artifact and listed in the manifest.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -623,7 +624,7 @@ impl MoeProfile {
         r.check_ple_placement(cat)?;
 
         let mut problems = Vec::new();
-        let mut claimed: BTreeSet<String> = BTreeSet::new();
+        let mut claimed: BTreeSet<Arc<str>> = BTreeSet::new();
         let mut ftw = FtwBuilder::default();
         let expected = r.expected();
         for (name, want) in &expected {
@@ -695,7 +696,7 @@ impl MoeProfile {
         cat: &Catalog,
         name: &str,
         want: &Want,
-    ) -> Result<(Vec<FtwTensor>, Vec<String>), String> {
+    ) -> Result<(Vec<FtwTensor>, Vec<Arc<str>>), String> {
         let problem = |file: &str, tensor: &str, found: String| {
             format!(
                 "  {file}: {tensor}: expected {}, found {found}",
@@ -759,7 +760,7 @@ impl MoeProfile {
                         desc: TensorDesc::new(name, dtype, kind, t.shape()),
                         source: TensorSource::Span(span),
                     }],
-                    vec![name.to_owned()],
+                    vec![t.shared_name().clone()],
                 ))
             }
             Want::Lookup(len, values) => {
@@ -791,7 +792,7 @@ impl MoeProfile {
                         desc: TensorDesc::new(name, Dtype::I64, TensorKind::Plain, [*len]),
                         source,
                     }],
-                    vec![name.to_owned()],
+                    vec![t.shared_name().clone()],
                 ))
             }
         }
@@ -911,7 +912,7 @@ fn is_claimed_part(name: &str, expected: &BTreeMap<String, Want>) -> bool {
 fn ple_table(
     g: &PleGeometry,
     shards: Vec<(SourceSpan, Option<SourceSpan>)>,
-    claimed: &mut BTreeSet<String>,
+    claimed: &mut BTreeSet<Arc<str>>,
 ) -> Result<Vec<Component>, ConvertError> {
     let l = g.layer;
     let mut out = Vec::new();
@@ -921,10 +922,10 @@ fn ple_table(
         let name = format!("ple/layer_{l:03}/shard_{i}.q3");
         let predicted = sizes::q3_len(rows, g.width).map_err(fmt_err(&name))?;
         claimed.insert(span.tensor.clone());
-        let mut files: BTreeSet<String> = [span.file.clone()].into();
+        let mut files: BTreeSet<String> = [span.file.to_string()].into();
         if let Some(s) = &scale {
             claimed.insert(s.tensor.clone());
-            files.insert(s.file.clone());
+            files.insert(s.file.to_string());
             scales.push(s.clone());
         }
         out.push(Component {
@@ -944,8 +945,8 @@ fn ple_table(
         });
         segments.push(span);
     }
-    let mut files: BTreeSet<String> = segments.iter().map(|s| s.file.clone()).collect();
-    files.extend(scales.iter().map(|s| s.file.clone()));
+    let mut files: BTreeSet<String> = segments.iter().map(|s| s.file.to_string()).collect();
+    files.extend(scales.iter().map(|s| s.file.to_string()));
     out.push(Component {
         name: format!("ple/layer_{l:03}/global_scale.bf16"),
         kind: ComponentKind::Q3GlobalScale,

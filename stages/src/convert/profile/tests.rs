@@ -67,7 +67,7 @@ fn bytes_of(files: &[RepoFile], src: &TensorSource) -> Vec<u8> {
     };
     let mut out = Vec::new();
     for s in spans {
-        let b = content_bytes(files.iter().find(|f| f.path == s.file).unwrap()).unwrap();
+        let b = content_bytes(files.iter().find(|f| *f.path == *s.file).unwrap()).unwrap();
         out.extend_from_slice(&b[s.offset as usize..(s.offset + s.len) as usize]);
     }
     out
@@ -116,7 +116,7 @@ fn input_scales_are_accepted_and_carried_into_the_ftw_stream() {
         let TensorSource::Span(s) = &t.source else {
             panic!("{key}: not a plain span")
         };
-        assert_eq!(s.tensor, key);
+        assert_eq!(&*s.tensor, key);
         assert_eq!(s.len, 4 * t.desc.shape.iter().product::<u64>());
     }
     // Every input scale of the source, and nothing else new.
@@ -134,7 +134,7 @@ fn input_scales_are_accepted_and_carried_into_the_ftw_stream() {
         panic!("NVFP4 record field")
     };
     assert_eq!(
-        parts[2].tensor,
+        &*parts[2].tensor,
         "model.layers.0.mlp.experts.3.up_proj.weight_scale_2"
     );
     // The FTW size prediction includes them.
@@ -593,7 +593,7 @@ mod release_layout {
         let ComponentContent::Q3Segment { scale, .. } = &cs[5].content else {
             panic!("segment")
         };
-        assert_eq!(scale.as_ref().unwrap().tensor, ngram_table_scale(1));
+        assert_eq!(*scale.as_ref().unwrap().tensor, ngram_table_scale(1));
         let ComponentContent::Q3GlobalScale { scales, .. } = &cs[8].content else {
             panic!("scale")
         };

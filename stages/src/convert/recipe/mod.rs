@@ -89,8 +89,8 @@ use sha2::{Digest, Sha256};
 use ftpipe_formats::{Dtype, TensorDesc, TensorKind};
 
 use super::component::{
-    Catalog, Component, FtwBuilder, FtwTensor, KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
-    expert_sidecar, plain_dtype,
+    Catalog, Component, FtwBuilder, FtwTensor, KNOWN_MODEL_TYPES, TensorSource, expert_sidecar,
+    plain_dtype,
 };
 use super::error::ConvertError;
 use super::nvfp4::{companion_of, is_nvfp4, nvfp4_module};
@@ -668,12 +668,9 @@ impl Recipe {
             dtype,
             kind,
             shape: t.shape().to_vec(),
-            source: TensorSource::Span(SourceSpan {
-                file: file.to_owned(),
-                tensor: name.to_owned(),
-                offset: t.offset(),
-                len: t.len(),
-            }),
+            source: TensorSource::Span(cat.span(name).ok_or_else(|| {
+                ConvertError::internal(format!("{file}: {name} is not in the catalog"))
+            })?),
             input_scale: None,
         })
     }
@@ -1209,7 +1206,7 @@ shape = [32, "text.hidden_size"]
         let TensorSource::Native(parts) = &q1.source else {
             panic!("NVFP4 passes through")
         };
-        let tensors: Vec<&str> = parts.iter().map(|p| p.tensor.as_str()).collect();
+        let tensors: Vec<&str> = parts.iter().map(|p| &*p.tensor).collect();
         assert_eq!(
             tensors,
             [
@@ -1250,7 +1247,7 @@ shape = [32, "text.hidden_size"]
         let TensorSource::Span(s) = &records[2][1] else {
             panic!("span")
         };
-        assert_eq!(s.tensor, "model.layers.0.mlp.experts.2.gate_proj.weight");
+        assert_eq!(&*s.tensor, "model.layers.0.mlp.experts.2.gate_proj.weight");
         assert_eq!(s.offset, headers[0].tensor(&s.tensor).unwrap().offset());
         // Table 47 + 47 + 45 bytes → data at 4096; record 3 × 256 bytes at
         // 64-aligned offsets → one page; 4 experts.
@@ -1281,7 +1278,7 @@ shape = [32, "text.hidden_size"]
             panic!("native")
         };
         assert_eq!(
-            parts[2].tensor,
+            &*parts[2].tensor,
             "model.layers.1.mlp.experts.3.up_proj.weight_scale_2"
         );
         // Fields of 148 bytes at 0, 192, 384 → one page per record.
