@@ -467,6 +467,71 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
     assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
 }
 
+/// Regression: a file fetched as one stream slept through its retry delay
+/// (backoff, or a 429's Retry-After) holding its connection, so with
+/// `--connections 2` two waiting files kept the link idle and a third
+/// could not ask until one of them had retried. Three stream files, each
+/// first told to come back in 2 s: the hub's log must show all three
+/// asking before any retry, each retry honouring Retry-After, and never
+/// more than 2 body requests in flight.
+#[test]
+fn a_stream_waiting_to_retry_leaves_its_connection_to_other_files() {
+    let files: Vec<RepoFile> = (0..3u64)
+        .map(|i| {
+            let bytes: Vec<u8> = (0..300_000u64)
+                .map(|j| ((j * 17 + i * 5 + j / 661) % 251) as u8)
+                .collect();
+            RepoFile::bytes(format!("stream-{i}.bin"), bytes)
+        })
+        .collect();
+    let hub = hub_serving(files.clone());
+    for f in &files {
+        hub.inject(FaultRule::new(
+            &f.path,
+            Fault::RetryAfter {
+                status: 429,
+                secs: 2,
+            },
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--connections", "2"],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    assert_attempts_add_up(&out);
+    let all = all_body_requests(&hub, &files);
+    let mut last_429 = None;
+    let mut first_retry = None;
+    for f in &files {
+        let gets = body_gets(&hub, &f.path);
+        assert_eq!(gets[0].status, 429, "{gets:?}");
+        let retry = gets
+            .iter()
+            .find(|r| r.status == 200)
+            .unwrap_or_else(|| panic!("{} never retried: {gets:?}", f.path));
+        let waited = retry.started - gets[0].started;
+        assert!(
+            waited >= Duration::from_secs(2),
+            "{} retried after {waited:?}",
+            f.path
+        );
+        last_429 = last_429.max(Some(gets[0].started));
+        first_retry = Some(first_retry.map_or(retry.started, |t: Instant| t.min(retry.started)));
+    }
+    assert!(
+        last_429 < first_retry,
+        "a file asked only after another had retried: {all:?}"
+    );
+    let first = all.iter().map(|r| r.started).min().unwrap();
+    assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
+}
+
 /// Regression: a `--repin` while a `.part` of a partly segmented fetch of
 /// the old content was on disk. The repin ended the file's ranges (and set
 /// its watermark to 0), so the next open took the old sparse `.part` for a

@@ -200,7 +200,7 @@ pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64>
 }
 
 /// One file, as several ranges when it is large enough (or was begun so),
-/// else as one stream; `connection` is held until it ends.
+/// else as one stream, starting on `connection`; a retry waiting its delay gives it back.
 async fn fetch_one(
     ctx: &Arc<FetchCtx>,
     file: FileRow,
@@ -212,8 +212,7 @@ async fn fetch_one(
     if segmented {
         segmented::fetch_segmented(ctx.clone(), file, final_path, connection).await
     } else {
-        let _connection = connection;
-        transfer::fetch_file(ctx.clone(), file, final_path).await
+        transfer::fetch_file(ctx.clone(), file, final_path, connection).await
     }
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::block_in_place;
 
 use ftpipe_receipts::{Attempt, FileRow, Receipt};
@@ -205,8 +206,16 @@ struct FileTask {
     cache_prefix_tried: bool,
 }
 
-/// Fetches, verifies and publishes one file, retrying transient failures.
-pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Result<()> {
+/// Fetches, verifies and publishes one file, retrying transient failures,
+/// on `connection`: given back to the pool while a retry waits, taken
+/// again when it is due.
+pub async fn fetch_file(
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    final_path: PathBuf,
+    connection: OwnedSemaphorePermit,
+) -> Result<()> {
+    let mut connection = Some(connection);
     let expected = expected_identity(&file)?;
     let part_path = part_path(&final_path);
     let mut task = FileTask {
@@ -280,7 +289,16 @@ pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) 
             delay = delay.max(Duration::from_secs(after).min(MAX_RETRY_AFTER));
         }
         task.report_retry(attempts, delay, retry_after, &err);
+        drop(connection.take());
         tokio::time::sleep(delay).await;
+        connection = Some(
+            task.ctx
+                .connections
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| StageError::internal_from("connection pool", e))?,
+        );
     }
 }
 
