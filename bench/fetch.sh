@@ -142,7 +142,7 @@ repos = [("acme/tiny", "tiny", os.path.join(data, "tiny"), ""),
 if os.path.isfile(os.path.join(capped, "ready")):
     # nginx sends at most sendfile_max_chunk per write and then sleeps for
     # it: with the default 2 MiB chunks a capped connection got ~18 of 20
-    # MB/s here, with 256 KiB ~19.5.
+    # MB/s here, with 256 KiB ~19.4 (one curl, machine under load).
     repos.append(("acme/capped", "capped", capped,
                   f"limit_rate {int(float(cap) * 1e6)};\n        sendfile_max_chunk 256k;\n        "))
 for repo, d, base, rate in repos:

@@ -389,23 +389,23 @@ fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
         .ok()
 }
 
-/// Regression: a range waiting to retry (backoff, or up to MAX_RETRY_AFTER
-/// after a 429 with Retry-After) slept in its worker while holding its
-/// connection permit. Here three segmented files share `--connections 2`
-/// and the first request of each is told to come back in 2 s: the first two
-/// files kept both connections idle through their waits, so the third one
-/// could not even ask until one of them had retried and finished. A waiting
-/// range now holds no connection: the hub's log shows all three asking
-/// before any retry, each retry still honouring Retry-After, and never
-/// more than 2 body requests in flight.
-#[test]
-fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
+/// Three files (`name`-0..2, `len` bytes each), each first answered with a
+/// 429 and `Retry-After: 2`, fetched with `args` and `--connections 2`. The
+/// hub's log must show every file asking before any retried (no waiting
+/// file kept a connection), each retry (a `retry_status`) at least 2 s after
+/// its 429, and never more than 2 body requests in flight.
+fn assert_waiting_retries_leave_their_connections(
+    name: &str,
+    len: u64,
+    args: &[&str],
+    retry_status: u16,
+) {
     let files: Vec<RepoFile> = (0..3u64)
         .map(|i| {
-            let bytes: Vec<u8> = (0..1_300_000u64)
+            let bytes: Vec<u8> = (0..len)
                 .map(|j| ((j * 31 + i * 7 + j / 977) % 251) as u8)
                 .collect();
-            RepoFile::bytes(format!("shard-{i}.bin"), bytes)
+            RepoFile::bytes(format!("{name}-{i}.bin"), bytes)
         })
         .collect();
     let hub = hub_serving(files.clone());
@@ -420,18 +420,9 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let o = run(&mut fetch_cmd(
-        &hub.endpoint(),
-        &out,
-        &[
-            "--segment-threshold",
-            "1MiB",
-            "--min-range",
-            "256KiB",
-            "--connections",
-            "2",
-        ],
-    ));
+    let mut all_args = args.to_vec();
+    all_args.extend(["--connections", "2"]);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &all_args));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_files_match(&out, &files);
     assert_clean_audit(&out);
@@ -444,7 +435,7 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
         assert_eq!(gets[0].status, 429, "{gets:?}");
         let retry = gets
             .iter()
-            .find(|r| r.status == 206)
+            .find(|r| r.status == retry_status)
             .unwrap_or_else(|| panic!("{} never retried: {gets:?}", f.path));
         // Retry-After was honoured.
         let waited = retry.started - gets[0].started;
@@ -456,8 +447,8 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
         last_429 = last_429.max(Some(gets[0].started));
         first_retry = Some(first_retry.map_or(retry.started, |t: Instant| t.min(retry.started)));
     }
-    // Every file could ask while the others waited: no waiting range kept
-    // a connection.
+    // Every file could ask while the others waited: no waiting file kept a
+    // connection.
     assert!(
         last_429 < first_retry,
         "a file asked only after another had retried: {all:?}"
@@ -467,69 +458,28 @@ fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
     assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
 }
 
+/// Regression: a range waiting to retry (backoff, or up to MAX_RETRY_AFTER
+/// after a 429 with Retry-After) slept in its worker while holding its
+/// connection permit. With three segmented files on `--connections 2`, the
+/// first two files kept both connections idle through their waits, so the
+/// third one could not even ask until one of them had retried and finished.
+#[test]
+fn a_range_waiting_to_retry_leaves_its_connection_to_other_files() {
+    assert_waiting_retries_leave_their_connections(
+        "shard",
+        1_300_000,
+        &["--segment-threshold", "1MiB", "--min-range", "256KiB"],
+        206,
+    );
+}
+
 /// Regression: a file fetched as one stream slept through its retry delay
 /// (backoff, or a 429's Retry-After) holding its connection, so with
 /// `--connections 2` two waiting files kept the link idle and a third
-/// could not ask until one of them had retried. Three stream files, each
-/// first told to come back in 2 s: the hub's log must show all three
-/// asking before any retry, each retry honouring Retry-After, and never
-/// more than 2 body requests in flight.
+/// could not ask until one of them had retried.
 #[test]
 fn a_stream_waiting_to_retry_leaves_its_connection_to_other_files() {
-    let files: Vec<RepoFile> = (0..3u64)
-        .map(|i| {
-            let bytes: Vec<u8> = (0..300_000u64)
-                .map(|j| ((j * 17 + i * 5 + j / 661) % 251) as u8)
-                .collect();
-            RepoFile::bytes(format!("stream-{i}.bin"), bytes)
-        })
-        .collect();
-    let hub = hub_serving(files.clone());
-    for f in &files {
-        hub.inject(FaultRule::new(
-            &f.path,
-            Fault::RetryAfter {
-                status: 429,
-                secs: 2,
-            },
-        ));
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let o = run(&mut fetch_cmd(
-        &hub.endpoint(),
-        &out,
-        &["--connections", "2"],
-    ));
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_files_match(&out, &files);
-    assert_clean_audit(&out);
-    assert_attempts_add_up(&out);
-    let all = all_body_requests(&hub, &files);
-    let mut last_429 = None;
-    let mut first_retry = None;
-    for f in &files {
-        let gets = body_gets(&hub, &f.path);
-        assert_eq!(gets[0].status, 429, "{gets:?}");
-        let retry = gets
-            .iter()
-            .find(|r| r.status == 200)
-            .unwrap_or_else(|| panic!("{} never retried: {gets:?}", f.path));
-        let waited = retry.started - gets[0].started;
-        assert!(
-            waited >= Duration::from_secs(2),
-            "{} retried after {waited:?}",
-            f.path
-        );
-        last_429 = last_429.max(Some(gets[0].started));
-        first_retry = Some(first_retry.map_or(retry.started, |t: Instant| t.min(retry.started)));
-    }
-    assert!(
-        last_429 < first_retry,
-        "a file asked only after another had retried: {all:?}"
-    );
-    let first = all.iter().map(|r| r.started).min().unwrap();
-    assert!(max_in_flight(&all, first, None) <= 2, "{all:?}");
+    assert_waiting_retries_leave_their_connections("stream", 300_000, &[], 200);
 }
 
 /// Regression: a `--repin` while a `.part` of a partly segmented fetch of
