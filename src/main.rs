@@ -184,6 +184,10 @@ struct FetchArgs {
     /// A range is never split below this size (e.g. 4MiB; at least 64KiB).
     #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
     min_range: u64,
+    /// Ranges are claimed front to back in pieces of at least this size
+    /// (e.g. 64MiB), so a split file's digest keeps up with its bytes.
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    piece_size: u64,
     /// Print nothing on success (errors still go to stderr).
     #[arg(long)]
     quiet: bool,
@@ -537,6 +541,7 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
             connections: args.connections,
             segment_threshold: args.segment_threshold,
             min_range: args.min_range.max(ftpipe_stages::fetch::WRITE_ALIGN),
+            piece_size: args.piece_size.max(ftpipe_stages::fetch::WRITE_ALIGN),
             checkpoint_bytes: args.checkpoint_bytes.max(1),
             checkpoint_interval: secs("--checkpoint-secs", args.checkpoint_secs)?,
             retries: args.retries,

@@ -293,7 +293,7 @@ impl Reporter for LogLines {
                 "{path}: retry {attempt} in {delay:.1?}{}: {error}",
                 waiting_note(retry_after_secs)
             )),
-            ProgressEvent::FilePublished { path, size } => {
+            ProgressEvent::FilePublished { path, size, .. } => {
                 Some(format!("{path}: verified and published ({size} bytes)"))
             }
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),

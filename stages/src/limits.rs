@@ -27,6 +27,8 @@ pub const DEFAULT_CONNECTIONS: usize = 8;
 pub const DEFAULT_SEGMENT_THRESHOLD: u64 = 256 * 1024 * 1024;
 /// Ranges are never split below this size.
 pub const DEFAULT_MIN_RANGE: u64 = 4 * 1024 * 1024;
+/// A new range claims at least this much of a file's unclaimed front.
+pub const DEFAULT_PIECE_SIZE: u64 = 64 * 1024 * 1024;
 /// Default durable checkpoint interval in time.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 /// Minimum body rate (bytes per second) of a transfer, averaged over

@@ -71,8 +71,8 @@ const CHAIN: usize = 4;
 
 /// Checkpoint the download watermark every 4 MiB (default 64 MiB), so cuts
 /// mid-fetch find watermarks between 0 and the file size to check; shards
-/// of 4 MiB and more are fetched as ranges (split down to 1 MiB), so cuts
-/// also find several durable ranges of one file.
+/// of 4 MiB and more are fetched as ranges (claimed in 2 MiB pieces, split
+/// down to 1 MiB), so cuts also find several durable ranges of one file.
 const RUN_ARGS: &[&str] = &[
     "--checkpoint-bytes",
     "4194304",
@@ -80,6 +80,8 @@ const RUN_ARGS: &[&str] = &[
     "4MiB",
     "--min-range",
     "1MiB",
+    "--piece-size",
+    "2MiB",
     "--connections",
     "6",
 ];

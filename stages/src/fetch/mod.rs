@@ -33,7 +33,7 @@ use crate::hfcache::HfCache;
 use crate::hub::HubClient;
 use crate::limits::{
     DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
-    DEFAULT_MIN_RATE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_STALL_WINDOW,
+    DEFAULT_MIN_RATE, DEFAULT_PIECE_SIZE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_STALL_WINDOW,
 };
 use crate::progress::{ProgressEvent, Reporter};
 use ftpipe_fs::paths::safe_join;
@@ -59,6 +59,10 @@ pub struct FetchOptions {
     pub segment_threshold: u64,
     /// A range is never split below this size.
     pub min_range: u64,
+    /// A new range takes a piece off the front of a file's unclaimed
+    /// bytes: at least this much, or a `2 × connections`-th of the
+    /// unclaimed gap when that is larger.
+    pub piece_size: u64,
     /// Durable checkpoint every this many bytes...
     pub checkpoint_bytes: u64,
     /// ...or this much time, whichever comes first.
@@ -83,6 +87,7 @@ impl Default for FetchOptions {
             connections: DEFAULT_CONNECTIONS,
             segment_threshold: DEFAULT_SEGMENT_THRESHOLD,
             min_range: DEFAULT_MIN_RANGE,
+            piece_size: DEFAULT_PIECE_SIZE,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             retries: 8,

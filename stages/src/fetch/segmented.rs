@@ -4,11 +4,14 @@
 //! Each range `[start, end)` has its own durable watermark in the store
 //! (`fetch_ranges`); the ledger's committed bytes are their sum, written in
 //! the same transaction. One coordinator per file owns every database write
-//! of the file: it checkpoints (fsync, then all watermarks at once), splits
-//! the largest remaining gap when a connection is free (work stealing,
-//! never below the minimum range size), and feeds one sequential digest
-//! with the contiguous durable prefix as it grows, so verification needs no
-//! second pass over the file. Workers stream one range each and write it.
+//! of the file: it checkpoints (fsync, then all watermarks at once), gives
+//! a free connection the next piece of the file's unclaimed bytes, front to
+//! back, or once all is claimed splits the largest remaining gap (work
+//! stealing, never below the minimum range size), and feeds one sequential
+//! digest with the contiguous durable prefix as it grows, so verification
+//! needs no second pass over the file and, as ranges complete roughly in
+//! file order, little of it waits for the last byte. Workers stream one
+//! range each and write it.
 //!
 //! Writes are aligned: a worker writes whole [`WRITE_ALIGN`] blocks (only a
 //! range's end may be unaligned) and keeps the remainder in memory, so
@@ -260,6 +263,8 @@ struct PassState {
     cancel: watch::Sender<bool>,
     hasher: IdentityHasher,
     hashed: u64,
+    /// Bytes hashed once every byte of the file was on disk.
+    catch_up: u64,
     /// The digest's read buffer, allocated once per pass.
     hash_buf: Vec<u8>,
     last_checkpoint: Instant,
@@ -423,6 +428,7 @@ impl Coordinator {
             cancel,
             hasher,
             hashed: prefix,
+            catch_up: 0,
             hash_buf: Vec::new(),
             last_checkpoint: Instant::now(),
         })
@@ -522,27 +528,24 @@ impl Coordinator {
         self.finish(st).await
     }
 
-    /// Starts workers while connections and work are available.
+    /// Starts workers while connections and work are available. A
+    /// connection is in hand before work is claimed, so a range is split
+    /// only for a worker that starts on it at once.
     async fn schedule(&mut self, st: &PassState, workers: &mut JoinSet<WorkerEnd>) -> Result<()> {
         loop {
-            let Some(start) = self.next_work(st).await? else {
-                break;
-            };
             let permit = match self.permits.pop() {
                 Some(p) => p,
                 None if self.ctx.may_add_connection() => {
                     match self.ctx.connections.clone().try_acquire_owned() {
                         Ok(p) => p,
-                        Err(_) => {
-                            undo_reserve(&st.shared, start);
-                            break;
-                        }
+                        Err(_) => break,
                     }
                 }
-                None => {
-                    undo_reserve(&st.shared, start);
-                    break;
-                }
+                None => break,
+            };
+            let Some(start) = self.next_work(st).await? else {
+                self.permits.push(permit);
+                break;
             };
             workers.spawn(worker(st.shared.clone(), start, permit));
         }
@@ -553,69 +556,99 @@ impl Coordinator {
         Ok(())
     }
 
-    /// The next range to start a worker on, marked busy: an idle incomplete
-    /// range whose retry (if any) is due, else a new range split off the
-    /// largest remaining gap of a busy or waiting range.
+    /// Bytes a new range claims off the front of an unclaimed gap of
+    /// `gap` bytes: a piece, or a `2 × connections`-th of the gap when
+    /// that is larger (fewer requests early, small ranges near the end).
+    fn piece(&self, gap: u64) -> u64 {
+        let share = gap / (2 * self.ctx.opts.connections.max(1) as u64);
+        self.ctx
+            .opts
+            .piece_size
+            .max(share)
+            .max(self.ctx.opts.min_range)
+            .max(WRITE_ALIGN)
+    }
+
+    /// The next range to start a worker on, marked busy. Ranges are
+    /// claimed front to back so that they complete roughly in file order
+    /// and the digest, which follows the contiguous durable prefix, keeps
+    /// up with them instead of hashing most of the file after its last
+    /// byte. In order:
+    /// 1. the first idle incomplete range whose retry (if any) is due; when
+    ///    it is longer than a piece, the rest is split off as a new idle
+    ///    range;
+    /// 2. else the busy or waiting range with the largest remaining gap:
+    ///    when that gap holds two pieces, its owner keeps one and the rest
+    ///    becomes an idle range, taken by step 1; otherwise its upper half
+    ///    becomes a new busy range (work stealing). Never below the
+    ///    minimum range size.
     async fn next_work(&self, st: &PassState) -> Result<Option<u64>> {
         let shared = &st.shared;
-        let now = Instant::now();
-        let split = {
-            let mut slots = shared.slots();
-            if let Some(s) = slots
-                .iter_mut()
-                .find(|s| !s.busy && !s.complete() && !s.waiting(now))
-            {
-                s.busy = true;
-                s.retry_at = None;
-                return Ok(Some(s.start));
+        let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
+        let splittable = !self.single
+            && shared.splittable.load(Ordering::SeqCst)
+            && shared.validator().is_some();
+        loop {
+            let now = Instant::now();
+            let (split, take) = {
+                let mut slots = shared.slots();
+                if let Some(i) = slots
+                    .iter()
+                    .position(|s| !s.busy && !s.complete() && !s.waiting(now))
+                {
+                    let s = &mut slots[i];
+                    s.busy = true;
+                    s.retry_at = None;
+                    let start = s.start;
+                    let at = align_up(s.written.saturating_add(self.piece(s.end - s.written)));
+                    if !splittable || at >= s.end || s.end - at < min {
+                        return Ok(Some(start));
+                    }
+                    split_slot(&mut slots, i, at, false);
+                    ((start, at), Some(start))
+                } else {
+                    if !splittable {
+                        return Ok(None);
+                    }
+                    let best = slots
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| s.busy || s.waiting(now))
+                        .max_by_key(|(_, s)| s.end - s.pos);
+                    let Some((i, s)) = best else { return Ok(None) };
+                    let remaining = s.end - s.pos;
+                    let piece = self.piece(remaining);
+                    let (at, take) = if remaining >= 2 * piece {
+                        (align_up(s.pos + piece), None)
+                    } else if remaining >= 2 * min {
+                        (align_up(s.pos + remaining / 2), Some(()))
+                    } else {
+                        return Ok(None);
+                    };
+                    if at <= s.pos || at >= s.end || s.end - at < min {
+                        return Ok(None);
+                    }
+                    let start = s.start;
+                    split_slot(&mut slots, i, at, take.is_some());
+                    ((start, at), take.map(|()| at))
+                }
+            };
+            // The new range is durable before any byte of it is written.
+            shared
+                .ctx
+                .store
+                .split_range(
+                    &shared.path,
+                    split.0,
+                    split.1,
+                    shared.validator().as_deref(),
+                )
+                .await?;
+            crashpoint::hit("range-split");
+            if let Some(start) = take {
+                return Ok(Some(start));
             }
-            if self.single
-                || !shared.splittable.load(Ordering::SeqCst)
-                || shared.validator().is_none()
-                || (self.permits.is_empty() && !self.ctx.may_add_connection())
-            {
-                return Ok(None);
-            }
-            let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
-            let best = slots
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.busy || s.waiting(now))
-                .max_by_key(|(_, s)| s.end - s.pos);
-            let Some((i, s)) = best else { return Ok(None) };
-            let remaining = s.end - s.pos;
-            if remaining < 2 * min {
-                return Ok(None);
-            }
-            let at = align_up(s.pos + remaining / 2);
-            if at <= s.pos || at >= s.end || s.end - at < min {
-                return Ok(None);
-            }
-            let old_end = s.end;
-            slots[i].end = at;
-            let start = slots[i].start;
-            let mut new = Slot::from_row(&RangeRow {
-                start: at,
-                end: old_end,
-                watermark: at,
-            });
-            new.busy = true;
-            slots.insert(i + 1, new);
-            (start, at)
-        };
-        // The new range is durable before any byte of it is written.
-        shared
-            .ctx
-            .store
-            .split_range(
-                &shared.path,
-                split.0,
-                split.1,
-                shared.validator().as_deref(),
-            )
-            .await?;
-        crashpoint::hit("range-split");
-        Ok(Some(split.1))
+        }
     }
 
     /// Handles a worker's end: checkpoint, account, retry or stop.
@@ -791,6 +824,9 @@ impl Coordinator {
             contiguous_prefix(&slots)
         };
         if prefix > st.hashed {
+            if st.shared.slots().iter().all(|s| s.written == s.end) {
+                st.catch_up += prefix - st.hashed;
+            }
             let (from, file) = (st.hashed, &st.shared.file);
             let (hasher, buf) = (&mut st.hasher, &mut st.hash_buf);
             block_in_place(|| hash_range(file, from, prefix, hasher, buf))
@@ -885,7 +921,14 @@ impl Coordinator {
         })
         .map_err(|e| StageError::io("publish", &final_path, e))?;
         crashpoint::hit("fetch-renamed");
-        record_published(&self.ctx, &self.file, &self.expected, actual).await?;
+        record_published(
+            &self.ctx,
+            &self.file,
+            &self.expected,
+            actual,
+            Some(st.catch_up),
+        )
+        .await?;
         Ok(Pass::Published)
     }
 }
@@ -896,10 +939,17 @@ enum Next {
     Restart(Pass),
 }
 
-fn undo_reserve(shared: &Shared, start: u64) {
-    if let Some(s) = shared.slots().iter_mut().find(|s| s.start == start) {
-        s.busy = false;
-    }
+/// Ends `slots[i]` at `at`; `[at, old end)` becomes a new range after it,
+/// `busy` when a worker starts on it now.
+fn split_slot(slots: &mut Vec<Slot>, i: usize, at: u64, busy: bool) {
+    let old_end = std::mem::replace(&mut slots[i].end, at);
+    let mut new = Slot::from_row(&RangeRow {
+        start: at,
+        end: old_end,
+        watermark: at,
+    });
+    new.busy = busy;
+    slots.insert(i + 1, new);
 }
 
 /// When every incomplete range is idle and waiting to retry: the earliest

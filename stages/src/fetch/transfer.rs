@@ -50,6 +50,7 @@ pub(super) async fn record_published(
     file: &FileRow,
     expected: &Expected,
     digest: String,
+    digest_catch_up_bytes: Option<u64>,
 ) -> Result<()> {
     ctx.store
         .put_receipt(
@@ -67,6 +68,7 @@ pub(super) async fn record_published(
     ctx.reporter.report(ProgressEvent::FilePublished {
         path: file.path.clone(),
         size: file.size,
+        digest_catch_up_bytes,
     });
     Ok(())
 }
@@ -397,7 +399,7 @@ impl FileTask {
             .map_err(|e| StageError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
         crashpoint::hit("fetch-renamed");
-        record_published(&self.ctx, &self.file, &self.expected, actual).await
+        record_published(&self.ctx, &self.file, &self.expected, actual, None).await
     }
 
     /// Compares the digest of the complete `.part` with the pinned identity.
