@@ -11,9 +11,9 @@
 #                   (default ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}).
 #   --work DIR      where downloads go (default CACHE/work; same volume).
 #   --drop-caches   echo 3 > /proc/sys/vm/drop_caches before each timed run
-#                   (default: the source files stay in the page cache, i.e. a
-#                   server with the data in RAM; destinations are deleted
-#                   between runs).
+#                   (default: the source files are read into the page cache
+#                   before each run, i.e. a server with the data in RAM;
+#                   destinations are deleted between runs).
 #   --skip TOOL     skip ftpipe|curl|aria2c|hf|resume|capped (repeatable).
 #   --rounds N      interleaved rounds per client (default 2); medians printed.
 #   --ftpipe-args "ARGS"  extra arguments for ftpipe's capped-link fetches.
@@ -226,7 +226,8 @@ TOTAL=$(awk -F'\t' '{s+=$2} END {printf "%.0f", s}' "$NGX/tiny.files")
 NFILES=${#TINY_FILES[@]}
 
 # Warm the source in the page cache (the server has the data in RAM).
-cat "$DATA"/tiny/*.* "$DATA"/tiny/extra/* >/dev/null
+WARM=("$DATA"/tiny/*.* "$DATA"/tiny/extra/*)
+cat "${WARM[@]}" >/dev/null
 
 # ---------------------------------------------------------------- helpers
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
@@ -244,9 +245,14 @@ drop() { if ((DROP)); then sync; echo 3 >/proc/sys/vm/drop_caches || echo "(cann
 declare -A WALL WSYNC RSS USR SYS
 # run NAME DEST CMD...: times CMD (and the sync after it), records peak RSS
 # and CPU seconds; appends to the client's round lists.
+# WARM: the source files read into the page cache before each run (the
+# kernel drops some of them between runs even with memory free, and a
+# sendfile that waits for the disk stalls its connection).
+WARM=()
 run() {
   local name=$1 dest=$2; shift 2
   rm -rf "$dest"; mkdir -p "$dest"; sync; drop
+  if ((!DROP && ${#WARM[@]})); then cat "${WARM[@]}" >/dev/null; fi
   echo "-- $name (load $(loadavg))"
   local t0 t1 t2
   t0=$(now)
@@ -329,7 +335,8 @@ if ! skip capped; then
   CAPPED_COMMIT=$(cat "$NGX/capped.commit")
   mapfile -t CAPPED_FILES < <(cut -f1 "$NGX/capped.files")
   CTOTAL=$(awk -F'\t' '{s+=$2} END {printf "%.0f", s}' "$NGX/capped.files")
-  cat "$CAPPED"/* >/dev/null
+  WARM=("$CAPPED"/*)
+  cat "${WARM[@]}" >/dev/null
   for k in ftpipe aria2c hf curl8; do unset "WALL[c-$k]" "WSYNC[c-$k]" "RSS[c-$k]" "USR[c-$k]" "SYS[c-$k]"; done
   # What this server delivers to 8 perfectly balanced connections: the
   # files' bytes cut into 8 equal spans planned in advance, each fetched by
