@@ -7,7 +7,7 @@ use crate::common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ftpipe_fixtures::{Fault, FaultRule, RepoFile, RunningHub};
+use ftpipe_fixtures::{Fault, FaultRule, HubBuilder, RepoFile, RunningHub};
 
 /// Segmentation knobs scaled to the fixture: files of at least 1 MiB are
 /// split, claimed in pieces of 1 MiB, never below 256 KiB, with frequent
@@ -203,6 +203,89 @@ fn ranges_are_claimed_front_to_back_so_the_digest_keeps_up() {
             big.path,
             b + 1 - a
         );
+    }
+}
+
+/// Files start in the planned order: those fetched as one stream first,
+/// largest first, then the split files, largest first. The order was
+/// decided, but each file's task took its job slot when the runtime first
+/// polled it, which need not be the order the tasks were spawned in: on
+/// the capped bench (`--jobs 4`) five of the six small files started after
+/// 9 s, behind the four split shards.
+#[test]
+fn files_start_in_the_planned_order() {
+    let sizes: [(&str, usize); 10] = [
+        ("a-small.json", 20_000),
+        ("b-big.safetensors", 3 << 20),
+        ("c-small.json", 60_000),
+        ("d-bigger.safetensors", 4 << 20),
+        ("e-small.json", 40_000),
+        ("f-mid.safetensors", 600_000),
+        ("g-small.json", 10_000),
+        ("h-big.safetensors", 2 << 20),
+        ("i-small.json", 5_000),
+        ("j-big.safetensors", 1 << 20),
+    ];
+    let files: Vec<RepoFile> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, (p, n))| {
+            let b: Vec<u8> = (0..*n).map(|k| (k * 31 + i * 7) as u8).collect();
+            RepoFile::bytes(*p, b)
+        })
+        .collect();
+    let planned = [
+        "f-mid.safetensors",
+        "c-small.json",
+        "e-small.json",
+        "a-small.json",
+        "g-small.json",
+        "i-small.json",
+        "d-bigger.safetensors",
+        "b-big.safetensors",
+        "h-big.safetensors",
+        "j-big.safetensors",
+    ];
+    for jobs in ["1", "4"] {
+        let hub = RunningHub::start(HubBuilder::new().repo(REPO, files.clone())).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let o = run(&mut fetch_cmd(
+            &hub.endpoint(),
+            &out,
+            &[
+                "--jobs",
+                jobs,
+                "--connections",
+                "8",
+                "--segment-threshold",
+                "1MiB",
+            ],
+        ));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_files_match(&out, &files);
+        let first_request = |path: &str| {
+            body_requests(&hub, path)
+                .iter()
+                .map(|r| r.started)
+                .min()
+                .unwrap_or_else(|| panic!("no request for {path}"))
+        };
+        let mut started: Vec<(Instant, &str)> =
+            sizes.iter().map(|(p, _)| (first_request(p), *p)).collect();
+        started.sort();
+        let order: Vec<&str> = started.iter().map(|(_, p)| *p).collect();
+        if jobs == "1" {
+            assert_eq!(order, planned, "--jobs 1");
+        } else {
+            // Several files start together: only the groups are ordered.
+            let streams: Vec<&str> = order[..6].to_vec();
+            let mut want = planned[..6].to_vec();
+            let mut got = streams.clone();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "--jobs {jobs}: started in the order {order:?}");
+        }
     }
 }
 

@@ -272,9 +272,15 @@ async fn fetch_files(
     for file in todo {
         let final_path = safe_join(ctx.layout.source(), &file.path)?;
         let ctx = ctx.clone();
-        let limit = limit.clone();
+        // The job slot is taken here, in the planned order: a task polled
+        // first is not necessarily the one spawned first.
+        let job = limit
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StageError::internal_from("job pool", e))?;
         set.spawn(async move {
-            let _job = limit.acquire_owned().await;
+            let _job = job;
             let connection = ctx.connections.clone().acquire_owned().await;
             ctx.unstarted.fetch_sub(1, Ordering::SeqCst);
             ctx.in_flight.fetch_add(1, Ordering::SeqCst);
