@@ -48,7 +48,7 @@ const STALL_MS: u64 = 120_000;
 const CHILD_TIMEOUT: Duration = Duration::from_secs(120);
 const RAM_BUDGET: u64 = 256 << 20;
 const RESERVE: u64 = 32 << 20;
-const CONVERT_JOBS: usize = 2;
+pub(crate) const CONVERT_JOBS: usize = 2;
 
 pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
     let started = Instant::now();

@@ -970,6 +970,29 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     exit::FAILURE
 }
 
+/// Threads the runtime may start beyond its workers when no conversion
+/// runs: a worker entering `block_in_place` (file writes, fsync, hashing)
+/// hands its core to one of these.
+const SPARE_BLOCKING_THREADS: usize = 2;
+
+/// The runtime's bound on blocking threads for `command`: the spare ones
+/// plus one per parallel conversion (each a `spawn_blocking` task).
+///
+/// Each thread gets its own glibc malloc arena, so tokio's default of 512
+/// let a fetch grow to ~86 threads and ~65 MB resident. A full pool cannot
+/// deadlock: every blocking closure is finite file or CPU work that waits on
+/// no async task, and a core whose hand-off thread has not started yet is
+/// taken back by its own thread when the closure returns.
+fn blocking_threads(command: &Command) -> usize {
+    let conversions = match command {
+        Command::Convert(args) => args.jobs,
+        Command::Run(args) => args.convert_jobs(),
+        Command::Demo { .. } => demo::CONVERT_JOBS,
+        _ => 0,
+    };
+    SPARE_BLOCKING_THREADS + conversions
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -981,6 +1004,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(blocking_threads(&cli.command))
         .build()
     {
         Ok(r) => r,
@@ -1009,6 +1033,22 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_parallel_conversion_keeps_a_blocking_thread() {
+        let threads = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).expect("valid command line");
+            blocking_threads(&cli.command)
+        };
+        let fetch = threads(&["ftpipe", "fetch", "a/b", "--out", "d", "--jobs", "64"]);
+        assert_eq!(fetch, SPARE_BLOCKING_THREADS);
+        let convert = threads(&["ftpipe", "convert", "--out", "d", "--jobs", "64"]);
+        assert_eq!(convert, SPARE_BLOCKING_THREADS + 64);
+        let run = threads(&["ftpipe", "run", "a/b", "--out", "d", "--jobs", "3"]);
+        assert_eq!(run, SPARE_BLOCKING_THREADS + 3);
+        let run = threads(&["ftpipe", "run", "a/b", "--out", "d", "--convert-jobs", "5"]);
+        assert_eq!(run, SPARE_BLOCKING_THREADS + 5);
+    }
 
     #[test]
     fn exit_codes_follow_the_cause_not_the_command() {
