@@ -238,6 +238,9 @@ echo "== repo acme/tiny: $NFILES files, $TOTAL bytes; endpoint $EP (nginx, sendf
 if ((DROP)); then echo "== page cache: dropped before each run"; else echo "== page cache: source warm (not dropped); destination deleted between runs"; fi
 
 now() { date +%s.%N; }
+# Pages scanned for reclaim so far: "kswapd direct" (direct reclaim is
+# system time charged to the client that allocates).
+reclaimed() { awk '/^pgscan_kswapd /{k=$2} /^pgscan_direct /{d=$2} END {print k, d}' /proc/vmstat; }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 drop() { if ((DROP)); then sync; echo 3 >/proc/sys/vm/drop_caches || echo "(cannot drop caches)"; fi; }
 
@@ -254,11 +257,14 @@ run() {
   rm -rf "$dest"; mkdir -p "$dest"; sync; drop
   if ((!DROP && ${#WARM[@]})); then cat "${WARM[@]}" >/dev/null; fi
   echo "-- $name (load $(loadavg))"
-  local t0 t1 t2
+  local t0 t1 t2 r0 r1
+  r0=$(reclaimed)
   t0=$(now)
   /usr/bin/time -v -o "$WORK/$name.time" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" || {
     echo "$name failed:"; tail -20 "$WORK/$name.err"; tail -5 "$WORK/$name.out"; return 1; }
   t1=$(now); sync; t2=$(now)
+  r1=$(reclaimed)
+  echo "   $(python3 -c "print(f'{$t2-$t0:.2f}')") s +sync; page reclaim during the run (pages scanned by kswapd / direct): $(python3 -c "a='$r0'.split(); b='$r1'.split(); print(int(b[0])-int(a[0]), '/', int(b[1])-int(a[1]))")"
   WALL[$name]+="$(python3 -c "print(f'{$t1-$t0:.2f}')") "
   WSYNC[$name]+="$(python3 -c "print(f'{$t2-$t0:.2f}')") "
   RSS[$name]+="$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$WORK/$name.time") "
