@@ -258,6 +258,7 @@ run() {
   if ((!DROP && ${#WARM[@]})); then cat "${WARM[@]}" >/dev/null; fi
   echo "-- $name (load $(loadavg))"
   local t0 t1 t2 r0 r1
+  : >"$NGX/access.log"
   r0=$(reclaimed)
   t0=$(now)
   /usr/bin/time -v -o "$WORK/$name.time" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" || {
@@ -265,12 +266,41 @@ run() {
   t1=$(now); sync; t2=$(now)
   r1=$(reclaimed)
   echo "   $(python3 -c "print(f'{$t2-$t0:.2f}')") s +sync; page reclaim during the run (pages scanned by kswapd / direct): $(python3 -c "a='$r0'.split(); b='$r1'.split(); print(int(b[0])-int(a[0]), '/', int(b[1])-int(a[1]))")"
+  served "$NGX/access.log"
   WALL[$name]+="$(python3 -c "print(f'{$t1-$t0:.2f}')") "
   WSYNC[$name]+="$(python3 -c "print(f'{$t2-$t0:.2f}')") "
   RSS[$name]+="$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$WORK/$name.time") "
   USR[$name]+="$(awk -F': ' '/User time/ {print $2}' "$WORK/$name.time") "
   SYS[$name]+="$(awk -F': ' '/System time/ {print $2}' "$WORK/$name.time") "
 }
+# served LOG: what nginx delivered during the run, from its log (file
+# bodies only): the rate of a busy connection (bytes / request time), the
+# requests, and (capped runs) the connection-seconds of SERVED_CONNS left
+# idle between the first request and the last byte. Tells a slow server
+# from a client's scheduling.
+served() {
+  python3 - "$1" "$SERVED_CONNS" <<'PY'
+import sys
+rows = []
+for l in open(sys.argv[1]):
+    f = l.rstrip("\n").split("\t")
+    if len(f) < 4 or "/resolve/" not in f[2]:
+        continue
+    d = dict(x.split("=", 1) for x in f[3:] if "=" in x)
+    end, dur, sent = float(d["end"]), float(d["dur"]), int(d["sent"])
+    rows.append((end - dur, end, sent))
+if rows:
+    t0, t1 = min(r[0] for r in rows), max(r[1] for r in rows)
+    busy = sum(r[1] - r[0] for r in rows) or 1e-9
+    line = (f"   nginx: {sum(r[2] for r in rows) / busy / 1e6:.2f} MB/s per busy connection, "
+            f"{len(rows)} requests over {t1 - t0:.2f} s")
+    if int(sys.argv[2]):
+        line += f", {int(sys.argv[2]) * (t1 - t0) - busy:.2f} of {sys.argv[2]} connections' seconds idle"
+    print(line)
+PY
+}
+# Connections a client is meant to keep busy (0: not reported).
+SERVED_CONNS=0
 # check SRC DEST FILE...: every file byte-identical to the source.
 check() {
   local src=$1 dest=$2 f bad=0; shift 2
@@ -343,6 +373,7 @@ if ! skip capped; then
   CTOTAL=$(awk -F'\t' '{s+=$2} END {printf "%.0f", s}' "$NGX/capped.files")
   WARM=("$CAPPED"/*)
   cat "${WARM[@]}" >/dev/null
+  SERVED_CONNS=8
   for k in ftpipe aria2c hf curl8; do unset "WALL[c-$k]" "WSYNC[c-$k]" "RSS[c-$k]" "USR[c-$k]" "SYS[c-$k]"; done
   # What this server delivers to 8 perfectly balanced connections: the
   # files' bytes cut into 8 equal spans planned in advance, each fetched by
