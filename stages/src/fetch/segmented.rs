@@ -1214,7 +1214,17 @@ impl RangeWorker {
                 StageError::internal(format!("file URL {} has no host", crate::hub::redact(&url)))
             })?
             .to_owned();
-        self.attempt.id = ctx.store.start_attempt(ctx.run, &self.attempt).await?;
+        let mut cancel = shared.cancel.clone();
+        // The request goes out while the attempt's row commits (an fsync):
+        // both are done before any byte of the response is written, so
+        // every written byte still belongs to a durable attempt.
+        let (id, body) = tokio::join!(ctx.store.start_attempt(ctx.run, &self.attempt), async {
+            tokio::select! {
+                b = ctx.client.get_body(&path, url, headers) => Some(b),
+                _ = cancel.wait_for(|c| *c) => None,
+            }
+        });
+        self.attempt.id = id?;
         {
             let mut slots = shared.slots();
             if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
@@ -1222,11 +1232,10 @@ impl RangeWorker {
                 s.attempt_bytes = 0;
             }
         }
-        let mut cancel = shared.cancel.clone();
-        let body = tokio::select! {
-            b = ctx.client.get_body(&path, url, headers) => b?,
-            _ = cancel.wait_for(|c| *c) => return Ok(Ended::Cancelled),
+        let Some(body) = body else {
+            return Ok(Ended::Cancelled);
         };
+        let body = body?;
         self.attempt.host = body.host.clone();
         let mut resp = body.response;
         let status = resp.status();
