@@ -618,10 +618,12 @@ impl Coordinator {
                     let Some((i, s)) = best else { return Ok(None) };
                     let remaining = s.end - s.pos;
                     let piece = self.piece(remaining);
-                    let (at, take) = if remaining >= 2 * piece {
-                        (align_up(s.pos + piece), None)
+                    // A piece off the front leaves the rest idle (taken by
+                    // step 1); a half is a new busy range, taken now.
+                    let (at, busy) = if remaining >= 2 * piece {
+                        (align_up(s.pos + piece), false)
                     } else if remaining >= 2 * min {
-                        (align_up(s.pos + remaining / 2), Some(()))
+                        (align_up(s.pos + remaining / 2), true)
                     } else {
                         return Ok(None);
                     };
@@ -629,8 +631,8 @@ impl Coordinator {
                         return Ok(None);
                     }
                     let start = s.start;
-                    split_slot(&mut slots, i, at, take.is_some());
-                    ((start, at), take.map(|()| at))
+                    split_slot(&mut slots, i, at, busy);
+                    ((start, at), busy.then_some(at))
                 }
             };
             // The new range is durable before any byte of it is written.
@@ -814,17 +816,20 @@ impl Coordinator {
             }
             r => r?,
         }
-        let prefix = {
+        let (prefix, all_written) = {
             let mut slots = st.shared.slots();
             for p in &progress {
                 if let Some(s) = slots.iter_mut().find(|s| s.start == p.start) {
                     s.durable = p.watermark;
                 }
             }
-            contiguous_prefix(&slots)
+            (
+                contiguous_prefix(&slots),
+                slots.iter().all(|s| s.written == s.end),
+            )
         };
         if prefix > st.hashed {
-            if st.shared.slots().iter().all(|s| s.written == s.end) {
+            if all_written {
                 st.catch_up += prefix - st.hashed;
             }
             let (from, file) = (st.hashed, &st.shared.file);
