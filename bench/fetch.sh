@@ -20,6 +20,10 @@
 #   --cap MBPS      per-connection cap of the capped-link part (default 20 MB/s,
 #                   nginx limit_rate), serving one 1.5 GiB shard, three 300 MiB
 #                   shards and small files.
+#   --baseline BIN  another ftpipe binary (e.g. a build of the previous
+#                   commit), run right after ftpipe in every round as client
+#                   "ftpipe-base" / "c-ftpipe-base": a before/after ratio
+#                   measured in the same invocation.
 #
 # Needs: nginx, curl, aria2c, /usr/bin/time, python3, openssl, and `hf`
 # (pip install huggingface_hub). Debian: apt-get install nginx-light aria2 time
@@ -35,6 +39,7 @@ SIZE_GIB=4
 ROUNDS=2
 CAP_MBPS=20
 FTPIPE_ARGS=
+BASELINE=
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
 WORK=
 DROP=0
@@ -49,6 +54,7 @@ while (($#)); do
     --rounds) ROUNDS=$2; shift 2 ;;
     --cap) CAP_MBPS=$2; shift 2 ;;
     --ftpipe-args) FTPIPE_ARGS=$2; shift 2 ;;
+    --baseline) BASELINE=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -335,6 +341,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     check "$DATA/tiny" "$WORK/ftpipe/source" "${TINY_FILES[@]}"
     "$FTPIPE" audit --out "$WORK/ftpipe" --json | python3 -c 'import json,sys; a=json.load(sys.stdin); print("   audit ok:", a["ok"], "reconciliation_error:", a["reconciliation_error"])'
     rm -rf "$WORK/ftpipe"
+    if [[ -n $BASELINE ]]; then
+      run ftpipe-base "$WORK/ftpipe-base" "$BASELINE" fetch acme/tiny --endpoint "$EP" --out "$WORK/ftpipe-base" --quiet
+      check "$DATA/tiny" "$WORK/ftpipe-base/source" "${TINY_FILES[@]}"
+      rm -rf "$WORK/ftpipe-base"
+    fi
   fi
   if ! skip curl; then
     args=()
@@ -363,8 +374,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 echo
 echo "== loopback (CPU-bound): acme/tiny, $TOTAL bytes in $NFILES files; ratio = +sync time / curl's"
-table "$TOTAL" curl ftpipe curl aria2c hf
-for n in ftpipe curl aria2c hf; do rm -rf "${WORK:?}/$n"; done
+table "$TOTAL" curl ftpipe ftpipe-base curl aria2c hf
+for n in ftpipe ftpipe-base curl aria2c hf; do rm -rf "${WORK:?}/$n"; done
 
 # ---------------------------------------------------------------- capped links
 if ! skip capped; then
@@ -374,7 +385,7 @@ if ! skip capped; then
   WARM=("$CAPPED"/*)
   cat "${WARM[@]}" >/dev/null
   SERVED_CONNS=8
-  for k in ftpipe aria2c hf curl8; do unset "WALL[c-$k]" "WSYNC[c-$k]" "RSS[c-$k]" "USR[c-$k]" "SYS[c-$k]"; done
+  for k in ftpipe ftpipe-base aria2c hf curl8; do unset "WALL[c-$k]" "WSYNC[c-$k]" "RSS[c-$k]" "USR[c-$k]" "SYS[c-$k]"; done
   # What this server delivers to 8 perfectly balanced connections: the
   # files' bytes cut into 8 equal spans planned in advance, each fetched by
   # one curl after another (range requests, bodies to /dev/null). The
@@ -405,6 +416,12 @@ PY
       run c-ftpipe "$WORK/c-ftpipe" "$FTPIPE" fetch acme/capped --endpoint "$EP" --out "$WORK/c-ftpipe" --quiet --connections 8 $FTPIPE_ARGS
       check "$CAPPED" "$WORK/c-ftpipe/source" "${CAPPED_FILES[@]}"
       rm -rf "$WORK/c-ftpipe"
+      if [[ -n $BASELINE ]]; then
+        # shellcheck disable=SC2086
+        run c-ftpipe-base "$WORK/c-ftpipe-base" "$BASELINE" fetch acme/capped --endpoint "$EP" --out "$WORK/c-ftpipe-base" --quiet --connections 8 $FTPIPE_ARGS
+        check "$CAPPED" "$WORK/c-ftpipe-base/source" "${CAPPED_FILES[@]}"
+        rm -rf "$WORK/c-ftpipe-base"
+      fi
     fi
     if ! skip curl; then
       run c-curl8 "$WORK/c-curl8" bash "$WORK/c-curl8.sh"
@@ -430,12 +447,12 @@ PY
   echo
   echo "== capped links: acme/capped, $CTOTAL bytes in ${#CAPPED_FILES[@]} files, $CAP_MBPS MB/s per connection;"
   echo "   ideal for 8 connections = bytes / (8 x cap) = $IDEAL s; ratio = +sync time / ftpipe's"
-  table "$CTOTAL" c-ftpipe c-ftpipe c-curl8 c-aria2c c-hf
+  table "$CTOTAL" c-ftpipe c-ftpipe c-ftpipe-base c-curl8 c-aria2c c-hf
   python3 -c "import statistics as s; w=[float(x) for x in '${WSYNC[c-ftpipe]:-0}'.split()]; print(f'   ftpipe median +sync / ideal = {s.median(w)/$IDEAL:.3f}')"
   if [[ -n ${WSYNC[c-curl8]:-} ]]; then
     python3 -c "import statistics as s; f=s.median([float(x) for x in '${WSYNC[c-ftpipe]}'.split()]); c=s.median([float(x) for x in '${WSYNC[c-curl8]}'.split()]); print(f'   curl x8 balanced (what the server delivers): {c:.2f} s = {c/$IDEAL:.3f} x ideal; ftpipe / curl x8 = {f/c:.3f}')"
   fi
-  for n in c-ftpipe c-aria2c c-hf; do rm -rf "${WORK:?}/$n"; done
+  for n in c-ftpipe c-ftpipe-base c-aria2c c-hf; do rm -rf "${WORK:?}/$n"; done
 
   # Resume of a killed segmented download.
   if ! skip resume; then

@@ -6,8 +6,9 @@ use serde::Serialize;
 use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::error::{QueryContext, Result, StoreError};
+use crate::model::Attempt;
 use crate::model::RunId;
-use crate::store::{Store, insert_discard, to_i64, to_u64};
+use crate::store::{Store, insert_attempt, insert_discard, to_i64, to_u64};
 
 /// One range `[start, end)` of a segmented file; `[start, watermark)` is
 /// durable.
@@ -135,48 +136,63 @@ impl Store {
         Ok(ranges)
     }
 
-    /// Splits the range of `path` that starts at `start` at `at`: it now
-    /// ends at `at`, and a new range `[at, old end)` with nothing durable
-    /// follows. `at` must lie past the range's watermark and before its end.
-    /// The validator the ranges are fetched under is stored with them.
-    pub async fn split_range(
+    /// Claims a range for one HTTP attempt, in one transaction: every
+    /// position in `boundaries` becomes a range start (the range holding it
+    /// now ends there, and a new range with nothing durable follows), and
+    /// `attempt` is inserted `in_flight`; its id is returned.
+    ///
+    /// A boundary that already starts a range is left as it is, so claims
+    /// made in memory may commit in any order: the ranges tile the file
+    /// whichever of them are durable. A boundary must lie past the
+    /// watermark of the range holding it. Ranges are split only under a
+    /// known validator, which is stored with them.
+    pub async fn claim_range(
         &self,
+        run: RunId,
         path: &str,
-        start: u64,
-        at: u64,
+        boundaries: &[u64],
         validator: Option<&str>,
-    ) -> Result<()> {
+        attempt: &Attempt,
+    ) -> Result<i64> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        let range = ranges_of(&mut tx, path)
-            .await?
-            .into_iter()
-            .find(|r| r.start == start);
-        let Some(range) = range.filter(|r| r.watermark < at && at < r.end) else {
-            return Err(StoreError::BadRange {
-                path: path.to_owned(),
-                start,
-                at,
-            });
-        };
-        sqlx::query("UPDATE fetch_ranges SET end_ = ? WHERE path = ? AND start = ?")
-            .bind(to_i64(path, at)?)
-            .bind(path)
-            .bind(to_i64(path, start)?)
-            .execute(&mut *tx)
-            .await
-            .ctx("shrink range")?;
-        sqlx::query("INSERT INTO fetch_ranges (path, start, end_, watermark) VALUES (?, ?, ?, ?)")
-            .bind(path)
-            .bind(to_i64(path, at)?)
-            .bind(to_i64(path, range.end)?)
-            .bind(to_i64(path, at)?)
-            .execute(&mut *tx)
-            .await
-            .ctx("insert split range")?;
-        // Ranges are split only under a known validator: keep it with them.
-        commit_sum(&mut tx, path, 0, validator).await?;
-        tx.commit().await.ctx("commit split")
+        if !boundaries.is_empty() {
+            for &at in boundaries {
+                let ranges = ranges_of(&mut tx, path).await?;
+                if ranges.iter().any(|r| r.start == at) {
+                    continue;
+                }
+                let holder = ranges.into_iter().find(|r| r.start < at && at < r.end);
+                let Some(range) = holder.filter(|r| r.watermark < at) else {
+                    return Err(StoreError::BadRange {
+                        path: path.to_owned(),
+                        start: at,
+                        at,
+                    });
+                };
+                sqlx::query("UPDATE fetch_ranges SET end_ = ? WHERE path = ? AND start = ?")
+                    .bind(to_i64(path, at)?)
+                    .bind(path)
+                    .bind(to_i64(path, range.start)?)
+                    .execute(&mut *tx)
+                    .await
+                    .ctx("shrink range")?;
+                sqlx::query(
+                    "INSERT INTO fetch_ranges (path, start, end_, watermark) VALUES (?, ?, ?, ?)",
+                )
+                .bind(path)
+                .bind(to_i64(path, at)?)
+                .bind(to_i64(path, range.end)?)
+                .bind(to_i64(path, at)?)
+                .execute(&mut *tx)
+                .await
+                .ctx("insert split range")?;
+            }
+            commit_sum(&mut tx, path, 0, validator).await?;
+        }
+        let id = insert_attempt(&mut tx, run, attempt).await?;
+        tx.commit().await.ctx("commit claim")?;
+        Ok(id)
     }
 
     /// Advances the watermarks of `path`'s ranges and, in the same

@@ -35,6 +35,32 @@ pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
     })
 }
 
+/// Inserts `attempt` as `in_flight` in the open transaction; its id.
+pub(crate) async fn insert_attempt(
+    conn: &mut SqliteConnection,
+    run: RunId,
+    attempt: &Attempt,
+) -> Result<i64> {
+    let range_start = attempt
+        .range_start
+        .map(|v| to_i64(&attempt.path, v))
+        .transpose()?;
+    let id = sqlx::query(
+        "INSERT INTO attempts (run_id, path, host, range_start, if_range, outcome)
+         VALUES (?, ?, ?, ?, ?, 'in_flight')",
+    )
+    .bind(run)
+    .bind(&attempt.path)
+    .bind(&attempt.host)
+    .bind(range_start)
+    .bind(&attempt.if_range)
+    .execute(&mut *conn)
+    .await
+    .ctx("insert attempt")?
+    .last_insert_rowid();
+    Ok(id)
+}
+
 /// Appends one discard row (inside the caller's transaction).
 pub(crate) async fn insert_discard(
     conn: &mut SqliteConnection,
@@ -654,23 +680,7 @@ impl Store {
     pub async fn start_attempt(&self, run: RunId, attempt: &Attempt) -> Result<i64> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        let range_start = attempt
-            .range_start
-            .map(|v| to_i64(&attempt.path, v))
-            .transpose()?;
-        let id = sqlx::query(
-            "INSERT INTO attempts (run_id, path, host, range_start, if_range, outcome)
-             VALUES (?, ?, ?, ?, ?, 'in_flight')",
-        )
-        .bind(run)
-        .bind(&attempt.path)
-        .bind(&attempt.host)
-        .bind(range_start)
-        .bind(&attempt.if_range)
-        .execute(&mut *tx)
-        .await
-        .ctx("insert attempt")?
-        .last_insert_rowid();
+        let id = insert_attempt(&mut tx, run, attempt).await?;
         tx.commit().await.ctx("commit attempt")?;
         Ok(id)
     }
@@ -1152,6 +1162,75 @@ mod tests {
         store.save_pin(&pin, &[file]).await.unwrap();
     }
 
+    /// Claims are made in memory and committed by their workers, in any
+    /// order: a piece `[0, 256)` claimed first and its follower `[256,
+    /// 512)` claimed next leave the same durable ranges whichever commits
+    /// first, and a boundary that is already a range start is kept.
+    #[tokio::test]
+    async fn claims_commit_in_any_order_to_the_same_ranges() {
+        let mut geometries = Vec::new();
+        for order in [[0, 1], [1, 0]] {
+            let dir = tempfile::tempdir().unwrap();
+            let (store, run) = store_with_one_file(dir.path()).await;
+            store.begin_ranges(PATH).await.unwrap();
+            let claims: [&[u64]; 2] = [&[256], &[512]];
+            for i in order {
+                let mut a = attempt();
+                a.range_start = Some([0, 256][i]);
+                let id = store
+                    .claim_range(run, PATH, claims[i], Some("\"v\""), &a)
+                    .await
+                    .unwrap();
+                assert!(id > 0);
+            }
+            // Claiming an existing start again changes nothing.
+            store
+                .claim_range(run, PATH, &[256], Some("\"v\""), &attempt())
+                .await
+                .unwrap();
+            let ranges = store.ranges(PATH).await.unwrap();
+            geometries.push(
+                ranges
+                    .iter()
+                    .map(|r| (r.start, r.end, r.watermark))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(
+            geometries[0],
+            [(0, 256, 0), (256, 512, 256), (512, 1000, 512)]
+        );
+        assert_eq!(geometries[0], geometries[1]);
+    }
+
+    /// A boundary at or below the durable watermark of the range holding
+    /// it would claim durable bytes for a new range: refused, and the
+    /// attempt is not recorded either.
+    #[tokio::test]
+    async fn a_claim_below_a_watermark_is_refused_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, run) = store_with_one_file(dir.path()).await;
+        store.begin_ranges(PATH).await.unwrap();
+        let progress = [crate::RangeProgress {
+            start: 0,
+            watermark: 300,
+            attempt: None,
+            received: 300,
+        }];
+        store
+            .checkpoint_ranges(PATH, &progress, Some("\"v\""))
+            .await
+            .unwrap();
+        let err = store
+            .claim_range(run, PATH, &[256], Some("\"v\""), &attempt())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::BadRange { at: 256, .. }), "{err}");
+        let ranges = store.ranges(PATH).await.unwrap();
+        assert_eq!(ranges.len(), 1);
+        assert!(store.attempts().await.unwrap().is_empty());
+    }
+
     /// Regression: a repin ended a changed file's ranges and kept nothing
     /// of them, so the next open took the old pin's sparse `.part` for one
     /// stream and counted its whole length as a tail. The repin now keeps
@@ -1159,10 +1238,10 @@ mod tests {
     #[tokio::test]
     async fn a_repin_keeps_the_old_parts_geometry() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, _run) = store_with_one_file(dir.path()).await;
+        let (store, run) = store_with_one_file(dir.path()).await;
         store.begin_ranges(PATH).await.unwrap();
         store
-            .split_range(PATH, 0, 512, Some("\"v\""))
+            .claim_range(run, PATH, &[512], Some("\"v\""), &attempt())
             .await
             .unwrap();
         let progress = [

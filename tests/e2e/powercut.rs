@@ -19,7 +19,12 @@
 //! seeded (`FTPIPE_CRASH_SEED` replays the delays), in chains of `CHAIN`:
 //! mount the tree the previous cut left (all of it durable; a chain starts
 //! afresh), start `ftpipe run`, wait a random delay within the time the run
-//! has left, SIGKILL it, cut the power, unmount.
+//! has left, SIGKILL it, cut the power, unmount. The very first cycle
+//! instead aborts at a durable split (`FTPIPE_CRASH_AT=range-split#N`,
+//! N seeded): a piece's claim (its split and its attempt's row, one
+//! transaction committed while the request is on its way) is durable and
+//! its range has no byte yet; the recovered database must hold such a
+//! claim whole, and the chain resumes from it.
 //!
 //! After every cut, on the recovered tree (read-only):
 //! * `PRAGMA integrity_check` is `ok`;
@@ -360,23 +365,50 @@ struct Cycle {
     report: CutReport,
 }
 
+/// Where a cycle stops `ftpipe run` before the power is cut.
+enum Stop {
+    /// SIGKILL after this long.
+    After(Duration),
+    /// `FTPIPE_CRASH_AT=POINT#N`: the process aborts there.
+    At(String),
+}
+
 /// One cycle: mount `model` on `mnt`, start `ftpipe run` on `mnt/out`,
-/// SIGKILL it after `delay`, cut the power into `dump`, unmount.
-fn cycle(endpoint: &str, mnt: &Path, model: Model, dump: &Path, delay: Duration) -> Cycle {
+/// stop it, cut the power into `dump`, unmount.
+fn cycle(endpoint: &str, mnt: &Path, model: Model, dump: &Path, stop: &Stop) -> Cycle {
     std::fs::create_dir_all(mnt).unwrap();
     let mut mounted = Mounted::mount(mnt, model).expect("mount the power-cut filesystem");
+    let mut cmd = run_cmd(endpoint, &mnt.join("out"), &args());
+    if let Stop::At(point) = stop {
+        cmd.env("FTPIPE_CRASH_AT", point);
+    }
     let mut child = KillOnDrop(Some(
-        run_cmd(endpoint, &mnt.join("out"), &args())
-            .stdout(Stdio::null())
+        cmd.stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     ));
-    std::thread::sleep(delay);
-    let c = child.0.as_mut().unwrap();
-    let finished = c.try_wait().unwrap().is_some();
-    let _ = c.kill(); // SIGKILL: the process is gone before the power is
-    let o = child.0.take().unwrap().wait_with_output().unwrap();
+    let (finished, o) = match stop {
+        Stop::After(delay) => {
+            std::thread::sleep(*delay);
+            let c = child.0.as_mut().unwrap();
+            let finished = c.try_wait().unwrap().is_some();
+            let _ = c.kill(); // SIGKILL: the process is gone before the power is
+            (
+                finished,
+                child.0.take().unwrap().wait_with_output().unwrap(),
+            )
+        }
+        Stop::At(point) => {
+            let o = child.0.take().unwrap().wait_with_output().unwrap();
+            assert!(
+                stderr(&o).contains(&format!("FTPIPE_CRASH_AT={point}: aborting here")),
+                "{point} not reached: {}",
+                stderr(&o)
+            );
+            (false, o)
+        }
+    };
     if finished {
         assert!(o.status.success(), "ftpipe run failed: {}", stderr(&o));
     }
@@ -386,6 +418,21 @@ fn cycle(endpoint: &str, mnt: &Path, model: Model, dump: &Path, delay: Duration)
         acked: acked(&stderr(&o)),
         report,
     }
+}
+
+/// Ranges with nothing durable whose attempt is in flight from their
+/// start: claims (a split and its attempt's row, one transaction) whose
+/// worker had written nothing durable yet.
+fn fresh_claims(out: &Path) -> usize {
+    rows(
+        out,
+        "SELECT COUNT(*) FROM fetch_ranges r WHERE r.watermark = r.start AND r.start > 0 \
+         AND EXISTS (SELECT 1 FROM attempts a WHERE a.path = r.path \
+                     AND a.range_start = r.start AND a.outcome = 'in_flight')",
+        "fresh claims",
+    )
+    .first()
+    .map_or(0, |r| r[0].parse().unwrap())
 }
 
 /// Runs `cmd` to completion and returns how long it took.
@@ -501,6 +548,8 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     let mut in_ranges = 0;
     // Cuts that recovered the receipt of the file taken from the cache.
     let mut from_cache = 0;
+    // Durable claims found after the cut at a split (see `fresh_claims`).
+    let mut at_claim = 0;
     while cuts < CUTS || ((in_fetch == 0 || in_convert == 0 || in_ranges == 0) && cuts < 3 * CUTS) {
         let aim_at_fetch = if cuts < CUTS {
             cuts % CHAIN == 0
@@ -519,19 +568,37 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         } else {
             fetch_ms + convert_ms
         };
-        let delay = Duration::from_millis(rng.next_u64() % window);
+        // The first cut stops at a durable split before its range has a
+        // byte: the window between a piece's claim and its first write.
+        let stop = if cuts == 1 {
+            Stop::At(format!("range-split#{}", 1 + rng.next_u64() % 4))
+        } else {
+            Stop::After(Duration::from_millis(rng.next_u64() % window))
+        };
         let (model, start) = match &current {
             Some((tree, _)) => (Model::load_dir(tree).unwrap(), "resumed"),
             None => (fresh_model(), "empty out/"),
         };
         let dump = tmp.path().join(format!("cut-{cuts}"));
         let mnt = tmp.path().join(format!("mnt-{cuts}"));
-        let c = cycle(&endpoint, &mnt, model, &dump, delay);
+        let c = cycle(&endpoint, &mnt, model, &dump, &stop);
         if let Some((prev, _)) = current.take() {
             std::fs::remove_dir_all(prev).unwrap();
         }
-        let name = format!("cut {cuts} ({start}, after {delay:?})");
+        let name = match &stop {
+            Stop::After(delay) => format!("cut {cuts} ({start}, after {delay:?})"),
+            Stop::At(point) => format!("cut {cuts} ({start}, at {point})"),
+        };
         let claims = check_recovered(&dump.join("out"), &hub_files, &name);
+        if matches!(stop, Stop::At(_)) {
+            let fresh = fresh_claims(&dump.join("out"));
+            assert!(
+                fresh > 0,
+                "{name}: no durable claim (a split range with its in-flight attempt) \
+                 survived the cut at the claim"
+            );
+            at_claim += fresh;
+        }
         in_ranges += usize::from(claims.ranges >= 2);
         from_cache += usize::from(claims.receipts.contains(&cached) && !c.finished);
         let lost_files: Vec<_> = c.acked.files.difference(&claims.receipts).collect();
@@ -623,6 +690,7 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     );
     eprintln!(
         "{cuts} cuts ({in_fetch} mid-fetch, {in_ranges} with several durable ranges, \
+         one at a durable claim ({at_claim} claims with nothing written), \
          {from_cache} with the cached file's receipt, \
          {in_convert} mid-convert, {after_finish} after the run had finished), then finished \
          on disk; {:?} in all",

@@ -39,7 +39,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
-use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, watch};
 use tokio::task::{JoinSet, block_in_place};
 
 use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
@@ -166,6 +166,101 @@ impl Shared {
     fn io(&self, op: &'static str, e: std::io::Error) -> StageError {
         StageError::io(op, &self.part_path, e)
     }
+
+    /// Bytes a new range claims off the front of an unclaimed gap of
+    /// `gap` bytes: a piece, or a `2 × connections`-th of the gap when
+    /// that is larger (fewer requests early, small ranges near the end).
+    fn piece(&self, gap: u64) -> u64 {
+        let opts = &self.ctx.opts;
+        let share = gap / (2 * opts.connections.max(1) as u64);
+        opts.piece_size
+            .max(share)
+            .max(opts.min_range)
+            .max(WRITE_ALIGN)
+    }
+
+    /// The next range for a connection, marked busy; the split it needs is
+    /// made in memory only and becomes durable with the attempt's row
+    /// ([`Claim`]). Ranges are claimed front to back so that they complete
+    /// roughly in file order and the digest, which follows the contiguous
+    /// durable prefix, keeps up with them instead of hashing most of the
+    /// file after its last byte. In order:
+    /// 1. the first idle incomplete range whose retry (if any) is due; when
+    ///    it is longer than a piece, the rest is split off as a new idle
+    ///    range;
+    /// 2. else the busy or waiting range with the largest remaining gap:
+    ///    when that gap holds two pieces, its owner keeps one and the rest
+    ///    becomes an idle range, taken by step 1; otherwise its upper half
+    ///    becomes a new busy range (work stealing). Never below the
+    ///    minimum range size.
+    ///
+    /// Called by the coordinator for a new connection and by a worker whose
+    /// range is done, which goes on at once on the same connection.
+    fn claim(&self) -> Option<Claim> {
+        let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
+        let splittable = self.splittable.load(Ordering::SeqCst) && self.validator().is_some();
+        let mut slots = self.slots();
+        let mut boundaries = Vec::new();
+        loop {
+            let now = Instant::now();
+            if let Some(i) = slots
+                .iter()
+                .position(|s| !s.busy && !s.complete() && !s.waiting(now))
+            {
+                let s = &mut slots[i];
+                s.busy = true;
+                s.retry_at = None;
+                let start = s.start;
+                let at = align_up(s.written.saturating_add(self.piece(s.end - s.written)));
+                if splittable && at < s.end && s.end - at >= min {
+                    split_slot(&mut slots, i, at, false);
+                    boundaries.push(at);
+                }
+                return Some(Claim { start, boundaries });
+            }
+            if !splittable {
+                return None;
+            }
+            let (i, s) = slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.busy || s.waiting(now))
+                .max_by_key(|(_, s)| s.end - s.pos)?;
+            let remaining = s.end - s.pos;
+            let piece = self.piece(remaining);
+            // A piece off the front leaves the rest idle (taken by step 1);
+            // a half is a new busy range, taken now.
+            let (at, busy) = if remaining >= 2 * piece {
+                (align_up(s.pos + piece), false)
+            } else if remaining >= 2 * min {
+                (align_up(s.pos + remaining / 2), true)
+            } else {
+                return None;
+            };
+            if at <= s.pos || at >= s.end || s.end - at < min {
+                return None;
+            }
+            split_slot(&mut slots, i, at, busy);
+            boundaries.push(at);
+            if busy {
+                return Some(Claim {
+                    start: at,
+                    boundaries,
+                });
+            }
+        }
+    }
+}
+
+/// A range claimed for a connection: where it starts, and the positions
+/// the claim made range starts in memory. They become durable in the same
+/// transaction as the attempt's row ([`ftpipe_receipts::Store::claim_range`]),
+/// which commits while the request is on its way and before any byte of
+/// the response is written; claims commit in any order (a boundary already
+/// there is kept), so no claim waits for another.
+struct Claim {
+    start: u64,
+    boundaries: Vec<u64>,
 }
 
 /// How a worker's response ended.
@@ -448,9 +543,19 @@ impl Coordinator {
         let mut restart: Option<Pass> = None;
         let mut delays: std::collections::HashMap<u64, backon::ExponentialBackoff> =
             std::collections::HashMap::new();
+        // Ends of ranges whose worker went on to another range.
+        let (ends_tx, mut ends) = mpsc::unbounded_channel::<WorkerEnd>();
         loop {
+            // A worker reports an end here before its task can finish, so
+            // none is left unhandled once the tasks are all joined.
+            while let Ok(end) = ends.try_recv() {
+                let outcome = self
+                    .worker_ended(&mut st, end, &schedule, &mut delays)
+                    .await?;
+                stop_on(outcome, &st.cancel, &mut failure, &mut restart);
+            }
             if failure.is_none() && restart.is_none() {
-                self.schedule(&st, &mut workers).await?;
+                self.schedule(&st, &mut workers, &ends_tx);
             }
             if workers.is_empty() {
                 if failure.is_some() || restart.is_some() || all_complete(&st.shared) {
@@ -485,23 +590,17 @@ impl Coordinator {
                     let mut end = joined.map_err(|e| StageError::internal_from("range task", e))?;
                     if matches!(end.result, Ok(Ended::Done)) && failure.is_none() && restart.is_none() {
                         // The connection goes on to the next range before this
-                        // range's checkpoint (an fsync), so it is never idle
-                        // for it. The ended slot stays busy until handled.
+                        // range's checkpoint (an fsync). The ended slot stays
+                        // busy until handled.
                         self.permits.extend(end.permit.take());
-                        self.schedule(&st, &mut workers).await?;
+                        self.schedule(&st, &mut workers, &ends_tx);
                     }
                     let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays).await?;
-                    match outcome {
-                        Next::Continue => {}
-                        Next::Fail(e) => {
-                            let _ = st.cancel.send(true);
-                            failure.get_or_insert(e);
-                        }
-                        Next::Restart(p) => {
-                            let _ = st.cancel.send(true);
-                            restart.get_or_insert(p);
-                        }
-                    }
+                    stop_on(outcome, &st.cancel, &mut failure, &mut restart);
+                }
+                Some(end) = ends.recv() => {
+                    let outcome = self.worker_ended(&mut st, end, &schedule, &mut delays).await?;
+                    stop_on(outcome, &st.cancel, &mut failure, &mut restart);
                 }
                 _ = st.shared.wrote.notified() => {}
                 _ = tokio::time::sleep(next_tick(&st.shared)) => {}
@@ -531,7 +630,12 @@ impl Coordinator {
     /// Starts workers while connections and work are available. A
     /// connection is in hand before work is claimed, so a range is split
     /// only for a worker that starts on it at once.
-    async fn schedule(&mut self, st: &PassState, workers: &mut JoinSet<WorkerEnd>) -> Result<()> {
+    fn schedule(
+        &mut self,
+        st: &PassState,
+        workers: &mut JoinSet<WorkerEnd>,
+        ends: &mpsc::UnboundedSender<WorkerEnd>,
+    ) {
         loop {
             let permit = match self.permits.pop() {
                 Some(p) => p,
@@ -543,113 +647,15 @@ impl Coordinator {
                 }
                 None => break,
             };
-            let Some(start) = self.next_work(st).await? else {
+            let Some(claim) = st.shared.claim() else {
                 self.permits.push(permit);
                 break;
             };
-            workers.spawn(worker(st.shared.clone(), start, permit));
+            workers.spawn(worker(st.shared.clone(), claim, permit, ends.clone()));
         }
         // Connections held without a use go back to the pool.
         if !workers.is_empty() {
             self.permits.clear();
-        }
-        Ok(())
-    }
-
-    /// Bytes a new range claims off the front of an unclaimed gap of
-    /// `gap` bytes: a piece, or a `2 × connections`-th of the gap when
-    /// that is larger (fewer requests early, small ranges near the end).
-    fn piece(&self, gap: u64) -> u64 {
-        let share = gap / (2 * self.ctx.opts.connections.max(1) as u64);
-        self.ctx
-            .opts
-            .piece_size
-            .max(share)
-            .max(self.ctx.opts.min_range)
-            .max(WRITE_ALIGN)
-    }
-
-    /// The next range to start a worker on, marked busy. Ranges are
-    /// claimed front to back so that they complete roughly in file order
-    /// and the digest, which follows the contiguous durable prefix, keeps
-    /// up with them instead of hashing most of the file after its last
-    /// byte. In order:
-    /// 1. the first idle incomplete range whose retry (if any) is due; when
-    ///    it is longer than a piece, the rest is split off as a new idle
-    ///    range;
-    /// 2. else the busy or waiting range with the largest remaining gap:
-    ///    when that gap holds two pieces, its owner keeps one and the rest
-    ///    becomes an idle range, taken by step 1; otherwise its upper half
-    ///    becomes a new busy range (work stealing). Never below the
-    ///    minimum range size.
-    async fn next_work(&self, st: &PassState) -> Result<Option<u64>> {
-        let shared = &st.shared;
-        let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
-        let splittable = !self.single
-            && shared.splittable.load(Ordering::SeqCst)
-            && shared.validator().is_some();
-        loop {
-            let now = Instant::now();
-            let (split, take) = {
-                let mut slots = shared.slots();
-                if let Some(i) = slots
-                    .iter()
-                    .position(|s| !s.busy && !s.complete() && !s.waiting(now))
-                {
-                    let s = &mut slots[i];
-                    s.busy = true;
-                    s.retry_at = None;
-                    let start = s.start;
-                    let at = align_up(s.written.saturating_add(self.piece(s.end - s.written)));
-                    if !splittable || at >= s.end || s.end - at < min {
-                        return Ok(Some(start));
-                    }
-                    split_slot(&mut slots, i, at, false);
-                    ((start, at), Some(start))
-                } else {
-                    if !splittable {
-                        return Ok(None);
-                    }
-                    let best = slots
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, s)| s.busy || s.waiting(now))
-                        .max_by_key(|(_, s)| s.end - s.pos);
-                    let Some((i, s)) = best else { return Ok(None) };
-                    let remaining = s.end - s.pos;
-                    let piece = self.piece(remaining);
-                    // A piece off the front leaves the rest idle (taken by
-                    // step 1); a half is a new busy range, taken now.
-                    let (at, busy) = if remaining >= 2 * piece {
-                        (align_up(s.pos + piece), false)
-                    } else if remaining >= 2 * min {
-                        (align_up(s.pos + remaining / 2), true)
-                    } else {
-                        return Ok(None);
-                    };
-                    if at <= s.pos || at >= s.end || s.end - at < min {
-                        return Ok(None);
-                    }
-                    let start = s.start;
-                    split_slot(&mut slots, i, at, busy);
-                    ((start, at), busy.then_some(at))
-                }
-            };
-            // The new range is durable before any byte of it is written.
-            shared
-                .ctx
-                .store
-                .split_range(
-                    &shared.path,
-                    split.0,
-                    split.1,
-                    shared.validator().as_deref(),
-                )
-                .await?;
-            crashpoint::hit("range-split");
-            if let Some(start) = take {
-                return Ok(Some(start));
-            }
         }
     }
 
@@ -944,6 +950,26 @@ enum Next {
     Restart(Pass),
 }
 
+/// Keeps the first failure or restart and cancels the file's other ranges.
+fn stop_on(
+    next: Next,
+    cancel: &watch::Sender<bool>,
+    failure: &mut Option<StageError>,
+    restart: &mut Option<Pass>,
+) {
+    match next {
+        Next::Continue => {}
+        Next::Fail(e) => {
+            let _ = cancel.send(true);
+            failure.get_or_insert(e);
+        }
+        Next::Restart(p) => {
+            let _ = cancel.send(true);
+            restart.get_or_insert(p);
+        }
+    }
+}
+
 /// Ends `slots[i]` at `at`; `[at, old end)` becomes a new range after it,
 /// `busy` when a worker starts on it now.
 fn split_slot(slots: &mut Vec<Slot>, i: usize, at: u64, busy: bool) {
@@ -1122,11 +1148,42 @@ fn punch_hole(file: &File, offset: u64, len: u64) {
     );
 }
 
+/// Streams ranges into the part file over one connection: the claimed
+/// one, then, as long as each ends complete and the file has work left,
+/// the next claimed at once (its end is reported on `ends`), so the
+/// connection never waits for the coordinator. Returns with the last
+/// range's end and the connection.
+async fn worker(
+    shared: Arc<Shared>,
+    mut claim: Claim,
+    permit: OwnedSemaphorePermit,
+    ends: mpsc::UnboundedSender<WorkerEnd>,
+) -> WorkerEnd {
+    loop {
+        let end = fetch_range(shared.clone(), claim).await;
+        if matches!(end.result, Ok(Ended::Done))
+            && !*shared.cancel.borrow()
+            && let Some(next) = shared.claim()
+        {
+            // The coordinator outlives its workers; were it gone, the
+            // end would have no one to account it anyway.
+            let _ = ends.send(end);
+            claim = next;
+            continue;
+        }
+        return WorkerEnd {
+            permit: Some(permit),
+            ..end
+        };
+    }
+}
+
 /// Streams one range into the part file.
-async fn worker(shared: Arc<Shared>, start: u64, permit: OwnedSemaphorePermit) -> WorkerEnd {
+async fn fetch_range(shared: Arc<Shared>, claim: Claim) -> WorkerEnd {
     let mut w = RangeWorker {
         shared,
-        start,
+        start: claim.start,
+        boundaries: claim.boundaries,
         buffer: VecDeque::new(),
         buffered: 0,
         excess: 0,
@@ -1151,20 +1208,22 @@ async fn worker(shared: Arc<Shared>, start: u64, permit: OwnedSemaphorePermit) -
         (Ok(v), Ok(())) => Ok(v),
     };
     WorkerEnd {
-        start,
+        start: w.start,
         result,
         attempt: w.attempt,
         unkept,
         excess: w.excess,
         retry_after: w.retry_after,
         unproductive: w.unproductive,
-        permit: Some(permit),
+        permit: None,
     }
 }
 
 struct RangeWorker {
     shared: Arc<Shared>,
     start: u64,
+    /// Range starts the claim made in memory, durable with the attempt.
+    boundaries: Vec<u64>,
     /// Received, not yet written (from `written` on): the response's own
     /// chunks, written with one vectored write and never copied.
     buffer: VecDeque<Bytes>,
@@ -1220,16 +1279,28 @@ impl RangeWorker {
             })?
             .to_owned();
         let mut cancel = shared.cancel.clone();
-        // The request goes out while the attempt's row commits (an fsync):
-        // both are done before any byte of the response is written, so
-        // every written byte still belongs to a durable attempt.
-        let (id, body) = tokio::join!(ctx.store.start_attempt(ctx.run, &self.attempt), async {
+        // The request goes out while the claim (the range's split, if any,
+        // and the attempt's row) commits, an fsync: both are done before
+        // any byte of the response is written, so every written byte lies
+        // in a durable range and belongs to a durable attempt.
+        let claimed = ctx.store.claim_range(
+            ctx.run,
+            &path,
+            &self.boundaries,
+            validator.as_deref(),
+            &self.attempt,
+        );
+        let (id, body) = tokio::join!(claimed, async {
             tokio::select! {
                 b = ctx.client.get_body(&path, url, headers) => Some(b),
                 _ = cancel.wait_for(|c| *c) => None,
             }
         });
         self.attempt.id = id?;
+        if !self.boundaries.is_empty() {
+            // A split is durable and nothing of its range is written yet.
+            crashpoint::hit("range-split");
+        }
         {
             let mut slots = shared.slots();
             if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
