@@ -146,6 +146,8 @@ struct Shared {
     /// False once a response shows the file cannot be split (no strong
     /// validator, or ranges ignored).
     splittable: std::sync::atomic::AtomicBool,
+    /// The file's digest so far.
+    digest: Mutex<Digest>,
     /// Wakes the coordinator when bytes were written.
     wrote: Notify,
     cancel: watch::Receiver<bool>,
@@ -154,6 +156,35 @@ struct Shared {
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn digest(&self) -> std::sync::MutexGuard<'_, Digest> {
+        self.digest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hashes the file's contiguous written prefix as far as it reaches,
+    /// reading back what the workers could not hash as they wrote it.
+    fn catch_up_digest(&self) -> std::io::Result<()> {
+        let mut d = self.digest();
+        loop {
+            let (prefix, all_written) = {
+                let slots = self.slots();
+                (
+                    written_prefix(&slots),
+                    slots.iter().all(|s| s.written == s.end),
+                )
+            };
+            let from = d.hashed;
+            if from >= prefix {
+                return Ok(());
+            }
+            let Digest { hasher, buf, .. } = &mut *d;
+            hash_range(&self.file, from, prefix, hasher, buf)?;
+            d.hashed = prefix;
+            if all_written {
+                d.catch_up += prefix - from;
+            }
+        }
     }
 
     fn validator(&self) -> Option<String> {
@@ -250,6 +281,22 @@ impl Shared {
             }
         }
     }
+}
+
+/// The digest of one pass. It follows the contiguous written prefix from
+/// byte 0: a worker whose bytes are the digest's next hashes them from
+/// memory as it writes them; the coordinator reads back the rest (ranges
+/// written ahead of the digest) at its checkpoints and before the final
+/// comparison. After a crash the pass starts over from the durable prefix,
+/// re-hashed from disk, so hashing bytes not yet durable is safe.
+struct Digest {
+    hasher: IdentityHasher,
+    /// `[0, hashed)` is hashed.
+    hashed: u64,
+    /// Bytes read back once every byte of the file was written.
+    catch_up: u64,
+    /// Read-back buffer.
+    buf: Vec<u8>,
 }
 
 /// A range claimed for a connection: where it starts, and the positions
@@ -356,12 +403,6 @@ struct Coordinator {
 struct PassState {
     shared: Arc<Shared>,
     cancel: watch::Sender<bool>,
-    hasher: IdentityHasher,
-    hashed: u64,
-    /// Bytes hashed once every byte of the file was on disk.
-    catch_up: u64,
-    /// The digest's read buffer, allocated once per pass.
-    hash_buf: Vec<u8>,
     last_checkpoint: Instant,
 }
 
@@ -500,6 +541,12 @@ impl Coordinator {
             None
         };
         let (cancel, cancelled) = watch::channel(false);
+        let digest = Digest {
+            hasher,
+            hashed: prefix,
+            catch_up: 0,
+            buf: Vec::new(),
+        };
         let shared = Arc::new(Shared {
             ctx: self.ctx.clone(),
             path,
@@ -510,6 +557,7 @@ impl Coordinator {
             slots: Mutex::new(slots),
             validator: Mutex::new(validator),
             splittable: std::sync::atomic::AtomicBool::new(!self.single),
+            digest: Mutex::new(digest),
             wrote: Notify::new(),
             cancel: cancelled,
         });
@@ -521,10 +569,6 @@ impl Coordinator {
         Ok(PassState {
             shared,
             cancel,
-            hasher,
-            hashed: prefix,
-            catch_up: 0,
-            hash_buf: Vec::new(),
             last_checkpoint: Instant::now(),
         })
     }
@@ -822,29 +866,16 @@ impl Coordinator {
             }
             r => r?,
         }
-        let (prefix, all_written) = {
+        {
             let mut slots = st.shared.slots();
             for p in &progress {
                 if let Some(s) = slots.iter_mut().find(|s| s.start == p.start) {
                     s.durable = p.watermark;
                 }
             }
-            (
-                contiguous_prefix(&slots),
-                slots.iter().all(|s| s.written == s.end),
-            )
-        };
-        if prefix > st.hashed {
-            if all_written {
-                st.catch_up += prefix - st.hashed;
-            }
-            let (from, file) = (st.hashed, &st.shared.file);
-            let (hasher, buf) = (&mut st.hasher, &mut st.hash_buf);
-            block_in_place(|| hash_range(file, from, prefix, hasher, buf))
-                .map_err(|e| self.io("hash", e))?;
-            st.hashed = prefix;
         }
-        Ok(())
+        let shared = &st.shared;
+        block_in_place(|| shared.catch_up_digest()).map_err(|e| self.io("hash", e))
     }
 
     /// Every byte of the file, durable or not, is thrown away (recorded).
@@ -889,14 +920,19 @@ impl Coordinator {
     /// Verifies the digest of the whole file and publishes it.
     async fn finish(&mut self, st: PassState) -> Result<Pass> {
         let size = self.file.size;
-        if st.hashed != size {
+        let shared = &st.shared;
+        block_in_place(|| shared.catch_up_digest()).map_err(|e| self.io("hash", e))?;
+        let (hashed, catch_up, actual) = {
+            let d = shared.digest();
+            (d.hashed, d.catch_up, d.hasher.clone().finish_hex())
+        };
+        if hashed != size {
             return Err(StageError::ShortBody {
                 path: self.path().to_owned(),
-                received: st.hashed,
+                received: hashed,
                 expected: size,
             });
         }
-        let actual = st.hasher.clone().finish_hex();
         if actual != self.expected.hex() {
             self.discard_everything(&st, "digest_mismatch").await?;
             self.digest_failures += 1;
@@ -937,7 +973,7 @@ impl Coordinator {
             &self.file,
             &self.expected,
             actual,
-            Some(st.catch_up),
+            Some(catch_up),
         )
         .await?;
         Ok(Pass::Published)
@@ -1029,6 +1065,21 @@ fn tiles(ranges: &[RangeRow], size: u64) -> bool {
     at == size
 }
 
+/// End of the written bytes that follow on from byte 0.
+fn written_prefix(slots: &[Slot]) -> u64 {
+    let mut prefix = 0;
+    for s in slots {
+        if s.start != prefix {
+            break;
+        }
+        prefix = s.written;
+        if s.written < s.end {
+            break;
+        }
+    }
+    prefix
+}
+
 /// End of the durable bytes that follow on from byte 0.
 fn contiguous_prefix(slots: &[Slot]) -> u64 {
     let mut prefix = 0;
@@ -1079,6 +1130,19 @@ fn write_chunks_at(
         }
     }
     Ok(())
+}
+
+/// Calls `f` with the first `len` bytes of `chunks`, in order.
+fn for_each_slice(chunks: &VecDeque<Bytes>, len: usize, mut f: impl FnMut(&[u8])) {
+    let mut want = len;
+    for c in chunks {
+        if want == 0 {
+            break;
+        }
+        let take = c.len().min(want);
+        f(&c[..take]);
+        want -= take;
+    }
 }
 
 /// Drops the first `n` bytes of `chunks` (a partly written chunk is sliced,
@@ -1522,7 +1586,21 @@ impl RangeWorker {
             return Err(self.no_space(written));
         }
         let (buffer, len) = (&self.buffer, n as usize);
-        match block_in_place(|| write_chunks_at(&shared.file, buffer, len, written)) {
+        let wrote = block_in_place(|| {
+            write_chunks_at(&shared.file, buffer, len, written)?;
+            // The digest's next bytes are hashed from memory, not read
+            // back. Never waited for: while the coordinator holds the
+            // digest it reads these back itself (it follows the written
+            // prefix until it has caught up).
+            if let Ok(mut d) = shared.digest.try_lock()
+                && d.hashed == written
+            {
+                for_each_slice(buffer, len, |b| d.hasher.update(b));
+                d.hashed += n;
+            }
+            Ok::<(), std::io::Error>(())
+        });
+        match wrote {
             Ok(()) => {}
             Err(e)
                 if e.kind() == std::io::ErrorKind::StorageFull
@@ -1533,8 +1611,6 @@ impl RangeWorker {
             }
             Err(e) => return Err(shared.io("write", e)),
         }
-        consume_front(&mut self.buffer, n as usize);
-        self.buffered -= n as usize;
         {
             let mut slots = shared.slots();
             if let Some(s) = slots.iter_mut().find(|s| s.start == self.start) {
@@ -1543,6 +1619,8 @@ impl RangeWorker {
                 s.attempt_bytes += n;
             }
         }
+        consume_front(&mut self.buffer, n as usize);
+        self.buffered -= n as usize;
         shared.ctx.reporter.report(ProgressEvent::FileBytes {
             path: self.path().to_owned(),
             bytes: n,
