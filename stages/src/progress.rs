@@ -91,8 +91,9 @@ pub enum ProgressEvent {
         path: String,
         /// The file's size in bytes.
         size: u64,
-        /// A file fetched as several ranges: bytes its digest hashed after
-        /// every byte was on disk (absent for one stream, hashed inline).
+        /// A file fetched as several ranges: bytes its digest read back
+        /// after every byte was written (absent for one stream, hashed
+        /// inline).
         #[serde(skip_serializing_if = "Option::is_none")]
         digest_catch_up_bytes: Option<u64>,
     },
