@@ -420,15 +420,21 @@ fn cycle(endpoint: &str, mnt: &Path, model: Model, dump: &Path, stop: &Stop) -> 
     }
 }
 
-/// Ranges with nothing durable whose attempt is in flight from their
-/// start: claims (a split and its attempt's row, one transaction) whose
-/// worker had written nothing durable yet.
+/// In-flight attempts that are claims whose range had nothing written
+/// yet: each starting at the watermark of the range holding it, in
+/// a range that a boundary with an untouched range after it ends (the
+/// claim's split, a piece off an idle range or the front of a resumed
+/// one). A claim commits its split and its attempt's row together, so a
+/// cut right after it finds both.
 fn fresh_claims(out: &Path) -> usize {
     rows(
         out,
-        "SELECT COUNT(*) FROM fetch_ranges r WHERE r.watermark = r.start AND r.start > 0 \
-         AND EXISTS (SELECT 1 FROM attempts a WHERE a.path = r.path \
-                     AND a.range_start = r.start AND a.outcome = 'in_flight')",
+        "SELECT COUNT(*) FROM attempts a JOIN fetch_ranges r ON r.path = a.path \
+           AND a.range_start >= r.start AND a.range_start < r.end_ \
+         WHERE a.outcome = 'in_flight' \
+           AND a.range_start = r.watermark \
+           AND EXISTS (SELECT 1 FROM fetch_ranges n WHERE n.path = r.path \
+                       AND n.start = r.end_ AND n.watermark = n.start)",
         "fresh claims",
     )
     .first()
@@ -594,8 +600,8 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
             let fresh = fresh_claims(&dump.join("out"));
             assert!(
                 fresh > 0,
-                "{name}: no durable claim (a split range with its in-flight attempt) \
-                 survived the cut at the claim"
+                "{name}: the claim's split and its in-flight attempt did not survive \
+                 the cut together"
             );
             at_claim += fresh;
         }

@@ -1069,35 +1069,29 @@ fn tiles(ranges: &[RangeRow], size: u64) -> bool {
 
 /// End of the written bytes that follow on from byte 0.
 fn written_prefix(slots: &[Slot]) -> u64 {
-    let mut prefix = 0;
-    for s in slots {
-        if s.start != prefix {
-            break;
-        }
-        prefix = s.written;
-        if s.written < s.end {
-            break;
-        }
-    }
-    prefix
+    prefix_up_to(slots, |s| s.written)
 }
 
 /// End of the durable bytes that follow on from byte 0.
 fn contiguous_prefix(slots: &[Slot]) -> u64 {
+    prefix_up_to(slots, |s| s.durable)
+}
+
+/// End of the bytes from 0 that ranges hold up to `mark`, without a gap.
+fn prefix_up_to(slots: &[Slot], mark: impl Fn(&Slot) -> u64) -> u64 {
     let mut prefix = 0;
     for s in slots {
         if s.start != prefix {
             break;
         }
-        prefix = s.durable;
-        if !s.complete() {
+        prefix = mark(s);
+        if prefix < s.end {
             break;
         }
     }
     prefix
 }
 
-/// Feeds bytes `[from, to)` of `file` to `hasher`.
 /// Writes the first `len` bytes of `chunks` at `offset` (vectored, whole).
 fn write_chunks_at(
     file: &File,
@@ -1173,6 +1167,7 @@ fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
     }
 }
 
+/// Feeds bytes `[from, to)` of `file` to `hasher`.
 fn hash_range(
     file: &File,
     from: u64,
