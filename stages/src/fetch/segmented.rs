@@ -3,15 +3,18 @@
 //!
 //! Each range `[start, end)` has its own durable watermark in the store
 //! (`fetch_ranges`); the ledger's committed bytes are their sum, written in
-//! the same transaction. One coordinator per file owns every database write
-//! of the file: it checkpoints (fsync, then all watermarks at once), gives
-//! a free connection the next piece of the file's unclaimed bytes, front to
-//! back, or once all is claimed splits the largest remaining gap (work
-//! stealing, never below the minimum range size), and feeds one sequential
-//! digest with the contiguous durable prefix as it grows, so verification
-//! needs no second pass over the file and, as ranges complete roughly in
-//! file order, little of it waits for the last byte. Workers stream one
-//! range each and write it.
+//! the same transaction. One coordinator per file checkpoints (fsync, then
+//! all watermarks at once), accounts each range's end, and starts workers
+//! on free connections. A worker streams a range and writes it, and when
+//! it is done claims the next one itself: a piece of the file's unclaimed
+//! bytes, front to back, or once all is claimed a split of the largest
+//! remaining gap (work stealing, never below the minimum range size). A
+//! claim is made in memory and made durable with the attempt's row in one
+//! transaction while the request is on its way. One sequential digest
+//! follows the contiguous written prefix (from memory at the front, read
+//! back behind it), so verification needs no second pass over the file
+//! and, as ranges complete roughly in file order, little of it waits for
+//! the last byte.
 //!
 //! Writes are aligned: a worker writes whole [`WRITE_ALIGN`] blocks (only a
 //! range's end may be unaligned) and keeps the remainder in memory, so
@@ -65,7 +68,7 @@ pub const WRITE_ALIGN: u64 = 64 * 1024;
 const WRITE_BATCH: usize = 4 * WRITE_ALIGN as usize;
 /// At most this many buffers per vectored write (Linux's `IOV_MAX` is 1024).
 const MAX_IOVECS: usize = 64;
-/// Chunk of the digest's reads of the durable prefix.
+/// Chunk of the digest's reads of the written prefix.
 const HASH_CHUNK: u64 = 1 << 20;
 /// How often the coordinator looks for free connections and due checkpoints.
 const SCHEDULE_TICK: Duration = Duration::from_millis(100);
@@ -216,7 +219,7 @@ impl Shared {
     /// made in memory only and becomes durable with the attempt's row
     /// ([`Claim`]). Ranges are claimed front to back so that they complete
     /// roughly in file order and the digest, which follows the contiguous
-    /// durable prefix, keeps up with them instead of hashing most of the
+    /// written prefix, keeps up with them instead of hashing most of the
     /// file after its last byte. In order:
     /// 1. the first idle incomplete range whose retry (if any) is due; when
     ///    it is longer than a piece, the rest is split off as a new idle
@@ -829,7 +832,7 @@ impl Coordinator {
     }
 
     /// fsync, then every range's watermark and the ledger in one
-    /// transaction; then the digest follows the contiguous durable prefix.
+    /// transaction; then the digest catches up with the written prefix.
     async fn checkpoint(&self, st: &mut PassState) -> Result<()> {
         st.last_checkpoint = Instant::now();
         let progress: Vec<RangeProgress> = {
@@ -1130,7 +1133,7 @@ fn write_chunks_at(
 
 /// Whether the range starting at `start` still ends where its request
 /// asked (`end`), i.e. was not split while in flight.
-fn pos_end_requested(shared: &Shared, start: u64, end: u64) -> bool {
+fn still_ends_at(shared: &Shared, start: u64, end: u64) -> bool {
     shared
         .slots()
         .iter()
@@ -1521,7 +1524,7 @@ impl RangeWorker {
                 self.flush(done)?;
             }
             if done {
-                if pos_end_requested(&shared, self.start, end) {
+                if still_ends_at(&shared, self.start, end) {
                     // Read the body's end, so that its connection goes back
                     // to the pool for the next range instead of a new one.
                     let _ = tokio::time::timeout(BODY_END_WAIT, resp.chunk()).await;
