@@ -156,7 +156,7 @@ http {{
     fastcgi_temp_path {p}/fastcgi;
     uwsgi_temp_path {p}/uwsgi;
     scgi_temp_path {p}/scgi;
-    log_format ranges escape=none '$status\t$request_method\t$uri\trange=$http_range\tif_range=$http_if_range\tsent=$body_bytes_sent';
+    log_format ranges escape=none '$status\t$request_method\t$uri\trange=$http_range\tif_range=$http_if_range\tsent=$body_bytes_sent\tconn=$connection';
     access_log {p}/access.log ranges;
     server {{
         listen 127.0.0.1:{port};
@@ -185,6 +185,8 @@ struct LogLine {
     range: String,
     if_range: String,
     sent: u64,
+    /// nginx's serial number of the TCP connection.
+    conn: u64,
 }
 
 impl LogLine {
@@ -196,6 +198,7 @@ impl LogLine {
         let range = it.next()?.strip_prefix("range=")?.to_owned();
         let if_range = it.next()?.strip_prefix("if_range=")?.to_owned();
         let sent = it.next()?.strip_prefix("sent=")?.parse().ok()?;
+        let conn = it.next()?.strip_prefix("conn=")?.parse().ok()?;
         // nginx logs an empty variable as "-".
         let dash = |s: String| if s == "-" { String::new() } else { s };
         Some(LogLine {
@@ -205,7 +208,14 @@ impl LogLine {
             range: dash(range),
             if_range: dash(if_range),
             sent,
+            conn,
         })
+    }
+
+    /// Bytes asked for by `Range: bytes=A-B`.
+    fn range_len(&self) -> Option<u64> {
+        let (a, b) = self.range.strip_prefix("bytes=")?.split_once('-')?;
+        Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?)
     }
 
     /// N of `Range: bytes=N-`.
@@ -429,4 +439,78 @@ fn kill_and_resume_against_nginx() {
         "SELECT COUNT(*) FROM discards WHERE reason = 'range_not_honoured'",
     );
     assert_eq!(bad, ["0"]);
+}
+
+/// Pieces of a split file reuse kept-alive connections: the file bodies
+/// open no more TCP connections than the budget, plus one for each response
+/// ftpipe stopped reading early (a range shortened by a split while in
+/// flight, whose connection is closed); connections the listing requests
+/// opened may be reused. nginx's `$connection` is the witness. A client
+/// that keeps no idle connection fails it (13 body requests over 13
+/// connections, tried with `pool_max_idle_per_host(0)`).
+#[test]
+fn pieces_reuse_their_connections_against_nginx() {
+    let Some(nginx_bin) = find_nginx() else {
+        skip_unless_ci("nginx not installed");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let repo_dir = root.join("repo");
+    let www = root.join("www");
+    let files = checkpoint::generate_repo_to_dir(12, 6 << 20, &repo_dir).expect("generate repo");
+    let (listing, commit) = static_listing(&files);
+    write_api(&www, &listing, &commit);
+    let nginx = Nginx::start(&nginx_bin, root, &www, &repo_dir, &commit);
+    let budget = 4;
+    let args = [
+        "--segment-threshold",
+        "1MiB",
+        "--piece-size",
+        "512KiB",
+        "--min-range",
+        "256KiB",
+        "--connections",
+        "4",
+    ];
+    let out = root.join("out");
+    let o = run(&mut fetch_cmd(&nginx.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let log = nginx.log();
+    let bodies: Vec<&LogLine> = log
+        .iter()
+        .filter(|l| l.method == "GET" && l.uri.contains("/resolve/"))
+        .collect();
+    let listing_conns: std::collections::BTreeSet<u64> = log
+        .iter()
+        .filter(|l| !l.uri.contains("/resolve/"))
+        .map(|l| l.conn)
+        .collect();
+    let opened: std::collections::BTreeSet<u64> = bodies
+        .iter()
+        .map(|l| l.conn)
+        .filter(|c| !listing_conns.contains(c))
+        .collect();
+    let cut = bodies
+        .iter()
+        .filter(|l| l.range_len().is_some_and(|n| l.sent < n))
+        .count();
+    let ranged = bodies.iter().filter(|l| l.range_len().is_some()).count();
+    assert!(
+        ranged >= 8,
+        "only {ranged} range requests: nothing was split"
+    );
+    eprintln!(
+        "{} body requests ({ranged} ranges, {cut} cut short) opened {} TCP connections",
+        bodies.len(),
+        opened.len()
+    );
+    assert!(
+        opened.len() <= budget + cut,
+        "{} body requests ({ranged} ranges) opened {} TCP connections: budget {budget}, \
+         {cut} responses cut short",
+        bodies.len(),
+        opened.len()
+    );
 }

@@ -72,8 +72,6 @@ const MAX_IOVECS: usize = 64;
 const HASH_CHUNK: u64 = 1 << 20;
 /// How often the coordinator looks for free connections and due checkpoints.
 const SCHEDULE_TICK: Duration = Duration::from_millis(100);
-/// How long a range whose last byte arrived waits to see its body end.
-const BODY_END_WAIT: Duration = Duration::from_millis(20);
 /// How long a quiet body may go unobserved before the rate rule is checked.
 const BODY_TICK: Duration = Duration::from_secs(1);
 
@@ -1131,15 +1129,6 @@ fn write_chunks_at(
     Ok(())
 }
 
-/// Whether the range starting at `start` still ends where its request
-/// asked (`end`), i.e. was not split while in flight.
-fn still_ends_at(shared: &Shared, start: u64, end: u64) -> bool {
-    shared
-        .slots()
-        .iter()
-        .any(|s| s.start == start && s.end == end)
-}
-
 /// Calls `f` with the first `len` bytes of `chunks`, in order.
 fn for_each_slice(chunks: &VecDeque<Bytes>, len: usize, mut f: impl FnMut(&[u8])) {
     let mut want = len;
@@ -1242,9 +1231,6 @@ async fn worker(
             // end would have no one to account it anyway.
             let _ = ends.send(end);
             claim = next;
-            // The previous response's connection returns to the pool from
-            // another task: let it run first, so the next request reuses it.
-            tokio::task::yield_now().await;
             continue;
         }
         return WorkerEnd {
@@ -1524,11 +1510,6 @@ impl RangeWorker {
                 self.flush(done)?;
             }
             if done {
-                if still_ends_at(&shared, self.start, end) {
-                    // Read the body's end, so that its connection goes back
-                    // to the pool for the next range instead of a new one.
-                    let _ = tokio::time::timeout(BODY_END_WAIT, resp.chunk()).await;
-                }
                 return Ok(Ended::Done);
             }
             if let Err(e) = rate.check(&path, keep) {
