@@ -22,7 +22,7 @@ use ftpipe_artifact::manifest::Partition;
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_stages::StageError;
 use ftpipe_stages::convert::{ConvertError, ConvertOptions};
-use ftpipe_stages::fetch::FetchOptions;
+use ftpipe_stages::fetch::{FetchOptions, IoMode};
 use ftpipe_stages::hfcache::HfCache;
 use ftpipe_stages::hub::Token;
 use ftpipe_stages::progress::Reporter;
@@ -188,6 +188,17 @@ struct FetchArgs {
     /// (e.g. 64MiB), so a split file's digest keeps up with its bytes.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     piece_size: u64,
+    /// A file gets another connection only while its connections each
+    /// deliver less than this per second (e.g. 128MiB, about 1 Gbit/s;
+    /// 0: always): faster ones are limited by this machine, not the server.
+    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    split_below_rate: u64,
+    /// Write large files through the page cache. By default the whole
+    /// blocks of files fetched as ranges bypass it (O_DIRECT) where the
+    /// volume allows: each byte is written once and hashed from memory,
+    /// so caching it only costs a copy and evicts other data.
+    #[arg(long)]
+    buffered_io: bool,
     /// Print nothing on success (errors still go to stderr).
     #[arg(long)]
     quiet: bool,
@@ -542,6 +553,7 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
             segment_threshold: args.segment_threshold,
             min_range: args.min_range.max(ftpipe_stages::fetch::WRITE_ALIGN),
             piece_size: args.piece_size.max(ftpipe_stages::fetch::WRITE_ALIGN),
+            split_below_rate: args.split_below_rate,
             checkpoint_bytes: args.checkpoint_bytes.max(1),
             checkpoint_interval: secs("--checkpoint-secs", args.checkpoint_secs)?,
             retries: args.retries,
@@ -549,6 +561,11 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
             preflight: !args.no_preflight,
             min_rate: args.min_rate,
             stall_window: secs("--stall-secs", args.stall_secs)?,
+            io_mode: if args.buffered_io {
+                IoMode::Buffered
+            } else {
+                IoMode::Direct
+            },
         },
         reacquire: args.reacquire,
         hf_cache: cache,

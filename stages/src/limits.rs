@@ -29,6 +29,10 @@ pub const DEFAULT_SEGMENT_THRESHOLD: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_MIN_RANGE: u64 = 4 * 1024 * 1024;
 /// A new range claims at least this much of a file's unclaimed front.
 pub const DEFAULT_PIECE_SIZE: u64 = 64 * 1024 * 1024;
+/// A connection delivering this much per second (about 1 Gbit/s) is not
+/// capped by its server: another range of the same file would not raise
+/// the file's rate (see `segmented::Shared::another_connection_pays`).
+pub const DEFAULT_SPLIT_BELOW_RATE: u64 = 128 * 1024 * 1024;
 /// Default durable checkpoint interval in time.
 pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(2);
 /// Minimum body rate (bytes per second) of a transfer, averaged over

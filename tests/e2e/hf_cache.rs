@@ -288,13 +288,13 @@ fn an_interrupted_hf_download_is_resumed_from_its_incomplete_blob() {
         let Ok(rd) = std::fs::read_dir(blobs_dir(&hf_home)) else {
             continue;
         };
+        // hf renames a blob once it is complete: an entry listed may be
+        // gone by the time it is looked at (ENOENT in one full run here).
         let names: Vec<(String, u64)> = rd
             .flatten()
-            .map(|e| {
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    e.metadata().unwrap().len(),
-                )
+            .filter_map(|e| {
+                let len = e.metadata().ok()?.len();
+                Some((e.file_name().to_string_lossy().into_owned(), len))
             })
             .collect();
         let complete = names

@@ -472,6 +472,8 @@ fn pieces_reuse_their_connections_against_nginx() {
         "256KiB",
         "--connections",
         "4",
+        "--split-below-rate",
+        "0",
     ];
     let out = root.join("out");
     let o = run(&mut fetch_cmd(&nginx.endpoint(), &out, &args));

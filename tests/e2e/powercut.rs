@@ -89,6 +89,8 @@ const RUN_ARGS: &[&str] = &[
     "2MiB",
     "--connections",
     "6",
+    "--split-below-rate",
+    "0",
 ];
 
 /// `--hf-cache DIR` of the cache built by `hf_cache_of` (set once).

@@ -33,11 +33,13 @@ use crate::hfcache::HfCache;
 use crate::hub::HubClient;
 use crate::limits::{
     DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
-    DEFAULT_MIN_RATE, DEFAULT_PIECE_SIZE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_STALL_WINDOW,
+    DEFAULT_MIN_RATE, DEFAULT_PIECE_SIZE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_SPLIT_BELOW_RATE,
+    DEFAULT_STALL_WINDOW,
 };
 use crate::progress::{ProgressEvent, Reporter};
 use ftpipe_fs::paths::safe_join;
 
+pub use ftpipe_fs::direct::IoMode;
 pub use headers::{
     ContentRange, PinContradiction, check_linked_meta, check_partial, etag, parse_content_range,
     retry_after_secs, strong_validator,
@@ -63,6 +65,9 @@ pub struct FetchOptions {
     /// bytes: at least this much, or a `2 × connections`-th of the
     /// unclaimed gap when that is larger.
     pub piece_size: u64,
+    /// A file is split for another connection only while its busy ones
+    /// deliver less than this many bytes per second each (0: always).
+    pub split_below_rate: u64,
     /// Durable checkpoint every this many bytes...
     pub checkpoint_bytes: u64,
     /// ...or this much time, whichever comes first.
@@ -78,6 +83,10 @@ pub struct FetchOptions {
     pub min_rate: u64,
     /// Window of the minimum-rate rule.
     pub stall_window: Duration,
+    /// How segmented files' whole blocks are written and read back:
+    /// past the page cache (`O_DIRECT`, where the volume allows) or
+    /// through it.
+    pub io_mode: IoMode,
 }
 
 impl Default for FetchOptions {
@@ -88,6 +97,7 @@ impl Default for FetchOptions {
             segment_threshold: DEFAULT_SEGMENT_THRESHOLD,
             min_range: DEFAULT_MIN_RANGE,
             piece_size: DEFAULT_PIECE_SIZE,
+            split_below_rate: DEFAULT_SPLIT_BELOW_RATE,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             retries: 8,
@@ -95,6 +105,7 @@ impl Default for FetchOptions {
             preflight: true,
             min_rate: DEFAULT_MIN_RATE,
             stall_window: DEFAULT_STALL_WINDOW,
+            io_mode: IoMode::Direct,
         }
     }
 }

@@ -45,6 +45,7 @@ use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, watch};
 use tokio::task::{JoinSet, block_in_place};
 
+use ftpipe_fs::direct::{Bounce, DirectFile, IoMode};
 use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
@@ -70,6 +71,11 @@ const WRITE_BATCH: usize = 4 * WRITE_ALIGN as usize;
 const MAX_IOVECS: usize = 64;
 /// Chunk of the digest's reads of the written prefix.
 const HASH_CHUNK: u64 = 1 << 20;
+/// A worker's write buffer: whole blocks are copied there (aligned in
+/// memory) to be written past the page cache; one write call each.
+const WRITE_BOUNCE: usize = 2 * WRITE_BATCH;
+/// A connection's rate is judged over at least this long.
+const RATE_WINDOW: Duration = Duration::from_millis(250);
 /// How often the coordinator looks for free connections and due checkpoints.
 const SCHEDULE_TICK: Duration = Duration::from_millis(100);
 /// How long a quiet body may go unobserved before the rate rule is checked.
@@ -106,6 +112,8 @@ struct Slot {
     retry_at: Option<Instant>,
     /// Consecutive failed attempts without progress.
     failures: u32,
+    /// When the range was last claimed, and `written` then: its rate.
+    claimed: Option<(Instant, u64)>,
 }
 
 impl Slot {
@@ -122,6 +130,7 @@ impl Slot {
             busy: false,
             retry_at: None,
             failures: 0,
+            claimed: None,
         }
     }
 
@@ -142,7 +151,11 @@ struct Shared {
     size: u64,
     lfs_sha256: Option<String>,
     part_path: PathBuf,
-    file: File,
+    /// The part file; whole blocks bypass the page cache where the
+    /// volume allows (see `ftpipe_fs::direct`).
+    file: DirectFile,
+    /// Workers' write buffers, kept between ranges.
+    bounces: Mutex<Vec<Bounce>>,
     slots: Mutex<Vec<Slot>>,
     /// The strong validator, once known (the store's, or the first response's).
     validator: Mutex<Option<String>>,
@@ -159,6 +172,19 @@ struct Shared {
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A write buffer for a worker: a kept one, or a new one.
+    fn bounce(&self) -> Bounce {
+        let kept = self.bounces.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        kept.unwrap_or_else(|| Bounce::new(WRITE_BOUNCE))
+    }
+
+    fn give_back(&self, bounce: Bounce) {
+        self.bounces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(bounce);
     }
 
     fn digest(&self) -> std::sync::MutexGuard<'_, Digest> {
@@ -181,8 +207,19 @@ impl Shared {
             if from >= prefix {
                 return Ok(());
             }
-            let Digest { hasher, buf, .. } = &mut *d;
-            hash_range(&self.file, from, prefix, hasher, buf)?;
+            let Digest {
+                hasher,
+                buf,
+                bounce,
+                ..
+            } = &mut *d;
+            if self.file.mode() == IoMode::Direct {
+                let bounce = bounce.get_or_insert_with(|| Bounce::new(HASH_CHUNK as usize));
+                self.file
+                    .read_range(bounce, from, prefix, |b| hasher.update(b))?;
+            } else {
+                hash_range(self.file.file(), from, prefix, hasher, buf)?;
+            }
             d.hashed = prefix;
             if all_written {
                 d.catch_up += prefix - from;
@@ -211,6 +248,33 @@ impl Shared {
             .max(share)
             .max(opts.min_range)
             .max(WRITE_ALIGN)
+    }
+
+    /// Whether a connection added to this file may raise its rate: the
+    /// busy connections, measured over at least [`RATE_WINDOW`] each, have
+    /// delivered less than `split_below_rate` per second on average. A
+    /// server or path that caps each connection keeps them below it; a
+    /// connection above it is limited by this machine (the one-core digest,
+    /// the disk), where a second range of the file only adds bytes written
+    /// ahead of the digest, read back from disk. Not yet measured: no.
+    fn another_connection_pays(&self, slots: &[Slot], now: Instant) -> bool {
+        let limit = self.ctx.opts.split_below_rate;
+        if limit == 0 {
+            return true;
+        }
+        let (mut bytes, mut secs) = (0u64, 0f64);
+        for s in slots.iter().filter(|s| s.busy) {
+            let Some((at, written)) = s.claimed else {
+                continue;
+            };
+            let elapsed = now.saturating_duration_since(at);
+            if elapsed < RATE_WINDOW {
+                return false;
+            }
+            bytes += s.written.saturating_sub(written);
+            secs += elapsed.as_secs_f64();
+        }
+        secs == 0.0 || (bytes as f64) < limit as f64 * secs
     }
 
     /// The next range for a connection, marked busy; the split it needs is
@@ -244,6 +308,7 @@ impl Shared {
                 let s = &mut slots[i];
                 s.busy = true;
                 s.retry_at = None;
+                s.claimed = Some((now, s.written));
                 let start = s.start;
                 let at = align_up(s.written.saturating_add(self.piece(s.end - s.written)));
                 if splittable && at < s.end && s.end - at >= min {
@@ -260,6 +325,9 @@ impl Shared {
                 .enumerate()
                 .filter(|(_, s)| s.busy || s.waiting(now))
                 .max_by_key(|(_, s)| s.end - s.pos)?;
+            if !self.another_connection_pays(&slots, now) {
+                return None;
+            }
             let remaining = s.end - s.pos;
             let piece = self.piece(remaining);
             // A piece off the front leaves the rest idle (taken by step 1);
@@ -277,6 +345,7 @@ impl Shared {
             split_slot(&mut slots, i, at, busy);
             boundaries.push(at);
             if busy {
+                slots[i + 1].claimed = Some((now, at));
                 return Some(Claim {
                     start: at,
                     boundaries,
@@ -298,8 +367,10 @@ struct Digest {
     hashed: u64,
     /// Bytes read back once every byte of the file was written.
     catch_up: u64,
-    /// Read-back buffer.
+    /// Read-back buffer (through the page cache).
     buf: Vec<u8>,
+    /// Read-back buffer past the page cache, made on first use.
+    bounce: Option<Bounce>,
 }
 
 /// A range claimed for a connection: where it starts, and the positions
@@ -549,6 +620,7 @@ impl Coordinator {
             hashed: prefix,
             catch_up: 0,
             buf: Vec::new(),
+            bounce: None,
         };
         let shared = Arc::new(Shared {
             ctx: self.ctx.clone(),
@@ -556,7 +628,8 @@ impl Coordinator {
             size,
             lfs_sha256: self.file.lfs_sha256.clone(),
             part_path,
-            file,
+            file: DirectFile::new(file, self.ctx.opts.io_mode),
+            bounces: Mutex::new(Vec::new()),
             slots: Mutex::new(slots),
             validator: Mutex::new(validator),
             splittable: std::sync::atomic::AtomicBool::new(!self.single),
@@ -852,7 +925,7 @@ impl Coordinator {
         if progress.is_empty() {
             return Ok(());
         }
-        block_in_place(|| st.shared.file.sync_data()).map_err(|e| self.io("fsync", e))?;
+        block_in_place(|| st.shared.file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
         // Bytes durable past the watermarks the store still holds.
         crashpoint::hit("checkpoint-synced");
         let validator = st.shared.validator();
@@ -913,8 +986,8 @@ impl Coordinator {
                 .await?;
         }
         let committed = store.ledger_row(self.path()).await?.committed;
-        block_in_place(|| st.shared.file.set_len(0)).map_err(|e| self.io("truncate", e))?;
-        block_in_place(|| st.shared.file.sync_all()).map_err(|e| self.io("fsync", e))?;
+        block_in_place(|| st.shared.file.file().set_len(0)).map_err(|e| self.io("truncate", e))?;
+        block_in_place(|| st.shared.file.file().sync_all()).map_err(|e| self.io("fsync", e))?;
         self.discard(reason, committed, 0, false).await?;
         store.end_ranges(self.path()).await?;
         Ok(())
@@ -965,7 +1038,7 @@ impl Coordinator {
         let part = self.part_path();
         let final_path = self.final_path.clone();
         block_in_place(|| -> std::io::Result<()> {
-            st.shared.file.sync_all()?;
+            st.shared.file.file().sync_all()?;
             std::fs::rename(&part, &final_path)?;
             sync_dir(final_path.parent().unwrap_or(Path::new(".")))
         })
@@ -1248,6 +1321,7 @@ async fn fetch_range(shared: Arc<Shared>, claim: Claim) -> WorkerEnd {
         boundaries: claim.boundaries,
         buffer: VecDeque::new(),
         buffered: 0,
+        bounce: None,
         excess: 0,
         retry_after: None,
         unproductive: false,
@@ -1264,6 +1338,9 @@ async fn fetch_range(shared: Arc<Shared>, claim: Claim) -> WorkerEnd {
     // below the alignment is not kept.
     let flushed = w.flush(false);
     let unkept = w.buffered as u64;
+    if let Some(b) = w.bounce.take() {
+        w.shared.give_back(b);
+    }
     let result = match (result, flushed) {
         (Err(e), _) => Err(e),
         (Ok(_), Err(e)) => Err(e),
@@ -1291,6 +1368,9 @@ struct RangeWorker {
     buffer: VecDeque<Bytes>,
     /// Bytes in `buffer`.
     buffered: usize,
+    /// Where whole blocks are copied to be written (taken from and given
+    /// back to [`Shared::bounces`]).
+    bounce: Option<Bounce>,
     /// Bytes received past the end this request asked for.
     excess: u64,
     retry_after: Option<u64>,
@@ -1585,7 +1665,13 @@ impl RangeWorker {
         }
         let (buffer, len) = (&self.buffer, n as usize);
         let wrote = block_in_place(|| {
-            write_chunks_at(&shared.file, buffer, len, written)?;
+            if shared.file.mode() == IoMode::Direct {
+                let bounce = self.bounce.get_or_insert_with(|| shared.bounce());
+                let parts = buffer.iter().map(|c| &c[..]);
+                shared.file.write_all_at(bounce, parts, len, written)?;
+            } else {
+                write_chunks_at(shared.file.file(), buffer, len, written)?;
+            }
             // The digest's next bytes are hashed from memory, not read
             // back. Never waited for: while the coordinator holds the
             // digest it reads these back itself (it follows the written
