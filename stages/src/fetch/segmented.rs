@@ -75,7 +75,11 @@ const HASH_CHUNK: u64 = 1 << 20;
 /// memory) to be written past the page cache; one write call each.
 const WRITE_BOUNCE: usize = 2 * WRITE_BATCH;
 /// A connection's rate is judged over at least this long.
-const RATE_WINDOW: Duration = Duration::from_millis(250);
+const RATE_WINDOW: Duration = Duration::from_millis(100);
+/// [`Shared::split_verdict`] values.
+const SPLIT_UNJUDGED: u8 = 0;
+const SPLIT_PAYS: u8 = 1;
+const SPLIT_DOES_NOT_PAY: u8 = 2;
 /// How often the coordinator looks for free connections and due checkpoints.
 const SCHEDULE_TICK: Duration = Duration::from_millis(100);
 /// How long a quiet body may go unobserved before the rate rule is checked.
@@ -156,6 +160,8 @@ struct Shared {
     file: DirectFile,
     /// Workers' write buffers, kept between ranges.
     bounces: Mutex<Vec<Bounce>>,
+    /// Whether splitting pays, once judged ([`Shared::another_connection_pays`]).
+    split_verdict: std::sync::atomic::AtomicU8,
     slots: Mutex<Vec<Slot>>,
     /// The strong validator, once known (the store's, or the first response's).
     validator: Mutex<Option<String>>,
@@ -167,6 +173,30 @@ struct Shared {
     /// Wakes the coordinator when bytes were written.
     wrote: Notify,
     cancel: watch::Receiver<bool>,
+}
+
+/// See [`Shared::piece`].
+fn piece(opts: &super::FetchOptions, gap: u64) -> u64 {
+    let share = gap / (2 * opts.connections.max(1) as u64);
+    opts.piece_size
+        .max(share)
+        .max(opts.min_range)
+        .max(WRITE_ALIGN)
+}
+
+/// See [`Shared::claim_size`]; `waiting`: files wait to start.
+fn claim_size(opts: &super::FetchOptions, gap: u64, total: u64, waiting: bool) -> u64 {
+    let share = total.max(gap) / opts.connections.max(1) as u64;
+    if share >= opts.piece_size || waiting {
+        return piece(opts, gap);
+    }
+    share.max(opts.min_range).max(WRITE_ALIGN)
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.ctx.remaining_after(&self.path, 0);
+    }
 }
 
 impl Shared {
@@ -239,42 +269,70 @@ impl Shared {
     }
 
     /// Bytes a new range claims off the front of an unclaimed gap of
-    /// `gap` bytes: a piece, or a `2 × connections`-th of the gap when
-    /// that is larger (fewer requests early, small ranges near the end).
-    fn piece(&self, gap: u64) -> u64 {
-        let opts = &self.ctx.opts;
-        let share = gap / (2 * opts.connections.max(1) as u64);
-        opts.piece_size
-            .max(share)
-            .max(opts.min_range)
-            .max(WRITE_ALIGN)
+    /// `gap` bytes, when every file fetched in ranges has `total` bytes
+    /// left. While that leaves a piece for every connection (or files wait
+    /// to start): a piece, or a `2 × connections`-th of the gap when that
+    /// is larger (fewer requests early). Below it, the end of the whole
+    /// fetch: a `connections`-th of `total` (at least the minimum range),
+    /// so the last ranges shrink together and the connections run out
+    /// together, instead of pieces claimed in the last seconds being
+    /// halved by idle connections (each halving cuts its owner's response
+    /// and closes its connection: 5 of 38 requests of one capped fetch,
+    /// 12 of 51 of another). Judged on all files, not this one: a file
+    /// near its own end while others have much left keeps whole pieces.
+    fn claim_size(&self, gap: u64, total: u64) -> u64 {
+        let waiting = self.ctx.unstarted.load(Ordering::SeqCst) > 0;
+        claim_size(&self.ctx.opts, gap, total, waiting)
     }
 
-    /// Whether a connection added to this file may raise its rate: the
-    /// busy connections, measured over at least [`RATE_WINDOW`] each, have
+    /// A piece of a gap of `gap` bytes: `piece_size`, or a
+    /// `2 × connections`-th of the gap when that is larger.
+    fn piece(&self, gap: u64) -> u64 {
+        piece(&self.ctx.opts, gap)
+    }
+
+    /// Whether a connection added to this file may raise its rate: its
+    /// busy connections, each measured over at least [`RATE_WINDOW`], have
     /// delivered less than `split_below_rate` per second on average. A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
-    /// ahead of the digest, read back from disk. Not yet measured: no.
+    /// ahead of the digest, read back from disk. Judged once per pass, at
+    /// the first measurement (until then: no), so that stealing at the end
+    /// never waits for young ranges to be measured. With no busy connection
+    /// (all waiting to retry) there is nothing to judge: yes.
     fn another_connection_pays(&self, slots: &[Slot], now: Instant) -> bool {
         let limit = self.ctx.opts.split_below_rate;
         if limit == 0 {
             return true;
         }
-        let (mut bytes, mut secs) = (0u64, 0f64);
+        match self.split_verdict.load(Ordering::SeqCst) {
+            SPLIT_PAYS => return true,
+            SPLIT_DOES_NOT_PAY => return false,
+            _ => {}
+        }
+        let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
         for s in slots.iter().filter(|s| s.busy) {
             let Some((at, written)) = s.claimed else {
                 continue;
             };
+            busy = true;
             let elapsed = now.saturating_duration_since(at);
-            if elapsed < RATE_WINDOW {
-                return false;
+            if elapsed >= RATE_WINDOW {
+                bytes += s.written.saturating_sub(written);
+                secs += elapsed.as_secs_f64();
             }
-            bytes += s.written.saturating_sub(written);
-            secs += elapsed.as_secs_f64();
         }
-        secs == 0.0 || (bytes as f64) < limit as f64 * secs
+        if !busy {
+            return true;
+        }
+        if secs == 0.0 {
+            return false;
+        }
+        let pays = (bytes as f64) < limit as f64 * secs;
+        let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
+        self.split_verdict.store(verdict, Ordering::SeqCst);
+        pays
     }
 
     /// The next range for a connection, marked busy; the split it needs is
@@ -298,6 +356,11 @@ impl Shared {
         let min = self.ctx.opts.min_range.max(WRITE_ALIGN);
         let splittable = self.splittable.load(Ordering::SeqCst) && self.validator().is_some();
         let mut slots = self.slots();
+        let left = slots
+            .iter()
+            .filter(|s| !s.complete())
+            .fold(0u64, |a, s| a.saturating_add(s.end - s.pos));
+        let total = self.ctx.remaining_after(&self.path, left);
         let mut boundaries = Vec::new();
         loop {
             let now = Instant::now();
@@ -310,7 +373,8 @@ impl Shared {
                 s.retry_at = None;
                 s.claimed = Some((now, s.written));
                 let start = s.start;
-                let at = align_up(s.written.saturating_add(self.piece(s.end - s.written)));
+                let size = self.claim_size(s.end - s.written, total);
+                let at = align_up(s.written.saturating_add(size));
                 if splittable && at < s.end && s.end - at >= min {
                     split_slot(&mut slots, i, at, false);
                     boundaries.push(at);
@@ -630,6 +694,7 @@ impl Coordinator {
             part_path,
             file: DirectFile::new(file, self.ctx.opts.io_mode),
             bounces: Mutex::new(Vec::new()),
+            split_verdict: std::sync::atomic::AtomicU8::new(SPLIT_UNJUDGED),
             slots: Mutex::new(slots),
             validator: Mutex::new(validator),
             splittable: std::sync::atomic::AtomicBool::new(!self.single),
@@ -1720,5 +1785,48 @@ impl RangeWorker {
             committed: at,
             still_needed: self.shared.size.saturating_sub(at),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::FetchOptions;
+
+    const MIB: u64 = 1 << 20;
+
+    fn opts() -> FetchOptions {
+        FetchOptions {
+            connections: 8,
+            piece_size: 64 * MIB,
+            min_range: 4 * MIB,
+            ..FetchOptions::default()
+        }
+    }
+
+    #[test]
+    fn claims_are_pieces_until_the_whole_fetch_nears_its_end() {
+        let o = opts();
+        // Early: a 16th of a large gap, at least a piece.
+        assert_eq!(claim_size(&o, 1536 * MIB, 2400 * MIB, false), 96 * MIB);
+        assert_eq!(claim_size(&o, 600 * MIB, 2400 * MIB, false), 64 * MIB);
+        // A file near its own end keeps whole pieces while others have a
+        // lot left.
+        assert_eq!(claim_size(&o, 100 * MIB, 2000 * MIB, false), 64 * MIB);
+        // The end of the whole fetch: an 8th of what is left overall.
+        assert_eq!(claim_size(&o, 300 * MIB, 320 * MIB, false), 40 * MIB);
+        assert_eq!(claim_size(&o, 40 * MIB, 40 * MIB, false), 5 * MIB);
+        // Never below the minimum range.
+        assert_eq!(claim_size(&o, 8 * MIB, 8 * MIB, false), 4 * MIB);
+        // Files waiting to start: not the end.
+        assert_eq!(claim_size(&o, 300 * MIB, 320 * MIB, true), 64 * MIB);
+    }
+
+    #[test]
+    fn a_file_alone_is_its_own_total() {
+        // Its last claim counted only what was left then: never smaller
+        // than the gap in hand.
+        let o = opts();
+        assert_eq!(claim_size(&o, 320 * MIB, 0, false), 40 * MIB);
     }
 }
