@@ -128,9 +128,13 @@ pub struct FetchCtx {
     /// Files not yet started, and files holding a connection.
     pub(crate) unstarted: AtomicUsize,
     pub(crate) in_flight: AtomicUsize,
-    /// Bytes not yet written of each file being fetched in ranges, as of
-    /// its last claim: how close the whole fetch is to its end.
-    pub(crate) remaining: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// Bytes not yet written of each pass of a file fetched in ranges (by
+    /// pass id), as of its last claim: how close the whole fetch is to its
+    /// end. Keyed by pass, so a pass that ends late never removes a newer
+    /// pass of the same file.
+    pub(crate) remaining: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    /// The next pass id.
+    pub(crate) next_pass: std::sync::atomic::AtomicU64,
     /// A Hugging Face cache to take pinned files from before the network.
     pub(crate) hf_cache: Option<HfCache>,
     /// No network: files not durable and not in the cache fail.
@@ -160,20 +164,21 @@ impl FetchCtx {
             unstarted: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             remaining: std::sync::Mutex::new(std::collections::HashMap::new()),
+            next_pass: std::sync::atomic::AtomicU64::new(0),
             opts,
             hf_cache: None,
             offline: false,
         }
     }
 
-    /// Records that `path` has `bytes` left to fetch in ranges (0: done)
-    /// and returns what all such files have left.
-    pub(crate) fn remaining_after(&self, path: &str, bytes: u64) -> u64 {
+    /// Records that pass `pass` has `bytes` left to fetch in ranges (0:
+    /// done) and returns what all such passes have left.
+    pub(crate) fn remaining_after(&self, pass: u64, bytes: u64) -> u64 {
         let mut all = self.remaining.lock().unwrap_or_else(|p| p.into_inner());
         if bytes == 0 {
-            all.remove(path);
+            all.remove(&pass);
         } else {
-            all.insert(path.to_owned(), bytes);
+            all.insert(pass, bytes);
         }
         all.values().fold(0u64, |a, b| a.saturating_add(*b))
     }

@@ -127,8 +127,13 @@ struct Slot {
     retry_at: Option<Instant>,
     /// Consecutive failed attempts without progress.
     failures: u32,
-    /// When the range was last claimed, and `written` then: its rate.
-    claimed: Option<(Instant, u64)>,
+    /// When the range was last claimed (busy since).
+    claimed: Option<Instant>,
+    /// When its first bytes since the claim were written, and `written`
+    /// then: its rate is measured from there, not from the claim (the
+    /// request, the claim's transaction and the first byte's wait are not
+    /// the connection's rate).
+    first_write: Option<(Instant, u64)>,
 }
 
 impl Slot {
@@ -146,6 +151,7 @@ impl Slot {
             retry_at: None,
             failures: 0,
             claimed: None,
+            first_write: None,
         }
     }
 
@@ -171,6 +177,8 @@ struct Shared {
     file: DirectFile,
     /// Workers' write buffers, kept between ranges.
     bounces: Mutex<Vec<Bounce>>,
+    /// This pass's id in `FetchCtx::remaining`.
+    pass: u64,
     /// Whether splitting pays, once judged ([`Shared::another_connection_pays`]).
     split_verdict: std::sync::atomic::AtomicU8,
     slots: Mutex<Vec<Slot>>,
@@ -206,7 +214,7 @@ fn claim_size(opts: &super::FetchOptions, gap: u64, total: u64, waiting: bool) -
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.ctx.remaining_after(&self.path, 0);
+        self.ctx.remaining_after(self.pass, 0);
     }
 }
 
@@ -303,9 +311,9 @@ impl Shared {
     }
 
     /// Whether a connection added to this file may raise its rate: its
-    /// busy connections, measured over [`RATE_WINDOW`] (well below the
-    /// limit) or [`RATE_WINDOW_FULL`], have delivered less than
-    /// `split_below_rate` per second on average. A
+    /// busy connections, measured from their first write since the claim
+    /// over [`RATE_WINDOW`] (well below the limit) or [`RATE_WINDOW_FULL`],
+    /// have delivered less than `split_below_rate` per second on average. A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
@@ -325,11 +333,11 @@ impl Shared {
         }
         let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
         let mut longest = Duration::ZERO;
-        for s in slots.iter().filter(|s| s.busy) {
-            let Some((at, written)) = s.claimed else {
+        for s in slots.iter().filter(|s| s.busy && s.claimed.is_some()) {
+            busy = true;
+            let Some((at, written)) = s.first_write else {
                 continue;
             };
-            busy = true;
             let elapsed = now.saturating_duration_since(at);
             if elapsed >= RATE_WINDOW {
                 bytes += s.written.saturating_sub(written);
@@ -381,7 +389,7 @@ impl Shared {
             .iter()
             .filter(|s| !s.complete())
             .fold(0u64, |a, s| a.saturating_add(s.end - s.pos));
-        let total = self.ctx.remaining_after(&self.path, left);
+        let total = self.ctx.remaining_after(self.pass, left);
         let mut boundaries = Vec::new();
         loop {
             let now = Instant::now();
@@ -392,7 +400,8 @@ impl Shared {
                 let s = &mut slots[i];
                 s.busy = true;
                 s.retry_at = None;
-                s.claimed = Some((now, s.written));
+                s.claimed = Some(now);
+                s.first_write = None;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
                 let at = align_up(s.written.saturating_add(size));
@@ -430,7 +439,7 @@ impl Shared {
             split_slot(&mut slots, i, at, busy);
             boundaries.push(at);
             if busy {
-                slots[i + 1].claimed = Some((now, at));
+                slots[i + 1].claimed = Some(now);
                 return Some(Claim {
                     start: at,
                     boundaries,
@@ -715,6 +724,7 @@ impl Coordinator {
             part_path,
             file: DirectFile::new(file, self.ctx.opts.io_mode),
             bounces: Mutex::new(Vec::new()),
+            pass: self.ctx.next_pass.fetch_add(1, Ordering::SeqCst),
             split_verdict: std::sync::atomic::AtomicU8::new(SPLIT_UNJUDGED),
             slots: Mutex::new(slots),
             validator: Mutex::new(validator),
@@ -1787,6 +1797,9 @@ impl RangeWorker {
                 s.written += n;
                 s.received += n;
                 s.attempt_bytes += n;
+                if s.first_write.is_none() {
+                    s.first_write = Some((Instant::now(), s.written));
+                }
             }
         }
         consume_front(&mut self.buffer, n as usize);
