@@ -129,11 +129,12 @@ struct Slot {
     failures: u32,
     /// When the range was last claimed (busy since).
     claimed: Option<Instant>,
-    /// When its first bytes since the claim were written, and `written`
-    /// then: its rate is measured from there, not from the claim (the
-    /// request, the claim's transaction and the first byte's wait are not
-    /// the connection's rate).
-    first_write: Option<(Instant, u64)>,
+    /// When its first bytes since the claim arrived, and `pos` then: its
+    /// rate is measured from there, in bytes received (not written, which
+    /// moves in whole batches), and not from the claim (the request, the
+    /// claim's transaction and the first byte's wait are not the
+    /// connection's rate).
+    first_byte: Option<(Instant, u64)>,
 }
 
 impl Slot {
@@ -151,7 +152,7 @@ impl Slot {
             retry_at: None,
             failures: 0,
             claimed: None,
-            first_write: None,
+            first_byte: None,
         }
     }
 
@@ -311,9 +312,10 @@ impl Shared {
     }
 
     /// Whether a connection added to this file may raise its rate: its
-    /// busy connections, measured from their first write since the claim
-    /// over [`RATE_WINDOW`] (well below the limit) or [`RATE_WINDOW_FULL`],
-    /// have delivered less than `split_below_rate` per second on average. A
+    /// busy connections, measured in bytes received since their first byte
+    /// after the claim over [`RATE_WINDOW`] (well below the limit) or
+    /// [`RATE_WINDOW_FULL`], have delivered less than `split_below_rate`
+    /// per second on average. A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
@@ -335,12 +337,12 @@ impl Shared {
         let mut longest = Duration::ZERO;
         for s in slots.iter().filter(|s| s.busy && s.claimed.is_some()) {
             busy = true;
-            let Some((at, written)) = s.first_write else {
+            let Some((at, pos)) = s.first_byte else {
                 continue;
             };
             let elapsed = now.saturating_duration_since(at);
             if elapsed >= RATE_WINDOW {
-                bytes += s.written.saturating_sub(written);
+                bytes += s.pos.saturating_sub(pos);
                 secs += elapsed.as_secs_f64();
                 longest = longest.max(elapsed);
             }
@@ -401,7 +403,7 @@ impl Shared {
                 s.busy = true;
                 s.retry_at = None;
                 s.claimed = Some(now);
-                s.first_write = None;
+                s.first_byte = None;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
                 let at = align_up(s.written.saturating_add(size));
@@ -1671,6 +1673,9 @@ impl RangeWorker {
                 };
                 let keep = (chunk.len() as u64).min(s.end - s.pos);
                 s.pos += keep;
+                if s.first_byte.is_none() {
+                    s.first_byte = Some((Instant::now(), s.pos));
+                }
                 // Past the requested end (not a split's shorter end): the
                 // server sent more than its Content-Range said.
                 if s.end == end {
@@ -1797,9 +1802,6 @@ impl RangeWorker {
                 s.written += n;
                 s.received += n;
                 s.attempt_bytes += n;
-                if s.first_write.is_none() {
-                    s.first_write = Some((Instant::now(), s.written));
-                }
             }
         }
         consume_front(&mut self.buffer, n as usize);
