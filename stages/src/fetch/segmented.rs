@@ -38,7 +38,6 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -127,8 +126,6 @@ struct Slot {
     retry_at: Option<Instant>,
     /// Consecutive failed attempts without progress.
     failures: u32,
-    /// When the range was last claimed (busy since).
-    claimed: Option<Instant>,
     /// When its first bytes since the claim arrived, and `pos` then: its
     /// rate is measured from there, in bytes received (not written, which
     /// moves in whole batches), and not from the claim (the request, the
@@ -151,7 +148,6 @@ impl Slot {
             busy: false,
             retry_at: None,
             failures: 0,
-            claimed: None,
             first_byte: None,
         }
     }
@@ -257,19 +253,10 @@ impl Shared {
             if from >= prefix {
                 return Ok(());
             }
-            let Digest {
-                hasher,
-                buf,
-                bounce,
-                ..
-            } = &mut *d;
-            if self.file.mode() == IoMode::Direct {
-                let bounce = bounce.get_or_insert_with(|| Bounce::new(HASH_CHUNK as usize));
-                self.file
-                    .read_range(bounce, from, prefix, |b| hasher.update(b))?;
-            } else {
-                hash_range(self.file.file(), from, prefix, hasher, buf)?;
-            }
+            let Digest { hasher, bounce, .. } = &mut *d;
+            let bounce = bounce.get_or_insert_with(|| Bounce::new(HASH_CHUNK as usize));
+            self.file
+                .read_range(bounce, from, prefix, |b| hasher.update(b))?;
             d.hashed = prefix;
             if all_written {
                 d.catch_up += prefix - from;
@@ -335,7 +322,7 @@ impl Shared {
         }
         let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
         let mut longest = Duration::ZERO;
-        for s in slots.iter().filter(|s| s.busy && s.claimed.is_some()) {
+        for s in slots.iter().filter(|s| s.busy) {
             busy = true;
             let Some((at, pos)) = s.first_byte else {
                 continue;
@@ -402,7 +389,6 @@ impl Shared {
                 let s = &mut slots[i];
                 s.busy = true;
                 s.retry_at = None;
-                s.claimed = Some(now);
                 s.first_byte = None;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
@@ -441,7 +427,6 @@ impl Shared {
             split_slot(&mut slots, i, at, busy);
             boundaries.push(at);
             if busy {
-                slots[i + 1].claimed = Some(now);
                 return Some(Claim {
                     start: at,
                     boundaries,
@@ -463,9 +448,8 @@ struct Digest {
     hashed: u64,
     /// Bytes read back once every byte of the file was written.
     catch_up: u64,
-    /// Read-back buffer (through the page cache).
-    buf: Vec<u8>,
-    /// Read-back buffer past the page cache, made on first use.
+    /// Read-back buffer (aligned for reads past the page cache), made on
+    /// first use.
     bounce: Option<Bounce>,
 }
 
@@ -715,7 +699,6 @@ impl Coordinator {
             hasher,
             hashed: prefix,
             catch_up: 0,
-            buf: Vec::new(),
             bounce: None,
         };
         let shared = Arc::new(Shared {
@@ -1328,25 +1311,6 @@ fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
             n = 0;
         }
     }
-}
-
-/// Feeds bytes `[from, to)` of `file` to `hasher`.
-fn hash_range(
-    file: &File,
-    from: u64,
-    to: u64,
-    hasher: &mut IdentityHasher,
-    buf: &mut Vec<u8>,
-) -> std::io::Result<()> {
-    buf.resize(HASH_CHUNK as usize, 0);
-    let mut at = from;
-    while at < to {
-        let n = (to - at).min(HASH_CHUNK) as usize;
-        file.read_exact_at(&mut buf[..n], at)?;
-        hasher.update(&buf[..n]);
-        at += n as u64;
-    }
-    Ok(())
 }
 
 /// Bytes written past `watermark` (before `end`): the data extent that
