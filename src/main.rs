@@ -1010,6 +1010,15 @@ fn blocking_threads(command: &Command) -> usize {
     SPARE_BLOCKING_THREADS + conversions
 }
 
+/// jemalloc keeps freed memory for reuse for a while (10 s) instead of
+/// handing it back to the kernel at once. A fetch frees and reallocates
+/// read buffers of hundreds of KiB all the time; with glibc's malloc every
+/// new buffer cost fresh zeroed pages (69,000–403,000 page faults per
+/// 4.3 GB loopback fetch; see docs/performance.md).
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
