@@ -99,6 +99,52 @@ fn align_down(v: u64) -> u64 {
     v - v % WRITE_ALIGN
 }
 
+/// What a file's busy connections delivered, for the split rule.
+#[derive(Debug, PartialEq)]
+struct Delivered {
+    /// Bytes per second over the connections measured for at least
+    /// [`RATE_WINDOW`]; `None` while none is.
+    rate: Option<f64>,
+    /// The longest of those measurements.
+    longest: Duration,
+}
+
+/// Bytes received since each busy range's first byte after its claim,
+/// over the time its connection was read: the time its worker spent
+/// storing them is left out. A connection stops being read while its
+/// worker writes, so a slow disk or a slow digest would otherwise look
+/// like a slow server, and another connection to the same file only adds
+/// disk reads (the digest reads back what a range ahead of it wrote).
+/// `None` without a busy range.
+fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
+    let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
+    let mut longest = Duration::ZERO;
+    for s in slots.iter().filter(|s| s.busy) {
+        busy = true;
+        let Some((at, pos)) = s.first_byte else {
+            continue;
+        };
+        let elapsed = now.saturating_duration_since(at);
+        if elapsed >= RATE_WINDOW {
+            bytes += s.pos.saturating_sub(pos);
+            secs += elapsed.saturating_sub(s.storing).as_secs_f64();
+            longest = longest.max(elapsed);
+        }
+    }
+    busy.then(|| Delivered {
+        // Every measured connection spent all its time storing: nothing
+        // says the server is the limit.
+        rate: (longest > Duration::ZERO).then(|| {
+            if secs > 0.0 {
+                bytes as f64 / secs
+            } else {
+                f64::INFINITY
+            }
+        }),
+        longest,
+    })
+}
+
 fn align_up(v: u64) -> u64 {
     v.div_ceil(WRITE_ALIGN).saturating_mul(WRITE_ALIGN)
 }
@@ -132,6 +178,9 @@ struct Slot {
     /// claim's transaction and the first byte's wait are not the
     /// connection's rate).
     first_byte: Option<(Instant, u64)>,
+    /// Of the time since `first_byte`, what its worker spent storing
+    /// (copying, writing, hashing) while it did not read the connection.
+    storing: Duration,
 }
 
 impl Slot {
@@ -149,6 +198,7 @@ impl Slot {
             retry_at: None,
             failures: 0,
             first_byte: None,
+            storing: Duration::ZERO,
         }
     }
 
@@ -302,7 +352,7 @@ impl Shared {
     /// busy connections, measured in bytes received since their first byte
     /// after the claim over [`RATE_WINDOW`] (well below the limit) or
     /// [`RATE_WINDOW_FULL`], have delivered less than `split_below_rate`
-    /// per second on average. A
+    /// per second on average ([`delivered`]). A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
@@ -320,33 +370,14 @@ impl Shared {
             SPLIT_DOES_NOT_PAY => return false,
             _ => {}
         }
-        let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
-        let mut longest = Duration::ZERO;
-        for s in slots.iter().filter(|s| s.busy) {
-            busy = true;
-            let Some((at, pos)) = s.first_byte else {
-                continue;
-            };
-            let elapsed = now.saturating_duration_since(at);
-            if elapsed >= RATE_WINDOW {
-                bytes += s.pos.saturating_sub(pos);
-                secs += elapsed.as_secs_f64();
-                longest = longest.max(elapsed);
-            }
-        }
-        if !busy {
+        let Some(Delivered { rate, longest }) = delivered(slots, now) else {
             return true;
-        }
-        if secs == 0.0 {
-            return false;
-        }
-        let rate = bytes as f64 / secs;
-        let pays = if rate < limit as f64 / 4.0 {
-            true
-        } else if longest >= RATE_WINDOW_FULL {
-            rate < limit as f64
-        } else {
-            return false;
+        };
+        let pays = match rate {
+            None => return false,
+            Some(rate) if rate < limit as f64 / 4.0 => true,
+            Some(rate) if longest >= RATE_WINDOW_FULL => rate < limit as f64,
+            Some(_) => return false,
         };
         let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
         self.split_verdict.store(verdict, Ordering::SeqCst);
@@ -390,6 +421,7 @@ impl Shared {
                 s.busy = true;
                 s.retry_at = None;
                 s.first_byte = None;
+                s.storing = Duration::ZERO;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
                 let at = align_up(s.written.saturating_add(size));
@@ -1639,6 +1671,7 @@ impl RangeWorker {
                 s.pos += keep;
                 if s.first_byte.is_none() {
                     s.first_byte = Some((Instant::now(), s.pos));
+                    s.storing = Duration::ZERO;
                 }
                 // Past the requested end (not a split's shorter end): the
                 // server sent more than its Content-Range said.
@@ -1729,6 +1762,7 @@ impl RangeWorker {
             return Err(self.no_space(written));
         }
         let (buffer, len) = (&self.buffer, n as usize);
+        let storing = Instant::now();
         let wrote = block_in_place(|| {
             if shared.file.mode() == IoMode::Direct {
                 let bounce = self.bounce.get_or_insert_with(|| shared.bounce());
@@ -1766,6 +1800,7 @@ impl RangeWorker {
                 s.written += n;
                 s.received += n;
                 s.attempt_bytes += n;
+                s.storing += storing.elapsed();
             }
         }
         consume_front(&mut self.buffer, n as usize);
@@ -1828,5 +1863,59 @@ mod tests {
         // than the gap in hand.
         let o = opts();
         assert_eq!(claim_size(&o, 320 * MIB, 0, false), 40 * MIB);
+    }
+
+    /// A busy range that received `bytes` over `secs` since its first
+    /// byte, of which its worker spent `storing_secs` storing.
+    fn measured(now: Instant, bytes: u64, secs: f64, storing_secs: f64) -> Slot {
+        let mut s = Slot::from_row(&RangeRow {
+            start: 0,
+            end: 1 << 40,
+            watermark: 0,
+        });
+        s.busy = true;
+        s.first_byte = Some((now - Duration::from_secs_f64(secs), 0));
+        s.pos = bytes;
+        s.storing = Duration::from_secs_f64(storing_secs);
+        s
+    }
+
+    fn rate(slots: &[Slot], now: Instant) -> f64 {
+        delivered(slots, now).and_then(|d| d.rate).unwrap()
+    }
+
+    #[test]
+    fn a_connection_is_measured_over_the_time_it_was_read() {
+        let now = Instant::now();
+        // Capped: 10 MB in 0.5 s, 5 ms of it storing: about 20 MB/s.
+        let capped = rate(&[measured(now, 10_000_000, 0.5, 0.005)], now);
+        assert!((20.0e6..20.3e6).contains(&capped), "{capped}");
+        // The same bytes while the disk took 0.4 s of the 0.5: the
+        // connection delivered 100 MB/s when it was read.
+        let slow_disk = rate(&[measured(now, 10_000_000, 0.5, 0.4)], now);
+        assert!((99.0e6..101.0e6).contains(&slow_disk), "{slow_disk}");
+        // All of it storing: nothing says the server is the limit.
+        assert_eq!(
+            rate(&[measured(now, 10_000_000, 0.5, 0.5)], now),
+            f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn only_ranges_measured_long_enough_count() {
+        let now = Instant::now();
+        let young = measured(now, 1, 0.05, 0.0);
+        let old = measured(now, 30_000_000, 0.6, 0.0);
+        let d = delivered(&[young.clone(), old], now).unwrap();
+        assert_eq!(d.rate, Some(50_000_000.0));
+        assert_eq!(d.longest, Duration::from_secs_f64(0.6));
+        // Busy but not measured yet: no rate; nothing busy: no answer.
+        assert_eq!(
+            delivered(std::slice::from_ref(&young), now).unwrap().rate,
+            None
+        );
+        let mut idle = young;
+        idle.busy = false;
+        assert_eq!(delivered(&[idle], now), None);
     }
 }
