@@ -96,6 +96,11 @@ pub enum ProgressEvent {
         /// inline).
         #[serde(skip_serializing_if = "Option::is_none")]
         digest_catch_up_bytes: Option<u64>,
+        /// A file fetched as several ranges: whether its whole blocks
+        /// bypassed the page cache (`O_DIRECT`) to the end (absent for one
+        /// stream).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        direct_io: Option<bool>,
     },
     /// A file failed for good.
     FileFailed {

@@ -304,6 +304,30 @@ fn committed_bytes(out: &Path, path: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A generated repo (`seed`, 6 MiB) under `root`, served by nginx with its
+/// static listing.
+struct Served {
+    files: Vec<RepoFile>,
+    commit: String,
+    repo_dir: PathBuf,
+    nginx: Nginx,
+}
+
+fn serve_repo(nginx_bin: &Path, root: &Path, seed: u64) -> Served {
+    let repo_dir = root.join("repo");
+    let www = root.join("www");
+    let files = checkpoint::generate_repo_to_dir(seed, 6 << 20, &repo_dir).expect("generate repo");
+    let (listing, commit) = static_listing(&files);
+    write_api(&www, &listing, &commit);
+    let nginx = Nginx::start(nginx_bin, root, &www, &repo_dir, &commit);
+    Served {
+        files,
+        commit,
+        repo_dir,
+        nginx,
+    }
+}
+
 #[test]
 fn kill_and_resume_against_nginx() {
     let _heavy = heavy();
@@ -313,13 +337,13 @@ fn kill_and_resume_against_nginx() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let repo_dir = root.join("repo");
-    let www = root.join("www");
     let out = root.join("out");
-
-    let files = checkpoint::generate_repo_to_dir(11, 6 << 20, &repo_dir).expect("generate repo");
-    let (listing, commit) = static_listing(&files);
-    write_api(&www, &listing, &commit);
+    let Served {
+        files,
+        commit,
+        repo_dir,
+        nginx,
+    } = serve_repo(&nginx_bin, root, 11);
     let big = files
         .iter()
         .max_by_key(|f| std::fs::metadata(repo_dir.join(&f.path)).unwrap().len())
@@ -327,8 +351,6 @@ fn kill_and_resume_against_nginx() {
     let big_size = std::fs::metadata(repo_dir.join(&big.path)).unwrap().len();
     assert!(big_size >= 2 << 20, "big file is only {big_size} bytes");
     let big_uri = format!("/{REPO}/resolve/{commit}/{}", big.path);
-
-    let nginx = Nginx::start(&nginx_bin, root, &www, &repo_dir, &commit);
     let endpoint = nginx.endpoint();
     let ckpt = ["--checkpoint-bytes", "65536", "--checkpoint-secs", "0.01"];
 
@@ -456,12 +478,7 @@ fn pieces_reuse_their_connections_against_nginx() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
-    let repo_dir = root.join("repo");
-    let www = root.join("www");
-    let files = checkpoint::generate_repo_to_dir(12, 6 << 20, &repo_dir).expect("generate repo");
-    let (listing, commit) = static_listing(&files);
-    write_api(&www, &listing, &commit);
-    let nginx = Nginx::start(&nginx_bin, root, &www, &repo_dir, &commit);
+    let Served { files, nginx, .. } = serve_repo(&nginx_bin, root, 12);
     let budget = 4;
     let args = [
         "--segment-threshold",

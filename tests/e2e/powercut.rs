@@ -520,7 +520,22 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
         }
     };
     let out = mnt.join("out");
-    let t_fetch = timed_ok(&mut fetch_cmd(&endpoint, &out, &args()));
+    let mut fetch = fetch_cmd(&endpoint, &out, &args());
+    fetch.arg("--json");
+    let started = Instant::now();
+    let fetched = run(&mut fetch);
+    let t_fetch = started.elapsed();
+    assert!(fetched.status.success(), "{}", stderr(&fetched));
+    // Split files go past the page cache on this filesystem too, so the
+    // cuts below cover that path (and the `.ftpipe` fsyncs around it).
+    let split: Vec<_> = json_events(&fetched, "file_published")
+        .into_iter()
+        .filter(|p| p.get("direct_io").is_some())
+        .collect();
+    assert!(!split.is_empty(), "no file was fetched in ranges");
+    for p in &split {
+        assert_eq!(p["direct_io"], true, "written through the page cache: {p}");
+    }
     let t_convert = timed_ok(&mut run_cmd(&endpoint, &out, &args()));
     let calib = tmp.path().join("calibration");
     let report = mounted.cut(&calib).unwrap();

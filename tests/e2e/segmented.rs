@@ -101,6 +101,41 @@ fn assert_attempts_add_up(out: &std::path::Path) {
     }
 }
 
+/// Split files are written past the page cache where the volume takes
+/// `O_DIRECT`, and through it with `--buffered-io`; `file_published` says
+/// which (`direct_io`), one stream says nothing.
+#[test]
+fn whole_blocks_bypass_the_page_cache_unless_buffered_io() {
+    let (hub, files) = hub_with_repo(44, 6 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let direct = takes_direct_io(dir.path());
+    for (name, buffered) in [("direct", false), ("buffered", true)] {
+        let out = dir.path().join(name);
+        let mut args = SEGMENTED.to_vec();
+        args.push("--json");
+        if buffered {
+            args.push("--buffered-io");
+        }
+        let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_files_match(&out, &files);
+        assert_clean_audit(&out);
+        let published = json_events(&o, "file_published");
+        assert_eq!(published.len(), files.len(), "{published:?}");
+        let mut split = 0;
+        for p in &published {
+            let size = p["size"].as_u64().unwrap();
+            if size >= 1 << 20 {
+                split += 1;
+                assert_eq!(p["direct_io"], !buffered && direct, "{name}: {p}");
+            } else {
+                assert!(p.get("direct_io").is_none(), "{name}: {p}");
+            }
+        }
+        assert!(split > 0, "no file at or above the segment threshold");
+    }
+}
+
 #[test]
 fn a_large_file_is_fetched_as_several_ranges_and_verified() {
     let (hub, files) = hub_with_repo(41, 6 << 20);
@@ -169,10 +204,9 @@ fn ranges_are_claimed_front_to_back_so_the_digest_keeps_up() {
     assert_files_match(&out, &files);
     assert_clean_audit(&out);
     assert_attempts_add_up(&out);
-    let published: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["event"] == "file_published" && v["path"] == big.path.as_str())
+    let published: Vec<serde_json::Value> = json_events(&o, "file_published")
+        .into_iter()
+        .filter(|v| v["path"] == big.path.as_str())
         .collect();
     assert_eq!(published.len(), 1, "{published:?}");
     let catch_up = published[0]["digest_catch_up_bytes"]

@@ -1163,6 +1163,7 @@ impl Coordinator {
             &self.expected,
             actual,
             Some(catch_up),
+            Some(st.shared.file.mode() == IoMode::Direct),
         )
         .await?;
         Ok(Pass::Published)

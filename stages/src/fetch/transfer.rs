@@ -51,6 +51,7 @@ pub(super) async fn record_published(
     expected: &Expected,
     digest: String,
     digest_catch_up_bytes: Option<u64>,
+    direct_io: Option<bool>,
 ) -> Result<()> {
     ctx.store
         .put_receipt(
@@ -69,6 +70,7 @@ pub(super) async fn record_published(
         path: file.path.clone(),
         size: file.size,
         digest_catch_up_bytes,
+        direct_io,
     });
     Ok(())
 }
@@ -399,7 +401,7 @@ impl FileTask {
             .map_err(|e| StageError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
         crashpoint::hit("fetch-renamed");
-        record_published(&self.ctx, &self.file, &self.expected, actual, None).await
+        record_published(&self.ctx, &self.file, &self.expected, actual, None, None).await
     }
 
     /// Compares the digest of the complete `.part` with the pinned identity.

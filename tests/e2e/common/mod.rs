@@ -128,6 +128,42 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("spawn ftpipe")
 }
 
+/// The `--json` events named `event` on a command's stdout.
+pub fn json_events(o: &Output, event: &str) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .unwrap_or_else(|e| panic!("not a JSON event ({e}): {l}"))
+        })
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+/// Whether the filesystem of `dir` (created) takes `O_DIRECT` writes,
+/// asked the way ftpipe asks it.
+pub fn takes_direct_io(dir: &Path) -> bool {
+    use ftpipe_fs::direct::{Bounce, DirectFile, IoMode};
+    std::fs::create_dir_all(dir).unwrap();
+    let probe = dir.join(".direct-io-probe");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&probe)
+        .unwrap();
+    let file = DirectFile::new(file, IoMode::Direct);
+    let mut bounce = Bounce::new(1 << 16);
+    // A refusal shows at the first aligned write (EINVAL), not always at open.
+    file.write_all_at(&mut bounce, [&[7u8; 1 << 16][..]], 1 << 16, 0)
+        .unwrap();
+    let direct = file.mode() == IoMode::Direct;
+    drop(file);
+    std::fs::remove_file(&probe).unwrap();
+    direct
+}
+
 /// Stderr as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
