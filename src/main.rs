@@ -193,10 +193,10 @@ struct FetchArgs {
     /// 0: always): faster ones are limited by this machine, not the server.
     #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
     split_below_rate: u64,
-    /// Write large files through the page cache. By default the whole
-    /// blocks of files fetched as ranges bypass it (O_DIRECT) where the
-    /// volume allows: each byte is written once and hashed from memory,
-    /// so caching it only costs a copy and evicts other data.
+    /// Write downloaded files through the page cache. By default their
+    /// whole blocks bypass it (O_DIRECT) where the volume allows: each byte
+    /// is written once and hashed from memory, so caching it only costs a
+    /// copy and evicts other data.
     #[arg(long)]
     buffered_io: bool,
     /// Print nothing on success (errors still go to stderr).

@@ -74,6 +74,11 @@ impl DirectFile {
         &self.file
     }
 
+    /// The ordinary descriptor, mutably (a reader of the file's prefix).
+    pub fn file_mut(&mut self) -> &mut File {
+        &mut self.file
+    }
+
     /// Whether whole blocks currently bypass the page cache.
     pub fn mode(&self) -> IoMode {
         if self.direct_on.load(Ordering::Relaxed) {

@@ -83,9 +83,9 @@ pub struct FetchOptions {
     pub min_rate: u64,
     /// Window of the minimum-rate rule.
     pub stall_window: Duration,
-    /// How segmented files' whole blocks are written and read back:
-    /// past the page cache (`O_DIRECT`, where the volume allows) or
-    /// through it.
+    /// How downloaded files' whole blocks are written (and a split file's
+    /// read back): past the page cache (`O_DIRECT`, where the volume
+    /// allows) or through it.
     pub io_mode: IoMode,
 }
 

@@ -55,6 +55,7 @@ use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
 use super::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
+use super::part::consume_front;
 use super::transfer::{
     DIGEST_REFETCHES, RateWindow, discard, error_chain, expected_identity, header_value,
     record_published, settle_stream_part,
@@ -630,9 +631,10 @@ impl Coordinator {
         let size = self.file.size;
         let part_path = self.part_path();
         let mut ranges = store.ranges(&path).await?;
-        let mut part =
-            block_in_place(|| super::part::PartFile::open(self.ctx.layout.source(), &part_path))
-                .map_err(|e| self.io("open", e))?;
+        let mut part = block_in_place(|| {
+            super::part::PartFile::open(self.ctx.layout.source(), &part_path, self.ctx.opts.io_mode)
+        })
+        .map_err(|e| self.io("open", e))?;
         if !ranges.is_empty() && !tiles(&ranges, size) {
             // Not a tiling of this file (stored for another size): the
             // ranges say nothing about its bytes.
@@ -680,7 +682,8 @@ impl Coordinator {
             }
             ranges = store.begin_ranges(&path).await?;
         }
-        let file = part.into_file();
+        let direct = part.into_file();
+        let file = direct.file();
         block_in_place(|| file.set_len(size)).map_err(|e| self.io("size", e))?;
         // Un-checkpointed tails a crash left behind: only where an attempt
         // was in flight when the process died; measured, recorded, then
@@ -689,7 +692,7 @@ impl Coordinator {
             let Some(attempt) = store.in_flight_attempt(&path, r.start, r.end).await? else {
                 continue;
             };
-            let tail = block_in_place(|| written_tail(&file, r.watermark, r.end))
+            let tail = block_in_place(|| written_tail(file, r.watermark, r.end))
                 .map_err(|e| self.io("seek", e))?;
             if tail > 0 {
                 store
@@ -703,7 +706,7 @@ impl Coordinator {
                     )
                     .await?;
                 self.rewound(r.watermark, "uncheckpointed_tail");
-                block_in_place(|| punch_hole(&file, r.watermark, tail));
+                block_in_place(|| punch_hole(file, r.watermark, tail));
             }
         }
         let ledger = store.ledger_row(&path).await?;
@@ -739,7 +742,7 @@ impl Coordinator {
             size,
             lfs_sha256: self.file.lfs_sha256.clone(),
             part_path,
-            file: DirectFile::new(file, self.ctx.opts.io_mode),
+            file: direct,
             bounces: Mutex::new(Vec::new()),
             pass: self.ctx.next_pass.fetch_add(1, Ordering::SeqCst),
             split_verdict: std::sync::atomic::AtomicU8::new(SPLIT_UNJUDGED),
@@ -1326,23 +1329,6 @@ fn for_each_slice(chunks: &VecDeque<Bytes>, len: usize, mut f: impl FnMut(&[u8])
         let take = c.len().min(want);
         f(&c[..take]);
         want -= take;
-    }
-}
-
-/// Drops the first `n` bytes of `chunks` (a partly written chunk is sliced,
-/// not copied).
-fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
-    while n > 0 {
-        let Some(front) = chunks.front_mut() else {
-            return;
-        };
-        if front.len() <= n {
-            n -= front.len();
-            chunks.pop_front();
-        } else {
-            bytes::Buf::advance(front, n);
-            n = 0;
-        }
     }
 }
 

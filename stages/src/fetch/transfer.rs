@@ -353,8 +353,14 @@ impl FileTask {
     /// Brings the `.part` file and the ledger into agreement and returns the
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
-        let mut part = block_in_place(|| PartFile::open(self.ctx.layout.source(), &self.part_path))
-            .map_err(|e| self.io("open", e))?;
+        let mut part = block_in_place(|| {
+            PartFile::open(
+                self.ctx.layout.source(),
+                &self.part_path,
+                self.ctx.opts.io_mode,
+            )
+        })
+        .map_err(|e| self.io("open", e))?;
         let ledger = settle_stream_part(
             &self.ctx,
             &self.file,
@@ -573,6 +579,8 @@ impl FileTask {
                 });
             }
         }
+        // Where this attempt's bytes start (0 after a prefix was dropped).
+        let from = part.len();
         let checkpoint_every = self.ctx.opts.checkpoint_bytes;
         let interval = self.ctx.opts.checkpoint_interval;
         let mut since = 0u64;
@@ -583,11 +591,16 @@ impl FileTask {
         let outcome: Result<()> = loop {
             // While bytes wait for a checkpoint, a quiet connection must not
             // keep them un-durable: wake up at the interval and checkpoint.
-            let next = if since > 0 {
+            let next = if since > 0 || part.held() > 0 {
                 let wait = interval.saturating_sub(last.elapsed());
                 match tokio::time::timeout(wait, resp.chunk()).await {
                     Ok(next) => next,
                     Err(_) => {
+                        match self.flush(part).await {
+                            Ok(n) => since += n,
+                            Err(e) => break Err(e),
+                        }
+                        attempt.body_bytes = stored(part, from);
                         self.checkpoint(part, since, validator.as_deref()).await?;
                         since = 0;
                         last = Instant::now();
@@ -607,51 +620,46 @@ impl FileTask {
                 Err(e) => {
                     break Err(StageError::BodyFailed {
                         path: path.clone(),
-                        received: attempt.body_bytes,
+                        received: part.end() - from,
                         message: error_chain(&e),
                     });
                 }
             };
-            if part.len() + chunk.len() as u64 > size {
+            if part.end() + chunk.len() as u64 > size {
                 // Keep the bytes up to the expected size; the rest is waste.
-                let keep = size - part.len();
+                let keep = size - part.end();
                 excess = chunk.len() as u64 - keep;
                 chunk.truncate(usize::try_from(keep).unwrap_or(0));
             }
             // Another job found the volume full and freed the space reserve
             // for the ledger: do not eat it with more file bytes.
             let full = self.ctx.volume_full.load(Ordering::SeqCst);
+            // Hashed as received: a failed write ends the attempt, and the
+            // next one hashes the file's durable prefix afresh.
+            hasher.update(&chunk);
+            let len = chunk.len() as u64;
             match block_in_place(|| {
                 if full {
                     Err(AppendError::NoSpace)
                 } else {
-                    part.append(&chunk)
+                    part.push(chunk)
                 }
             }) {
-                Ok(()) => {}
-                Err(AppendError::NoSpace) => {
-                    // The state database is on this volume too: freeing the
-                    // reserve lets the checkpoint below, the attempt and the
-                    // stage event still be written.
-                    self.ctx.mark_volume_full();
-                    break Err(StageError::NoSpace {
-                        volume: self.ctx.layout.source().to_owned(),
-                        path: path.clone(),
-                        committed: part.len(),
-                        still_needed: size - part.len(),
-                    });
-                }
-                Err(AppendError::Io(e)) => break Err(self.io("write", e)),
+                Ok(n) => since += n,
+                Err(e) => break Err(self.append_error(part, e)),
             }
             // Counted once stored, like the ledger's `transferred`.
-            attempt.body_bytes += chunk.len() as u64;
-            hasher.update(&chunk);
-            since += chunk.len() as u64;
+            attempt.body_bytes = stored(part, from);
             self.ctx.reporter.report(ProgressEvent::FileBytes {
                 path: path.clone(),
-                bytes: chunk.len() as u64,
+                bytes: len,
             });
             if since >= checkpoint_every || last.elapsed() >= interval {
+                match self.flush(part).await {
+                    Ok(n) => since += n,
+                    Err(e) => break Err(e),
+                }
+                attempt.body_bytes = stored(part, from);
                 self.checkpoint(part, since, validator.as_deref()).await?;
                 since = 0;
                 last = Instant::now();
@@ -663,13 +671,22 @@ impl FileTask {
                     expected: size,
                 });
             }
-            if let Err(e) = rate.check(&path, chunk.len() as u64) {
+            if let Err(e) = rate.check(&path, len) {
                 self.unproductive = true;
                 break Err(e);
             }
         };
         // Bytes of a validated response that arrived before a failure are a
         // correct prefix: make them durable rather than fetch them again.
+        let outcome = match self.flush(part).await {
+            Ok(n) => {
+                since += n;
+                outcome
+            }
+            // The failure that ended the body comes first.
+            Err(e) => outcome.and(Err(e)),
+        };
+        attempt.body_bytes = stored(part, from);
         let saved = self.checkpoint(part, since, validator.as_deref()).await;
         // The failure that ended the body (e.g. no space) is the one
         // reported; a checkpoint that failed with it leaves the watermark
@@ -692,6 +709,37 @@ impl FileTask {
             });
         }
         Ok(())
+    }
+
+    /// Writes what `part` holds back; the bytes written.
+    async fn flush(&self, part: &mut PartFile) -> Result<u64> {
+        let full = self.ctx.volume_full.load(Ordering::SeqCst);
+        let flushed = block_in_place(|| {
+            if full && part.held() > 0 {
+                Err(AppendError::NoSpace)
+            } else {
+                part.flush()
+            }
+        });
+        flushed.map_err(|e| self.append_error(part, e))
+    }
+
+    fn append_error(&self, part: &PartFile, e: AppendError) -> StageError {
+        match e {
+            AppendError::NoSpace => {
+                // The state database is on this volume too: freeing the
+                // reserve lets the checkpoint after the body, the attempt
+                // and the stage event still be written.
+                self.ctx.mark_volume_full();
+                StageError::NoSpace {
+                    volume: self.ctx.layout.source().to_owned(),
+                    path: self.path().to_owned(),
+                    committed: part.len(),
+                    still_needed: self.file.size - part.len(),
+                }
+            }
+            AppendError::Io(e) => self.io("write", e),
+        }
     }
 
     /// fsync, then advance the watermark (never the other way round).
@@ -785,6 +833,11 @@ impl RateWindow {
         self.bytes = 0;
         Ok(())
     }
+}
+
+/// Bytes an attempt whose bytes started at `from` has stored in `part`.
+fn stored(part: &PartFile, from: u64) -> u64 {
+    part.len().saturating_sub(from)
 }
 
 pub(super) fn header_value(v: &str) -> Result<HeaderValue> {
