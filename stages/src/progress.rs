@@ -96,9 +96,9 @@ pub enum ProgressEvent {
         /// inline).
         #[serde(skip_serializing_if = "Option::is_none")]
         digest_catch_up_bytes: Option<u64>,
-        /// A file fetched as several ranges: whether its whole blocks
-        /// bypassed the page cache (`O_DIRECT`) to the end (absent for one
-        /// stream).
+        /// Whether the file's whole blocks bypassed the page cache
+        /// (`O_DIRECT`) to the end (absent for a file taken from the
+        /// Hugging Face cache).
         #[serde(skip_serializing_if = "Option::is_none")]
         direct_io: Option<bool>,
     },

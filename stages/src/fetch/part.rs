@@ -185,6 +185,11 @@ impl PartFile {
         self.file.file().sync_data()
     }
 
+    /// Whether whole blocks bypass the page cache.
+    pub fn io_mode(&self) -> IoMode {
+        self.file.mode()
+    }
+
     /// Publishes: `sync_all` → rename to `final_path` → fsync the directory.
     /// Anything still held back is not part of it.
     pub fn publish(self, final_path: &Path) -> std::io::Result<()> {

@@ -27,6 +27,7 @@ use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_prefix};
 use crate::limits::MAX_RETRY_AFTER;
 use crate::paths::part_path;
 use crate::progress::ProgressEvent;
+use ftpipe_fs::direct::IoMode;
 
 /// How many times a file whose bytes failed the digest is fetched again.
 pub(super) const DIGEST_REFETCHES: u32 = 1;
@@ -403,11 +404,20 @@ impl FileTask {
         // The whole file is durable in `.part` and verified, not published.
         crashpoint::hit("fetch-verified");
         let final_path = self.final_path.clone();
+        let direct_io = part.io_mode() == IoMode::Direct;
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| StageError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
         crashpoint::hit("fetch-renamed");
-        record_published(&self.ctx, &self.file, &self.expected, actual, None, None).await
+        record_published(
+            &self.ctx,
+            &self.file,
+            &self.expected,
+            actual,
+            None,
+            Some(direct_io),
+        )
+        .await
     }
 
     /// Compares the digest of the complete `.part` with the pinned identity.
