@@ -27,7 +27,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Alignment of offsets, lengths and memory of direct requests. 4 KiB
 /// covers devices with 512-byte and 4 KiB logical blocks.
@@ -40,6 +40,8 @@ pub struct DirectFile {
     file: File,
     direct: Option<File>,
     direct_on: AtomicBool,
+    /// Bytes written through `direct`.
+    direct_written: AtomicU64,
 }
 
 /// How a [`DirectFile`] writes whole blocks.
@@ -66,6 +68,7 @@ impl DirectFile {
             file,
             direct,
             direct_on,
+            direct_written: AtomicU64::new(0),
         }
     }
 
@@ -77,6 +80,11 @@ impl DirectFile {
     /// The ordinary descriptor, mutably (a reader of the file's prefix).
     pub fn file_mut(&mut self) -> &mut File {
         &mut self.file
+    }
+
+    /// Bytes written past the page cache so far (through this value).
+    pub fn direct_written(&self) -> u64 {
+        self.direct_written.load(Ordering::Relaxed)
     }
 
     /// Whether whole blocks currently bypass the page cache.
@@ -144,7 +152,11 @@ impl DirectFile {
             && let Some(direct) = self.direct()
         {
             match direct.write_all_at(&buf[..whole], at) {
-                Ok(()) => done = whole,
+                Ok(()) => {
+                    done = whole;
+                    self.direct_written
+                        .fetch_add(whole as u64, Ordering::Relaxed);
+                }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.direct_on.store(false, Ordering::Relaxed);
                 }

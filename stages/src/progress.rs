@@ -96,11 +96,10 @@ pub enum ProgressEvent {
         /// inline).
         #[serde(skip_serializing_if = "Option::is_none")]
         digest_catch_up_bytes: Option<u64>,
-        /// Whether the file's whole blocks bypassed the page cache
-        /// (`O_DIRECT`) to the end (absent for a file taken from the
-        /// Hugging Face cache).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        direct_io: Option<bool>,
+        /// Bytes of the file this process wrote past the page cache
+        /// (`O_DIRECT`): its whole 4 KiB blocks, unless the volume refused
+        /// it or `--buffered-io` was given.
+        direct_io_bytes: u64,
     },
     /// A file failed for good.
     FileFailed {

@@ -98,8 +98,8 @@ impl PartFile {
 
     /// Appends `chunk` at the end, held back until whole blocks of at
     /// least [`STREAM_BATCH`] are there; returns the bytes written to the
-    /// file by this call. A failed write drops everything held back (see
-    /// [`PartFile::append`]).
+    /// file by this call. A failed write drops everything held back and
+    /// cuts the file back to [`PartFile::len`].
     pub fn push(&mut self, chunk: Bytes) -> Result<u64, AppendError> {
         if chunk.is_empty() {
             return Ok(0);
@@ -176,6 +176,7 @@ impl PartFile {
     /// The open file, for positioned writes of a segmented fetch (nothing
     /// may be held back).
     pub fn into_file(self) -> DirectFile {
+        debug_assert_eq!(self.held_len, 0, "bytes held back");
         self.file
     }
 
@@ -185,14 +186,15 @@ impl PartFile {
         self.file.file().sync_data()
     }
 
-    /// Whether whole blocks bypass the page cache.
-    pub fn io_mode(&self) -> IoMode {
-        self.file.mode()
+    /// Bytes written past the page cache since the file was opened.
+    pub fn direct_written(&self) -> u64 {
+        self.file.direct_written()
     }
 
     /// Publishes: `sync_all` → rename to `final_path` → fsync the directory.
     /// Anything still held back is not part of it.
     pub fn publish(self, final_path: &Path) -> std::io::Result<()> {
+        debug_assert_eq!(self.held_len, 0, "bytes held back");
         self.file.file().sync_all()?;
         drop(self.file);
         std::fs::rename(&self.path, final_path)?;

@@ -87,6 +87,10 @@ const WRITE_BOUNCE: usize = 2 * WRITE_BATCH;
 /// requests), while every file starts at once; over 250 ms, in one of three.
 const RATE_WINDOW: Duration = Duration::from_millis(100);
 const RATE_WINDOW_FULL: Duration = Duration::from_millis(500);
+/// A file is split only while its connections kept their workers waiting
+/// for bytes at least this share of the time: the machine has room for
+/// more (see [`delivered`]).
+const MIN_WAITING_SHARE: f64 = 0.25;
 /// [`Shared::split_verdict`] values.
 const SPLIT_UNJUDGED: u8 = 0;
 const SPLIT_PAYS: u8 = 1;
@@ -106,19 +110,21 @@ struct Delivered {
     /// Bytes per second over the connections measured for at least
     /// [`RATE_WINDOW`]; `None` while none is.
     rate: Option<f64>,
+    /// Of their time, the share their workers spent waiting for bytes.
+    waiting: f64,
     /// The longest of those measurements.
     longest: Duration,
 }
 
-/// Bytes received since each busy range's first byte after its claim,
-/// over the time its connection was read: the time its worker spent
-/// storing them is left out. A connection stops being read while its
-/// worker writes, so a slow disk or a slow digest would otherwise look
-/// like a slow server, and another connection to the same file only adds
-/// disk reads (the digest reads back what a range ahead of it wrote).
-/// `None` without a busy range.
+/// Bytes received since each busy range's first byte after its claim, per
+/// second, and the share of that time its worker waited for them. A
+/// connection slower than this machine keeps its worker waiting; one this
+/// machine cannot keep up with (a slow disk, the digest) has its next
+/// bytes ready whenever the worker asks, and a rate that says nothing
+/// about the server: the kernel keeps receiving while the worker writes
+/// and hashes. `None` without a busy range.
 fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
-    let (mut busy, mut bytes, mut secs) = (false, 0u64, 0f64);
+    let (mut busy, mut bytes, mut secs, mut waited) = (false, 0u64, 0f64, 0f64);
     let mut longest = Duration::ZERO;
     for s in slots.iter().filter(|s| s.busy) {
         busy = true;
@@ -128,20 +134,14 @@ fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
         let elapsed = now.saturating_duration_since(at);
         if elapsed >= RATE_WINDOW {
             bytes += s.pos.saturating_sub(pos);
-            secs += elapsed.saturating_sub(s.storing).as_secs_f64();
+            secs += elapsed.as_secs_f64();
+            waited += s.waiting.min(elapsed).as_secs_f64();
             longest = longest.max(elapsed);
         }
     }
     busy.then(|| Delivered {
-        // Every measured connection spent all its time storing: nothing
-        // says the server is the limit.
-        rate: (longest > Duration::ZERO).then(|| {
-            if secs > 0.0 {
-                bytes as f64 / secs
-            } else {
-                f64::INFINITY
-            }
-        }),
+        rate: (secs > 0.0).then(|| bytes as f64 / secs),
+        waiting: if secs > 0.0 { waited / secs } else { 0.0 },
         longest,
     })
 }
@@ -179,9 +179,9 @@ struct Slot {
     /// claim's transaction and the first byte's wait are not the
     /// connection's rate).
     first_byte: Option<(Instant, u64)>,
-    /// Of the time since `first_byte`, what its worker spent storing
-    /// (copying, writing, hashing) while it did not read the connection.
-    storing: Duration,
+    /// Of the time since `first_byte`, what its worker spent waiting for
+    /// the connection's next bytes.
+    waiting: Duration,
 }
 
 impl Slot {
@@ -199,7 +199,7 @@ impl Slot {
             retry_at: None,
             failures: 0,
             first_byte: None,
-            storing: Duration::ZERO,
+            waiting: Duration::ZERO,
         }
     }
 
@@ -353,7 +353,8 @@ impl Shared {
     /// busy connections, measured in bytes received since their first byte
     /// after the claim over [`RATE_WINDOW`] (well below the limit) or
     /// [`RATE_WINDOW_FULL`], have delivered less than `split_below_rate`
-    /// per second on average ([`delivered`]). A
+    /// per second on average, and kept their workers waiting for bytes at
+    /// least [`MIN_WAITING_SHARE`] of the time ([`delivered`]). A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
@@ -371,13 +372,19 @@ impl Shared {
             SPLIT_DOES_NOT_PAY => return false,
             _ => {}
         }
-        let Some(Delivered { rate, longest }) = delivered(slots, now) else {
+        let Some(Delivered {
+            rate,
+            waiting,
+            longest,
+        }) = delivered(slots, now)
+        else {
             return true;
         };
+        let waits = waiting >= MIN_WAITING_SHARE;
         let pays = match rate {
             None => return false,
-            Some(rate) if rate < limit as f64 / 4.0 => true,
-            Some(rate) if longest >= RATE_WINDOW_FULL => rate < limit as f64,
+            Some(rate) if rate < limit as f64 / 4.0 => waits,
+            Some(rate) if longest >= RATE_WINDOW_FULL => waits && rate < limit as f64,
             Some(_) => return false,
         };
         let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
@@ -422,7 +429,7 @@ impl Shared {
                 s.busy = true;
                 s.retry_at = None;
                 s.first_byte = None;
-                s.storing = Duration::ZERO;
+                s.waiting = Duration::ZERO;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
                 let at = align_up(s.written.saturating_add(size));
@@ -1166,7 +1173,7 @@ impl Coordinator {
             &self.expected,
             actual,
             Some(catch_up),
-            Some(st.shared.file.mode() == IoMode::Direct),
+            st.shared.file.direct_written(),
         )
         .await?;
         Ok(Pass::Published)
@@ -1614,6 +1621,8 @@ impl RangeWorker {
             }
         }
         let mut rate = RateWindow::new(ctx.opts.min_rate, ctx.opts.stall_window);
+        // Since the worker last asked for bytes (after storing the last).
+        let mut asked = Instant::now();
         loop {
             let next = tokio::select! {
                 n = tokio::time::timeout(BODY_TICK, resp.chunk()) => n,
@@ -1658,7 +1667,9 @@ impl RangeWorker {
                 s.pos += keep;
                 if s.first_byte.is_none() {
                     s.first_byte = Some((Instant::now(), s.pos));
-                    s.storing = Duration::ZERO;
+                    s.waiting = Duration::ZERO;
+                } else {
+                    s.waiting += asked.elapsed();
                 }
                 // Past the requested end (not a split's shorter end): the
                 // server sent more than its Content-Range said.
@@ -1681,6 +1692,7 @@ impl RangeWorker {
                 self.unproductive = true;
                 return Err(e);
             }
+            asked = Instant::now();
         }
     }
 
@@ -1749,7 +1761,6 @@ impl RangeWorker {
             return Err(self.no_space(written));
         }
         let (buffer, len) = (&self.buffer, n as usize);
-        let storing = Instant::now();
         let wrote = block_in_place(|| {
             if shared.file.mode() == IoMode::Direct {
                 let bounce = self.bounce.get_or_insert_with(|| shared.bounce());
@@ -1787,7 +1798,6 @@ impl RangeWorker {
                 s.written += n;
                 s.received += n;
                 s.attempt_bytes += n;
-                s.storing += storing.elapsed();
             }
         }
         consume_front(&mut self.buffer, n as usize);
@@ -1853,8 +1863,8 @@ mod tests {
     }
 
     /// A busy range that received `bytes` over `secs` since its first
-    /// byte, of which its worker spent `storing_secs` storing.
-    fn measured(now: Instant, bytes: u64, secs: f64, storing_secs: f64) -> Slot {
+    /// byte, of which its worker spent `waiting_secs` waiting for them.
+    fn measured(now: Instant, bytes: u64, secs: f64, waiting_secs: f64) -> Slot {
         let mut s = Slot::from_row(&RangeRow {
             start: 0,
             end: 1 << 40,
@@ -1863,29 +1873,32 @@ mod tests {
         s.busy = true;
         s.first_byte = Some((now - Duration::from_secs_f64(secs), 0));
         s.pos = bytes;
-        s.storing = Duration::from_secs_f64(storing_secs);
+        s.waiting = Duration::from_secs_f64(waiting_secs);
         s
     }
 
-    fn rate(slots: &[Slot], now: Instant) -> f64 {
-        delivered(slots, now).and_then(|d| d.rate).unwrap()
-    }
-
     #[test]
-    fn a_connection_is_measured_over_the_time_it_was_read() {
+    fn a_connection_is_judged_by_its_rate_and_how_long_its_worker_waited() {
         let now = Instant::now();
-        // Capped: 10 MB in 0.5 s, 5 ms of it storing: about 20 MB/s.
-        let capped = rate(&[measured(now, 10_000_000, 0.5, 0.005)], now);
-        assert!((20.0e6..20.3e6).contains(&capped), "{capped}");
-        // The same bytes while the disk took 0.4 s of the 0.5: the
-        // connection delivered 100 MB/s when it was read.
-        let slow_disk = rate(&[measured(now, 10_000_000, 0.5, 0.4)], now);
-        assert!((99.0e6..101.0e6).contains(&slow_disk), "{slow_disk}");
-        // All of it storing: nothing says the server is the limit.
-        assert_eq!(
-            rate(&[measured(now, 10_000_000, 0.5, 0.5)], now),
-            f64::INFINITY
-        );
+        // Capped: 10 MB in 0.5 s, the worker waiting 0.49 s of it.
+        let capped = delivered(&[measured(now, 10_000_000, 0.5, 0.49)], now).unwrap();
+        assert_eq!(capped.rate, Some(20_000_000.0));
+        assert!((capped.waiting - 0.98).abs() < 1e-9, "{capped:?}");
+        // The same bytes from a slow disk: the next bytes were always there.
+        let slow_disk = delivered(&[measured(now, 10_000_000, 0.5, 0.01)], now).unwrap();
+        assert_eq!(slow_disk.rate, Some(20_000_000.0));
+        assert!(slow_disk.waiting < MIN_WAITING_SHARE, "{slow_disk:?}");
+        // Shares are over all measured ranges; a wait never exceeds its time.
+        let both = delivered(
+            &[
+                measured(now, 1, 0.5, 0.5),
+                measured(now, 1, 0.5, 9.0),
+                measured(now, 1, 1.0, 0.0),
+            ],
+            now,
+        )
+        .unwrap();
+        assert!((both.waiting - 0.5).abs() < 1e-9, "{both:?}");
     }
 
     #[test]

@@ -27,7 +27,6 @@ use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_prefix};
 use crate::limits::MAX_RETRY_AFTER;
 use crate::paths::part_path;
 use crate::progress::ProgressEvent;
-use ftpipe_fs::direct::IoMode;
 
 /// How many times a file whose bytes failed the digest is fetched again.
 pub(super) const DIGEST_REFETCHES: u32 = 1;
@@ -52,7 +51,7 @@ pub(super) async fn record_published(
     expected: &Expected,
     digest: String,
     digest_catch_up_bytes: Option<u64>,
-    direct_io: Option<bool>,
+    direct_io_bytes: u64,
 ) -> Result<()> {
     ctx.store
         .put_receipt(
@@ -71,7 +70,7 @@ pub(super) async fn record_published(
         path: file.path.clone(),
         size: file.size,
         digest_catch_up_bytes,
-        direct_io,
+        direct_io_bytes,
     });
     Ok(())
 }
@@ -404,7 +403,7 @@ impl FileTask {
         // The whole file is durable in `.part` and verified, not published.
         crashpoint::hit("fetch-verified");
         let final_path = self.final_path.clone();
-        let direct_io = part.io_mode() == IoMode::Direct;
+        let direct_io_bytes = part.direct_written();
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| StageError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
@@ -415,7 +414,7 @@ impl FileTask {
             &self.expected,
             actual,
             None,
-            Some(direct_io),
+            direct_io_bytes,
         )
         .await
     }
@@ -607,7 +606,7 @@ impl FileTask {
                     Ok(next) => next,
                     Err(_) => {
                         match self.flush(part).await {
-                            Ok(n) => since += n,
+                            Ok(n) => since += self.stored_bytes(n),
                             Err(e) => break Err(e),
                         }
                         attempt.body_bytes = stored(part, from);
@@ -655,18 +654,14 @@ impl FileTask {
                     part.push(chunk)
                 }
             }) {
-                Ok(n) => since += n,
+                Ok(n) => since += self.stored_bytes(n),
                 Err(e) => break Err(self.append_error(part, e)),
             }
             // Counted once stored, like the ledger's `transferred`.
             attempt.body_bytes = stored(part, from);
-            self.ctx.reporter.report(ProgressEvent::FileBytes {
-                path: path.clone(),
-                bytes: len,
-            });
-            if since >= checkpoint_every || last.elapsed() >= interval {
+            if since + part.held() >= checkpoint_every || last.elapsed() >= interval {
                 match self.flush(part).await {
-                    Ok(n) => since += n,
+                    Ok(n) => since += self.stored_bytes(n),
                     Err(e) => break Err(e),
                 }
                 attempt.body_bytes = stored(part, from);
@@ -688,13 +683,17 @@ impl FileTask {
         };
         // Bytes of a validated response that arrived before a failure are a
         // correct prefix: make them durable rather than fetch them again.
-        let outcome = match self.flush(part).await {
-            Ok(n) => {
-                since += n;
+        let outcome = match (outcome, self.flush(part).await) {
+            (outcome, Ok(n)) => {
+                since += self.stored_bytes(n);
                 outcome
             }
-            // The failure that ended the body comes first.
-            Err(e) => outcome.and(Err(e)),
+            (Ok(()), Err(e)) => Err(e),
+            // The failure that ended the body is the one reported.
+            (Err(first), Err(e)) => {
+                tracing::warn!(path = %path, error = %e, after = %first, "bytes held back after a failed body were not written");
+                Err(first)
+            }
         };
         attempt.body_bytes = stored(part, from);
         let saved = self.checkpoint(part, since, validator.as_deref()).await;
@@ -719,6 +718,18 @@ impl FileTask {
             });
         }
         Ok(())
+    }
+
+    /// Reports `n` bytes stored in the file (progress moves as bytes are
+    /// written, not as they are received and held back); returns `n`.
+    fn stored_bytes(&self, n: u64) -> u64 {
+        if n > 0 {
+            self.ctx.reporter.report(ProgressEvent::FileBytes {
+                path: self.path().to_owned(),
+                bytes: n,
+            });
+        }
+        n
     }
 
     /// Writes what `part` holds back; the bytes written.
