@@ -190,6 +190,15 @@ impl DirectFile {
         Ok(())
     }
 
+    /// Reads bytes `[at, at + len)` into the start of `bounce` (`len` at
+    /// most its capacity).
+    pub fn read_into(&self, bounce: &mut Bounce, at: u64, len: usize) -> io::Result<()> {
+        if len > bounce.capacity() {
+            return Err(io::Error::other("read longer than the buffer"));
+        }
+        self.read_block_at(&mut bounce.as_mut()[..len], at)
+    }
+
     fn read_block_at(&self, buf: &mut [u8], at: u64) -> io::Result<()> {
         let whole = buf.len() / DIRECT_ALIGN * DIRECT_ALIGN;
         let mut done = 0;
@@ -247,6 +256,11 @@ impl Bounce {
 
     fn as_mut(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.capacity]
+    }
+
+    /// Its first `len` bytes (at most its capacity).
+    pub fn head(&self, len: usize) -> &[u8] {
+        &self.raw[self.start..self.start + len.min(self.capacity)]
     }
 }
 

@@ -7,10 +7,67 @@ use std::fs::File;
 use std::io::{Error, ErrorKind, Read, Seek, SeekFrom};
 use std::sync::mpsc::sync_channel;
 
+use crate::direct::{Bounce, DirectFile, IoMode};
+
 /// Bytes read per chunk: small enough to stay in L2 cache.
 pub const READ_BUF: usize = 128 << 10;
 /// Chunks in flight between the reader thread and the consumer.
 const BUFFERS: usize = 4;
+
+/// Bytes read per chunk past the page cache: large requests are what make
+/// direct reads fast (0.67 GB/s in 256 KiB blocks, 0.96 GB/s in 4 MiB on
+/// the bench VM).
+pub const DIRECT_READ_BUF: usize = 2 << 20;
+
+/// [`read_prefix`], reading past the page cache (`O_DIRECT`) where the
+/// filesystem allows: for a prefix that is not in the cache (written past
+/// it, or left by a crash or a reboot) and will not be read again soon.
+/// Chunks are of at most [`DIRECT_READ_BUF`] bytes.
+pub fn read_prefix_direct(
+    file: &File,
+    len: u64,
+    mut consume: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let direct = DirectFile::new(file.try_clone()?, IoMode::Direct);
+    if direct.mode() != IoMode::Direct {
+        return read_prefix(&mut file.try_clone()?, len, consume);
+    }
+    let (full_tx, full_rx) = sync_channel::<std::io::Result<(Bounce, usize)>>(BUFFERS);
+    let (empty_tx, empty_rx) = sync_channel::<Bounce>(BUFFERS);
+    for _ in 0..BUFFERS {
+        let _ = empty_tx.send(Bounce::new(DIRECT_READ_BUF));
+    }
+    std::thread::scope(|scope| {
+        let direct = &direct;
+        scope.spawn(move || {
+            let mut at = 0u64;
+            while at < len {
+                let Ok(mut buf) = empty_rx.recv() else { return };
+                let want = usize::try_from((len - at).min(buf.capacity() as u64))
+                    .unwrap_or(DIRECT_READ_BUF);
+                let read = direct.read_into(&mut buf, at, want).map(|()| (buf, want));
+                let stop = read.is_err();
+                at += want as u64;
+                if full_tx.send(read).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        let mut consumed = 0u64;
+        while consumed < len {
+            let (buf, n) = full_rx
+                .recv()
+                .map_err(|_| Error::new(ErrorKind::UnexpectedEof, "prefix reader stopped"))??;
+            consume(buf.head(n));
+            consumed += n as u64;
+            let _ = empty_tx.send(buf);
+        }
+        Ok(())
+    })
+}
 
 /// Feeds the first `len` bytes of `file`, from offset 0 and in order, to
 /// `consume`, in chunks of at most [`READ_BUF`] bytes. A file shorter than
@@ -85,6 +142,28 @@ mod tests {
             );
         }
         let err = read_prefix(&mut file, data.len() as u64 + 1, |_| {}).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn direct_reads_deliver_the_same_prefix_and_report_short_files() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..(2 * DIRECT_READ_BUF + 4096 * 3 + 17))
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        for len in [0, 1, 4096, DIRECT_READ_BUF + 1, data.len() - 5, data.len()] {
+            let mut got = Vec::new();
+            read_prefix_direct(&file, len as u64, |b| got.extend_from_slice(b)).unwrap();
+            assert_eq!(got, &data[..len], "len {len}");
+        }
+        let err = read_prefix_direct(&file, data.len() as u64 + 1, |_| {}).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::UnexpectedEof);
     }
 }

@@ -62,7 +62,7 @@ use super::transfer::{
 };
 use crate::crashpoint;
 use crate::error::{Result, StageError};
-use crate::identity::{Expected, IdentityHasher, hash_prefix};
+use crate::identity::{Expected, IdentityHasher, hash_part_prefix};
 use crate::limits::MAX_RETRY_AFTER;
 use crate::paths::part_path;
 use crate::progress::ProgressEvent;
@@ -728,8 +728,8 @@ impl Coordinator {
         let slots: Vec<Slot> = ranges.iter().map(Slot::from_row).collect();
         let prefix = contiguous_prefix(&slots);
         let mut hasher = self.expected.hasher(size);
-        let mut reader = file.try_clone().map_err(|e| self.io("open", e))?;
-        block_in_place(|| hash_prefix(&mut reader, prefix, &mut hasher))
+        let mode = self.ctx.opts.io_mode;
+        block_in_place(|| hash_part_prefix(file, prefix, &mut hasher, mode))
             .map_err(|e| self.io("re-hash prefix of", e))?;
         let validator = if ledger.committed > 0 || ranges.len() > 1 {
             ledger.validator

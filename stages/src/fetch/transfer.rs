@@ -23,7 +23,7 @@ use super::headers::{check_partial, etag, retry_after_secs, strong_validator};
 use super::part::{AppendError, PartFile};
 use crate::crashpoint;
 use crate::error::{Result, StageError};
-use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_prefix};
+use crate::identity::{Expected, GitOid, IdentityHasher, LfsSha256, hash_part_prefix};
 use crate::limits::MAX_RETRY_AFTER;
 use crate::paths::part_path;
 use crate::progress::ProgressEvent;
@@ -370,7 +370,8 @@ impl FileTask {
         .await?;
         let mut hasher = self.expected.hasher(self.file.size);
         let len = part.len();
-        block_in_place(|| hash_prefix(part.file_mut(), len, &mut hasher))
+        let mode = self.ctx.opts.io_mode;
+        block_in_place(|| hash_part_prefix(part.file_mut(), len, &mut hasher, mode))
             .map_err(|e| self.io("re-hash prefix of", e))?;
         let validator = if len > 0 { ledger.validator } else { None };
         Ok((part, hasher, validator))
