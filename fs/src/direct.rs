@@ -60,9 +60,22 @@ impl DirectFile {
     /// file is buffered only.
     pub fn new(file: File, mode: IoMode) -> DirectFile {
         let direct = match mode {
-            IoMode::Direct => reopen_direct(&file).ok(),
+            IoMode::Direct => reopen_direct(&file, true).ok(),
             IoMode::Buffered => None,
         };
+        let direct_on = AtomicBool::new(direct.is_some());
+        DirectFile {
+            file,
+            direct,
+            direct_on,
+            direct_written: AtomicU64::new(0),
+        }
+    }
+
+    /// Wraps `file` for reading: the second descriptor is opened
+    /// read-only with `O_DIRECT` (when that fails, reads are buffered).
+    pub fn reader(file: File) -> DirectFile {
+        let direct = reopen_direct(&file, false).ok();
         let direct_on = AtomicBool::new(direct.is_some());
         DirectFile {
             file,
@@ -218,11 +231,11 @@ impl DirectFile {
     }
 }
 
-fn reopen_direct(file: &File) -> io::Result<File> {
+fn reopen_direct(file: &File, write: bool) -> io::Result<File> {
     use std::os::fd::AsRawFd;
     std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(write)
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
@@ -331,7 +344,7 @@ mod tests {
         let mut bounce = Bounce::new(DIRECT_ALIGN);
         f.write_all_at(&mut bounce, [&[7u8; 8192][..]], 8192, 0)
             .unwrap();
-        if let Err(e) = reopen_direct(f.file()) {
+        if let Err(e) = reopen_direct(f.file(), true) {
             eprintln!("no O_DIRECT here: {e}");
             return;
         }

@@ -16,8 +16,8 @@ const BUFFERS: usize = 4;
 
 /// Bytes read per chunk past the page cache: large requests are what make
 /// direct reads fast (0.67 GB/s in 256 KiB blocks, 0.96 GB/s in 4 MiB on
-/// the bench VM).
-pub const DIRECT_READ_BUF: usize = 2 << 20;
+/// the bench VM); [`BUFFERS`] of them are 4 MiB per re-hash.
+pub const DIRECT_READ_BUF: usize = 1 << 20;
 
 /// [`read_prefix`], reading past the page cache (`O_DIRECT`) where the
 /// filesystem allows: for a prefix that is not in the cache (written past
@@ -26,71 +26,60 @@ pub const DIRECT_READ_BUF: usize = 2 << 20;
 pub fn read_prefix_direct(
     file: &File,
     len: u64,
-    mut consume: impl FnMut(&[u8]),
+    consume: impl FnMut(&[u8]),
 ) -> std::io::Result<()> {
     if len == 0 {
         return Ok(());
     }
-    let direct = DirectFile::new(file.try_clone()?, IoMode::Direct);
+    let direct = DirectFile::reader(file.try_clone()?);
     if direct.mode() != IoMode::Direct {
         return read_prefix(&mut file.try_clone()?, len, consume);
     }
-    let (full_tx, full_rx) = sync_channel::<std::io::Result<(Bounce, usize)>>(BUFFERS);
-    let (empty_tx, empty_rx) = sync_channel::<Bounce>(BUFFERS);
-    for _ in 0..BUFFERS {
-        let _ = empty_tx.send(Bounce::new(DIRECT_READ_BUF));
-    }
-    std::thread::scope(|scope| {
-        let direct = &direct;
-        scope.spawn(move || {
-            let mut at = 0u64;
-            while at < len {
-                let Ok(mut buf) = empty_rx.recv() else { return };
-                let want = usize::try_from((len - at).min(buf.capacity() as u64))
-                    .unwrap_or(DIRECT_READ_BUF);
-                let read = direct.read_into(&mut buf, at, want).map(|()| (buf, want));
-                let stop = read.is_err();
-                at += want as u64;
-                if full_tx.send(read).is_err() || stop {
-                    return;
-                }
-            }
-        });
-        let mut consumed = 0u64;
-        while consumed < len {
-            let (buf, n) = full_rx
-                .recv()
-                .map_err(|_| Error::new(ErrorKind::UnexpectedEof, "prefix reader stopped"))??;
-            consume(buf.head(n));
-            consumed += n as u64;
-            let _ = empty_tx.send(buf);
-        }
-        Ok(())
-    })
+    let buffers = (0..BUFFERS).map(|_| Bounce::new(DIRECT_READ_BUF));
+    let read = |buf: &mut Bounce, at: u64, left: u64| {
+        let want = usize::try_from(left.min(buf.capacity() as u64)).unwrap_or(DIRECT_READ_BUF);
+        direct.read_into(buf, at, want).map(|()| want)
+    };
+    overlapped(buffers, len, read, |buf, n| buf.head(n), consume)
 }
 
 /// Feeds the first `len` bytes of `file`, from offset 0 and in order, to
 /// `consume`, in chunks of at most [`READ_BUF`] bytes. A file shorter than
 /// `len` is an `UnexpectedEof` error.
-pub fn read_prefix(
-    file: &mut File,
-    len: u64,
-    mut consume: impl FnMut(&[u8]),
-) -> std::io::Result<()> {
+pub fn read_prefix(file: &mut File, len: u64, consume: impl FnMut(&[u8])) -> std::io::Result<()> {
     file.seek(SeekFrom::Start(0))?;
     let mut reader = file.try_clone()?;
-    let (full_tx, full_rx) = sync_channel::<std::io::Result<(Vec<u8>, usize)>>(BUFFERS);
-    let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(BUFFERS);
-    for _ in 0..BUFFERS {
-        let _ = empty_tx.send(vec![0u8; READ_BUF]);
+    let buffers = (0..BUFFERS).map(|_| vec![0u8; READ_BUF]);
+    let read = move |buf: &mut Vec<u8>, _at: u64, left: u64| {
+        let want = usize::try_from(left.min(READ_BUF as u64)).unwrap_or(READ_BUF);
+        reader.read(&mut buf[..want])
+    };
+    overlapped(buffers, len, read, |buf, n| &buf[..n], consume)
+}
+
+/// Reads `[0, len)` on a second thread, `read(buffer, at, left)` filling a
+/// buffer with the bytes at `at` (at most `left`; 0 is the end of the
+/// file), while `consume` takes `bytes(buffer, n)` in order on this one.
+fn overlapped<B: Send>(
+    buffers: impl Iterator<Item = B>,
+    len: u64,
+    mut read: impl FnMut(&mut B, u64, u64) -> std::io::Result<usize> + Send,
+    bytes: impl Fn(&B, usize) -> &[u8],
+    mut consume: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
+    let (full_tx, full_rx) = sync_channel::<std::io::Result<(B, usize)>>(BUFFERS);
+    let (empty_tx, empty_rx) = sync_channel::<B>(BUFFERS);
+    for b in buffers {
+        let _ = empty_tx.send(b);
     }
     std::thread::scope(|scope| {
+        // Dropped here if `consume` panics, so the reader stops too.
+        let (full_rx, empty_tx) = (full_rx, empty_tx);
         scope.spawn(move || {
-            let mut left = len;
-            while left > 0 {
+            let mut at = 0u64;
+            while at < len {
                 let Ok(mut buf) = empty_rx.recv() else { return };
-                let want = usize::try_from(left.min(READ_BUF as u64)).unwrap_or(READ_BUF);
-                let read = match reader.read(&mut buf[..want]) {
+                let read = match read(&mut buf, at, len - at) {
                     Ok(0) => Err(Error::new(
                         ErrorKind::UnexpectedEof,
                         "file shorter than the prefix to hash",
@@ -100,7 +89,7 @@ pub fn read_prefix(
                 };
                 let stop = read.is_err();
                 if let Ok((_, n)) = &read {
-                    left -= *n as u64;
+                    at += *n as u64;
                 }
                 if full_tx.send(read).is_err() || stop {
                     return;
@@ -112,7 +101,7 @@ pub fn read_prefix(
             let (buf, n) = full_rx
                 .recv()
                 .map_err(|_| Error::new(ErrorKind::UnexpectedEof, "prefix reader stopped"))??;
-            consume(&buf[..n]);
+            consume(bytes(&buf, n));
             consumed += n as u64;
             let _ = empty_tx.send(buf);
         }

@@ -96,9 +96,9 @@ pub enum ProgressEvent {
         /// inline).
         #[serde(skip_serializing_if = "Option::is_none")]
         digest_catch_up_bytes: Option<u64>,
-        /// Bytes of the file this process wrote past the page cache
-        /// (`O_DIRECT`): its whole 4 KiB blocks, unless the volume refused
-        /// it or `--buffered-io` was given.
+        /// Bytes of the file its last attempt (one stream) or pass (ranges)
+        /// wrote past the page cache (`O_DIRECT`): its whole 4 KiB blocks,
+        /// unless the volume refused it or `--buffered-io` was given.
         direct_io_bytes: u64,
     },
     /// A file failed for good.

@@ -117,7 +117,9 @@ struct Delivered {
 }
 
 /// Bytes received since each busy range's first byte after its claim, per
-/// second, and the share of that time its worker waited for them. A
+/// second, and the share of that time its worker waited for them (all of
+/// it but the time spent on the bytes it had, so that a wait still going
+/// on counts: a server that sends in bursts leaves long ones). A
 /// connection slower than this machine keeps its worker waiting; one this
 /// machine cannot keep up with (a slow disk, the digest) has its next
 /// bytes ready whenever the worker asks, and a rate that says nothing
@@ -135,7 +137,7 @@ fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
         if elapsed >= RATE_WINDOW {
             bytes += s.pos.saturating_sub(pos);
             secs += elapsed.as_secs_f64();
-            waited += s.waiting.min(elapsed).as_secs_f64();
+            waited += elapsed.saturating_sub(s.handling).as_secs_f64();
             longest = longest.max(elapsed);
         }
     }
@@ -144,6 +146,24 @@ fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
         waiting: if secs > 0.0 { waited / secs } else { 0.0 },
         longest,
     })
+}
+
+/// The split rule's verdict on what a file's connections delivered, or
+/// `None` while it cannot be told yet: a rate below a quarter of `limit`
+/// with the workers waiting at least [`MIN_WAITING_SHARE`] of the time
+/// pays at once; otherwise, once a connection has been measured for
+/// [`RATE_WINDOW_FULL`], a rate below `limit` with the same waiting pays
+/// and anything else does not.
+fn split_pays(limit: u64, d: &Delivered) -> Option<bool> {
+    let rate = d.rate?;
+    let waits = d.waiting >= MIN_WAITING_SHARE;
+    if rate < limit as f64 / 4.0 && waits {
+        Some(true)
+    } else if d.longest >= RATE_WINDOW_FULL {
+        Some(waits && rate < limit as f64)
+    } else {
+        None
+    }
 }
 
 fn align_up(v: u64) -> u64 {
@@ -179,9 +199,10 @@ struct Slot {
     /// claim's transaction and the first byte's wait are not the
     /// connection's rate).
     first_byte: Option<(Instant, u64)>,
-    /// Of the time since `first_byte`, what its worker spent waiting for
-    /// the connection's next bytes.
-    waiting: Duration,
+    /// Of the time since `first_byte`, what its worker spent on the bytes
+    /// it had (storing them, until it asked for more): the rest it waited
+    /// for the connection, including any wait still going on.
+    handling: Duration,
 }
 
 impl Slot {
@@ -199,7 +220,7 @@ impl Slot {
             retry_at: None,
             failures: 0,
             first_byte: None,
-            waiting: Duration::ZERO,
+            handling: Duration::ZERO,
         }
     }
 
@@ -372,20 +393,11 @@ impl Shared {
             SPLIT_DOES_NOT_PAY => return false,
             _ => {}
         }
-        let Some(Delivered {
-            rate,
-            waiting,
-            longest,
-        }) = delivered(slots, now)
-        else {
+        let Some(d) = delivered(slots, now) else {
             return true;
         };
-        let waits = waiting >= MIN_WAITING_SHARE;
-        let pays = match rate {
-            None => return false,
-            Some(rate) if rate < limit as f64 / 4.0 => waits,
-            Some(rate) if longest >= RATE_WINDOW_FULL => waits && rate < limit as f64,
-            Some(_) => return false,
+        let Some(pays) = split_pays(limit, &d) else {
+            return false;
         };
         let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
         self.split_verdict.store(verdict, Ordering::SeqCst);
@@ -429,7 +441,7 @@ impl Shared {
                 s.busy = true;
                 s.retry_at = None;
                 s.first_byte = None;
-                s.waiting = Duration::ZERO;
+                s.handling = Duration::ZERO;
                 let start = s.start;
                 let size = self.claim_size(s.end - s.written, total);
                 let at = align_up(s.written.saturating_add(size));
@@ -1621,8 +1633,9 @@ impl RangeWorker {
             }
         }
         let mut rate = RateWindow::new(ctx.opts.min_rate, ctx.opts.stall_window);
-        // Since the worker last asked for bytes (after storing the last).
-        let mut asked = Instant::now();
+        // Time spent on the last chunk, from its arrival until the worker
+        // asked for more; added to the slot with the next chunk.
+        let mut handled = Duration::ZERO;
         loop {
             let next = tokio::select! {
                 n = tokio::time::timeout(BODY_TICK, resp.chunk()) => n,
@@ -1657,6 +1670,7 @@ impl RangeWorker {
                     });
                 }
             };
+            let arrived = Instant::now();
             // The range may have been split since: keep what is still ours.
             let (keep, done) = {
                 let mut slots = shared.slots();
@@ -1666,10 +1680,10 @@ impl RangeWorker {
                 let keep = (chunk.len() as u64).min(s.end - s.pos);
                 s.pos += keep;
                 if s.first_byte.is_none() {
-                    s.first_byte = Some((Instant::now(), s.pos));
-                    s.waiting = Duration::ZERO;
+                    s.first_byte = Some((arrived, s.pos));
+                    s.handling = Duration::ZERO;
                 } else {
-                    s.waiting += asked.elapsed();
+                    s.handling += handled;
                 }
                 // Past the requested end (not a split's shorter end): the
                 // server sent more than its Content-Range said.
@@ -1692,7 +1706,7 @@ impl RangeWorker {
                 self.unproductive = true;
                 return Err(e);
             }
-            asked = Instant::now();
+            handled = arrived.elapsed();
         }
     }
 
@@ -1865,6 +1879,7 @@ mod tests {
     /// A busy range that received `bytes` over `secs` since its first
     /// byte, of which its worker spent `waiting_secs` waiting for them.
     fn measured(now: Instant, bytes: u64, secs: f64, waiting_secs: f64) -> Slot {
+        let handling = (secs - waiting_secs).max(0.0);
         let mut s = Slot::from_row(&RangeRow {
             start: 0,
             end: 1 << 40,
@@ -1873,7 +1888,7 @@ mod tests {
         s.busy = true;
         s.first_byte = Some((now - Duration::from_secs_f64(secs), 0));
         s.pos = bytes;
-        s.waiting = Duration::from_secs_f64(waiting_secs);
+        s.handling = Duration::from_secs_f64(handling);
         s
     }
 
@@ -1888,17 +1903,44 @@ mod tests {
         let slow_disk = delivered(&[measured(now, 10_000_000, 0.5, 0.01)], now).unwrap();
         assert_eq!(slow_disk.rate, Some(20_000_000.0));
         assert!(slow_disk.waiting < MIN_WAITING_SHARE, "{slow_disk:?}");
-        // Shares are over all measured ranges; a wait never exceeds its time.
+        // Shares are over all measured ranges; handling never exceeds its time.
+        let mut busy = measured(now, 1, 0.5, 0.0);
+        busy.handling = Duration::from_secs(9);
         let both = delivered(
-            &[
-                measured(now, 1, 0.5, 0.5),
-                measured(now, 1, 0.5, 9.0),
-                measured(now, 1, 1.0, 0.0),
-            ],
+            &[measured(now, 1, 0.5, 0.5), busy, measured(now, 1, 1.0, 0.5)],
             now,
         )
         .unwrap();
         assert!((both.waiting - 0.5).abs() < 1e-9, "{both:?}");
+    }
+
+    #[test]
+    fn the_split_verdict_waits_for_the_full_window_unless_a_split_clearly_pays() {
+        let limit = 128 * MIB;
+        let d = |rate: f64, waiting: f64, ms: u64| Delivered {
+            rate: Some(rate),
+            waiting,
+            longest: Duration::from_millis(ms),
+        };
+        let capped = 20e6;
+        // Capped and waiting: pays after the short window.
+        assert_eq!(split_pays(limit, &d(capped, 0.95, 100)), Some(true));
+        // Slow but never waiting (a slow disk): not judged until the full
+        // window, then does not pay.
+        assert_eq!(split_pays(limit, &d(capped, 0.05, 100)), None);
+        assert_eq!(split_pays(limit, &d(capped, 0.05, 500)), Some(false));
+        // Near the limit: judged after the full window only.
+        assert_eq!(split_pays(limit, &d(100e6, 0.6, 200)), None);
+        assert_eq!(split_pays(limit, &d(100e6, 0.6, 500)), Some(true));
+        // Above the limit: does not pay.
+        assert_eq!(split_pays(limit, &d(300e6, 0.9, 500)), Some(false));
+        // Nothing measured yet.
+        let none = Delivered {
+            rate: None,
+            waiting: 0.0,
+            longest: Duration::ZERO,
+        };
+        assert_eq!(split_pays(limit, &none), None);
     }
 
     #[test]
