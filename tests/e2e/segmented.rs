@@ -982,3 +982,51 @@ fn a_file_is_split_only_while_its_connections_are_slower_than_the_limit() {
     assert!(requests[0] >= 2, "limit above the rate: {requests:?}");
     assert_eq!(requests[1], 1, "limit below the rate: {requests:?}");
 }
+
+/// A server that sends in bursts (as nginx's `limit_rate` does with its
+/// `sendfile_max_chunk`: a chunk at once, then nothing until the average
+/// is back under the rate) keeps the worker waiting between bursts, and
+/// that wait counts while it goes on. Counted only once the next burst
+/// arrived, a judgement inside the first gap saw a worker that never
+/// waited, judged the slow connection limited by this machine and never
+/// split the file.
+#[test]
+fn a_capped_server_that_sends_in_bursts_is_still_split() {
+    let (hub, files) = hub_with_repo(47, 12 << 20);
+    let big = largest(&files);
+    assert!(big.size >= 3 << 20, "fixture shard {} B", big.size);
+    // 2 MiB, then a second of nothing: the verdict (after 500 ms, the
+    // rate being above a quarter of the limit at 100 ms) falls in the gap.
+    hub.inject(
+        FaultRule::new(
+            &big.path,
+            Fault::Trickle {
+                bytes: 2 << 20,
+                every_ms: 1000,
+            },
+        )
+        .times(100_000),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = [
+        "--segment-threshold",
+        "1MiB",
+        "--min-range",
+        "256KiB",
+        "--piece-size",
+        "1MiB",
+        "--split-below-rate",
+        "64MiB",
+    ];
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_attempts_add_up(&out);
+    let requests = body_requests(&hub, &big.path).len();
+    assert!(
+        requests >= 2,
+        "{} fetched with {requests} request(s)",
+        big.path
+    );
+}
