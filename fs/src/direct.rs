@@ -63,24 +63,21 @@ impl DirectFile {
             IoMode::Direct => reopen_direct(&file, true).ok(),
             IoMode::Buffered => None,
         };
-        let direct_on = AtomicBool::new(direct.is_some());
-        DirectFile {
-            file,
-            direct,
-            direct_on,
-            direct_written: AtomicU64::new(0),
-        }
+        DirectFile::with(file, direct)
     }
 
     /// Wraps `file` for reading: the second descriptor is opened
     /// read-only with `O_DIRECT` (when that fails, reads are buffered).
     pub fn reader(file: File) -> DirectFile {
         let direct = reopen_direct(&file, false).ok();
-        let direct_on = AtomicBool::new(direct.is_some());
+        DirectFile::with(file, direct)
+    }
+
+    fn with(file: File, direct: Option<File>) -> DirectFile {
         DirectFile {
+            direct_on: AtomicBool::new(direct.is_some()),
             file,
             direct,
-            direct_on,
             direct_written: AtomicU64::new(0),
         }
     }

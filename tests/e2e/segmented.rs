@@ -958,27 +958,10 @@ fn a_file_is_split_only_while_its_connections_are_slower_than_the_limit() {
     // so the verdict (at 100 ms well below a limit, else at 500 ms) falls
     // well before its end.
     cap_connections_at(&hub, &big.path, 4);
-    let mut requests = Vec::new();
-    for limit in ["64MiB", "1MiB"] {
-        hub.clear_requests();
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let args = [
-            "--segment-threshold",
-            "1MiB",
-            "--min-range",
-            "256KiB",
-            "--piece-size",
-            "1MiB",
-            "--split-below-rate",
-            limit,
-        ];
-        let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
-        assert!(o.status.success(), "{}", stderr(&o));
-        assert_files_match(&out, &files);
-        assert_attempts_add_up(&out);
-        requests.push(body_requests(&hub, &big.path).len());
-    }
+    let requests: Vec<usize> = ["64MiB", "1MiB"]
+        .iter()
+        .map(|limit| requests_with_split_limit(&hub, &files, &big.path, limit))
+        .collect();
     assert!(requests[0] >= 2, "limit above the rate: {requests:?}");
     assert_eq!(requests[1], 1, "limit below the rate: {requests:?}");
 }
@@ -1007,6 +990,23 @@ fn a_capped_server_that_sends_in_bursts_is_still_split() {
         )
         .times(100_000),
     );
+    let requests = requests_with_split_limit(&hub, &files, &big.path, "64MiB");
+    assert!(
+        requests >= 2,
+        "{} fetched with {requests} request(s)",
+        big.path
+    );
+}
+
+/// Fetches the repo afresh in 1 MiB pieces with `--split-below-rate
+/// limit`, checks it, and counts the body requests for `path`.
+fn requests_with_split_limit(
+    hub: &RunningHub,
+    files: &[RepoFile],
+    path: &str,
+    limit: &str,
+) -> usize {
+    hub.clear_requests();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let args = [
@@ -1017,16 +1017,11 @@ fn a_capped_server_that_sends_in_bursts_is_still_split() {
         "--piece-size",
         "1MiB",
         "--split-below-rate",
-        "64MiB",
+        limit,
     ];
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_files_match(&out, &files);
+    assert_files_match(&out, files);
     assert_attempts_add_up(&out);
-    let requests = body_requests(&hub, &big.path).len();
-    assert!(
-        requests >= 2,
-        "{} fetched with {requests} request(s)",
-        big.path
-    );
+    body_requests(hub, path).len()
 }
