@@ -1013,7 +1013,7 @@ fn blocking_threads(command: &Command) -> usize {
 /// jemalloc keeps freed memory for reuse for a while (10 s) instead of
 /// handing it back to the kernel at once. A fetch frees and reallocates
 /// read buffers of hundreds of KiB all the time; with glibc's malloc every
-/// new buffer cost fresh zeroed pages (69,000–403,000 page faults per
+/// new buffer cost fresh zeroed pages (69,000–445,000 page faults per
 /// 4.3 GB loopback fetch; see docs/performance.md).
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[global_allocator]

@@ -60,20 +60,9 @@ impl DirectFile {
     /// file is buffered only.
     pub fn new(file: File, mode: IoMode) -> DirectFile {
         let direct = match mode {
-            IoMode::Direct => reopen_direct(&file, true).ok(),
+            IoMode::Direct => reopen_direct(&file).ok(),
             IoMode::Buffered => None,
         };
-        DirectFile::with(file, direct)
-    }
-
-    /// Wraps `file` for reading: the second descriptor is opened
-    /// read-only with `O_DIRECT` (when that fails, reads are buffered).
-    pub fn reader(file: File) -> DirectFile {
-        let direct = reopen_direct(&file, false).ok();
-        DirectFile::with(file, direct)
-    }
-
-    fn with(file: File, direct: Option<File>) -> DirectFile {
         DirectFile {
             direct_on: AtomicBool::new(direct.is_some()),
             file,
@@ -85,11 +74,6 @@ impl DirectFile {
     /// The ordinary descriptor (sync, length, holes).
     pub fn file(&self) -> &File {
         &self.file
-    }
-
-    /// The ordinary descriptor, mutably (a reader of the file's prefix).
-    pub fn file_mut(&mut self) -> &mut File {
-        &mut self.file
     }
 
     /// Bytes written past the page cache so far (through this value).
@@ -113,14 +97,23 @@ impl DirectFile {
     }
 
     /// Writes the concatenation of `parts` (at least `len` bytes; only the
-    /// first `len` are written) at `offset`, copying through `bounce`.
-    pub fn write_all_at<'a>(
+    /// first `len` are written) at `offset`: copied through `bounce` past
+    /// the page cache, or, with direct I/O off, straight from `parts` with
+    /// vectored writes.
+    pub fn write_all_at<'a, I>(
         &self,
         bounce: &mut Bounce,
-        parts: impl IntoIterator<Item = &'a [u8]>,
+        parts: I,
         len: usize,
         offset: u64,
-    ) -> io::Result<()> {
+    ) -> io::Result<()>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+        I::IntoIter: Clone,
+    {
+        if self.direct().is_none() {
+            return write_vectored_at(&self.file, parts.into_iter(), len, offset);
+        }
         let (mut at, mut left) = (offset, len);
         let mut parts = parts.into_iter();
         let mut part: &[u8] = &[];
@@ -228,11 +221,51 @@ impl DirectFile {
     }
 }
 
-fn reopen_direct(file: &File, write: bool) -> io::Result<File> {
+/// At most this many buffers per vectored write (Linux's `IOV_MAX` is 1024).
+const MAX_IOVECS: usize = 64;
+
+/// Writes the first `len` bytes of `parts` at `offset` through `file`,
+/// vectored, never copied.
+fn write_vectored_at<'a>(
+    file: &File,
+    parts: impl Iterator<Item = &'a [u8]> + Clone,
+    len: usize,
+    offset: u64,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let mut slices = Vec::with_capacity(MAX_IOVECS);
+        let (mut skip, mut want) = (done, len - done);
+        for p in parts.clone() {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let take = (p.len() - skip).min(want);
+            slices.push(io::IoSlice::new(&p[skip..skip + take]));
+            (skip, want) = (0, want - take);
+            if want == 0 || slices.len() == MAX_IOVECS {
+                break;
+            }
+        }
+        if slices.is_empty() {
+            return Err(io::Error::other("fewer bytes than the length to write"));
+        }
+        match rustix::io::pwritev(file, &slices, offset + done as u64) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(w) => done += w,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn reopen_direct(file: &File) -> io::Result<File> {
     use std::os::fd::AsRawFd;
     std::fs::OpenOptions::new()
         .read(true)
-        .write(write)
+        .write(true)
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
@@ -341,7 +374,7 @@ mod tests {
         let mut bounce = Bounce::new(DIRECT_ALIGN);
         f.write_all_at(&mut bounce, [&[7u8; 8192][..]], 8192, 0)
             .unwrap();
-        if let Err(e) = reopen_direct(f.file(), true) {
+        if let Err(e) = reopen_direct(f.file()) {
             eprintln!("no O_DIRECT here: {e}");
             return;
         }

@@ -19,21 +19,20 @@ const BUFFERS: usize = 4;
 /// the bench VM); [`BUFFERS`] of them are 4 MiB per re-hash.
 pub const DIRECT_READ_BUF: usize = 1 << 20;
 
-/// [`read_prefix`], reading past the page cache (`O_DIRECT`) where the
-/// filesystem allows: for a prefix that is not in the cache (written past
+/// [`read_prefix`], reading past the page cache (`O_DIRECT`) where `direct`
+/// does (otherwise as [`read_prefix`]): for a prefix that is not in the cache (written past
 /// it, or left by a crash or a reboot) and will not be read again soon.
 /// Chunks are of at most [`DIRECT_READ_BUF`] bytes.
 pub fn read_prefix_direct(
-    file: &File,
+    direct: &DirectFile,
     len: u64,
     consume: impl FnMut(&[u8]),
 ) -> std::io::Result<()> {
     if len == 0 {
         return Ok(());
     }
-    let direct = DirectFile::reader(file.try_clone()?);
     if direct.mode() != IoMode::Direct {
-        return read_prefix(&mut file.try_clone()?, len, consume);
+        return read_prefix(&mut direct.file().try_clone()?, len, consume);
     }
     let buffers = (0..BUFFERS).map(|_| Bounce::new(DIRECT_READ_BUF));
     let read = |buf: &mut Bounce, at: u64, left: u64| {
@@ -146,7 +145,12 @@ mod tests {
             .unwrap()
             .write_all(&data)
             .unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let file = DirectFile::new(file, IoMode::Direct);
         for len in [0, 1, 4096, DIRECT_READ_BUF + 1, data.len() - 5, data.len()] {
             let mut got = Vec::new();
             read_prefix_direct(&file, len as u64, |b| got.extend_from_slice(b)).unwrap();

@@ -116,20 +116,14 @@ pub fn hash_prefix(
 
 /// [`hash_prefix`] for a download's own `.part`, whose prefix is not in the
 /// page cache (written past it, or left by a crash): read past the cache
-/// too, unless `mode` is buffered. On the bench VM a 2.15 GB prefix took
+/// too where `file` writes past it. On the bench VM a 2.15 GB prefix took
 /// 4.36 s through the cache, cold.
 pub fn hash_part_prefix(
-    file: &std::fs::File,
+    file: &ftpipe_fs::direct::DirectFile,
     len: u64,
     hasher: &mut IdentityHasher,
-    mode: ftpipe_fs::direct::IoMode,
 ) -> std::io::Result<()> {
-    match mode {
-        ftpipe_fs::direct::IoMode::Direct => {
-            ftpipe_fs::overlapped::read_prefix_direct(file, len, |bytes| hasher.update(bytes))
-        }
-        ftpipe_fs::direct::IoMode::Buffered => hash_prefix(&mut file.try_clone()?, len, hasher),
-    }
+    ftpipe_fs::overlapped::read_prefix_direct(file, len, |bytes| hasher.update(bytes))
 }
 
 /// Hashes a whole file against `expected` and returns the hex digest.

@@ -7,7 +7,6 @@
 //! needs on disk is written out first ([`PartFile::flush`]).
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
@@ -82,8 +81,8 @@ impl PartFile {
     }
 
     /// The underlying file (for re-hashing the prefix).
-    pub fn file_mut(&mut self) -> &mut File {
-        self.file.file_mut()
+    pub fn file(&self) -> &DirectFile {
+        &self.file
     }
 
     /// Cuts the file to `len` bytes and makes that durable; drops what is

@@ -50,7 +50,7 @@ use reqwest::header::{HeaderMap, IF_RANGE, RANGE};
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, watch};
 use tokio::task::{JoinSet, block_in_place};
 
-use ftpipe_fs::direct::{Bounce, DirectFile, IoMode};
+use ftpipe_fs::direct::{Bounce, DirectFile};
 use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
@@ -73,8 +73,6 @@ use ftpipe_fs::durable::sync_dir;
 pub const WRITE_ALIGN: u64 = 64 * 1024;
 /// A worker writes once this much is buffered (a multiple of the alignment).
 const WRITE_BATCH: usize = 4 * WRITE_ALIGN as usize;
-/// At most this many buffers per vectored write (Linux's `IOV_MAX` is 1024).
-const MAX_IOVECS: usize = 64;
 /// Chunk of the digest's reads of the written prefix.
 const HASH_CHUNK: u64 = 1 << 20;
 /// A worker's write buffer: whole blocks are copied there (aligned in
@@ -740,8 +738,7 @@ impl Coordinator {
         let slots: Vec<Slot> = ranges.iter().map(Slot::from_row).collect();
         let prefix = contiguous_prefix(&slots);
         let mut hasher = self.expected.hasher(size);
-        let mode = self.ctx.opts.io_mode;
-        block_in_place(|| hash_part_prefix(file, prefix, &mut hasher, mode))
+        block_in_place(|| hash_part_prefix(&direct, prefix, &mut hasher))
             .map_err(|e| self.io("re-hash prefix of", e))?;
         let validator = if ledger.committed > 0 || ranges.len() > 1 {
             ledger.validator
@@ -1302,42 +1299,6 @@ fn prefix_up_to(slots: &[Slot], mark: impl Fn(&Slot) -> u64) -> u64 {
     prefix
 }
 
-/// Writes the first `len` bytes of `chunks` at `offset` (vectored, whole).
-fn write_chunks_at(
-    file: &File,
-    chunks: &VecDeque<Bytes>,
-    len: usize,
-    offset: u64,
-) -> std::io::Result<()> {
-    let (mut done, mut at) = (0usize, offset);
-    while done < len {
-        let mut slices = Vec::with_capacity(chunks.len().min(MAX_IOVECS));
-        let (mut skip, mut want) = (done, len - done);
-        for c in chunks {
-            if skip >= c.len() {
-                skip -= c.len();
-                continue;
-            }
-            let take = (c.len() - skip).min(want);
-            slices.push(std::io::IoSlice::new(&c[skip..skip + take]));
-            (skip, want) = (0, want - take);
-            if want == 0 || slices.len() == MAX_IOVECS {
-                break;
-            }
-        }
-        match rustix::io::pwritev(file, &slices, at) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(w) => {
-                done += w;
-                at += w as u64;
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 /// Calls `f` with the first `len` bytes of `chunks`, in order.
 fn for_each_slice(chunks: &VecDeque<Bytes>, len: usize, mut f: impl FnMut(&[u8])) {
     let mut want = len;
@@ -1776,13 +1737,9 @@ impl RangeWorker {
         }
         let (buffer, len) = (&self.buffer, n as usize);
         let wrote = block_in_place(|| {
-            if shared.file.mode() == IoMode::Direct {
-                let bounce = self.bounce.get_or_insert_with(|| shared.bounce());
-                let parts = buffer.iter().map(|c| &c[..]);
-                shared.file.write_all_at(bounce, parts, len, written)?;
-            } else {
-                write_chunks_at(shared.file.file(), buffer, len, written)?;
-            }
+            let bounce = self.bounce.get_or_insert_with(|| shared.bounce());
+            let parts = buffer.iter().map(|c| &c[..]);
+            shared.file.write_all_at(bounce, parts, len, written)?;
             // The digest's next bytes are hashed from memory, not read
             // back. Never waited for: while the coordinator holds the
             // digest it reads these back itself (it follows the written

@@ -113,9 +113,10 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
         let Some(attempt) = store.in_flight_attempt(&file.path, r.start, r.end).await? else {
             continue;
         };
-        let tail =
-            block_in_place(|| super::segmented::written_tail(part.file_mut(), r.watermark, r.end))
-                .map_err(|e| StageError::io("seek", part.path(), e))?;
+        let tail = block_in_place(|| {
+            super::segmented::written_tail(part.file().file(), r.watermark, r.end)
+        })
+        .map_err(|e| StageError::io("seek", part.path(), e))?;
         if tail > 0 {
             store
                 .discard_unkept(
@@ -370,8 +371,7 @@ impl FileTask {
         .await?;
         let mut hasher = self.expected.hasher(self.file.size);
         let len = part.len();
-        let mode = self.ctx.opts.io_mode;
-        block_in_place(|| hash_part_prefix(part.file_mut(), len, &mut hasher, mode))
+        block_in_place(|| hash_part_prefix(part.file(), len, &mut hasher))
             .map_err(|e| self.io("re-hash prefix of", e))?;
         let validator = if len > 0 { ledger.validator } else { None };
         Ok((part, hasher, validator))
