@@ -32,13 +32,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use ftpipe_artifact::manifest::MANIFEST_FILE;
+use ftpipe_convert::ConvertOptions;
+use ftpipe_fetch::FetchOptions;
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 use ftpipe_fixtures::{Fault, FaultRule, FixtureHub, HubBuilder, RepoFile, checkpoint};
 use ftpipe_fs::TEMP_SUFFIX;
+use ftpipe_hub::resolve::ResolveRequest;
 use ftpipe_pipeline::{FetchParams, Pipeline};
-use ftpipe_stages::convert::ConvertOptions;
-use ftpipe_stages::fetch::FetchOptions;
-use ftpipe_stages::resolve::ResolveRequest;
 
 const REPO: &str = "demo/qwen4-exp";
 const SEED: u64 = 4;

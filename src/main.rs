@@ -19,14 +19,16 @@ use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 
 use ftpipe_artifact::manifest::Partition;
+use ftpipe_convert::{ConvertError, ConvertOptions};
+use ftpipe_fetch::FetchError;
+use ftpipe_fetch::{FetchOptions, IoMode};
+use ftpipe_fs::FsError;
+use ftpipe_hub::HubError;
+use ftpipe_hub::client::Token;
+use ftpipe_hub::hfcache::HfCache;
+use ftpipe_hub::resolve::ResolveRequest;
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
-use ftpipe_stages::StageError;
-use ftpipe_stages::convert::{ConvertError, ConvertOptions};
-use ftpipe_stages::fetch::{FetchOptions, IoMode};
-use ftpipe_stages::hfcache::HfCache;
-use ftpipe_stages::hub::Token;
-use ftpipe_stages::progress::Reporter;
-use ftpipe_stages::resolve::ResolveRequest;
+use ftpipe_progress::Reporter;
 
 /// Exit codes (also listed in the README).
 mod exit {
@@ -176,7 +178,7 @@ struct FetchArgs {
     jobs: Option<usize>,
     /// HTTP requests in flight at once over all files (1 to 64): each file
     /// takes one, free ones split large files into ranges.
-    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = ftpipe_fetch::defaults::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     connections: usize,
     /// Files at least this large may be fetched as several ranges (e.g. 256MiB).
     #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
@@ -222,12 +224,12 @@ struct FetchArgs {
     retry_base_ms: u64,
     /// Minimum body rate in bytes per second, averaged over --stall-secs;
     /// a slower transfer is a stall and retried (0: no rate rule).
-    #[arg(long, default_value_t = ftpipe_stages::limits::DEFAULT_MIN_RATE)]
+    #[arg(long, default_value_t = ftpipe_fetch::defaults::DEFAULT_MIN_RATE)]
     min_rate: u64,
     /// Window of the --min-rate rule in seconds (0.1 to 3600).
     #[arg(
         long,
-        default_value_t = ftpipe_stages::limits::DEFAULT_STALL_WINDOW.as_secs_f64(),
+        default_value_t = ftpipe_fetch::defaults::DEFAULT_STALL_WINDOW.as_secs_f64(),
         value_parser = secs_in(0.1, 3600.0)
     )]
     stall_secs: f64,
@@ -399,12 +401,12 @@ fn secs_in(lo: f64, hi: f64) -> impl Fn(&str) -> Result<f64, String> + Clone {
 
 /// A repository id with the hub's rules, checked at parse time.
 fn parse_repo_id(s: &str) -> Result<String, String> {
-    ftpipe_stages::paths::validate_repo_id(s).map(|()| s.to_owned())
+    ftpipe_hub::paths::validate_repo_id(s).map(|()| s.to_owned())
 }
 
 /// A revision with git's ref-name rules, checked at parse time.
 fn parse_revision(s: &str) -> Result<String, String> {
-    ftpipe_stages::paths::validate_revision(s).map(|()| s.to_owned())
+    ftpipe_hub::paths::validate_revision(s).map(|()| s.to_owned())
 }
 
 fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
@@ -551,8 +553,8 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
             jobs,
             connections: args.connections,
             segment_threshold: args.segment_threshold,
-            min_range: args.min_range.max(ftpipe_stages::fetch::WRITE_ALIGN),
-            piece_size: args.piece_size.max(ftpipe_stages::fetch::WRITE_ALIGN),
+            min_range: args.min_range.max(ftpipe_fetch::WRITE_ALIGN),
+            piece_size: args.piece_size.max(ftpipe_fetch::WRITE_ALIGN),
             split_below_rate: args.split_below_rate,
             checkpoint_bytes: args.checkpoint_bytes.max(1),
             checkpoint_interval: secs("--checkpoint-secs", args.checkpoint_secs)?,
@@ -580,7 +582,7 @@ fn convert_options(
     preflight: bool,
 ) -> anyhow::Result<ConvertOptions> {
     let recipe = match &t.recipe {
-        Some(p) => Some(ftpipe_stages::convert::load_recipe(p)?),
+        Some(p) => Some(ftpipe_convert::load_recipe(p)?),
         None => None,
     };
     Ok(ConvertOptions {
@@ -693,7 +695,7 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-fn render_convert(o: &ftpipe_stages::convert::ConvertOutcome) -> String {
+fn render_convert(o: &ftpipe_convert::ConvertOutcome) -> String {
     let mut out = String::new();
     if let Some(p) = &o.set_aside {
         out.push_str(&format!("stale artifact set aside as {}\n", p.display()));
@@ -745,13 +747,13 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
     } else {
         ftpipe_pipeline::PlanSource::Local
     };
-    let opts = ftpipe_stages::convert::PlanOptions {
+    let opts = ftpipe_convert::PlanOptions {
         protect: Vec::new(),
         recipe: match &args.recipe {
-            Some(p) => Some(ftpipe_stages::convert::load_recipe(p)?),
+            Some(p) => Some(ftpipe_convert::load_recipe(p)?),
             None => None,
         },
-        selection: ftpipe_stages::resolve::FetchSelection::default(),
+        selection: ftpipe_hub::resolve::FetchSelection::default(),
     };
     let globs = ftpipe_pipeline::SelectionGlobs {
         include: args.include.clone(),
@@ -812,7 +814,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Convert(args) => run_convert(args).await,
         Command::Run(args) => run_all(args).await,
         Command::Inspect { file, json } => {
-            let i = ftpipe_stages::inspect::inspect(&file)?;
+            let i = ftpipe_convert::inspect::inspect(&file)?;
             if json {
                 println!("{}", serde_json::to_string(&i)?);
             } else {
@@ -842,7 +844,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
 }
 
 /// The plan as a fixed-width table: one line per component, then the total.
-fn render_plan(plan: &ftpipe_stages::convert::Plan) -> String {
+fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let mut out = format!(
         "profile {} (model_type {}), {} source files, {} bytes\n",
         plan.profile,
@@ -941,22 +943,64 @@ fn describe(err: &anyhow::Error) -> String {
     out
 }
 
-/// Whether `e` is a broken invariant or a failed task (a bug).
-fn is_internal(e: &StageError) -> bool {
-    matches!(
-        e,
-        StageError::Internal { .. } | StageError::Convert(ConvertError::Internal { .. })
-    )
+/// The exit code an error of the libraries asks for, looking through
+/// their transparent wrappers (a transparent variant forwards its source,
+/// so the wrapped error never appears in the chain by itself).
+fn library_exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
+    if let Some(p) = cause.downcast_ref::<PipelineError>() {
+        return match p {
+            PipelineError::Locked { .. } => Some(exit::LOCKED),
+            PipelineError::VerifyFailed { .. } => Some(exit::VERIFY_FAILED),
+            PipelineError::Internal { .. } => Some(exit::INTERNAL),
+            PipelineError::Fs(FsError::InsufficientSpace { .. }) => Some(exit::NO_SPACE),
+            PipelineError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
+            PipelineError::Hub(h) => hub_exit_code(h),
+            PipelineError::Fetch(f) => fetch_exit_code(f),
+            PipelineError::Convert(c) => convert_exit_code(c),
+            _ => None,
+        };
+    }
+    if let Some(f) = cause.downcast_ref::<FetchError>() {
+        return fetch_exit_code(f);
+    }
+    if let Some(c) = cause.downcast_ref::<ConvertError>() {
+        return convert_exit_code(c);
+    }
+    cause.downcast_ref::<HubError>().and_then(hub_exit_code)
+}
+
+fn hub_exit_code(e: &HubError) -> Option<u8> {
+    match e {
+        HubError::Internal { .. } => Some(exit::INTERNAL),
+        HubError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
+        _ => None,
+    }
+}
+
+fn fetch_exit_code(e: &FetchError) -> Option<u8> {
+    match e {
+        FetchError::Internal { .. } => Some(exit::INTERNAL),
+        FetchError::NoSpace { .. } | FetchError::InsufficientSpace { .. } => Some(exit::NO_SPACE),
+        FetchError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
+        FetchError::Hub(h) => hub_exit_code(h),
+        _ => None,
+    }
+}
+
+fn convert_exit_code(e: &ConvertError) -> Option<u8> {
+    match e {
+        ConvertError::Internal { .. } => Some(exit::INTERNAL),
+        ConvertError::InsufficientSpace { .. } => Some(exit::NO_SPACE),
+        ConvertError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
+        ConvertError::Hub(h) => hub_exit_code(h),
+        _ => None,
+    }
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
-        let stage = match cause.downcast_ref::<PipelineError>() {
-            Some(PipelineError::Stage(s)) => Some(s),
-            _ => cause.downcast_ref::<StageError>(),
-        };
-        if stage.is_some_and(is_internal) {
-            return exit::INTERNAL;
+        if let Some(code) = library_exit_code(cause) {
+            return code;
         }
         if cause.downcast_ref::<VerifyFailed>().is_some() {
             return exit::VERIFY_FAILED;
@@ -967,21 +1011,6 @@ fn exit_code(err: &anyhow::Error) -> u8 {
             .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
         {
             return exit::NO_SPACE;
-        }
-        if let Some(p) = cause.downcast_ref::<PipelineError>() {
-            match p {
-                PipelineError::Locked { .. } => return exit::LOCKED,
-                PipelineError::VerifyFailed { .. } => return exit::VERIFY_FAILED,
-                PipelineError::Stage(
-                    StageError::NoSpace { .. } | StageError::InsufficientSpace { .. },
-                ) => return exit::NO_SPACE,
-                PipelineError::Stage(StageError::Store(s)) | PipelineError::Store(s)
-                    if s.is_disk_full() =>
-                {
-                    return exit::NO_SPACE;
-                }
-                _ => {}
-            }
         }
     }
     exit::FAILURE
@@ -1085,18 +1114,18 @@ mod tests {
         assert_eq!(exit_code(&verify), exit::VERIFY_FAILED);
         let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
         let in_conversion =
-            anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", full)));
+            anyhow::Error::from(PipelineError::Convert(ConvertError::io("write", "x", full)));
         assert_eq!(exit_code(&in_conversion), exit::NO_SPACE);
         let other = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
-        let denied = anyhow::Error::from(PipelineError::Stage(StageError::io("write", "x", other)));
+        let denied = anyhow::Error::from(PipelineError::Fetch(FetchError::io("write", "x", other)));
         assert_eq!(exit_code(&denied), exit::FAILURE);
         let join = std::io::Error::other("task panicked");
-        let task = StageError::internal_from("conversion task", join);
+        let task = FetchError::internal_from("conversion task", join);
         assert!(
             task.to_string().ends_with("conversion task: task panicked"),
             "{task}"
         );
-        let in_pipeline = anyhow::Error::from(PipelineError::Stage(task));
+        let in_pipeline = anyhow::Error::from(PipelineError::Fetch(task));
         assert_eq!(exit_code(&in_pipeline), exit::INTERNAL);
         assert_eq!(
             describe(&in_pipeline),
@@ -1104,9 +1133,9 @@ mod tests {
             "the cause is printed once"
         );
         let invariant = ConvertError::internal("MoE layer 3 has no experts");
-        let direct = anyhow::Error::from(StageError::from(invariant)).context("convert");
+        let direct = anyhow::Error::from(invariant).context("convert");
         assert_eq!(exit_code(&direct), exit::INTERNAL);
-        let input = anyhow::Error::from(StageError::InvalidInput {
+        let input = anyhow::Error::from(HubError::InvalidInput {
             what: "glob",
             message: "x".into(),
         });

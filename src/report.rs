@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use ftpipe_stages::progress::{ProgressEvent, Reporter};
+use ftpipe_progress::{ProgressEvent, Reporter};
 
 /// `--quiet`: no progress at all.
 pub struct Silent;
@@ -367,7 +367,7 @@ fn waiting_note(retry_after_secs: Option<u64>) -> String {
     match retry_after_secs {
         Some(secs) => format!(
             " (waiting for the hub: Retry-After {secs} s, capped at {} s)",
-            ftpipe_stages::limits::MAX_RETRY_AFTER.as_secs()
+            ftpipe_hub::limits::MAX_RETRY_AFTER.as_secs()
         ),
         None => String::new(),
     }

@@ -7,7 +7,7 @@
 //! `reconciliation error` row keeps exactly that shape (scripts and tests
 //! match it).
 
-use ftpipe_stages::audit::AuditReport;
+use ftpipe_pipeline::audit::AuditReport;
 
 /// `1234567` → `1,234,567`.
 pub(crate) fn n(v: u64) -> String {
@@ -225,7 +225,7 @@ pub fn render(a: &AuditReport) -> String {
 }
 
 /// Renders an inspection: format line, then one line per tensor or field.
-pub fn render_inspection(i: &ftpipe_stages::inspect::Inspection) -> String {
+pub fn render_inspection(i: &ftpipe_convert::inspect::Inspection) -> String {
     let mut out = format!(
         "{}  {} bytes, data at {}\n",
         i.format,
@@ -279,7 +279,7 @@ pub fn render_inspection(i: &ftpipe_stages::inspect::Inspection) -> String {
 mod tests {
     use std::collections::BTreeMap;
 
-    use ftpipe_stages::audit::{
+    use ftpipe_pipeline::audit::{
         AttemptLine, AuditReport, ComponentProblem, FileAudit, KindAudit, Retirement, SourceTotals,
     };
 

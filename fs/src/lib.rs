@@ -5,6 +5,8 @@
 //!
 //! - [`durable`]: temp file → write → `sync_all` → rename → fsync the
 //!   directory; durable directory creation; leftover temp cleanup.
+//! - [`crashpoint`]: named points where tests stop the process between two
+//!   durable steps (`FTPIPE_CRASH_AT`).
 //! - [`direct`]: positioned writes and reads of whole blocks that bypass
 //!   the page cache (`O_DIRECT`) where the filesystem allows.
 //! - [`nofollow`]: opening files under `DIR` without following links.
@@ -19,6 +21,7 @@
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+pub mod crashpoint;
 pub mod direct;
 pub mod durable;
 mod error;

@@ -33,18 +33,18 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use ftpipe_artifact::manifest::{Manifest, Placement};
+use ftpipe_convert::plan::{plan_from_parts, shard_files, weight_map};
+use ftpipe_convert::recipe::Recipe;
+use ftpipe_convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};
 use ftpipe_formats::{
     Dtype, ExpertLayout, ExpertView, ExpertWriter, FtwHeader, FtwLayout, FtwView, FtwWriter,
     Q3Geometry, Q3GlobalScale, Q3SegmentSet, TensorDesc, TensorKind, e4m3, nvfp4, q3,
 };
-use ftpipe_stages::convert::plan::{plan_from_parts, shard_files, weight_map};
-use ftpipe_stages::convert::recipe::Recipe;
-use ftpipe_stages::convert::{MAX_HEADER_LEN, PlanOptions, SourceHeader};
-use ftpipe_stages::fetch::{
+use ftpipe_hub::client::{LinkedMeta, next_link};
+use ftpipe_hub::headers::{
     check_linked_meta, etag, parse_content_range, retry_after_secs, strong_validator,
 };
-use ftpipe_stages::hub::{LinkedMeta, next_link};
-use ftpipe_stages::resolve::{parse_revision, parse_tree_page};
+use ftpipe_hub::resolve::{parse_revision, parse_tree_page};
 use half::bf16;
 
 /// A named entry point.
@@ -336,7 +336,7 @@ pub fn hub_pages(data: &[u8]) {
                         "{}",
                         r.path
                     );
-                    assert!(r.size <= ftpipe_stages::limits::MAX_FILE_SIZE);
+                    assert!(r.size <= ftpipe_hub::limits::MAX_FILE_SIZE);
                 }
             }
         }

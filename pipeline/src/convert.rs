@@ -15,16 +15,16 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::task::block_in_place;
 
-use ftpipe_stages::StageError;
-use ftpipe_stages::convert::PlanOptions;
-use ftpipe_stages::convert::space::artifact_peak;
-use ftpipe_stages::convert::{
+use ftpipe_convert::PlanOptions;
+use ftpipe_convert::space::artifact_peak;
+use ftpipe_convert::{
     ConvertOptions, ConvertOutcome, Published, convert, current_artifact, plan_published_or_remote,
 };
-use ftpipe_stages::fetch::{ReconcileReport, bytes_still_needed};
-use ftpipe_stages::hub::HubClient;
-use ftpipe_stages::progress::{ProgressEvent, Reporter};
-use ftpipe_stages::resolve::{FetchSelection, Resolved, apply_selection};
+use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
+use ftpipe_hub::client::HubClient;
+use ftpipe_hub::remote::PinnedRepo;
+use ftpipe_hub::resolve::{FetchSelection, Resolved, apply_selection};
+use ftpipe_progress::{ProgressEvent, Reporter};
 
 use crate::state::StageState;
 use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
@@ -101,10 +101,13 @@ impl Pipeline {
                 selection: FetchSelection::of(listing, &params.resolve.globs()),
                 ..opts.plan_options()
             };
-            let plan = plan_published_or_remote(
+            let remote = PinnedRepo {
                 client,
-                &pin.repo,
-                &pin.commit,
+                repo: &pin.repo,
+                commit: &pin.commit,
+            };
+            let plan = plan_published_or_remote(
+                &remote,
                 listing,
                 &published,
                 &plan_opts,
@@ -132,7 +135,7 @@ impl Pipeline {
             let artifact =
                 artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
             let needed = sources_needed.saturating_add(artifact);
-            std::fs::create_dir_all(self.layout.dir()).map_err(|e| StageError::io("create", self.layout.dir(), e))?;
+            std::fs::create_dir_all(self.layout.dir()).map_err(|e| PipelineError::io("create", self.layout.dir(), e))?;
             let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
             if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
                 &checked
@@ -144,7 +147,7 @@ impl Pipeline {
                     ),
                 });
             }
-            checked.map_err(StageError::from)?;
+            checked.map_err(PipelineError::from)?;
             Ok(())
         })
         .await
@@ -156,7 +159,7 @@ impl Pipeline {
         self.stage(Stage::Verify, async move {
             let report =
                 block_in_place(|| ftpipe_artifact::verify::verify_artifact(&artifact, false))
-                    .map_err(StageError::from)?;
+                    .map_err(PipelineError::from)?;
             if report.ok {
                 return Ok(());
             }

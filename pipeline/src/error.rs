@@ -15,9 +15,59 @@ pub enum PipelineError {
         /// The holder's pid, as recorded in the lock file.
         pid: String,
     },
-    /// A stage failed.
+    /// Resolving the revision or talking to the hub failed.
     #[error(transparent)]
-    Stage(#[from] ftpipe_stages::StageError),
+    Hub(#[from] ftpipe_hub::HubError),
+    /// The fetch stage failed.
+    #[error(transparent)]
+    Fetch(#[from] ftpipe_fetch::FetchError),
+    /// Planning or converting the source checkpoint failed.
+    #[error(transparent)]
+    Convert(#[from] ftpipe_convert::ConvertError),
+    /// Reading, hashing or verifying the artifact failed.
+    #[error(transparent)]
+    Artifact(#[from] ftpipe_artifact::ArtifactError),
+    /// A local filesystem operation of the audit or the bundle failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation that failed (read, list, hash, fsync...).
+        op: &'static str,
+        /// The file or directory it failed on.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A path from the state database is unsafe, or a link lies on its way.
+    #[error(transparent)]
+    UnsafePath(#[from] ftpipe_fs::paths::PathError),
+    /// No pin yet.
+    #[error("{dir} has no pinned revision yet; run `ftpipe fetch` first")]
+    NotPinned {
+        /// The output directory.
+        dir: PathBuf,
+    },
+    /// Invalid user input (the bundle's path).
+    #[error("invalid {what}: {message}")]
+    InvalidInput {
+        /// Which input is invalid.
+        what: &'static str,
+        /// Why it is invalid.
+        message: String,
+    },
+    /// A broken invariant or a task that panicked or was cancelled: a bug,
+    /// not bad input. Durable state stays consistent, so a re-run resumes.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        /// The invariant or task that failed.
+        what: String,
+        /// The cause, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
@@ -42,6 +92,29 @@ pub enum PipelineError {
         /// The directory without state.
         dir: PathBuf,
     },
+}
+
+impl PipelineError {
+    /// Wraps an I/O error with the operation and path (a full disk stays
+    /// the source, which is how the binary finds it: exit 5).
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        PipelineError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A failed task join or another internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        PipelineError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
 }
 
 /// Shorthand for results of this crate.

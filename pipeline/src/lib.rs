@@ -16,6 +16,8 @@
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+pub mod audit;
+pub mod bundle;
 mod convert;
 mod error;
 mod lock;
@@ -30,17 +32,17 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Mutex;
 
+use crate::audit::{AuditReport, audit};
+use crate::bundle::{BundleSummary, write_bundle};
+use ftpipe_fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_fs::FsError;
 pub use ftpipe_fs::Layout;
+use ftpipe_fs::crashpoint;
+use ftpipe_hub::client::{HubClient, Token};
+use ftpipe_hub::hfcache::HfCache;
+use ftpipe_hub::resolve::{ResolveRequest, Resolved, resolve};
+use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
-use ftpipe_stages::audit::{AuditReport, audit};
-use ftpipe_stages::bundle::{BundleSummary, write_bundle};
-use ftpipe_stages::crashpoint;
-use ftpipe_stages::fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
-use ftpipe_stages::hfcache::HfCache;
-use ftpipe_stages::hub::{HubClient, Token};
-use ftpipe_stages::progress::Reporter;
-use ftpipe_stages::resolve::{ResolveRequest, Resolved, resolve};
 
 pub use convert::RunOutcome;
 pub use error::{PipelineError, Result};

@@ -4,12 +4,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ftpipe_receipts::{FileRow, SelectionGlobs};
-use ftpipe_stages::convert::{Plan, PlanOptions, plan_local_with, plan_remote};
-use ftpipe_stages::hub::{HubClient, Token};
-use ftpipe_stages::resolve::{
+use ftpipe_convert::{Plan, PlanOptions, plan_local_with, plan_remote};
+use ftpipe_hub::client::{HubClient, Token};
+use ftpipe_hub::remote::PinnedRepo;
+use ftpipe_hub::resolve::{
     FetchSelection, apply_selection, list_tree, revision_commit, stored_selection,
 };
+use ftpipe_receipts::{FileRow, SelectionGlobs};
 
 use crate::error::{PipelineError, Result};
 use crate::{Layout, open_existing};
@@ -103,7 +104,12 @@ pub async fn plan(
                 }
             };
             let (listing, opts) = with_selection(listing, stored)?;
-            Ok(plan_remote(&client, repo, &commit, &listing, &opts).await?)
+            let remote = PinnedRepo {
+                client: &client,
+                repo,
+                commit: &commit,
+            };
+            Ok(plan_remote(&remote, &listing, &opts).await?)
         }
     }
 }

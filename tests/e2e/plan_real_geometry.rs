@@ -14,9 +14,9 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
+use ftpipe_convert::{ComponentKind, plan_local};
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, write_release_sparse};
 use ftpipe_formats::sizes;
-use ftpipe_stages::convert::{ComponentKind, plan_local};
 
 /// `(dtype, shape)` by tensor name.
 type Tensors = BTreeMap<String, (String, Vec<u64>)>;
@@ -98,7 +98,7 @@ fn ftw_len(src: &Tensors) -> (u64, u64) {
     (count, up(40 + index, 4096) + data)
 }
 
-fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_stages::convert::Plan, usize, Tensors) {
+fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_convert::Plan, usize, Tensors) {
     let tmp = tempfile::tempdir().unwrap();
     let shape = ReleaseShape::real(nvfp4);
     write_release_sparse(tmp.path(), 5, &shape, files).unwrap();

@@ -1,0 +1,60 @@
+//! Conversion of safetensors sources into the runtime formats: the plan,
+//! the profiles and recipes that map tensors to components, the engine and
+//! the component writers. It reads remote headers only through
+//! [`ftpipe_hub::remote::RemoteFiles`], never through the fetch machinery.
+//!
+//! A conversion is planned in full before a byte is written: source headers
+//! are read and validated without touching tensor data, every source
+//! tensor is mapped to an output component by a built-in [`profile`] or a
+//! [`recipe`], and every component's exact size is predicted ([`plan`]),
+//! locally or over HTTP Range with only the first 8 + N bytes of each shard.
+//! Then [`engine`] writes the components, each with a receipt, and the
+//! manifest last.
+//!
+//! - [`safetensors`]: the validating header reader.
+//! - [`profile`], [`recipe`], [`component`], `nvfp4`: which tensors become
+//!   which components (built-in Qwen4-Exp layouts, user recipes, ModelOpt
+//!   NVFP4 triples).
+//! - [`plan`]: the component list with exact sizes; [`space`]: the space a
+//!   conversion still needs, for the preflights.
+//! - [`skeleton`]: everything the manifest will say except digests, saved
+//!   before the first component so a run after `--retire-sources` can finish.
+//! - [`engine`]: the idempotent stage (reuse by identity, stale artifacts,
+//!   manifest and placement); `batch`: parallel component writes; [`write`]:
+//!   one component, streamed; `retire`: deleting shards once consumed;
+//!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - `current`: whether the artifact on disk is current (the no-op check).
+//! - [`inspect`]: what a format file holds, from its header only.
+//! - `error`: [`ConvertError`], naming the file, tensor or field at fault.
+
+// Unit tests see every dev-dependency; the lint is for the library itself.
+#![cfg_attr(test, allow(unused_crate_dependencies))]
+
+mod aside;
+mod batch;
+pub mod component;
+mod current;
+pub mod engine;
+mod error;
+pub mod inspect;
+mod nvfp4;
+pub mod plan;
+pub mod profile;
+pub mod recipe;
+mod retire;
+pub mod safetensors;
+pub mod skeleton;
+pub mod space;
+pub mod write;
+
+pub use component::{Component, ComponentContent, ComponentKind};
+pub use current::{CurrentArtifact, current_artifact};
+pub use engine::{ConvertOptions, ConvertOutcome, convert};
+pub use error::{ConvertError, Result, RetiredBy};
+pub use plan::{
+    Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,
+    plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,
+};
+pub use profile::Profile;
+pub use recipe::RecipeError;
+pub use safetensors::{MAX_HEADER_LEN, SourceError, SourceHeader, SourceTensor};

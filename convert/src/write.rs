@@ -1,0 +1,392 @@
+//! Writing one component: source bytes are read in bounded chunks (pread at
+//! absolute offsets, never a whole tensor), pushed through the format writer
+//! into a temp file beside the component, hashed on the way, then
+//! `sync_all` → size check → rename → fsync of the directory. The caller
+//! commits the receipt only after this returns.
+//!
+//! Memory per component in flight is bounded by [`CHUNK_BYTES`] (read
+//! buffer, its bf16 view and the encoded output) plus the write buffer,
+//! whatever the tensor size: the PLE table is ~100 GB in the real model.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use sha2::{Digest, Sha256};
+
+use ftpipe_formats::{
+    ExpertLayout, ExpertWriter, FormatError, FtwLayout, FtwWriter, Q3GlobalScale, q3,
+};
+
+use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
+use crate::error::{ConvertError, Result};
+use ftpipe_fs::durable::{sync_dirs_up_to, temp_name};
+use ftpipe_fs::paths::safe_join;
+
+/// Source bytes read per pread.
+pub const CHUNK_BYTES: usize = 8 << 20;
+/// Write buffer in front of each component file.
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// A component as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Bytes in the file.
+    pub size: u64,
+    /// Hex SHA-256 of those bytes.
+    pub sha256: String,
+}
+
+/// Counts and hashes everything on its way to the file.
+struct HashingWriter {
+    file: File,
+    hasher: Sha256,
+    written: u64,
+}
+
+impl Write for HashingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// Read access to the source files under `DIR/source`.
+pub struct Sources {
+    root: PathBuf,
+}
+
+impl Sources {
+    /// Sources under `root`.
+    pub fn new(root: &Path) -> Sources {
+        Sources {
+            root: root.to_owned(),
+        }
+    }
+
+    fn open(&self, file: &str) -> Result<File> {
+        let path = safe_join(&self.root, file)?;
+        ftpipe_fs::nofollow::open_read(&path).map_err(|e| ConvertError::io("open source", path, e))
+    }
+
+    /// Calls `each` with consecutive chunks of `span`, each at most
+    /// `chunk` bytes (a multiple of `align` except the last).
+    fn stream(
+        &self,
+        span: &SourceSpan,
+        chunk: usize,
+        buf: &mut Vec<u8>,
+        mut each: impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let f = self.open(&span.file)?;
+        let mut done = 0u64;
+        while done < span.len {
+            let n = usize::try_from((span.len - done).min(chunk as u64)).unwrap_or(chunk);
+            buf.resize(n, 0);
+            let at = span.offset + done;
+            f.read_exact_at(buf, at)
+                .map_err(|source| ConvertError::SourceRead {
+                    file: span.file.to_string(),
+                    tensor: span.tensor.to_string(),
+                    offset: at,
+                    source,
+                })?;
+            each(done, buf)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn bf16_view(bytes: &[u8], out: &mut Vec<bf16>) {
+    out.clear();
+    out.extend(
+        bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))),
+    );
+}
+
+/// Maps a codec error on `span` to one naming the file and tensor.
+fn codec_err(component: &str, span: &SourceSpan, e: FormatError) -> ConvertError {
+    match e {
+        FormatError::NonFinite { index, value, .. } => ConvertError::NonFinite {
+            file: span.file.to_string(),
+            tensor: span.tensor.to_string(),
+            index,
+            value,
+        },
+        other => ConvertError::Format {
+            component: component.to_owned(),
+            source: other,
+        },
+    }
+}
+
+fn format_err(component: &str) -> impl Fn(FormatError) -> ConvertError + '_ {
+    move |source| ConvertError::Format {
+        component: component.to_owned(),
+        source,
+    }
+}
+
+fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
+    match src {
+        TensorSource::Span(s) => vec![s],
+        TensorSource::Native(parts) => parts.iter().collect(),
+        TensorSource::Checked(c) => vec![&c.span],
+    }
+}
+
+/// Reads lookup buffer `chk` and checks it holds the bytes the config fixes.
+pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut found = Vec::new();
+    sources.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
+        found.extend_from_slice(b);
+        Ok(())
+    })?;
+    chk.check(&found)?;
+    Ok(found)
+}
+
+/// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`: 4 bytes).
+fn read_scale(sources: &Sources, span: &SourceSpan) -> Result<f32> {
+    let bad = |problem: String| -> ConvertError {
+        ConvertError::BadSourceValue {
+            file: span.file.to_string(),
+            tensor: span.tensor.to_string(),
+            offset: span.offset,
+            problem,
+        }
+    };
+    if span.len != 4 {
+        return Err(bad(format!(
+            "the FP8 table scale is {} bytes, expected one F32 (4 bytes)",
+            span.len
+        )));
+    }
+    let mut buf = Vec::new();
+    let mut bytes = Vec::with_capacity(4);
+    sources.stream(span, 4, &mut buf, |_, b| {
+        bytes.extend_from_slice(b);
+        Ok(())
+    })?;
+    let b: [u8; 4] = bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| bad(format!("read {} bytes of the FP8 table scale", b.len())))?;
+    Ok(f32::from_le_bytes(b))
+}
+
+/// F8_E4M3 codes decoded exactly and multiplied by `scale`, in f32.
+fn fp8_view(bytes: &[u8], scale: f32, out: &mut Vec<f32>) {
+    out.clear();
+    out.extend(
+        bytes
+            .iter()
+            .map(|&c| ftpipe_formats::e4m3::decode(c) * scale),
+    );
+}
+
+/// The absolute max of a PLE table (all its BF16 segments, or its F8_E4M3
+/// segments decoded with their `scales`), checking every element is finite.
+pub fn table_absmax(
+    sources: &Sources,
+    component: &str,
+    segments: &[SourceSpan],
+    scales: &[SourceSpan],
+) -> Result<f32> {
+    let (mut buf, mut x, mut amax) = (Vec::new(), Vec::new(), 0f32);
+    if !scales.is_empty() {
+        let mut y = Vec::new();
+        for (s, sc) in segments.iter().zip(scales) {
+            let scale = read_scale(sources, sc)?;
+            sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
+                fp8_view(bytes, scale, &mut y);
+                let m = q3::table_absmax_f32(&s.tensor, &y, done)
+                    .map_err(|e| codec_err(component, s, e))?;
+                amax = amax.max(m);
+                Ok(())
+            })?;
+        }
+        return Ok(amax);
+    }
+    for s in segments {
+        sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
+            bf16_view(bytes, &mut x);
+            let m = q3::table_absmax(&s.tensor, &x, done / 2)
+                .map_err(|e| codec_err(component, s, e))?;
+            amax = amax.max(m);
+            Ok(())
+        })?;
+    }
+    Ok(amax)
+}
+
+/// Writes component `c` under `artifact`. `scales` holds the global scale
+/// of every PLE layer whose segments may be written.
+pub fn write_component(
+    sources: &Sources,
+    artifact: &Path,
+    c: &Component,
+    scales: &BTreeMap<u64, Q3GlobalScale>,
+) -> Result<Written> {
+    let path = safe_join(artifact, &c.name)?;
+    let tmp = safe_join(artifact, &temp_name(&c.name))?;
+    let dir = path.parent().unwrap_or(artifact).to_owned();
+    std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io("create", &dir, e))?;
+    ftpipe_fs::nofollow::check_absent_or_regular(&path)
+        .map_err(|e| ConvertError::io("open", &path, e))?;
+    let file = ftpipe_fs::nofollow::create_truncated(&tmp)
+        .map_err(|e| ConvertError::io("create", &tmp, e))?;
+    let sink = HashingWriter {
+        file,
+        hasher: Sha256::new(),
+        written: 0,
+    };
+    let mut out = BufWriter::with_capacity(WRITE_BUFFER, sink);
+    let mut buf = Vec::new();
+    let io_err = |e: std::io::Error| ConvertError::io("write", &tmp, e);
+    match &c.content {
+        ComponentContent::Ftw { tensors } => {
+            let layout = FtwLayout::plan(tensors.iter().map(|t| t.desc.clone()).collect())
+                .map_err(format_err(&c.name))?;
+            let mut w = FtwWriter::new(&layout, &mut out).map_err(format_err(&c.name))?;
+            for t in tensors {
+                w.begin_tensor(&t.desc.key).map_err(format_err(&c.name))?;
+                if let TensorSource::Checked(chk) = &t.source {
+                    // Read once: checked, then written from the same bytes.
+                    let found = check_lookup(sources, chk)?;
+                    w.write(&found).map_err(format_err(&c.name))?;
+                    w.end_tensor().map_err(format_err(&c.name))?;
+                    continue;
+                }
+                for s in spans(&t.source) {
+                    sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
+                        w.write(b).map_err(format_err(&c.name))
+                    })?;
+                }
+                w.end_tensor().map_err(format_err(&c.name))?;
+            }
+            w.finish().map_err(format_err(&c.name))?;
+        }
+        ComponentContent::Experts {
+            layer,
+            fields,
+            records,
+        } => {
+            let layer32 = u32::try_from(*layer).unwrap_or(u32::MAX);
+            let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
+            let layout =
+                ExpertLayout::plan(layer32, count, fields.clone()).map_err(format_err(&c.name))?;
+            let mut w = ExpertWriter::new(&layout, &mut out).map_err(format_err(&c.name))?;
+            for (e, rec) in (0u32..).zip(records) {
+                for (f, src) in fields.iter().zip(rec) {
+                    w.begin_field(e, &f.key).map_err(format_err(&c.name))?;
+                    for s in spans(src) {
+                        sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
+                            w.write(b).map_err(format_err(&c.name))
+                        })?;
+                    }
+                    w.end_field().map_err(format_err(&c.name))?;
+                }
+            }
+            w.finish().map_err(format_err(&c.name))?;
+        }
+        ComponentContent::Q3Segment {
+            layer,
+            width,
+            source,
+            scale,
+            ..
+        } => {
+            let g = *scales
+                .get(layer)
+                .ok_or_else(|| ConvertError::MissingGlobalScale {
+                    component: c.name.clone(),
+                    layer: *layer,
+                })?;
+            let width_us = usize::try_from(*width).unwrap_or(usize::MAX);
+            let (mut x, mut enc) = (Vec::new(), Vec::new());
+            match scale {
+                // F8_E4M3 codes × the table scale, encoded from exact f32.
+                Some(scale) => {
+                    let s = read_scale(sources, scale)?;
+                    let row_bytes = width_us.max(1);
+                    let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
+                    sources.stream(source, chunk, &mut buf, |done, b| {
+                        fp8_view(b, s, &mut x);
+                        enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                        q3::encode_f32(&source.tensor, &x, width_us, g, done, &mut enc)
+                            .map_err(|e| codec_err(&c.name, source, e))?;
+                        out.write_all(&enc).map_err(io_err)
+                    })?;
+                }
+                None => {
+                    let row_bytes = width_us.saturating_mul(2).max(1);
+                    let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
+                    let mut y = Vec::new();
+                    sources.stream(source, chunk, &mut buf, |done, b| {
+                        bf16_view(b, &mut y);
+                        enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                        q3::encode(&source.tensor, &y, width_us, g, done / 2, &mut enc)
+                            .map_err(|e| codec_err(&c.name, source, e))?;
+                        out.write_all(&enc).map_err(io_err)
+                    })?;
+                }
+            }
+        }
+        ComponentContent::Q3GlobalScale {
+            segments, scales, ..
+        } => {
+            let amax = table_absmax(sources, &c.name, segments, scales)?;
+            let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(&c.name))?;
+            out.write_all(&g.to_bytes()).map_err(io_err)?;
+        }
+    }
+    let sink = out.into_inner().map_err(|e| io_err(e.into_error()))?;
+    sink.file
+        .sync_all()
+        .map_err(|e| ConvertError::io("fsync", &tmp, e))?;
+    if sink.written != c.predicted_bytes {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ConvertError::SizeMismatch {
+            component: c.name.clone(),
+            predicted: c.predicted_bytes,
+            actual: sink.written,
+        });
+    }
+    std::fs::rename(&tmp, &path).map_err(|e| ConvertError::io("rename", &tmp, e))?;
+    // Every directory from the component's up to artifact/ is fsynced,
+    // whoever created it, before the receipt can claim the file.
+    sync_dirs_up_to(artifact, &dir).map_err(|e| ConvertError::io("fsync", &dir, e))?;
+    Ok(Written {
+        size: sink.written,
+        sha256: hex::encode(sink.hasher.finalize()),
+    })
+}
+
+/// Reads a written global scale back, checking its digest against the
+/// receipt so a segment is never encoded under a scale nobody vouched for.
+pub fn read_global_scale(artifact: &Path, name: &str, sha256: &str) -> Result<Q3GlobalScale> {
+    let path = safe_join(artifact, name)?;
+    let bytes = std::fs::read(&path).map_err(|e| ConvertError::io("read", &path, e))?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if actual != sha256 {
+        return Err(ConvertError::ComponentDigest {
+            component: name.to_owned(),
+            expected: sha256.to_owned(),
+            actual,
+        });
+    }
+    Q3GlobalScale::from_bytes(&bytes).map_err(format_err(name))
+}

@@ -1,0 +1,261 @@
+//! Taking a pinned file from a Hugging Face cache instead of the hub.
+//!
+//! Whole blob: place it (reflink, hard link or copy) at `<final>.hfcache`,
+//! fsync, hash that file in full against the pinned identity, rename to the
+//! final name, fsync the directory, and only then the receipt (one
+//! transaction with the ledger and the candidate log). What is hashed is
+//! what is published, so a cache file changed after the check cannot slip
+//! in. Interrupted download: its prefix is copied (never moved) into an
+//! empty `.part`, fsynced, and only then becomes the watermark; the usual
+//! prefix re-hash, strict Range rules and final digest follow.
+
+use std::io::Read;
+use std::path::Path;
+
+use tokio::task::block_in_place;
+
+use ftpipe_receipts::{CacheCandidate, FileRow, Receipt};
+
+use super::FetchCtx;
+use super::part::{AppendError, PartFile};
+use crate::{FetchError, Result};
+use ftpipe_fs::crashpoint;
+use ftpipe_fs::durable::{create_dirs_durably, sync_dir};
+use ftpipe_hub::hfcache::{Lookup, LookupKind, place};
+use ftpipe_hub::identity::{Expected, hash_file};
+use ftpipe_hub::paths::{cache_temp_path, part_path};
+use ftpipe_progress::ProgressEvent;
+
+/// Copy buffer of a resume prefix.
+const PREFIX_COPY_BUF: usize = 1 << 20;
+
+fn kind_str(kind: LookupKind) -> &'static str {
+    match kind {
+        LookupKind::Blob => "blob",
+        LookupKind::Snapshot => "snapshot",
+    }
+}
+
+fn lookup_kind(file: &FileRow) -> LookupKind {
+    if file.lfs_sha256.is_some() {
+        LookupKind::Blob
+    } else {
+        LookupKind::Snapshot
+    }
+}
+
+/// Removes `path` if something is there (never following a link), then
+/// fsyncs its directory.
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => {
+            std::fs::remove_file(path)?;
+            sync_dir(path.parent().unwrap_or(Path::new(".")))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn reject(ctx: &FetchCtx, c: CacheCandidate) -> Result<()> {
+    tracing::info!(path = %c.path, cache = %c.cache_path, detail = %c.detail, "cache candidate rejected");
+    ctx.reporter.report(ProgressEvent::CacheRejected {
+        path: c.path.clone(),
+        cache_path: c.cache_path.clone(),
+        reason: c.detail.clone(),
+    });
+    ctx.store.reject_cache_candidate(ctx.run, &c).await?;
+    Ok(())
+}
+
+/// Publishes `file` from the cache when a candidate there verifies.
+/// Returns whether it did; a missing, refused or mismatching candidate
+/// leaves the file to the network (the latter two logged as rejected).
+pub(crate) async fn adopt_whole(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    expected: &Expected,
+    final_path: &Path,
+) -> Result<bool> {
+    let Some(cache) = &ctx.hf_cache else {
+        return Ok(false);
+    };
+    let ledger = ctx.store.ledger_row(&file.path).await?;
+    // A complete `.part` is verified where it is: no cache needed.
+    if ledger.committed >= file.size {
+        return Ok(false);
+    }
+    let found = block_in_place(|| cache.lookup(&ctx.pin.repo, &ctx.pin.commit, file));
+    let candidate = match found {
+        Lookup::Absent => return Ok(false),
+        Lookup::Refused {
+            path,
+            reason,
+            bytes,
+        } => {
+            reject(
+                ctx,
+                CacheCandidate {
+                    path: file.path.clone(),
+                    cache_path: path.display().to_string(),
+                    kind: kind_str(lookup_kind(file)).into(),
+                    outcome: "rejected".into(),
+                    placement: None,
+                    bytes,
+                    detail: reason,
+                },
+            )
+            .await?;
+            return Ok(false);
+        }
+        Lookup::Found(c) => c,
+    };
+    let record = |outcome: &str, placement: Option<&str>, detail: String| CacheCandidate {
+        path: file.path.clone(),
+        cache_path: candidate.blob.display().to_string(),
+        kind: kind_str(candidate.kind).into(),
+        outcome: outcome.into(),
+        placement: placement.map(str::to_owned),
+        bytes: file.size,
+        detail,
+    };
+    let temp = cache_temp_path(final_path);
+    let dir = final_path
+        .parent()
+        .unwrap_or(ctx.layout.source())
+        .to_owned();
+    let placed = block_in_place(|| -> std::io::Result<_> {
+        create_dirs_durably(ctx.layout.source(), &dir)?;
+        remove_if_present(&temp)?;
+        let how = place(&candidate.blob, &temp)?;
+        ftpipe_fs::nofollow::open_read(&temp)?.sync_all()?;
+        sync_dir(&dir)?;
+        let digest = hash_file(&temp, expected, file.size)?;
+        Ok((how, digest))
+    });
+    let (how, digest) = match placed {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = block_in_place(|| remove_if_present(&temp));
+            reject(
+                ctx,
+                record("rejected", None, format!("cannot place it: {e}")),
+            )
+            .await?;
+            return Ok(false);
+        }
+    };
+    if digest != expected.hex() {
+        block_in_place(|| remove_if_present(&temp))
+            .map_err(|e| FetchError::io("remove", &temp, e))?;
+        let detail = format!(
+            "{} is {digest}, expected {}",
+            expected.kind(),
+            expected.hex()
+        );
+        reject(ctx, record("rejected", Some(how.as_str()), detail)).await?;
+        return Ok(false);
+    }
+    // Verified and durable under the temp name; not published.
+    crashpoint::hit("cache-verified");
+    block_in_place(|| {
+        std::fs::rename(&temp, final_path)?;
+        sync_dir(&dir)
+    })
+    .map_err(|e| FetchError::io("publish", final_path, e))?;
+    // Published under its final name, no receipt yet.
+    crashpoint::hit("cache-renamed");
+    ctx.store
+        .adopt_from_cache(
+            ctx.run,
+            &Receipt {
+                path: file.path.clone(),
+                size: file.size,
+                digest_kind: expected.kind().to_owned(),
+                digest,
+                completed_at: String::new(),
+                adopted: false,
+            },
+            &record("adopted", Some(how.as_str()), String::new()),
+        )
+        .await?;
+    // The receipt is durable: a partial `.part` of this file is stale.
+    let part = part_path(final_path);
+    block_in_place(|| remove_if_present(&part)).map_err(|e| FetchError::io("remove", &part, e))?;
+    ctx.reporter.report(ProgressEvent::FileAdopted {
+        path: file.path.clone(),
+        size: file.size,
+        placement: how.as_str().to_owned(),
+    });
+    Ok(true)
+}
+
+/// Copies the prefix of an interrupted download of `file` in the cache
+/// into the empty `part`, fsyncs it, and makes its length the watermark.
+/// Returns the bytes taken (0 when there is none).
+pub(crate) async fn seed_from_incomplete(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    part: &mut PartFile,
+) -> Result<u64> {
+    let Some(cache) = &ctx.hf_cache else {
+        return Ok(0);
+    };
+    if part.len() != 0 {
+        return Ok(0);
+    }
+    let Some((incomplete, len)) = block_in_place(|| cache.incomplete(&ctx.pin.repo, file)) else {
+        return Ok(0);
+    };
+    let io = |e| FetchError::io("copy from", &incomplete, e);
+    let copied = block_in_place(|| -> Result<u64> {
+        let src = ftpipe_fs::nofollow::open_read(&incomplete).map_err(io)?;
+        let mut src = src.take(len);
+        let mut buf = vec![0u8; PREFIX_COPY_BUF];
+        loop {
+            let n = src.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            match part.append(&buf[..n]) {
+                Ok(()) => {}
+                Err(AppendError::NoSpace) => {
+                    return Err(FetchError::io(
+                        "write",
+                        ctx.layout.source(),
+                        std::io::Error::from(std::io::ErrorKind::StorageFull),
+                    ));
+                }
+                Err(AppendError::Io(e)) => return Err(FetchError::io("write", &incomplete, e)),
+            }
+        }
+        Ok(part.len())
+    })?;
+    if copied == 0 {
+        return Ok(0);
+    }
+    block_in_place(|| part.sync()).map_err(|e| FetchError::io("fsync", &incomplete, e))?;
+    // The prefix is durable in `.part`; the ledger does not claim it yet.
+    crashpoint::hit("cache-prefix-synced");
+    ctx.store
+        .seed_from_cache(
+            ctx.run,
+            &file.path,
+            copied,
+            &CacheCandidate {
+                path: file.path.clone(),
+                cache_path: incomplete.display().to_string(),
+                kind: "incomplete".into(),
+                outcome: "resumed".into(),
+                placement: Some("copy".into()),
+                bytes: copied,
+                detail: String::new(),
+            },
+        )
+        .await?;
+    ctx.reporter.report(ProgressEvent::FileResumedFromCache {
+        path: file.path.clone(),
+        bytes: copied,
+    });
+    Ok(copied)
+}

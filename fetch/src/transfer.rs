@@ -1,0 +1,873 @@
+//! One file: resume from the durable watermark, append only bytes that a
+//! validated response promised, checkpoint, verify, publish.
+//!
+//! Invariant: the ledger watermark W never exceeds the fsynced length of the
+//! `.part` file, and `transferred = committed + discarded` after every
+//! ledger write (see docs/design.md).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::block_in_place;
+
+use ftpipe_receipts::{Attempt, FileRow, Receipt};
+
+use super::FetchCtx;
+use super::part::{AppendError, PartFile};
+use crate::{FetchError, Result};
+use ftpipe_fs::crashpoint;
+use ftpipe_hub::HubError;
+use ftpipe_hub::headers::{check_partial, etag, retry_after_secs, strong_validator};
+use ftpipe_hub::identity::{Expected, IdentityHasher, expected_identity, hash_part_prefix};
+use ftpipe_hub::limits::MAX_RETRY_AFTER;
+use ftpipe_hub::paths::part_path;
+use ftpipe_progress::ProgressEvent;
+
+/// How many times a file whose bytes failed the digest is fetched again.
+pub(super) const DIGEST_REFETCHES: u32 = 1;
+
+/// The receipt of a file whose verified bytes are published under its
+/// final name (and that name's directory fsynced), then the event.
+pub(super) async fn record_published(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    expected: &Expected,
+    digest: String,
+    digest_catch_up_bytes: Option<u64>,
+    direct_io_bytes: u64,
+) -> Result<()> {
+    ctx.store
+        .put_receipt(
+            ctx.run,
+            &Receipt {
+                path: file.path.clone(),
+                size: file.size,
+                digest_kind: expected.kind().to_owned(),
+                digest,
+                completed_at: String::new(),
+                adopted: false,
+            },
+        )
+        .await?;
+    ctx.reporter.report(ProgressEvent::FilePublished {
+        path: file.path.clone(),
+        size: file.size,
+        digest_catch_up_bytes,
+        direct_io_bytes,
+    });
+    Ok(())
+}
+
+/// Records a discard of `path` (the watermark set to `committed`) and
+/// reports the rewind.
+pub(super) async fn discard(
+    ctx: &FetchCtx,
+    path: &str,
+    reason: &str,
+    bytes: u64,
+    committed: u64,
+    also_transferred: bool,
+) -> Result<()> {
+    ctx.store
+        .discard(ctx.run, path, reason, bytes, committed, also_transferred)
+        .await?;
+    ctx.reporter.report(ProgressEvent::FileRewound {
+        path: path.to_owned(),
+        to: committed,
+        reason: reason.to_owned(),
+    });
+    Ok(())
+}
+
+/// Empties a `.part` that holds bytes of a pin a repin superseded (see
+/// `Store::save_pin`). Its durable bytes were recorded by the repin; the
+/// tails the old pin's in-flight attempts wrote past their watermarks are
+/// measured against the old ranges (holes are not bytes), counted for
+/// those attempts and recorded as `superseded_by_repin`, then the part is
+/// cut to nothing and the old ranges forgotten, in that order: a crash in
+/// between measures no tail twice (each attempt is marked measured).
+async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartFile) -> Result<()> {
+    let store = &ctx.store;
+    let old = store.superseded_part(&file.path).await?;
+    if old.is_empty() {
+        return Ok(());
+    }
+    for r in old.iter().filter(|r| !r.complete()) {
+        let Some(attempt) = store.in_flight_attempt(&file.path, r.start, r.end).await? else {
+            continue;
+        };
+        let tail = block_in_place(|| {
+            super::segmented::written_tail(part.file().file(), r.watermark, r.end)
+        })
+        .map_err(|e| FetchError::io("seek", part.path(), e))?;
+        if tail > 0 {
+            store
+                .discard_unkept(
+                    ctx.run,
+                    &file.path,
+                    "superseded_by_repin",
+                    tail,
+                    attempt,
+                    true,
+                )
+                .await?;
+            // A tail recorded (its attempt marked measured), the part not
+            // yet emptied.
+            crashpoint::hit("superseded-tail-recorded");
+        }
+    }
+    block_in_place(|| part.truncate(0)).map_err(|e| FetchError::io("truncate", part.path(), e))?;
+    // The part is empty and durable; the old ranges are still stored.
+    crashpoint::hit("superseded-part-emptied");
+    store.end_superseded_part(&file.path).await?;
+    ctx.reporter.report(ProgressEvent::FileRewound {
+        path: file.path.clone(),
+        to: 0,
+        reason: "superseded_by_repin".to_owned(),
+    });
+    Ok(())
+}
+
+/// Brings a `.part` fetched as one stream and its watermark into agreement:
+/// bytes of a superseded pin are settled first (above), bytes past the
+/// watermark are cut and recorded (they were received), a part shorter
+/// than the watermark lowers it; an empty part is seeded once from an
+/// interrupted download in the Hugging Face cache. Returns the ledger row
+/// as it was before.
+pub(super) async fn settle_stream_part(
+    ctx: &FetchCtx,
+    file: &FileRow,
+    part: &mut PartFile,
+    cache_prefix_tried: &mut bool,
+) -> Result<ftpipe_receipts::LedgerRow> {
+    settle_superseded_part(ctx, file, part).await?;
+    let ledger = ctx.store.ledger_row(&file.path).await?;
+    let (watermark, on_disk) = (ledger.committed, part.len());
+    if on_disk > watermark {
+        block_in_place(|| part.truncate(watermark))
+            .map_err(|e| FetchError::io("truncate", part.path(), e))?;
+        discard(
+            ctx,
+            &file.path,
+            "uncheckpointed_tail",
+            on_disk - watermark,
+            watermark,
+            true,
+        )
+        .await?;
+    } else if on_disk < watermark {
+        discard(
+            ctx,
+            &file.path,
+            "part_shorter_than_watermark",
+            watermark - on_disk,
+            on_disk,
+            false,
+        )
+        .await?;
+    }
+    if !*cache_prefix_tried && part.len() == 0 {
+        *cache_prefix_tried = true;
+        super::cache::seed_from_incomplete(ctx, file, part).await?;
+    }
+    Ok(ledger)
+}
+
+/// Per-file state carried across attempts.
+struct FileTask {
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    expected: Expected,
+    final_path: PathBuf,
+    part_path: PathBuf,
+    /// Seconds the hub asked to wait (`Retry-After` of a 429 or 503).
+    retry_after: Option<u64>,
+    /// The attempt cannot count as progress whatever it appended: a resume
+    /// answered from byte 0, a body past the expected size, a stall.
+    unproductive: bool,
+    /// Resume requests answered with `200` from byte 0.
+    range_ignored: u32,
+    /// The attempt in flight: each checkpoint adds its bytes to it.
+    attempt_id: Option<i64>,
+    /// An interrupted download in the cache was already considered as a
+    /// resume prefix (at most once per run: a bad one is not retried).
+    cache_prefix_tried: bool,
+}
+
+/// Fetches, verifies and publishes one file, retrying transient failures,
+/// on `connection`: given back to the pool while a retry waits, taken
+/// again when it is due.
+pub async fn fetch_file(
+    ctx: Arc<FetchCtx>,
+    file: FileRow,
+    final_path: PathBuf,
+    connection: OwnedSemaphorePermit,
+) -> Result<()> {
+    let mut connection = Some(connection);
+    let expected = expected_identity(&file)?;
+    let part_path = part_path(&final_path);
+    let mut task = FileTask {
+        ctx,
+        file,
+        expected,
+        final_path,
+        part_path,
+        retry_after: None,
+        unproductive: false,
+        range_ignored: 0,
+        attempt_id: None,
+        cache_prefix_tried: false,
+    };
+    if super::cache::adopt_whole(&task.ctx, &task.file, &task.expected, &task.final_path).await? {
+        return Ok(());
+    }
+    let schedule = ExponentialBuilder::default()
+        .with_min_delay(task.ctx.opts.retry_base)
+        .with_max_delay(Duration::from_secs(10))
+        .with_max_times(task.ctx.opts.retries as usize)
+        .with_jitter();
+    let mut backoff = schedule.build();
+    let mut attempts = 0u32;
+    let mut digest_failures = 0u32;
+    // The best durable watermark so far: the retry budget restarts only
+    // after an attempt that moved it further, so an attempt that re-sends
+    // what is already durable (or trickles, or overruns) uses up the budget.
+    let mut best = task.ctx.store.ledger_row(task.path()).await?.committed;
+    loop {
+        attempts += 1;
+        task.unproductive = false;
+        let err = match task.attempt().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if let FetchError::DigestMismatch { .. } = err {
+            digest_failures += 1;
+            if digest_failures > DIGEST_REFETCHES {
+                return Err(err);
+            }
+            task.report_retry(attempts, Duration::ZERO, None, &err);
+            continue;
+        }
+        if !err.is_transient() {
+            return Err(err);
+        }
+        let now = task.ctx.store.ledger_row(task.path()).await?.committed;
+        if now > best && !task.unproductive {
+            backoff = schedule.build();
+        }
+        best = best.max(now);
+        let Some(mut delay) = backoff.next() else {
+            if task.range_ignored > 0 && best < task.file.size {
+                return Err(FetchError::RangeIgnored {
+                    path: task.file.path.clone(),
+                    ignored: task.range_ignored,
+                    best,
+                    size: task.file.size,
+                    attempts,
+                });
+            }
+            return Err(FetchError::RetriesExhausted {
+                path: task.file.path.clone(),
+                attempts,
+                last: Box::new(err),
+            });
+        };
+        let retry_after = task.retry_after.take();
+        if let Some(after) = retry_after {
+            delay = delay.max(Duration::from_secs(after).min(MAX_RETRY_AFTER));
+        }
+        task.report_retry(attempts, delay, retry_after, &err);
+        drop(connection.take());
+        tokio::time::sleep(delay).await;
+        connection = Some(
+            task.ctx
+                .connections
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| FetchError::internal_from("connection pool", e))?,
+        );
+    }
+}
+
+impl FileTask {
+    fn path(&self) -> &str {
+        &self.file.path
+    }
+
+    fn report_retry(
+        &self,
+        attempt: u32,
+        delay: Duration,
+        retry_after_secs: Option<u64>,
+        err: &FetchError,
+    ) {
+        tracing::warn!(path = self.path(), attempt, ?delay, error = %err, "retrying");
+        self.ctx.reporter.report(ProgressEvent::FileRetry {
+            path: self.path().to_owned(),
+            attempt,
+            delay,
+            retry_after_secs,
+            error: err.to_string(),
+        });
+    }
+
+    fn io(&self, op: &'static str, e: std::io::Error) -> FetchError {
+        FetchError::io(op, &self.part_path, e)
+    }
+
+    async fn discard(
+        &self,
+        reason: &str,
+        bytes: u64,
+        committed: u64,
+        also_transferred: bool,
+    ) -> Result<()> {
+        discard(
+            &self.ctx,
+            self.path(),
+            reason,
+            bytes,
+            committed,
+            also_transferred,
+        )
+        .await
+    }
+
+    /// Brings the `.part` file and the ledger into agreement and returns the
+    /// open part file with the digest state of its committed prefix.
+    async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
+        let mut part = block_in_place(|| {
+            PartFile::open(
+                self.ctx.layout.source(),
+                &self.part_path,
+                self.ctx.opts.io_mode,
+            )
+        })
+        .map_err(|e| self.io("open", e))?;
+        let ledger = settle_stream_part(
+            &self.ctx,
+            &self.file,
+            &mut part,
+            &mut self.cache_prefix_tried,
+        )
+        .await?;
+        let mut hasher = self.expected.hasher(self.file.size);
+        let len = part.len();
+        block_in_place(|| hash_part_prefix(part.file(), len, &mut hasher))
+            .map_err(|e| self.io("re-hash prefix of", e))?;
+        let validator = if len > 0 { ledger.validator } else { None };
+        Ok((part, hasher, validator))
+    }
+
+    async fn attempt(&mut self) -> Result<()> {
+        let size = self.file.size;
+        let (mut part, mut hasher, mut validator) = self.open_resume_point().await?;
+        self.ctx.reporter.report(ProgressEvent::FileStarted {
+            path: self.path().to_owned(),
+            size,
+            resumed_from: part.len(),
+        });
+        if self.ctx.offline && part.len() < size {
+            return Err(FetchError::Hub(HubError::Offline {
+                what: format!(
+                    "{} ({} of {size} bytes durable, not in the Hugging Face cache)",
+                    self.path(),
+                    part.len()
+                ),
+            }));
+        }
+        let actual = if part.len() < size {
+            self.transfer(&mut part, &mut hasher, &mut validator)
+                .await?
+        } else {
+            // A complete `.part` left by an earlier run: verify, no request.
+            self.verify(&mut part, hasher).await?
+        };
+        // The whole file is durable in `.part` and verified, not published.
+        crashpoint::hit("fetch-verified");
+        let final_path = self.final_path.clone();
+        let direct_io_bytes = part.direct_written();
+        block_in_place(|| part.publish(&final_path))
+            .map_err(|e| FetchError::io("publish", &final_path, e))?;
+        // Published under its final name, no receipt yet.
+        crashpoint::hit("fetch-renamed");
+        record_published(
+            &self.ctx,
+            &self.file,
+            &self.expected,
+            actual,
+            None,
+            direct_io_bytes,
+        )
+        .await
+    }
+
+    /// Compares the digest of the complete `.part` with the pinned identity.
+    /// On a mismatch the `size` bytes become a `digest_mismatch` discard and
+    /// the file restarts from zero.
+    async fn verify(&self, part: &mut PartFile, hasher: IdentityHasher) -> Result<String> {
+        let size = self.file.size;
+        let actual = hasher.finish_hex();
+        if actual != self.expected.hex() {
+            block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+            self.discard("digest_mismatch", size, 0, false).await?;
+            return Err(FetchError::DigestMismatch {
+                path: self.path().to_owned(),
+                kind: self.expected.kind(),
+                expected: self.expected.hex().to_owned(),
+                actual,
+                size,
+            });
+        }
+        Ok(actual)
+    }
+
+    /// One HTTP attempt from the current watermark, recorded in `attempts`.
+    /// Returns the verified digest of the complete file.
+    async fn transfer(
+        &mut self,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: &mut Option<String>,
+    ) -> Result<String> {
+        let start = part.len();
+        let mut headers = HeaderMap::new();
+        let mut attempt = Attempt {
+            path: self.path().to_owned(),
+            ..Attempt::default()
+        };
+        if start > 0 {
+            headers.insert(RANGE, header_value(&format!("bytes={start}-"))?);
+            attempt.range_start = Some(start);
+            if let Some(v) = validator.as_deref() {
+                headers.insert(IF_RANGE, header_value(v)?);
+                attempt.if_range = Some(v.to_owned());
+            }
+        }
+        let url =
+            self.ctx
+                .client
+                .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
+        attempt.host = url
+            .host_str()
+            .ok_or_else(|| {
+                FetchError::internal(format!(
+                    "file URL {} has no host",
+                    ftpipe_hub::client::redact(&url)
+                ))
+            })?
+            .to_owned();
+        attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
+        self.attempt_id = Some(attempt.id);
+        let result = match self
+            .stream(url, headers, part, hasher, validator, &mut attempt)
+            .await
+        {
+            // Verified before the attempt is closed: an attempt is `ok` only
+            // if the bytes it delivered match the pinned digest; a mismatch
+            // closes it as `failed` (docs/design.md, step 5.6).
+            Ok(()) => self.verify(part, hasher.clone()).await,
+            Err(e) => Err(e),
+        };
+        attempt.outcome = match &result {
+            Ok(_) => "ok".into(),
+            Err(e) if e.is_transient() => "retry".into(),
+            Err(_) => "failed".into(),
+        };
+        attempt.error = result.as_ref().err().map(ToString::to_string);
+        self.attempt_id = None;
+        let finished = self.ctx.store.finish_attempt(&attempt).await;
+        // On a full volume this write can fail too: the error that ended the
+        // attempt is the one reported (the row stays `in_flight`, as after a
+        // crash).
+        match (result, finished) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(f)) => Err(f.into()),
+            (Ok(v), Ok(())) => Ok(v),
+        }
+    }
+
+    async fn stream(
+        &mut self,
+        url: url::Url,
+        headers: HeaderMap,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: &mut Option<String>,
+        attempt: &mut Attempt,
+    ) -> Result<()> {
+        let size = self.file.size;
+        let path = self.path().to_owned();
+        let body = self.ctx.client.get_body(&path, url, headers).await?;
+        attempt.host = body.host.clone();
+        let mut resp = body.response;
+        let status = resp.status();
+        attempt.status = Some(status.as_u16());
+        attempt.etag = etag(resp.headers());
+        attempt.content_range = resp
+            .headers()
+            .get("content-range")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        self.check_linked_meta(&body.meta)?;
+        let start = part.len();
+        match status {
+            StatusCode::OK => {
+                if start > 0 {
+                    // The server will not resume (no range support, or the
+                    // validator changed): the prefix cannot be trusted.
+                    block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+                    self.discard("range_not_honoured", start, 0, false).await?;
+                    *hasher = self.expected.hasher(size);
+                    self.unproductive = true;
+                    self.range_ignored += 1;
+                }
+                if let Some(len) = resp.content_length()
+                    && len != size
+                {
+                    return Err(FetchError::Hub(HubError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: size.to_string(),
+                        actual: len.to_string(),
+                    }));
+                }
+                *validator = strong_validator(resp.headers());
+            }
+            StatusCode::PARTIAL_CONTENT if start > 0 => {
+                check_partial(&path, resp.headers(), start, size)?;
+                let now = strong_validator(resp.headers());
+                if validator.is_some() && now != *validator {
+                    // Message only: a missing ETag shows as "".
+                    return Err(FetchError::Hub(HubError::BadHeader {
+                        path,
+                        header: "ETag",
+                        expected: validator.clone().unwrap_or_default(),
+                        actual: now.unwrap_or_default(),
+                    }));
+                }
+                if let Some(len) = resp.content_length()
+                    && Some(len) != size.checked_sub(start)
+                {
+                    return Err(FetchError::Hub(HubError::BadHeader {
+                        path,
+                        header: "Content-Length",
+                        expected: (size - start).to_string(),
+                        actual: len.to_string(),
+                    }));
+                }
+            }
+            other => {
+                if matches!(other.as_u16(), 429 | 503) {
+                    self.retry_after = retry_after_secs(resp.headers());
+                }
+                // The URL may be the CDN's (`/lfs/<sha>`), which does not
+                // name the file: say which file this was for.
+                return Err(FetchError::Hub(HubError::Status {
+                    url: ftpipe_hub::client::redact(resp.url()),
+                    status: other.as_u16(),
+                    detail: if other == StatusCode::PARTIAL_CONTENT {
+                        format!(" to a request without Range (fetching {path})")
+                    } else {
+                        format!(" (fetching {path})")
+                    },
+                }));
+            }
+        }
+        // Where this attempt's bytes start (0 after a prefix was dropped).
+        let from = part.len();
+        let checkpoint_every = self.ctx.opts.checkpoint_bytes;
+        let interval = self.ctx.opts.checkpoint_interval;
+        let mut since = 0u64;
+        let mut last = Instant::now();
+        let mut rate = RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window);
+        // Bytes of a body past the expected size (cut there, discarded).
+        let mut excess = 0u64;
+        let outcome: Result<()> = loop {
+            // While bytes wait for a checkpoint, a quiet connection must not
+            // keep them un-durable: wake up at the interval and checkpoint.
+            let next = if since > 0 || part.held() > 0 {
+                let wait = interval.saturating_sub(last.elapsed());
+                match tokio::time::timeout(wait, resp.chunk()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        match self.flush(part).await {
+                            Ok(n) => since += self.stored_bytes(n),
+                            Err(e) => break Err(e),
+                        }
+                        attempt.body_bytes = stored(part, from);
+                        self.checkpoint(part, since, validator.as_deref()).await?;
+                        since = 0;
+                        last = Instant::now();
+                        if let Err(e) = rate.check(&path, 0) {
+                            self.unproductive = true;
+                            break Err(e);
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                resp.chunk().await
+            };
+            let mut chunk = match next {
+                Ok(Some(c)) => c,
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    break Err(FetchError::Hub(HubError::BodyFailed {
+                        path: path.clone(),
+                        received: part.end() - from,
+                        message: error_chain(&e),
+                    }));
+                }
+            };
+            if part.end() + chunk.len() as u64 > size {
+                // Keep the bytes up to the expected size; the rest is waste.
+                let keep = size - part.end();
+                excess = chunk.len() as u64 - keep;
+                chunk.truncate(usize::try_from(keep).unwrap_or(0));
+            }
+            // Another job found the volume full and freed the space reserve
+            // for the ledger: do not eat it with more file bytes.
+            let full = self.ctx.volume_full.load(Ordering::SeqCst);
+            // Hashed as received: a failed write ends the attempt, and the
+            // next one hashes the file's durable prefix afresh.
+            hasher.update(&chunk);
+            let len = chunk.len() as u64;
+            match block_in_place(|| {
+                if full {
+                    Err(AppendError::NoSpace)
+                } else {
+                    part.push(chunk)
+                }
+            }) {
+                Ok(n) => since += self.stored_bytes(n),
+                Err(e) => break Err(self.append_error(part, e)),
+            }
+            // Counted once stored, like the ledger's `transferred`.
+            attempt.body_bytes = stored(part, from);
+            if since + part.held() >= checkpoint_every || last.elapsed() >= interval {
+                match self.flush(part).await {
+                    Ok(n) => since += self.stored_bytes(n),
+                    Err(e) => break Err(e),
+                }
+                attempt.body_bytes = stored(part, from);
+                self.checkpoint(part, since, validator.as_deref()).await?;
+                since = 0;
+                last = Instant::now();
+            }
+            if excess > 0 {
+                self.unproductive = true;
+                break Err(FetchError::Hub(HubError::LongBody {
+                    path: path.clone(),
+                    expected: size,
+                }));
+            }
+            if let Err(e) = rate.check(&path, len) {
+                self.unproductive = true;
+                break Err(e);
+            }
+        };
+        // Bytes of a validated response that arrived before a failure are a
+        // correct prefix: make them durable rather than fetch them again.
+        let outcome = match (outcome, self.flush(part).await) {
+            (outcome, Ok(n)) => {
+                since += self.stored_bytes(n);
+                outcome
+            }
+            (Ok(()), Err(e)) => Err(e),
+            // The failure that ended the body is the one reported.
+            (Err(first), Err(e)) => {
+                tracing::warn!(path = %path, error = %e, after = %first, "bytes held back after a failed body were not written");
+                Err(first)
+            }
+        };
+        attempt.body_bytes = stored(part, from);
+        let saved = self.checkpoint(part, since, validator.as_deref()).await;
+        // The failure that ended the body (e.g. no space) is the one
+        // reported; a checkpoint that failed with it leaves the watermark
+        // where it was.
+        if let (Err(first), Err(e)) = (&outcome, &saved) {
+            tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
+        }
+        if excess > 0 && saved.is_ok() {
+            self.discard("long_body_excess", excess, part.len(), true)
+                .await?;
+            attempt.body_bytes += excess;
+        }
+        outcome?;
+        saved?;
+        if part.len() < size {
+            return Err(FetchError::Hub(HubError::ShortBody {
+                path,
+                received: part.len(),
+                expected: size,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Reports `n` bytes stored in the file (progress moves as bytes are
+    /// written, not as they are received and held back); returns `n`.
+    fn stored_bytes(&self, n: u64) -> u64 {
+        if n > 0 {
+            self.ctx.reporter.report(ProgressEvent::FileBytes {
+                path: self.path().to_owned(),
+                bytes: n,
+            });
+        }
+        n
+    }
+
+    /// Writes what `part` holds back; the bytes written.
+    async fn flush(&self, part: &mut PartFile) -> Result<u64> {
+        let full = self.ctx.volume_full.load(Ordering::SeqCst);
+        let flushed = block_in_place(|| {
+            if full && part.held() > 0 {
+                Err(AppendError::NoSpace)
+            } else {
+                part.flush()
+            }
+        });
+        flushed.map_err(|e| self.append_error(part, e))
+    }
+
+    fn append_error(&self, part: &PartFile, e: AppendError) -> FetchError {
+        match e {
+            AppendError::NoSpace => {
+                // The state database is on this volume too: freeing the
+                // reserve lets the checkpoint after the body, the attempt
+                // and the stage event still be written.
+                self.ctx.mark_volume_full();
+                FetchError::NoSpace {
+                    volume: self.ctx.layout.source().to_owned(),
+                    path: self.path().to_owned(),
+                    committed: part.len(),
+                    still_needed: self.file.size - part.len(),
+                }
+            }
+            AppendError::Io(e) => self.io("write", e),
+        }
+    }
+
+    /// fsync, then advance the watermark (never the other way round).
+    async fn checkpoint(
+        &self,
+        part: &mut PartFile,
+        delta: u64,
+        validator: Option<&str>,
+    ) -> Result<()> {
+        if delta > 0 {
+            block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
+            // Bytes durable past the watermark the ledger still holds.
+            crashpoint::hit("checkpoint-synced");
+        }
+        let store = &self.ctx.store;
+        match store
+            .checkpoint(self.path(), part.len(), delta, validator, self.attempt_id)
+            .await
+        {
+            // The ledger write can be the first to meet a full volume (the
+            // WAL grows too): with the space reserve freed, one more commit
+            // keeps the fsynced bytes; the next append then stops.
+            Err(e) if e.is_disk_full() => {
+                self.ctx.mark_volume_full();
+                store
+                    .checkpoint(self.path(), part.len(), delta, validator, self.attempt_id)
+                    .await?;
+            }
+            r => r?,
+        }
+        Ok(())
+    }
+
+    /// Cross-checks hub metadata against the pinned listing when present.
+    fn check_linked_meta(&self, meta: &ftpipe_hub::client::LinkedMeta) -> Result<()> {
+        ftpipe_hub::headers::check_linked_meta(
+            meta,
+            &self.ctx.pin.commit,
+            self.file.size,
+            self.file.lfs_sha256.as_deref(),
+        )
+        .map_err(|c| FetchError::PinContradicted {
+            path: self.path().to_owned(),
+            header: c.header,
+            expected: c.expected,
+            actual: c.actual,
+            what: c.what,
+        })
+    }
+}
+
+/// The minimum-rate rule: over each window of `window`, at least
+/// `min_rate` bytes per second must arrive (0 disables it).
+pub(super) struct RateWindow {
+    min_rate: u64,
+    window: Duration,
+    start: Instant,
+    bytes: u64,
+}
+
+impl RateWindow {
+    pub(super) fn new(min_rate: u64, window: Duration) -> Self {
+        RateWindow {
+            min_rate,
+            window,
+            start: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds `bytes`; once a window has passed, fails if it was too slow
+    /// and starts the next one.
+    pub(super) fn check(&mut self, path: &str, bytes: u64) -> Result<()> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        let elapsed = self.start.elapsed();
+        if self.min_rate == 0 || elapsed < self.window {
+            return Ok(());
+        }
+        // Non-negative and finite (a rate times a duration); `as` saturates.
+        #[expect(clippy::cast_sign_loss, reason = "a non-negative byte count")]
+        let needed = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
+        if self.bytes < needed {
+            return Err(FetchError::Stalled {
+                path: path.to_owned(),
+                received: self.bytes,
+                window_secs: elapsed.as_secs_f64(),
+                min_rate: self.min_rate,
+            });
+        }
+        self.start = Instant::now();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+/// Bytes an attempt whose bytes started at `from` has stored in `part`.
+fn stored(part: &PartFile, from: u64) -> u64 {
+    part.len().saturating_sub(from)
+}
+
+pub(super) fn header_value(v: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(v).map_err(|_| FetchError::InvalidInput {
+        what: "header value",
+        message: format!("{v:?}"),
+    })
+}
+
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

@@ -1,0 +1,246 @@
+//! Errors of the hub client and resolve. Each variant names the URL,
+//! header, listing entry or value at fault and what was expected, so the
+//! binary can print one clear line.
+
+use std::path::PathBuf;
+
+/// Everything talking to the hub (or reading a pinned file's bytes through
+/// it) can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] ftpipe_receipts::StoreError),
+    /// A local filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// The operation that failed (read, fsync, create, rename...).
+        op: &'static str,
+        /// The file or directory it failed on.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Offline (`HF_HUB_OFFLINE=1` or `--offline`) and this needs the hub.
+    #[error("offline (HF_HUB_OFFLINE or --offline): {what} needs the network")]
+    Offline {
+        /// What needed the network (the request or file, and why).
+        what: String,
+    },
+    /// A network request failed before any response.
+    #[error("request to {url} failed: {source}")]
+    Http {
+        /// The URL requested (redacted when it may carry credentials).
+        url: String,
+        /// Without its URL (`url` is the redacted one).
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The server answered with a status we cannot use.
+    #[error("{url} answered HTTP {status}{detail}")]
+    Status {
+        /// The URL requested (redacted when it may carry credentials).
+        url: String,
+        /// The HTTP status code received.
+        status: u16,
+        /// Extra context appended to the message (starts with its separator, or empty).
+        detail: String,
+    },
+    /// A JSON response exceeded its size limit.
+    #[error("response from {url} exceeds the limit of {limit} bytes")]
+    OversizedResponse {
+        /// The URL requested.
+        url: String,
+        /// The size limit in bytes.
+        limit: u64,
+    },
+    /// A JSON response did not parse.
+    #[error("malformed JSON from {url}: {source}")]
+    MalformedJson {
+        /// The URL requested.
+        url: String,
+        /// The JSON parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A listing field failed validation.
+    #[error("listing entry {path:?}: {problem}")]
+    BadListing {
+        /// The repo path of the listing entry.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A path from a listing is unsafe, or a link or non-directory on disk
+    /// lies on its way.
+    #[error(transparent)]
+    UnsafePath(#[from] ftpipe_fs::paths::PathError),
+    /// Too many redirects.
+    #[error("too many redirects (more than {limit}) fetching {path}")]
+    TooManyRedirects {
+        /// The repo file being fetched.
+        path: String,
+        /// The most redirects followed.
+        limit: usize,
+    },
+    /// A header is missing, malformed or disagrees with the request.
+    #[error("{path}: header {header} is {actual:?}, expected {expected}")]
+    BadHeader {
+        /// The repo file being fetched.
+        path: String,
+        /// The header's name.
+        header: &'static str,
+        /// What the header should say.
+        expected: String,
+        /// What it said (empty when missing or not ASCII).
+        actual: String,
+    },
+    /// The response body ended before the promised length.
+    #[error("{path}: body ended at byte {received} of {expected} promised")]
+    ShortBody {
+        /// The repo file being fetched.
+        path: String,
+        /// Bytes received before the body ended.
+        received: u64,
+        /// Bytes the response promised.
+        expected: u64,
+    },
+    /// The response body is longer than the file.
+    #[error("{path}: body runs past the expected size {expected}")]
+    LongBody {
+        /// The repo file being fetched.
+        path: String,
+        /// The expected size in bytes.
+        expected: u64,
+    },
+    /// A read stalled longer than the per-read timeout or the body failed.
+    #[error("{path}: body transfer failed after {received} bytes: {message}")]
+    BodyFailed {
+        /// The repo file being fetched.
+        path: String,
+        /// Bytes received before the failure.
+        received: u64,
+        /// The transfer error's text.
+        message: String,
+    },
+    /// The branch moved and the user did not allow a repin.
+    #[error(
+        "--revision {requested} differs from the pinned revision {pinned} (commit {commit}); pass --repin to change the pin"
+    )]
+    PinMismatch {
+        /// The `--revision` given.
+        requested: String,
+        /// The revision the directory is pinned to.
+        pinned: String,
+        /// The commit id of the pin.
+        commit: String,
+    },
+    /// The output directory belongs to another repository.
+    #[error("{dir} holds {pinned}, not {requested}")]
+    OtherRepo {
+        /// Where the other pin is stored (the directory's state database).
+        dir: PathBuf,
+        /// The repository it is pinned to.
+        pinned: String,
+        /// The repository requested.
+        requested: String,
+    },
+    /// A repository id or revision breaks the hub's naming rules.
+    #[error("{message}")]
+    BadName {
+        /// Which name breaks which rule.
+        message: String,
+    },
+    /// Invalid user input (glob, endpoint, token file).
+    #[error("invalid {what}: {message}")]
+    InvalidInput {
+        /// Which input is invalid (glob, endpoint, url, file...).
+        what: &'static str,
+        /// Why it is invalid.
+        message: String,
+    },
+    /// A broken invariant or a task that panicked or was cancelled: a bug,
+    /// not bad input. Durable state stays consistent (nothing is recorded
+    /// for the work that failed), so a re-run resumes.
+    #[error(
+        "internal error (a bug, please report it): {what}{}",
+        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
+    )]
+    Internal {
+        /// The invariant or task that failed.
+        what: String,
+        /// The cause, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl HubError {
+    /// Wraps an I/O error with the operation and path. A full disk
+    /// (`ErrorKind::StorageFull`) stays the source, which is how the
+    /// binary finds it anywhere in the chain (exit 5).
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        HubError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A broken invariant (see [`HubError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        HubError::Internal {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failed task join or another internal failure with its cause.
+    pub fn internal_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        HubError::Internal {
+            what: what.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// Whether retrying the same request can help.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            HubError::Http { .. }
+            | HubError::ShortBody { .. }
+            | HubError::BodyFailed { .. }
+            | HubError::BadHeader { .. }
+            | HubError::LongBody { .. }
+            | HubError::TooManyRedirects { .. } => true,
+            // 206 here means "206 to a request without Range": a lying
+            // response like a wrong Content-Range (nothing was appended), so
+            // it is retried like one instead of failing the file for good.
+            HubError::Status { status, .. } => {
+                *status == 206
+                    || *status == 408
+                    || *status == 416
+                    || *status == 429
+                    || *status >= 500
+            }
+            _ => false,
+        }
+    }
+}
+
+impl From<ftpipe_fs::FsError> for HubError {
+    fn from(e: ftpipe_fs::FsError) -> Self {
+        match e {
+            ftpipe_fs::FsError::Io { op, path, source } => HubError::Io { op, path, source },
+            other @ ftpipe_fs::FsError::InsufficientSpace { .. } => {
+                HubError::internal_from("a space check in the hub client", other)
+            }
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = HubError> = std::result::Result<T, E>;
