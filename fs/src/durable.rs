@@ -58,6 +58,15 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     sync_dir(dir).map_err(|e| FsError::io("fsync", dir, e))
 }
 
+/// Publishes a finished temp file: `sync_all` of its bytes, rename to
+/// `to`, fsync of `to`'s directory. Every file ftpipe writes under a temp
+/// name (a `.part`, a cache copy, a component, a bundle) gets its final
+/// name this way, and only then may a row claim it.
+pub fn publish(file: &File, from: &Path, to: &Path) -> Result<()> {
+    file.sync_all().map_err(|e| FsError::io("fsync", from, e))?;
+    rename_durably(from, to)
+}
+
 /// Neither the final name nor its temp may be a link: the rename would
 /// publish one.
 fn check_names(path: &Path, tmp: &Path) -> Result<()> {
