@@ -23,8 +23,8 @@ use ftpipe_receipts::{ArtifactEvent, RunId, Store};
 use crate::error::{ConvertError, Result};
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint;
-use ftpipe_fs::durable::sync_dir;
 use ftpipe_fs::durable::write_atomic;
+use ftpipe_fs::durable::{rename_durably, sync_dir};
 
 /// The marker file under the state directory.
 pub const SET_ASIDE_MARKER: &str = "set-aside.json";
@@ -64,9 +64,7 @@ pub(super) async fn set_aside(
 
 fn rename_aside(paths: &Layout, dest: &Path) -> Result<()> {
     if paths.artifact().exists() {
-        std::fs::rename(paths.artifact(), dest)
-            .map_err(|e| ConvertError::io("rename", paths.artifact(), e))?;
-        sync_dir(paths.dir()).map_err(|e| ConvertError::io("fsync", paths.dir(), e))?;
+        rename_durably(paths.artifact(), dest)?;
     }
     Ok(())
 }

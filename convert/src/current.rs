@@ -8,7 +8,8 @@ use ftpipe_fs::Layout;
 use ftpipe_receipts::{Pin, Store};
 
 use crate::Result;
-use crate::engine::{ConvertOptions, current_converter};
+use crate::engine::{ConvertOptions, converter_identity};
+use crate::plan::read_config;
 use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
 
 /// A current artifact, as its manifest describes it.
@@ -53,7 +54,9 @@ pub async fn current_artifact(
     };
     // The whole converter identity (version, formats, profile, options). A
     // config that cannot be read is not current; the conversion reports it.
-    let converter = current_converter(layout.source(), opts).ok();
+    let converter = read_config(layout.source())
+        .and_then(|config| converter_identity(&config, opts))
+        .ok();
     if converter.as_ref() != Some(&manifest.converter)
         || manifest.source.commit != pin.commit
         || !all_sizes_match(artifact, &manifest)

@@ -27,7 +27,7 @@ use crate::aside;
 use crate::batch::Batch;
 use crate::component::TensorSource;
 use crate::error::{ConvertError, Result, RetiredBy};
-use crate::plan::{Plan, PlanOptions, SavedHeader, plan_local_saved};
+use crate::plan::{HeaderSource, Plan, PlanOptions, Planned, SavedHeader, plan};
 use crate::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
 use crate::recipe::Recipe;
 use crate::retire::Retirer;
@@ -140,20 +140,6 @@ pub struct ConvertOutcome {
     pub not_fetched: (usize, u64),
 }
 
-fn read_config(source: &Path) -> Result<Value> {
-    let path = source.join(CONFIG_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => ConvertError::MissingFile {
-            file: CONFIG_FILE.into(),
-        },
-        _ => ConvertError::io("read", &path, e),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| ConvertError::MalformedJson {
-        file: CONFIG_FILE.into(),
-        source: e,
-    })
-}
-
 /// Why existing output may not be reused under `skel`.
 fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
     let mut reasons = Vec::new();
@@ -223,12 +209,11 @@ struct Prepared {
     plan: Plan,
 }
 
-/// The converter identity `opts` gives for the checkpoint under `source`.
-pub fn current_converter(source: &Path, opts: &ConvertOptions) -> Result<ConverterIdentity> {
-    let config = read_config(source)?;
-    let _ = model_type(&config)?;
+/// The converter identity `opts` gives for a checkpoint with `config`.
+pub fn converter_identity(config: &Value, opts: &ConvertOptions) -> Result<ConverterIdentity> {
+    let _ = model_type(config)?;
     Ok(ConverterIdentity::current(
-        opts.plan_options().profile(&config)?.name(),
+        opts.plan_options().profile(config)?.name(),
         opts.options_id(),
     ))
 }
@@ -330,19 +315,25 @@ async fn prepare(
             files: unfetched,
         });
     }
-    let config = read_config(paths.source())?;
-    let top_k = config
-        .get("num_experts_per_tok")
-        .and_then(Value::as_u64)
-        .unwrap_or(8);
-    let converter = current_converter(paths.source(), opts)?;
     let saved = retired_headers(store, paths, retired, &receipts).await?;
     let plan_opts = PlanOptions {
         selection: stored_selection(store).await?,
         ..opts.plan_options()
     };
-    let (plan, mut headers) =
-        block_in_place(|| plan_local_saved(paths.source(), &plan_opts, &saved))?;
+    let source: HeaderSource<'_> = HeaderSource::Local {
+        root: paths.source(),
+        saved: &saved,
+    };
+    let Planned {
+        plan,
+        config,
+        mut headers,
+    } = plan(&source, &plan_opts).await?;
+    let top_k = config
+        .get("num_experts_per_tok")
+        .and_then(Value::as_u64)
+        .unwrap_or(8);
+    let converter = converter_identity(&config, opts)?;
     for (file, h) in &mut headers {
         if let Some(r) = receipts.get(file) {
             h.digest.clone_from(&r.digest);

@@ -52,8 +52,8 @@ pub use current::{CurrentArtifact, current_artifact};
 pub use engine::{ConvertOptions, ConvertOutcome, convert};
 pub use error::{ConvertError, Result, RetiredBy};
 pub use plan::{
-    Plan, PlanOptions, PlannedSource, Published, SavedHeader, load_recipe, plan_local,
-    plan_local_saved, plan_local_with, plan_published_or_remote, plan_remote,
+    HeaderSource, Plan, PlanOptions, Planned, PlannedSource, Published, SavedHeader, load_recipe,
+    plan, read_config,
 };
 pub use profile::Profile;
 pub use recipe::RecipeError;

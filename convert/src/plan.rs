@@ -2,11 +2,13 @@
 //! anything is written, from `config.json`, `model.safetensors.index.json`
 //! and the safetensors headers of the shards the index lists.
 //!
-//! [`plan_local`] reads the headers from `DIR/source/`; [`plan_remote`]
-//! reads only the first 8 + N bytes of each shard over HTTP Range (two
+//! [`plan`] is the one entry: from `DIR/source/` ([`HeaderSource::Local`])
+//! it reads the headers there (or saved ones of retired shards); from a
+//! remote ([`HeaderSource::Remote`]) it reads only the first 8 + N bytes of each shard over HTTP Range (two
 //! requests per shard: `bytes=0-7`, then `bytes=8-(8+N-1)`, each answer
 //! a `206` whose `Content-Range` is exactly what was asked) and downloads
 //! no weights. Both feed the same [`plan_from_parts`], so they agree.
+//! `config.json` is read once per plan and handed back with it ([`Planned`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -389,6 +391,12 @@ pub fn plan_from_parts(
     })
 }
 
+/// `config.json` under `root`, parsed with duplicate keys refused: the one
+/// reader of a local config.
+pub fn read_config(root: &Path) -> Result<Value> {
+    parse_json(CONFIG_FILE, &read_small(root, CONFIG_FILE)?)
+}
+
 fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
     let path = root.join(file);
     match std::fs::metadata(&path) {
@@ -407,17 +415,6 @@ fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
         _ => {}
     }
     std::fs::read(&path).map_err(|e| ConvertError::io("read", &path, e))
-}
-
-/// Plans from the sources under `source_root` (`DIR/source`), reading only
-/// config.json, the index and the 8 + N header bytes of each shard.
-pub fn plan_local(source_root: &Path) -> Result<Plan> {
-    plan_local_with(source_root, &PlanOptions::default())
-}
-
-/// [`plan_local`] with converter options.
-pub fn plan_local_with(source_root: &Path, opts: &PlanOptions) -> Result<Plan> {
-    plan_local_saved(source_root, opts, &BTreeMap::new()).map(|(plan, _)| plan)
 }
 
 /// A shard's header JSON and file length, saved while the shard is present
@@ -532,57 +529,45 @@ impl<'de> serde::Deserialize<'de> for KeptHeader {
     }
 }
 
-/// [`plan_local_with`], taking the header of a shard absent from
-/// `source_root` from `saved` (shards retired after their header was
-/// saved). Also returns every shard's header as read, to be saved.
-pub fn plan_local_saved(
-    source_root: &Path,
-    opts: &PlanOptions,
+/// A shard's header from `root`, or, when the shard is absent from it
+/// (retired), from `saved`; with the header as the skeleton keeps it.
+fn local_header(
+    root: &Path,
     saved: &BTreeMap<String, SavedHeader>,
-) -> Result<(Plan, BTreeMap<String, KeptHeader>)> {
-    let config = parse_json(CONFIG_FILE, &read_small(source_root, CONFIG_FILE)?)?;
-    let map = index_weight_map(&read_small(source_root, INDEX_FILE)?)?;
-    let mut headers = Vec::new();
-    let mut read = BTreeMap::new();
-    for file in fetched_shards(&map, &opts.selection) {
-        let path = safe_join(source_root, &file)?;
-        let (header, kept) = match std::fs::metadata(&path) {
-            Ok(m) => {
-                let (header, json) = SourceHeader::read_with_json(&path, &file)
-                    .map_err(|e| ConvertError::io("read", &path, e))?
-                    .map_err(ConvertError::from)?;
-                let json = String::from_utf8(json).map_err(|source| {
-                    ConvertError::from(SourceError::HeaderNotUtf8 {
-                        file: file.clone(),
-                        source,
-                    })
+    file: &str,
+) -> Result<(SourceHeader, KeptHeader)> {
+    let path = safe_join(root, file)?;
+    match std::fs::metadata(&path) {
+        Ok(m) => {
+            let (header, json) = block_in_place(|| SourceHeader::read_with_json(&path, file))
+                .map_err(|e| ConvertError::io("read", &path, e))??;
+            let json = String::from_utf8(json).map_err(|source| SourceError::HeaderNotUtf8 {
+                file: file.to_owned(),
+                source,
+            })?;
+            let kept = KeptHeader {
+                len: m.len(),
+                json: KeptJson::InShard {
+                    json_len: json.len() as u64,
+                    sha256: Sha256::digest(json.as_bytes()).into(),
+                    path,
+                },
+                digest: String::new(),
+            };
+            Ok((header, kept))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let kept = saved
+                .get(file)
+                .cloned()
+                .ok_or_else(|| ConvertError::MissingFile {
+                    file: file.to_owned(),
                 })?;
-                let kept = KeptHeader {
-                    len: m.len(),
-                    json: KeptJson::InShard {
-                        json_len: json.len() as u64,
-                        sha256: Sha256::digest(json.as_bytes()).into(),
-                        path,
-                    },
-                    digest: String::new(),
-                };
-                (header, kept)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let kept = saved
-                    .get(&file)
-                    .cloned()
-                    .ok_or_else(|| ConvertError::MissingFile { file: file.clone() })?;
-                let header = SourceHeader::parse(&file, kept.json.as_bytes(), kept.len)
-                    .map_err(ConvertError::from)?;
-                (header, KeptHeader::from(kept))
-            }
-            Err(e) => return Err(ConvertError::io("stat", path, e)),
-        };
-        headers.push((header, kept.len));
-        read.insert(file, kept);
+            let header = SourceHeader::parse(file, kept.json.as_bytes(), kept.len)?;
+            Ok((header, KeptHeader::from(kept)))
+        }
+        Err(e) => Err(ConvertError::io("stat", path, e)),
     }
-    Ok((plan_from_parts(&config, map, &headers, opts)?, read))
 }
 
 /// GETs a whole small file (config, index), refused before any request
@@ -618,18 +603,6 @@ pub async fn remote_header(
         remote.read_range(path, 8, 8 + n - 1, size).await?
     };
     SourceHeader::parse(path, &json, size).map_err(ConvertError::from)
-}
-
-/// Plans from the hub at the pinned `commit`: config.json and the index are
-/// fetched whole (they are small), each shard only up to the end of its
-/// header. `listing` is the pinned listing (sizes).
-pub async fn plan_remote(
-    remote: &impl RemoteFiles,
-    listing: &[FileRow],
-    opts: &PlanOptions,
-) -> Result<Plan> {
-    let nothing_local = Published::none();
-    plan_published_or_remote(remote, listing, &nothing_local, opts).await
 }
 
 /// The source files a plan may read from disk: those with a download
@@ -680,54 +653,158 @@ impl<'a> Published<'a> {
     }
 }
 
-/// Plans before (or during) a fetch: each published file (config.json,
-/// the index, a shard's header) is read from disk, every other one from the
-/// hub at the pinned `commit` (8 + N header bytes per shard).
-pub async fn plan_published_or_remote(
-    remote: &impl RemoteFiles,
-    listing: &[FileRow],
-    published: &Published<'_>,
-    opts: &PlanOptions,
-) -> Result<Plan> {
-    let find = |file: &str| {
+/// Where the planner reads `config.json`, the index and each shard's
+/// header. Every plan, whatever its source, goes through [`plan`].
+pub enum HeaderSource<'a, R: RemoteFiles = LocalOnly> {
+    /// `DIR/source` (`root`); a shard absent from it (retired after its
+    /// header was saved) from `saved`, the headers of an earlier skeleton.
+    Local {
+        /// The source root.
+        root: &'a Path,
+        /// Headers of retired shards, by file.
+        saved: &'a BTreeMap<String, SavedHeader>,
+    },
+    /// Before or during a fetch: each published file from disk, every other
+    /// one from `remote` at the pin (8 + N header bytes per shard), sized
+    /// by the pinned `listing`.
+    Remote {
+        /// The pinned revision's files.
+        remote: &'a R,
+        /// The pinned listing (sizes).
+        listing: &'a [FileRow],
+        /// The files already published locally.
+        published: &'a Published<'a>,
+    },
+}
+
+/// The [`RemoteFiles`] of a [`HeaderSource::Local`]: there are none.
+pub enum LocalOnly {}
+
+impl RemoteFiles for LocalOnly {
+    async fn read_whole(&self, _: &str, _: u64) -> ftpipe_hub::Result<Vec<u8>> {
+        match *self {}
+    }
+
+    async fn read_range(&self, _: &str, _: u64, _: u64, _: u64) -> ftpipe_hub::Result<Vec<u8>> {
+        match *self {}
+    }
+}
+
+impl<'a> HeaderSource<'a> {
+    /// Everything from `root`, no saved header.
+    pub fn local(root: &'a Path) -> Self {
+        static NONE: BTreeMap<String, SavedHeader> = BTreeMap::new();
+        HeaderSource::Local { root, saved: &NONE }
+    }
+}
+
+/// A plan with what it was made from.
+#[derive(Debug)]
+pub struct Planned {
+    /// The plan.
+    pub plan: Plan,
+    /// `config.json` as read (once) for it.
+    pub config: Value,
+    /// Every shard header read from disk or saved, as the skeleton keeps
+    /// it (none for those read from a remote).
+    pub headers: BTreeMap<String, KeptHeader>,
+}
+
+impl<R: RemoteFiles> HeaderSource<'_, R> {
+    fn listed(&self, file: &str) -> Result<&FileRow> {
+        let listing = match self {
+            HeaderSource::Remote { listing, .. } => *listing,
+            HeaderSource::Local { .. } => &[],
+        };
         listing
             .iter()
             .find(|f| f.path == file)
             .ok_or_else(|| ConvertError::MissingFile {
                 file: file.to_owned(),
             })
-    };
-    let small = async |file: &str| -> Result<Vec<u8>> {
-        match published.root_of(file) {
-            Some(root) => read_small(root, file),
-            None => get_small(remote, find(file)?).await,
+    }
+
+    async fn small(&self, file: &str) -> Result<Vec<u8>> {
+        match self {
+            HeaderSource::Local { root, .. } => read_small(root, file),
+            HeaderSource::Remote {
+                remote, published, ..
+            } => match published.root_of(file) {
+                Some(root) => read_small(root, file),
+                None => get_small(*remote, self.listed(file)?).await,
+            },
         }
-    };
-    let config = parse_json(CONFIG_FILE, &small(CONFIG_FILE).await?)?;
-    let map = index_weight_map(&small(INDEX_FILE).await?)?;
+    }
+
+    async fn header(&self, file: &str) -> Result<(SourceHeader, Option<KeptHeader>)> {
+        match self {
+            HeaderSource::Local { root, saved } => {
+                local_header(root, saved, file).map(|(h, kept)| (h, Some(kept)))
+            }
+            HeaderSource::Remote {
+                remote, published, ..
+            } => match published.root_of(file) {
+                Some(root) => {
+                    let path = safe_join(root, file)?;
+                    let header = block_in_place(|| SourceHeader::read(&path, file))
+                        .map_err(|e| ConvertError::io("read", &path, e))??;
+                    Ok((header, None))
+                }
+                None => {
+                    let size = self.listed(file)?.size;
+                    Ok((remote_header(*remote, file, size).await?, None))
+                }
+            },
+        }
+    }
+}
+
+/// Plans from `source`: config.json and the index whole, then each shard
+/// the selection of `opts` keeps up to the end of its header.
+pub async fn plan<R: RemoteFiles>(
+    source: &HeaderSource<'_, R>,
+    opts: &PlanOptions,
+) -> Result<Planned> {
+    let config = parse_json(CONFIG_FILE, &source.small(CONFIG_FILE).await?)?;
+    let map = index_weight_map(&source.small(INDEX_FILE).await?)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
     opts.profile(&config)?;
     let mut headers = Vec::new();
+    let mut kept_headers = BTreeMap::new();
     for file in fetched_shards(&map, &opts.selection) {
-        let row = find(&file)?;
-        let h = match published.root_of(&file) {
-            Some(root) => {
-                let path = safe_join(root, &file)?;
-                block_in_place(|| SourceHeader::read(&path, &file))
-                    .map_err(|e| ConvertError::io("read", &path, e))?
-                    .map_err(ConvertError::from)?
-            }
-            None => remote_header(remote, &file, row.size).await?,
+        let (header, kept) = source.header(&file).await?;
+        let len = match &kept {
+            Some(k) => k.len,
+            None => source.listed(&file)?.size,
         };
-        headers.push((h, row.size));
+        headers.push((header, len));
+        if let Some(k) = kept {
+            kept_headers.insert(file, k);
+        }
     }
-    plan_from_parts(&config, map, &headers, opts)
+    let plan = plan_from_parts(&config, map, &headers, opts)?;
+    Ok(Planned {
+        plan,
+        config,
+        headers: kept_headers,
+    })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// [`plan`] from `root` alone, on a runtime of its own (a local plan
+    /// reads files in `block_in_place`, which needs a multi-thread one).
+    pub(crate) fn plan_local(root: &Path) -> Result<Plan> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .expect("a test runtime")
+            .block_on(plan(&HeaderSource::local(root), &PlanOptions::default()))
+            .map(|p| p.plan)
+    }
     use crate::profile::{ComponentContent, TensorSource};
     use ftpipe_fixtures::RepoFile;
     use ftpipe_fixtures::checkpoint::content_bytes;

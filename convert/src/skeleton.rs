@@ -309,7 +309,7 @@ impl Skeleton {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::plan_local;
+    use crate::plan::tests::plan_local;
     use ftpipe_fixtures::checkpoint::content_bytes;
     use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 

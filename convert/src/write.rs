@@ -23,7 +23,7 @@ use ftpipe_formats::{
 
 use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{ConvertError, Result};
-use ftpipe_fs::durable::{sync_dirs_up_to, temp_name};
+use ftpipe_fs::durable::{rename_durably_up_to, temp_name};
 use ftpipe_fs::paths::safe_join;
 
 /// Source bytes read per pread.
@@ -365,10 +365,9 @@ pub fn write_component(
             actual: sink.written,
         });
     }
-    std::fs::rename(&tmp, &path).map_err(|e| ConvertError::io("rename", &tmp, e))?;
     // Every directory from the component's up to artifact/ is fsynced,
     // whoever created it, before the receipt can claim the file.
-    sync_dirs_up_to(artifact, &dir).map_err(|e| ConvertError::io("fsync", &dir, e))?;
+    rename_durably_up_to(artifact, &tmp, &path)?;
     Ok(Written {
         size: sink.written,
         sha256: hex::encode(sink.hasher.finalize()),

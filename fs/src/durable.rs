@@ -58,6 +58,15 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     sync_dir(dir).map_err(|e| FsError::io("fsync", dir, e))
 }
 
+/// [`rename_durably`], then fsyncs every directory from `to`'s up to
+/// `root` ([`sync_dirs_up_to`]): for a file published into directories
+/// another task (or a killed run) may have created without fsyncing them.
+pub fn rename_durably_up_to(root: &Path, from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| FsError::io("rename", from, e))?;
+    let dir = to.parent().unwrap_or(Path::new("."));
+    sync_dirs_up_to(root, dir).map_err(|e| FsError::io("fsync", dir, e))
+}
+
 /// Publishes a finished temp file: `sync_all` of its bytes, rename to
 /// `to`, fsync of `to`'s directory. Every file ftpipe writes under a temp
 /// name (a `.part`, a cache copy, a component, a bundle) gets its final

@@ -28,7 +28,6 @@ use ftpipe_receipts::Store;
 use crate::audit::AuditReport;
 use crate::error::{PipelineError, Result};
 use ftpipe_convert::engine::{PLAN_FILE, SKELETON_FILE};
-use ftpipe_fs::durable::sync_dir;
 
 /// zstd level: fast, and JSON compresses well even at low levels.
 const ZSTD_LEVEL: i32 = 3;
@@ -139,15 +138,8 @@ fn write_archive(entries: &[(String, Vec<u8>)], tmp: &Path, dest: &Path) -> Resu
     let file = buffered
         .into_inner()
         .map_err(|e| io("write", e.into_error()))?;
-    file.sync_all().map_err(|e| io("fsync", e))?;
     let bytes = file.metadata().map_err(|e| io("stat", e))?.len();
-    drop(file);
-    std::fs::rename(tmp, dest).map_err(|e| io("rename", e))?;
-    let dir = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    sync_dir(dir).map_err(|e| PipelineError::io("fsync", dir, e))?;
+    ftpipe_fs::durable::publish(&file, tmp, dest)?;
     Ok(bytes)
 }
 

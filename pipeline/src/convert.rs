@@ -18,7 +18,7 @@ use tokio::task::block_in_place;
 use ftpipe_convert::PlanOptions;
 use ftpipe_convert::space::artifact_peak;
 use ftpipe_convert::{
-    ConvertOptions, ConvertOutcome, Published, convert, current_artifact, plan_published_or_remote,
+    ConvertOptions, ConvertOutcome, HeaderSource, Published, convert, current_artifact, plan,
 };
 use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_hub::client::HubClient;
@@ -106,13 +106,12 @@ impl Pipeline {
                 repo: &pin.repo,
                 commit: &pin.commit,
             };
-            let plan = plan_published_or_remote(
-                &remote,
+            let source = HeaderSource::Remote {
+                remote: &remote,
                 listing,
-                &published,
-                &plan_opts,
-            )
-            .await?;
+                published: &published,
+            };
+            let plan = plan(&source, &plan_opts).await?.plan;
             if !params.options.preflight {
                 return Ok(());
             }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ftpipe_convert::{Plan, PlanOptions, plan_local_with, plan_remote};
+use ftpipe_convert::{HeaderSource, Plan, PlanOptions, Published};
 use ftpipe_hub::client::{HubClient, Token};
 use ftpipe_hub::remote::PinnedRepo;
 use ftpipe_hub::resolve::{
@@ -69,7 +69,12 @@ pub async fn plan(
                 Err(e) => return Err(e),
             };
             let (_, opts) = with_selection(listing, stored)?;
-            Ok(plan_local_with(Layout::new(out).source(), &opts)?)
+            let layout = Layout::new(out);
+            Ok(
+                ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
+                    .await?
+                    .plan,
+            )
         }
         PlanSource::Remote {
             endpoint,
@@ -109,7 +114,13 @@ pub async fn plan(
                 repo,
                 commit: &commit,
             };
-            Ok(plan_remote(&remote, &listing, &opts).await?)
+            let published = Published::none();
+            let source = HeaderSource::Remote {
+                remote: &remote,
+                listing: &listing,
+                published: &published,
+            };
+            Ok(ftpipe_convert::plan(&source, &opts).await?.plan)
         }
     }
 }

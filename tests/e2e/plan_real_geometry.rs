@@ -14,7 +14,7 @@ use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
-use ftpipe_convert::{ComponentKind, plan_local};
+use ftpipe_convert::{ComponentKind, HeaderSource, PlanOptions, plan};
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, write_release_sparse};
 use ftpipe_formats::sizes;
 
@@ -113,7 +113,15 @@ fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_convert::Plan, usize, Tensors) 
         })
         .count();
     let started = Instant::now();
-    let plan = plan_local(tmp.path()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let local = HeaderSource::local(tmp.path());
+    let plan = runtime
+        .block_on(plan(&local, &PlanOptions::default()))
+        .unwrap()
+        .plan;
     eprintln!(
         "planned {} ({} files) in {:?}",
         if nvfp4 { "NVFP4" } else { "BF16" },
