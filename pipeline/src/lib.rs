@@ -6,9 +6,18 @@
 //! `completed`/`failed` events appended through [`state::StageState::record`],
 //! the same function `status` replays, so what is shown is what is logged.
 //!
-//! - this file: [`Pipeline`] (open, lock, run stages), `fetch`, `status`.
-//! - `convert`: the plan, convert and verify stages and the whole `run`.
+//! It composes the stage crates: [`ftpipe_hub`] (resolve),
+//! [`ftpipe_fetch`] (the transfer), [`ftpipe_convert`] (plan and convert),
+//! and holds what looks across all of them (audit, bundle).
+//!
+//! Start reading at `run` ([`Pipeline::run`]): the whole chain.
+//!
+//! - this file: [`Pipeline`] (open, lock, `stage()` bracketing), the
+//!   resolve and fetch stages, `status`.
+//! - `run`: the plan, convert and verify stages and the whole `run`.
 //! - [`state`]: stage status as a pure function of the event log.
+//! - [`audit`]: the byte ledger, receipts and artifact log against the
+//!   disk; [`bundle`]: the evidence in one archive.
 //! - `lock`: one ftpipe per output directory.
 //! - `plan`: the read-only `plan` command.
 //! - `error`: [`PipelineError`].
@@ -18,10 +27,10 @@
 
 pub mod audit;
 pub mod bundle;
-mod convert;
 mod error;
 mod lock;
 mod plan;
+mod run;
 pub mod state;
 
 use std::collections::BTreeMap;
@@ -44,7 +53,7 @@ use ftpipe_hub::resolve::{ResolveRequest, Resolved, resolve};
 use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 
-pub use convert::RunOutcome;
+pub use run::RunOutcome;
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;

@@ -1,5 +1,6 @@
-//! `convert` and `run`: the conversion stage, and the whole chain
-//! resolve → plan → fetch → convert → verify as stages of the event log.
+//! `run`: the whole chain resolve → plan → fetch → convert → verify as
+//! stages of the event log, and the plan, convert and verify stages.
+//! [`Pipeline::run`] is where one `ftpipe run` goes from the binary.
 //!
 //! `plan` runs before `fetch` in `run` (reading published files from disk
 //! and, for every file without a receipt, only its safetensors header over
