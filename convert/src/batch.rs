@@ -14,8 +14,8 @@ use ftpipe_formats::Q3GlobalScale;
 use ftpipe_receipts::{ComponentReceipt, RunId, Store};
 
 use crate::component::{ComponentContent, ComponentKind};
-use crate::engine::ConvertOptions;
 use crate::error::{ConvertError, Result};
+use crate::options::ConvertOptions;
 use crate::plan::Plan;
 use crate::retire::Retirer;
 use crate::skeleton::Skeleton;

@@ -8,7 +8,7 @@ use ftpipe_fs::Layout;
 use ftpipe_receipts::{Pin, Store};
 
 use crate::Result;
-use crate::engine::{ConvertOptions, converter_identity};
+use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::read_config;
 use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
 

@@ -27,20 +27,18 @@ use crate::aside;
 use crate::batch::Batch;
 use crate::component::TensorSource;
 use crate::error::{ConvertError, Result, RetiredBy};
+use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::{HeaderSource, Plan, PlanOptions, Planned, SavedHeader, plan};
-use crate::profile::{CONFIG_FILE, Component, ComponentContent, model_type};
-use crate::recipe::Recipe;
+use crate::profile::{CONFIG_FILE, Component, ComponentContent};
 use crate::retire::Retirer;
 use crate::skeleton::{Skeleton, files_read, source_identity};
 use crate::space::artifact_peak;
 use crate::write::{self, Sources};
-use ftpipe_artifact::manifest::{
-    ConvertOptionsId, ConverterIdentity, MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement,
-};
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint;
 use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
-use ftpipe_hub::resolve::{FetchSelection, stored_selection};
+use ftpipe_hub::resolve::stored_selection;
 
 /// State files under `.ftpipe`, read back only by ftpipe.
 const COMPACT: JsonStyle = JsonStyle {
@@ -63,53 +61,6 @@ use ftpipe_progress::{ProgressEvent, Reporter};
 pub const SKELETON_FILE: &str = "convert.json";
 /// Plan file under the state directory (evidence for audits and bundles).
 pub const PLAN_FILE: &str = "plan.json";
-
-/// What the command line chose.
-#[derive(Debug, Clone, Default)]
-pub struct ConvertOptions {
-    /// Components converted in parallel.
-    pub jobs: usize,
-    /// Delete each source shard once every component reading it has a receipt.
-    pub retire_sources: bool,
-    /// Set a stale artifact aside and rebuild instead of refusing.
-    pub rebuild: bool,
-    /// Extra globs of tensors kept BF16 and marked protected.
-    pub protect: Vec<String>,
-    /// A declarative recipe instead of a built-in profile.
-    pub recipe: Option<Recipe>,
-    /// RAM budget for placement (bytes).
-    pub ram_budget: u64,
-    /// Bytes of the budget kept free.
-    pub reserve: u64,
-    /// Check free space before writing.
-    pub preflight: bool,
-}
-
-impl ConvertOptions {
-    /// The options that change the plan.
-    pub fn plan_options(&self) -> PlanOptions {
-        PlanOptions {
-            protect: self.protect_globs(),
-            recipe: self.recipe.clone(),
-            selection: FetchSelection::default(),
-        }
-    }
-
-    /// `--protect` globs sorted and deduplicated: their order on the
-    /// command line is not part of the converter identity.
-    fn protect_globs(&self) -> Vec<String> {
-        let set: BTreeSet<&String> = self.protect.iter().collect();
-        set.into_iter().cloned().collect()
-    }
-
-    /// The options as recorded in the converter identity.
-    pub fn options_id(&self) -> ConvertOptionsId {
-        ConvertOptionsId {
-            protect: self.protect_globs(),
-            recipe: self.recipe.as_ref().map(Recipe::digest),
-        }
-    }
-}
 
 /// What a finished conversion reports.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -207,15 +158,6 @@ fn valid_receipts(
 struct Prepared {
     skel: Skeleton,
     plan: Plan,
-}
-
-/// The converter identity `opts` gives for a checkpoint with `config`.
-pub fn converter_identity(config: &Value, opts: &ConvertOptions) -> Result<ConverterIdentity> {
-    let _ = model_type(config)?;
-    Ok(ConverterIdentity::current(
-        opts.plan_options().profile(config)?.name(),
-        opts.options_id(),
-    ))
 }
 
 /// The headers of a saved skeleton ([`Skeleton::headers`]).

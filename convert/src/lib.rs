@@ -23,6 +23,7 @@
 //!   manifest and placement); `batch`: parallel component writes; [`write`]:
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - `options`: [`ConvertOptions`] and the converter identity they give.
 //! - `current`: whether the artifact on disk is current (the no-op check).
 //! - [`inspect`]: what a format file holds, from its header only.
 //! - `error`: [`ConvertError`], naming the file, tensor or field at fault.
@@ -38,6 +39,7 @@ pub mod engine;
 mod error;
 pub mod inspect;
 mod nvfp4;
+mod options;
 pub mod plan;
 pub mod profile;
 pub mod recipe;
@@ -49,8 +51,9 @@ pub mod write;
 
 pub use component::{Component, ComponentContent, ComponentKind};
 pub use current::{CurrentArtifact, current_artifact};
-pub use engine::{ConvertOptions, ConvertOutcome, convert};
+pub use engine::{ConvertOutcome, convert};
 pub use error::{ConvertError, Result, RetiredBy};
+pub use options::{ConvertOptions, converter_identity};
 pub use plan::{
     HeaderSource, Plan, PlanOptions, Planned, PlannedSource, Published, SavedHeader, load_recipe,
     plan, read_config,

@@ -53,11 +53,11 @@ use ftpipe_hub::resolve::{ResolveRequest, Resolved, resolve};
 use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 
-pub use run::RunOutcome;
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
+pub use run::RunOutcome;
 use state::StageState;
 
 /// Everything `fetch` needs from the command line.
