@@ -19,7 +19,7 @@ use ftpipe_receipts::{CacheCandidate, CacheKind, CacheOutcome, FileRow, Placemen
 use super::FetchCtx;
 use super::part::{AppendError, PartFile};
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, sync_dir};
 use ftpipe_hub::hfcache::{Lookup, LookupKind, place};
 use ftpipe_hub::identity::{Expected, hash_file};
@@ -162,14 +162,14 @@ pub(crate) async fn adopt_whole(
         return Ok(false);
     }
     // Verified and durable under the temp name; not published.
-    crashpoint::hit("cache-verified");
+    crashpoint::hit(CrashPoint::CacheVerified);
     block_in_place(|| {
         std::fs::rename(&temp, final_path)?;
         sync_dir(&dir)
     })
     .map_err(|e| FetchError::io("publish", final_path, e))?;
     // Published under its final name, no receipt yet.
-    crashpoint::hit("cache-renamed");
+    crashpoint::hit(CrashPoint::CacheRenamed);
     ctx.store
         .adopt_from_cache(
             ctx.run,
@@ -241,7 +241,7 @@ pub(crate) async fn seed_from_incomplete(
     }
     block_in_place(|| part.sync()).map_err(|e| FetchError::io("fsync", &incomplete, e))?;
     // The prefix is durable in `.part`; the ledger does not claim it yet.
-    crashpoint::hit("cache-prefix-synced");
+    crashpoint::hit(CrashPoint::CachePrefixSynced);
     ctx.store
         .seed_from_cache(
             ctx.run,

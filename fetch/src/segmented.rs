@@ -60,7 +60,7 @@ use super::transfer::{
     settle_stream_part,
 };
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::sync_dir;
 use ftpipe_hub::HubError;
 use ftpipe_hub::headers::{
@@ -1067,7 +1067,7 @@ impl Coordinator {
         }
         block_in_place(|| st.shared.file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
         // Bytes durable past the watermarks the store still holds.
-        crashpoint::hit("checkpoint-synced");
+        crashpoint::hit(CrashPoint::CheckpointSynced);
         let validator = st.shared.validator();
         let store = &self.ctx.store;
         match store
@@ -1175,7 +1175,7 @@ impl Coordinator {
                 reason: DiscardReason::DigestMismatch,
             });
         }
-        crashpoint::hit("fetch-verified");
+        crashpoint::hit(CrashPoint::FetchVerified);
         let part = self.part_path();
         let final_path = self.final_path.clone();
         block_in_place(|| -> std::io::Result<()> {
@@ -1184,7 +1184,7 @@ impl Coordinator {
             sync_dir(final_path.parent().unwrap_or(Path::new(".")))
         })
         .map_err(|e| FetchError::io("publish", &final_path, e))?;
-        crashpoint::hit("fetch-renamed");
+        crashpoint::hit(CrashPoint::FetchRenamed);
         record_published(
             &self.ctx,
             &self.file,
@@ -1514,7 +1514,7 @@ impl RangeWorker {
         self.attempt.id = id?;
         if !self.boundaries.is_empty() {
             // A split is durable and nothing of its range is written yet.
-            crashpoint::hit("range-split");
+            crashpoint::hit(CrashPoint::RangeSplit);
         }
         {
             let mut slots = shared.slots();

@@ -21,7 +21,7 @@ use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow, Receipt};
 use super::FetchCtx;
 use super::part::{AppendError, PartFile};
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::HubError;
 use ftpipe_hub::headers::{check_partial, etag, retry_after_secs, strong_validator};
 use ftpipe_hub::identity::{Expected, IdentityHasher, expected_identity, hash_part_prefix};
@@ -119,12 +119,12 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
                 .await?;
             // A tail recorded (its attempt marked measured), the part not
             // yet emptied.
-            crashpoint::hit("superseded-tail-recorded");
+            crashpoint::hit(CrashPoint::SupersededTailRecorded);
         }
     }
     block_in_place(|| part.truncate(0)).map_err(|e| FetchError::io("truncate", part.path(), e))?;
     // The part is empty and durable; the old ranges are still stored.
-    crashpoint::hit("superseded-part-emptied");
+    crashpoint::hit(CrashPoint::SupersededPartEmptied);
     store.end_superseded_part(&file.path).await?;
     ctx.reporter.report(ProgressEvent::FileRewound {
         path: file.path.clone(),
@@ -391,13 +391,13 @@ impl FileTask {
             self.verify(&mut part, hasher).await?
         };
         // The whole file is durable in `.part` and verified, not published.
-        crashpoint::hit("fetch-verified");
+        crashpoint::hit(CrashPoint::FetchVerified);
         let final_path = self.final_path.clone();
         let direct_io_bytes = part.direct_written();
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| FetchError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
-        crashpoint::hit("fetch-renamed");
+        crashpoint::hit(CrashPoint::FetchRenamed);
         record_published(
             &self.ctx,
             &self.file,
@@ -768,7 +768,7 @@ impl FileTask {
         if delta > 0 {
             block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
             // Bytes durable past the watermark the ledger still holds.
-            crashpoint::hit("checkpoint-synced");
+            crashpoint::hit(CrashPoint::CheckpointSynced);
         }
         let store = &self.ctx.store;
         match store
