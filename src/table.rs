@@ -7,7 +7,7 @@
 //! `reconciliation error` row keeps exactly that shape (scripts and tests
 //! match it).
 
-use ftpipe_pipeline::audit::AuditReport;
+use ftpipe_pipeline::audit::{AuditReport, CacheOutcome};
 
 /// `1234567` → `1,234,567`.
 pub(crate) fn n(v: u64) -> String {
@@ -88,7 +88,7 @@ pub fn render(a: &AuditReport) -> String {
         let rejected = a
             .cache_candidates
             .iter()
-            .filter(|c| c.outcome == "rejected")
+            .filter(|c| c.outcome == CacheOutcome::Rejected)
             .count();
         row(&mut out, "  cache files rejected", &rejected.to_string());
     }
@@ -280,7 +280,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use ftpipe_pipeline::audit::{
-        AttemptLine, AuditReport, ComponentProblem, FileAudit, KindAudit, Retirement, SourceTotals,
+        AttemptLine, AttemptOutcome, AuditReport, ComponentProblem, DiscardReason, FileAudit,
+        KindAudit, Retirement, SourceTotals,
     };
 
     fn report() -> AuditReport {
@@ -295,7 +296,7 @@ mod tests {
             transferred_bytes: 12_026,
             adopted_bytes: 0,
             cache_bytes: 0,
-            waste_by_reason: BTreeMap::from([("stale_part".into(), 2000)]),
+            waste_by_reason: BTreeMap::from([(DiscardReason::StalePart, 2000)]),
             metadata_sources: SourceTotals {
                 files: 1,
                 bytes: 26,
@@ -392,7 +393,7 @@ mod tests {
         a.failed_attempts = 1;
         a.unsuccessful_attempts = vec![AttemptLine {
             path: "w.safetensors".into(),
-            outcome: "failed".into(),
+            outcome: AttemptOutcome::Failed,
             status: Some(200),
             range_start: Some(1000),
             body_bytes: 5,

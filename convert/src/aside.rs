@@ -22,7 +22,7 @@ use ftpipe_receipts::{ArtifactEvent, RunId, Store};
 
 use crate::error::{ConvertError, Result};
 use ftpipe_fs::Layout;
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::write_atomic;
 use ftpipe_fs::durable::{rename_durably, sync_dir};
 
@@ -55,9 +55,9 @@ pub(super) async fn set_aside(
     store
         .set_aside_artifact(run, &name, &format!("{} ({why})", dest.display()))
         .await?;
-    crashpoint::hit("set-aside-logged");
+    crashpoint::hit(CrashPoint::SetAsideLogged);
     rename_aside(paths, &dest)?;
-    crashpoint::hit("set-aside-renamed");
+    crashpoint::hit(CrashPoint::SetAsideRenamed);
     remove_marker(paths)?;
     Ok(dest)
 }

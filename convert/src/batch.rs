@@ -21,7 +21,7 @@ use crate::retire::Retirer;
 use crate::skeleton::Skeleton;
 use crate::write::{Sources, read_global_scale, write_component};
 use ftpipe_fs::Layout;
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_progress::{ProgressEvent, Reporter};
 
 /// One batch of components written in parallel.
@@ -118,7 +118,7 @@ impl Batch<'_> {
                 }
                 Some(Ok(w)) => {
                     // Renamed into place and fsynced, no receipt yet.
-                    crashpoint::hit("component-renamed");
+                    crashpoint::hit(CrashPoint::ComponentRenamed);
                     let identity = self.skel.identities.get(&c.name).cloned().ok_or_else(|| {
                         ConvertError::internal(format!(
                             "component {} has no identity in the skeleton",

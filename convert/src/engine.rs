@@ -36,7 +36,7 @@ use crate::space::artifact_peak;
 use crate::write::{self, Sources};
 use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement};
 use ftpipe_fs::Layout;
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_json};
 use ftpipe_hub::resolve::stored_selection;
 
@@ -342,7 +342,7 @@ pub async fn convert(
         .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
     sync_dir(paths.dir()).map_err(|e| ConvertError::io("fsync", paths.dir(), e))?;
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
-    crashpoint::hit("skeleton-written");
+    crashpoint::hit(CrashPoint::SkeletonWritten);
     write_atomic_json(paths.state_dir(), PLAN_FILE, &*plan, PRETTY)?;
     for t in remove_temp_files(paths.artifact())? {
         tracing::info!("removed stale temp file {}", t.display());
@@ -434,14 +434,14 @@ pub async fn convert(
     let manifest = skel.finish(&digests)?;
     // The same bytes as Manifest::to_bytes, streamed.
     let manifest_sha256 = write_atomic_json(paths.artifact(), MANIFEST_FILE, &manifest, PUBLISHED)?;
-    crashpoint::hit("manifest-written");
+    crashpoint::hit(CrashPoint::ManifestWritten);
     let last = store.last_manifest().await?;
     if last.and_then(|a| a.manifest_sha256).as_deref() != Some(manifest_sha256.as_str()) {
         store
             .record_manifest(run, &manifest_sha256, &manifest.fingerprint)
             .await?;
     }
-    crashpoint::hit("manifest-recorded");
+    crashpoint::hit(CrashPoint::ManifestRecorded);
     let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, top_k);
     write_atomic_json(paths.artifact(), PLACEMENT_FILE, &placement, PUBLISHED)?;
     Ok(ConvertOutcome {

@@ -24,7 +24,7 @@ use ftpipe_receipts::{ComponentReceipt, RetirementEvent, RunId, Store};
 use crate::error::{ConvertError, Result};
 use crate::skeleton::Skeleton;
 use ftpipe_fs::Layout;
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::sync_dir;
 use ftpipe_hub::identity::{Expected, LfsSha256, hash_file};
 
@@ -134,7 +134,7 @@ impl Retirer {
                     .log_retirement(run, file, RetirementEvent::Retired, meta.len())
                     .await?;
             }
-            crashpoint::hit("retirement-logged");
+            crashpoint::hit(CrashPoint::RetirementLogged);
             std::fs::remove_file(&path).map_err(|e| ConvertError::io("remove", &path, e))?;
             let dir = path.parent().unwrap_or(paths.source());
             sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;

@@ -14,12 +14,12 @@ use std::path::Path;
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{CacheCandidate, FileRow, Receipt};
+use ftpipe_receipts::{CacheCandidate, CacheKind, CacheOutcome, FileRow, Placement, Receipt};
 
 use super::FetchCtx;
 use super::part::{AppendError, PartFile};
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, sync_dir};
 use ftpipe_hub::hfcache::{Lookup, LookupKind, place};
 use ftpipe_hub::identity::{Expected, hash_file};
@@ -29,10 +29,10 @@ use ftpipe_progress::ProgressEvent;
 /// Copy buffer of a resume prefix.
 const PREFIX_COPY_BUF: usize = 1 << 20;
 
-fn kind_str(kind: LookupKind) -> &'static str {
+fn kind_str(kind: LookupKind) -> CacheKind {
     match kind {
-        LookupKind::Blob => "blob",
-        LookupKind::Snapshot => "snapshot",
+        LookupKind::Blob => CacheKind::Blob,
+        LookupKind::Snapshot => CacheKind::Snapshot,
     }
 }
 
@@ -98,8 +98,8 @@ pub(crate) async fn adopt_whole(
                 CacheCandidate {
                     path: file.path.clone(),
                     cache_path: path.display().to_string(),
-                    kind: kind_str(lookup_kind(file)).into(),
-                    outcome: "rejected".into(),
+                    kind: kind_str(lookup_kind(file)),
+                    outcome: CacheOutcome::Rejected,
                     placement: None,
                     bytes,
                     detail: reason,
@@ -110,15 +110,16 @@ pub(crate) async fn adopt_whole(
         }
         Lookup::Found(c) => c,
     };
-    let record = |outcome: &str, placement: Option<&str>, detail: String| CacheCandidate {
-        path: file.path.clone(),
-        cache_path: candidate.blob.display().to_string(),
-        kind: kind_str(candidate.kind).into(),
-        outcome: outcome.into(),
-        placement: placement.map(str::to_owned),
-        bytes: file.size,
-        detail,
-    };
+    let record =
+        |outcome: CacheOutcome, placement: Option<Placement>, detail: String| CacheCandidate {
+            path: file.path.clone(),
+            cache_path: candidate.blob.display().to_string(),
+            kind: kind_str(candidate.kind),
+            outcome,
+            placement,
+            bytes: file.size,
+            detail,
+        };
     let temp = cache_temp_path(final_path);
     let dir = final_path
         .parent()
@@ -139,7 +140,11 @@ pub(crate) async fn adopt_whole(
             let _ = block_in_place(|| remove_if_present(&temp));
             reject(
                 ctx,
-                record("rejected", None, format!("cannot place it: {e}")),
+                record(
+                    CacheOutcome::Rejected,
+                    None,
+                    format!("cannot place it: {e}"),
+                ),
             )
             .await?;
             return Ok(false);
@@ -153,18 +158,18 @@ pub(crate) async fn adopt_whole(
             expected.kind(),
             expected.hex()
         );
-        reject(ctx, record("rejected", Some(how.as_str()), detail)).await?;
+        reject(ctx, record(CacheOutcome::Rejected, Some(how), detail)).await?;
         return Ok(false);
     }
     // Verified and durable under the temp name; not published.
-    crashpoint::hit("cache-verified");
+    crashpoint::hit(CrashPoint::CacheVerified);
     block_in_place(|| {
         std::fs::rename(&temp, final_path)?;
         sync_dir(&dir)
     })
     .map_err(|e| FetchError::io("publish", final_path, e))?;
     // Published under its final name, no receipt yet.
-    crashpoint::hit("cache-renamed");
+    crashpoint::hit(CrashPoint::CacheRenamed);
     ctx.store
         .adopt_from_cache(
             ctx.run,
@@ -176,7 +181,7 @@ pub(crate) async fn adopt_whole(
                 completed_at: String::new(),
                 adopted: false,
             },
-            &record("adopted", Some(how.as_str()), String::new()),
+            &record(CacheOutcome::Adopted, Some(how), String::new()),
         )
         .await?;
     // The receipt is durable: a partial `.part` of this file is stale.
@@ -236,7 +241,7 @@ pub(crate) async fn seed_from_incomplete(
     }
     block_in_place(|| part.sync()).map_err(|e| FetchError::io("fsync", &incomplete, e))?;
     // The prefix is durable in `.part`; the ledger does not claim it yet.
-    crashpoint::hit("cache-prefix-synced");
+    crashpoint::hit(CrashPoint::CachePrefixSynced);
     ctx.store
         .seed_from_cache(
             ctx.run,
@@ -245,9 +250,9 @@ pub(crate) async fn seed_from_incomplete(
             &CacheCandidate {
                 path: file.path.clone(),
                 cache_path: incomplete.display().to_string(),
-                kind: "incomplete".into(),
-                outcome: "resumed".into(),
-                placement: Some("copy".into()),
+                kind: CacheKind::Incomplete,
+                outcome: CacheOutcome::Resumed,
+                placement: Some(Placement::Copy),
                 bytes: copied,
                 detail: String::new(),
             },

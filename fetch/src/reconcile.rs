@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{FileRow, Receipt, RunId, Store};
+use ftpipe_receipts::{DiscardReason, FileRow, Receipt, RunId, Store};
 
 use crate::{FetchError, Result};
 use ftpipe_fs::durable::sync_dir;
@@ -64,7 +64,7 @@ pub async fn reconcile(
         .discards()
         .await?
         .into_iter()
-        .filter(|d| d.reason == "superseded_by_repin")
+        .filter(|d| d.reason == DiscardReason::SupersededByRepin)
         .map(|d| d.path)
         .collect();
     let mut actions = Vec::new();
@@ -156,7 +156,7 @@ pub async fn reconcile(
             }
             Action::Revoke { path } => {
                 store
-                    .revoke_receipt(run, &path, "published_file_missing")
+                    .revoke_receipt(run, &path, DiscardReason::PublishedFileMissing)
                     .await?;
                 reporter.report(ProgressEvent::Note {
                     message: format!("{path}: receipt without its file; it will be fetched again"),

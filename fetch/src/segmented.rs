@@ -51,7 +51,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, watch};
 use tokio::task::{JoinSet, block_in_place};
 
 use ftpipe_fs::direct::{Bounce, DirectFile};
-use ftpipe_receipts::{Attempt, FileRow, RangeProgress, RangeRow};
+use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow, RangeProgress, RangeRow};
 
 use super::FetchCtx;
 use super::part::consume_front;
@@ -60,7 +60,7 @@ use super::transfer::{
     settle_stream_part,
 };
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::sync_dir;
 use ftpipe_hub::HubError;
 use ftpipe_hub::headers::{
@@ -552,7 +552,7 @@ enum Pass {
     /// as one stream).
     Restart {
         single: bool,
-        reason: &'static str,
+        reason: DiscardReason,
     },
 }
 
@@ -626,17 +626,17 @@ impl Coordinator {
         FetchError::io(op, self.part_path(), e)
     }
 
-    fn rewound(&self, to: u64, reason: &str) {
+    fn rewound(&self, to: u64, reason: DiscardReason) {
         self.ctx.reporter.report(ProgressEvent::FileRewound {
             path: self.path().to_owned(),
             to,
-            reason: reason.to_owned(),
+            reason: reason.to_string(),
         });
     }
 
     async fn discard(
         &self,
-        reason: &str,
+        reason: DiscardReason,
         bytes: u64,
         committed: u64,
         received: bool,
@@ -660,7 +660,7 @@ impl Coordinator {
             // ranges say nothing about its bytes.
             let committed = store.ledger_row(&path).await?.committed;
             block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-            self.discard("ranges_do_not_tile_the_file", committed, 0, false)
+            self.discard(DiscardReason::RangesDoNotTileTheFile, committed, 0, false)
                 .await?;
             store.end_ranges(&path).await?;
             ranges.clear();
@@ -676,7 +676,7 @@ impl Coordinator {
                 // The part lost bytes the ranges claim: nothing in it can be trusted.
                 let committed = store.ledger_row(&path).await?.committed;
                 block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-                self.discard("part_shorter_than_watermark", committed, 0, false)
+                self.discard(DiscardReason::PartShorterThanWatermark, committed, 0, false)
                     .await?;
                 store.end_ranges(&path).await?;
                 ranges.clear();
@@ -696,8 +696,13 @@ impl Coordinator {
             if aligned < kept {
                 // The watermark comes down first: the store never claims
                 // more than the file holds, even if the cut is lost.
-                self.discard("segment_alignment", kept - aligned, aligned, false)
-                    .await?;
+                self.discard(
+                    DiscardReason::SegmentAlignment,
+                    kept - aligned,
+                    aligned,
+                    false,
+                )
+                .await?;
                 block_in_place(|| part.truncate(aligned)).map_err(|e| self.io("truncate", e))?;
             }
             ranges = store.begin_ranges(&path).await?;
@@ -719,13 +724,13 @@ impl Coordinator {
                     .discard_unkept(
                         self.ctx.run,
                         &path,
-                        "uncheckpointed_tail",
+                        DiscardReason::UncheckpointedTail,
                         tail,
                         attempt,
                         true,
                     )
                     .await?;
-                self.rewound(r.watermark, "uncheckpointed_tail");
+                self.rewound(r.watermark, DiscardReason::UncheckpointedTail);
                 block_in_place(|| punch_hole(file, r.watermark, tail));
             }
         }
@@ -871,7 +876,7 @@ impl Coordinator {
         }
         if let Some(pass) = restart {
             if let Pass::Restart { reason, .. } = &pass {
-                self.discard_everything(&st, reason).await?;
+                self.discard_everything(&st, *reason).await?;
             }
             return Ok(pass);
         }
@@ -935,8 +940,8 @@ impl Coordinator {
         self.permits.extend(permit);
         self.checkpoint(st).await?;
         for (reason, bytes) in [
-            ("unaligned_remainder", unkept),
-            ("range_body_excess", excess),
+            (DiscardReason::UnalignedRemainder, unkept),
+            (DiscardReason::RangeBodyExcess, excess),
         ] {
             if bytes > 0 {
                 self.ctx
@@ -961,11 +966,11 @@ impl Coordinator {
         };
         attempt.body_bytes = stored + unkept + excess;
         attempt.outcome = match &result {
-            Ok(Ended::Done) => "ok".into(),
-            Ok(Ended::Cancelled) => "cancelled".into(),
-            Ok(Ended::RangeNotHonoured { .. }) => "retry".into(),
-            Err(e) if e.is_transient() => "retry".into(),
-            Err(_) => "failed".into(),
+            Ok(Ended::Done) => AttemptOutcome::Ok,
+            Ok(Ended::Cancelled) => AttemptOutcome::Cancelled,
+            Ok(Ended::RangeNotHonoured { .. }) => AttemptOutcome::Retry,
+            Err(e) if e.is_transient() => AttemptOutcome::Retry,
+            Err(_) => AttemptOutcome::Failed,
         };
         attempt.error = result.as_ref().err().map(ToString::to_string);
         self.ctx.store.finish_attempt(&attempt).await?;
@@ -994,9 +999,9 @@ impl Coordinator {
                 Ok(Next::Restart(Pass::Restart {
                     single,
                     reason: if single {
-                        "range_not_honoured"
+                        DiscardReason::RangeNotHonoured
                     } else {
-                        "validator_changed"
+                        DiscardReason::ValidatorChanged
                     },
                 }))
             }
@@ -1062,7 +1067,7 @@ impl Coordinator {
         }
         block_in_place(|| st.shared.file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
         // Bytes durable past the watermarks the store still holds.
-        crashpoint::hit("checkpoint-synced");
+        crashpoint::hit(CrashPoint::CheckpointSynced);
         let validator = st.shared.validator();
         let store = &self.ctx.store;
         match store
@@ -1090,7 +1095,7 @@ impl Coordinator {
     }
 
     /// Every byte of the file, durable or not, is thrown away (recorded).
-    async fn discard_everything(&self, st: &PassState, reason: &str) -> Result<()> {
+    async fn discard_everything(&self, st: &PassState, reason: DiscardReason) -> Result<()> {
         let store = &self.ctx.store;
         // Bytes are received only by a range's current attempt, which the
         // slot names until that attempt's end is handled.
@@ -1113,7 +1118,7 @@ impl Coordinator {
                 .discard_unkept(
                     self.ctx.run,
                     self.path(),
-                    "uncheckpointed_tail",
+                    DiscardReason::UncheckpointedTail,
                     bytes,
                     attempt,
                     false,
@@ -1145,7 +1150,8 @@ impl Coordinator {
             }));
         }
         if actual != self.expected.hex() {
-            self.discard_everything(&st, "digest_mismatch").await?;
+            self.discard_everything(&st, DiscardReason::DigestMismatch)
+                .await?;
             self.digest_failures += 1;
             let err = FetchError::DigestMismatch {
                 path: self.path().to_owned(),
@@ -1166,10 +1172,10 @@ impl Coordinator {
             });
             return Ok(Pass::Restart {
                 single: false,
-                reason: "digest_mismatch",
+                reason: DiscardReason::DigestMismatch,
             });
         }
-        crashpoint::hit("fetch-verified");
+        crashpoint::hit(CrashPoint::FetchVerified);
         let part = self.part_path();
         let final_path = self.final_path.clone();
         block_in_place(|| -> std::io::Result<()> {
@@ -1178,7 +1184,7 @@ impl Coordinator {
             sync_dir(final_path.parent().unwrap_or(Path::new(".")))
         })
         .map_err(|e| FetchError::io("publish", &final_path, e))?;
-        crashpoint::hit("fetch-renamed");
+        crashpoint::hit(CrashPoint::FetchRenamed);
         record_published(
             &self.ctx,
             &self.file,
@@ -1508,7 +1514,7 @@ impl RangeWorker {
         self.attempt.id = id?;
         if !self.boundaries.is_empty() {
             // A split is durable and nothing of its range is written yet.
-            crashpoint::hit("range-split");
+            crashpoint::hit(CrashPoint::RangeSplit);
         }
         {
             let mut slots = shared.slots();

@@ -16,12 +16,12 @@ use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{Attempt, FileRow, Receipt};
+use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow, Receipt};
 
 use super::FetchCtx;
 use super::part::{AppendError, PartFile};
 use crate::{FetchError, Result};
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::HubError;
 use ftpipe_hub::headers::{check_partial, etag, retry_after_secs, strong_validator};
 use ftpipe_hub::identity::{Expected, IdentityHasher, expected_identity, hash_part_prefix};
@@ -69,7 +69,7 @@ pub(super) async fn record_published(
 pub(super) async fn discard(
     ctx: &FetchCtx,
     path: &str,
-    reason: &str,
+    reason: DiscardReason,
     bytes: u64,
     committed: u64,
     also_transferred: bool,
@@ -80,7 +80,7 @@ pub(super) async fn discard(
     ctx.reporter.report(ProgressEvent::FileRewound {
         path: path.to_owned(),
         to: committed,
-        reason: reason.to_owned(),
+        reason: reason.to_string(),
     });
     Ok(())
 }
@@ -111,7 +111,7 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
                 .discard_unkept(
                     ctx.run,
                     &file.path,
-                    "superseded_by_repin",
+                    DiscardReason::SupersededByRepin,
                     tail,
                     attempt,
                     true,
@@ -119,17 +119,17 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
                 .await?;
             // A tail recorded (its attempt marked measured), the part not
             // yet emptied.
-            crashpoint::hit("superseded-tail-recorded");
+            crashpoint::hit(CrashPoint::SupersededTailRecorded);
         }
     }
     block_in_place(|| part.truncate(0)).map_err(|e| FetchError::io("truncate", part.path(), e))?;
     // The part is empty and durable; the old ranges are still stored.
-    crashpoint::hit("superseded-part-emptied");
+    crashpoint::hit(CrashPoint::SupersededPartEmptied);
     store.end_superseded_part(&file.path).await?;
     ctx.reporter.report(ProgressEvent::FileRewound {
         path: file.path.clone(),
         to: 0,
-        reason: "superseded_by_repin".to_owned(),
+        reason: DiscardReason::SupersededByRepin.to_string(),
     });
     Ok(())
 }
@@ -155,7 +155,7 @@ pub(super) async fn settle_stream_part(
         discard(
             ctx,
             &file.path,
-            "uncheckpointed_tail",
+            DiscardReason::UncheckpointedTail,
             on_disk - watermark,
             watermark,
             true,
@@ -165,7 +165,7 @@ pub(super) async fn settle_stream_part(
         discard(
             ctx,
             &file.path,
-            "part_shorter_than_watermark",
+            DiscardReason::PartShorterThanWatermark,
             watermark - on_disk,
             on_disk,
             false,
@@ -324,7 +324,7 @@ impl FileTask {
 
     async fn discard(
         &self,
-        reason: &str,
+        reason: DiscardReason,
         bytes: u64,
         committed: u64,
         also_transferred: bool,
@@ -391,13 +391,13 @@ impl FileTask {
             self.verify(&mut part, hasher).await?
         };
         // The whole file is durable in `.part` and verified, not published.
-        crashpoint::hit("fetch-verified");
+        crashpoint::hit(CrashPoint::FetchVerified);
         let final_path = self.final_path.clone();
         let direct_io_bytes = part.direct_written();
         block_in_place(|| part.publish(&final_path))
             .map_err(|e| FetchError::io("publish", &final_path, e))?;
         // Published under its final name, no receipt yet.
-        crashpoint::hit("fetch-renamed");
+        crashpoint::hit(CrashPoint::FetchRenamed);
         record_published(
             &self.ctx,
             &self.file,
@@ -417,7 +417,8 @@ impl FileTask {
         let actual = hasher.finish_hex();
         if actual != self.expected.hex() {
             block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-            self.discard("digest_mismatch", size, 0, false).await?;
+            self.discard(DiscardReason::DigestMismatch, size, 0, false)
+                .await?;
             return Err(FetchError::DigestMismatch {
                 path: self.path().to_owned(),
                 kind: self.expected.kind(),
@@ -477,9 +478,9 @@ impl FileTask {
             Err(e) => Err(e),
         };
         attempt.outcome = match &result {
-            Ok(_) => "ok".into(),
-            Err(e) if e.is_transient() => "retry".into(),
-            Err(_) => "failed".into(),
+            Ok(_) => AttemptOutcome::Ok,
+            Err(e) if e.is_transient() => AttemptOutcome::Retry,
+            Err(_) => AttemptOutcome::Failed,
         };
         attempt.error = result.as_ref().err().map(ToString::to_string);
         self.attempt_id = None;
@@ -524,7 +525,8 @@ impl FileTask {
                     // The server will not resume (no range support, or the
                     // validator changed): the prefix cannot be trusted.
                     block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-                    self.discard("range_not_honoured", start, 0, false).await?;
+                    self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
+                        .await?;
                     *hasher = self.expected.hasher(size);
                     self.unproductive = true;
                     self.range_ignored += 1;
@@ -697,7 +699,7 @@ impl FileTask {
             tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
         }
         if excess > 0 && saved.is_ok() {
-            self.discard("long_body_excess", excess, part.len(), true)
+            self.discard(DiscardReason::LongBodyExcess, excess, part.len(), true)
                 .await?;
             attempt.body_bytes += excess;
         }
@@ -766,7 +768,7 @@ impl FileTask {
         if delta > 0 {
             block_in_place(|| part.sync()).map_err(|e| self.io("fsync", e))?;
             // Bytes durable past the watermark the ledger still holds.
-            crashpoint::hit("checkpoint-synced");
+            crashpoint::hit(CrashPoint::CheckpointSynced);
         }
         let store = &self.ctx.store;
         match store

@@ -5,6 +5,10 @@
 //! reaches point `NAME`; with `FTPIPE_CRASH_AT=NAME#N`, the N-th time
 //! (e.g. the publish of the last of N files fetched one at a time). Unset, a
 //! point costs one cached lookup.
+//!
+//! The points are the variants of [`CrashPoint`], each with its name; the
+//! crash tables of `docs/design.md` give each one a row (a test holds the
+//! enum and the tables to each other).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,11 +40,174 @@ fn target() -> Option<&'static Target> {
     .as_ref()
 }
 
+/// Declares [`CrashPoint`]: each variant with its name.
+macro_rules! crash_points {
+    ($($(#[$meta:meta])* $variant:ident = $name:literal,)+) => {
+        /// A named step where `FTPIPE_CRASH_AT` can stop the process.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum CrashPoint {
+            $($(#[$meta])* $variant,)+
+        }
+
+        impl CrashPoint {
+            /// Every point, in declaration order.
+            pub const ALL: &'static [CrashPoint] = &[$(CrashPoint::$variant,)+];
+
+            /// The name `FTPIPE_CRASH_AT` gives it.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(CrashPoint::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+crash_points! {
+    /// Resolve's pin and listing committed, its completion not logged.
+    ResolveDone = "resolve-done",
+    /// `resolve` completed, the next stage not started.
+    ResolveCompleted = "resolve-completed",
+    /// The plan and preflight computed, the completion not logged.
+    PlanDone = "plan-done",
+    /// `plan` completed, the next stage not started.
+    PlanCompleted = "plan-completed",
+    /// A `.part`'s bytes fsynced, its watermark not committed.
+    CheckpointSynced = "checkpoint-synced",
+    /// A range claim committed, nothing of the new range written.
+    RangeSplit = "range-split",
+    /// The last checkpoint (W = S) and the digest verified, not renamed.
+    FetchVerified = "fetch-verified",
+    /// Renamed to the final name and the directory fsynced, no receipt.
+    FetchRenamed = "fetch-renamed",
+    /// A cache blob placed at `.hfcache` and verified, not renamed.
+    CacheVerified = "cache-verified",
+    /// A cache blob renamed to the final name, no receipt.
+    CacheRenamed = "cache-renamed",
+    /// A cache prefix copied into `.part` and fsynced, the watermark not
+    /// committed.
+    CachePrefixSynced = "cache-prefix-synced",
+    /// A repin's superseded tail recorded, the `.part` not yet emptied.
+    SupersededTailRecorded = "superseded-tail-recorded",
+    /// A superseded `.part` emptied, its old ranges still stored.
+    SupersededPartEmptied = "superseded-part-emptied",
+    /// Every file published, `fetch`'s completion not logged.
+    FetchDone = "fetch-done",
+    /// `fetch` completed, the next stage not started.
+    FetchCompleted = "fetch-completed",
+    /// `convert.json` durable, `plan.json` not written.
+    SkeletonWritten = "skeleton-written",
+    /// A component renamed and its directories fsynced, no receipt.
+    ComponentRenamed = "component-renamed",
+    /// A source's retirement logged, the file not yet unlinked.
+    RetirementLogged = "retirement-logged",
+    /// A `--rebuild` set-aside committed, the rename not done.
+    SetAsideLogged = "set-aside-logged",
+    /// The set-aside rename done, the marker not removed.
+    SetAsideRenamed = "set-aside-renamed",
+    /// `manifest.json` durable, not recorded.
+    ManifestWritten = "manifest-written",
+    /// The manifest recorded, `placement.json` not written.
+    ManifestRecorded = "manifest-recorded",
+    /// The artifact written, `convert`'s completion not logged.
+    ConvertDone = "convert-done",
+    /// `convert` completed, the next stage not started.
+    ConvertCompleted = "convert-completed",
+    /// The artifact verified, `verify`'s completion not logged.
+    VerifyDone = "verify-done",
+    /// `verify` completed, before the exit.
+    VerifyCompleted = "verify-completed",
+}
+
+impl std::fmt::Display for CrashPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// Aborts the process if `FTPIPE_CRASH_AT` names this point (and arrival).
-pub fn hit(name: &str) {
+pub fn hit(point: CrashPoint) {
     let Some(t) = target() else { return };
+    let name = point.as_str();
     if t.name == name && t.seen.fetch_add(1, Ordering::SeqCst) + 1 == t.nth {
         eprintln!("{CRASH_AT_ENV}={name}#{}: aborting here", t.nth);
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CrashPoint;
+
+    /// The crash-point names in the first column of every crash table of
+    /// `docs/design.md` (a table whose header starts `| crash`): the
+    /// backticked words joined by `-`.
+    fn names_in_crash_tables(design: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        let mut in_table = false;
+        for line in design.lines() {
+            if !line.starts_with('|') {
+                in_table = false;
+                continue;
+            }
+            if line.starts_with("| crash") {
+                in_table = true;
+                continue;
+            }
+            if !in_table || line.starts_with("|---") {
+                continue;
+            }
+            let first = line.trim_start_matches('|').split('|').next().unwrap_or("");
+            for (i, word) in first.split('`').enumerate() {
+                let kebab = word.contains('-')
+                    && word
+                        .split('-')
+                        .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()));
+                if i % 2 == 1 && kebab {
+                    names.push(word.to_owned());
+                }
+            }
+        }
+        names
+    }
+
+    /// Guards the crash tables of `docs/design.md` against drift: every
+    /// crash point has a row that says what is durable there and why
+    /// resuming is safe, and every point a row names exists.
+    #[test]
+    fn every_crash_point_has_a_row_in_design_md_and_every_row_a_point() {
+        let design = include_str!("../../docs/design.md");
+        let in_tables = names_in_crash_tables(design);
+        for p in CrashPoint::ALL {
+            assert!(
+                in_tables.iter().any(|n| n == p.as_str()),
+                "crash point `{p}` has no row in a crash table of docs/design.md"
+            );
+        }
+        for n in &in_tables {
+            assert!(
+                CrashPoint::ALL.iter().any(|p| p.as_str() == n),
+                "docs/design.md names `{n}` in a crash table; no such crash point"
+            );
+        }
+    }
+
+    /// Guards the names tests pass in `FTPIPE_CRASH_AT`: unique, and
+    /// written as the environment spells them (lowercase words joined by
+    /// `-`, no `#`, which starts the arrival count).
+    #[test]
+    fn names_are_unique_kebab_case() {
+        let mut seen = std::collections::HashSet::new();
+        for p in CrashPoint::ALL {
+            let name = p.as_str();
+            assert!(seen.insert(name), "{name} twice");
+            assert!(
+                name.split('-').count() >= 2
+                    && name
+                        .split('-')
+                        .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase())),
+                "{name}"
+            );
+        }
     }
 }

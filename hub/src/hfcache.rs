@@ -270,28 +270,9 @@ fn check_regular(path: &Path, size: u64, kind: LookupKind) -> Lookup {
     }
 }
 
-/// How a cached blob was placed at the temp path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Placement {
-    /// A copy-on-write clone (FICLONE): no bytes copied, no shared inode.
-    Reflink,
-    /// A hard link to the cache's inode (same filesystem).
-    Hardlink,
-    /// A byte copy.
-    Copy,
-}
-
-impl Placement {
-    /// Its name in the database and in events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Placement::Reflink => "reflink",
-            Placement::Hardlink => "hardlink",
-            Placement::Copy => "copy",
-        }
-    }
-}
+/// How a cached blob was placed at the temp path (stored as
+/// `cache_candidates.placement`).
+pub use ftpipe_receipts::Placement;
 
 /// Places `blob` at `dest` (which must not exist): a reflink where the
 /// filesystem can, else a hard link on the same filesystem, else a copy.

@@ -46,7 +46,7 @@ use crate::bundle::{BundleSummary, write_bundle};
 use ftpipe_fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_fs::FsError;
 pub use ftpipe_fs::Layout;
-use ftpipe_fs::crashpoint;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::client::{HubClient, Token};
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved, resolve};
@@ -212,10 +212,10 @@ impl Pipeline {
         match fut.await {
             Ok(v) => {
                 // The stage's work is durable; its completion is not logged.
-                crashpoint::hit(&format!("{name}-done"));
+                crashpoint::hit(done_point(name));
                 self.record(name, StageEvent::Completed, "").await?;
                 // Logged; the next stage has not started.
-                crashpoint::hit(&format!("{name}-completed"));
+                crashpoint::hit(completed_point(name));
                 Ok(v)
             }
             Err(e) => {
@@ -403,4 +403,28 @@ pub async fn audit_with_bundle(
         None => None,
     };
     Ok((report, summary))
+}
+
+/// The crash point after `stage`'s work is durable, before its completion
+/// is logged.
+fn done_point(stage: Stage) -> CrashPoint {
+    match stage {
+        Stage::Resolve => CrashPoint::ResolveDone,
+        Stage::Plan => CrashPoint::PlanDone,
+        Stage::Fetch => CrashPoint::FetchDone,
+        Stage::Convert => CrashPoint::ConvertDone,
+        Stage::Verify => CrashPoint::VerifyDone,
+    }
+}
+
+/// The crash point after `stage`'s completion is logged, before the next
+/// stage starts.
+fn completed_point(stage: Stage) -> CrashPoint {
+    match stage {
+        Stage::Resolve => CrashPoint::ResolveCompleted,
+        Stage::Plan => CrashPoint::PlanCompleted,
+        Stage::Fetch => CrashPoint::FetchCompleted,
+        Stage::Convert => CrashPoint::ConvertCompleted,
+        Stage::Verify => CrashPoint::VerifyCompleted,
+    }
 }

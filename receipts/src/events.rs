@@ -1,9 +1,13 @@
 //! The typed values the state database stores as text: run ids, stage
-//! names and the events of the append-only logs. Each enum's stored name is
-//! fixed data (a migration's `CHECK` lists the same names); a name the code
-//! does not know is [`StoreError::UnknownValue`], never a silent default.
+//! names, the events of the append-only logs, attempt outcomes, discard
+//! reasons and the cache-candidate log's kinds, outcomes and placements.
+//! Each enum's stored name is fixed data (a migration's `CHECK` lists the
+//! same names; `tests` below holds each enum to its `CHECK` list); a name
+//! the code does not know is [`StoreError::UnknownValue`], never a silent
+//! default. Each serializes as its stored name, so a report prints what the
+//! database holds.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::error::StoreError;
 
@@ -35,8 +39,7 @@ impl std::fmt::Display for RunId {
 macro_rules! stored_enum {
     ($(#[$meta:meta])* $name:ident, $column:literal { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-        #[serde(rename_all = "snake_case")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
         pub enum $name {
             $($(#[$vmeta])* $variant,)+
         }
@@ -67,6 +70,20 @@ macro_rules! stored_enum {
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.pad(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = StoreError;
+
+            fn from_str(s: &str) -> Result<$name, StoreError> {
+                $name::parse(s)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
             }
         }
     };
@@ -121,6 +138,112 @@ stored_enum! {
     }
 }
 
+stored_enum! {
+    /// How an HTTP attempt at a file body ended (`attempts.outcome`).
+    AttemptOutcome, "attempts.outcome" {
+        /// Started and not yet finished; left so by a crash.
+        InFlight = "in_flight",
+        /// The body (or the requested range) arrived whole.
+        Ok = "ok",
+        /// Ended by a transient error or an ignored range; tried again.
+        Retry = "retry",
+        /// Ended by an error that is not retried.
+        Failed = "failed",
+        /// Stopped by the fetch itself (another range failed, the run ended).
+        Cancelled = "cancelled",
+    }
+}
+
+impl Default for AttemptOutcome {
+    /// A new attempt is in flight until it is finished.
+    fn default() -> AttemptOutcome {
+        AttemptOutcome::InFlight
+    }
+}
+
+stored_enum! {
+    /// Why received bytes were thrown away (`discards.reason`). Declared in
+    /// the order of the stored names, so a map keyed by reason lists them
+    /// alphabetically, as reports always have.
+    DiscardReason, "discards.reason" {
+        /// The file's digest did not match the pin; every byte is fetched again.
+        DigestMismatch = "digest_mismatch",
+        /// A body longer than announced: the bytes past the file's end.
+        LongBodyExcess = "long_body_excess",
+        /// The `.part` was shorter than its watermark (a truncation the
+        /// ledger had not recorded); the watermark drops to its length.
+        PartShorterThanWatermark = "part_shorter_than_watermark",
+        /// A published file vanished; its receipt was revoked.
+        PublishedFileMissing = "published_file_missing",
+        /// Received past the end of the range requested (a body longer than
+        /// its `Content-Range`).
+        RangeBodyExcess = "range_body_excess",
+        /// A `200` answered a Range request; the prefix is fetched again.
+        RangeNotHonoured = "range_not_honoured",
+        /// Stored ranges did not tile the file; it starts again.
+        RangesDoNotTileTheFile = "ranges_do_not_tile_the_file",
+        /// A one-stream prefix cut back to a segment boundary.
+        SegmentAlignment = "segment_alignment",
+        /// A `.part` found with no watermark (written only by versions
+        /// before `uncheckpointed_tail` took its place; kept so their
+        /// databases still read).
+        StalePart = "stale_part",
+        /// A partial watermark replaced by a final file adopted from disk.
+        SupersededByAdoptedFile = "superseded_by_adopted_file",
+        /// A partial watermark replaced by a blob adopted from a Hugging
+        /// Face cache.
+        SupersededByHfCache = "superseded_by_hf_cache",
+        /// Bytes of a file whose identity a `--repin` changed.
+        SupersededByRepin = "superseded_by_repin",
+        /// Received but not stored: the buffered remainder below the write
+        /// alignment when a range's attempt ended.
+        UnalignedRemainder = "unaligned_remainder",
+        /// Bytes past the watermark after a crash (written, never claimed).
+        UncheckpointedTail = "uncheckpointed_tail",
+        /// The validator changed between the passes of a segmented fetch.
+        ValidatorChanged = "validator_changed",
+    }
+}
+
+stored_enum! {
+    /// What kind of file a Hugging Face cache candidate is
+    /// (`cache_candidates.kind`).
+    CacheKind, "cache_candidates.kind" {
+        /// An LFS blob, named by its SHA-256.
+        Blob = "blob",
+        /// A small file of the snapshot at the pinned commit.
+        Snapshot = "snapshot",
+        /// The prefix an interrupted `hf download` left.
+        Incomplete = "incomplete",
+    }
+}
+
+stored_enum! {
+    /// What became of a Hugging Face cache candidate
+    /// (`cache_candidates.outcome`).
+    CacheOutcome, "cache_candidates.outcome" {
+        /// The whole file was placed, verified and published.
+        Adopted = "adopted",
+        /// Its prefix was copied into `.part` and resumed from.
+        Resumed = "resumed",
+        /// Not used (wrong size, digest mismatch, unsafe link, not placeable).
+        Rejected = "rejected",
+    }
+}
+
+stored_enum! {
+    /// How a cache file was placed at the pinned file's path
+    /// (`cache_candidates.placement`).
+    Placement, "cache_candidates.placement" {
+        /// A copy-on-write clone (FICLONE): no bytes copied, no shared inode.
+        Reflink = "reflink",
+        /// A hard link to the cache's inode (same filesystem).
+        Hardlink = "hardlink",
+        /// A byte copy.
+        Copy = "copy",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +264,109 @@ mod tests {
         }
         let err = Stage::parse("Fetch").unwrap_err();
         assert!(err.to_string().contains("stage_events.stage"), "{err}");
+    }
+
+    /// The `CHECK (column IN (...))` list of `column` in `CREATE TABLE
+    /// table` of a migration, in order.
+    fn check_list(sql: &str, table: &str, column: &str) -> Vec<String> {
+        let create = format!("CREATE TABLE {table} (");
+        let body = &sql[sql.find(&create).unwrap_or_else(|| panic!("no {create}"))..];
+        let body = &body[..body.find("\n);").expect("end of CREATE TABLE")];
+        let key = format!("{column} IN (");
+        let list = &body[body
+            .find(&key)
+            .unwrap_or_else(|| panic!("no {key} in {table}"))
+            + key.len()..];
+        let list = &list[..list.find(')').expect("end of the IN list")];
+        list.split(',')
+            .map(|v| v.trim().trim_matches('\'').to_owned())
+            .collect()
+    }
+
+    fn names<T: Copy>(all: &[T], as_str: fn(T) -> &'static str) -> Vec<String> {
+        all.iter().map(|v| as_str(*v).to_owned()).collect()
+    }
+
+    /// Guards that every enum stored as text names exactly the values its
+    /// column's `CHECK` accepts: a variant added without a migration (or a
+    /// migration without the variant) fails here, not in a user's database.
+    #[test]
+    fn each_enum_equals_its_check_list() {
+        let init = include_str!("../../migrations/0001_init.sql");
+        let convert = include_str!("../../migrations/0002_convert.sql");
+        let cache = include_str!("../../migrations/0004_hf_cache.sql");
+        let typed = include_str!("../../migrations/0008_typed_records.sql");
+        let cases = [
+            (
+                names(AttemptOutcome::ALL, AttemptOutcome::as_str),
+                check_list(typed, "attempts_typed", "outcome"),
+            ),
+            (
+                names(DiscardReason::ALL, DiscardReason::as_str),
+                check_list(typed, "discards_typed", "reason"),
+            ),
+            (
+                names(CacheKind::ALL, CacheKind::as_str),
+                check_list(cache, "cache_candidates", "kind"),
+            ),
+            (
+                names(CacheOutcome::ALL, CacheOutcome::as_str),
+                check_list(cache, "cache_candidates", "outcome"),
+            ),
+            (
+                names(Placement::ALL, Placement::as_str),
+                check_list(cache, "cache_candidates", "placement"),
+            ),
+            (
+                names(RetirementEvent::ALL, RetirementEvent::as_str),
+                check_list(convert, "source_retirements", "event"),
+            ),
+            (
+                names(ArtifactEvent::ALL, ArtifactEvent::as_str),
+                check_list(convert, "artifacts", "event"),
+            ),
+        ];
+        for (variants, check) in cases {
+            assert_eq!(variants, check);
+        }
+        // Stage events have no CHECK (yet); their table is where 0001 left it.
+        assert!(init.contains("stage   TEXT    NOT NULL,"));
+    }
+
+    /// Guards the order of `waste_by_reason` in reports: a map keyed by
+    /// [`DiscardReason`] lists reasons as a map keyed by their names did.
+    #[test]
+    fn discard_reasons_are_declared_in_name_order() {
+        let names = names(DiscardReason::ALL, DiscardReason::as_str);
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+    }
+
+    /// Guards that reports print what the database holds: each value
+    /// serializes as its stored name, and a stored name this version does
+    /// not know names its column.
+    #[test]
+    fn values_serialize_as_their_stored_names() {
+        for r in DiscardReason::ALL {
+            assert_eq!(
+                serde_json::to_value(r).unwrap(),
+                serde_json::Value::String(r.as_str().to_owned())
+            );
+            assert_eq!(r.as_str().parse::<DiscardReason>().unwrap(), *r);
+        }
+        for o in AttemptOutcome::ALL {
+            assert_eq!(AttemptOutcome::parse(o.as_str()).unwrap(), *o);
+        }
+        assert_eq!(
+            serde_json::to_string(&ArtifactEvent::SetAside).unwrap(),
+            "\"set_aside\""
+        );
+        let err = DiscardReason::parse("range_ignored").unwrap_err();
+        assert!(
+            matches!(&err, StoreError::UnknownValue { column: "discards.reason", value } if value == "range_ignored"),
+            "{err}"
+        );
     }
 
     #[test]

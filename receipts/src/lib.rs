@@ -16,7 +16,9 @@
 //! - `convert_store`: component receipts, the retirement log and the
 //!   artifact log.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
-//!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`]).
+//!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`],
+//!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
+//!   [`Placement`]).
 //! - `model`: the plain row types; `error`: [`StoreError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -31,7 +33,10 @@ mod store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
 pub use error::{Result, StoreError};
-pub use events::{ArtifactEvent, RetirementEvent, RunId, Stage, StageEvent};
+pub use events::{
+    ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,
+    RetirementEvent, RunId, Stage, StageEvent,
+};
 pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,
     StageEventRow,

@@ -4,7 +4,9 @@
 use serde::Serialize;
 
 pub use crate::events::RunId;
-use crate::events::{Stage, StageEvent};
+use crate::events::{
+    AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement, Stage, StageEvent,
+};
 
 /// The pinned revision of the repository being acquired.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -75,12 +77,12 @@ pub struct CacheCandidate {
     pub path: String,
     /// The cache file (never a token; a path on the user's disk).
     pub cache_path: String,
-    /// `blob`, `snapshot` or `incomplete`.
-    pub kind: String,
-    /// `adopted`, `resumed` or `rejected`.
-    pub outcome: String,
-    /// `reflink`, `hardlink` or `copy` when placed.
-    pub placement: Option<String>,
+    /// What kind of cache file it is.
+    pub kind: CacheKind,
+    /// What became of it.
+    pub outcome: CacheOutcome,
+    /// How it was placed, when it was.
+    pub placement: Option<Placement>,
     /// Bytes adopted, resumed from, or found in the rejected file.
     pub bytes: u64,
     /// Why it was rejected (empty otherwise).
@@ -92,8 +94,8 @@ pub struct CacheCandidate {
 pub struct DiscardRow {
     /// Repository-relative path.
     pub path: String,
-    /// Why the bytes were dropped (e.g. `range_ignored`, `digest_mismatch`).
-    pub reason: String,
+    /// Why the bytes were dropped.
+    pub reason: DiscardReason,
     /// How many bytes.
     pub bytes: u64,
     /// When.
@@ -121,8 +123,8 @@ pub struct Attempt {
     pub etag: Option<String>,
     /// Body bytes received in this attempt.
     pub body_bytes: u64,
-    /// `in_flight`, `ok`, `retry` or `failed`.
-    pub outcome: String,
+    /// How it ended (`in_flight` until it does).
+    pub outcome: AttemptOutcome,
     /// Error text for unsuccessful attempts.
     pub error: Option<String>,
     /// When the attempt started.

@@ -6,6 +6,7 @@ use serde::Serialize;
 use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::error::{QueryContext, Result, StoreError};
+use crate::events::{AttemptOutcome, DiscardReason};
 use crate::model::Attempt;
 use crate::model::RunId;
 use crate::store::{Store, insert_attempt, insert_discard, to_i64, to_u64};
@@ -259,7 +260,7 @@ impl Store {
         &self,
         run: RunId,
         path: &str,
-        reason: &str,
+        reason: DiscardReason,
         bytes: u64,
         attempt: i64,
         crash_tail: bool,
@@ -288,13 +289,14 @@ impl Store {
     pub async fn in_flight_attempt(&self, path: &str, start: u64, end: u64) -> Result<Option<i64>> {
         let mut conn = self.conn.lock().await;
         let id: Option<i64> = sqlx::query_scalar(
-            "SELECT MAX(id) FROM attempts WHERE path = ?1 AND outcome = 'in_flight'
+            "SELECT MAX(id) FROM attempts WHERE path = ?1 AND outcome = ?4
                AND tail_measured = 0 AND COALESCE(range_start, 0) >= ?2
                AND COALESCE(range_start, 0) < ?3",
         )
         .bind(path)
         .bind(to_i64(path, start)?)
         .bind(to_i64(path, end)?)
+        .bind(AttemptOutcome::InFlight.as_str())
         .fetch_one(&mut *conn)
         .await
         .ctx("in-flight attempt")?;

@@ -9,7 +9,9 @@ use sqlx::{Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
 use crate::error::{QueryContext, Result, StoreError};
-use crate::events::{Stage, StageEvent};
+use crate::events::{
+    AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement, Stage, StageEvent,
+};
 use crate::model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, RunId, SelectionGlobs,
     StageEventRow,
@@ -47,13 +49,14 @@ pub(crate) async fn insert_attempt(
         .transpose()?;
     let id = sqlx::query(
         "INSERT INTO attempts (run_id, path, host, range_start, if_range, outcome)
-         VALUES (?, ?, ?, ?, ?, 'in_flight')",
+         VALUES (?, ?, ?, ?, ?, ?)",
     )
     .bind(run)
     .bind(&attempt.path)
     .bind(&attempt.host)
     .bind(range_start)
     .bind(&attempt.if_range)
+    .bind(AttemptOutcome::InFlight.as_str())
     .execute(&mut *conn)
     .await
     .ctx("insert attempt")?
@@ -66,13 +69,13 @@ pub(crate) async fn insert_discard(
     conn: &mut SqliteConnection,
     run: RunId,
     path: &str,
-    reason: &str,
+    reason: DiscardReason,
     bytes: u64,
 ) -> Result<()> {
     sqlx::query("INSERT INTO discards (run_id, path, reason, bytes) VALUES (?, ?, ?, ?)")
         .bind(run)
         .bind(path)
-        .bind(reason)
+        .bind(reason.as_str())
         .bind(to_i64(path, bytes)?)
         .execute(&mut *conn)
         .await
@@ -608,7 +611,7 @@ impl Store {
         &self,
         run: RunId,
         path: &str,
-        reason: &str,
+        reason: DiscardReason,
         bytes: u64,
         committed: u64,
         also_transferred: bool,
@@ -625,10 +628,11 @@ impl Store {
         let attributed = if also_transferred {
             sqlx::query(
                 "UPDATE attempts SET body_bytes = body_bytes + ? WHERE id =
-                   (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = 'in_flight')",
+                   (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = ?)",
             )
             .bind(to_i64(path, bytes)?)
             .bind(path)
+            .bind(AttemptOutcome::InFlight.as_str())
             .execute(&mut *tx)
             .await
             .ctx("attempt bytes")?
@@ -667,7 +671,7 @@ impl Store {
             .map(|r| {
                 let path: String = r.get(0);
                 Ok(DiscardRow {
-                    reason: r.get(1),
+                    reason: DiscardReason::parse(r.get(1))?,
                     bytes: to_u64(&path, "discards.bytes", r.get(2))?,
                     at: r.get(3),
                     path,
@@ -699,7 +703,7 @@ impl Store {
         .bind(&attempt.content_range)
         .bind(&attempt.etag)
         .bind(to_i64(&attempt.path, attempt.body_bytes)?)
-        .bind(&attempt.outcome)
+        .bind(attempt.outcome.as_str())
         .bind(&attempt.error)
         .bind(attempt.id)
         .execute(&mut *tx)
@@ -750,7 +754,7 @@ impl Store {
                     content_range: r.get(6),
                     etag: r.get(7),
                     body_bytes: to_u64(&path, "body_bytes", r.get(8))?,
-                    outcome: r.get(9),
+                    outcome: AttemptOutcome::parse(r.get(9))?,
                     error: r.get(10),
                     started_at: r.get(11),
                     path,
@@ -768,10 +772,11 @@ impl Store {
         if receipt.adopted {
             sqlx::query(
                 "INSERT INTO discards (run_id, path, reason, bytes)
-                 SELECT ?, path, 'superseded_by_adopted_file', committed_bytes FROM ledger
+                 SELECT ?, path, ?, committed_bytes FROM ledger
                  WHERE path = ? AND committed_bytes > 0 AND committed_bytes < expected_bytes",
             )
             .bind(run)
+            .bind(DiscardReason::SupersededByAdoptedFile.as_str())
             .bind(&receipt.path)
             .execute(&mut *tx)
             .await
@@ -808,7 +813,12 @@ impl Store {
 
     /// Removes a receipt whose file vanished and discards its committed bytes
     /// so the ledger keeps adding up when the file is fetched again.
-    pub async fn revoke_receipt(&self, run: RunId, path: &str, reason: &str) -> Result<()> {
+    pub async fn revoke_receipt(
+        &self,
+        run: RunId,
+        path: &str,
+        reason: DiscardReason,
+    ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
@@ -816,7 +826,7 @@ impl Store {
              SELECT ?, path, ?, committed_bytes FROM ledger WHERE path = ? AND committed_bytes > 0",
         )
         .bind(run)
-        .bind(reason)
+        .bind(reason.as_str())
         .bind(path)
         .execute(&mut *tx)
         .await
@@ -893,10 +903,11 @@ impl Store {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
             "INSERT INTO discards (run_id, path, reason, bytes)
-             SELECT ?, path, 'superseded_by_hf_cache', committed_bytes FROM ledger
+             SELECT ?, path, ?, committed_bytes FROM ledger
              WHERE path = ? AND committed_bytes > 0",
         )
         .bind(run)
+        .bind(DiscardReason::SupersededByHfCache.as_str())
         .bind(path)
         .execute(&mut *tx)
         .await
@@ -994,11 +1005,12 @@ impl Store {
         rows.into_iter()
             .map(|r| {
                 let path: String = r.get(0);
+                let placement: Option<&str> = r.get(4);
                 Ok(CacheCandidate {
                     cache_path: r.get(1),
-                    kind: r.get(2),
-                    outcome: r.get(3),
-                    placement: r.get(4),
+                    kind: CacheKind::parse(r.get(2))?,
+                    outcome: CacheOutcome::parse(r.get(3))?,
+                    placement: placement.map(Placement::parse).transpose()?,
                     bytes: to_u64(&path, "cache_candidates.bytes", r.get(5))?,
                     detail: r.get(6),
                     path,
@@ -1020,9 +1032,9 @@ async fn insert_candidate(
     .bind(run)
     .bind(&c.path)
     .bind(&c.cache_path)
-    .bind(&c.kind)
-    .bind(&c.outcome)
-    .bind(&c.placement)
+    .bind(c.kind.as_str())
+    .bind(c.outcome.as_str())
+    .bind(c.placement.map(Placement::as_str))
     .bind(to_i64(&c.path, c.bytes)?)
     .bind(&c.detail)
     .execute(&mut **tx)
@@ -1076,7 +1088,7 @@ mod tests {
             content_range: None,
             etag: None,
             body_bytes: 0,
-            outcome: "in_flight".into(),
+            outcome: AttemptOutcome::InFlight,
             error: None,
             started_at: String::new(),
         }
@@ -1113,7 +1125,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, run) = store_with_one_file(dir.path()).await;
         store
-            .discard(run, PATH, "uncheckpointed_tail", 40, 0, true)
+            .discard(run, PATH, DiscardReason::UncheckpointedTail, 40, 0, true)
             .await
             .unwrap();
         let row = store.ledger_row(PATH).await.unwrap();
@@ -1131,7 +1143,7 @@ mod tests {
             .await
             .unwrap();
         store
-            .discard(run, PATH, "uncheckpointed_tail", 40, 100, true)
+            .discard(run, PATH, DiscardReason::UncheckpointedTail, 40, 100, true)
             .await
             .unwrap();
         let row = store.ledger_row(PATH).await.unwrap();
@@ -1141,6 +1153,86 @@ mod tests {
         );
         let bytes = store.attempt_bytes().await.unwrap();
         assert_eq!(bytes.get(PATH), Some(&140), "Σ attempt bytes = transferred");
+    }
+
+    /// Guards migration 0008: a database written before it (attempts and
+    /// discards without CHECKs, every outcome and reason an older version
+    /// could write, including the retired `stale_part`) migrates with its
+    /// rows and ids intact, reads back typed, and refuses an unknown name
+    /// afterwards.
+    #[tokio::test]
+    async fn a_database_from_before_typed_records_migrates_and_reads_typed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let options = SqliteConnectOptions::new()
+                .filename(&db)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .foreign_keys(true);
+            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+            MIGRATOR.run_to(7, &mut conn).await.unwrap();
+            sqlx::raw_sql(
+                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('fetch', 1, '0.0');
+                 INSERT INTO attempts (run_id, path, host, outcome, body_bytes, tail_measured)
+                 VALUES (1, 'a', 'h', 'in_flight', 5, 1), (1, 'a', 'h', 'ok', 6, 0),
+                        (1, 'a', 'h', 'retry', 0, 0), (1, 'a', 'h', 'failed', 0, 0),
+                        (1, 'a', 'h', 'cancelled', 0, 0);
+                 INSERT INTO discards (run_id, path, reason, bytes)
+                 VALUES (1, 'a', 'stale_part', 7), (1, 'a', 'uncheckpointed_tail', 8),
+                        (1, 'a', 'superseded_by_repin', 9);",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&db).await.unwrap();
+        let attempts = store.attempts().await.unwrap();
+        let outcomes: Vec<_> = attempts.iter().map(|a| (a.id, a.outcome)).collect();
+        assert_eq!(
+            outcomes,
+            [
+                (1, AttemptOutcome::InFlight),
+                (2, AttemptOutcome::Ok),
+                (3, AttemptOutcome::Retry),
+                (4, AttemptOutcome::Failed),
+                (5, AttemptOutcome::Cancelled),
+            ]
+        );
+        assert_eq!(attempts[1].body_bytes, 6);
+        let discards: Vec<_> = store
+            .discards()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.reason, d.bytes))
+            .collect();
+        assert_eq!(
+            discards,
+            [
+                (DiscardReason::StalePart, 7),
+                (DiscardReason::UncheckpointedTail, 8),
+                (DiscardReason::SupersededByRepin, 9),
+            ]
+        );
+        // The tail mark came along; ids go on after the copied ones.
+        assert_eq!(store.in_flight_attempt("a", 0, 100).await.unwrap(), None);
+        let run = store.begin_run("test", "0").await.unwrap();
+        let mut a = attempt();
+        a.path = "a".into();
+        assert_eq!(store.start_attempt(run, &a).await.unwrap(), 6);
+        // The CHECKs hold now.
+        let mut conn = store.conn.lock().await;
+        for sql in [
+            "INSERT INTO attempts (run_id, path, host, outcome) VALUES (1, 'a', 'h', 'done')",
+            "INSERT INTO discards (run_id, path, reason, bytes) VALUES (1, 'a', 'range_ignored', 1)",
+        ] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.unwrap_err();
+            assert!(err.to_string().contains("CHECK"), "{sql}: {err}");
+        }
+        drop(conn);
+        store.integrity_check().await.unwrap();
     }
 
     /// The same file under a new identity (a repin that changed it).

@@ -35,6 +35,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use ftpipe_receipts::Store;
+/// The recorded values the report holds, typed as the store keeps them.
+pub use ftpipe_receipts::{AttemptOutcome, CacheOutcome, DiscardReason};
 
 use crate::error::{PipelineError, Result};
 use ftpipe_convert::engine::PLAN_FILE;
@@ -132,8 +134,9 @@ pub struct ComponentProblem {
 pub struct AttemptLine {
     /// Repository path.
     pub path: String,
-    /// Recorded outcome (`failed`, `retry`, `in_flight`), never relabelled.
-    pub outcome: String,
+    /// Recorded outcome (`failed`, `retry`, `cancelled`, `in_flight`),
+    /// never relabelled.
+    pub outcome: AttemptOutcome,
     /// HTTP status, if any.
     pub status: Option<u16>,
     /// First byte requested.
@@ -173,8 +176,9 @@ pub struct AuditReport {
     /// Sum of bytes taken from a Hugging Face cache (whole blobs and
     /// resume prefixes), counted as committed, not transferred.
     pub cache_bytes: u64,
-    /// Discarded bytes by reason.
-    pub waste_by_reason: BTreeMap<String, u64>,
+    /// Discarded bytes by reason (listed in the order of the reasons'
+    /// names).
+    pub waste_by_reason: BTreeMap<DiscardReason, u64>,
     /// Selected sources that are not `*.safetensors`.
     pub metadata_sources: SourceTotals,
     /// Selected `*.safetensors` sources.
@@ -292,10 +296,10 @@ pub async fn audit(
     let attempts = store.attempts().await?;
     let unsuccessful_attempts: Vec<AttemptLine> = attempts
         .iter()
-        .filter(|a| a.outcome != "ok")
+        .filter(|a| a.outcome != AttemptOutcome::Ok)
         .map(|a| AttemptLine {
             path: a.path.clone(),
-            outcome: a.outcome.clone(),
+            outcome: a.outcome,
             status: a.status,
             range_start: a.range_start,
             body_bytes: a.body_bytes,
@@ -345,9 +349,12 @@ pub async fn audit(
         reconciliation_error: src.error + art.error,
         failed_attempts: attempts
             .iter()
-            .filter(|a| a.outcome != "ok" && a.outcome != "in_flight")
+            .filter(|a| !matches!(a.outcome, AttemptOutcome::Ok | AttemptOutcome::InFlight))
             .count(),
-        interrupted_attempts: attempts.iter().filter(|a| a.outcome == "in_flight").count(),
+        interrupted_attempts: attempts
+            .iter()
+            .filter(|a| a.outcome == AttemptOutcome::InFlight)
+            .count(),
         unsuccessful_attempts,
         cache_candidates: store.cache_candidates().await?,
         deep,

@@ -166,7 +166,7 @@ pub(crate) async fn fixture() -> Fixture {
             .await
             .unwrap();
         attempt.body_bytes = f.size;
-        attempt.outcome = "ok".into();
+        attempt.outcome = ftpipe_receipts::AttemptOutcome::Ok;
         store.finish_attempt(&attempt).await.unwrap();
         let (kind, digest) = match &f.lfs_sha256 {
             Some(s) => ("sha256", s.clone()),
