@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 
 use ftpipe_hub::HubError;
-use ftpipe_hub::headers::{check_linked_meta, check_range, etag, retry_after_secs, strong_validator};
+use ftpipe_hub::headers::{
+    check_linked_meta, check_range, etag, retry_after_secs, strong_validator,
+};
 use ftpipe_hub::identity::Expected;
 use ftpipe_progress::ProgressEvent;
 use ftpipe_receipts::{Attempt, FileRow, Receipt};

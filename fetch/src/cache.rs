@@ -17,8 +17,8 @@ use tokio::task::block_in_place;
 use ftpipe_receipts::{CacheCandidate, FileRow, Receipt};
 
 use crate::ctx::FetchCtx;
-use crate::part::{AppendError, PartFile};
 use crate::error::{FetchError, Result};
+use crate::part::{AppendError, PartFile};
 use ftpipe_fs::crashpoint;
 use ftpipe_fs::durable::{create_dirs_durably, rename_durably, sync_dir};
 use ftpipe_hub::hfcache::{Lookup, LookupKind, place};

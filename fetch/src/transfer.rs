@@ -71,10 +71,8 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
         let Some(attempt) = store.in_flight_attempt(&file.path, r.start, r.end).await? else {
             continue;
         };
-        let tail = block_in_place(|| {
-            written_tail(part.file().file(), r.watermark, r.end)
-        })
-        .map_err(|e| FetchError::io("seek", part.path(), e))?;
+        let tail = block_in_place(|| written_tail(part.file().file(), r.watermark, r.end))
+            .map_err(|e| FetchError::io("seek", part.path(), e))?;
         if tail > 0 {
             store
                 .discard_unkept(
@@ -466,6 +464,7 @@ impl FileTask {
             rate: RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window),
             excess: 0,
         };
+        let validator = validator.as_deref();
         let outcome = self
             .read_body(&mut resp, part, hasher, validator, attempt, &mut st)
             .await?;
@@ -528,7 +527,7 @@ impl FileTask {
         resp: &mut SourceResponse,
         part: &mut PartFile,
         hasher: &mut IdentityHasher,
-        validator: &Option<String>,
+        validator: Option<&str>,
         attempt: &mut Attempt,
         st: &mut BodyState,
     ) -> Result<Result<()>> {
@@ -574,7 +573,7 @@ impl FileTask {
     async fn quiet_checkpoint(
         &mut self,
         part: &mut PartFile,
-        validator: &Option<String>,
+        validator: Option<&str>,
         attempt: &mut Attempt,
         st: &mut BodyState,
     ) -> Result<Result<()>> {
@@ -583,8 +582,7 @@ impl FileTask {
             Err(e) => return Ok(Err(e)),
         }
         attempt.body_bytes = stored(part, st.from);
-        self.checkpoint(part, st.since, validator.as_deref())
-            .await?;
+        self.checkpoint(part, st.since, validator).await?;
         st.since = 0;
         st.last = Instant::now();
         if let Err(e) = st.rate.check(self.path(), 0) {
@@ -602,7 +600,7 @@ impl FileTask {
         mut chunk: Bytes,
         part: &mut PartFile,
         hasher: &mut IdentityHasher,
-        validator: &Option<String>,
+        validator: Option<&str>,
         attempt: &mut Attempt,
         st: &mut BodyState,
     ) -> Result<Result<()>> {
@@ -640,8 +638,7 @@ impl FileTask {
                 Err(e) => return Ok(Err(e)),
             }
             attempt.body_bytes = stored(part, st.from);
-            self.checkpoint(part, st.since, validator.as_deref())
-                .await?;
+            self.checkpoint(part, st.since, validator).await?;
             st.since = 0;
             st.last = Instant::now();
         }
@@ -667,7 +664,7 @@ impl FileTask {
         &mut self,
         outcome: Result<()>,
         part: &mut PartFile,
-        validator: &Option<String>,
+        validator: Option<&str>,
         attempt: &mut Attempt,
         st: &mut BodyState,
     ) -> Result<()> {
@@ -686,7 +683,7 @@ impl FileTask {
             }
         };
         attempt.body_bytes = stored(part, st.from);
-        let saved = self.checkpoint(part, st.since, validator.as_deref()).await;
+        let saved = self.checkpoint(part, st.since, validator).await;
         // The failure that ended the body (e.g. no space) is the one
         // reported; a checkpoint that failed with it leaves the watermark
         // where it was.

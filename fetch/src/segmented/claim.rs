@@ -257,12 +257,13 @@ pub(super) struct Policy<'a> {
 ///    becomes an idle range, taken by step 1; otherwise its upper half
 ///    becomes a new busy range (work stealing). Never below the
 ///    minimum range size.
+///
 /// `pays` judges whether another connection may raise the file's rate
 /// (`Shared::another_connection_pays`).
 pub(super) fn next_claim(
-slots: &mut Vec<Slot>,
-policy: &Policy<'_>,
-mut pays: impl FnMut(&[Slot], Instant) -> bool,
+    slots: &mut Vec<Slot>,
+    policy: &Policy<'_>,
+    mut pays: impl FnMut(&[Slot], Instant) -> bool,
 ) -> Option<Claim> {
     let opts = policy.opts;
     let min = opts.min_range.max(WRITE_ALIGN);
@@ -327,7 +328,6 @@ mut pays: impl FnMut(&[Slot], Instant) -> bool,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FetchOptions;
 
     const MIB: u64 = 1 << 20;
 

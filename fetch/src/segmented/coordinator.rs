@@ -15,6 +15,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc, watch};
 use tokio::task::{JoinSet, block_in_place};
 
 use ftpipe_fs::crashpoint;
+use ftpipe_fs::direct::DirectFile;
 use ftpipe_fs::durable::publish;
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, expected_identity, hash_part_prefix};
@@ -137,15 +138,53 @@ impl Coordinator {
 
     /// Brings `.part`, ledger and ranges into agreement and opens the pass.
     pub(super) async fn open(&mut self) -> Result<PassState> {
-        let store = &self.ctx.store;
         let path = self.path().to_owned();
         let size = self.file.size;
         let part_path = self.part_path();
-        let mut ranges = store.ranges(&path).await?;
         let mut part = block_in_place(|| {
             PartFile::open(self.ctx.layout.source(), &part_path, self.ctx.opts.io_mode)
         })
         .map_err(|e| self.io("open", e))?;
+        let ranges = self.settle_ranges(&mut part).await?;
+        let direct = part.into_file();
+        block_in_place(|| direct.file().set_len(size)).map_err(|e| self.io("size", e))?;
+        self.cut_crash_tails(direct.file(), &ranges).await?;
+        let ledger = self.ctx.store.ledger_row(&path).await?;
+        if self.ctx.offline && ranges.iter().any(|r| !r.complete()) {
+            return Err(FetchError::Hub(HubError::Offline {
+                what: format!(
+                    "{path} ({} of {size} bytes durable, not in the Hugging Face cache)",
+                    ledger.committed
+                ),
+            }));
+        }
+        let validator = if ledger.committed > 0 || ranges.len() > 1 {
+            ledger.validator
+        } else {
+            None
+        };
+        let (cancel, cancelled) = watch::channel(false);
+        let shared = self.share(direct, &ranges, validator, cancelled)?;
+        self.ctx.reporter.report(ProgressEvent::FileStarted {
+            path,
+            size,
+            resumed_from: ledger.committed,
+        });
+        Ok(PassState {
+            shared,
+            cancel,
+            last_checkpoint: Instant::now(),
+        })
+    }
+
+    /// The stored ranges, when they still describe the part; else none are
+    /// kept, and a single-stream prefix carries over, cut to the alignment,
+    /// as the first range of a new tiling.
+    async fn settle_ranges(&mut self, part: &mut PartFile) -> Result<Vec<RangeRow>> {
+        let store = &self.ctx.store;
+        let path = self.path().to_owned();
+        let size = self.file.size;
+        let mut ranges = store.ranges(&path).await?;
         if !ranges.is_empty() && !tiles(&ranges, size) {
             // Not a tiling of this file (stored for another size): the
             // ranges say nothing about its bytes.
@@ -175,13 +214,7 @@ impl Coordinator {
         }
         if ranges.is_empty() {
             // A single-stream prefix carries over, cut to the alignment.
-            settle_stream_part(
-                &self.ctx,
-                &self.file,
-                &mut part,
-                &mut self.cache_prefix_tried,
-            )
-            .await?;
+            settle_stream_part(&self.ctx, &self.file, part, &mut self.cache_prefix_tried).await?;
             let kept = part.len();
             let aligned = align_down(kept);
             if aligned < kept {
@@ -193,14 +226,17 @@ impl Coordinator {
             }
             ranges = store.begin_ranges(&path).await?;
         }
-        let direct = part.into_file();
-        let file = direct.file();
-        block_in_place(|| file.set_len(size)).map_err(|e| self.io("size", e))?;
-        // Un-checkpointed tails a crash left behind: only where an attempt
-        // was in flight when the process died; measured, recorded, then
-        // punched out so a second crash cannot count them again.
+        Ok(ranges)
+    }
+
+    /// Un-checkpointed tails a crash left behind: only where an attempt
+    /// was in flight when the process died; measured, recorded, then
+    /// punched out so a second crash cannot count them again.
+    async fn cut_crash_tails(&self, file: &std::fs::File, ranges: &[RangeRow]) -> Result<()> {
+        let store = &self.ctx.store;
+        let path = self.path();
         for r in ranges.iter().filter(|r| !r.complete()) {
-            let Some(attempt) = store.in_flight_attempt(&path, r.start, r.end).await? else {
+            let Some(attempt) = store.in_flight_attempt(path, r.start, r.end).await? else {
                 continue;
             };
             let tail = block_in_place(|| written_tail(file, r.watermark, r.end))
@@ -209,7 +245,7 @@ impl Coordinator {
                 store
                     .discard_unkept(
                         self.ctx.run,
-                        &path,
+                        path,
                         "uncheckpointed_tail",
                         tail,
                         attempt,
@@ -220,38 +256,36 @@ impl Coordinator {
                 block_in_place(|| punch_hole(file, r.watermark, tail));
             }
         }
-        let ledger = store.ledger_row(&path).await?;
-        if self.ctx.offline && ranges.iter().any(|r| !r.complete()) {
-            return Err(FetchError::Hub(HubError::Offline {
-                what: format!(
-                    "{path} ({} of {size} bytes durable, not in the Hugging Face cache)",
-                    ledger.committed
-                ),
-            }));
-        }
+        Ok(())
+    }
+
+    /// What the pass's coordinator and workers share: the part, the slots
+    /// of `ranges`, the digest of the durable prefix re-hashed from disk.
+    fn share(
+        &self,
+        direct: DirectFile,
+        ranges: &[RangeRow],
+        validator: Option<String>,
+        cancelled: watch::Receiver<bool>,
+    ) -> Result<Arc<Shared>> {
+        let size = self.file.size;
         let slots: Vec<Slot> = ranges.iter().map(Slot::from_row).collect();
         let prefix = contiguous_prefix(&slots);
         let mut hasher = self.expected.hasher(size);
         block_in_place(|| hash_part_prefix(&direct, prefix, &mut hasher))
             .map_err(|e| self.io("re-hash prefix of", e))?;
-        let validator = if ledger.committed > 0 || ranges.len() > 1 {
-            ledger.validator
-        } else {
-            None
-        };
-        let (cancel, cancelled) = watch::channel(false);
         let digest = Digest {
             hasher,
             hashed: prefix,
             catch_up: 0,
             bounce: None,
         };
-        let shared = Arc::new(Shared {
+        Ok(Arc::new(Shared {
             ctx: self.ctx.clone(),
-            path,
+            path: self.path().to_owned(),
             size,
             lfs_sha256: self.file.lfs_sha256.clone(),
-            part_path,
+            part_path: self.part_path(),
             file: direct,
             bounces: Mutex::new(Vec::new()),
             pass: self.ctx.next_pass.fetch_add(1, Ordering::SeqCst),
@@ -262,17 +296,7 @@ impl Coordinator {
             digest: Mutex::new(digest),
             wrote: Notify::new(),
             cancel: cancelled,
-        });
-        self.ctx.reporter.report(ProgressEvent::FileStarted {
-            path: self.path().to_owned(),
-            size,
-            resumed_from: ledger.committed,
-        });
-        Ok(PassState {
-            shared,
-            cancel,
-            last_checkpoint: Instant::now(),
-        })
+        }))
     }
 
     /// One pass: fetch every range, verify, publish.
@@ -287,8 +311,7 @@ impl Coordinator {
         let mut workers: JoinSet<WorkerEnd> = JoinSet::new();
         let mut failure: Option<FetchError> = None;
         let mut restart: Option<Pass> = None;
-        let mut delays: HashMap<u64, backon::ExponentialBackoff> =
-            HashMap::new();
+        let mut delays: HashMap<u64, backon::ExponentialBackoff> = HashMap::new();
         // Ends of ranges whose worker went on to another range.
         let (ends_tx, mut ends) = mpsc::unbounded_channel::<WorkerEnd>();
         loop {
@@ -425,31 +448,9 @@ impl Coordinator {
         } = end;
         self.permits.extend(permit);
         self.checkpoint(st).await?;
-        for (reason, bytes) in [
-            ("unaligned_remainder", unkept),
-            ("range_body_excess", excess),
-        ] {
-            if bytes > 0 {
-                self.ctx
-                    .store
-                    .discard_unkept(self.ctx.run, self.path(), reason, bytes, attempt.id, false)
-                    .await?;
-            }
-        }
-        let (progressed, stored) = {
-            let mut slots = st.shared.slots();
-            let s = slots.iter_mut().find(|s| s.start == start);
-            match s {
-                Some(s) => {
-                    s.busy = false;
-                    let stored = s.attempt_bytes;
-                    s.attempt = None;
-                    s.attempt_bytes = 0;
-                    (stored > 0 && !unproductive, stored)
-                }
-                None => (false, 0),
-            }
-        };
+        let (progressed, stored) = self
+            .account(st, start, unproductive, unkept, excess, attempt.id)
+            .await?;
         attempt.body_bytes = stored + unkept + excess;
         attempt.outcome = match &result {
             Ok(Ended::Done) => "ok".into(),
@@ -463,33 +464,7 @@ impl Coordinator {
         match result {
             Ok(Ended::Done) | Ok(Ended::Cancelled) => Ok(Next::Continue),
             Ok(Ended::RangeNotHonoured { validator }) => {
-                // One restart per pass, however many ranges saw the 200.
-                if self.restarting {
-                    return Ok(Next::Continue);
-                }
-                self.restarting = true;
-                self.range_ignored += 1;
-                if self.range_ignored > self.ctx.opts.retries {
-                    return Ok(Next::Fail(FetchError::RangeIgnored {
-                        path: self.path().to_owned(),
-                        ignored: self.range_ignored,
-                        best: self.ctx.store.ledger_row(self.path()).await?.committed,
-                        size: self.file.size,
-                        attempts: self.range_ignored,
-                    }));
-                }
-                // The same validator: the server ignores ranges; another:
-                // the file changed, and may be split again.
-                let same = validator.is_some() && validator == st.shared.validator();
-                let single = same || validator.is_none();
-                Ok(Next::Restart(Pass::Restart {
-                    single,
-                    reason: if single {
-                        "range_not_honoured"
-                    } else {
-                        "validator_changed"
-                    },
-                }))
+                self.range_not_honoured(st, validator).await
             }
             Err(e) if e.is_transient() => {
                 let mut slots = st.shared.slots();
@@ -526,6 +501,81 @@ impl Coordinator {
             }
             Err(e) => Ok(Next::Fail(e)),
         }
+    }
+
+    /// Records what a worker received and did not store, and releases its
+    /// slot; `(progressed, stored)`: whether the attempt counts as progress,
+    /// and the bytes it stored.
+    async fn account(
+        &self,
+        st: &PassState,
+        start: u64,
+        unproductive: bool,
+        unkept: u64,
+        excess: u64,
+        attempt: i64,
+    ) -> Result<(bool, u64)> {
+        for (reason, bytes) in [
+            ("unaligned_remainder", unkept),
+            ("range_body_excess", excess),
+        ] {
+            if bytes > 0 {
+                self.ctx
+                    .store
+                    .discard_unkept(self.ctx.run, self.path(), reason, bytes, attempt, false)
+                    .await?;
+            }
+        }
+        let released = {
+            let mut slots = st.shared.slots();
+            let s = slots.iter_mut().find(|s| s.start == start);
+            match s {
+                Some(s) => {
+                    s.busy = false;
+                    let stored = s.attempt_bytes;
+                    s.attempt = None;
+                    s.attempt_bytes = 0;
+                    (stored > 0 && !unproductive, stored)
+                }
+                None => (false, 0),
+            }
+        };
+        Ok(released)
+    }
+
+    /// A `200` to a range request: one restart per pass, however many
+    /// ranges saw it; as one stream when the server ignores ranges.
+    async fn range_not_honoured(
+        &mut self,
+        st: &PassState,
+        validator: Option<String>,
+    ) -> Result<Next> {
+        if self.restarting {
+            return Ok(Next::Continue);
+        }
+        self.restarting = true;
+        self.range_ignored += 1;
+        if self.range_ignored > self.ctx.opts.retries {
+            return Ok(Next::Fail(FetchError::RangeIgnored {
+                path: self.path().to_owned(),
+                ignored: self.range_ignored,
+                best: self.ctx.store.ledger_row(self.path()).await?.committed,
+                size: self.file.size,
+                attempts: self.range_ignored,
+            }));
+        }
+        // The same validator: the server ignores ranges; another:
+        // the file changed, and may be split again.
+        let same = validator.is_some() && validator == st.shared.validator();
+        let single = same || validator.is_none();
+        Ok(Next::Restart(Pass::Restart {
+            single,
+            reason: if single {
+                "range_not_honoured"
+            } else {
+                "validator_changed"
+            },
+        }))
     }
 
     /// fsync, then every range's watermark and the ledger in one
