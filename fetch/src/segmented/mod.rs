@@ -18,11 +18,11 @@
 //!
 //! A file takes another connection only while that can raise its rate:
 //! its connections are slower than `split_below_rate` (a capped server),
-//! not limited by this machine ([`Shared::another_connection_pays`]). Whole
+//! not limited by this machine (`shared::Shared::another_connection_pays`). Whole
 //! blocks bypass the page cache (`ftpipe_fs::direct`): each byte is written
 //! once and hashed from memory or read back once.
 //!
-//! Writes are aligned: a worker writes whole [`WRITE_ALIGN`] blocks (only a
+//! Writes are aligned: a worker writes whole [`crate::WRITE_ALIGN`] blocks (only a
 //! range's end may be unaligned) and keeps the remainder in memory, so
 //! after a crash the bytes written past a watermark are exactly the data
 //! extent that `SEEK_DATA` / `SEEK_HOLE` find there: the un-checkpointed

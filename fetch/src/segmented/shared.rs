@@ -130,10 +130,10 @@ impl Shared {
 
     /// Whether a connection added to this file may raise its rate: its
     /// busy connections, measured in bytes received since their first byte
-    /// after the claim over [`RATE_WINDOW`] (well below the limit) or
-    /// [`RATE_WINDOW_FULL`], have delivered less than `split_below_rate`
+    /// after the claim over [`RATE_WINDOW`](super::claim::RATE_WINDOW) (well below the limit) or
+    /// [`RATE_WINDOW_FULL`](super::claim::RATE_WINDOW_FULL), have delivered less than `split_below_rate`
     /// per second on average, and kept their workers waiting for bytes at
-    /// least [`MIN_WAITING_SHARE`] of the time ([`delivered`]). A
+    /// least [`MIN_WAITING_SHARE`](super::claim::MIN_WAITING_SHARE) of the time ([`delivered`]). A
     /// server or path that caps each connection keeps them below it; a
     /// connection above it is limited by this machine (the one-core digest,
     /// the disk), where a second range of the file only adds bytes written
