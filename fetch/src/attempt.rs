@@ -242,3 +242,103 @@ impl RateWindow {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::Body;
+    use ftpipe_hub::client::LinkedMeta;
+
+    const PIN: Pinned<'static> = Pinned {
+        path: "f",
+        size: 10,
+        commit: "c",
+        lfs_sha256: None,
+    };
+
+    fn answer(status: u16, headers: &[(&str, &str)], body: &'static str) -> SourceResponse {
+        let mut b = http::Response::builder().status(status);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        SourceResponse {
+            host: "h".into(),
+            meta: LinkedMeta::default(),
+            body: Body::Http(reqwest::Response::from(b.body(body).unwrap())),
+        }
+    }
+
+    fn range(validator: Option<&str>) -> Ask<'_> {
+        Ask {
+            span: Span::Range { from: 4, end: 10 },
+            validator,
+        }
+    }
+
+    fn bad_header(r: Result<Verdict>) -> &'static str {
+        match r {
+            Err(FetchError::Hub(HubError::BadHeader { header, .. })) => header,
+            Err(e) => panic!("another error: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn a_206_must_answer_exactly_the_asked_range_under_the_sent_validator() {
+        let ok = answer(
+            206,
+            &[("content-range", "bytes 4-9/10"), ("etag", "\"v\"")],
+            "456789",
+        );
+        let v = check(&PIN, &range(Some("\"v\"")), &ok).unwrap();
+        assert!(matches!(v, Verdict::Accepted { validator: Some(ref e) } if e == "\"v\""));
+        let other = answer(
+            206,
+            &[("content-range", "bytes 4-9/10"), ("etag", "\"w\"")],
+            "456789",
+        );
+        assert_eq!(
+            bad_header(check(&PIN, &range(Some("\"v\"")), &other)),
+            "ETag"
+        );
+        let short = answer(206, &[("content-range", "bytes 4-8/10")], "45678");
+        assert_eq!(
+            bad_header(check(&PIN, &range(None), &short)),
+            "Content-Range"
+        );
+    }
+
+    #[test]
+    fn a_200_is_accepted_only_when_the_whole_file_was_asked() {
+        let whole = answer(200, &[("etag", "\"v\"")], "0123456789");
+        let v = check(&PIN, &range(Some("\"v\"")), &whole).unwrap();
+        assert!(matches!(v, Verdict::RangeIgnored { .. }));
+        let ask = Ask {
+            span: Span::Whole,
+            validator: None,
+        };
+        assert!(matches!(
+            check(&PIN, &ask, &whole).unwrap(),
+            Verdict::Accepted { .. }
+        ));
+        let long = answer(200, &[], "0123456789!");
+        assert_eq!(bad_header(check(&PIN, &ask, &long)), "Content-Length");
+        // A 206 to a request without a range is refused, not kept.
+        let partial = answer(206, &[("content-range", "bytes 0-9/10")], "0123456789");
+        let v = check(&PIN, &ask, &partial).unwrap();
+        assert!(
+            matches!(v, Verdict::Refused { error, .. } if error.to_string().contains("without Range"))
+        );
+    }
+
+    #[test]
+    fn only_a_429_or_503_carries_its_retry_after() {
+        for (status, want) in [(429, Some(7)), (503, Some(7)), (500, None)] {
+            let r = answer(status, &[("retry-after", "7")], "");
+            match check(&PIN, &range(None), &r).unwrap() {
+                Verdict::Refused { retry_after, .. } => assert_eq!(retry_after, want, "{status}"),
+                _ => panic!("{status} not refused"),
+            }
+        }
+    }
+}
