@@ -137,7 +137,6 @@ async fn fetch_files(
     todo: Vec<FileRow>,
     needed: u64,
 ) -> Result<()> {
-    let store = &ctx.store;
     if ctx.opts.preflight && needed > 0 {
         ftpipe_fs::require_space(ctx.layout.source(), needed)?;
     }
@@ -156,38 +155,7 @@ async fn fetch_files(
             .map_err(|e| FetchError::internal_from("job pool", e))?;
         set.spawn(async move {
             let _job = job;
-            let connection = ctx.connections.clone().acquire_owned().await;
-            ctx.unstarted.fetch_sub(1, Ordering::SeqCst);
-            ctx.in_flight.fetch_add(1, Ordering::SeqCst);
-            let path = file.path.clone();
-            // Once the volume is full, files not yet started are not started.
-            let res = if ctx.volume_full.load(Ordering::SeqCst) {
-                Err(ctx.no_space(&path, ctx.layout.source().to_owned()).await)
-            } else {
-                let fetched = match connection {
-                    Err(e) => Err(FetchError::internal_from("connection pool", e)),
-                    Ok(connection) => fetch_one(&ctx, file, final_path, connection).await,
-                };
-                match fetched {
-                    // The state database shares the volume: SQLITE_FULL is
-                    // the same full disk, report it as such (exit 5).
-                    Err(FetchError::Store(s)) if s.is_disk_full() => {
-                        ctx.mark_volume_full();
-                        let db_dir = ctx.store.path().parent().map(PathBuf::from);
-                        let volume = db_dir.unwrap_or_else(|| ctx.layout.state_dir().to_owned());
-                        Err(ctx.no_space(&path, volume).await)
-                    }
-                    r => r,
-                }
-            };
-            ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
-            if let Err(e) = &res {
-                ctx.reporter.report(ProgressEvent::FileFailed {
-                    path,
-                    error: e.to_string(),
-                });
-            }
-            res
+            run_job(ctx, file, final_path).await
         });
     }
     let mut errors = Vec::new();
@@ -198,6 +166,53 @@ async fn fetch_files(
             Err(join) => errors.push(FetchError::internal_from("fetch task", join)),
         }
     }
+    combine(ctx, files, errors).await
+}
+
+/// One file's job, once its job slot is held: waits for a connection,
+/// fetches the file (unless the volume is already full), and reports a
+/// failure; a full state database is the same full disk.
+async fn run_job(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Result<()> {
+    let connection = ctx.connections.clone().acquire_owned().await;
+    ctx.unstarted.fetch_sub(1, Ordering::SeqCst);
+    ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+    let path = file.path.clone();
+    // Once the volume is full, files not yet started are not started.
+    let res = if ctx.volume_full.load(Ordering::SeqCst) {
+        Err(ctx.no_space(&path, ctx.layout.source().to_owned()).await)
+    } else {
+        let fetched = match connection {
+            Err(e) => Err(FetchError::internal_from("connection pool", e)),
+            Ok(connection) => fetch_one(&ctx, file, final_path, connection).await,
+        };
+        match fetched {
+            // The state database shares the volume: SQLITE_FULL is
+            // the same full disk, report it as such (exit 5).
+            Err(FetchError::Store(s)) if s.is_disk_full() => {
+                ctx.mark_volume_full();
+                let db_dir = ctx.store.path().parent().map(PathBuf::from);
+                let volume = db_dir.unwrap_or_else(|| ctx.layout.state_dir().to_owned());
+                Err(ctx.no_space(&path, volume).await)
+            }
+            r => r,
+        }
+    };
+    ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+    if let Err(e) = &res {
+        ctx.reporter.report(ProgressEvent::FileFailed {
+            path,
+            error: e.to_string(),
+        });
+    }
+    res
+}
+
+/// The one error of a fetch whose jobs failed with `errors` (none: `Ok`):
+/// offline, every file the network would have had to provide; a full
+/// disk, with the bytes the whole fetch still needs; else the only error,
+/// or the first of several.
+async fn combine(ctx: &FetchCtx, files: &[FileRow], mut errors: Vec<FetchError>) -> Result<()> {
+    let store = &ctx.store;
     let total_files = files.len();
     // Offline: one error naming every file the network would have had to
     // provide, with the bytes still needed.
