@@ -230,20 +230,7 @@ pub async fn fetch_file(
         }
         best = best.max(now);
         let Some(mut delay) = backoff.next() else {
-            if task.range_ignored > 0 && best < task.file.size {
-                return Err(FetchError::RangeIgnored {
-                    path: task.file.path.clone(),
-                    ignored: task.range_ignored,
-                    best,
-                    size: task.file.size,
-                    attempts,
-                });
-            }
-            return Err(FetchError::RetriesExhausted {
-                path: task.file.path.clone(),
-                attempts,
-                last: Box::new(err),
-            });
+            return Err(task.exhausted(attempts, best, err));
         };
         let retry_after = task.retry_after.take();
         if let Some(after) = retry_after {
@@ -266,6 +253,27 @@ pub async fn fetch_file(
 impl FileTask {
     fn path(&self) -> &str {
         &self.file.path
+    }
+
+    /// The error once the retry budget is spent after `attempts`, with
+    /// `best` bytes durable at most: ranges ignored when resumes were
+    /// answered from byte 0 and the file never completed, else the last
+    /// error.
+    fn exhausted(&self, attempts: u32, best: u64, last: FetchError) -> FetchError {
+        if self.range_ignored > 0 && best < self.file.size {
+            return FetchError::RangeIgnored {
+                path: self.file.path.clone(),
+                ignored: self.range_ignored,
+                best,
+                size: self.file.size,
+                attempts,
+            };
+        }
+        FetchError::RetriesExhausted {
+            path: self.file.path.clone(),
+            attempts,
+            last: Box::new(last),
+        }
     }
 
     fn report_retry(
