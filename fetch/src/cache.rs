@@ -16,11 +16,11 @@ use tokio::task::block_in_place;
 
 use ftpipe_receipts::{CacheCandidate, CacheKind, CacheOutcome, FileRow, Placement, Receipt};
 
-use super::FetchCtx;
-use super::part::{AppendError, PartFile};
-use crate::{FetchError, Result};
+use crate::ctx::FetchCtx;
+use crate::error::{FetchError, Result};
+use crate::part::{AppendError, PartFile};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_fs::durable::{create_dirs_durably, sync_dir};
+use ftpipe_fs::durable::{create_dirs_durably, rename_durably, sync_dir};
 use ftpipe_hub::hfcache::{Lookup, LookupKind, place};
 use ftpipe_hub::identity::{Expected, hash_file};
 use ftpipe_hub::paths::{cache_temp_path, part_path};
@@ -163,11 +163,9 @@ pub(crate) async fn adopt_whole(
     }
     // Verified and durable under the temp name; not published.
     crashpoint::hit(CrashPoint::CacheVerified);
-    block_in_place(|| {
-        std::fs::rename(&temp, final_path)?;
-        sync_dir(&dir)
-    })
-    .map_err(|e| FetchError::io("publish", final_path, e))?;
+    // Its bytes and its directory entry were synced above: the rename and
+    // the directory's fsync are what is left.
+    block_in_place(|| rename_durably(&temp, final_path))?;
     // Published under its final name, no receipt yet.
     crashpoint::hit(CrashPoint::CacheRenamed);
     ctx.store

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use ftpipe_fs::direct::{Bounce, DIRECT_ALIGN, DirectFile, IoMode};
-use ftpipe_fs::durable::{sync_dir, sync_dirs_up_to};
+use ftpipe_fs::durable::sync_dirs_up_to;
 
 /// A stream writes once this much is held back (whole blocks of it).
 const STREAM_BATCH: usize = 256 * 1024;
@@ -190,20 +190,18 @@ impl PartFile {
         self.file.direct_written()
     }
 
-    /// Publishes: `sync_all` → rename to `final_path` → fsync the directory.
-    /// Anything still held back is not part of it.
-    pub fn publish(self, final_path: &Path) -> std::io::Result<()> {
+    /// Publishes through [`ftpipe_fs::durable::publish`]: `sync_all` →
+    /// rename to `final_path` → fsync the directory. Anything still held
+    /// back is not part of it.
+    pub fn publish(self, final_path: &Path) -> Result<(), ftpipe_fs::FsError> {
         debug_assert_eq!(self.held_len, 0, "bytes held back");
-        self.file.file().sync_all()?;
-        drop(self.file);
-        std::fs::rename(&self.path, final_path)?;
-        sync_dir(final_path.parent().unwrap_or(Path::new(".")))
+        ftpipe_fs::durable::publish(self.file.file(), &self.path, final_path)
     }
 }
 
 /// Drops the first `n` bytes of `chunks` (a partly written chunk is sliced,
 /// not copied).
-pub(super) fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
+pub(crate) fn consume_front(chunks: &mut VecDeque<Bytes>, mut n: usize) {
     while n > 0 {
         let Some(front) = chunks.front_mut() else {
             return;

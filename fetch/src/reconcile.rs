@@ -9,7 +9,7 @@ use tokio::task::block_in_place;
 
 use ftpipe_receipts::{DiscardReason, FileRow, Receipt, RunId, Store};
 
-use crate::{FetchError, Result};
+use crate::error::{FetchError, Result};
 use ftpipe_fs::durable::sync_dir;
 use ftpipe_fs::paths::safe_join;
 use ftpipe_hub::identity::expected_identity;

@@ -11,62 +11,31 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
+use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow, Receipt};
+use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow};
 
-use super::FetchCtx;
-use super::part::{AppendError, PartFile};
-use crate::{FetchError, Result};
+use crate::attempt::{
+    DIGEST_REFETCHES, Pinned, RateWindow, Verdict, check, new_attempt, record_published,
+    record_response, whole_length,
+};
+use crate::ctx::FetchCtx;
+use crate::error::{FetchError, Result};
+use crate::extent::written_tail;
+use crate::part::{AppendError, PartFile};
+use crate::source::{Ask, SourceResponse, Span};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::HubError;
-use ftpipe_hub::headers::{check_partial, etag, retry_after_secs, strong_validator};
 use ftpipe_hub::identity::{Expected, IdentityHasher, expected_identity, hash_part_prefix};
 use ftpipe_hub::limits::MAX_RETRY_AFTER;
 use ftpipe_hub::paths::part_path;
 use ftpipe_progress::ProgressEvent;
 
-/// How many times a file whose bytes failed the digest is fetched again.
-pub(super) const DIGEST_REFETCHES: u32 = 1;
-
-/// The receipt of a file whose verified bytes are published under its
-/// final name (and that name's directory fsynced), then the event.
-pub(super) async fn record_published(
-    ctx: &FetchCtx,
-    file: &FileRow,
-    expected: &Expected,
-    digest: String,
-    digest_catch_up_bytes: Option<u64>,
-    direct_io_bytes: u64,
-) -> Result<()> {
-    ctx.store
-        .put_receipt(
-            ctx.run,
-            &Receipt {
-                path: file.path.clone(),
-                size: file.size,
-                digest_kind: expected.kind().to_owned(),
-                digest,
-                completed_at: String::new(),
-                adopted: false,
-            },
-        )
-        .await?;
-    ctx.reporter.report(ProgressEvent::FilePublished {
-        path: file.path.clone(),
-        size: file.size,
-        digest_catch_up_bytes,
-        direct_io_bytes,
-    });
-    Ok(())
-}
-
 /// Records a discard of `path` (the watermark set to `committed`) and
 /// reports the rewind.
-pub(super) async fn discard(
+pub(crate) async fn discard(
     ctx: &FetchCtx,
     path: &str,
     reason: DiscardReason,
@@ -102,10 +71,8 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
         let Some(attempt) = store.in_flight_attempt(&file.path, r.start, r.end).await? else {
             continue;
         };
-        let tail = block_in_place(|| {
-            super::segmented::written_tail(part.file().file(), r.watermark, r.end)
-        })
-        .map_err(|e| FetchError::io("seek", part.path(), e))?;
+        let tail = block_in_place(|| written_tail(part.file().file(), r.watermark, r.end))
+            .map_err(|e| FetchError::io("seek", part.path(), e))?;
         if tail > 0 {
             store
                 .discard_unkept(
@@ -140,7 +107,7 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
 /// than the watermark lowers it; an empty part is seeded once from an
 /// interrupted download in the Hugging Face cache. Returns the ledger row
 /// as it was before.
-pub(super) async fn settle_stream_part(
+pub(crate) async fn settle_stream_part(
     ctx: &FetchCtx,
     file: &FileRow,
     part: &mut PartFile,
@@ -174,7 +141,7 @@ pub(super) async fn settle_stream_part(
     }
     if !*cache_prefix_tried && part.len() == 0 {
         *cache_prefix_tried = true;
-        super::cache::seed_from_incomplete(ctx, file, part).await?;
+        crate::cache::seed_from_incomplete(ctx, file, part).await?;
     }
     Ok(ledger)
 }
@@ -224,7 +191,7 @@ pub async fn fetch_file(
         attempt_id: None,
         cache_prefix_tried: false,
     };
-    if super::cache::adopt_whole(&task.ctx, &task.file, &task.expected, &task.final_path).await? {
+    if crate::cache::adopt_whole(&task.ctx, &task.file, &task.expected, &task.final_path).await? {
         return Ok(());
     }
     let schedule = ExponentialBuilder::default()
@@ -263,20 +230,7 @@ pub async fn fetch_file(
         }
         best = best.max(now);
         let Some(mut delay) = backoff.next() else {
-            if task.range_ignored > 0 && best < task.file.size {
-                return Err(FetchError::RangeIgnored {
-                    path: task.file.path.clone(),
-                    ignored: task.range_ignored,
-                    best,
-                    size: task.file.size,
-                    attempts,
-                });
-            }
-            return Err(FetchError::RetriesExhausted {
-                path: task.file.path.clone(),
-                attempts,
-                last: Box::new(err),
-            });
+            return Err(task.exhausted(attempts, best, err));
         };
         let retry_after = task.retry_after.take();
         if let Some(after) = retry_after {
@@ -299,6 +253,27 @@ pub async fn fetch_file(
 impl FileTask {
     fn path(&self) -> &str {
         &self.file.path
+    }
+
+    /// The error once the retry budget is spent after `attempts`, with
+    /// `best` bytes durable at most: ranges ignored when resumes were
+    /// answered from byte 0 and the file never completed, else the last
+    /// error.
+    fn exhausted(&self, attempts: u32, best: u64, last: FetchError) -> FetchError {
+        if self.range_ignored > 0 && best < self.file.size {
+            return FetchError::RangeIgnored {
+                path: self.file.path.clone(),
+                ignored: self.range_ignored,
+                best,
+                size: self.file.size,
+                attempts,
+            };
+        }
+        FetchError::RetriesExhausted {
+            path: self.file.path.clone(),
+            attempts,
+            last: Box::new(last),
+        }
     }
 
     fn report_retry(
@@ -394,8 +369,7 @@ impl FileTask {
         crashpoint::hit(CrashPoint::FetchVerified);
         let final_path = self.final_path.clone();
         let direct_io_bytes = part.direct_written();
-        block_in_place(|| part.publish(&final_path))
-            .map_err(|e| FetchError::io("publish", &final_path, e))?;
+        block_in_place(|| part.publish(&final_path))?;
         // Published under its final name, no receipt yet.
         crashpoint::hit(CrashPoint::FetchRenamed);
         record_published(
@@ -430,7 +404,7 @@ impl FileTask {
         Ok(actual)
     }
 
-    /// One HTTP attempt from the current watermark, recorded in `attempts`.
+    /// One attempt from the current watermark, recorded in `attempts`.
     /// Returns the verified digest of the complete file.
     async fn transfer(
         &mut self,
@@ -439,36 +413,21 @@ impl FileTask {
         validator: &mut Option<String>,
     ) -> Result<String> {
         let start = part.len();
-        let mut headers = HeaderMap::new();
-        let mut attempt = Attempt {
-            path: self.path().to_owned(),
-            ..Attempt::default()
+        let sent = validator.clone();
+        let ask = Ask {
+            span: if start > 0 {
+                Span::From(start)
+            } else {
+                Span::Whole
+            },
+            validator: sent.as_deref(),
         };
-        if start > 0 {
-            headers.insert(RANGE, header_value(&format!("bytes={start}-"))?);
-            attempt.range_start = Some(start);
-            if let Some(v) = validator.as_deref() {
-                headers.insert(IF_RANGE, header_value(v)?);
-                attempt.if_range = Some(v.to_owned());
-            }
-        }
-        let url =
-            self.ctx
-                .client
-                .resolve_url(&self.ctx.pin.repo, &self.ctx.pin.commit, self.path())?;
-        attempt.host = url
-            .host_str()
-            .ok_or_else(|| {
-                FetchError::internal(format!(
-                    "file URL {} has no host",
-                    ftpipe_hub::client::redact(&url)
-                ))
-            })?
-            .to_owned();
+        let host = self.ctx.source.host(self.path())?;
+        let mut attempt = new_attempt(self.path(), host, &ask);
         attempt.id = self.ctx.store.start_attempt(self.ctx.run, &attempt).await?;
         self.attempt_id = Some(attempt.id);
         let result = match self
-            .stream(url, headers, part, hasher, validator, &mut attempt)
+            .stream(ask, part, hasher, validator, &mut attempt)
             .await
         {
             // Verified before the attempt is closed: an attempt is `ok` only
@@ -495,122 +454,104 @@ impl FileTask {
         }
     }
 
+    /// Sends `ask`, keeps what the answer validly holds, checkpointing on
+    /// the way; fails unless the whole file is then in `part`.
     async fn stream(
         &mut self,
-        url: url::Url,
-        headers: HeaderMap,
+        ask: Ask<'_>,
         part: &mut PartFile,
         hasher: &mut IdentityHasher,
         validator: &mut Option<String>,
         attempt: &mut Attempt,
     ) -> Result<()> {
+        let mut resp = self.request(ask, part, hasher, validator, attempt).await?;
+        let mut st = BodyState {
+            // Where this attempt's bytes start (0 after a prefix was dropped).
+            from: part.len(),
+            since: 0,
+            last: Instant::now(),
+            rate: RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window),
+            excess: 0,
+        };
+        let validator = validator.as_deref();
+        let outcome = self
+            .read_body(&mut resp, part, hasher, validator, attempt, &mut st)
+            .await?;
+        self.end_body(outcome, part, validator, attempt, &mut st)
+            .await
+    }
+
+    /// Sends `ask` and checks the answer ([`crate::attempt::check`]). A
+    /// `200` to a resume drops the prefix: the server will not resume (no
+    /// range support, or the validator changed), the prefix cannot be
+    /// trusted. The validator of a `200` becomes the file's.
+    async fn request(
+        &mut self,
+        ask: Ask<'_>,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: &mut Option<String>,
+        attempt: &mut Attempt,
+    ) -> Result<SourceResponse> {
         let size = self.file.size;
         let path = self.path().to_owned();
-        let body = self.ctx.client.get_body(&path, url, headers).await?;
-        attempt.host = body.host.clone();
-        let mut resp = body.response;
-        let status = resp.status();
-        attempt.status = Some(status.as_u16());
-        attempt.etag = etag(resp.headers());
-        attempt.content_range = resp
-            .headers()
-            .get("content-range")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        self.check_linked_meta(&body.meta)?;
-        let start = part.len();
-        match status {
-            StatusCode::OK => {
-                if start > 0 {
-                    // The server will not resume (no range support, or the
-                    // validator changed): the prefix cannot be trusted.
-                    block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-                    self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
-                        .await?;
-                    *hasher = self.expected.hasher(size);
-                    self.unproductive = true;
-                    self.range_ignored += 1;
-                }
-                if let Some(len) = resp.content_length()
-                    && len != size
-                {
-                    return Err(FetchError::Hub(HubError::BadHeader {
-                        path,
-                        header: "Content-Length",
-                        expected: size.to_string(),
-                        actual: len.to_string(),
-                    }));
-                }
-                *validator = strong_validator(resp.headers());
-            }
-            StatusCode::PARTIAL_CONTENT if start > 0 => {
-                check_partial(&path, resp.headers(), start, size)?;
-                let now = strong_validator(resp.headers());
-                if validator.is_some() && now != *validator {
-                    // Message only: a missing ETag shows as "".
-                    return Err(FetchError::Hub(HubError::BadHeader {
-                        path,
-                        header: "ETag",
-                        expected: validator.clone().unwrap_or_default(),
-                        actual: now.unwrap_or_default(),
-                    }));
-                }
-                if let Some(len) = resp.content_length()
-                    && Some(len) != size.checked_sub(start)
-                {
-                    return Err(FetchError::Hub(HubError::BadHeader {
-                        path,
-                        header: "Content-Length",
-                        expected: (size - start).to_string(),
-                        actual: len.to_string(),
-                    }));
+        let resp = self.ctx.source.get(&path, ask).await?;
+        record_response(attempt, &resp);
+        let pinned = Pinned {
+            path: &path,
+            size,
+            commit: &self.ctx.pin.commit,
+            lfs_sha256: self.file.lfs_sha256.as_deref(),
+        };
+        match check(&pinned, &ask, &resp)? {
+            Verdict::Accepted { validator: now } => {
+                if ask.span == Span::Whole {
+                    *validator = now;
                 }
             }
-            other => {
-                if matches!(other.as_u16(), 429 | 503) {
-                    self.retry_after = retry_after_secs(resp.headers());
-                }
-                // The URL may be the CDN's (`/lfs/<sha>`), which does not
-                // name the file: say which file this was for.
-                return Err(FetchError::Hub(HubError::Status {
-                    url: ftpipe_hub::client::redact(resp.url()),
-                    status: other.as_u16(),
-                    detail: if other == StatusCode::PARTIAL_CONTENT {
-                        format!(" to a request without Range (fetching {path})")
-                    } else {
-                        format!(" (fetching {path})")
-                    },
-                }));
+            Verdict::RangeIgnored { validator: now } => {
+                let start = part.len();
+                block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
+                self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
+                    .await?;
+                *hasher = self.expected.hasher(size);
+                self.unproductive = true;
+                self.range_ignored += 1;
+                whole_length(&path, &resp, size)?;
+                *validator = now;
+            }
+            Verdict::Refused { retry_after, error } => {
+                self.retry_after = retry_after;
+                return Err(error);
             }
         }
-        // Where this attempt's bytes start (0 after a prefix was dropped).
-        let from = part.len();
-        let checkpoint_every = self.ctx.opts.checkpoint_bytes;
+        Ok(resp)
+    }
+
+    /// Reads the body into `part` until its end or a failure. The failure
+    /// that ends the body is `Ok(Err(..))` (what arrived before it is still
+    /// kept); a checkpoint that fails on the way ends the attempt at once
+    /// (`Err(..)`).
+    async fn read_body(
+        &mut self,
+        resp: &mut SourceResponse,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: Option<&str>,
+        attempt: &mut Attempt,
+        st: &mut BodyState,
+    ) -> Result<Result<()>> {
         let interval = self.ctx.opts.checkpoint_interval;
-        let mut since = 0u64;
-        let mut last = Instant::now();
-        let mut rate = RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window);
-        // Bytes of a body past the expected size (cut there, discarded).
-        let mut excess = 0u64;
-        let outcome: Result<()> = loop {
+        loop {
             // While bytes wait for a checkpoint, a quiet connection must not
             // keep them un-durable: wake up at the interval and checkpoint.
-            let next = if since > 0 || part.held() > 0 {
-                let wait = interval.saturating_sub(last.elapsed());
+            let next = if st.since > 0 || part.held() > 0 {
+                let wait = interval.saturating_sub(st.last.elapsed());
                 match tokio::time::timeout(wait, resp.chunk()).await {
                     Ok(next) => next,
                     Err(_) => {
-                        match self.flush(part).await {
-                            Ok(n) => since += self.stored_bytes(n),
-                            Err(e) => break Err(e),
-                        }
-                        attempt.body_bytes = stored(part, from);
-                        self.checkpoint(part, since, validator.as_deref()).await?;
-                        since = 0;
-                        last = Instant::now();
-                        if let Err(e) = rate.check(&path, 0) {
-                            self.unproductive = true;
-                            break Err(e);
+                        if let Err(e) = self.quiet_checkpoint(part, validator, attempt, st).await? {
+                            return Ok(Err(e));
                         }
                         continue;
                     }
@@ -618,69 +559,130 @@ impl FileTask {
             } else {
                 resp.chunk().await
             };
-            let mut chunk = match next {
+            let chunk = match next {
                 Ok(Some(c)) => c,
-                Ok(None) => break Ok(()),
+                Ok(None) => return Ok(Ok(())),
                 Err(e) => {
-                    break Err(FetchError::Hub(HubError::BodyFailed {
-                        path: path.clone(),
-                        received: part.end() - from,
-                        message: error_chain(&e),
-                    }));
+                    return Ok(Err(FetchError::Hub(HubError::BodyFailed {
+                        path: self.path().to_owned(),
+                        received: part.end() - st.from,
+                        message: e.0,
+                    })));
                 }
             };
-            if part.end() + chunk.len() as u64 > size {
-                // Keep the bytes up to the expected size; the rest is waste.
-                let keep = size - part.end();
-                excess = chunk.len() as u64 - keep;
-                chunk.truncate(usize::try_from(keep).unwrap_or(0));
+            if let Err(e) = self
+                .take_chunk(chunk, part, hasher, validator, attempt, st)
+                .await?
+            {
+                return Ok(Err(e));
             }
-            // Another job found the volume full and freed the space reserve
-            // for the ledger: do not eat it with more file bytes.
-            let full = self.ctx.volume_full.load(Ordering::SeqCst);
-            // Hashed as received: a failed write ends the attempt, and the
-            // next one hashes the file's durable prefix afresh.
-            hasher.update(&chunk);
-            let len = chunk.len() as u64;
-            match block_in_place(|| {
-                if full {
-                    Err(AppendError::NoSpace)
-                } else {
-                    part.push(chunk)
-                }
-            }) {
-                Ok(n) => since += self.stored_bytes(n),
-                Err(e) => break Err(self.append_error(part, e)),
+        }
+    }
+
+    /// A quiet connection's checkpoint at the interval, then the rate rule.
+    async fn quiet_checkpoint(
+        &mut self,
+        part: &mut PartFile,
+        validator: Option<&str>,
+        attempt: &mut Attempt,
+        st: &mut BodyState,
+    ) -> Result<Result<()>> {
+        match self.flush(part).await {
+            Ok(n) => st.since += self.stored_bytes(n),
+            Err(e) => return Ok(Err(e)),
+        }
+        attempt.body_bytes = stored(part, st.from);
+        self.checkpoint(part, st.since, validator).await?;
+        st.since = 0;
+        st.last = Instant::now();
+        if let Err(e) = st.rate.check(self.path(), 0) {
+            self.unproductive = true;
+            return Ok(Err(e));
+        }
+        Ok(Ok(()))
+    }
+
+    /// Hashes and appends one chunk (cut at the expected size), then
+    /// checkpoints when due; the same two levels of failure as
+    /// [`FileTask::read_body`].
+    async fn take_chunk(
+        &mut self,
+        mut chunk: Bytes,
+        part: &mut PartFile,
+        hasher: &mut IdentityHasher,
+        validator: Option<&str>,
+        attempt: &mut Attempt,
+        st: &mut BodyState,
+    ) -> Result<Result<()>> {
+        let size = self.file.size;
+        if part.end() + chunk.len() as u64 > size {
+            // Keep the bytes up to the expected size; the rest is waste.
+            let keep = size - part.end();
+            st.excess = chunk.len() as u64 - keep;
+            chunk.truncate(usize::try_from(keep).unwrap_or(0));
+        }
+        // Another job found the volume full and freed the space reserve
+        // for the ledger: do not eat it with more file bytes.
+        let full = self.ctx.volume_full.load(Ordering::SeqCst);
+        // Hashed as received: a failed write ends the attempt, and the
+        // next one hashes the file's durable prefix afresh.
+        hasher.update(&chunk);
+        let len = chunk.len() as u64;
+        match block_in_place(|| {
+            if full {
+                Err(AppendError::NoSpace)
+            } else {
+                part.push(chunk)
             }
-            // Counted once stored, like the ledger's `transferred`.
-            attempt.body_bytes = stored(part, from);
-            if since + part.held() >= checkpoint_every || last.elapsed() >= interval {
-                match self.flush(part).await {
-                    Ok(n) => since += self.stored_bytes(n),
-                    Err(e) => break Err(e),
-                }
-                attempt.body_bytes = stored(part, from);
-                self.checkpoint(part, since, validator.as_deref()).await?;
-                since = 0;
-                last = Instant::now();
+        }) {
+            Ok(n) => st.since += self.stored_bytes(n),
+            Err(e) => return Ok(Err(self.append_error(part, e))),
+        }
+        // Counted once stored, like the ledger's `transferred`.
+        attempt.body_bytes = stored(part, st.from);
+        if st.since + part.held() >= self.ctx.opts.checkpoint_bytes
+            || st.last.elapsed() >= self.ctx.opts.checkpoint_interval
+        {
+            match self.flush(part).await {
+                Ok(n) => st.since += self.stored_bytes(n),
+                Err(e) => return Ok(Err(e)),
             }
-            if excess > 0 {
-                self.unproductive = true;
-                break Err(FetchError::Hub(HubError::LongBody {
-                    path: path.clone(),
-                    expected: size,
-                }));
-            }
-            if let Err(e) = rate.check(&path, len) {
-                self.unproductive = true;
-                break Err(e);
-            }
-        };
-        // Bytes of a validated response that arrived before a failure are a
-        // correct prefix: make them durable rather than fetch them again.
+            attempt.body_bytes = stored(part, st.from);
+            self.checkpoint(part, st.since, validator).await?;
+            st.since = 0;
+            st.last = Instant::now();
+        }
+        if st.excess > 0 {
+            self.unproductive = true;
+            return Ok(Err(FetchError::Hub(HubError::LongBody {
+                path: self.path().to_owned(),
+                expected: size,
+            })));
+        }
+        if let Err(e) = st.rate.check(self.path(), len) {
+            self.unproductive = true;
+            return Ok(Err(e));
+        }
+        Ok(Ok(()))
+    }
+
+    /// After the body: bytes of a validated response that arrived before a
+    /// failure are a correct prefix, made durable rather than fetched
+    /// again; the excess of a long body is recorded; a body that ended
+    /// early is a short body.
+    async fn end_body(
+        &mut self,
+        outcome: Result<()>,
+        part: &mut PartFile,
+        validator: Option<&str>,
+        attempt: &mut Attempt,
+        st: &mut BodyState,
+    ) -> Result<()> {
+        let size = self.file.size;
+        let path = self.path().to_owned();
         let outcome = match (outcome, self.flush(part).await) {
             (outcome, Ok(n)) => {
-                since += self.stored_bytes(n);
+                st.since += self.stored_bytes(n);
                 outcome
             }
             (Ok(()), Err(e)) => Err(e),
@@ -690,18 +692,18 @@ impl FileTask {
                 Err(first)
             }
         };
-        attempt.body_bytes = stored(part, from);
-        let saved = self.checkpoint(part, since, validator.as_deref()).await;
+        attempt.body_bytes = stored(part, st.from);
+        let saved = self.checkpoint(part, st.since, validator).await;
         // The failure that ended the body (e.g. no space) is the one
         // reported; a checkpoint that failed with it leaves the watermark
         // where it was.
         if let (Err(first), Err(e)) = (&outcome, &saved) {
             tracing::warn!(path = %path, error = %e, after = %first, "checkpoint after a failed body did not commit");
         }
-        if excess > 0 && saved.is_ok() {
-            self.discard(DiscardReason::LongBodyExcess, excess, part.len(), true)
+        if st.excess > 0 && saved.is_ok() {
+            self.discard(DiscardReason::LongBodyExcess, st.excess, part.len(), true)
                 .await?;
-            attempt.body_bytes += excess;
+            attempt.body_bytes += st.excess;
         }
         outcome?;
         saved?;
@@ -788,88 +790,21 @@ impl FileTask {
         }
         Ok(())
     }
-
-    /// Cross-checks hub metadata against the pinned listing when present.
-    fn check_linked_meta(&self, meta: &ftpipe_hub::client::LinkedMeta) -> Result<()> {
-        ftpipe_hub::headers::check_linked_meta(
-            meta,
-            &self.ctx.pin.commit,
-            self.file.size,
-            self.file.lfs_sha256.as_deref(),
-        )
-        .map_err(|c| FetchError::PinContradicted {
-            path: self.path().to_owned(),
-            header: c.header,
-            expected: c.expected,
-            actual: c.actual,
-            what: c.what,
-        })
-    }
 }
 
-/// The minimum-rate rule: over each window of `window`, at least
-/// `min_rate` bytes per second must arrive (0 disables it).
-pub(super) struct RateWindow {
-    min_rate: u64,
-    window: Duration,
-    start: Instant,
-    bytes: u64,
-}
-
-impl RateWindow {
-    pub(super) fn new(min_rate: u64, window: Duration) -> Self {
-        RateWindow {
-            min_rate,
-            window,
-            start: Instant::now(),
-            bytes: 0,
-        }
-    }
-
-    /// Adds `bytes`; once a window has passed, fails if it was too slow
-    /// and starts the next one.
-    pub(super) fn check(&mut self, path: &str, bytes: u64) -> Result<()> {
-        self.bytes = self.bytes.saturating_add(bytes);
-        let elapsed = self.start.elapsed();
-        if self.min_rate == 0 || elapsed < self.window {
-            return Ok(());
-        }
-        // Non-negative and finite (a rate times a duration); `as` saturates.
-        #[expect(clippy::cast_sign_loss, reason = "a non-negative byte count")]
-        let needed = (self.min_rate as f64 * elapsed.as_secs_f64()) as u64;
-        if self.bytes < needed {
-            return Err(FetchError::Stalled {
-                path: path.to_owned(),
-                received: self.bytes,
-                window_secs: elapsed.as_secs_f64(),
-                min_rate: self.min_rate,
-            });
-        }
-        self.start = Instant::now();
-        self.bytes = 0;
-        Ok(())
-    }
+/// Where one attempt's body stands.
+struct BodyState {
+    /// Where this attempt's bytes start in the part.
+    from: u64,
+    /// Bytes stored since the last checkpoint, and when that was.
+    since: u64,
+    last: Instant,
+    rate: RateWindow,
+    /// Bytes of a body past the expected size (cut there, discarded).
+    excess: u64,
 }
 
 /// Bytes an attempt whose bytes started at `from` has stored in `part`.
 fn stored(part: &PartFile, from: u64) -> u64 {
     part.len().saturating_sub(from)
-}
-
-pub(super) fn header_value(v: &str) -> Result<HeaderValue> {
-    HeaderValue::from_str(v).map_err(|_| FetchError::InvalidInput {
-        what: "header value",
-        message: format!("{v:?}"),
-    })
-}
-
-pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }

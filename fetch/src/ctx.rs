@@ -1,0 +1,208 @@
+//! The shared state of one fetch and its tunables: what every file's
+//! transfer reads (the store, the pin, the byte source, the options) and
+//! the counters the jobs share (connections, files waiting, bytes left).
+//! Its own module so that the transfer modules depend on it, not on the
+//! crate root that starts them.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use ftpipe_hub::client::HubClient;
+use ftpipe_hub::hfcache::HfCache;
+use ftpipe_progress::Reporter;
+use ftpipe_receipts::{Pin, RunId, Store};
+
+use crate::defaults::{
+    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
+    DEFAULT_MIN_RATE, DEFAULT_PIECE_SIZE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_SPLIT_BELOW_RATE,
+    DEFAULT_STALL_WINDOW,
+};
+use crate::error::FetchError;
+use crate::source::{ByteSource, HubSource};
+use ftpipe_fs::direct::IoMode;
+
+/// Tunables of the fetch stage.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Files transferred in parallel (at most `connections`).
+    pub jobs: usize,
+    /// HTTP requests in flight at once, over all files: each file takes
+    /// one, then free ones split the largest remaining gaps of files at or
+    /// above `segment_threshold`.
+    pub connections: usize,
+    /// Files at least this large may be fetched as several ranges.
+    pub segment_threshold: u64,
+    /// A range is never split below this size.
+    pub min_range: u64,
+    /// A new range takes a piece off the front of a file's unclaimed
+    /// bytes: at least this much, or a `2 × connections`-th of the
+    /// unclaimed gap when that is larger.
+    pub piece_size: u64,
+    /// A file is split for another connection only while its busy ones
+    /// deliver less than this many bytes per second each (0: always).
+    pub split_below_rate: u64,
+    /// Durable checkpoint every this many bytes...
+    pub checkpoint_bytes: u64,
+    /// ...or this much time, whichever comes first.
+    pub checkpoint_interval: Duration,
+    /// Retries per file for transient failures.
+    pub retries: u32,
+    /// First retry delay (exponential with jitter after that).
+    pub retry_base: Duration,
+    /// Refuse to start when free space is below what is still needed.
+    pub preflight: bool,
+    /// A body slower than this many bytes per second over `stall_window`
+    /// is a stall (0: no rate rule).
+    pub min_rate: u64,
+    /// Window of the minimum-rate rule.
+    pub stall_window: Duration,
+    /// How downloaded files' whole blocks are written (and a split file's
+    /// read back): past the page cache (`O_DIRECT`, where the volume
+    /// allows) or through it.
+    pub io_mode: IoMode,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        FetchOptions {
+            jobs: 4,
+            connections: DEFAULT_CONNECTIONS,
+            segment_threshold: DEFAULT_SEGMENT_THRESHOLD,
+            min_range: DEFAULT_MIN_RANGE,
+            piece_size: DEFAULT_PIECE_SIZE,
+            split_below_rate: DEFAULT_SPLIT_BELOW_RATE,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
+            retries: 8,
+            retry_base: Duration::from_millis(250),
+            preflight: true,
+            min_rate: DEFAULT_MIN_RATE,
+            stall_window: DEFAULT_STALL_WINDOW,
+            io_mode: IoMode::Direct,
+        }
+    }
+}
+
+/// Shared state of one fetch.
+pub struct FetchCtx {
+    /// Where file bytes come from (the hub's HTTP for the pinned commit).
+    pub(crate) source: Arc<dyn ByteSource>,
+    pub(crate) store: Arc<Store>,
+    pub(crate) run: RunId,
+    pub(crate) pin: Pin,
+    pub(crate) reporter: Arc<dyn Reporter>,
+    pub(crate) opts: FetchOptions,
+    /// Where the target directory's paths are (files land in `source()`).
+    pub(crate) layout: ftpipe_fs::Layout,
+    /// Set by the first job that hits a full volume: the others stop
+    /// appending so the freed space reserve is left to the ledger.
+    pub(crate) volume_full: AtomicBool,
+    /// The connection budget (`FetchOptions::connections`).
+    pub(crate) connections: Arc<Semaphore>,
+    /// Files not yet started, and files holding a connection.
+    pub(crate) unstarted: AtomicUsize,
+    pub(crate) in_flight: AtomicUsize,
+    /// Bytes not yet written of each pass of a file fetched in ranges (by
+    /// pass id), as of its last claim: how close the whole fetch is to its
+    /// end. Keyed by pass, so a pass that ends late never removes a newer
+    /// pass of the same file.
+    pub(crate) remaining: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    /// The next pass id.
+    pub(crate) next_pass: std::sync::atomic::AtomicU64,
+    /// A Hugging Face cache to take pinned files from before the network.
+    pub(crate) hf_cache: Option<HfCache>,
+    /// No network: files not durable and not in the cache fail.
+    pub(crate) offline: bool,
+}
+
+impl FetchCtx {
+    /// Bundles what every file transfer needs.
+    pub fn new(
+        client: HubClient,
+        store: Arc<Store>,
+        run: RunId,
+        pin: Pin,
+        reporter: Arc<dyn Reporter>,
+        opts: FetchOptions,
+        layout: ftpipe_fs::Layout,
+    ) -> Self {
+        let source = Arc::new(HubSource {
+            client,
+            repo: pin.repo.clone(),
+            commit: pin.commit.clone(),
+        });
+        FetchCtx {
+            source,
+            store,
+            run,
+            pin,
+            reporter,
+            layout,
+            volume_full: AtomicBool::new(false),
+            connections: Arc::new(Semaphore::new(opts.connections.max(1))),
+            unstarted: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            remaining: std::sync::Mutex::new(std::collections::HashMap::new()),
+            next_pass: std::sync::atomic::AtomicU64::new(0),
+            opts,
+            hf_cache: None,
+            offline: false,
+        }
+    }
+
+    /// Records that pass `pass` has `bytes` left to fetch in ranges (0:
+    /// done) and returns what all such passes have left.
+    pub(crate) fn remaining_after(&self, pass: u64, bytes: u64) -> u64 {
+        let mut all = self.remaining.lock().unwrap_or_else(|p| p.into_inner());
+        if bytes == 0 {
+            all.remove(&pass);
+        } else {
+            all.insert(pass, bytes);
+        }
+        all.values().fold(0u64, |a, b| a.saturating_add(*b))
+    }
+
+    /// Whether a file may take one more connection to split a range: only
+    /// when no file is waiting to start that could start now.
+    pub(crate) fn may_add_connection(&self) -> bool {
+        self.unstarted.load(Ordering::SeqCst) == 0
+            || self.in_flight.load(Ordering::SeqCst) >= self.opts.jobs.max(1)
+    }
+
+    /// Takes pinned files from `cache` (when given) before the network, and
+    /// with `offline` never uses the network for file bodies.
+    pub fn with_cache(mut self, cache: Option<HfCache>, offline: bool) -> Self {
+        self.hf_cache = cache;
+        self.offline = offline;
+        self
+    }
+}
+
+impl FetchCtx {
+    /// The volume is full (a file write or a ledger write said so): stop
+    /// appending file bytes in every job and free the space reserve so the
+    /// ledger can still record what is on disk.
+    pub(crate) fn mark_volume_full(&self) {
+        self.volume_full.store(true, Ordering::SeqCst);
+        self.store.release_space_reserve();
+    }
+
+    /// The `NoSpace` error for `path` on `volume`, with what its ledger row
+    /// holds.
+    pub(crate) async fn no_space(&self, path: &str, volume: PathBuf) -> FetchError {
+        let (committed, still_needed) = match self.store.ledger_row(path).await {
+            Ok(l) => (l.committed, l.expected.saturating_sub(l.committed)),
+            Err(_) => (0, 0),
+        };
+        FetchError::NoSpace {
+            volume,
+            path: path.to_owned(),
+            committed,
+            still_needed,
+        }
+    }
+}
