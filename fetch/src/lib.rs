@@ -392,7 +392,6 @@ async fn fetch_files(
             bytes,
         });
     }
-    let failed = errors.len();
     // A full disk is reported with the bytes still needed by the whole fetch.
     if let Some(pos) = errors
         .iter()
@@ -410,13 +409,8 @@ async fn fetch_files(
             });
         }
     }
-    match errors.len() {
-        0 => Ok(()),
-        1 => Err(errors.remove(0)),
-        _ => Err(FetchError::Several {
-            failed,
-            total: total_files,
-            first: Box::new(errors.remove(0)),
-        }),
+    match FetchError::several(total_files, errors) {
+        None => Ok(()),
+        Some(e) => Err(e),
     }
 }
