@@ -18,11 +18,12 @@ use anyhow::{Context, bail};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand};
 
+use ftpipe_artifact::ArtifactError;
 use ftpipe_artifact::manifest::Partition;
 use ftpipe_convert::{ConvertError, ConvertOptions};
 use ftpipe_fetch::FetchError;
 use ftpipe_fetch::{FetchOptions, IoMode};
-use ftpipe_fs::FsError;
+use ftpipe_fs::{ErrorClass, FsError};
 use ftpipe_hub::HubError;
 use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
@@ -943,77 +944,61 @@ fn describe(err: &anyhow::Error) -> String {
     out
 }
 
-/// The exit code an error of the libraries asks for, looking through
-/// their transparent wrappers (a transparent variant forwards its source,
-/// so the wrapped error never appears in the chain by itself).
-fn library_exit_code(cause: &(dyn std::error::Error + 'static)) -> Option<u8> {
-    if let Some(p) = cause.downcast_ref::<PipelineError>() {
-        return match p {
-            PipelineError::Locked { .. } => Some(exit::LOCKED),
-            PipelineError::VerifyFailed { .. } => Some(exit::VERIFY_FAILED),
-            PipelineError::Internal { .. } => Some(exit::INTERNAL),
-            PipelineError::Fs(FsError::InsufficientSpace { .. }) => Some(exit::NO_SPACE),
-            PipelineError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
-            PipelineError::Hub(h) => hub_exit_code(h),
-            PipelineError::Fetch(f) => fetch_exit_code(f),
-            PipelineError::Convert(c) => convert_exit_code(c),
-            _ => None,
-        };
+/// The class of one error of the chain when it is one of ftpipe's own
+/// (the libraries' and the binary's [`VerifyFailed`]). A transparent
+/// variant forwards its source, so a wrapped error never appears in the
+/// chain by itself: the outer type's `class` answers for it.
+fn class_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
+    if let Some(e) = cause.downcast_ref::<PipelineError>() {
+        return Some(e.class());
     }
-    if let Some(f) = cause.downcast_ref::<FetchError>() {
-        return fetch_exit_code(f);
+    if let Some(e) = cause.downcast_ref::<FetchError>() {
+        return Some(e.class());
     }
-    if let Some(c) = cause.downcast_ref::<ConvertError>() {
-        return convert_exit_code(c);
+    if let Some(e) = cause.downcast_ref::<ConvertError>() {
+        return Some(e.class());
     }
-    cause.downcast_ref::<HubError>().and_then(hub_exit_code)
+    if let Some(e) = cause.downcast_ref::<HubError>() {
+        return Some(e.class());
+    }
+    if let Some(e) = cause.downcast_ref::<ArtifactError>() {
+        return Some(e.class());
+    }
+    if let Some(e) = cause.downcast_ref::<FsError>() {
+        return Some(e.class());
+    }
+    if cause.downcast_ref::<VerifyFailed>().is_some() {
+        return Some(ErrorClass::Verification);
+    }
+    None
 }
 
-fn hub_exit_code(e: &HubError) -> Option<u8> {
-    match e {
-        HubError::Internal { .. } => Some(exit::INTERNAL),
-        HubError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
-        _ => None,
-    }
+/// The class of a failure: the most severe that any error of its chain
+/// says it is (a full disk anywhere, an io error with `ENOSPC` included,
+/// is [`ErrorClass::NoSpace`]).
+fn error_class(err: &anyhow::Error) -> ErrorClass {
+    let root: &(dyn std::error::Error + 'static) = err.as_ref();
+    ErrorClass::worst(
+        err.chain()
+            .filter_map(class_of)
+            .chain([ErrorClass::of_chain(root)]),
+    )
 }
 
-fn fetch_exit_code(e: &FetchError) -> Option<u8> {
-    match e {
-        FetchError::Internal { .. } => Some(exit::INTERNAL),
-        FetchError::NoSpace { .. } | FetchError::InsufficientSpace { .. } => Some(exit::NO_SPACE),
-        FetchError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
-        FetchError::Hub(h) => hub_exit_code(h),
-        _ => None,
-    }
-}
-
-fn convert_exit_code(e: &ConvertError) -> Option<u8> {
-    match e {
-        ConvertError::Internal { .. } => Some(exit::INTERNAL),
-        ConvertError::InsufficientSpace { .. } => Some(exit::NO_SPACE),
-        ConvertError::Store(s) if s.is_disk_full() => Some(exit::NO_SPACE),
-        ConvertError::Hub(h) => hub_exit_code(h),
-        _ => None,
+/// The exit code of each class: the one place they meet (README, Exit
+/// codes). Code 4, an audit that is not clean, is no error and is not here.
+fn class_exit_code(class: ErrorClass) -> u8 {
+    match class {
+        ErrorClass::Failure => exit::FAILURE,
+        ErrorClass::Verification => exit::VERIFY_FAILED,
+        ErrorClass::Locked => exit::LOCKED,
+        ErrorClass::NoSpace => exit::NO_SPACE,
+        ErrorClass::Internal => exit::INTERNAL,
     }
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
-    for cause in err.chain() {
-        if let Some(code) = library_exit_code(cause) {
-            return code;
-        }
-        if cause.downcast_ref::<VerifyFailed>().is_some() {
-            return exit::VERIFY_FAILED;
-        }
-        // A full disk anywhere (fetch, conversion, the state database).
-        if cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::StorageFull)
-        {
-            return exit::NO_SPACE;
-        }
-    }
-    exit::FAILURE
+    class_exit_code(error_class(err))
 }
 
 /// Threads the runtime may start beyond its workers when no conversion
@@ -1140,5 +1125,60 @@ mod tests {
             message: "x".into(),
         });
         assert_eq!(exit_code(&input), exit::FAILURE);
+    }
+
+    #[test]
+    fn each_class_has_its_documented_exit_code() {
+        assert_eq!(class_exit_code(ErrorClass::Failure), 1);
+        assert_eq!(class_exit_code(ErrorClass::Locked), 3);
+        assert_eq!(class_exit_code(ErrorClass::NoSpace), 5);
+        assert_eq!(class_exit_code(ErrorClass::Verification), 6);
+        assert_eq!(class_exit_code(ErrorClass::Internal), 7);
+        let locked = anyhow::Error::from(PipelineError::Locked {
+            lock: "d/.ftpipe/lock".into(),
+            pid: "1".into(),
+        });
+        assert_eq!(exit_code(&locked), exit::LOCKED);
+        let verify = anyhow::Error::from(VerifyFailed { problems: 2 }).context("verify");
+        assert_eq!(exit_code(&verify), exit::VERIFY_FAILED);
+        // A full disk in an error the libraries do not know.
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let bare = anyhow::Error::from(full).context("write x");
+        assert_eq!(exit_code(&bare), exit::NO_SPACE);
+    }
+
+    /// Regression: `Several` did not keep its inner error as `#[source]`,
+    /// and the exit code looked at its first error only through a match
+    /// that did not reach it, so two panicked fetch tasks exited 1 where one
+    /// exited 7.
+    #[test]
+    fn two_panicked_fetch_tasks_exit_7_like_one() {
+        let panicked = || FetchError::internal_from("fetch task", std::io::Error::other("panic"));
+        let one = anyhow::Error::from(PipelineError::Fetch(panicked()));
+        assert_eq!(exit_code(&one), exit::INTERNAL);
+        let two = FetchError::several(2, vec![panicked(), panicked()]).expect("two errors");
+        let two = anyhow::Error::from(PipelineError::Fetch(two));
+        assert_eq!(exit_code(&two), exit::INTERNAL);
+        assert_eq!(
+            describe(&two),
+            "2 of 2 files failed; the most severe: internal error (a bug, please report it): \
+             fetch task: panic",
+            "the cause is printed once"
+        );
+        // A full disk beside a network failure: the full disk decides.
+        let stalled = FetchError::Stalled {
+            path: "a".into(),
+            received: 0,
+            window_secs: 1.0,
+            min_rate: 1,
+        };
+        let full = FetchError::io("write", "b.part", std::io::ErrorKind::StorageFull.into());
+        let retried = FetchError::RetriesExhausted {
+            path: "b".into(),
+            attempts: 3,
+            last: Box::new(full),
+        };
+        let mixed = FetchError::several(3, vec![stalled, retried]).expect("two errors");
+        assert_eq!(exit_code(&anyhow::Error::from(mixed)), exit::NO_SPACE);
     }
 }

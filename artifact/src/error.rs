@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use ftpipe_fs::ErrorClass;
+
 /// Why an artifact operation could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -30,8 +32,41 @@ pub enum ArtifactError {
 }
 
 impl ArtifactError {
+    /// This error's [`ErrorClass`]: its filesystem error's, else
+    /// [`ErrorClass::Failure`] (a full disk anywhere is
+    /// [`ErrorClass::NoSpace`]).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ArtifactError::Fs(e) => e.class(),
+            ArtifactError::NotADirectory { .. } | ArtifactError::Serialize { .. } => {
+                ErrorClass::of_chain(self)
+            }
+        }
+    }
+
     /// Wraps an I/O error with the operation and path.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ArtifactError::Fs(ftpipe_fs::FsError::io(op, path, source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_no_space_and_the_rest_a_failure() {
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            ArtifactError::io("write", "m", full).class(),
+            ErrorClass::NoSpace
+        );
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert_eq!(
+            ArtifactError::io("open", "m", denied).class(),
+            ErrorClass::Failure
+        );
+        let not_dir = ArtifactError::NotADirectory { path: "x".into() };
+        assert_eq!(not_dir.class(), ErrorClass::Failure);
     }
 }

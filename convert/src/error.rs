@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use ftpipe_fs::ErrorClass;
+
 use crate::safetensors::SourceError;
 
 /// A source checkpoint that cannot be planned (or converted) as it is.
@@ -534,6 +536,26 @@ impl ConvertError {
         }
     }
 
+    /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`]; a
+    /// full disk (a failed preflight, the store's `SQLITE_FULL`, an I/O
+    /// error's `ENOSPC` anywhere in the chain) [`ErrorClass::NoSpace`];
+    /// the hub's, store's and artifact's errors their own class; everything
+    /// else (a source, recipe or config that does not fit, a stale
+    /// artifact, damaged state) [`ErrorClass::Failure`], the message naming
+    /// the file and what to do.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ConvertError::Internal { .. } => ErrorClass::Internal,
+            ConvertError::InsufficientSpace { .. } => ErrorClass::NoSpace,
+            ConvertError::Hub(e) => e.class(),
+            ConvertError::Store(e) => e.class(),
+            ConvertError::Artifact(e) => e.class(),
+            ConvertError::Source(e) => e.class(),
+            ConvertError::Recipe(e) => e.class(),
+            _ => ErrorClass::of_chain(self),
+        }
+    }
+
     /// A broken invariant (see [`ConvertError::Internal`]).
     pub fn internal(what: impl Into<String>) -> Self {
         ConvertError::Internal {
@@ -573,3 +595,43 @@ impl From<ftpipe_fs::FsError> for ConvertError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = ConvertError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert_eq!(ConvertError::internal("x").class(), ErrorClass::Internal);
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            ConvertError::io("write", "a.ftw", full).class(),
+            ErrorClass::NoSpace
+        );
+        let read = ConvertError::SourceRead {
+            file: "a".into(),
+            tensor: "t".into(),
+            offset: 0,
+            source: std::io::ErrorKind::UnexpectedEof.into(),
+        };
+        assert_eq!(read.class(), ErrorClass::Failure);
+        let preflight = ConvertError::from(ftpipe_fs::FsError::InsufficientSpace {
+            volume: "v".into(),
+            available: 1,
+            needed: 2,
+        });
+        assert_eq!(preflight.class(), ErrorClass::NoSpace);
+        let hub = ConvertError::Hub(ftpipe_hub::HubError::internal("x"));
+        assert_eq!(hub.class(), ErrorClass::Internal);
+        let artifact = ConvertError::Artifact(ftpipe_artifact::ArtifactError::io(
+            "write",
+            "m",
+            std::io::ErrorKind::StorageFull.into(),
+        ));
+        assert_eq!(artifact.class(), ErrorClass::NoSpace);
+        let input = ConvertError::MissingFile { file: "x".into() };
+        assert_eq!(input.class(), ErrorClass::Failure);
+        let recipe = ConvertError::Recipe(crate::RecipeError::NoRules { file: "r".into() });
+        assert_eq!(recipe.class(), ErrorClass::Failure);
+    }
+}

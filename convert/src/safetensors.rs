@@ -206,6 +206,14 @@ pub enum SourceError {
     },
 }
 
+impl SourceError {
+    /// Always [`ErrorClass::Failure`](ftpipe_fs::ErrorClass::Failure): a
+    /// malformed source header is bad input, named by file and tensor.
+    pub fn class(&self) -> ftpipe_fs::ErrorClass {
+        ftpipe_fs::ErrorClass::Failure
+    }
+}
+
 #[derive(Deserialize)]
 struct RawTensor {
     dtype: String,

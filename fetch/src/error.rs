@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use ftpipe_fs::ErrorClass;
+
 /// Everything fetching the pinned files can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -170,25 +172,30 @@ pub enum FetchError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
-    /// Retries were exhausted for a file.
+    /// Retries were exhausted for a file. Its class is the last error's.
     #[error("{path}: giving up after {attempts} attempts; last error: {last}")]
     RetriesExhausted {
         /// The repo file that failed.
         path: String,
         /// Attempts made.
         attempts: u32,
-        /// The error of the last attempt.
+        /// The error of the last attempt (the source, so its class and its
+        /// own causes are seen through this one).
+        #[source]
         last: Box<FetchError>,
     },
-    /// Several files failed.
-    #[error("{failed} of {total} files failed; first: {first}")]
+    /// Several files failed. Its class is the most severe of the files'
+    /// ([`FetchError::several`] keeps that file's error).
+    #[error("{failed} of {total} files failed; the most severe: {worst}")]
     Several {
         /// Files that failed.
         failed: usize,
         /// Files attempted.
         total: usize,
-        /// The first file's error.
-        first: Box<FetchError>,
+        /// The first error of the most severe class among the files'
+        /// (the source, so its class and causes are seen through this one).
+        #[source]
+        worst: Box<FetchError>,
     },
 }
 
@@ -223,6 +230,62 @@ impl FetchError {
         }
     }
 
+    /// The errors of several failed files as one: [`FetchError::Several`]
+    /// keeping the first error of the most severe class (so two panicked
+    /// tasks are still [`ErrorClass::Internal`], and a full disk is not
+    /// hidden behind a network error of another file), or the one error
+    /// when there is only one. `None` when `errors` is empty.
+    pub fn several(total: usize, errors: Vec<FetchError>) -> Option<FetchError> {
+        let failed = errors.len();
+        let mut worst: Option<FetchError> = None;
+        for e in errors {
+            if worst.as_ref().is_none_or(|w| e.class() > w.class()) {
+                worst = Some(e);
+            }
+        }
+        let worst = worst?;
+        Some(if failed == 1 {
+            worst
+        } else {
+            FetchError::Several {
+                failed,
+                total,
+                worst: Box::new(worst),
+            }
+        })
+    }
+
+    /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`]; a
+    /// full disk ([`FetchError::NoSpace`], a failed preflight, the store's
+    /// `SQLITE_FULL`, an I/O error's `ENOSPC` anywhere in the chain)
+    /// [`ErrorClass::NoSpace`]; an aggregate the most severe of its parts;
+    /// everything else (network, pin contradicted, a digest the hub's bytes
+    /// do not match, conflicts, input) [`ErrorClass::Failure`]. A download
+    /// whose digest differs is the hub serving wrong bytes, retried like a
+    /// network fault; [`ErrorClass::Verification`] is for a finished
+    /// artifact that fails verification (README, exit 6).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            FetchError::Internal { .. } => ErrorClass::Internal,
+            FetchError::NoSpace { .. } | FetchError::InsufficientSpace { .. } => {
+                ErrorClass::NoSpace
+            }
+            FetchError::Hub(e) => e.class(),
+            FetchError::Store(e) => e.class(),
+            FetchError::RetriesExhausted { last, .. } => last.class(),
+            FetchError::Several { worst, .. } => worst.class(),
+            FetchError::Io { .. }
+            | FetchError::OfflineMissing { .. }
+            | FetchError::UnsafePath(_)
+            | FetchError::PinContradicted { .. }
+            | FetchError::Stalled { .. }
+            | FetchError::RangeIgnored { .. }
+            | FetchError::DigestMismatch { .. }
+            | FetchError::Conflict { .. }
+            | FetchError::InvalidInput { .. } => ErrorClass::of_chain(self),
+        }
+    }
+
     /// Whether retrying the same request can help.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -252,3 +315,98 @@ impl From<ftpipe_fs::FsError> for FetchError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = FetchError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn panicked() -> FetchError {
+        FetchError::internal_from("fetch task", std::io::Error::other("task panicked"))
+    }
+
+    fn network() -> FetchError {
+        FetchError::Stalled {
+            path: "a".into(),
+            received: 0,
+            window_secs: 1.0,
+            min_rate: 1,
+        }
+    }
+
+    fn full() -> FetchError {
+        FetchError::io("write", "b.part", std::io::ErrorKind::StorageFull.into())
+    }
+
+    /// Regression: `Several` and `RetriesExhausted` did not keep their
+    /// inner error as `#[source]`, and the binary's exit code looked at
+    /// neither, so two panicked fetch tasks exited 1 where one exited 7.
+    #[test]
+    fn aggregates_take_the_most_severe_part_and_keep_it_as_source() {
+        let two = FetchError::several(3, vec![panicked(), panicked()]).unwrap();
+        assert!(matches!(
+            two,
+            FetchError::Several {
+                failed: 2,
+                total: 3,
+                ..
+            }
+        ));
+        assert_eq!(two.class(), ErrorClass::Internal);
+        let source = std::error::Error::source(&two).expect("the part is the source");
+        assert!(source.to_string().contains("task panicked"), "{source}");
+        assert!(two.to_string().ends_with(&source.to_string()), "{two}");
+
+        // The most severe wins whatever the order; among equals, the first.
+        let mixed = FetchError::several(4, vec![network(), full(), panicked(), full()]).unwrap();
+        assert_eq!(mixed.class(), ErrorClass::Internal);
+        let mixed = FetchError::several(4, vec![network(), full()]).unwrap();
+        assert_eq!(mixed.class(), ErrorClass::NoSpace);
+        assert!(mixed.to_string().contains("b.part"), "{mixed}");
+        let plain = FetchError::several(2, vec![network(), network()]).unwrap();
+        assert_eq!(plain.class(), ErrorClass::Failure);
+
+        let one = FetchError::several(2, vec![panicked()]).unwrap();
+        assert!(matches!(one, FetchError::Internal { .. }));
+        assert!(FetchError::several(2, Vec::new()).is_none());
+
+        let retried = FetchError::RetriesExhausted {
+            path: "a".into(),
+            attempts: 3,
+            last: Box::new(full()),
+        };
+        assert_eq!(retried.class(), ErrorClass::NoSpace);
+        let source = std::error::Error::source(&retried).expect("last is the source");
+        assert!(
+            retried.to_string().ends_with(&source.to_string()),
+            "{retried}"
+        );
+        let retried = FetchError::RetriesExhausted {
+            path: "a".into(),
+            attempts: 3,
+            last: Box::new(network()),
+        };
+        assert_eq!(retried.class(), ErrorClass::Failure);
+    }
+
+    #[test]
+    fn classes_of_the_leaves() {
+        assert_eq!(panicked().class(), ErrorClass::Internal);
+        assert_eq!(full().class(), ErrorClass::NoSpace);
+        assert_eq!(network().class(), ErrorClass::Failure);
+        let hub = FetchError::Hub(ftpipe_hub::HubError::internal("x"));
+        assert_eq!(hub.class(), ErrorClass::Internal);
+        let preflight = FetchError::from(ftpipe_fs::FsError::InsufficientSpace {
+            volume: "v".into(),
+            available: 1,
+            needed: 2,
+        });
+        assert_eq!(preflight.class(), ErrorClass::NoSpace);
+        let input = FetchError::InvalidInput {
+            what: "glob",
+            message: "x".into(),
+        };
+        assert_eq!(input.class(), ErrorClass::Failure);
+        let denied = FetchError::io("open", "x", std::io::ErrorKind::PermissionDenied.into());
+        assert_eq!(denied.class(), ErrorClass::Failure);
+    }
+}

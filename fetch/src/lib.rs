@@ -243,7 +243,6 @@ async fn combine(ctx: &FetchCtx, files: &[FileRow], mut errors: Vec<FetchError>)
             bytes,
         });
     }
-    let failed = errors.len();
     // A full disk is reported with the bytes still needed by the whole fetch.
     if let Some(pos) = errors
         .iter()
@@ -261,13 +260,8 @@ async fn combine(ctx: &FetchCtx, files: &[FileRow], mut errors: Vec<FetchError>)
             });
         }
     }
-    match errors.len() {
-        0 => Ok(()),
-        1 => Err(errors.remove(0)),
-        _ => Err(FetchError::Several {
-            failed,
-            total: total_files,
-            first: Box::new(errors.remove(0)),
-        }),
+    match FetchError::several(total_files, errors) {
+        None => Ok(()),
+        Some(e) => Err(e),
     }
 }

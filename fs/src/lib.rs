@@ -17,10 +17,13 @@
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
 //! - [`error`]: [`FsError`], which names the operation and path at fault.
+//! - [`class`]: [`ErrorClass`], the kind of failure every error of ftpipe
+//!   says it is (the binary's exit code follows it).
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+pub mod class;
 pub mod crashpoint;
 pub mod direct;
 pub mod durable;
@@ -31,6 +34,7 @@ pub mod overlapped;
 pub mod paths;
 pub mod space;
 
+pub use class::ErrorClass;
 pub use durable::TEMP_SUFFIX;
 pub use error::{FsError, Result};
 pub use layout::Layout;

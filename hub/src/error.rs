@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use ftpipe_fs::ErrorClass;
+
 /// Everything talking to the hub (or reading a pinned file's bytes through
 /// it) can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +209,18 @@ impl HubError {
         }
     }
 
+    /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`], a
+    /// full disk (the store's, or an I/O error's anywhere in the chain)
+    /// [`ErrorClass::NoSpace`], everything else (network, status, listing,
+    /// input) [`ErrorClass::Failure`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            HubError::Internal { .. } => ErrorClass::Internal,
+            HubError::Store(e) => e.class(),
+            _ => ErrorClass::of_chain(self),
+        }
+    }
+
     /// Whether retrying the same request can help.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -244,3 +258,34 @@ impl From<ftpipe_fs::FsError> for HubError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = HubError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        assert_eq!(HubError::internal("x").class(), ErrorClass::Internal);
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert_eq!(
+            HubError::io("write", "x", full).class(),
+            ErrorClass::NoSpace
+        );
+        let store = HubError::Store(ftpipe_receipts::StoreError::Unsafe {
+            path: "state.db".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        });
+        assert_eq!(store.class(), ErrorClass::NoSpace);
+        let input = HubError::InvalidInput {
+            what: "glob",
+            message: "x".into(),
+        };
+        assert_eq!(input.class(), ErrorClass::Failure);
+        let status = HubError::Status {
+            url: "u".into(),
+            status: 404,
+            detail: String::new(),
+        };
+        assert_eq!(status.class(), ErrorClass::Failure);
+    }
+}

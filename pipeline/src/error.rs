@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use ftpipe_fs::ErrorClass;
+
 use crate::state::IllegalTransition;
 
 /// Everything the pipeline can fail with.
@@ -105,6 +107,32 @@ impl PipelineError {
         }
     }
 
+    /// This error's [`ErrorClass`]: the lock held elsewhere is
+    /// [`ErrorClass::Locked`], a failed final verification
+    /// [`ErrorClass::Verification`], a bug [`ErrorClass::Internal`], a
+    /// stage's or the store's error its own class, a full disk anywhere in
+    /// the chain [`ErrorClass::NoSpace`], everything else
+    /// [`ErrorClass::Failure`].
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            PipelineError::Locked { .. } => ErrorClass::Locked,
+            PipelineError::VerifyFailed { .. } => ErrorClass::Verification,
+            PipelineError::Internal { .. } => ErrorClass::Internal,
+            PipelineError::Hub(e) => e.class(),
+            PipelineError::Fetch(e) => e.class(),
+            PipelineError::Convert(e) => e.class(),
+            PipelineError::Artifact(e) => e.class(),
+            PipelineError::Store(e) => e.class(),
+            PipelineError::Fs(e) => e.class(),
+            PipelineError::Io { .. }
+            | PipelineError::UnsafePath(_)
+            | PipelineError::NotPinned { .. }
+            | PipelineError::InvalidInput { .. }
+            | PipelineError::IllegalTransition(_)
+            | PipelineError::NoState { .. } => ErrorClass::of_chain(self),
+        }
+    }
+
     /// A failed task join or another internal failure with its cause.
     pub fn internal_from(
         what: impl Into<String>,
@@ -119,3 +147,42 @@ impl PipelineError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = PipelineError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes() {
+        let locked = PipelineError::Locked {
+            lock: "DIR/.ftpipe/lock".into(),
+            pid: "1".into(),
+        };
+        assert_eq!(locked.class(), ErrorClass::Locked);
+        let verify = PipelineError::VerifyFailed {
+            artifact: "a".into(),
+            problems: vec!["x".into()],
+        };
+        assert_eq!(verify.class(), ErrorClass::Verification);
+        let bug = PipelineError::internal_from("task", std::io::Error::other("panicked"));
+        assert_eq!(bug.class(), ErrorClass::Internal);
+        let full = PipelineError::io("write", "b", std::io::ErrorKind::StorageFull.into());
+        assert_eq!(full.class(), ErrorClass::NoSpace);
+        let store = PipelineError::Store(ftpipe_receipts::StoreError::Unsafe {
+            path: "state.db".into(),
+            source: std::io::ErrorKind::StorageFull.into(),
+        });
+        assert_eq!(store.class(), ErrorClass::NoSpace);
+        let panics = ftpipe_fetch::FetchError::several(
+            2,
+            vec![
+                ftpipe_fetch::FetchError::internal("a"),
+                ftpipe_fetch::FetchError::internal("b"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(PipelineError::Fetch(panics).class(), ErrorClass::Internal);
+        let input = PipelineError::NotPinned { dir: "d".into() };
+        assert_eq!(input.class(), ErrorClass::Failure);
+    }
+}

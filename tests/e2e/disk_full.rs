@@ -14,6 +14,9 @@
 //!   committed watermark without refetching it.
 //! * Preflight: a repo bigger than the volume is refused at once, with both
 //!   numbers, exit 5, and no body byte requested.
+//! * The state database meets the full disk itself: at its creation, while
+//!   migrating an older schema, and at its first write of a run. Each exits
+//!   5 naming the database, and succeeds once space is freed.
 
 use crate::common::*;
 
@@ -461,4 +464,137 @@ fn conversion_fills_the_disk_then_resumes_with_exit_5() {
         .arg(out.join("artifact"))
         .arg("--deep"));
     assert!(v.status.success(), "{}", stderr(&v));
+}
+
+/// Leaves exactly `free` bytes (whole pages) free on the volume holding
+/// `dir`: a gap file of that size is written first, a ballast fills every
+/// other byte, then the gap is removed. Returns the ballast's path.
+fn leave_free(dir: &Path, free: usize) -> PathBuf {
+    let gap = dir.join("gap");
+    std::fs::write(&gap, vec![0x5Au8; free]).expect("write the gap");
+    let ballast = dir.join("ballast");
+    write_ballast(&ballast);
+    std::fs::remove_file(&gap).unwrap();
+    ballast
+}
+
+/// Asserts a fetch into `out` exited 5 (no space) because of the state
+/// database, with `phase` ("cannot open", "cannot migrate", "query
+/// failed") in its message; returns stderr.
+fn assert_state_db_full(o: &std::process::Output, phase: &str) -> String {
+    let err = stderr(o);
+    assert!(err.contains("state database"), "not the database: {err}");
+    assert!(err.contains(phase), "not at {phase:?}: {err}");
+    assert_eq!(o.status.code(), Some(5), "exit code; stderr: {err}");
+    err
+}
+
+/// The volume is full before the state database exists: creating it (its
+/// header, the WAL) fails with `SQLITE_FULL`. Guards exit 5 at creation.
+#[test]
+fn state_database_creation_on_a_full_disk_exits_5() {
+    let Some(mount) = mount_or_skip("state_db_creation", 4) else {
+        return;
+    };
+    let (hub, files) = hub_with_repo(23, 64 << 10);
+    let out = mount.path().join("out");
+    std::fs::create_dir_all(out.join(".ftpipe")).unwrap();
+    // One page: the lock file's PID.
+    let ballast = leave_free(mount.path(), 4096);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    let err = assert_state_db_full(&o, "cannot open state database");
+    eprintln!("state database creation on a full disk: {}", err.trim());
+    std::fs::remove_file(&ballast).unwrap();
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    assert_files_match(&out, &files);
+}
+
+/// Regression: a full disk met while migrating the state database exited
+/// 1, not 5 (README): the exit code looked for `SQLITE_FULL` only in the
+/// store's `Open` and `Query` errors, and a migration's is a `MigrateError`
+/// around it. Here a database of schema 7 with many attempt rows sits on a
+/// nearly full volume; migration 0008 rebuilds the attempts table, which
+/// needs more room than is left.
+#[test]
+fn state_database_migration_on_a_full_disk_exits_5() {
+    let Some(mount) = mount_or_skip("state_db_migration", 16) else {
+        return;
+    };
+    let (hub, files) = hub_with_repo(24, 64 << 10);
+    let out = mount.path().join("out");
+    let state = out.join(".ftpipe");
+    std::fs::create_dir_all(&state).unwrap();
+    schema_7_database(&state.join("state.db"), 20_000);
+    let ballast = leave_free(mount.path(), 64 << 10);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    let err = assert_state_db_full(&o, "cannot migrate state database");
+    eprintln!("state database migration on a full disk: {}", err.trim());
+    assert_eq!(query(&out, "PRAGMA integrity_check"), ["ok"]);
+    std::fs::remove_file(&ballast).unwrap();
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    assert_files_match(&out, &files);
+    assert_eq!(
+        query(&out, "SELECT count(*) FROM attempts WHERE host = 'old'"),
+        ["20000"],
+        "the old rows came through the migration"
+    );
+}
+
+/// The database exists at the current schema, then the volume fills:
+/// the run's first write (recording the run) fails with `SQLITE_FULL`.
+#[test]
+fn state_database_write_on_a_full_disk_exits_5() {
+    let Some(mount) = mount_or_skip("state_db_write", 8) else {
+        return;
+    };
+    let (hub, files) = hub_with_repo(25, 64 << 10);
+    let out = mount.path().join("out");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    // Room for the lock and SQLite's shared-memory index, not for a write.
+    let ballast = leave_free(mount.path(), 36 << 10);
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    let err = assert_state_db_full(&o, "state database query failed");
+    eprintln!("state database write on a full disk: {}", err.trim());
+    std::fs::remove_file(&ballast).unwrap();
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, ARGS));
+    assert_files_match(&out, &files);
+}
+
+/// Writes a state database at `db` migrated to schema 7 (before 0008
+/// rebuilt `attempts` and `discards`), holding `attempts` attempt rows of
+/// host `old`, and closes it (its WAL checkpointed into the file).
+fn schema_7_database(db: &Path, attempts: usize) {
+    use sqlx::Connection;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+    static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let options = SqliteConnectOptions::new()
+            .filename(db)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .foreign_keys(true);
+        let mut conn = sqlx::SqliteConnection::connect_with(&options)
+            .await
+            .unwrap();
+        MIGRATOR.run_to(7, &mut conn).await.unwrap();
+        sqlx::query("INSERT INTO runs (command, pid, ftpipe_version) VALUES ('fetch', 1, '0.0')")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+             INSERT INTO attempts (run_id, path, host, outcome, body_bytes, tail_measured)
+             SELECT 1, 'model-' || i || '-' || hex(zeroblob(40)) || '.safetensors', 'old',
+                    'failed', i, 0 FROM n",
+        )
+        .bind(attempts as i64)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    });
 }

@@ -205,3 +205,11 @@ pub enum RecipeError {
         problem: String,
     },
 }
+
+impl RecipeError {
+    /// Always [`ErrorClass::Failure`](ftpipe_fs::ErrorClass::Failure): a
+    /// recipe is input, and its message names the key or rule to fix.
+    pub fn class(&self) -> ftpipe_fs::ErrorClass {
+        ftpipe_fs::ErrorClass::Failure
+    }
+}
