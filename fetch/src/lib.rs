@@ -53,6 +53,7 @@ use tokio::task::JoinSet;
 
 use ftpipe_receipts::{FileRow, Store};
 
+use ftpipe_fs::ErrorClass;
 use ftpipe_fs::paths::safe_join;
 use ftpipe_progress::ProgressEvent;
 
@@ -243,10 +244,13 @@ async fn combine(ctx: &FetchCtx, files: &[FileRow], mut errors: Vec<FetchError>)
             bytes,
         });
     }
-    // A full disk is reported with the bytes still needed by the whole fetch.
+    // A full disk is reported with the bytes still needed by the whole fetch,
+    // unless a task failed on a bug: the more severe class wins.
+    let internal = errors.iter().any(|e| e.class() == ErrorClass::Internal);
     if let Some(pos) = errors
         .iter()
         .position(|e| matches!(e, FetchError::NoSpace { .. }))
+        .filter(|_| !internal)
     {
         let still = bytes_still_needed(store, files).await?;
         if let FetchError::NoSpace { volume, path, .. } = errors.swap_remove(pos) {
