@@ -25,9 +25,9 @@ use ftpipe_fetch::FetchError;
 use ftpipe_fetch::{FetchOptions, IoMode};
 use ftpipe_fs::{ErrorClass, FsError};
 use ftpipe_hub::HubError;
-use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::ResolveRequest;
+use ftpipe_hub::token::{TokenSource, load_token};
 use ftpipe_pipeline::{FetchParams, Pipeline, PipelineError};
 use ftpipe_progress::Reporter;
 
@@ -414,71 +414,9 @@ fn secs(what: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
 }
 
-/// Where the token came from (reported, never the token itself).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-enum TokenSource {
-    /// `--token-file`.
-    TokenFile,
-    /// `HF_TOKEN` (or the older `HUGGING_FACE_HUB_TOKEN`).
-    Env,
-    /// The file at `HF_TOKEN_PATH`.
-    TokenPath,
-    /// `$HF_HOME/token` (`hf auth login`).
-    HfHome,
-    /// No token.
-    None,
-}
-
 /// Non-empty environment variable.
 fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-/// `HF_HOME` as huggingface_hub resolves it.
-fn hf_home() -> Option<PathBuf> {
-    if let Some(h) = env_var("HF_HOME") {
-        return Some(PathBuf::from(h));
-    }
-    let base = env_var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env_var("HOME").map(|h| Path::new(&h).join(".cache")))?;
-    Some(base.join("huggingface"))
-}
-
-/// The token as huggingface_hub resolves it: `--token-file`, then
-/// `HF_TOKEN`, then the file at `HF_TOKEN_PATH` (default `$HF_HOME/token`).
-/// A missing or empty file there means no token.
-fn load_token(token_file: Option<&Path>) -> anyhow::Result<(Option<Token>, TokenSource)> {
-    if let Some(path) = token_file {
-        let raw = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read token file {}", path.display()))?;
-        let Some(t) = Token::new(&raw) else {
-            bail!("token file {} is empty", path.display())
-        };
-        return Ok((Some(t), TokenSource::TokenFile));
-    }
-    if let Some(t) = env_var("HF_TOKEN")
-        .or_else(|| env_var("HUGGING_FACE_HUB_TOKEN"))
-        .and_then(|t| Token::new(&t))
-    {
-        return Ok((Some(t), TokenSource::Env));
-    }
-    let (path, source) = match env_var("HF_TOKEN_PATH") {
-        Some(p) => (PathBuf::from(p), TokenSource::TokenPath),
-        None => match hf_home() {
-            Some(h) => (h.join("token"), TokenSource::HfHome),
-            None => return Ok((None, TokenSource::None)),
-        },
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(raw) => Ok(match Token::new(&raw) {
-            Some(t) => (Some(t), source),
-            None => (None, TokenSource::None),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((None, TokenSource::None)),
-        Err(e) => Err(e).with_context(|| format!("cannot read token file {}", path.display())),
-    }
 }
 
 /// `HF_HUB_OFFLINE` as huggingface_hub reads it (1, on, yes, true).

@@ -28,6 +28,8 @@ use ftpipe_fs::durable::{rename_durably, sync_dir};
 
 /// The marker file under the state directory.
 pub const SET_ASIDE_MARKER: &str = "set-aside.json";
+/// Largest [`SET_ASIDE_MARKER`] read back (two paths and a run id).
+pub const MAX_MARKER_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Marker {
@@ -83,10 +85,10 @@ fn remove_marker(paths: &Layout) -> Result<()> {
 /// artifact went if this call renamed it.
 pub(super) async fn finish_pending(store: &Store, paths: &Layout) -> Result<Option<PathBuf>> {
     let path = paths.state_dir().join(SET_ASIDE_MARKER);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match ftpipe_fs::bounded::read_bounded_nofollow(&path, MAX_MARKER_BYTES) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(ConvertError::io("read", &path, e)),
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
     let marker: Marker =
         serde_json::from_slice(&bytes).map_err(|source| ConvertError::MalformedState {

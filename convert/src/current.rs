@@ -40,7 +40,7 @@ pub async fn current_artifact(
         return Ok(None);
     };
     let artifact = &layout.artifact();
-    let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
+    let Ok(bytes) = ftpipe_fs::bounded::read_bounded_nofollow(
         &artifact.join(MANIFEST_FILE),
         ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     ) else {
@@ -94,7 +94,7 @@ fn all_sizes_match(artifact: &Path, m: &Manifest) -> bool {
 
 /// The placement on disk is for this manifest and these budgets.
 fn placement_current(artifact: &Path, manifest: &Manifest, opts: &ConvertOptions) -> bool {
-    ftpipe_fs::nofollow::read_limited(
+    ftpipe_fs::bounded::read_bounded_nofollow(
         &artifact.join(PLACEMENT_FILE),
         ftpipe_artifact::verify::MAX_PLACEMENT_BYTES,
     )

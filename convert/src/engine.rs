@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::Value;
 use tokio::task::block_in_place;
 
 use ftpipe_receipts::{ComponentReceipt, Receipt, RunId, Store};
@@ -61,6 +60,11 @@ use ftpipe_progress::{ProgressEvent, Reporter};
 pub const SKELETON_FILE: &str = "convert.json";
 /// Plan file under the state directory (evidence for audits and bundles).
 pub const PLAN_FILE: &str = "plan.json";
+/// Largest [`SKELETON_FILE`] read back (~85 MB of compact JSON at 300k
+/// tensors; [`crate::safetensors::MAX_TENSORS`] is a million).
+pub const MAX_SKELETON_BYTES: u64 = 1 << 30;
+/// Largest [`PLAN_FILE`] read back (audits, bundles).
+pub const MAX_PLAN_BYTES: u64 = 1 << 30;
 
 /// What a finished conversion reports.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -94,7 +98,7 @@ pub struct ConvertOutcome {
 /// Why existing output may not be reused under `skel`.
 fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
     let mut reasons = Vec::new();
-    if let Ok(bytes) = ftpipe_fs::nofollow::read_limited(
+    if let Ok(bytes) = ftpipe_fs::bounded::read_bounded_nofollow(
         &artifact.join(MANIFEST_FILE),
         ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
@@ -189,18 +193,19 @@ async fn retired_headers(
     // parse is an error, not "nothing saved". Only the headers are kept:
     // the rest of the skeleton (~85 MB of JSON at 300k tensors) is built
     // again from the plan.
-    let saved: BTreeMap<String, SavedHeader> = match std::fs::File::open(&path) {
-        Ok(f) => {
-            serde_json::from_reader::<_, SavedHeaders>(std::io::BufReader::new(f))
-                .map_err(|source| ConvertError::MalformedState {
-                    path: path.clone(),
-                    source,
-                })?
-                .headers
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-        Err(e) => return Err(ConvertError::io("read", &path, e)),
-    };
+    let saved: BTreeMap<String, SavedHeader> =
+        match ftpipe_fs::bounded::read_bounded_nofollow(&path, MAX_SKELETON_BYTES) {
+            Ok(bytes) => {
+                serde_json::from_slice::<SavedHeaders>(&bytes)
+                    .map_err(|source| ConvertError::MalformedState {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .headers
+            }
+            Err(e) if e.is_not_found() => BTreeMap::new(),
+            Err(e) => return Err(e.into()),
+        };
     let mut out = BTreeMap::new();
     for file in absent {
         // Saved for this version of the file (its receipt's digest) only.
@@ -271,10 +276,7 @@ async fn prepare(
         config,
         mut headers,
     } = plan(&source, &plan_opts).await?;
-    let top_k = config
-        .get("num_experts_per_tok")
-        .and_then(Value::as_u64)
-        .unwrap_or(8);
+    let top_k = crate::profile::experts_per_token(&config)?;
     let converter = converter_identity(&config, opts)?;
     for (file, h) in &mut headers {
         if let Some(r) = receipts.get(file) {

@@ -31,6 +31,22 @@ pub enum ConvertError {
     /// A recipe is unusable, or the source contradicts it.
     #[error(transparent)]
     Recipe(#[from] crate::recipe::RecipeError),
+    /// A small input file (config, index, recipe, saved state) that is not
+    /// a regular file of at most its named limit; names the path.
+    #[error(transparent)]
+    Read(#[from] ftpipe_fs::bounded::BoundedReadError),
+    /// `--include` / `--exclude` leaves out a file the conversion reads.
+    #[error(
+        "{file} is needed for the conversion but the fetch selection leaves it out ({by}); \
+         change the globs so it is fetched (only `ftpipe fetch` may leave it out)"
+    )]
+    NeededFileExcluded {
+        /// The file (`config.json`, the index).
+        file: String,
+        /// The glob that leaves it out, as `--exclude "GLOB"` or the
+        /// `--include` globs it does not match.
+        by: String,
+    },
     /// Two tensors land in the same expert field.
     #[error("layer {layer}: expert {expert} field {field} is given by both {first} and {second}")]
     DuplicateExpertField {

@@ -102,11 +102,11 @@ fn inspect_q3(path: &Path, file_len: u64) -> Result<Inspection> {
                 .into(),
         )
     })?;
-    let bytes = ftpipe_fs::nofollow::read_limited(
+    let bytes = ftpipe_fs::bounded::read_bounded_nofollow(
         &root.join(MANIFEST_FILE),
         ftpipe_artifact::verify::MAX_MANIFEST_BYTES,
     )
-    .map_err(|e| ConvertError::io("read", root.join(MANIFEST_FILE), e))?;
+    .map_err(ConvertError::Read)?;
     let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
         bad(format!(
             "cannot parse {}: {e}",
@@ -118,7 +118,7 @@ fn inspect_q3(path: &Path, file_len: u64) -> Result<Inspection> {
         .ok_or_else(|| bad(format!("{rel} is not a component of {}", root.display())))?;
     let scale_of = |layer: u64| {
         let p = root.join(format!("ple/layer_{layer:03}/global_scale.bf16"));
-        std::fs::read(p)
+        ftpipe_fs::bounded::read_bounded_nofollow(&p, crate::write::MAX_GLOBAL_SCALE_BYTES)
             .ok()
             .and_then(|b| ftpipe_formats::Q3GlobalScale::from_bytes(&b).ok())
             .map(|g| g.value().to_f32())

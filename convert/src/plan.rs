@@ -103,6 +103,27 @@ impl Plan {
     }
 }
 
+/// The files every conversion reads besides the shards: the built-in
+/// profiles and recipes alike read `config.json` and the index, and nothing
+/// else (the shards they need are checked against the selection by
+/// [`take_unfetched`], naming the tensors).
+pub const CONVERSION_FILES: [&str; 2] = [CONFIG_FILE, INDEX_FILE];
+
+/// Refuses a fetch selection that leaves out a file the conversion reads
+/// ([`CONVERSION_FILES`]): found before any shard is requested, instead of
+/// after every shard was fetched and conversion found the file missing.
+pub fn needed_files_selected(selection: &FetchSelection) -> Result<(), ConvertError> {
+    for file in CONVERSION_FILES {
+        if let Some(why) = selection.excluded(file) {
+            return Err(ConvertError::NeededFileExcluded {
+                file: file.to_owned(),
+                by: why.by.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Tensors named in the error about a needed tensor in an excluded file.
 const EXCLUDED_EXAMPLES: usize = 3;
 
@@ -303,20 +324,16 @@ impl PlanOptions {
     }
 }
 
-/// Reads a TOML recipe, refusing a file over [`MAX_RECIPE_BYTES`] before
-/// reading it.
+/// Reads a TOML recipe through the bounded reader: a regular file (a link
+/// is followed) of at most [`MAX_RECIPE_BYTES`], refused without blocking
+/// when it is a FIFO or a device (`/dev/zero` has `st_size` 0 and no end).
 pub fn load_recipe(path: &Path) -> Result<Recipe> {
     let label = path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|e| ConvertError::io("read", path, e))?;
-    if meta.len() > MAX_RECIPE_BYTES as u64 {
-        return Err(RecipeError::TooLarge {
-            file: label,
-            len: meta.len(),
-            limit: MAX_RECIPE_BYTES as u64,
-        }
-        .into());
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| ConvertError::io("read", path, e))?;
+    let bytes = ftpipe_fs::bounded::read_bounded(path, MAX_RECIPE_BYTES as u64)?;
+    let text = String::from_utf8(bytes).map_err(|e| RecipeError::Syntax {
+        file: label.clone(),
+        message: format!("not UTF-8 text: {e}"),
+    })?;
     Ok(Recipe::from_toml(&label, &text)?)
 }
 
@@ -397,24 +414,18 @@ pub fn read_config(root: &Path) -> Result<Value> {
     parse_json(CONFIG_FILE, &read_small(root, CONFIG_FILE)?)
 }
 
+/// A small JSON file of the source checkpoint under `root` (a link is
+/// followed: an HF cache snapshot entry links to its blob), through the
+/// bounded reader: a regular file of at most [`MAX_JSON_BYTES`].
 fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
     let path = root.join(file);
-    match std::fs::metadata(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ConvertError::MissingFile {
-                file: file.to_owned(),
-            });
-        }
-        Ok(m) if m.len() > MAX_JSON_BYTES => {
-            return Err(ConvertError::JsonTooLarge {
-                file: file.to_owned(),
-                len: m.len(),
-                limit: MAX_JSON_BYTES,
-            });
-        }
-        _ => {}
+    match ftpipe_fs::bounded::read_bounded(&path, MAX_JSON_BYTES) {
+        Ok(b) => Ok(b),
+        Err(e) if e.is_not_found() => Err(ConvertError::MissingFile {
+            file: file.to_owned(),
+        }),
+        Err(e) => Err(e.into()),
     }
-    std::fs::read(&path).map_err(|e| ConvertError::io("read", &path, e))
 }
 
 /// A shard's header JSON and file length, saved while the shard is present
@@ -765,6 +776,7 @@ pub async fn plan<R: RemoteFiles>(
     source: &HeaderSource<'_, R>,
     opts: &PlanOptions,
 ) -> Result<Planned> {
+    needed_files_selected(&opts.selection)?;
     let config = parse_json(CONFIG_FILE, &source.small(CONFIG_FILE).await?)?;
     let map = index_weight_map(&source.small(INDEX_FILE).await?)?;
     // Choose the profile before any shard request: an unknown model_type

@@ -374,11 +374,14 @@ pub fn write_component(
     })
 }
 
+/// Largest global-scale file read back (one BF16 value is 2 bytes).
+pub const MAX_GLOBAL_SCALE_BYTES: u64 = 16;
+
 /// Reads a written global scale back, checking its digest against the
 /// receipt so a segment is never encoded under a scale nobody vouched for.
 pub fn read_global_scale(artifact: &Path, name: &str, sha256: &str) -> Result<Q3GlobalScale> {
     let path = safe_join(artifact, name)?;
-    let bytes = std::fs::read(&path).map_err(|e| ConvertError::io("read", &path, e))?;
+    let bytes = ftpipe_fs::bounded::read_bounded_nofollow(&path, MAX_GLOBAL_SCALE_BYTES)?;
     let actual = hex::encode(Sha256::digest(&bytes));
     if actual != sha256 {
         return Err(ConvertError::ComponentDigest {

@@ -5,6 +5,9 @@
 //!
 //! - [`durable`]: temp file → write → `sync_all` → rename → fsync the
 //!   directory; durable directory creation; leftover temp cleanup.
+//! - [`bounded`]: [`bounded::read_bounded`], the one reader of small files
+//!   a user or another program controls (regular files only, never
+//!   blocking, at most a named limit).
 //! - [`crashpoint`]: named points where tests stop the process between two
 //!   durable steps (`FTPIPE_CRASH_AT`).
 //! - [`direct`]: positioned writes and reads of whole blocks that bypass
@@ -23,6 +26,7 @@
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+pub mod bounded;
 pub mod class;
 pub mod crashpoint;
 pub mod direct;

@@ -11,7 +11,7 @@
 //! defended against (that needs `openat2(RESOLVE_NO_SYMLINKS)`).
 
 use std::fs::{File, Metadata, OpenOptions};
-use std::io::{Error, ErrorKind, Read};
+use std::io::{Error, ErrorKind};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -127,28 +127,6 @@ pub fn open_read(path: &Path) -> std::io::Result<File> {
     Ok(file)
 }
 
-/// Reads at most `limit` bytes of `path` (opened with [`open_read`]); a
-/// longer file is an error saying so, found before it is read whole.
-pub fn read_limited(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
-    let file = open_read(path)?;
-    let len = file.metadata()?.len();
-    if len > limit {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("is {len} bytes, more than the limit of {limit}"),
-        ));
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("grew past the limit of {limit} bytes while being read"),
-        ));
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,16 +152,6 @@ mod tests {
         let fresh = dir.path().join("fresh");
         let f = create_truncated(&fresh).unwrap();
         assert!(f.metadata().unwrap().is_file());
-    }
-
-    #[test]
-    fn read_limited_refuses_an_oversize_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("big");
-        std::fs::write(&p, vec![b' '; 100]).unwrap();
-        assert_eq!(read_limited(&p, 100).unwrap().len(), 100);
-        let err = read_limited(&p, 99).unwrap_err();
-        assert!(err.to_string().contains("limit of 99"), "{err}");
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! - [`identity`]: the three identities of a hub file (git blob id, LFS
 //!   SHA-256, ETag) as distinct types, and hashing against them.
 //! - [`hfcache`]: a Hugging Face cache as a source of pinned files.
+//! - [`token`]: where the token comes from (`--token-file`, `HF_TOKEN`,
+//!   `HF_TOKEN_PATH`, `$HF_HOME/token`), read bounded and checked.
 //! - [`paths`]: validation of repo ids and revisions; [`limits`]: named
 //!   limits on what a server may claim; [`json_keys`]: duplicate-key
 //!   detection in JSON.
@@ -33,6 +35,7 @@ pub mod limits;
 pub mod paths;
 pub mod remote;
 pub mod resolve;
+pub mod token;
 
 pub use client::{HubClient, Token};
 pub use error::{HubError, Result};

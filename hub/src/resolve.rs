@@ -240,6 +240,17 @@ fn globset(what: &'static str, globs: &[String]) -> Result<Option<GlobSet>> {
     }
     let mut b = GlobSetBuilder::new();
     for g in globs {
+        if g.trim().is_empty() {
+            // `--include ''` would select nothing and "succeed" having
+            // fetched nothing; `--exclude ''` would leave out nothing.
+            return Err(HubError::InvalidInput {
+                what,
+                message: format!(
+                    "{g:?} is empty: an empty glob matches no file (give a pattern such as \
+                     \"*.safetensors\", or leave the option out)"
+                ),
+            });
+        }
         b.add(Glob::new(g).map_err(|e| HubError::InvalidInput {
             what,
             message: format!("{g:?}: {e}"),

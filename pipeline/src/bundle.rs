@@ -27,7 +27,8 @@ use ftpipe_receipts::Store;
 
 use crate::audit::AuditReport;
 use crate::error::{PipelineError, Result};
-use ftpipe_convert::engine::{PLAN_FILE, SKELETON_FILE};
+use ftpipe_artifact::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
+use ftpipe_convert::engine::{MAX_PLAN_BYTES, MAX_SKELETON_BYTES, PLAN_FILE, SKELETON_FILE};
 
 /// zstd level: fast, and JSON compresses well even at low levels.
 const ZSTD_LEVEL: i32 = 3;
@@ -54,15 +55,21 @@ fn json<T: Serialize + ?Sized>(name: &str, value: &T) -> Result<(String, Vec<u8>
     Ok((name.to_owned(), bytes))
 }
 
-/// Reads `path` into an entry when it exists.
-fn copy_if_present(name: &str, path: &Path, out: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
-    match std::fs::read(path) {
+/// Reads `path` (a regular file of at most `limit` bytes, not a link) into
+/// an entry when it exists.
+fn copy_if_present(
+    name: &str,
+    path: &Path,
+    limit: u64,
+    out: &mut Vec<(String, Vec<u8>)>,
+) -> Result<()> {
+    match ftpipe_fs::bounded::read_bounded_nofollow(path, limit) {
         Ok(bytes) => {
             out.push((name.to_owned(), bytes));
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(PipelineError::io("read", path, e)),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(PipelineError::io("read", path, e.into())),
     }
 }
 
@@ -86,10 +93,30 @@ async fn collect(
     ];
     let artifact = out_dir.join("artifact");
     let state_dir = out_dir.join(".ftpipe");
-    copy_if_present(MANIFEST_FILE, &artifact.join(MANIFEST_FILE), &mut entries)?;
-    copy_if_present(PLACEMENT_FILE, &artifact.join(PLACEMENT_FILE), &mut entries)?;
-    copy_if_present(PLAN_FILE, &state_dir.join(PLAN_FILE), &mut entries)?;
-    copy_if_present(SKELETON_FILE, &state_dir.join(SKELETON_FILE), &mut entries)?;
+    copy_if_present(
+        MANIFEST_FILE,
+        &artifact.join(MANIFEST_FILE),
+        MAX_MANIFEST_BYTES,
+        &mut entries,
+    )?;
+    copy_if_present(
+        PLACEMENT_FILE,
+        &artifact.join(PLACEMENT_FILE),
+        MAX_PLACEMENT_BYTES,
+        &mut entries,
+    )?;
+    copy_if_present(
+        PLAN_FILE,
+        &state_dir.join(PLAN_FILE),
+        MAX_PLAN_BYTES,
+        &mut entries,
+    )?;
+    copy_if_present(
+        SKELETON_FILE,
+        &state_dir.join(SKELETON_FILE),
+        MAX_SKELETON_BYTES,
+        &mut entries,
+    )?;
     entries.push(json("audit.json", report)?);
     Ok(entries)
 }

@@ -54,6 +54,9 @@
 //! * `inspect`: `ftpipe inspect` on FTW, FTEXPERT and safetensors files.
 //! * `audit_bundle`: `ftpipe audit` reconciles and `--bundle` holds the
 //!   evidence without the token.
+//! * `hardening`: hostile inputs of issue 27: FIFOs and devices where a
+//!   token or recipe is read, bad tokens, selections leaving out what
+//!   conversion reads, the placement's read queue depth.
 //! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
 //!
 //! All modules share one process, and libtest runs their tests side by side
@@ -102,6 +105,7 @@ mod demo;
 mod disk_full;
 mod faults;
 mod fetch_basic;
+mod hardening;
 mod hf_cache;
 mod inspect;
 mod limits;

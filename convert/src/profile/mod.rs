@@ -133,6 +133,15 @@ fn flat_qwen4_declared(cfg: &Value) -> Result<(), ConvertError> {
     })
 }
 
+/// `num_experts_per_tok` of the text model, read where the layout keeps it
+/// (`text_config.num_experts_per_tok` in the released multimodal layout,
+/// the top level in flat ones). The placement's `read_queue_depth` follows
+/// from it (docs/formats.md), so a missing key is an error naming its JSON
+/// path, never a default.
+pub fn experts_per_token(cfg: &Value) -> Result<u64, ConvertError> {
+    TextConfig::of(cfg)?.u64("num_experts_per_tok")
+}
+
 /// The `model_type` of a config.
 pub fn model_type(cfg: &Value) -> Result<&str, ConvertError> {
     cfg.get("model_type")

@@ -104,10 +104,10 @@ impl ArtifactPart {
 /// Reads a JSON file the converter wrote (at most `limit` bytes, checked
 /// before reading, never through a link); `None` when it does not exist.
 fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
-    match ftpipe_fs::nofollow::read_limited(path, limit) {
+    match ftpipe_fs::bounded::read_bounded_nofollow(path, limit) {
         Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(PipelineError::io("read", path, e)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(PipelineError::io("read", path, e.into())),
     }
 }
 
