@@ -4,6 +4,7 @@
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+mod cli_docs;
 mod demo;
 mod report;
 mod table;
@@ -125,6 +126,26 @@ enum Command {
         /// Where to leave the result (default: a new temp dir).
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// Print the completion script of a shell.
+    ///
+    /// E.g. `ftpipe completions bash >
+    /// ~/.local/share/bash-completion/completions/ftpipe`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of ftpipe or of one command, or write them all.
+    ///
+    /// `ftpipe man fetch | man -l -` shows one page; `ftpipe man --dir DIR`
+    /// writes ftpipe.1 and ftpipe-COMMAND.1 for every command.
+    Man {
+        /// The command whose page to print (default: ftpipe's own page).
+        #[arg(value_name = "COMMAND", conflicts_with = "dir")]
+        command: Option<String>,
+        /// Write ftpipe.1 and ftpipe-COMMAND.1 for every command into DIR.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -779,6 +800,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             Ok(true)
         }
         Command::Demo { out } => demo::run(out).await,
+        Command::Completions { shell } => cli_docs::print_completions(shell),
+        Command::Man { command, dir } => cli_docs::man(command.as_deref(), dir.as_deref()),
     }
 }
 

@@ -92,6 +92,7 @@ mod attempts;
 mod audit_bundle;
 mod bad_input;
 mod chain_crash;
+mod cli_docs;
 mod convert;
 mod convert_bad_input;
 mod convert_crash;

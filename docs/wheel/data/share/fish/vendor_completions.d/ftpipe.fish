@@ -1,0 +1,162 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_ftpipe_global_optspecs
+    string join \n h/help V/version
+end
+
+function __fish_ftpipe_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_ftpipe_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_ftpipe_using_subcommand
+    set -l cmd (__fish_ftpipe_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -s V -l version -d 'Print version'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "fetch" -d 'Download a pinned repo into DIR/source with strict Range resume'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "status" -d 'Show the pin, stage states and byte counts of DIR'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "audit" -d 'Reconcile the byte ledger against receipts and files on disk'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "plan" -d 'Predict every output component\'s exact size before converting'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "convert" -d 'Convert DIR/source into the artifact in DIR/artifact (resumable)'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "run" -d 'resolve → plan → fetch → convert → verify, each a durable stage'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "inspect" -d 'Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only)'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "verify" -d 'Check an artifact directory on its own: no database, sources or network'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "demo" -d 'Serve a generated checkpoint locally, run the whole pipeline with a crash during download and one during conversion, resume, verify and audit'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "completions" -d 'Print the completion script of a shell'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l include -d 'Only files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l exclude -d 'Skip files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l connections -d 'HTTP requests in flight at once over all files (1 to 64): each file takes one, free ones split large files into ranges' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 256MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-hf-cache -d 'Never look in a Hugging Face cache'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l buffered-io -d 'Write downloaded files through the page cache. By default their whole blocks bypass it (O_DIRECT) where the volume allows: each byte is written once and hashed from memory, so caching it only costs a copy and evicts other data'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l json -d 'Newline-delimited JSON events and a JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l repin -d 'Follow a moved branch instead of keeping the pin'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-preflight -d 'Skip the free-space check before starting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l reacquire -d 'Fetch again the sources `convert --retire-sources` deleted'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l bundle -d 'Also write a zstd-compressed evidence bundle (tar) to this file' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash every source and component'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l recipe -d 'Plan with this declarative TOML recipe instead of a built-in profile' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l include -d 'Plan for a fetch of only the files matching these globs (default: the selection DIR was pinned with)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l exclude -d 'Plan for a fetch that skips the files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-hf-cache -d 'Never look in a Hugging Face cache'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l json -d 'Print one JSON object'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l jobs -d 'Components converted in parallel (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l protect -d 'Also keep tensors matching this glob BF16 and mark them protected (repeatable; part of the converter identity)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l recipe -d 'Convert with this declarative TOML recipe (glob → component, dtype policy) instead of a built-in profile' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l ram-budget -d 'RAM budget for placing expert layers (e.g. 64GiB; default 0: all file tier)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l reserve -d 'Part of the RAM budget kept free (e.g. 2GiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l retire-sources -d 'Delete each source shard once every component reading it is durable'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l rebuild -d 'Set a stale artifact aside (kept as evidence) and rebuild it'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l no-preflight -d 'Skip the free-space check before starting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l json -d 'Newline-delimited JSON events and a JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l include -d 'Only files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l exclude -d 'Skip files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l connections -d 'HTTP requests in flight at once over all files (1 to 64): each file takes one, free ones split large files into ranges' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 256MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l fetch-jobs -d 'Files the fetch stage transfers in parallel (1 to 64; default --jobs, else 4, as `fetch`)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l convert-jobs -d 'Components the convert stage converts in parallel (1 to 64; default --jobs, else 2, as `convert`)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l protect -d 'Also keep tensors matching this glob BF16 and mark them protected (repeatable; part of the converter identity)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l recipe -d 'Convert with this declarative TOML recipe (glob → component, dtype policy) instead of a built-in profile' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l ram-budget -d 'RAM budget for placing expert layers (e.g. 64GiB; default 0: all file tier)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reserve -d 'Part of the RAM budget kept free (e.g. 2GiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l no-hf-cache -d 'Never look in a Hugging Face cache'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l buffered-io -d 'Write downloaded files through the page cache. By default their whole blocks bypass it (O_DIRECT) where the volume allows: each byte is written once and hashed from memory, so caching it only costs a copy and evicts other data'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l json -d 'Newline-delimited JSON events and a JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l repin -d 'Follow a moved branch instead of keeping the pin'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l no-preflight -d 'Skip the free-space check before starting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reacquire -d 'Fetch again the sources `convert --retire-sources` deleted'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retire-sources -d 'Delete each source shard once every component reading it is durable'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l rebuild -d 'Set a stale artifact aside (kept as evidence) and rebuild it'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l deep -d 'Also re-hash every component'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l out -d 'Where to leave the result (default: a new temp dir)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -l dir -d 'Write ftpipe.1 and ftpipe-COMMAND.1 for every command into DIR' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "fetch" -d 'Download a pinned repo into DIR/source with strict Range resume'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "status" -d 'Show the pin, stage states and byte counts of DIR'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "audit" -d 'Reconcile the byte ledger against receipts and files on disk'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "plan" -d 'Predict every output component\'s exact size before converting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "convert" -d 'Convert DIR/source into the artifact in DIR/artifact (resumable)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "run" -d 'resolve → plan → fetch → convert → verify, each a durable stage'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "inspect" -d 'Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "verify" -d 'Check an artifact directory on its own: no database, sources or network'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "demo" -d 'Serve a generated checkpoint locally, run the whole pipeline with a crash during download and one during conversion, resume, verify and audit'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "completions" -d 'Print the completion script of a shell'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
