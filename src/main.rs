@@ -4,8 +4,24 @@
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
 
+/// Every print of the binary goes through [`output`] (the redaction
+/// point): these shadow std's macros for the whole crate.
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::output::stdout(&format!($($arg)*)) };
+}
+/// See [`print!`].
+macro_rules! println {
+    () => { $crate::output::stdout("\n") };
+    ($($arg:tt)*) => { $crate::output::stdout(&format!("{}\n", format_args!($($arg)*))) };
+}
+/// See [`print!`].
+macro_rules! eprintln {
+    ($($arg:tt)*) => { $crate::output::stderr(&format!("{}\n", format_args!($($arg)*))) };
+}
+
 mod cli_docs;
 mod demo;
+mod output;
 mod report;
 mod table;
 mod verify_view;
@@ -94,9 +110,15 @@ enum Command {
         deep: bool,
         #[arg(long)]
         json: bool,
-        /// Also write a zstd-compressed evidence bundle (tar) to this file.
+        /// Also write a zstd-compressed evidence bundle (tar) to this file;
+        /// it is refused if any entry holds the token (resolved as the
+        /// fetching commands do, so `--token-file` here names the same file).
         #[arg(long, value_name = "FILE.tar.zst")]
         bundle: Option<PathBuf>,
+        /// The token file the fetching commands were given, so the bundle
+        /// guard knows that token too.
+        #[arg(long, value_name = "FILE", requires = "bundle")]
+        token_file: Option<PathBuf>,
     },
     /// Predict every output component's exact size before converting.
     Plan(PlanArgs),
@@ -753,7 +775,13 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
             deep,
             json,
             bundle,
+            token_file,
         } => {
+            if bundle.is_some() {
+                // Resolving registers the token with the redaction point,
+                // which the bundle guard scans for.
+                load_token(token_file.as_deref())?;
+            }
             let (a, b) = ftpipe_pipeline::audit_with_bundle(&out, deep, bundle.as_deref()).await?;
             if json {
                 println!("{}", serde_json::to_string(&a)?);
@@ -1000,7 +1028,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("FTPIPE_LOG")
                 .unwrap_or_else(|_| "error".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(output::LogWriter::default)
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

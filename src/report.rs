@@ -4,7 +4,6 @@
 //! errors still reach stderr through the exit path).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -156,24 +155,24 @@ impl Reporter for Bars {
                 placement,
             } => {
                 advance(&self.total, size);
-                let _ = self.multi.println(format!(
+                let _ = self.multi.println(crate::output::redacted(&format!(
                     "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
-                ));
+                )));
             }
             ProgressEvent::FileResumedFromCache { path, bytes } => {
                 advance(&self.total, bytes);
-                let _ = self.multi.println(format!(
+                let _ = self.multi.println(crate::output::redacted(&format!(
                     "{path}: resuming an interrupted hf download at byte {bytes}"
-                ));
+                )));
             }
             ProgressEvent::CacheRejected {
                 path,
                 cache_path,
                 reason,
             } => {
-                let _ = self.multi.println(format!(
+                let _ = self.multi.println(crate::output::redacted(&format!(
                     "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
-                ));
+                )));
             }
             ProgressEvent::FilePublished { path, .. } => {
                 if let Some(b) = s.files.remove(&path) {
@@ -186,7 +185,9 @@ impl Reporter for Bars {
                     b.finish_and_clear();
                     self.multi.remove(&b);
                 }
-                let _ = self.multi.println(format!("failed: {path}: {error}"));
+                let _ = self
+                    .multi
+                    .println(crate::output::redacted(&format!("failed: {path}: {error}")));
             }
             ProgressEvent::FileRetry {
                 path,
@@ -195,10 +196,10 @@ impl Reporter for Bars {
                 retry_after_secs,
                 error,
             } => {
-                let _ = self.multi.println(format!(
+                let _ = self.multi.println(crate::output::redacted(&format!(
                     "retry {attempt} of {path} in {delay:.1?}{}: {error}",
                     waiting_note(retry_after_secs)
-                ));
+                )));
             }
             ProgressEvent::ConvertPlanned {
                 total_bytes,
@@ -212,7 +213,7 @@ impl Reporter for Bars {
             }
             ProgressEvent::ComponentWritten { size, .. } => advance(&self.total, size),
             ProgressEvent::Note { message } => {
-                let _ = self.multi.println(message);
+                let _ = self.multi.println(crate::output::redacted(&message));
             }
         }
     }
@@ -355,10 +356,7 @@ pub struct JsonLines;
 
 impl Reporter for JsonLines {
     fn report(&self, event: ProgressEvent) {
-        if let Ok(line) = serde_json::to_string(&event) {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
-        }
+        let _ = crate::output::json_line(&event);
     }
 }
 

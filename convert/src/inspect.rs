@@ -197,11 +197,14 @@ fn entries(list: &[ftpipe_formats::entry::Entry]) -> Vec<InspectedTensor> {
 /// Inspects `path` by its magic bytes.
 pub fn inspect(path: &Path) -> Result<Inspection> {
     let io = |e| ConvertError::io("read", path, e);
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    // A FIFO or device given by mistake is refused, never waited on; a
+    // link is followed (an HF cache snapshot entry is one).
+    let open = || ftpipe_fs::bounded::open_regular(path, ftpipe_fs::bounded::Links::Follow);
+    let mut file = open()?;
     let file_len = file.metadata().map_err(io)?.len();
     let mut magic = [0u8; 9];
     let got = file.read(&mut magic).map_err(io)?;
-    let reopen = || std::fs::File::open(path).map_err(io);
+    let reopen = || open().map_err(ConvertError::from);
     if magic[..got].starts_with(&ftpipe_formats::ftw::FTW_MAGIC) {
         let h = ftpipe_formats::ftw::FtwHeader::read_from(reopen()?)
             .map_err(|e| from_format(path, e))?;

@@ -571,7 +571,7 @@ impl SourceHeader {
         name: &str,
     ) -> std::io::Result<Result<(Vec<u8>, u64), SourceError>> {
         use std::io::Read;
-        let mut file = std::fs::File::open(path)?;
+        let mut file = ftpipe_fs::nofollow::open_read(path)?;
         let file_len = file.metadata()?.len();
         let mut first8 = [0u8; 8];
         let got = file.read(&mut first8)?;

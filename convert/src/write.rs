@@ -75,7 +75,8 @@ impl Sources {
 
     fn open(&self, file: &str) -> Result<File> {
         let path = safe_join(&self.root, file)?;
-        ftpipe_fs::nofollow::open_read(&path).map_err(|e| ConvertError::io("open source", path, e))
+        ftpipe_fs::nofollow::open_read_unshared(&path)
+            .map_err(|e| ConvertError::io("open source", path, e))
     }
 
     /// Calls `each` with consecutive chunks of `span`, each at most

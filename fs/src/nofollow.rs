@@ -127,6 +127,22 @@ pub fn open_read(path: &Path) -> std::io::Result<File> {
     Ok(file)
 }
 
+/// [`open_read`], also refusing a file with more than one link: another
+/// name for the same inode (a hard link into a cache another program
+/// writes) could change its bytes after they were verified. Sources are
+/// opened this way before conversion reads them.
+pub fn open_read_unshared(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::MetadataExt;
+    let file = open_read(path)?;
+    let links = file.metadata()?.nlink();
+    if links > 1 {
+        return Err(refused(&format!(
+            "has {links} links: another name shares its bytes and can change them after they were verified"
+        )));
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

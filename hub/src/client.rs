@@ -16,10 +16,15 @@ use crate::limits::{MAX_JSON_BYTES, MAX_REDIRECTS};
 pub struct Token(String);
 
 impl Token {
-    /// Wraps a token, trimming surrounding whitespace.
+    /// Wraps a token, trimming surrounding whitespace, and registers it
+    /// with the redaction point (`ftpipe_secrets`): from here on no output
+    /// or record of this process can hold it, whatever echoes it back.
     pub fn new(raw: &str) -> Option<Token> {
         let t = raw.trim();
-        (!t.is_empty()).then(|| Token(t.to_owned()))
+        (!t.is_empty()).then(|| {
+            ftpipe_secrets::register(t);
+            Token(t.to_owned())
+        })
     }
 }
 
@@ -95,8 +100,9 @@ impl HubClient {
         let endpoint =
             Url::parse(endpoint.trim_end_matches('/')).map_err(|e| HubError::InvalidInput {
                 what: "endpoint",
-                message: format!("{endpoint:?}: {e}"),
+                message: format!("{:?}: {e}", mask_userinfo(endpoint)),
             })?;
+        refuse_userinfo(&endpoint)?;
         if !matches!(endpoint.scheme(), "http" | "https") {
             return Err(HubError::InvalidInput {
                 what: "endpoint",
@@ -297,6 +303,45 @@ impl HubClient {
     }
 }
 
+/// Refuses an endpoint carrying credentials (`http://user:secret@host`).
+///
+/// Refused rather than stripped: stripping would silently send requests
+/// without the authentication the user wrote, and keeping them would put a
+/// password in `pin.endpoint`, the audit and the bundle. The hub takes a
+/// bearer token (`HF_TOKEN`, `--token-file`), which ftpipe keeps out of
+/// every record. The error shows the endpoint with its userinfo masked.
+fn refuse_userinfo(endpoint: &Url) -> Result<()> {
+    if endpoint.username().is_empty() && endpoint.password().is_none() {
+        return Ok(());
+    }
+    if let Some(password) = endpoint.password() {
+        ftpipe_secrets::register(password);
+    }
+    Err(HubError::InvalidInput {
+        what: "endpoint",
+        message: format!(
+            "{}: credentials in the endpoint URL are refused (they would be stored with the pin); \
+             give the token with HF_TOKEN or --token-file",
+            mask_userinfo(endpoint.as_str())
+        ),
+    })
+}
+
+/// `raw` with anything between `://` and the last `@` of its authority
+/// replaced by `***` (for errors about an endpoint that may hold a
+/// password, parseable or not).
+pub fn mask_userinfo(raw: &str) -> String {
+    let Some(scheme_end) = raw.find("://").map(|i| i + 3) else {
+        return raw.to_owned();
+    };
+    let rest = &raw[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &raw[..scheme_end], &rest[at..]),
+        None => raw.to_owned(),
+    }
+}
+
 /// A URL without its query (which may carry signed credentials).
 pub fn redact(url: &Url) -> String {
     let mut u = url.clone();
@@ -345,6 +390,28 @@ mod tests {
             HeaderValue::from_static("<http://h/api?cursor=2>; rel=\"next\""),
         );
         assert_eq!(next_link(&h).as_deref(), Some("http://h/api?cursor=2"));
+    }
+
+    #[test]
+    fn endpoint_credentials_are_refused_and_masked() {
+        let e = HubClient::new(
+            "http://user:pa55word_secret@127.0.0.1:9/",
+            None,
+            Duration::from_secs(1),
+        )
+        .err()
+        .expect("userinfo refused")
+        .to_string();
+        assert!(e.contains("http://***@127.0.0.1:9/"), "{e}");
+        assert!(!e.contains("pa55word"), "{e}");
+        assert_eq!(mask_userinfo("http://a:b@h/x@y"), "http://***@h/x@y");
+        assert_eq!(mask_userinfo("http://h/x@y"), "http://h/x@y");
+        assert_eq!(mask_userinfo("no scheme"), "no scheme");
+        let bad = HubClient::new("http://u:p@[::1", None, Duration::from_secs(1))
+            .err()
+            .expect("unparseable")
+            .to_string();
+        assert!(!bad.contains("u:p"), "{bad}");
     }
 
     #[test]

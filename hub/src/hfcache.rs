@@ -275,24 +275,21 @@ fn check_regular(path: &Path, size: u64, kind: LookupKind) -> Lookup {
 pub use ftpipe_receipts::Placement;
 
 /// Places `blob` at `dest` (which must not exist): a reflink where the
-/// filesystem can, else a hard link on the same filesystem, else a copy.
-/// `dest` is created without following links; nothing is written to the
-/// cache. The caller fsyncs and verifies `dest`.
+/// filesystem can, else a copy. `dest` is created without following links;
+/// nothing is written to the cache. The caller fsyncs and verifies `dest`.
+///
+/// Never a hard link: it would share the inode with the cache's blob, so a
+/// program rewriting the blob in place (the cache is not ftpipe's) would
+/// change `DIR/source` after it was verified, and an artifact would be
+/// built from bytes that are not the pin's. A reflink shares extents
+/// copy-on-write, so the blob's later writes never reach the copy
+/// (`docs/design.md`, "Adopted bytes stay the pinned bytes").
 pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
-    let src = ftpipe_fs::nofollow::open_read(blob)?;
-    let out = create_new(dest)?;
+    let mut src = ftpipe_fs::nofollow::open_read(blob)?;
+    let mut out = create_new(dest)?;
     if rustix::fs::ioctl_ficlone(&out, &src).is_ok() {
         return Ok(Placement::Reflink);
     }
-    drop(out);
-    std::fs::remove_file(dest)?;
-    // `link(2)` does not follow a link at `blob` (it was opened no-follow
-    // above, and it is a real path inside `blobs/`).
-    if std::fs::hard_link(blob, dest).is_ok() {
-        return Ok(Placement::Hardlink);
-    }
-    let mut out = create_new(dest)?;
-    let mut src = src;
     std::io::copy(&mut src, &mut out)?;
     Ok(Placement::Copy)
 }

@@ -14,8 +14,10 @@
 //!
 //! Tokens are never stored anywhere ftpipe writes, so none can reach the
 //! bundle; as a second line of defence every entry (and its name) is
-//! scanned for the bytes of `HF_TOKEN` (and any other secret the caller
-//! passes) before anything is written, and a hit fails the bundle instead.
+//! scanned for the bytes of `HF_TOKEN`, of every credential registered with
+//! the redaction point (`ftpipe_secrets`: the token resolved from any
+//! source) and of any other secret the caller passes, before anything is
+//! written, and a hit fails the bundle instead.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -121,21 +123,28 @@ async fn collect(
     Ok(entries)
 }
 
-/// Fails when any entry name or content contains one of `secrets`.
+/// Fails when any entry name or content contains one of `secrets` or a
+/// credential registered with the redaction point (the resolved token,
+/// whatever its source).
 fn scan(entries: &[(String, Vec<u8>)], secrets: &[Vec<u8>]) -> Result<()> {
-    for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET_LEN) {
-        let hit = |hay: &[u8]| hay.windows(secret.len()).any(|w| w == secret.as_slice());
-        if let Some((name, _)) = entries
+    let given = |hay: &[u8]| {
+        secrets
             .iter()
-            .find(|(name, bytes)| hit(name.as_bytes()) || hit(bytes))
-        {
-            return Err(PipelineError::InvalidInput {
-                what: "evidence bundle",
-                message: format!(
-                    "entry {name} contains a secret token; refusing to write the bundle"
-                ),
-            });
-        }
+            .filter(|s| s.len() >= MIN_SECRET_LEN)
+            .any(|secret| hay.windows(secret.len()).any(|w| w == secret.as_slice()))
+    };
+    let hit = |hay: &[u8]| given(hay) || ftpipe_secrets::contains_secret(hay);
+    if let Some((name, _)) = entries
+        .iter()
+        .find(|(name, bytes)| hit(name.as_bytes()) || hit(bytes))
+    {
+        return Err(PipelineError::InvalidInput {
+            what: "evidence bundle",
+            message: format!(
+                "entry {} contains a secret token; refusing to write the bundle",
+                ftpipe_secrets::redact(name)
+            ),
+        });
     }
     Ok(())
 }
@@ -172,7 +181,8 @@ fn write_archive(entries: &[(String, Vec<u8>)], tmp: &Path, dest: &Path) -> Resu
 
 /// Writes the evidence bundle of `out_dir` (`DIR`) with `report` as
 /// `audit.json` to `dest` (conventionally `*.tar.zst`). Refuses to write
-/// when an entry contains the value of `HF_TOKEN`.
+/// when an entry contains the value of `HF_TOKEN` or any credential
+/// registered with `ftpipe_secrets` (the caller resolves the token first).
 pub async fn write_bundle(
     store: &Store,
     out_dir: &Path,

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{PipelineError, Result};
 use ftpipe_fs::FsError;
 
+/// Most bytes of the lock file read for the holder's PID (a PID is at
+/// most 10 digits; the file is in `DIR`, which others can write).
+const MAX_PID_BYTES: u64 = 32;
+
 /// Held for as long as the value lives.
 #[derive(Debug)]
 pub struct DirLock {
@@ -24,8 +28,10 @@ impl DirLock {
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                let mut pid = String::new();
-                let _ = file.read_to_string(&mut pid);
+                // The holder wrote its PID; anyone could have written more.
+                let mut raw = Vec::new();
+                let _ = (&mut file).take(MAX_PID_BYTES).read_to_end(&mut raw);
+                let pid = String::from_utf8_lossy(&raw);
                 let pid = pid.trim();
                 return Err(PipelineError::Locked {
                     lock: path.to_owned(),

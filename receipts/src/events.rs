@@ -237,7 +237,9 @@ stored_enum! {
     Placement, "cache_candidates.placement" {
         /// A copy-on-write clone (FICLONE): no bytes copied, no shared inode.
         Reflink = "reflink",
-        /// A hard link to the cache's inode (same filesystem).
+        /// A hard link to the cache's inode: recorded by older versions
+        /// only (a hard link lets the cache change an adopted file; now
+        /// never made, and conversion refuses a source with two links).
         Hardlink = "hardlink",
         /// A byte copy.
         Copy = "copy",

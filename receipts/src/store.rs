@@ -8,6 +8,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection, Row, SqliteConnection};
 use tokio::sync::{Mutex, MutexGuard};
 
+use ftpipe_secrets::redact;
+
 use crate::error::{QueryContext, Result, StoreError};
 use crate::events::{
     AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement, Stage, StageEvent,
@@ -37,6 +39,12 @@ pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
     })
 }
 
+/// A text column's value from outside (a header, an error, a URL) as
+/// stored: every registered credential redacted (`ftpipe_secrets`).
+fn clean(text: Option<&str>) -> Option<String> {
+    text.map(|t| redact(t).into_owned())
+}
+
 /// Inserts `attempt` as `in_flight` in the open transaction; its id.
 pub(crate) async fn insert_attempt(
     conn: &mut SqliteConnection,
@@ -55,7 +63,7 @@ pub(crate) async fn insert_attempt(
     .bind(&attempt.path)
     .bind(&attempt.host)
     .bind(range_start)
-    .bind(&attempt.if_range)
+    .bind(clean(attempt.if_range.as_deref()))
     .bind(AttemptOutcome::InFlight.as_str())
     .execute(&mut *conn)
     .await
@@ -274,7 +282,7 @@ impl Store {
             .bind(run)
             .bind(stage.as_str())
             .bind(event.as_str())
-            .bind(detail)
+            .bind(redact(detail))
             .execute(&mut *tx)
             .await
             .ctx("insert stage event")?;
@@ -362,7 +370,7 @@ impl Store {
         .bind(&pin.repo)
         .bind(&pin.revision)
         .bind(&pin.commit)
-        .bind(&pin.endpoint)
+        .bind(redact(&pin.endpoint))
         .execute(&mut *tx)
         .await
         .ctx("upsert pin")?;
@@ -590,7 +598,7 @@ impl Store {
         )
         .bind(to_i64(path, committed)?)
         .bind(to_i64(path, transferred_delta)?)
-        .bind(validator)
+        .bind(clean(validator))
         .bind(path)
         .execute(&mut *tx)
         .await
@@ -700,11 +708,11 @@ impl Store {
         )
         .bind(&attempt.host)
         .bind(attempt.status.map(i64::from))
-        .bind(&attempt.content_range)
-        .bind(&attempt.etag)
+        .bind(clean(attempt.content_range.as_deref()))
+        .bind(clean(attempt.etag.as_deref()))
         .bind(to_i64(&attempt.path, attempt.body_bytes)?)
         .bind(attempt.outcome.as_str())
-        .bind(&attempt.error)
+        .bind(clean(attempt.error.as_deref()))
         .bind(attempt.id)
         .execute(&mut *tx)
         .await
@@ -1036,7 +1044,7 @@ async fn insert_candidate(
     .bind(c.outcome.as_str())
     .bind(c.placement.map(Placement::as_str))
     .bind(to_i64(&c.path, c.bytes)?)
-    .bind(&c.detail)
+    .bind(redact(&c.detail))
     .execute(&mut **tx)
     .await
     .ctx("insert cache candidate")?;

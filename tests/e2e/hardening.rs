@@ -275,3 +275,28 @@ fn missing_experts_per_token_is_an_error_naming_its_path() {
         &["config.json", "text_config.num_experts_per_tok", "missing"],
     );
 }
+
+/// A source sharing its inode with another name (a hard link, as older
+/// versions made into the Hugging Face cache) can change after it was
+/// verified. Conversion refuses to read it, naming the file and why, and
+/// no artifact is published.
+#[test]
+fn a_hard_linked_source_is_refused_by_conversion() {
+    let hub = hub_serving(generate_qwen4_repo(SEED, QwenShape::default()));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
+    let shard = std::fs::read_dir(out.join("source"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .expect("a shard");
+    std::fs::hard_link(&shard, tmp.path().join("elsewhere")).unwrap();
+    let o = run(ftpipe().args(["convert", "--out"]).arg(&out));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let name = shard.file_name().unwrap().to_str().unwrap();
+    assert_names(&err, &[name, "2 links"]);
+    assert!(!out.join("artifact/manifest.json").exists());
+}

@@ -474,3 +474,58 @@ fn offline_works_from_durable_state_and_the_cache_and_names_what_is_missing() {
     assert_files_match(&out, &files);
     assert_clean_audit(&out);
 }
+
+/// Regression: a cached blob adopted as a hard link (ext4, no reflink) was
+/// the same inode as `DIR/source/…`, so rewriting the blob in place after
+/// adoption changed the source, and `run` built and verified an artifact
+/// from bytes that were not the pin's (exit 0; only `audit --deep`
+/// noticed). Adoption now reflinks or copies, never links: the rewrite
+/// cannot reach the source, and the artifact is the one a run without the
+/// cache builds.
+#[test]
+fn a_blob_rewritten_in_place_after_adoption_never_reaches_the_artifact() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let hub = qwen4_hub(33, ftpipe_fixtures::qwen4::QwenShape::default());
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    hf_download_ok(&hub.endpoint(), &hf_home, None);
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let adopted = events(&lines, "file_adopted");
+    assert!(!adopted.is_empty(), "{lines:#?}");
+    for e in &adopted {
+        assert_ne!(e["placement"], "hardlink", "{e}");
+    }
+    // Another program rewrites every cached shard in place (same inode).
+    let mut rewritten = 0;
+    for blob in std::fs::read_dir(blobs_dir(&hf_home)).unwrap().flatten() {
+        let len = blob.metadata().unwrap().len();
+        if len < 1 << 16 {
+            continue;
+        }
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(blob.path())
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x5a; 4096], len / 2).unwrap();
+        f.sync_all().unwrap();
+        rewritten += 1;
+    }
+    assert!(rewritten > 0, "no shard blob in the cache");
+    let mut cmd = run_cmd(&hub.endpoint(), &out, &[]);
+    run_ok(cmd.env("HF_HOME", &hf_home));
+    run_ok(
+        ftpipe()
+            .args(["verify", "--deep"])
+            .arg(out.join("artifact")),
+    );
+    assert_clean_audit(&out);
+    // The same artifact as a run that never saw the cache.
+    let fresh = tmp.path().join("fresh");
+    run_ok(&mut run_cmd(&hub.endpoint(), &fresh, &["--no-hf-cache"]));
+    assert_eq!(manifest_sha(&out), manifest_sha(&fresh));
+}

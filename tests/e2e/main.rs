@@ -25,6 +25,8 @@
 //! * `security`: the token stays on the hub's origin and out of all state;
 //!   the pin is sticky.
 //! * `symlinks`: links, hard links and FIFOs planted in `DIR` are refused.
+//! * `token_echo`: a hub echoing the token back (ETag, Content-Range, a
+//!   401's message) or an endpoint holding credentials leaks it nowhere.
 //! * `bad_input`: hostile or inconsistent listings, JSON, sizes and files on
 //!   disk end in a clear error.
 //! * `limits`: everything read from outside is bounded (listing, manifest).
@@ -119,5 +121,6 @@ mod recipe;
 mod security;
 mod segmented;
 mod symlinks;
+mod token_echo;
 mod tty_progress;
 mod verify;

@@ -132,7 +132,7 @@ fn is_hex64(s: &str) -> bool {
 
 /// Lower-case hex SHA-256 of the first `len` bytes of `path`.
 fn sha256_file(path: &Path, len: u64) -> std::io::Result<String> {
-    let mut file = File::open(path)?;
+    let mut file = ftpipe_fs::nofollow::open_read(path)?;
     let mut hasher = Sha256::new();
     ftpipe_fs::overlapped::read_prefix(&mut file, len, |bytes| hasher.update(bytes))?;
     Ok(hex::encode(hasher.finalize()))
@@ -173,7 +173,7 @@ fn first_difference<'a>(
 }
 
 fn open(path: &Path, name: &str, found: &mut Findings) -> Option<BufReader<File>> {
-    match File::open(path) {
+    match ftpipe_fs::nofollow::open_read(path) {
         Ok(f) => Some(BufReader::new(f)),
         Err(e) => {
             found.fail(Some(name), check::IO, format!("cannot open {name}: {e}"));
@@ -285,7 +285,8 @@ fn check_ftexpert(path: &Path, name: &str, len: u64, want: &ExpertWant<'_>, foun
 
 fn check_scale(path: &Path, name: &str, found: &mut Findings) {
     let mut bytes = Vec::new();
-    if let Err(e) = File::open(path).and_then(|f| f.take(SCALE_READ_LIMIT).read_to_end(&mut bytes))
+    if let Err(e) = ftpipe_fs::nofollow::open_read(path)
+        .and_then(|f| f.take(SCALE_READ_LIMIT).read_to_end(&mut bytes))
     {
         found.fail(Some(name), check::IO, format!("cannot read {name}: {e}"));
         return;

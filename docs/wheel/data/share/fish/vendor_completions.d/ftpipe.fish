@@ -71,7 +71,8 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l out -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l json
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l out -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l bundle -d 'Also write a zstd-compressed evidence bundle (tar) to this file' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l bundle -d 'Also write a zstd-compressed evidence bundle (tar) to this file; it is refused if any entry holds the token (resolved as the fetching commands do, so `--token-file` here names the same file)' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l token-file -d 'The token file the fetching commands were given, so the bundle guard knows that token too' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash every source and component'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'

@@ -1,0 +1,231 @@
+//! Regression: a hub that echoes the caller's token back put it where
+//! ftpipe keeps records. Echoed as an `ETag`, the token was stored in
+//! `state.db` (the attempts' ETag and If-Range columns); in the
+//! `X-Error-Message` of a `401` from the revision API it was printed on
+//! stderr and stored as the failed stage's detail; inside a bad
+//! `Content-Range` it reached `--json` events, `audit --json`, `state.db`
+//! and the bundle. The bundle guard only knew `HF_TOKEN`'s value, so a
+//! token from `$HF_HOME/token`, `HF_TOKEN_PATH` or `--token-file` passed
+//! it; and `--endpoint http://user:TOKEN@host` kept the password in the
+//! pin. Every string from outside now passes one redaction point that
+//! knows the resolved token whatever its source, and credentials in an
+//! endpoint are refused.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::common::*;
+use ftpipe_fixtures::Echo;
+
+const TOKEN: &str = "hf_echoedTokenValue0123456789ab";
+
+/// Where the token comes from in each test.
+enum TokenFrom {
+    TokenFile,
+    TokenPath,
+    HfHome,
+}
+
+/// Writes the token where `from` says and points `cmd` at it.
+fn with_token(cmd: &mut Command, from: &TokenFrom, dir: &Path) {
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    match from {
+        TokenFrom::TokenFile => {
+            cmd.arg("--token-file").arg(&file);
+        }
+        TokenFrom::TokenPath => {
+            cmd.env("HF_TOKEN_PATH", &file);
+        }
+        TokenFrom::HfHome => {
+            cmd.env("HF_HOME", dir);
+        }
+    }
+}
+
+fn assert_clean(what: &str, bytes: &[u8]) {
+    let hay = String::from_utf8_lossy(bytes);
+    assert!(
+        !hay.contains("echoedTokenValue"),
+        "the token leaked into {what}"
+    );
+}
+
+fn assert_output_clean(what: &str, o: &Output) {
+    assert_clean(&format!("stdout of {what}"), &o.stdout);
+    assert_clean(&format!("stderr of {what}"), &o.stderr);
+}
+
+/// Every file under `DIR/.ftpipe` (state.db and its WAL), raw bytes.
+fn assert_state_clean(out: &Path) {
+    for e in std::fs::read_dir(out.join(".ftpipe")).unwrap().flatten() {
+        assert_clean(
+            &e.path().display().to_string(),
+            &std::fs::read(e.path()).unwrap(),
+        );
+    }
+}
+
+/// `status`, `audit --json` and an evidence bundle (guard given the same
+/// token source): none holds the token, and the bundle is written.
+fn assert_reports_and_bundle_clean(out: &Path, from: &TokenFrom, dir: &Path) {
+    for args in [vec!["status", "--json"], vec!["audit", "--json"]] {
+        let mut cmd = ftpipe();
+        cmd.args(&args).arg("--out").arg(out);
+        let o = run(&mut cmd);
+        assert_output_clean(&args.join(" "), &o);
+    }
+    let bundle = dir.join("evidence.tar.zst");
+    let mut cmd = ftpipe();
+    cmd.args(["audit", "--out"])
+        .arg(out)
+        .arg("--bundle")
+        .arg(&bundle);
+    with_token(&mut cmd, from, dir);
+    let o = run(&mut cmd);
+    assert_output_clean("audit --bundle", &o);
+    assert!(bundle.exists(), "no bundle: {}", stderr(&o));
+    let tar = zstd::decode_all(&std::fs::read(&bundle).unwrap()[..]).unwrap();
+    let mut archive = tar::Archive::new(&tar[..]);
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        let mut body = Vec::new();
+        e.read_to_end(&mut body).unwrap();
+        assert_clean(&format!("bundle entry {:?}", e.path().unwrap()), &body);
+    }
+}
+
+/// Fetches with the hub echoing the token as `echo`; returns the fetch's
+/// output, the out dir and the temp dir holding both.
+fn fetch_with_echo(echo: Echo, from: &TokenFrom, seed: u64) -> (Output, tempfile::TempDir) {
+    let (hub, _files) = hub_with_repo(seed, 1 << 20);
+    hub.set_echo(Some(echo));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fetch_cmd(&hub.endpoint(), &dir.path().join("out"), &["--json"]);
+    cmd.args(["--retries", "1"]);
+    with_token(&mut cmd, from, dir.path());
+    let o = run(&mut cmd);
+    assert!(
+        hub.requests().iter().any(|r| r.fault.is_some()),
+        "the hub never echoed the token: {:#?}\n{}",
+        hub.requests(),
+        stderr(&o)
+    );
+    (o, dir)
+}
+
+#[test]
+fn token_echoed_as_etag_is_never_stored_or_printed() {
+    let from = TokenFrom::TokenPath;
+    let (o, dir) = fetch_with_echo(Echo::Etag, &from, 81);
+    let out = dir.path().join("out");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_output_clean("fetch --json", &o);
+    let etags = query(&out, "SELECT COALESCE(etag, '') FROM attempts");
+    assert!(
+        etags.iter().any(|e| e.contains("<redacted>")),
+        "no attempt recorded the echoed ETag (redacted): {etags:?}"
+    );
+    assert_state_clean(&out);
+    assert_reports_and_bundle_clean(&out, &from, dir.path());
+}
+
+#[test]
+fn token_inside_a_bad_content_range_is_never_stored_or_printed() {
+    let from = TokenFrom::TokenFile;
+    let (o, dir) = fetch_with_echo(Echo::ContentRange, &from, 82);
+    let out = dir.path().join("out");
+    assert!(!o.status.success(), "a bad Content-Range was accepted");
+    assert_output_clean("fetch --json", &o);
+    let ranges = query(&out, "SELECT COALESCE(content_range, '') FROM attempts");
+    assert!(
+        ranges.iter().any(|r| r.contains("<redacted>")),
+        "no attempt recorded the (redacted) Content-Range: {ranges:?}"
+    );
+    assert_state_clean(&out);
+    assert_reports_and_bundle_clean(&out, &from, dir.path());
+}
+
+#[test]
+fn token_in_a_401_error_message_is_never_stored_or_printed() {
+    let from = TokenFrom::HfHome;
+    let (o, dir) = fetch_with_echo(Echo::ErrorMessage, &from, 83);
+    let out = dir.path().join("out");
+    assert!(!o.status.success(), "a 401 was not an error");
+    let err = stderr(&o);
+    assert!(err.contains("401") && err.contains("<redacted>"), "{err}");
+    assert_output_clean("fetch --json", &o);
+    let details = query(&out, "SELECT detail FROM stage_events");
+    assert!(
+        details.iter().any(|d| d.contains("<redacted>")),
+        "the failed stage's detail lost the message: {details:?}"
+    );
+    assert_state_clean(&out);
+}
+
+#[test]
+fn bundle_guard_knows_a_token_from_any_source() {
+    let (hub, _files) = hub_with_repo(84, 1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &[]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A state database written by an older ftpipe, before redaction: the
+    // token sits in an attempt's error.
+    sqlite_exec(
+        &out,
+        &format!(
+            "UPDATE attempts SET error = 'echo {TOKEN}' WHERE id = (SELECT MIN(id) FROM attempts)"
+        ),
+    );
+    for from in [
+        TokenFrom::TokenFile,
+        TokenFrom::TokenPath,
+        TokenFrom::HfHome,
+    ] {
+        let bundle = dir.path().join("evidence.tar.zst");
+        let mut cmd = ftpipe();
+        cmd.args(["audit", "--out"])
+            .arg(&out)
+            .arg("--bundle")
+            .arg(&bundle);
+        with_token(&mut cmd, &from, dir.path());
+        let o = run(&mut cmd);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("refusing to write the bundle"),
+            "{}",
+            stderr(&o)
+        );
+        assert_output_clean("audit --bundle", &o);
+        assert!(!bundle.exists(), "a bundle holding the token was written");
+    }
+}
+
+#[test]
+fn endpoint_credentials_are_refused_without_printing_them() {
+    let (hub, _files) = hub_with_repo(85, 1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let endpoint = hub
+        .endpoint()
+        .replacen("http://", &format!("http://user:{TOKEN}@"), 1);
+    let o = run(&mut fetch_cmd(&endpoint, &out, &["--json"]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("credentials in the endpoint URL are refused"),
+        "{err}"
+    );
+    assert!(err.contains("http://***@127.0.0.1"), "{err}");
+    assert_output_clean("fetch", &o);
+    assert!(
+        hub.requests().is_empty(),
+        "a request went out: {:#?}",
+        hub.requests()
+    );
+    if out.join(".ftpipe").exists() {
+        assert_state_clean(&out);
+    }
+}
