@@ -115,6 +115,14 @@ pub enum ConvertError {
         /// The largest size accepted, in bytes.
         limit: u64,
     },
+    /// A source's JSON holds a credential this process sent (a server
+    /// echoing the token into the file); it would reach the plan and the
+    /// manifest, so the file is refused.
+    #[error("{file}: holds the hub token this process sent; refusing the file")]
+    HoldsCredential {
+        /// The JSON file at fault (repo-relative).
+        file: String,
+    },
     /// A key repeats in a JSON object of a source file (a map would keep
     /// only the last).
     #[error("{file}: duplicate key(s): {keys}")]

@@ -201,12 +201,23 @@ fn take_unfetched(
     Ok((omitted, sources))
 }
 
+/// Refuses `bytes` of `file` when they hold a credential of this process.
+fn refuse_credentials(file: &str, bytes: &[u8]) -> Result<(), ConvertError> {
+    if ftpipe_secrets::contains_secret(bytes) {
+        return Err(ConvertError::HoldsCredential {
+            file: file.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Parses `bytes` of `file`, refusing a key repeated in any object.
 fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
     let malformed = |source: serde_json::Error| ConvertError::MalformedJson {
         file: file.to_owned(),
         source,
     };
+    refuse_credentials(file, bytes)?;
     let value = serde_json::from_slice(bytes).map_err(malformed)?;
     let dups = ftpipe_hub::json_keys::duplicate_keys(bytes).map_err(malformed)?;
     if !dups.is_empty() {
@@ -258,6 +269,7 @@ fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError>
 /// beside the map. Repeated keys are looked for first, so that walk's key
 /// sets are gone before the map is built.
 pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
+    refuse_credentials(INDEX_FILE, bytes)?;
     let dups = ftpipe_hub::json_keys::duplicate_keys(bytes).map_err(|source| {
         ConvertError::MalformedJson {
             file: INDEX_FILE.into(),

@@ -84,6 +84,14 @@ pub enum SourceError {
         /// The repeated keys, with the objects they repeat in.
         keys: String,
     },
+    /// The header holds a credential this process sent (a server echoing
+    /// the token into the file): it would reach the plan, the manifest
+    /// and the components, so the file is refused.
+    #[error("{file}: the header holds the hub token this process sent; refusing the file")]
+    HoldsCredential {
+        /// The safetensors file at fault.
+        file: String,
+    },
     /// A dtype this reader does not know.
     #[error("{file}: tensor {tensor}: unknown dtype {dtype:?}")]
     UnknownDtype {
@@ -221,8 +229,14 @@ struct RawTensor {
     data_offsets: (u64, u64),
 }
 
-/// A key repeated anywhere in the header is an error (a map keeps one).
+/// A key repeated anywhere in the header is an error (a map keeps one),
+/// and so is a header holding a credential of this process.
 fn refuse_duplicate_keys(file: &str, json: &[u8]) -> Result<(), SourceError> {
+    if ftpipe_secrets::contains_secret(json) {
+        return Err(SourceError::HoldsCredential {
+            file: file.to_owned(),
+        });
+    }
     let dups = ftpipe_hub::json_keys::duplicate_keys(json).map_err(|source| {
         SourceError::MalformedHeader {
             file: file.to_owned(),
@@ -640,6 +654,18 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert_eq!(h.tensor("a").unwrap().offset(), 8 + GOOD.len() as u64);
         assert_eq!(h.metadata()["format"], "pt");
+    }
+
+    #[test]
+    fn a_header_holding_a_credential_of_this_process_is_refused() {
+        let secret = "hf_headerEchoUnitTestSecret42";
+        ftpipe_secrets::register(secret);
+        let echoed = GOOD.replace("\"pt\"", &format!("\"{secret}\""));
+        assert!(matches!(
+            parse(&echoed, 16),
+            Err(SourceError::HoldsCredential { file }) if file == "m.safetensors"
+        ));
+        assert!(parse(GOOD, 16).is_ok());
     }
 
     #[test]

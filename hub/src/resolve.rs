@@ -308,6 +308,14 @@ pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
 /// One page of the tree listing, parsed and every entry validated
 /// (directories skipped); duplicates across pages are the caller's check.
 pub fn parse_tree_page(url: &str, body: &[u8]) -> Result<Vec<FileRow>> {
+    // Paths are stored and become file names: a page echoing the token
+    // (in a path or anywhere) is refused, never recorded.
+    if ftpipe_secrets::contains_secret(body) {
+        return Err(HubError::BadListing {
+            path: url.to_owned(),
+            problem: "the listing page holds the token this process sent".into(),
+        });
+    }
     let page: Vec<RawTreeEntry> =
         serde_json::from_slice(body).map_err(|source| HubError::MalformedJson {
             url: url.to_owned(),

@@ -168,6 +168,46 @@ fn token_in_a_401_error_message_is_never_stored_or_printed() {
     assert_state_clean(&out);
 }
 
+/// A listing naming a file after the token would have put it in the files
+/// table and made it a file name under `DIR/source`: the page is refused.
+#[test]
+fn token_in_a_listed_path_is_refused_before_anything_is_stored() {
+    let (o, dir) = fetch_with_echo_listing();
+    let out = dir.path().join("out");
+    let err = stderr(&o);
+    assert!(
+        !o.status.success(),
+        "a listing holding the token was accepted"
+    );
+    assert!(err.contains("holds the token this process sent"), "{err}");
+    assert_output_clean("fetch --json", &o);
+    assert_state_clean(&out);
+    assert!(
+        !out.join("source").exists()
+            || std::fs::read_dir(out.join("source"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+}
+
+/// [`fetch_with_echo`] for [`Echo::Listing`], whose echo is in a body the
+/// request log does not mark.
+fn fetch_with_echo_listing() -> (Output, tempfile::TempDir) {
+    let (hub, _files) = hub_with_repo(86, 1 << 20);
+    hub.set_echo(Some(Echo::Listing));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fetch_cmd(&hub.endpoint(), &dir.path().join("out"), &["--json"]);
+    with_token(&mut cmd, &TokenFrom::TokenFile, dir.path());
+    let o = run(&mut cmd);
+    assert!(
+        hub.requests().iter().any(|r| r.path.contains("/tree/")),
+        "no listing was asked for: {}",
+        stderr(&o)
+    );
+    (o, dir)
+}
+
 #[test]
 fn bundle_guard_knows_a_token_from_any_source() {
     let (hub, _files) = hub_with_repo(84, 1 << 20);
