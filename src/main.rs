@@ -180,7 +180,12 @@ struct HubArgs {
     #[arg(long, default_value = "main", value_parser = parse_revision)]
     revision: String,
     /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
-    #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
+    #[arg(
+        long,
+        env = "HF_ENDPOINT",
+        hide_env_values = true,
+        default_value = "https://huggingface.co"
+    )]
     endpoint: String,
     #[arg(long)]
     out: PathBuf,
@@ -511,6 +516,7 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
 }
 
 fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
+    ftpipe_hub::client::parse_endpoint(&args.hub.endpoint)?;
     let (token, token_source) = load_token(args.hub.token_file.as_deref())?;
     let cache = hf_cache(&args.hub)?;
     let offline = args.hub.offline || offline_env();
@@ -720,6 +726,7 @@ fn render_convert(o: &ftpipe_convert::ConvertOutcome) -> String {
 /// freshly resolved commit; local: DIR/source) and prints it.
 async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
     let source = if args.remote {
+        ftpipe_hub::client::parse_endpoint(&args.hub.endpoint)?;
         ftpipe_pipeline::PlanSource::Remote {
             endpoint: args.hub.endpoint.clone(),
             token: load_token(args.hub.token_file.as_deref())?.0,
@@ -759,6 +766,12 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<bool> {
+    // Every subcommand registers the ambient token (`HF_TOKEN`,
+    // `HF_TOKEN_PATH`, `$HF_HOME/token`) with the redaction point, so a
+    // config, header or error echoing it is caught even by commands that
+    // never send it (convert, status, verify, inspect). A source that cannot
+    // be read is reported by the commands that do send the token.
+    let _ambient = load_token(None);
     match cli.command {
         Command::Fetch(args) => run_fetch(args).await,
         Command::Status { out, json } => {
@@ -1023,6 +1036,7 @@ fn blocking_threads(command: &Command) -> usize {
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    output::install_panic_hook();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FTPIPE_LOG")

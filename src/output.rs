@@ -4,10 +4,10 @@
 //! even when a server echoed it into a header or error that ends up in a
 //! line printed here.
 //!
-//! The crate root shadows `print!`, `println!`, `eprint!` and `eprintln!`
-//! with macros calling [`stdout`] and [`stderr`], so no print of the
-//! binary can bypass this module; progress bars print through
-//! [`redacted`], and logs through [`LogWriter`].
+//! The crate root shadows `print!`, `println!` and `eprintln!` with macros
+//! calling [`stdout`] and [`stderr`], so no print of the binary can bypass
+//! this module; progress bars print through [`redacted`], logs through
+//! [`LogWriter`], and a panic's message through [`install_panic_hook`].
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -28,6 +28,22 @@ pub fn stdout(text: &str) {
 /// Writes `text` to stderr, redacted.
 pub fn stderr(text: &str) {
     let _ = std::io::stderr().lock().write_all(redact(text).as_bytes());
+}
+
+/// Replaces the default panic message (which writes to stderr directly)
+/// with the same text, redacted: a panic's payload may hold a string from
+/// outside. Location and thread are kept; a backtrace, when asked for with
+/// `RUST_BACKTRACE`, is redacted as well.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let mut text = format!("thread '{name}' {info}\n");
+        if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+            text.push_str(&std::backtrace::Backtrace::force_capture().to_string());
+        }
+        stderr(&text);
+    }));
 }
 
 /// `value` as one JSON line on stdout, redacted.

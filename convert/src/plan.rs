@@ -201,11 +201,23 @@ fn take_unfetched(
     Ok((omitted, sources))
 }
 
-/// Refuses `bytes` of `file` when they hold a credential of this process.
-fn refuse_credentials(file: &str, bytes: &[u8]) -> Result<(), ConvertError> {
-    if ftpipe_secrets::contains_secret(bytes) {
+/// Walks `bytes` of `file` once: refuses a key repeated in any object and
+/// a credential of this process in any string, however it is escaped.
+fn refuse_repeats_and_credentials(file: &str, bytes: &[u8]) -> Result<(), ConvertError> {
+    let found =
+        ftpipe_hub::json_keys::scan(bytes).map_err(|source| ConvertError::MalformedJson {
+            file: file.to_owned(),
+            source,
+        })?;
+    if found.holds_secret {
         return Err(ConvertError::HoldsCredential {
             file: file.to_owned(),
+        });
+    }
+    if !found.duplicates.is_empty() {
+        return Err(ConvertError::DuplicateJsonKeys {
+            file: file.to_owned(),
+            keys: ftpipe_hub::json_keys::describe(&found.duplicates),
         });
     }
     Ok(())
@@ -217,15 +229,8 @@ fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, ConvertError> {
         file: file.to_owned(),
         source,
     };
-    refuse_credentials(file, bytes)?;
     let value = serde_json::from_slice(bytes).map_err(malformed)?;
-    let dups = ftpipe_hub::json_keys::duplicate_keys(bytes).map_err(malformed)?;
-    if !dups.is_empty() {
-        return Err(ConvertError::DuplicateJsonKeys {
-            file: file.to_owned(),
-            keys: ftpipe_hub::json_keys::describe(&dups),
-        });
-    }
+    refuse_repeats_and_credentials(file, bytes)?;
     Ok(value)
 }
 
@@ -269,19 +274,7 @@ fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError>
 /// beside the map. Repeated keys are looked for first, so that walk's key
 /// sets are gone before the map is built.
 pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
-    refuse_credentials(INDEX_FILE, bytes)?;
-    let dups = ftpipe_hub::json_keys::duplicate_keys(bytes).map_err(|source| {
-        ConvertError::MalformedJson {
-            file: INDEX_FILE.into(),
-            source,
-        }
-    })?;
-    if !dups.is_empty() {
-        return Err(ConvertError::DuplicateJsonKeys {
-            file: INDEX_FILE.into(),
-            keys: ftpipe_hub::json_keys::describe(&dups),
-        });
-    }
+    refuse_repeats_and_credentials(INDEX_FILE, bytes)?;
     #[derive(serde::Deserialize)]
     struct Index {
         weight_map: Option<BTreeMap<String, String>>,
@@ -426,12 +419,13 @@ pub fn read_config(root: &Path) -> Result<Value> {
     parse_json(CONFIG_FILE, &read_small(root, CONFIG_FILE)?)
 }
 
-/// A small JSON file of the source checkpoint under `root` (a link is
-/// followed: an HF cache snapshot entry links to its blob), through the
-/// bounded reader: a regular file of at most [`MAX_JSON_BYTES`].
+/// A small JSON file of the source checkpoint under `root` (`DIR/source`),
+/// through the bounded reader: a regular file of at most [`MAX_JSON_BYTES`]
+/// with no other name (a link or a hard link could change its bytes after
+/// they were verified).
 fn read_small(root: &Path, file: &str) -> Result<Vec<u8>> {
-    let path = root.join(file);
-    match ftpipe_fs::bounded::read_bounded(&path, MAX_JSON_BYTES) {
+    let path = safe_join(root, file)?;
+    match ftpipe_fs::bounded::read_bounded_unshared(&path, MAX_JSON_BYTES) {
         Ok(b) => Ok(b),
         Err(e) if e.is_not_found() => Err(ConvertError::MissingFile {
             file: file.to_owned(),

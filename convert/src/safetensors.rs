@@ -232,24 +232,23 @@ struct RawTensor {
 /// A key repeated anywhere in the header is an error (a map keeps one),
 /// and so is a header holding a credential of this process.
 fn refuse_duplicate_keys(file: &str, json: &[u8]) -> Result<(), SourceError> {
-    if ftpipe_secrets::contains_secret(json) {
+    let found =
+        ftpipe_hub::json_keys::scan(json).map_err(|source| SourceError::MalformedHeader {
+            file: file.to_owned(),
+            at: String::new(),
+            source,
+        })?;
+    if found.holds_secret {
         return Err(SourceError::HoldsCredential {
             file: file.to_owned(),
         });
     }
-    let dups = ftpipe_hub::json_keys::duplicate_keys(json).map_err(|source| {
-        SourceError::MalformedHeader {
-            file: file.to_owned(),
-            at: String::new(),
-            source,
-        }
-    })?;
-    if dups.is_empty() {
+    if found.duplicates.is_empty() {
         Ok(())
     } else {
         Err(SourceError::DuplicateKeys {
             file: file.to_owned(),
-            keys: ftpipe_hub::json_keys::describe(&dups),
+            keys: ftpipe_hub::json_keys::describe(&found.duplicates),
         })
     }
 }

@@ -1,6 +1,6 @@
 //! Taking a pinned file from a Hugging Face cache instead of the hub.
 //!
-//! Whole blob: place it (reflink, hard link or copy) at `<final>.hfcache`,
+//! Whole blob: place it (reflink or copy, never a hard link) at `<final>.hfcache`,
 //! fsync, hash that file in full against the pinned identity, rename to the
 //! final name, fsync the directory, and only then the receipt (one
 //! transaction with the ledger and the candidate log). What is hashed is
@@ -128,8 +128,16 @@ pub(crate) async fn adopt_whole(
     let placed = block_in_place(|| -> std::io::Result<_> {
         create_dirs_durably(ctx.layout.source(), &dir)?;
         remove_if_present(&temp)?;
-        let how = place(&candidate.blob, &temp)?;
-        ftpipe_fs::nofollow::open_read(&temp)?.sync_all()?;
+        let how = place(&candidate.blob, &temp, file.size)?;
+        let placed = ftpipe_fs::nofollow::open_read(&temp)?;
+        let len = placed.metadata()?.len();
+        if len != file.size {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the blob holds {len} bytes, the listing {}", file.size),
+            ));
+        }
+        placed.sync_all()?;
         sync_dir(&dir)?;
         let digest = hash_file(&temp, expected, file.size)?;
         Ok((how, digest))

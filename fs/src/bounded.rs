@@ -12,7 +12,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// What was found at a path where a regular file was expected.
@@ -68,6 +68,18 @@ pub enum BoundedReadError {
         /// What was there.
         found: FoundKind,
     },
+    /// The file has other names (hard links); nothing was read from it.
+    #[error(
+        "{path}: has {links} links: another name shares its bytes and can change them after \
+         they were verified; delete it and run again (it is fetched anew)",
+        path = path.display()
+    )]
+    Shared {
+        /// The path read.
+        path: PathBuf,
+        /// How many names the file has.
+        links: u64,
+    },
     /// The file holds more than `limit` bytes.
     #[error("{path}: larger than the limit of {limit} bytes", path = path.display())]
     TooLarge {
@@ -99,6 +111,7 @@ impl BoundedReadError {
         match self {
             BoundedReadError::NotFound { path }
             | BoundedReadError::NotRegular { path, .. }
+            | BoundedReadError::Shared { path, .. }
             | BoundedReadError::TooLarge { path, .. }
             | BoundedReadError::Io { path, .. } => path,
         }
@@ -109,7 +122,9 @@ impl From<BoundedReadError> for std::io::Error {
     fn from(e: BoundedReadError) -> Self {
         let kind = match &e {
             BoundedReadError::NotFound { .. } => ErrorKind::NotFound,
-            BoundedReadError::NotRegular { .. } => ErrorKind::InvalidInput,
+            BoundedReadError::NotRegular { .. } | BoundedReadError::Shared { .. } => {
+                ErrorKind::InvalidInput
+            }
             BoundedReadError::TooLarge { .. } => ErrorKind::InvalidData,
             BoundedReadError::Io { source, .. } => source.kind(),
         };
@@ -124,6 +139,10 @@ pub enum Links {
     Follow,
     /// Refuse a link at the final component (files under `DIR`).
     Refuse,
+    /// Refuse a link at the final component, and a file with more than one
+    /// name (a hard link shares its bytes with a file another program can
+    /// rewrite after they were verified): the sources under `DIR/source`.
+    RefuseShared,
 }
 
 fn kind_of(ft: std::fs::FileType) -> Option<FoundKind> {
@@ -150,7 +169,7 @@ fn kind_of(ft: std::fs::FileType) -> Option<FoundKind> {
 /// regular file (judged by `fstat` of the open descriptor).
 pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError> {
     let mut flags = libc::O_NONBLOCK;
-    if links == Links::Refuse {
+    if links != Links::Follow {
         flags |= libc::O_NOFOLLOW;
     }
     let file = OpenOptions::new()
@@ -159,7 +178,7 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError>
         .open(path)
         .map_err(|source| match source.kind() {
             ErrorKind::NotFound => BoundedReadError::NotFound { path: path.into() },
-            _ if source.raw_os_error() == Some(libc::ELOOP) && links == Links::Refuse => {
+            _ if source.raw_os_error() == Some(libc::ELOOP) && links != Links::Follow => {
                 BoundedReadError::NotRegular {
                     path: path.into(),
                     found: FoundKind::Symlink,
@@ -180,6 +199,12 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError>
             found,
         });
     }
+    if links == Links::RefuseShared && meta.nlink() > 1 {
+        return Err(BoundedReadError::Shared {
+            path: path.into(),
+            links: meta.nlink(),
+        });
+    }
     Ok(file)
 }
 
@@ -188,6 +213,12 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError>
 /// `limit + 1` bytes, whatever `st_size` says.
 pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, BoundedReadError> {
     read_opened(path, open_regular(path, Links::Follow)?, limit)
+}
+
+/// [`read_bounded`], refusing a link at the final component and a file
+/// with other names (the sources under `DIR/source`: see [`Links`]).
+pub fn read_bounded_unshared(path: &Path, limit: u64) -> Result<Vec<u8>, BoundedReadError> {
+    read_opened(path, open_regular(path, Links::RefuseShared)?, limit)
 }
 
 /// [`read_bounded`], refusing a link at the final component (files under

@@ -97,18 +97,7 @@ fn same_origin(a: &Url, b: &Url) -> bool {
 impl HubClient {
     /// Builds a client for `endpoint` with a per-read stall timeout.
     pub fn new(endpoint: &str, token: Option<Token>, read_timeout: Duration) -> Result<HubClient> {
-        let endpoint =
-            Url::parse(endpoint.trim_end_matches('/')).map_err(|e| HubError::InvalidInput {
-                what: "endpoint",
-                message: format!("{:?}: {e}", mask_userinfo(endpoint)),
-            })?;
-        refuse_userinfo(&endpoint)?;
-        if !matches!(endpoint.scheme(), "http" | "https") {
-            return Err(HubError::InvalidInput {
-                what: "endpoint",
-                message: format!("{endpoint}: only http and https are supported"),
-            });
-        }
+        let endpoint = parse_endpoint(endpoint)?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .read_timeout(read_timeout)
@@ -310,6 +299,24 @@ impl HubClient {
 /// password in `pin.endpoint`, the audit and the bundle. The hub takes a
 /// bearer token (`HF_TOKEN`, `--token-file`), which ftpipe keeps out of
 /// every record. The error shows the endpoint with its userinfo masked.
+/// The hub endpoint as every client uses it: an http or https URL without
+/// credentials (checked before anything is opened or stored, so a refused
+/// endpoint leaves no trace).
+pub fn parse_endpoint(endpoint: &str) -> Result<Url> {
+    let url = Url::parse(endpoint.trim_end_matches('/')).map_err(|e| HubError::InvalidInput {
+        what: "endpoint",
+        message: format!("{:?}: {e}", mask_userinfo(endpoint)),
+    })?;
+    refuse_userinfo(&url)?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(HubError::InvalidInput {
+            what: "endpoint",
+            message: format!("{url}: only http and https are supported"),
+        });
+    }
+    Ok(url)
+}
+
 fn refuse_userinfo(endpoint: &Url) -> Result<()> {
     if endpoint.username().is_empty() && endpoint.password().is_none() {
         return Ok(());

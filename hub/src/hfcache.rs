@@ -275,8 +275,10 @@ fn check_regular(path: &Path, size: u64, kind: LookupKind) -> Lookup {
 pub use ftpipe_receipts::Placement;
 
 /// Places `blob` at `dest` (which must not exist): a reflink where the
-/// filesystem can, else a copy. `dest` is created without following links;
-/// nothing is written to the cache. The caller fsyncs and verifies `dest`.
+/// filesystem can, else a copy of at most `size + 1` bytes (a blob that grew
+/// since it was looked up is not copied whole). `dest` is created without
+/// following links; nothing is written to the cache. The caller checks
+/// `dest`'s length against `size`, fsyncs and verifies it.
 ///
 /// Never a hard link: it would share the inode with the cache's blob, so a
 /// program rewriting the blob in place (the cache is not ftpipe's) would
@@ -284,13 +286,14 @@ pub use ftpipe_receipts::Placement;
 /// built from bytes that are not the pin's. A reflink shares extents
 /// copy-on-write, so the blob's later writes never reach the copy
 /// (`docs/design.md`, "Adopted bytes stay the pinned bytes").
-pub fn place(blob: &Path, dest: &Path) -> std::io::Result<Placement> {
-    let mut src = ftpipe_fs::nofollow::open_read(blob)?;
+pub fn place(blob: &Path, dest: &Path, size: u64) -> std::io::Result<Placement> {
+    use std::io::Read;
+    let src = ftpipe_fs::nofollow::open_read(blob)?;
     let mut out = create_new(dest)?;
     if rustix::fs::ioctl_ficlone(&out, &src).is_ok() {
         return Ok(Placement::Reflink);
     }
-    std::io::copy(&mut src, &mut out)?;
+    std::io::copy(&mut src.take(size.saturating_add(1)), &mut out)?;
     Ok(Placement::Copy)
 }
 

@@ -130,13 +130,15 @@ pub fn hash_part_prefix(
     ftpipe_fs::overlapped::read_prefix_direct(file, len, |bytes| hasher.update(bytes))
 }
 
-/// Hashes a whole file against `expected` and returns the hex digest.
+/// Hashes a whole file against `expected` and returns the hex digest. The
+/// file is opened without following a link and must be a regular file:
+/// every caller hashes a file ftpipe placed under `DIR`.
 pub fn hash_file(
     path: &std::path::Path,
     expected: &Expected,
     size: u64,
 ) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
+    let mut file = ftpipe_fs::nofollow::open_read(path)?;
     let mut hasher = expected.hasher(size);
     hash_prefix(&mut file, size, &mut hasher)?;
     Ok(hasher.finish_hex())

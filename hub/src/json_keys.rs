@@ -5,6 +5,11 @@
 //! first never existed. A verifier must refuse that: [`duplicate_keys`]
 //! walks the whole document once and lists every key that repeats within
 //! its object.
+//!
+//! The same walk answers whether any decoded string (a key or a value)
+//! holds a credential of this process ([`scan`]): a scan of the raw bytes
+//! misses a token written with `\u` escapes, which every parser decodes
+//! into the same string.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -30,10 +35,29 @@ impl fmt::Display for DuplicateKey {
     }
 }
 
+/// What one walk of a JSON document found.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Every repeated key, in document order (once per repetition).
+    pub duplicates: Vec<DuplicateKey>,
+    /// True when a decoded key or string value holds a registered
+    /// credential (`ftpipe_secrets`), or the raw bytes do.
+    pub holds_secret: bool,
+}
+
 /// Every repeated key of `json`, in document order (once per repetition).
 /// Fails only when `json` is not JSON.
 pub fn duplicate_keys(json: &[u8]) -> Result<Vec<DuplicateKey>, serde_json::Error> {
-    let mut found = Vec::new();
+    scan(json).map(|f| f.duplicates)
+}
+
+/// Walks `json` once: its repeated keys, and whether it holds a credential
+/// in any form a parser would decode. Fails only when `json` is not JSON.
+pub fn scan(json: &[u8]) -> Result<Findings, serde_json::Error> {
+    let mut found = Findings {
+        holds_secret: ftpipe_secrets::contains_secret(json),
+        ..Findings::default()
+    };
     let mut de = serde_json::Deserializer::from_slice(json);
     Walk {
         path: String::new(),
@@ -54,7 +78,7 @@ pub fn describe(dups: &[DuplicateKey]) -> String {
 
 struct Walk<'a> {
     path: String,
-    found: &'a mut Vec<DuplicateKey>,
+    found: &'a mut Findings,
 }
 
 impl<'de> DeserializeSeed<'de> for Walk<'_> {
@@ -82,7 +106,8 @@ impl<'de> Visitor<'de> for Walk<'_> {
     fn visit_f64<E>(self, _: f64) -> Result<(), E> {
         Ok(())
     }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.found.holds_secret |= ftpipe_secrets::contains_secret(v.as_bytes());
         Ok(())
     }
     fn visit_unit<E>(self) -> Result<(), E> {
@@ -108,13 +133,14 @@ impl<'de> Visitor<'de> for Walk<'_> {
         let found = self.found;
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
+            found.holds_secret |= ftpipe_secrets::contains_secret(key.as_bytes());
             let path = if self.path.is_empty() {
                 key.clone()
             } else {
                 format!("{}.{key}", self.path)
             };
             if !seen.insert(key.clone()) {
-                found.push(DuplicateKey {
+                found.duplicates.push(DuplicateKey {
                     object: self.path.clone(),
                     key,
                 });
@@ -153,5 +179,21 @@ mod tests {
         );
         assert!(duplicate_keys(b"{\"a\": ").is_err());
         assert!(duplicate_keys(b"{} x").is_err());
+    }
+
+    #[test]
+    fn a_credential_is_found_however_its_string_is_escaped() {
+        ftpipe_secrets::register("hf_json_scan_secret");
+        let plain = br#"{"a": ["x", {"b": "..hf_json_scan_secret.."}]}"#;
+        let escaped = br#"{"a": "hf\u005fjson\u005fscan_secret"}"#;
+        let as_key = br#"{"hf_json_\u0073can_secret": 1}"#;
+        for json in [&plain[..], escaped, as_key] {
+            assert!(
+                scan(json).unwrap().holds_secret,
+                "{}",
+                String::from_utf8_lossy(json)
+            );
+        }
+        assert!(!scan(br#"{"a": "hf_json_scan"}"#).unwrap().holds_secret);
     }
 }

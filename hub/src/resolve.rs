@@ -310,7 +310,8 @@ pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
 pub fn parse_tree_page(url: &str, body: &[u8]) -> Result<Vec<FileRow>> {
     // Paths are stored and become file names: a page echoing the token
     // (in a path or anywhere) is refused, never recorded.
-    if ftpipe_secrets::contains_secret(body) {
+    let holds_secret = crate::json_keys::scan(body).is_ok_and(|found| found.holds_secret);
+    if holds_secret || ftpipe_secrets::contains_secret(body) {
         return Err(HubError::BadListing {
             path: url.to_owned(),
             problem: "the listing page holds the token this process sent".into(),

@@ -55,8 +55,8 @@ pub enum TokenError {
     },
     /// The token holds a byte no HTTP header token may hold.
     #[error(
-        "token from {origin} is not a valid token: {problem} (a token is printable ASCII \
-         without spaces or line breaks)"
+        "token from {origin} is not a valid token: {problem} (a token is at least 8 bytes \
+         of printable ASCII without spaces, line breaks, quotes or backslashes)"
     )]
     Invalid {
         /// The option or variable (and file) the token came from.
@@ -89,6 +89,35 @@ pub fn parse_token(raw: &[u8], origin: &str) -> Result<Option<Token>, TokenError
         return Err(TokenError::Invalid {
             origin: origin.to_owned(),
             problem: format!("byte {at} (after trimming) is {what}"),
+        });
+    }
+    if let Some((at, b)) = trimmed
+        .iter()
+        .enumerate()
+        .find(|(_, b)| matches!(b, b'"' | b'\\'))
+    {
+        let what = if *b == b'"' {
+            "a double quote"
+        } else {
+            "a backslash"
+        };
+        return Err(TokenError::Invalid {
+            origin: origin.to_owned(),
+            problem: format!(
+                "byte {at} (after trimming) is {what}, which JSON output escapes, so the \
+                 redaction of output could not find the token there"
+            ),
+        });
+    }
+    if trimmed.len() < ftpipe_secrets::MIN_SECRET_LEN {
+        return Err(TokenError::Invalid {
+            origin: origin.to_owned(),
+            problem: format!(
+                "it is {} bytes, shorter than {} (output is redacted by searching for the \
+                 token, and a shorter value would match ordinary text)",
+                trimmed.len(),
+                ftpipe_secrets::MIN_SECRET_LEN
+            ),
         });
     }
     // Every byte is printable ASCII, so this is UTF-8.
@@ -168,7 +197,7 @@ mod tests {
 
     #[test]
     fn tokens_are_trimmed_printable_ascii_and_errors_never_hold_them() {
-        let t = parse_token(b"  hf_abc\r\n", "X").unwrap().unwrap();
+        let t = parse_token(b"  hf_abcdefgh\r\n", "X").unwrap().unwrap();
         assert_eq!(format!("{t:?}"), "Token(<redacted>)");
         assert!(parse_token(b" \n", "X").unwrap().is_none());
         for (raw, what) in [
@@ -177,6 +206,9 @@ mod tests {
             (b"hf se", "space"),
             (b"hf\x01se", "0x01"),
             (b"hf\xc3\xa9se", "non-ASCII"),
+            (b"hf_se\"cret", "double quote"),
+            (b"hf_se\\cret", "backslash"),
+            (b"hf_se", "5 bytes, shorter than 8"),
         ] {
             let err = parse_token(raw, "HF_TOKEN").unwrap_err().to_string();
             assert!(err.contains("HF_TOKEN"), "{err}");

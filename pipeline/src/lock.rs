@@ -31,15 +31,14 @@ impl DirLock {
                 // The holder wrote its PID; anyone could have written more.
                 let mut raw = Vec::new();
                 let _ = (&mut file).take(MAX_PID_BYTES).read_to_end(&mut raw);
-                let pid = String::from_utf8_lossy(&raw);
-                let pid = pid.trim();
+                // Only a decimal PID is shown: the file is anyone's to fill.
+                let pid = std::str::from_utf8(raw.trim_ascii())
+                    .ok()
+                    .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                    .unwrap_or("unknown");
                 return Err(PipelineError::Locked {
                     lock: path.to_owned(),
-                    pid: if pid.is_empty() {
-                        "unknown".into()
-                    } else {
-                        pid.to_owned()
-                    },
+                    pid: pid.to_owned(),
                 });
             }
             Err(std::fs::TryLockError::Error(e)) => return Err(io("lock", e)),

@@ -59,13 +59,14 @@ pub enum ProgressEvent {
         error: String,
     },
     /// A file was taken whole from the Hugging Face cache: verified and
-    /// published, no byte requested (`placement`: reflink, hardlink, copy).
+    /// published, no byte requested (`placement`: reflink or copy).
     FileAdopted {
         /// The file's repo path.
         path: String,
         /// The file's size in bytes.
         size: u64,
-        /// How it was placed: `reflink`, `hardlink` or `copy`.
+        /// How it was placed: `reflink` or `copy` (`hardlink` only in rows
+        /// recorded by older versions).
         placement: String,
     },
     /// The prefix of an interrupted download in the cache was copied into

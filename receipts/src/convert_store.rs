@@ -129,7 +129,7 @@ impl Store {
             "INSERT INTO artifacts (run_id, event, detail, set_aside_to) VALUES (?, 'set_aside', ?, ?)",
         )
         .bind(run)
-        .bind(detail)
+        .bind(crate::store::clean(Some(detail)))
         .bind(dest)
             .execute(&mut *tx)
             .await

@@ -86,7 +86,7 @@ async fn commit_sum(
     )
     .bind(path)
     .bind(to_i64(path, transferred_delta)?)
-    .bind(validator)
+    .bind(crate::store::clean(validator))
     .execute(&mut *conn)
     .await
     .ctx("ledger from ranges")?

@@ -41,7 +41,7 @@ pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
 
 /// A text column's value from outside (a header, an error, a URL) as
 /// stored: every registered credential redacted (`ftpipe_secrets`).
-fn clean(text: Option<&str>) -> Option<String> {
+pub(crate) fn clean(text: Option<&str>) -> Option<String> {
     text.map(|t| redact(t).into_owned())
 }
 
@@ -61,7 +61,7 @@ pub(crate) async fn insert_attempt(
     )
     .bind(run)
     .bind(&attempt.path)
-    .bind(&attempt.host)
+    .bind(clean(Some(attempt.host.as_str())))
     .bind(range_start)
     .bind(clean(attempt.if_range.as_deref()))
     .bind(AttemptOutcome::InFlight.as_str())
@@ -706,7 +706,7 @@ impl Store {
                status = ?, content_range = ?, etag = ?, body_bytes = ?, outcome = ?, error = ?
              WHERE id = ?",
         )
-        .bind(&attempt.host)
+        .bind(clean(Some(attempt.host.as_str())))
         .bind(attempt.status.map(i64::from))
         .bind(clean(attempt.content_range.as_deref()))
         .bind(clean(attempt.etag.as_deref()))

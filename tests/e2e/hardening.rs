@@ -278,8 +278,10 @@ fn missing_experts_per_token_is_an_error_naming_its_path() {
 
 /// A source sharing its inode with another name (a hard link, as older
 /// versions made into the Hugging Face cache) can change after it was
-/// verified. Conversion refuses to read it, naming the file and why, and
-/// no artifact is published.
+/// verified. Conversion refuses to read it, naming the file, why, and the
+/// remedy, and no artifact is published; the config is read the same way.
+/// Deleting the file as the error says makes the next run fetch it anew
+/// and finish.
 #[test]
 fn a_hard_linked_source_is_refused_by_conversion() {
     let hub = hub_serving(generate_qwen4_repo(SEED, QwenShape::default()));
@@ -299,4 +301,22 @@ fn a_hard_linked_source_is_refused_by_conversion() {
     let name = shard.file_name().unwrap().to_str().unwrap();
     assert_names(&err, &[name, "2 links"]);
     assert!(!out.join("artifact/manifest.json").exists());
+
+    std::fs::remove_file(tmp.path().join("elsewhere")).unwrap();
+    let config = out.join("source/config.json");
+    std::fs::hard_link(&config, tmp.path().join("config-elsewhere")).unwrap();
+    let o = run(ftpipe().args(["convert", "--out"]).arg(&out));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_names(&err, &["config.json", "2 links", "delete it"]);
+
+    std::fs::remove_file(&config).unwrap();
+    let before = body_gets(&hub, "config.json").len();
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    assert!(out.join("artifact/manifest.json").exists());
+    assert!(
+        body_gets(&hub, "config.json").len() > before,
+        "config.json was not fetched anew after its deletion"
+    );
+    assert!(has_receipt(&out, "config.json"));
 }

@@ -172,7 +172,18 @@ fn token_in_a_401_error_message_is_never_stored_or_printed() {
 /// table and made it a file name under `DIR/source`: the page is refused.
 #[test]
 fn token_in_a_listed_path_is_refused_before_anything_is_stored() {
-    let (o, dir) = fetch_with_echo_listing();
+    listing_case(Echo::Listing);
+}
+
+/// The same path with every byte of the token as a `\u` escape: a scan of
+/// the page's bytes missed it, the parsed path held it.
+#[test]
+fn token_in_a_listed_path_written_with_json_escapes_is_refused() {
+    listing_case(Echo::ListingEscaped);
+}
+
+fn listing_case(echo: Echo) {
+    let (o, dir) = fetch_with_echo_listing(echo);
     let out = dir.path().join("out");
     let err = stderr(&o);
     assert!(
@@ -191,11 +202,11 @@ fn token_in_a_listed_path_is_refused_before_anything_is_stored() {
     );
 }
 
-/// [`fetch_with_echo`] for [`Echo::Listing`], whose echo is in a body the
+/// [`fetch_with_echo`] for a listing echo, whose echo is in a body the
 /// request log does not mark.
-fn fetch_with_echo_listing() -> (Output, tempfile::TempDir) {
+fn fetch_with_echo_listing(echo: Echo) -> (Output, tempfile::TempDir) {
     let (hub, _files) = hub_with_repo(86, 1 << 20);
-    hub.set_echo(Some(Echo::Listing));
+    hub.set_echo(Some(echo));
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = fetch_cmd(&hub.endpoint(), &dir.path().join("out"), &["--json"]);
     with_token(&mut cmd, &TokenFrom::TokenFile, dir.path());
@@ -272,4 +283,110 @@ fn endpoint_credentials_are_refused_without_printing_them() {
     if out.join(".ftpipe").exists() {
         assert_state_clean(&out);
     }
+}
+
+/// The segmented path stored the range's validator in the ledger without
+/// redaction, and progress lines and logs (stderr not a terminal, no
+/// `--json`) were not covered: the token echoed as the `ETag` of ranges
+/// fetched over four connections reaches neither.
+#[test]
+fn token_echoed_as_etag_of_segmented_ranges_never_reaches_ledger_progress_or_logs() {
+    let (hub, files) = hub_with_repo(87, 8 << 20);
+    hub.set_echo(Some(Echo::Etag));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut cmd = fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            "256KiB",
+            "--piece-size",
+            "512KiB",
+            "--connections",
+            "4",
+            "--split-below-rate",
+            "0",
+        ],
+    );
+    cmd.env("FTPIPE_LOG", "debug");
+    with_token(&mut cmd, &TokenFrom::TokenFile, dir.path());
+    let o = run(&mut cmd);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_output_clean("fetch (progress lines, debug log)", &o);
+    let big = files.iter().max_by_key(|f| content_len(f)).unwrap();
+    let ranged = query(
+        &out,
+        &format!(
+            "SELECT COUNT(*) FROM attempts WHERE path = {} AND range_start > 0",
+            sql_str(&big.path)
+        ),
+    );
+    assert_ne!(ranged, ["0"], "{} was not fetched in ranges", big.path);
+    assert_state_clean(&out);
+    assert_files_match(&out, &files);
+}
+
+/// A token shorter than the redaction's minimum could never be found in
+/// output (and would match ordinary words): refused, naming its source.
+#[test]
+fn a_token_too_short_to_redact_is_refused_naming_its_source() {
+    let (hub, _files) = hub_with_repo(88, 1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = fetch_cmd(&hub.endpoint(), &dir.path().join("out"), &[]);
+    cmd.env("HF_TOKEN", "abc1234");
+    let o = run(&mut cmd);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("HF_TOKEN") && err.contains("shorter than 8"),
+        "{err}"
+    );
+    assert!(!err.contains("abc1234"), "{err}");
+    assert!(hub.requests().is_empty(), "a request went out");
+}
+
+/// `fetch` never parses the config; a later `convert` did, without knowing
+/// the token (only fetch, run, plan and audit resolved it), so a config
+/// holding it (here `\u`-escaped, invisible to a byte scan) went through.
+/// Every subcommand now knows the ambient token.
+#[test]
+fn convert_after_fetch_refuses_a_config_holding_the_ambient_token() {
+    let mut files = ftpipe_fixtures::qwen4::generate_qwen4_repo(
+        89,
+        ftpipe_fixtures::qwen4::QwenShape::default(),
+    );
+    let config = files.iter_mut().find(|f| f.path == "config.json").unwrap();
+    let body = String::from_utf8(
+        ftpipe_fixtures::checkpoint::content_bytes(config)
+            .unwrap()
+            .to_vec(),
+    )
+    .unwrap();
+    let escaped: String = TOKEN
+        .chars()
+        .map(|c| format!("\\u{:04x}", u32::from(c)))
+        .collect();
+    let body = body.replacen('{', &format!("{{\"note\": \"{escaped}\", "), 1);
+    *config = ftpipe_fixtures::RepoFile::bytes("config.json", body);
+    let hub = hub_serving(files);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = run(fetch_cmd(&hub.endpoint(), &out, &[]).env("HF_TOKEN", TOKEN));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(ftpipe()
+        .args(["convert", "--out"])
+        .arg(&out)
+        .env("HF_TOKEN", TOKEN));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("config.json") && err.contains("holds the hub token"),
+        "{err}"
+    );
+    assert_output_clean("convert", &o);
+    assert!(!out.join("artifact/manifest.json").exists());
+    assert_state_clean(&out);
 }
