@@ -13,6 +13,13 @@
 //! arrive. The cost: the digest cannot be taken on the way, so `finish`
 //! reads the file back once. Q3 components are not placed: their bytes
 //! depend on the whole table's scale, and they are written as before.
+//!
+//! Progress is durable per source file ([`write_file_durably`]): its spans
+//! are written, the temp file is fsynced, and only then is a
+//! `component_spans` row committed claiming them (migration 0010). A
+//! crash loses at most the spans of files in flight; [`open_durable`]
+//! reopens the temp file with the claimed files done, so a resumed run
+//! never needs a file whose spans were claimed (it may have been retired).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -27,8 +34,11 @@ use ftpipe_formats::{ExpertLayout, FtwLayout, SlotMap};
 use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{ConvertError, Result};
 use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup};
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{rename_durably_up_to, temp_name};
 use ftpipe_fs::paths::safe_join;
+use ftpipe_receipts::{RunId, SpanClaim, Store};
+use tokio::task::block_in_place;
 
 /// One source span and where its bytes go in the component's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +146,55 @@ impl<'a> SpanWriter<'a> {
         })
     }
 
+    /// Reopens `c`'s temp file under `artifact` after a crash, the spans of
+    /// `durable` files taken as written (their claims were committed after
+    /// an fsync). `None` when the temp file is missing or is not `c`'s
+    /// planned length and header: the caller recreates it.
+    pub fn resume(
+        artifact: &Path,
+        c: &'a Component,
+        durable: &BTreeSet<String>,
+    ) -> Result<Option<Self>> {
+        let (map, spans) = placement(c)?.ok_or_else(|| {
+            ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
+        })?;
+        let path = safe_join(artifact, &c.name)?;
+        let tmp = safe_join(artifact, &temp_name(&c.name))?;
+        let file = match ftpipe_fs::nofollow::open_write(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ConvertError::io("open", &tmp, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| ConvertError::io("stat", &tmp, e))?
+            .len();
+        let mut header = vec![0u8; map.header().len()];
+        let read = file.read_exact_at(&mut header, 0);
+        if len != map.total_len() || read.is_err() || header != map.header() {
+            return Ok(None);
+        }
+        let done = spans
+            .iter()
+            .map(|p| durable.contains(&*p.span.file))
+            .collect();
+        Ok(Some(SpanWriter {
+            component: c,
+            done,
+            spans,
+            file,
+            tmp,
+            path,
+        }))
+    }
+
+    /// Makes every span written so far durable (before they are claimed).
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| ConvertError::io("fsync", &self.tmp, e))
+    }
+
     /// Writes every span of source `file` not yet written, at its place;
     /// returns the source bytes written.
     pub fn write_file(&mut self, sources: &Sources, file: &str) -> Result<u64> {
@@ -202,6 +261,56 @@ impl<'a> SpanWriter<'a> {
         rename_durably_up_to(artifact, &self.tmp, &self.path)?;
         Ok(Written { size, sha256 })
     }
+}
+
+/// `c`'s writer for a run: its temp file resumed when the claims in
+/// `store` are all for `identity` and the file is intact, else recreated
+/// (its claims forgotten first, so no claim outlives the bytes it names).
+pub async fn open_durable<'a>(
+    store: &Store,
+    artifact: &Path,
+    c: &'a Component,
+    identity: &str,
+) -> Result<SpanWriter<'a>> {
+    let claims = store.span_claims(&c.name).await?;
+    if !claims.is_empty() {
+        if claims.iter().all(|k| k.identity == identity) {
+            let durable = claims.into_iter().map(|k| k.file).collect();
+            if let Some(w) = block_in_place(|| SpanWriter::resume(artifact, c, &durable))? {
+                return Ok(w);
+            }
+        }
+        store.forget_spans(&c.name).await?;
+    }
+    block_in_place(|| SpanWriter::create(artifact, c))
+}
+
+/// Writes the spans source `file` feeds into `w`'s component, fsyncs the
+/// temp file, then claims them under `identity`: a crash loses at most
+/// the spans of the file in flight. Returns the source bytes written.
+pub async fn write_file_durably(
+    store: &Store,
+    run: RunId,
+    w: &mut SpanWriter<'_>,
+    sources: &Sources,
+    file: &str,
+    identity: &str,
+) -> Result<u64> {
+    let bytes = block_in_place(|| {
+        let bytes = w.write_file(sources, file)?;
+        w.sync()?;
+        Ok::<_, ConvertError>(bytes)
+    })?;
+    crashpoint::hit(CrashPoint::SpanSynced);
+    let claim = SpanClaim {
+        component: w.component.name.clone(),
+        identity: identity.to_owned(),
+        file: file.to_owned(),
+        bytes,
+    };
+    store.claim_spans(run, &claim).await?;
+    crashpoint::hit(CrashPoint::SpanClaimed);
+    Ok(bytes)
 }
 
 /// Length and hex SHA-256 of the file at `path`, read in chunks.

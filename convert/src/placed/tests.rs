@@ -107,3 +107,110 @@ fn finishing_early_names_a_missing_file() {
     assert!(err.contains(&missing[0]), "{err}");
     assert!(!out.join("model.ftw").exists());
 }
+
+/// The ftw component of `plan`, the source files it reads in plan order,
+/// and what the streaming writer gives for it.
+fn ftw_of(plan: &crate::Plan) -> &Component {
+    plan.components
+        .iter()
+        .find(|c| c.name == "model.ftw")
+        .unwrap()
+}
+
+#[test]
+fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    let ftw = ftw_of(&plan);
+    let sources = Sources::new(&src);
+    let want = write_component(
+        &sources,
+        &tmp.path().join("streamed"),
+        ftw,
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    let files: Vec<String> = ftw.source_files.iter().cloned().collect();
+    assert!(files.len() >= 3, "{files:?}");
+    let (id, other_id) = ("a".repeat(64), "b".repeat(64));
+    let out = tmp.path().join("artifact");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let store = Store::open(&tmp.path().join("state.db")).await.unwrap();
+            let run = store.begin_run("test", "0").await.unwrap();
+            // First process: one file claimed, the next written but never
+            // claimed (the crash lands between its write and its claim).
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
+                .await
+                .unwrap();
+            w.write_file(&sources, &files[1]).unwrap();
+            drop(w);
+            let claimed: Vec<String> = store
+                .span_claims(&ftw.name)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|k| k.file)
+                .collect();
+            assert_eq!(claimed, [files[0].clone()]);
+
+            // Another identity never resumes that temp file: recreated,
+            // its claims forgotten.
+            let w = open_durable(&store, &out, ftw, &other_id).await.unwrap();
+            assert_eq!(w.missing_files().len(), files.len());
+            assert!(store.span_claims(&ftw.name).await.unwrap().is_empty());
+            drop(w);
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
+                .await
+                .unwrap();
+            drop(w);
+
+            // The resume: the claimed file is done, every other is missing
+            // (the unclaimed write is simply written again).
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            let missing: Vec<&str> = w.missing_files().into_iter().collect();
+            assert_eq!(
+                missing,
+                files[1..].iter().map(String::as_str).collect::<Vec<_>>()
+            );
+            for f in &files[1..] {
+                write_file_durably(&store, run, &mut w, &sources, f, &id)
+                    .await
+                    .unwrap();
+            }
+            assert!(w.is_complete());
+            assert_eq!(w.finish(&out).unwrap(), want);
+
+            // A temp file cut short is not resumed: recreated, claims gone.
+            let mut w = open_durable(&store, &out, &plan.components[1], &id)
+                .await
+                .unwrap();
+            let first = plan.components[1].source_files.first().unwrap().clone();
+            write_file_durably(&store, run, &mut w, &sources, &first, &id)
+                .await
+                .unwrap();
+            drop(w);
+            let name = &plan.components[1].name;
+            let tmp_file = out.join(ftpipe_fs::durable::temp_name(name));
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tmp_file)
+                .unwrap();
+            f.set_len(100).unwrap();
+            let w = open_durable(&store, &out, &plan.components[1], &id)
+                .await
+                .unwrap();
+            assert_eq!(
+                w.missing_files().len(),
+                plan.components[1].source_files.len()
+            );
+            assert!(store.span_claims(name).await.unwrap().is_empty());
+        });
+}
