@@ -187,6 +187,18 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
             }
             assert!(w.is_complete());
             assert_eq!(w.finish(&out).unwrap(), want);
+            // The receipt's transaction ends the claims.
+            let receipt = ftpipe_receipts::ComponentReceipt {
+                path: ftw.name.clone(),
+                kind: "ftw".into(),
+                predicted_bytes: want.size,
+                size: want.size,
+                sha256: want.sha256.clone(),
+                identity: id.clone(),
+                run_id: run,
+            };
+            store.put_component(run, &receipt).await.unwrap();
+            assert!(store.span_claims(&ftw.name).await.unwrap().is_empty());
 
             // A temp file cut short is not resumed: recreated, claims gone.
             let mut w = open_durable(&store, &out, &plan.components[1], &id)
