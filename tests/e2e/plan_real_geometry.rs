@@ -10,7 +10,8 @@
 //! own F32 tensor), not from the planner.
 //! Under a disk budget (issue 28) the schedule's predicted peak disk, at
 //! the minimum feasible budget and at 1.5 times it, is at most 380 GB for
-//! the BF16 release and 140 GB for the NVFP4 export (633 / 226 GB without).
+//! the BF16 release and 140 GB for the NVFP4 export (633 / 226 GB without),
+//! computed in process and by `ftpipe plan --disk-budget` on the same files.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -269,4 +270,59 @@ fn bf16_release_plans_at_real_geometry_from_131_sparse_files() {
 #[test]
 fn nvfp4_export_plans_at_real_geometry_from_206_sparse_files() {
     check(true, 206);
+}
+
+/// `ftpipe plan --disk-budget` itself on the sparse release in
+/// `DIR/source` (no state: the resident files are config and index):
+/// its JSON gives the minimum; at the minimum the predicted peak is
+/// within the issue's bound and ≤ the unbudgeted peak; one byte below is
+/// refused with exit 1 naming the minimum.
+fn check_cli(nvfp4: bool, files: u64, bound: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    write_release_sparse(&out.join("source"), 5, &ReleaseShape::real(nvfp4), files).unwrap();
+    let plan = |budget: &str| {
+        crate::common::run(
+            crate::common::ftpipe()
+                .args(["plan", "acme/real", "--out"])
+                .arg(&out)
+                .args(["--disk-budget", budget, "--json"]),
+        )
+    };
+    let started = Instant::now();
+    let o = plan("1TB");
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let min = v["disk_budget"]["minimum_budget"].as_u64().unwrap();
+    let o = plan(&min.to_string());
+    let wall = started.elapsed() / 2;
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let b = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["disk_budget"].clone();
+    let peak = b["predicted_peak"].as_u64().unwrap();
+    eprintln!(
+        "{}: ftpipe plan --disk-budget {min} ({wall:?} per plan): predicted peak {peak} vs unbudgeted {} = {:.3}",
+        if nvfp4 { "NVFP4" } else { "BF16" },
+        b["unbudgeted_peak"],
+        b["peak_ratio"].as_f64().unwrap()
+    );
+    assert!(
+        peak <= bound && peak <= b["unbudgeted_peak"].as_u64().unwrap(),
+        "{b:#}"
+    );
+    let o = plan(&(min - 1).to_string());
+    assert_eq!(o.status.code(), Some(1));
+    crate::common::assert_names(
+        &crate::common::stderr(&o),
+        &[&format!("minimum feasible budget of {min} bytes")],
+    );
+}
+
+#[test]
+fn plan_disk_budget_on_the_sparse_bf16_release() {
+    check_cli(false, 131, 380_000_000_000);
+}
+
+#[test]
+fn plan_disk_budget_on_the_sparse_nvfp4_export() {
+    check_cli(true, 206, 140_000_000_000);
 }
