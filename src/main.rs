@@ -876,7 +876,7 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
 /// The schedule under `--disk-budget`: predicted peak against today's,
 /// and the minimum feasible budget.
 fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
-    use ftpipe_convert::schedule::gb;
+    use ftpipe_convert::schedule::shown;
     format!(
         "disk budget      {} ({} bytes); minimum feasible {} ({} bytes)\n\
          predicted peak   {} ({} bytes) of sources held + artifact written, {} of it sources\n\
@@ -884,19 +884,19 @@ fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
          peak ratio       {:.3} (budgeted / unbudgeted)\n\
          schedule         {} PLE file(s) of {} first, held until the Q3 table is written; \
          every other file retired once converted (largest {})\n",
-        gb(b.budget),
+        shown(b.budget),
         b.budget,
-        gb(b.minimum_budget),
+        shown(b.minimum_budget),
         b.minimum_budget,
-        gb(b.predicted_peak),
+        shown(b.predicted_peak),
         b.predicted_peak,
-        gb(b.predicted_peak_sources),
-        gb(b.unbudgeted_peak),
+        shown(b.predicted_peak_sources),
+        shown(b.unbudgeted_peak),
         b.unbudgeted_peak,
         b.peak_ratio,
         b.ple_files,
-        gb(b.ple_bytes),
-        gb(b.largest_other_bytes),
+        shown(b.ple_bytes),
+        shown(b.largest_other_bytes),
     )
 }
 

@@ -507,17 +507,17 @@ pub enum ConvertError {
     /// needs ([`crate::schedule`]); found from the plan, before a shard
     /// body is fetched.
     #[error(
-        "--disk-budget {budget} bytes ({budget_gb}) is below the minimum feasible budget of {minimum} bytes ({minimum_gb}): {why}; give --disk-budget {minimum} or more"
+        "--disk-budget {budget} bytes ({budget_shown}) is below the minimum feasible budget of {minimum} bytes ({minimum_shown}): {why}; give --disk-budget {minimum} or more"
     )]
     DiskBudgetTooSmall {
         /// The budget given, in bytes.
         budget: u64,
-        /// `budget` in GB (10^9 bytes), for reading.
-        budget_gb: String,
+        /// `budget` in decimal units, for reading.
+        budget_shown: String,
         /// The minimum feasible budget, in bytes.
         minimum: u64,
-        /// `minimum` in GB.
-        minimum_gb: String,
+        /// `minimum` in decimal units.
+        minimum_shown: String,
         /// What sets the minimum (the PLE files held at once, or the
         /// largest other file), with their sizes.
         why: String,

@@ -137,9 +137,19 @@ pub struct BudgetReport {
     pub fetch_order: Vec<String>,
 }
 
-/// `bytes` in GB (10^9 bytes) with one decimal, for messages.
-pub fn gb(bytes: u64) -> String {
-    format!("{:.1} GB", bytes as f64 / 1e9)
+/// `bytes` in decimal units with one decimal (`102.5 GB`, `11.6 MB`,
+/// `500 B`), for messages; the exact byte count goes beside it.
+pub fn shown(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 4] = [
+        (1_000_000_000_000, "TB"),
+        (1_000_000_000, "GB"),
+        (1_000_000, "MB"),
+        (1_000, "kB"),
+    ];
+    match UNITS.iter().find(|(scale, _)| bytes >= *scale) {
+        Some((scale, unit)) => format!("{:.1} {unit}", bytes as f64 / *scale as f64),
+        None => format!("{bytes} B"),
+    }
 }
 
 impl Workload {
@@ -231,7 +241,7 @@ impl Workload {
             let n = self.files.iter().filter(|f| f.ple).count();
             format!(
                 "the {n} file(s) holding the PLE table ({}) are all held until its global scale is known",
-                gb(ple)
+                shown(ple)
             )
         } else {
             let name = self
@@ -240,11 +250,11 @@ impl Workload {
                 .filter(|f| !f.ple)
                 .max_by_key(|f| f.bytes)
                 .map_or("", |f| f.file.as_str());
-            format!("the largest file, {name}, has {}", gb(other))
+            format!("the largest file, {name}, has {}", shown(other))
         };
         format!(
             "{what}, beside {} of config, index and other files kept throughout",
-            gb(self.resident)
+            shown(self.resident)
         )
     }
 
@@ -254,9 +264,9 @@ impl Workload {
         if budget < minimum {
             return Err(ConvertError::DiskBudgetTooSmall {
                 budget,
-                budget_gb: gb(budget),
+                budget_shown: shown(budget),
                 minimum,
-                minimum_gb: gb(minimum),
+                minimum_shown: shown(minimum),
                 why: self.minimum_reason(),
             });
         }

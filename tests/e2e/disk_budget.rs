@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use crate::common::*;
+use ftpipe_convert::schedule::shown;
 use ftpipe_fixtures::RepoFile;
 use ftpipe_fixtures::checkpoint::content_bytes;
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
@@ -105,8 +106,8 @@ fn check_shape(shape: &ReleaseShape) {
         &text,
         &[
             "disk budget",
-            &format!("minimum feasible 0.0 GB ({minimum} bytes)"),
-            &format!("predicted peak   0.0 GB ({peak} bytes)"),
+            &format!("minimum feasible {} ({minimum} bytes)", shown(minimum)),
+            &format!("predicted peak   {} ({peak} bytes)", shown(peak)),
             "peak ratio",
         ],
     );

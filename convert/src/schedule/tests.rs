@@ -183,7 +183,16 @@ fn the_largest_other_file_can_set_the_minimum() {
     };
     assert_eq!(w.minimum_budget(), 500);
     let err = w.simulate(499).unwrap_err().to_string();
-    assert!(err.contains("the largest file, big, has 0.0 GB"), "{err}");
+    assert!(err.contains("the largest file, big, has 500 B"), "{err}");
+    assert_eq!(
+        [
+            shown(999),
+            shown(11_566_750),
+            shown(102_466_392_440),
+            shown(1_500_000_000_000)
+        ],
+        ["999 B", "11.6 MB", "102.5 GB", "1.5 TB"]
+    );
 }
 
 fn span(file: &str, offset: u64, len: u64) -> SourceSpan {
