@@ -27,6 +27,9 @@
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
 //! - [`schedule`]: the order of fetch, conversion and retirement under a
 //!   disk budget, and its predicted peak.
+//! - [`stream`]: the convert side of a budgeted, pipelined build: a
+//!   verified file's spans written at once, Q3 once every PLE file is in,
+//!   and when a file may be deleted.
 //! - `options`: [`ConvertOptions`] and the converter identity they give.
 //! - `current`: whether the artifact on disk is current (the no-op check).
 //! - [`inspect`]: what a format file holds, from its header only.
@@ -53,6 +56,7 @@ pub mod safetensors;
 pub mod schedule;
 pub mod skeleton;
 pub mod space;
+pub mod stream;
 pub mod write;
 
 pub use component::{Component, ComponentContent, ComponentKind};

@@ -220,6 +220,11 @@ impl<'a> SpanWriter<'a> {
         Ok(bytes)
     }
 
+    /// The component's name (its path under the artifact directory).
+    pub fn name(&self) -> &str {
+        &self.component.name
+    }
+
     /// The source files whose spans are not all written yet.
     pub fn missing_files(&self) -> BTreeSet<&str> {
         self.spans
