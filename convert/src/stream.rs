@@ -12,6 +12,12 @@
 //! and, for a PLE file, the Q3 components are written: the rule
 //! [`crate::schedule`] assumes. The fetch side (admission under the budget,
 //! verification) and the receipts of finished components are the caller's.
+//!
+//! After a crash, [`StreamConverter::open`] resumes every unfinished
+//! component from its span claims; the caller hands it each file verified
+//! before the crash again: [`StreamConverter::published`] for one still on
+//! disk (writing only what was not claimed), [`StreamConverter::retired`]
+//! for one already deleted (which no unfinished component may still need).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,7 +27,7 @@ use tokio::task::block_in_place;
 use ftpipe_receipts::{RunId, Store};
 
 use crate::component::{Component, ComponentContent, ComponentKind};
-use crate::error::Result;
+use crate::error::{ConvertError, Result, RetiredBy};
 use crate::placed::{SpanWriter, open_durable, write_file_durably};
 use crate::plan::Plan;
 use crate::write::{Sources, Written, read_global_scale, write_component};
@@ -59,14 +65,39 @@ impl<'p> StreamConverter<'p> {
                 writers.push((open_durable(store, artifact, c, &id).await?, id));
             }
         }
+        let q3_written = plan
+            .components
+            .iter()
+            .filter(|c| is_q3(c))
+            .all(|c| done.contains(&c.name));
         Ok(StreamConverter {
             plan,
             artifact: artifact.to_owned(),
             writers,
             ple_files,
             published: BTreeSet::new(),
-            q3_written: false,
+            q3_written,
         })
+    }
+
+    /// After a restart: `file` was verified and then retired by an earlier
+    /// process. Refused, naming the component, if an unfinished component
+    /// still needs a span of it (the schedule never retires such a file:
+    /// its spans were claimed before it was deleted).
+    pub fn retired(&mut self, file: &str) -> Result<()> {
+        if let Some((w, _)) = self
+            .writers
+            .iter()
+            .find(|(w, _)| w.missing_files().contains(file))
+        {
+            return Err(ConvertError::SourceRetired {
+                component: w.name().to_owned(),
+                source_file: file.to_owned(),
+                run: RetiredBy(None),
+            });
+        }
+        self.published.insert(file.to_owned());
+        Ok(())
     }
 
     /// Source `file` is verified: its spans are written into every

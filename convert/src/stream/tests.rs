@@ -7,8 +7,11 @@
 //! sampler thread polls the bytes in `source/` (`.part` included) and
 //! never sees more than the budget; every component is byte-identical to
 //! the streaming writer's. At the minimum budget and at 1.5 times it, BF16
-//! and NVFP4, PLE among other tensors and in PLE-only files. (The fetch
-//! here is a copy: the real fetch's admission is not wired yet.)
+//! and NVFP4, PLE among other tensors and in PLE-only files. A process
+//! stopped after any file and restarted from the durable state (receipts
+//! of finished components, span claims, files still on disk) finishes with
+//! the same bytes and never needs a file it retired. (The fetch here is a
+//! copy: the real fetch's admission is not wired yet.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -207,4 +210,106 @@ fn bf16_release_with_ple_only_files_and_nvfp4_with_shared_files() {
         (1, 1),
     );
     build(&ReleaseShape::tiny_nvfp4(), (1, 1));
+}
+
+/// The pipelined build of `shape` in the schedule's order, stopped after
+/// `stop` files (the converter dropped as a kill would leave it: temp
+/// files and claims stay, finished components count as receipted) and
+/// restarted: the restart re-hands the files verified so far (published
+/// again when on disk, retired when deleted) and goes on. Returns the
+/// finished components' bytes by name.
+fn build_with_restart(shape: &ReleaseShape, stop: usize) -> BTreeMap<String, Vec<u8>> {
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = tmp.path().join("remote");
+    let files = generate_release_repo(9, shape);
+    write_repo_to_dir(&files, &remote).unwrap();
+    let plan = plan_local(&remote).unwrap();
+    let src = tmp.path().join("source");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut resident = 0;
+    for f in files.iter().filter(|f| !f.path.ends_with(".safetensors")) {
+        resident += std::fs::copy(remote.join(&f.path), src.join(&f.path)).unwrap();
+    }
+    let w = Workload::of_plan(&plan, resident);
+    let artifact = tmp.path().join("artifact");
+    let identity = |c: &Component| hex::encode(Sha256::digest(c.name.as_bytes()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Store::open(&tmp.path().join("state.db")).await.unwrap();
+        let run = store.begin_run("test", "0").await.unwrap();
+        let sources = Sources::new(&src);
+        let mut done: BTreeMap<String, String> = BTreeMap::new();
+        for attempt in 0..2 {
+            let names: BTreeSet<String> = done.keys().cloned().collect();
+            let mut conv = StreamConverter::open(&store, &artifact, &plan, &names, identity)
+                .await
+                .unwrap();
+            let last = if attempt == 0 { stop } else { w.files.len() };
+            for f in &w.files[..last] {
+                let on_disk = src.join(&f.file).exists();
+                let verified_before =
+                    attempt == 1 && w.files[..stop].iter().any(|g| g.file == f.file);
+                if verified_before && !on_disk {
+                    conv.retired(&f.file).unwrap();
+                } else {
+                    if !verified_before {
+                        fetch(&remote.join(&f.file), &src, &f.file);
+                    }
+                    for (n, wr) in conv
+                        .published(&store, run, &sources, &f.file)
+                        .await
+                        .unwrap()
+                    {
+                        done.insert(n, wr.sha256);
+                    }
+                }
+                if conv.q3_ready() && !conv.q3_written {
+                    for (n, wr) in conv.write_q3(&sources, &done).unwrap() {
+                        done.insert(n, wr.sha256);
+                    }
+                }
+                for g in &w.files {
+                    if src.join(&g.file).exists() && conv.retirable(&g.file) {
+                        std::fs::remove_file(src.join(&g.file)).unwrap();
+                    }
+                }
+            }
+        }
+    });
+    plan.components
+        .iter()
+        .map(|c| {
+            (
+                c.name.clone(),
+                std::fs::read(artifact.join(&c.name)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_restart_after_any_file_gives_the_same_bytes_without_a_retired_file() {
+    for shape in [
+        ReleaseShape::tiny(),
+        ReleaseShape {
+            ple_own_files: true,
+            ..ReleaseShape::tiny_nvfp4()
+        },
+    ] {
+        let whole = build_with_restart(&shape, 0);
+        let n = generate_release_repo(9, &shape)
+            .iter()
+            .filter(|f| f.path.ends_with(".safetensors"))
+            .count();
+        for stop in 1..n {
+            assert_eq!(
+                build_with_restart(&shape, stop),
+                whole,
+                "stopped after {stop} files"
+            );
+        }
+    }
 }
