@@ -23,6 +23,7 @@ mod cli_docs;
 mod demo;
 mod output;
 mod report;
+mod size;
 mod table;
 mod verify_view;
 
@@ -230,19 +231,19 @@ struct FetchArgs {
     #[arg(long, default_value_t = ftpipe_fetch::defaults::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     connections: usize,
     /// Files at least this large may be fetched as several ranges (e.g. 256MiB).
-    #[arg(long, default_value = "256MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "256MiB", value_parser = size::parse_size)]
     segment_threshold: u64,
     /// A range is never split below this size (e.g. 4MiB; at least 64KiB).
-    #[arg(long, default_value = "4MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "4MiB", value_parser = size::parse_size)]
     min_range: u64,
     /// Ranges are claimed front to back in pieces of at least this size
     /// (e.g. 64MiB), so a split file's digest keeps up with its bytes.
-    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64MiB", value_parser = size::parse_size)]
     piece_size: u64,
     /// A file gets another connection only while its connections each
     /// deliver less than this per second (e.g. 128MiB, about 1 Gbit/s;
     /// 0: always): faster ones are limited by this machine, not the server.
-    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    #[arg(long, default_value = "128MiB", value_parser = size::parse_size)]
     split_below_rate: u64,
     /// Write downloaded files through the page cache. By default their
     /// whole blocks bypass it (O_DIRECT) where the volume allows: each byte
@@ -308,10 +309,10 @@ struct ConvertTuning {
     #[arg(long, value_name = "FILE.toml")]
     recipe: Option<PathBuf>,
     /// RAM budget for placing expert layers (e.g. 64GiB; default 0: all file tier).
-    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    #[arg(long, default_value = "0", value_parser = size::parse_size)]
     ram_budget: u64,
     /// Part of the RAM budget kept free (e.g. 2GiB).
-    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    #[arg(long, default_value = "0", value_parser = size::parse_size)]
     reserve: u64,
 }
 
@@ -377,39 +378,6 @@ struct Jobs {
     convert: Option<usize>,
 }
 
-/// Parses `123`, `64KiB`, `1.5GiB`, `2G` (powers of 1024) into bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB, TiB)"
-            ));
-        }
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 64GiB)"))?;
-    let bytes = v * (1u64 << shift) as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(format!("{s:?} is out of range"));
-    }
-    #[expect(
-        clippy::cast_sign_loss,
-        reason = "checked just above: finite, 0 ≤ bytes ≤ u64::MAX"
-    )]
-    Ok(bytes as u64)
-}
-
 #[derive(Args)]
 struct PlanArgs {
     #[command(flatten)]
@@ -431,6 +399,13 @@ struct PlanArgs {
     /// Plan for a fetch that skips the files matching these globs.
     #[arg(long)]
     exclude: Vec<String>,
+    /// Also schedule fetch, conversion and retirement so that the source
+    /// bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes,
+    /// 100GiB = 100·2^30): prints the predicted peak disk against an
+    /// unbudgeted run, and the minimum feasible budget (a smaller SIZE is
+    /// refused, naming it).
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    disk_budget: Option<u64>,
 }
 
 /// A clap parser of seconds within `lo..=hi`; the error gives the range.
@@ -748,19 +723,23 @@ async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
         include: args.include.clone(),
         exclude: args.exclude.clone(),
     };
-    let plan = ftpipe_pipeline::plan(
+    let report = ftpipe_pipeline::plan(
         &args.hub.out,
         &args.hub.repo,
         &args.hub.revision,
         source,
         &globs,
         &opts,
+        args.disk_budget,
     )
     .await?;
     if args.json {
-        println!("{}", serde_json::to_string(&plan)?);
+        println!("{}", serde_json::to_string(&report)?);
     } else {
-        print!("{}", render_plan(&plan));
+        print!("{}", render_plan(&report.plan));
+        if let Some(b) = &report.disk_budget {
+            print!("{}", render_budget(b));
+        }
     }
     Ok(true)
 }
@@ -905,6 +884,33 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
         }
     }
     out
+}
+
+/// The schedule under `--disk-budget`: predicted peak against today's,
+/// and the minimum feasible budget.
+fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
+    use ftpipe_convert::schedule::shown;
+    format!(
+        "disk budget      {} ({} bytes); minimum feasible {} ({} bytes)\n\
+         predicted peak   {} ({} bytes) of sources held + artifact written, {} of it sources\n\
+         unbudgeted peak  {} ({} bytes): every source and the whole artifact\n\
+         peak ratio       {:.3} (budgeted / unbudgeted)\n\
+         schedule         {} PLE file(s) of {} first, held until the Q3 table is written; \
+         every other file retired once converted (largest {})\n",
+        shown(b.budget),
+        b.budget,
+        shown(b.minimum_budget),
+        b.minimum_budget,
+        shown(b.predicted_peak),
+        b.predicted_peak,
+        shown(b.predicted_peak_sources),
+        shown(b.unbudgeted_peak),
+        b.unbudgeted_peak,
+        b.peak_ratio,
+        b.ple_files,
+        shown(b.ple_bytes),
+        shown(b.largest_other_bytes),
+    )
 }
 
 fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {

@@ -503,6 +503,25 @@ pub enum ConvertError {
         /// Bytes the remaining work still needs.
         needed: u64,
     },
+    /// `--disk-budget` is below what any schedule of whole-file retirement
+    /// needs ([`crate::schedule`]); found from the plan, before a shard
+    /// body is fetched.
+    #[error(
+        "--disk-budget {budget} bytes ({budget_shown}) is below the minimum feasible budget of {minimum} bytes ({minimum_shown}): {why}; give --disk-budget {minimum} or more"
+    )]
+    DiskBudgetTooSmall {
+        /// The budget given, in bytes.
+        budget: u64,
+        /// `budget` in decimal units, for reading.
+        budget_shown: String,
+        /// The minimum feasible budget, in bytes.
+        minimum: u64,
+        /// `minimum` in decimal units.
+        minimum_shown: String,
+        /// What sets the minimum (the PLE files held at once, or the
+        /// largest other file), with their sizes.
+        why: String,
+    },
     /// A path from a listing is unsafe, or a link or non-directory on disk
     /// lies on its way.
     #[error(transparent)]

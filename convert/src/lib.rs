@@ -19,10 +19,17 @@
 //!   conversion still needs, for the preflights.
 //! - [`skeleton`]: everything the manifest will say except digests, saved
 //!   before the first component so a run after `--retire-sources` can finish.
+//! - [`placed`]: an FTW or FTEXPERT1 component written span by span in any
+//!   order of its source files, byte-identical to the streamed one.
 //! - [`engine`]: the idempotent stage (reuse by identity, stale artifacts,
 //!   manifest and placement); `batch`: parallel component writes; [`write`]:
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - [`schedule`]: the order of fetch, conversion and retirement under a
+//!   disk budget, and its predicted peak.
+//! - [`stream`]: the convert side of a budgeted, pipelined build: a
+//!   verified file's spans written at once, Q3 once every PLE file is in,
+//!   and when a file may be deleted.
 //! - `options`: [`ConvertOptions`] and the converter identity they give.
 //! - `current`: whether the artifact on disk is current (the no-op check).
 //! - [`inspect`]: what a format file holds, from its header only.
@@ -40,13 +47,16 @@ mod error;
 pub mod inspect;
 mod nvfp4;
 mod options;
+pub mod placed;
 pub mod plan;
 pub mod profile;
 pub mod recipe;
 mod retire;
 pub mod safetensors;
+pub mod schedule;
 pub mod skeleton;
 pub mod space;
+pub mod stream;
 pub mod write;
 
 pub use component::{Component, ComponentContent, ComponentKind};

@@ -79,9 +79,9 @@ impl Sources {
             .map_err(|e| ConvertError::io("open source", path, e))
     }
 
-    /// Calls `each` with consecutive chunks of `span`, each at most
-    /// `chunk` bytes (a multiple of `align` except the last).
-    fn stream(
+    /// Calls `each` with consecutive chunks of `span` (and their offset in
+    /// it), each at most `chunk` bytes.
+    pub(crate) fn stream(
         &self,
         span: &SourceSpan,
         chunk: usize,

@@ -27,7 +27,7 @@ use crate::cursor::{Cursor, check_zero};
 use crate::dtype::{PAGE, round_up};
 use crate::entry::{self, Entry, TensorDesc};
 use crate::error::{FormatError, Result};
-use crate::slots::{Slot, SlotWriter};
+use crate::slots::{Slot, SlotMap, SlotWriter};
 
 /// File magic.
 pub const FTEXPERT_MAGIC: [u8; 9] = *b"FTEXPERT1";
@@ -316,6 +316,28 @@ impl ExpertLayout {
     pub fn field(&self, name: &str) -> Option<&Entry> {
         self.by_name.get(name).map(|&i| &self.fields[i])
     }
+
+    /// The header and every field's place, expert by expert, fields in
+    /// layout order (slot `e × fields + f`).
+    pub fn slot_map(&self) -> SlotMap {
+        let mut slots = Vec::with_capacity(self.expert_count as usize * self.fields.len());
+        for e in 0..self.expert_count {
+            let base = self.data_offset + u64::from(e) * self.record_size;
+            for f in &self.fields {
+                slots.push(Slot {
+                    name: slot_name(e, f.key()),
+                    offset: base + f.offset(),
+                    len: f.len(),
+                });
+            }
+        }
+        SlotMap {
+            header: self.header_bytes(),
+            slots,
+            total_len: self.total_len,
+        }
+    }
+
     /// Bytes per record (a multiple of 4096).
     pub fn record_size(&self) -> u64 {
         self.record_size
@@ -452,19 +474,8 @@ fn slot_name(e: u32, field: &str) -> String {
 impl<W: Write> ExpertWriter<W> {
     /// Write the header of `layout` to `w`.
     pub fn new(layout: &ExpertLayout, w: W) -> Result<Self> {
-        let mut slots = Vec::with_capacity(layout.expert_count as usize * layout.fields.len());
-        for e in 0..layout.expert_count {
-            let base = layout.data_offset + u64::from(e) * layout.record_size;
-            for f in &layout.fields {
-                slots.push(Slot {
-                    name: slot_name(e, f.key()),
-                    offset: base + f.offset(),
-                    len: f.len(),
-                });
-            }
-        }
         Ok(ExpertWriter {
-            inner: SlotWriter::new(w, &layout.header_bytes(), slots, layout.total_len)?,
+            inner: SlotWriter::new(w, layout.slot_map())?,
         })
     }
 

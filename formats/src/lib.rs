@@ -48,6 +48,7 @@ pub use ftw::{FtwHeader, FtwLayout, FtwTensor, FtwView, FtwWriter};
 pub use nvfp4::NativeNvfp4;
 pub use q3::{Q3GlobalScale, q3_segment_len};
 pub use q3_set::{Q3Geometry, Q3SegmentSet};
+pub use slots::SlotMap;
 
 /// Version of the FTW container.
 pub const FTW_VERSION: u32 = ftw::FTW_VERSION;

@@ -1,5 +1,9 @@
 //! Streaming writer shared by FTW and FTEXPERT1: a planned list of slots
-//! (name, offset, length) filled strictly in order, chunk by chunk.
+//! (name, offset, length) filled strictly in order, chunk by chunk; and
+//! [`SlotMap`], the same plan for a writer that fills the slots in any
+//! order at their offsets (the pipelined conversion writes a tensor when
+//! its source shard arrives). Both give the same bytes: the header, each
+//! slot's bytes at its offset, zeros everywhere else up to the total.
 //!
 //! Memory is bounded by the caller's chunk size: padding comes from a static
 //! zero page. Every misuse (wrong order, too many or too few bytes, writing
@@ -13,10 +17,49 @@ use crate::error::{FormatError, Result};
 static ZEROS: [u8; 4096] = [0; 4096];
 
 /// One planned region of the output.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub(crate) name: String,
     pub(crate) offset: u64,
     pub(crate) len: u64,
+}
+
+/// A whole file's plan: its header bytes, where each slot lies (in the
+/// order the streaming writer fills them) and its total length. Every
+/// byte not in the header or a slot is zero.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotMap {
+    pub(crate) header: Vec<u8>,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) total_len: u64,
+}
+
+impl SlotMap {
+    /// The header, written at offset 0.
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    /// `(offset, len)` of slot `i` (FTW: tensor `i` in index order;
+    /// FTEXPERT1: expert `i / fields`, field `i % fields`).
+    pub fn slot(&self, i: usize) -> Option<(u64, u64)> {
+        self.slots.get(i).map(|s| (s.offset, s.len))
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// True when there is no slot.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Exact length of the finished file.
+    pub fn total_len(&self) -> u64 {
+        self.total_len
+    }
 }
 
 /// Fills planned slots in order, padding gaps with zeros.
@@ -30,15 +73,15 @@ pub(crate) struct SlotWriter<W: Write> {
 }
 
 impl<W: Write> SlotWriter<W> {
-    /// `prefix` (the header) is written immediately.
-    pub(crate) fn new(mut w: W, prefix: &[u8], slots: Vec<Slot>, total_len: u64) -> Result<Self> {
-        w.write_all(prefix)?;
+    /// The header of `map` is written immediately.
+    pub(crate) fn new(mut w: W, map: SlotMap) -> Result<Self> {
+        w.write_all(&map.header)?;
         Ok(SlotWriter {
             w,
-            slots,
-            total_len,
+            pos: map.header.len() as u64,
+            slots: map.slots,
+            total_len: map.total_len,
             next: 0,
-            pos: prefix.len() as u64,
             open: None,
         })
     }

@@ -99,6 +99,11 @@ crash_points! {
     SkeletonWritten = "skeleton-written",
     /// A component renamed and its directories fsynced, no receipt.
     ComponentRenamed = "component-renamed",
+    /// A source file's spans written into a component's temp file and
+    /// fsynced, their claim not committed.
+    SpanSynced = "span-synced",
+    /// A source file's span claim committed.
+    SpanClaimed = "span-claimed",
     /// A source's retirement logged, the file not yet unlinked.
     RetirementLogged = "retirement-logged",
     /// A `--rebuild` set-aside committed, the rename not done.

@@ -56,7 +56,7 @@ use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
-pub use plan::{PlanSource, plan};
+pub use plan::{PlanReport, PlanSource, plan};
 pub use run::RunOutcome;
 use state::StageState;
 

@@ -1,9 +1,13 @@
 //! `plan`: the exact size of every output component before anything is
-//! written. Read-only: it never takes the lock or writes to DIR.
+//! written, and with a disk budget the schedule of fetch, conversion and
+//! retirement under it ([`ftpipe_convert::schedule`]). Read-only: it never
+//! takes the lock or writes to DIR.
 
 use std::path::Path;
 use std::time::Duration;
 
+use ftpipe_convert::plan::CONVERSION_FILES;
+use ftpipe_convert::schedule::{BudgetReport, Workload};
 use ftpipe_convert::{HeaderSource, Plan, PlanOptions, Published};
 use ftpipe_hub::client::{HubClient, Token};
 use ftpipe_hub::remote::PinnedRepo;
@@ -11,6 +15,7 @@ use ftpipe_hub::resolve::{
     FetchSelection, apply_selection, list_tree, revision_commit, stored_selection,
 };
 use ftpipe_receipts::{FileRow, SelectionGlobs};
+use serde::Serialize;
 
 use crate::error::{PipelineError, Result};
 use crate::{Layout, open_existing};
@@ -33,7 +38,20 @@ pub enum PlanSource {
     },
 }
 
-/// Plans the conversion of `repo` at `revision` into `out`. A remote plan
+/// A plan and, when a disk budget was given, its schedule under it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// The plan.
+    #[serde(flatten)]
+    pub plan: Plan,
+    /// The schedule's figures under `--disk-budget`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_budget: Option<BudgetReport>,
+}
+
+/// Plans the conversion of `repo` at `revision` into `out`, and with
+/// `disk_budget` its schedule (a budget below the minimum is an error
+/// naming it). A remote plan
 /// reuses the pin of `out` when it is for the same repo and revision, and
 /// otherwise resolves the commit without writing anything. Shards the
 /// fetch selection leaves out are not read: `globs` when it has any, else
@@ -45,7 +63,49 @@ pub async fn plan(
     source: PlanSource,
     globs: &SelectionGlobs,
     opts: &PlanOptions,
-) -> Result<Plan> {
+    disk_budget: Option<u64>,
+) -> Result<PlanReport> {
+    let (plan, listing) = plan_with_listing(out, repo, revision, source, globs, opts).await?;
+    let disk_budget = match disk_budget {
+        Some(budget) => {
+            let resident = resident_bytes(&plan, &listing, &Layout::new(out));
+            Some(Workload::of_plan(&plan, resident).report(budget)?)
+        }
+        None => None,
+    };
+    Ok(PlanReport { plan, disk_budget })
+}
+
+/// Bytes of the selected files that are not planned shards (config,
+/// index, tokenizer, ...): fetched and never retired. Without a listing
+/// (a local plan of a directory ftpipe did not fetch), the files every
+/// conversion reads, as found in `source/`.
+fn resident_bytes(plan: &Plan, listing: &[FileRow], layout: &Layout) -> u64 {
+    let shard = |p: &str| plan.sources.iter().any(|s| s.file == p);
+    if listing.is_empty() {
+        return CONVERSION_FILES
+            .iter()
+            .filter_map(|f| std::fs::metadata(layout.source().join(f)).ok())
+            .map(|m| m.len())
+            .sum();
+    }
+    listing
+        .iter()
+        .filter(|f| f.selected && !shard(&f.path))
+        .map(|f| f.size)
+        .sum()
+}
+
+/// [`plan`] without the schedule, with the listing it planned for (empty
+/// for a local plan of a directory without state).
+async fn plan_with_listing(
+    out: &Path,
+    repo: &str,
+    revision: &str,
+    source: PlanSource,
+    globs: &SelectionGlobs,
+    opts: &PlanOptions,
+) -> Result<(Plan, Vec<FileRow>)> {
     let with_selection = |mut listing: Vec<FileRow>, stored: Option<FetchSelection>| {
         let selection = if globs.include.is_empty() && globs.exclude.is_empty() {
             stored.unwrap_or_default()
@@ -68,13 +128,12 @@ pub async fn plan(
                 Err(PipelineError::NoState { .. }) => (Vec::new(), None),
                 Err(e) => return Err(e),
             };
-            let (_, opts) = with_selection(listing, stored)?;
+            let (listing, opts) = with_selection(listing, stored)?;
             let layout = Layout::new(out);
-            Ok(
-                ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
-                    .await?
-                    .plan,
-            )
+            let plan = ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
+                .await?
+                .plan;
+            Ok((plan, listing))
         }
         PlanSource::Remote {
             endpoint,
@@ -120,7 +179,8 @@ pub async fn plan(
                 listing: &listing,
                 published: &published,
             };
-            Ok(ftpipe_convert::plan(&source, &opts).await?.plan)
+            let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
+            Ok((plan, listing))
         }
     }
 }

@@ -29,6 +29,20 @@ pub struct ComponentReceipt {
     pub run_id: RunId,
 }
 
+/// The claim that every span one source file feeds into a component is
+/// durable in that component's temp file (migration 0010).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SpanClaim {
+    /// The component (path relative to the artifact directory).
+    pub component: String,
+    /// The component identity its temp file is written for.
+    pub identity: String,
+    /// The source file (repo-relative) whose spans are in.
+    pub file: String,
+    /// Source bytes of those spans.
+    pub bytes: u64,
+}
+
 /// One row of the retirement log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RetirementRow {
@@ -87,7 +101,71 @@ impl Store {
         .execute(&mut *tx)
         .await
         .ctx("insert component")?;
+        // Its temp file was renamed: no span of it is pending.
+        sqlx::query("DELETE FROM component_spans WHERE component = ?")
+            .bind(&c.path)
+            .execute(&mut *tx)
+            .await
+            .ctx("delete component_spans")?;
         tx.commit().await.ctx("commit component")
+    }
+
+    /// Claims the spans of `c.file` in `c.component`'s temp file. Call only
+    /// after that file was fsynced with them in it.
+    pub async fn claim_spans(&self, run: RunId, c: &SpanClaim) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "INSERT INTO component_spans (component, identity, file, bytes, run_id)
+             VALUES (?, ?, ?, ?, ?)
+             ON CONFLICT(component, file) DO UPDATE SET identity = excluded.identity,
+               bytes = excluded.bytes, run_id = excluded.run_id,
+               at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+        )
+        .bind(&c.component)
+        .bind(&c.identity)
+        .bind(&c.file)
+        .bind(to_i64(&c.file, c.bytes)?)
+        .bind(run)
+        .execute(&mut *tx)
+        .await
+        .ctx("insert component_spans")?;
+        tx.commit().await.ctx("commit component_spans")
+    }
+
+    /// The span claims of `component`, by source file.
+    pub async fn span_claims(&self, component: &str) -> Result<Vec<SpanClaim>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query(
+            "SELECT identity, file, bytes FROM component_spans WHERE component = ? ORDER BY file",
+        )
+        .bind(component)
+        .fetch_all(&mut *conn)
+        .await
+        .ctx("select component_spans")?;
+        rows.into_iter()
+            .map(|r| {
+                let file: String = r.get(1);
+                Ok(SpanClaim {
+                    component: component.to_owned(),
+                    identity: r.get(0),
+                    bytes: to_u64(&file, "component_spans.bytes", r.get(2))?,
+                    file,
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets every span claim of `component` (its temp file is about to
+    /// be recreated).
+    pub async fn forget_spans(&self, component: &str) -> Result<()> {
+        let mut conn = self.writer().await?;
+        sqlx::query("DELETE FROM component_spans WHERE component = ?")
+            .bind(component)
+            .execute(&mut *conn)
+            .await
+            .ctx("delete component_spans")?;
+        Ok(())
     }
 
     /// All component receipts, by path.

@@ -13,8 +13,8 @@
 //!   listing, the byte ledger, attempts, discards, download receipts, the
 //!   Hugging Face cache log.
 //! - `ranges`: durable watermarks of a file fetched in segments.
-//! - `convert_store`: component receipts, the retirement log and the
-//!   artifact log.
+//! - `convert_store`: component receipts, span claims of components
+//!   written span by span, the retirement log and the artifact log.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
@@ -31,7 +31,7 @@ mod model;
 mod ranges;
 mod store;
 
-pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow};
+pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow, SpanClaim};
 pub use error::{Result, StoreError};
 pub use events::{
     ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,

@@ -60,6 +60,8 @@
 //!   token or recipe is read, bad tokens, selections leaving out what
 //!   conversion reads, the placement's read queue depth.
 //! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
+//! * `disk_budget`: `plan --remote --disk-budget`: the schedule's predicted
+//!   peak and minimum feasible budget from headers, a budget below it refused.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -105,6 +107,7 @@ mod convert_release;
 mod convert_retire;
 mod crash;
 mod demo;
+mod disk_budget;
 mod disk_full;
 mod faults;
 mod fetch_basic;

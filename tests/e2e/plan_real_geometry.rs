@@ -8,6 +8,10 @@
 //! own headers by the rules of issue 10 (text tensors but the routed experts
 //! and the n-gram table; an NVFP4 triplet is one tensor; `input_scale` its
 //! own F32 tensor), not from the planner.
+//! Under a disk budget (issue 28) the schedule's predicted peak disk, at
+//! the minimum feasible budget and at 1.5 times it, is at most 380 GB for
+//! the BF16 release and 140 GB for the NVFP4 export (633 / 226 GB without),
+//! computed in process and by `ftpipe plan --disk-budget` on the same files.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -98,7 +102,10 @@ fn ftw_len(src: &Tensors) -> (u64, u64) {
     (count, up(40 + index, 4096) + data)
 }
 
-fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_convert::Plan, usize, Tensors) {
+/// The real release planned from `files` sparse files: the plan, the
+/// count of safetensors files, their tensors, and the bytes of the other
+/// files (config, index, README: resident under a disk budget).
+fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_convert::Plan, usize, Tensors, u64) {
     let tmp = tempfile::tempdir().unwrap();
     let shape = ReleaseShape::real(nvfp4);
     write_release_sparse(tmp.path(), 5, &shape, files).unwrap();
@@ -128,7 +135,13 @@ fn plan_real(nvfp4: bool, files: u64) -> (ftpipe_convert::Plan, usize, Tensors) 
         shards,
         started.elapsed()
     );
-    (plan, shards, headers(tmp.path()))
+    let resident = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().extension().is_none_or(|x| x != "safetensors"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    (plan, shards, headers(tmp.path()), resident)
 }
 
 /// FTEXPERT1 size from docs/formats.md, computed here: a 64-byte header,
@@ -164,7 +177,7 @@ fn ftexpert_len(nvfp4: bool) -> u64 {
 }
 
 fn check(nvfp4: bool, files: u64) {
-    let (plan, shards, src) = plan_real(nvfp4, files);
+    let (plan, shards, src, resident) = plan_real(nvfp4, files);
     assert_eq!(shards as u64, files);
     let of = |k: ComponentKind| {
         plan.components
@@ -207,6 +220,46 @@ fn check(nvfp4: bool, files: u64) {
         "{}: model.ftw {tensors} tensors, {bytes} bytes; 48 sidecars {experts} bytes",
         if nvfp4 { "NVFP4" } else { "BF16" }
     );
+    check_schedule(&plan, resident, nvfp4);
+}
+
+/// The disk-budget schedule at the real geometry (issue 28): at the
+/// minimum feasible budget and at 1.5 times it, the predicted peak of
+/// sources held + artifact stays within the issue's bounds (380 GB for the
+/// BF16 release, 140 GB for the NVFP4 export; unbudgeted 633 / 226 GB),
+/// and the minimum is the PLE files plus the resident ones.
+fn check_schedule(plan: &ftpipe_convert::Plan, resident: u64, nvfp4: bool) {
+    use ftpipe_convert::schedule::Workload;
+    let w = Workload::of_plan(plan, resident);
+    let min = w.minimum_budget();
+    assert_eq!(min, resident + w.ple_bytes().max(w.largest_other()));
+    assert_eq!(w.artifact_bytes(), plan.total_bytes);
+    let bound = if nvfp4 {
+        140_000_000_000
+    } else {
+        380_000_000_000
+    };
+    for budget in [min, min + min / 2] {
+        let r = w.report(budget).unwrap();
+        eprintln!(
+            "{} --disk-budget {budget}: predicted peak {} (sources {}) vs unbudgeted {} = {:.3}; minimum {min} ({} PLE files of {} bytes, largest other {})",
+            if nvfp4 { "NVFP4" } else { "BF16" },
+            r.predicted_peak,
+            r.predicted_peak_sources,
+            r.unbudgeted_peak,
+            r.peak_ratio,
+            r.ple_files,
+            r.ple_bytes,
+            r.largest_other_bytes
+        );
+        assert!(r.predicted_peak <= bound, "{r:?}");
+        assert!(r.predicted_peak_sources <= budget);
+        assert_eq!(
+            r.unbudgeted_peak,
+            resident + plan.source_bytes + plan.total_bytes
+        );
+    }
+    assert!(w.simulate(min - 1).is_err());
 }
 
 #[test]
@@ -217,4 +270,59 @@ fn bf16_release_plans_at_real_geometry_from_131_sparse_files() {
 #[test]
 fn nvfp4_export_plans_at_real_geometry_from_206_sparse_files() {
     check(true, 206);
+}
+
+/// `ftpipe plan --disk-budget` itself on the sparse release in
+/// `DIR/source` (no state: the resident files are config and index):
+/// its JSON gives the minimum; at the minimum the predicted peak is
+/// within the issue's bound and ≤ the unbudgeted peak; one byte below is
+/// refused with exit 1 naming the minimum.
+fn check_cli(nvfp4: bool, files: u64, bound: u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    write_release_sparse(&out.join("source"), 5, &ReleaseShape::real(nvfp4), files).unwrap();
+    let plan = |budget: &str| {
+        crate::common::run(
+            crate::common::ftpipe()
+                .args(["plan", "acme/real", "--out"])
+                .arg(&out)
+                .args(["--disk-budget", budget, "--json"]),
+        )
+    };
+    let started = Instant::now();
+    let o = plan("1TB");
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let min = v["disk_budget"]["minimum_budget"].as_u64().unwrap();
+    let o = plan(&min.to_string());
+    let wall = started.elapsed() / 2;
+    assert!(o.status.success(), "{}", crate::common::stderr(&o));
+    let b = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["disk_budget"].clone();
+    let peak = b["predicted_peak"].as_u64().unwrap();
+    eprintln!(
+        "{}: ftpipe plan --disk-budget {min} ({wall:?} per plan): predicted peak {peak} vs unbudgeted {} = {:.3}",
+        if nvfp4 { "NVFP4" } else { "BF16" },
+        b["unbudgeted_peak"],
+        b["peak_ratio"].as_f64().unwrap()
+    );
+    assert!(
+        peak <= bound && peak <= b["unbudgeted_peak"].as_u64().unwrap(),
+        "{b:#}"
+    );
+    let o = plan(&(min - 1).to_string());
+    assert_eq!(o.status.code(), Some(1));
+    crate::common::assert_names(
+        &crate::common::stderr(&o),
+        &[&format!("minimum feasible budget of {min} bytes")],
+    );
+}
+
+#[test]
+fn plan_disk_budget_on_the_sparse_bf16_release() {
+    check_cli(false, 131, 380_000_000_000);
+}
+
+#[test]
+fn plan_disk_budget_on_the_sparse_nvfp4_export() {
+    check_cli(true, 206, 140_000_000_000);
 }

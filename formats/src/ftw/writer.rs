@@ -6,7 +6,7 @@ use super::{FTW_FIXED_HEADER_LEN, FTW_MAGIC, FTW_VERSION, MAX_FTW_INDEX_LEN, MAX
 use crate::dtype::{PAGE, round_up};
 use crate::entry::{self, Entry, TensorDesc};
 use crate::error::{FormatError, Result};
-use crate::slots::{Slot, SlotWriter};
+use crate::slots::{Slot, SlotMap, SlotWriter};
 
 /// The complete layout of an FTW file, computed before any data exists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,23 @@ impl FtwLayout {
         b.resize(self.data_offset as usize, 0);
         b
     }
+
+    /// The header and every tensor's place, in index order.
+    pub fn slot_map(&self) -> SlotMap {
+        SlotMap {
+            header: self.header_bytes(),
+            slots: self
+                .entries
+                .iter()
+                .map(|e| Slot {
+                    name: e.key().to_owned(),
+                    offset: e.offset(),
+                    len: e.len(),
+                })
+                .collect(),
+            total_len: self.total_len,
+        }
+    }
 }
 
 /// Streams tensor data into an FTW file in index order with bounded memory.
@@ -96,17 +113,8 @@ pub struct FtwWriter<W: Write> {
 impl<W: Write> FtwWriter<W> {
     /// Write the header of `layout` to `w` and get ready for tensor data.
     pub fn new(layout: &FtwLayout, w: W) -> Result<Self> {
-        let slots = layout
-            .entries
-            .iter()
-            .map(|e| Slot {
-                name: e.key().to_owned(),
-                offset: e.offset(),
-                len: e.len(),
-            })
-            .collect();
         Ok(FtwWriter {
-            inner: SlotWriter::new(w, &layout.header_bytes(), slots, layout.total_len)?,
+            inner: SlotWriter::new(w, layout.slot_map())?,
         })
     }
 

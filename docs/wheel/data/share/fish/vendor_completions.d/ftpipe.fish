@@ -85,6 +85,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d '
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l recipe -d 'Plan with this declarative TOML recipe instead of a built-in profile' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l include -d 'Plan for a fetch of only the files matching these globs (default: the selection DIR was pinned with)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l exclude -d 'Plan for a fetch that skips the files matching these globs' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l disk-budget -d 'Also schedule fetch, conversion and retirement so that the source bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes, 100GiB = 100·2^30): prints the predicted peak disk against an unbudgeted run, and the minimum feasible budget (a smaller SIZE is refused, naming it)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-hf-cache -d 'Never look in a Hugging Face cache'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'

@@ -1,0 +1,338 @@
+//! Writing an FTW or FTEXPERT1 component in any order of its source files
+//! (issue 28: a shard's tensors are written as soon as its digest is
+//! verified, not once every shard is on disk).
+//!
+//! Both formats are planned in full from the headers ([`SlotMap`]): the
+//! header bytes, every tensor's (or expert field's) offset and length,
+//! zeros elsewhere. Their writers copy source bytes verbatim (an NVFP4
+//! triplet is its three spans back to back), so each source span has a
+//! fixed place in the finished file, and writing every span at its place
+//! into a temp file of the planned length (sparse: holes read as the
+//! zeros the streaming writer pads with) gives the bytes
+//! [`crate::write::write_component`] gives, in whatever order the spans
+//! arrive. The cost: the digest cannot be taken on the way, so `finish`
+//! reads the file back once. Q3 components are not placed: their bytes
+//! depend on the whole table's scale, and they are written as before.
+//!
+//! Progress is durable per source file ([`write_file_durably`]): its spans
+//! are written, the temp file is fsynced, and only then is a
+//! `component_spans` row committed claiming them (migration 0010). A
+//! crash loses at most the spans of files in flight; [`open_durable`]
+//! reopens the temp file with the claimed files done, so a resumed run
+//! never needs a file whose spans were claimed (it may have been retired).
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use ftpipe_formats::{ExpertLayout, FtwLayout, SlotMap};
+
+use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
+use crate::error::{ConvertError, Result};
+use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup};
+use ftpipe_fs::crashpoint::{self, CrashPoint};
+use ftpipe_fs::durable::{rename_durably_up_to, temp_name};
+use ftpipe_fs::paths::safe_join;
+use ftpipe_receipts::{RunId, SpanClaim, Store};
+use tokio::task::block_in_place;
+
+/// One source span and where its bytes go in the component's file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedSpan<'a> {
+    /// The source bytes.
+    pub span: &'a SourceSpan,
+    /// Their offset in the finished component.
+    pub at: u64,
+    /// The bytes the config fixes for a lookup buffer, checked on the way.
+    pub checked: Option<&'a CheckedSpan>,
+}
+
+/// The plan of `c` and every span at its place; `None` for a Q3 component.
+pub fn placement(c: &Component) -> Result<Option<(SlotMap, Vec<PlacedSpan<'_>>)>> {
+    let fmt = |source| ConvertError::Format {
+        component: c.name.clone(),
+        source,
+    };
+    let (map, sources): (SlotMap, Vec<&TensorSource>) = match &c.content {
+        ComponentContent::Ftw { tensors } => {
+            let layout =
+                FtwLayout::plan(tensors.iter().map(|t| t.desc.clone()).collect()).map_err(fmt)?;
+            (
+                layout.slot_map(),
+                tensors.iter().map(|t| &t.source).collect(),
+            )
+        }
+        ComponentContent::Experts {
+            layer,
+            fields,
+            records,
+        } => {
+            let layout = ExpertLayout::plan(
+                u32::try_from(*layer).unwrap_or(u32::MAX),
+                u32::try_from(records.len()).unwrap_or(u32::MAX),
+                fields.clone(),
+            )
+            .map_err(fmt)?;
+            (layout.slot_map(), records.iter().flatten().collect())
+        }
+        ComponentContent::Q3Segment { .. } | ComponentContent::Q3GlobalScale { .. } => {
+            return Ok(None);
+        }
+    };
+    let mut placed = Vec::new();
+    for (i, src) in sources.into_iter().enumerate() {
+        let (offset, len) = map
+            .slot(i)
+            .ok_or_else(|| ConvertError::internal(format!("{}: no slot {i}", c.name)))?;
+        let mut at = offset;
+        let checked = match src {
+            TensorSource::Checked(chk) => Some(&**chk),
+            _ => None,
+        };
+        for span in src.spans() {
+            placed.push(PlacedSpan { span, at, checked });
+            at += span.len;
+        }
+        if at - offset != len {
+            return Err(ConvertError::internal(format!(
+                "{}: slot {i} holds {len} bytes, its spans {}",
+                c.name,
+                at - offset
+            )));
+        }
+    }
+    Ok(Some((map, placed)))
+}
+
+/// A component's temp file being filled span by span, in any order.
+pub struct SpanWriter<'a> {
+    component: &'a Component,
+    spans: Vec<PlacedSpan<'a>>,
+    done: Vec<bool>,
+    file: File,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl<'a> SpanWriter<'a> {
+    /// Creates `c`'s temp file under `artifact` (truncated): its header
+    /// written, its planned length set, no span in it yet.
+    pub fn create(artifact: &Path, c: &'a Component) -> Result<Self> {
+        let (map, spans) = placement(c)?.ok_or_else(|| {
+            ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
+        })?;
+        let path = safe_join(artifact, &c.name)?;
+        let tmp = safe_join(artifact, &temp_name(&c.name))?;
+        let dir = path.parent().unwrap_or(artifact).to_owned();
+        std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io("create", &dir, e))?;
+        ftpipe_fs::nofollow::check_absent_or_regular(&path)
+            .map_err(|e| ConvertError::io("open", &path, e))?;
+        let file = ftpipe_fs::nofollow::create_truncated(&tmp)
+            .map_err(|e| ConvertError::io("create", &tmp, e))?;
+        file.write_all_at(map.header(), 0)
+            .and_then(|()| file.set_len(map.total_len()))
+            .map_err(|e| ConvertError::io("write", &tmp, e))?;
+        Ok(SpanWriter {
+            component: c,
+            done: vec![false; spans.len()],
+            spans,
+            file,
+            tmp,
+            path,
+        })
+    }
+
+    /// Reopens `c`'s temp file under `artifact` after a crash, the spans of
+    /// `durable` files taken as written (their claims were committed after
+    /// an fsync). `None` when the temp file is missing or is not `c`'s
+    /// planned length and header: the caller recreates it.
+    pub fn resume(
+        artifact: &Path,
+        c: &'a Component,
+        durable: &BTreeSet<String>,
+    ) -> Result<Option<Self>> {
+        let (map, spans) = placement(c)?.ok_or_else(|| {
+            ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
+        })?;
+        let path = safe_join(artifact, &c.name)?;
+        let tmp = safe_join(artifact, &temp_name(&c.name))?;
+        let file = match ftpipe_fs::nofollow::open_write(&tmp) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ConvertError::io("open", &tmp, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| ConvertError::io("stat", &tmp, e))?
+            .len();
+        let mut header = vec![0u8; map.header().len()];
+        let read = file.read_exact_at(&mut header, 0);
+        if len != map.total_len() || read.is_err() || header != map.header() {
+            return Ok(None);
+        }
+        let done = spans
+            .iter()
+            .map(|p| durable.contains(&*p.span.file))
+            .collect();
+        Ok(Some(SpanWriter {
+            component: c,
+            done,
+            spans,
+            file,
+            tmp,
+            path,
+        }))
+    }
+
+    /// Makes every span written so far durable (before they are claimed).
+    pub fn sync(&self) -> Result<()> {
+        self.file
+            .sync_data()
+            .map_err(|e| ConvertError::io("fsync", &self.tmp, e))
+    }
+
+    /// Writes every span of source `file` not yet written, at its place;
+    /// returns the source bytes written.
+    pub fn write_file(&mut self, sources: &Sources, file: &str) -> Result<u64> {
+        let mut buf = Vec::new();
+        let mut bytes = 0;
+        for (p, done) in self.spans.iter().zip(self.done.iter_mut()) {
+            if *done || &*p.span.file != file {
+                continue;
+            }
+            let io = |e| ConvertError::io("write", &self.tmp, e);
+            match p.checked {
+                Some(chk) => {
+                    let found = check_lookup(sources, chk)?;
+                    self.file.write_all_at(&found, p.at).map_err(io)?;
+                }
+                None => sources.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
+                    self.file.write_all_at(b, p.at + off).map_err(io)
+                })?,
+            }
+            *done = true;
+            bytes += p.span.len;
+        }
+        Ok(bytes)
+    }
+
+    /// The component's name (its path under the artifact directory).
+    pub fn name(&self) -> &str {
+        &self.component.name
+    }
+
+    /// The source files whose spans are not all written yet.
+    pub fn missing_files(&self) -> BTreeSet<&str> {
+        self.spans
+            .iter()
+            .zip(&self.done)
+            .filter(|(_, d)| !**d)
+            .map(|(p, _)| &*p.span.file)
+            .collect()
+    }
+
+    /// Every span is written.
+    pub fn is_complete(&self) -> bool {
+        self.done.iter().all(|d| *d)
+    }
+
+    /// Once complete: `sync_all`, the digest read back, the size checked
+    /// against the prediction, then the rename and the directories' fsync
+    /// (the caller commits the receipt after).
+    pub fn finish(self, artifact: &Path) -> Result<Written> {
+        let c = self.component;
+        if let Some(file) = self.missing_files().first() {
+            return Err(ConvertError::internal(format!(
+                "{}: finished before every span of {file} was written",
+                c.name
+            )));
+        }
+        self.file
+            .sync_all()
+            .map_err(|e| ConvertError::io("fsync", &self.tmp, e))?;
+        let (size, sha256) = digest(&self.tmp)?;
+        if size != c.predicted_bytes {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(ConvertError::SizeMismatch {
+                component: c.name.clone(),
+                predicted: c.predicted_bytes,
+                actual: size,
+            });
+        }
+        rename_durably_up_to(artifact, &self.tmp, &self.path)?;
+        Ok(Written { size, sha256 })
+    }
+}
+
+/// `c`'s writer for a run: its temp file resumed when the claims in
+/// `store` are all for `identity` and the file is intact, else recreated
+/// (its claims forgotten first, so no claim outlives the bytes it names).
+pub async fn open_durable<'a>(
+    store: &Store,
+    artifact: &Path,
+    c: &'a Component,
+    identity: &str,
+) -> Result<SpanWriter<'a>> {
+    let claims = store.span_claims(&c.name).await?;
+    if !claims.is_empty() {
+        if claims.iter().all(|k| k.identity == identity) {
+            let durable = claims.into_iter().map(|k| k.file).collect();
+            if let Some(w) = block_in_place(|| SpanWriter::resume(artifact, c, &durable))? {
+                return Ok(w);
+            }
+        }
+        store.forget_spans(&c.name).await?;
+    }
+    block_in_place(|| SpanWriter::create(artifact, c))
+}
+
+/// Writes the spans source `file` feeds into `w`'s component, fsyncs the
+/// temp file, then claims them under `identity`: a crash loses at most
+/// the spans of the file in flight. Returns the source bytes written.
+pub async fn write_file_durably(
+    store: &Store,
+    run: RunId,
+    w: &mut SpanWriter<'_>,
+    sources: &Sources,
+    file: &str,
+    identity: &str,
+) -> Result<u64> {
+    let bytes = block_in_place(|| {
+        let bytes = w.write_file(sources, file)?;
+        w.sync()?;
+        Ok::<_, ConvertError>(bytes)
+    })?;
+    crashpoint::hit(CrashPoint::SpanSynced);
+    let claim = SpanClaim {
+        component: w.component.name.clone(),
+        identity: identity.to_owned(),
+        file: file.to_owned(),
+        bytes,
+    };
+    store.claim_spans(run, &claim).await?;
+    crashpoint::hit(CrashPoint::SpanClaimed);
+    Ok(bytes)
+}
+
+/// Length and hex SHA-256 of the file at `path`, read in chunks.
+fn digest(path: &Path) -> Result<(u64, String)> {
+    let io = |e| ConvertError::io("read back", path, e);
+    let mut f = ftpipe_fs::nofollow::open_read_unshared(path).map_err(io)?;
+    let (mut hasher, mut size) = (Sha256::new(), 0u64);
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        let n = f.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            return Ok((size, hex::encode(hasher.finalize())));
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests;

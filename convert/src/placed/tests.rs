@@ -1,0 +1,228 @@
+//! A component written span by span, its source files arriving in any
+//! order, is byte for byte the component the streaming writer gives (same
+//! size and SHA-256), for the released layouts (BF16 and NVFP4, PLE shards
+//! among other tensors or in files of their own) and seeded arrival orders;
+//! finishing before every span is in is refused naming a missing file.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::plan::tests::plan_local;
+use crate::write::write_component;
+use ftpipe_fixtures::checkpoint::write_repo_to_dir;
+use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
+
+/// A seeded shuffle (xorshift), so a failure names its order.
+fn shuffled<T>(mut v: Vec<T>, mut seed: u64) -> Vec<T> {
+    for i in (1..v.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        v.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+fn check(shape: &ReleaseShape) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(3, shape), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    let sources = Sources::new(&src);
+    let streamed = tmp.path().join("streamed");
+    let mut want = BTreeMap::new();
+    for c in &plan.components {
+        if placement(c).unwrap().is_some() {
+            want.insert(
+                c.name.clone(),
+                write_component(&sources, &streamed, c, &BTreeMap::new()).unwrap(),
+            );
+        }
+    }
+    assert!(want.len() >= 2, "FTW and sidecars: {want:?}");
+    let files: Vec<String> = plan.sources.iter().map(|s| s.file.clone()).collect();
+    for seed in [1u64, 7, 42, 1234] {
+        let out = tmp.path().join(format!("placed-{seed}"));
+        let mut writers: Vec<SpanWriter<'_>> = plan
+            .components
+            .iter()
+            .filter(|c| want.contains_key(&c.name))
+            .map(|c| SpanWriter::create(&out, c).unwrap())
+            .collect();
+        for f in shuffled(files.clone(), seed) {
+            for w in &mut writers {
+                w.write_file(&sources, &f).unwrap();
+            }
+        }
+        for w in writers {
+            let name = w.component.name.clone();
+            let got = w.finish(&out).unwrap();
+            assert_eq!(got, want[&name], "{name}, order seed {seed}");
+            assert_eq!(
+                std::fs::read(out.join(&name)).unwrap(),
+                std::fs::read(streamed.join(&name)).unwrap(),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_release_in_any_order_is_byte_identical() {
+    check(&ReleaseShape::tiny());
+}
+
+#[test]
+fn nvfp4_export_in_any_order_is_byte_identical() {
+    check(&ReleaseShape::tiny_nvfp4());
+}
+
+#[test]
+fn ple_only_files_in_any_order_are_byte_identical() {
+    check(&ReleaseShape {
+        ple_own_files: true,
+        ..ReleaseShape::tiny_nvfp4()
+    });
+}
+
+#[test]
+fn finishing_early_names_a_missing_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(3, &ReleaseShape::tiny()), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    let ftw = plan
+        .components
+        .iter()
+        .find(|c| c.name == "model.ftw")
+        .unwrap();
+    let out = tmp.path().join("out");
+    let mut w = SpanWriter::create(&out, ftw).unwrap();
+    let first = plan.sources[0].file.clone();
+    assert!(w.write_file(&Sources::new(&src), &first).unwrap() > 0);
+    assert!(!w.is_complete());
+    let missing: Vec<String> = w.missing_files().iter().map(|s| s.to_string()).collect();
+    assert!(!missing.contains(&first));
+    let err = w.finish(&out).unwrap_err().to_string();
+    assert!(err.contains(&missing[0]), "{err}");
+    assert!(!out.join("model.ftw").exists());
+}
+
+/// The ftw component of `plan`, the source files it reads in plan order,
+/// and what the streaming writer gives for it.
+fn ftw_of(plan: &crate::Plan) -> &Component {
+    plan.components
+        .iter()
+        .find(|c| c.name == "model.ftw")
+        .unwrap()
+}
+
+#[test]
+fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    let ftw = ftw_of(&plan);
+    let sources = Sources::new(&src);
+    let want = write_component(
+        &sources,
+        &tmp.path().join("streamed"),
+        ftw,
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    let files: Vec<String> = ftw.source_files.iter().cloned().collect();
+    assert!(files.len() >= 3, "{files:?}");
+    let (id, other_id) = ("a".repeat(64), "b".repeat(64));
+    let out = tmp.path().join("artifact");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let store = Store::open(&tmp.path().join("state.db")).await.unwrap();
+            let run = store.begin_run("test", "0").await.unwrap();
+            // First process: one file claimed, the next written but never
+            // claimed (the crash lands between its write and its claim).
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
+                .await
+                .unwrap();
+            w.write_file(&sources, &files[1]).unwrap();
+            drop(w);
+            let claimed: Vec<String> = store
+                .span_claims(&ftw.name)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|k| k.file)
+                .collect();
+            assert_eq!(claimed, [files[0].clone()]);
+
+            // Another identity never resumes that temp file: recreated,
+            // its claims forgotten.
+            let w = open_durable(&store, &out, ftw, &other_id).await.unwrap();
+            assert_eq!(w.missing_files().len(), files.len());
+            assert!(store.span_claims(&ftw.name).await.unwrap().is_empty());
+            drop(w);
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
+                .await
+                .unwrap();
+            drop(w);
+
+            // The resume: the claimed file is done, every other is missing
+            // (the unclaimed write is simply written again).
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            let missing: Vec<&str> = w.missing_files().into_iter().collect();
+            assert_eq!(
+                missing,
+                files[1..].iter().map(String::as_str).collect::<Vec<_>>()
+            );
+            for f in &files[1..] {
+                write_file_durably(&store, run, &mut w, &sources, f, &id)
+                    .await
+                    .unwrap();
+            }
+            assert!(w.is_complete());
+            assert_eq!(w.finish(&out).unwrap(), want);
+            // The receipt's transaction ends the claims.
+            let receipt = ftpipe_receipts::ComponentReceipt {
+                path: ftw.name.clone(),
+                kind: "ftw".into(),
+                predicted_bytes: want.size,
+                size: want.size,
+                sha256: want.sha256.clone(),
+                identity: id.clone(),
+                run_id: run,
+            };
+            store.put_component(run, &receipt).await.unwrap();
+            assert!(store.span_claims(&ftw.name).await.unwrap().is_empty());
+
+            // A temp file cut short is not resumed: recreated, claims gone.
+            let mut w = open_durable(&store, &out, &plan.components[1], &id)
+                .await
+                .unwrap();
+            let first = plan.components[1].source_files.first().unwrap().clone();
+            write_file_durably(&store, run, &mut w, &sources, &first, &id)
+                .await
+                .unwrap();
+            drop(w);
+            let name = &plan.components[1].name;
+            let tmp_file = out.join(ftpipe_fs::durable::temp_name(name));
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tmp_file)
+                .unwrap();
+            f.set_len(100).unwrap();
+            let w = open_durable(&store, &out, &plan.components[1], &id)
+                .await
+                .unwrap();
+            assert_eq!(
+                w.missing_files().len(),
+                plan.components[1].source_files.len()
+            );
+            assert!(store.span_claims(name).await.unwrap().is_empty());
+        });
+}

@@ -1,0 +1,192 @@
+//! The convert side of a budgeted, pipelined build (issue 28): what happens
+//! when a source file is verified, and when a file may be deleted.
+//!
+//! [`StreamConverter::published`] writes the spans a verified file feeds
+//! into every FTW and FTEXPERT1 component it reads, durably
+//! ([`crate::placed::write_file_durably`]), and finishes each component
+//! whose last span came in. Q3 components wait for
+//! [`StreamConverter::write_q3`], called once every PLE file is published
+//! (the global scale is the absmax of the whole table): scales first, then
+//! the segments encoded under their scales read back. A file is
+//! [`StreamConverter::retirable`] once no unfinished component needs it
+//! and, for a PLE file, the Q3 components are written: the rule
+//! [`crate::schedule`] assumes. The fetch side (admission under the budget,
+//! verification) and the receipts of finished components are the caller's.
+//!
+//! After a crash, [`StreamConverter::open`] resumes every unfinished
+//! component from its span claims; the caller hands it each file verified
+//! before the crash again: [`StreamConverter::published`] for one still on
+//! disk (writing only what was not claimed), [`StreamConverter::retired`]
+//! for one already deleted (which no unfinished component may still need).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use tokio::task::block_in_place;
+
+use ftpipe_receipts::{RunId, Store};
+
+use crate::component::{Component, ComponentContent, ComponentKind};
+use crate::error::{ConvertError, Result, RetiredBy};
+use crate::placed::{SpanWriter, open_durable, write_file_durably};
+use crate::plan::Plan;
+use crate::write::{Sources, Written, read_global_scale, write_component};
+
+/// The components of a plan being written as their sources arrive.
+pub struct StreamConverter<'p> {
+    plan: &'p Plan,
+    artifact: PathBuf,
+    /// Unfinished FTW / FTEXPERT1 components with their identity.
+    writers: Vec<(SpanWriter<'p>, String)>,
+    /// Every file holding a span of a Q3 component.
+    ple_files: BTreeSet<&'p str>,
+    published: BTreeSet<String>,
+    q3_written: bool,
+}
+
+impl<'p> StreamConverter<'p> {
+    /// Opens (resuming from their span claims) the writers of every FTW
+    /// and FTEXPERT1 component of `plan` not in `done`, each under the
+    /// identity `identity` gives it.
+    pub async fn open(
+        store: &Store,
+        artifact: &Path,
+        plan: &'p Plan,
+        done: &BTreeSet<String>,
+        identity: impl Fn(&Component) -> String,
+    ) -> Result<StreamConverter<'p>> {
+        let mut writers = Vec::new();
+        let mut ple_files = BTreeSet::new();
+        for c in &plan.components {
+            if is_q3(c) {
+                ple_files.extend(c.source_files.iter().map(String::as_str));
+            } else if !done.contains(&c.name) {
+                let id = identity(c);
+                writers.push((open_durable(store, artifact, c, &id).await?, id));
+            }
+        }
+        let q3_written = plan
+            .components
+            .iter()
+            .filter(|c| is_q3(c))
+            .all(|c| done.contains(&c.name));
+        Ok(StreamConverter {
+            plan,
+            artifact: artifact.to_owned(),
+            writers,
+            ple_files,
+            published: BTreeSet::new(),
+            q3_written,
+        })
+    }
+
+    /// After a restart: `file` was verified and then retired by an earlier
+    /// process. Refused, naming the component, if an unfinished component
+    /// still needs a span of it (the schedule never retires such a file:
+    /// its spans were claimed before it was deleted).
+    pub fn retired(&mut self, file: &str) -> Result<()> {
+        if let Some((w, _)) = self
+            .writers
+            .iter()
+            .find(|(w, _)| w.missing_files().contains(file))
+        {
+            return Err(ConvertError::SourceRetired {
+                component: w.name().to_owned(),
+                source_file: file.to_owned(),
+                run: RetiredBy(None),
+            });
+        }
+        self.published.insert(file.to_owned());
+        Ok(())
+    }
+
+    /// Source `file` is verified: its spans are written into every
+    /// unfinished component reading it; returns the components it
+    /// completed (durable and renamed; their receipts are the caller's).
+    pub async fn published(
+        &mut self,
+        store: &Store,
+        run: RunId,
+        sources: &Sources,
+        file: &str,
+    ) -> Result<Vec<(String, Written)>> {
+        self.published.insert(file.to_owned());
+        let mut finished = Vec::new();
+        let mut open = Vec::new();
+        for (mut w, id) in std::mem::take(&mut self.writers) {
+            if w.missing_files().contains(file) {
+                write_file_durably(store, run, &mut w, sources, file, &id).await?;
+            }
+            if w.is_complete() {
+                let name = w.name().to_owned();
+                finished.push((name, block_in_place(|| w.finish(&self.artifact))?));
+            } else {
+                open.push((w, id));
+            }
+        }
+        self.writers = open;
+        Ok(finished)
+    }
+
+    /// Every PLE file is published (so `G` can be computed).
+    pub fn q3_ready(&self) -> bool {
+        self.ple_files.iter().all(|f| self.published.contains(*f))
+    }
+
+    /// Writes every Q3 component without a receipt in `done` (name →
+    /// SHA-256): global scales first, then the segments under their scales
+    /// read back from disk and checked against their digests; call once
+    /// [`Self::q3_ready`].
+    pub fn write_q3(
+        &mut self,
+        sources: &Sources,
+        done: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, Written)>> {
+        let of = |k: ComponentKind| self.plan.components.iter().filter(move |c| c.kind == k);
+        let mut written = Vec::new();
+        let mut scales = BTreeMap::new();
+        for c in of(ComponentKind::Q3GlobalScale) {
+            let sha = match done.get(&c.name) {
+                Some(sha) => sha.clone(),
+                None => {
+                    let w =
+                        block_in_place(|| write_component(sources, &self.artifact, c, &scales))?;
+                    let sha = w.sha256.clone();
+                    written.push((c.name.clone(), w));
+                    sha
+                }
+            };
+            if let ComponentContent::Q3GlobalScale { layer, .. } = c.content {
+                let g = read_global_scale(&self.artifact, &c.name, &sha)?;
+                scales.insert(layer, g);
+            }
+        }
+        for c in of(ComponentKind::Q3Segment).filter(|c| !done.contains_key(&c.name)) {
+            let w = block_in_place(|| write_component(sources, &self.artifact, c, &scales))?;
+            written.push((c.name.clone(), w));
+        }
+        self.q3_written = true;
+        Ok(written)
+    }
+
+    /// `file` may be deleted: no unfinished component needs it, and a PLE
+    /// file waits for the Q3 components.
+    pub fn retirable(&self, file: &str) -> bool {
+        self.published.contains(file)
+            && (self.q3_written || !self.ple_files.contains(file))
+            && !self
+                .writers
+                .iter()
+                .any(|(w, _)| w.missing_files().contains(file))
+    }
+}
+
+fn is_q3(c: &Component) -> bool {
+    matches!(
+        c.kind,
+        ComponentKind::Q3Segment | ComponentKind::Q3GlobalScale
+    )
+}
+
+#[cfg(test)]
+mod tests;

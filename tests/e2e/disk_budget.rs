@@ -1,0 +1,186 @@
+//! End-to-end: `ftpipe plan --remote --disk-budget SIZE` on released-layout
+//! checkpoints (BF16 and NVFP4; PLE shards one per file among other tensors,
+//! and in files of their own). From headers alone it prints the schedule's
+//! predicted peak against an unbudgeted run and the minimum feasible budget,
+//! which equals the floor computed here from the files (resident files +
+//! max(Σ PLE files, largest other file)); a budget one byte below is
+//! refused with exit 1 naming the minimum, after no request but the
+//! headers' ranges; SIZE takes exact units (GB = 10^9, GiB = 2^30) and
+//! refuses an ambiguous `G`.
+
+use std::path::Path;
+
+use crate::common::*;
+use ftpipe_convert::schedule::shown;
+use ftpipe_fixtures::RepoFile;
+use ftpipe_fixtures::checkpoint::content_bytes;
+use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
+use serde_json::Value;
+
+fn plan_budget(ep: &str, out: &Path, budget: &str, json: bool) -> std::process::Output {
+    let mut cmd = ftpipe();
+    cmd.args(["plan", REPO, "--remote", "--endpoint", ep, "--out"])
+        .arg(out)
+        .args(["--disk-budget", budget]);
+    if json {
+        cmd.arg("--json");
+    }
+    run(&mut cmd)
+}
+
+/// Tensor names in the safetensors file `f`.
+fn tensor_names(f: &RepoFile) -> Vec<String> {
+    let b = content_bytes(f).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let h: serde_json::Map<String, Value> = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    h.into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != "__metadata__")
+        .collect()
+}
+
+/// The floor of the module doc, from the files themselves: `(minimum,
+/// PLE files)`.
+fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
+    let (mut resident, mut ple, mut other) = (0u64, 0u64, 0u64);
+    let mut ple_files = Vec::new();
+    for f in files {
+        let len = content_len(f);
+        if !f.path.ends_with(".safetensors") {
+            resident += len;
+        } else if tensor_names(f)
+            .iter()
+            .any(|t| t.contains("ngram_embedding"))
+        {
+            ple += len;
+            ple_files.push(f.path.clone());
+        } else {
+            other = other.max(len);
+        }
+    }
+    (resident + ple.max(other), ple_files)
+}
+
+fn check_shape(shape: &ReleaseShape) {
+    let files = generate_release_repo(7, shape);
+    let (minimum, ple_files) = expected_minimum(&files);
+    let hub = hub_serving(files.clone());
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+
+    let o = plan_budget(&ep, &out, &minimum.to_string(), true);
+    assert!(o.status.success(), "plan: {}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let b = &v["disk_budget"];
+    assert_eq!(b["budget"], minimum, "{b:#}");
+    assert_eq!(b["minimum_budget"], minimum, "{b:#}");
+    let sources: u64 = files.iter().map(content_len).sum();
+    let artifact = v["total_bytes"].as_u64().unwrap();
+    assert_eq!(b["unbudgeted_peak"], sources + artifact, "{b:#}");
+    let peak = b["predicted_peak"].as_u64().unwrap();
+    assert!(peak < sources + artifact && peak >= artifact, "{b:#}");
+    assert!(b["predicted_peak_sources"].as_u64().unwrap() <= minimum);
+    assert_eq!(b["ple_files"], ple_files.len());
+    // The PLE files come first in the fetch order.
+    let order: Vec<&str> = b["fetch_order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    let mut first: Vec<&str> = order[..ple_files.len()].to_vec();
+    first.sort_unstable();
+    assert_eq!(first, ple_files);
+    eprintln!(
+        "{} PLE file(s), minimum {minimum}, peak {peak} vs unbudgeted {} ({:.3})",
+        ple_files.len(),
+        sources + artifact,
+        b["peak_ratio"]
+    );
+
+    // The text names the figures.
+    let o = plan_budget(&ep, &out, &minimum.to_string(), false);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_names(
+        &text,
+        &[
+            "disk budget",
+            &format!("minimum feasible {} ({minimum} bytes)", shown(minimum)),
+            &format!("predicted peak   {} ({peak} bytes)", shown(peak)),
+            "peak ratio",
+        ],
+    );
+
+    // One byte less is refused, naming the minimum, before any body.
+    let before: usize = shards(&files).map(|f| body_gets(&hub, &f.path).len()).sum();
+    let o = plan_budget(&ep, &out, &(minimum - 1).to_string(), true);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &[
+            "--disk-budget",
+            &format!("minimum feasible budget of {minimum} bytes"),
+        ],
+    );
+    for f in shards(&files) {
+        for r in body_gets(&hub, &f.path) {
+            assert!(r.body_bytes < content_len(f) / 4, "{r:?}");
+        }
+    }
+    let after: usize = shards(&files).map(|f| body_gets(&hub, &f.path).len()).sum();
+    // Only the two header ranges of each shard, once more.
+    assert_eq!(after - before, 2 * shards(&files).count());
+    assert!(!out.join("source").exists(), "plan wrote sources");
+}
+
+fn shards(files: &[RepoFile]) -> impl Iterator<Item = &RepoFile> {
+    files.iter().filter(|f| f.path.ends_with(".safetensors"))
+}
+
+#[test]
+fn bf16_release_with_ple_among_other_tensors() {
+    check_shape(&ReleaseShape::tiny());
+}
+
+#[test]
+fn bf16_release_with_ple_only_files() {
+    check_shape(&ReleaseShape {
+        ple_own_files: true,
+        ..ReleaseShape::tiny()
+    });
+}
+
+#[test]
+fn nvfp4_export_with_ple_among_other_tensors() {
+    check_shape(&ReleaseShape::tiny_nvfp4());
+}
+
+#[test]
+fn nvfp4_export_with_ple_only_files() {
+    check_shape(&ReleaseShape {
+        ple_own_files: true,
+        ..ReleaseShape::tiny_nvfp4()
+    });
+}
+
+#[test]
+fn sizes_take_exact_units_and_refuse_an_ambiguous_one() {
+    let hub = hub_serving(generate_release_repo(7, &ReleaseShape::tiny()));
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    for (size, bytes) in [
+        ("1GB", 1_000_000_000u64),
+        ("1GiB", 1 << 30),
+        ("1.5MB", 1_500_000),
+    ] {
+        let o = plan_budget(&ep, &out, size, true);
+        assert!(o.status.success(), "{size}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["disk_budget"]["budget"], bytes, "{size}");
+    }
+    let o = plan_budget(&ep, &out, "2G", true);
+    assert!(!o.status.success());
+    assert_names(&stderr(&o), &["ambiguous", "2GB", "2GiB"]);
+}
