@@ -41,7 +41,7 @@ pub(crate) fn to_i64(path: &str, value: u64) -> Result<i64> {
 
 /// A text column's value from outside (a header, an error, a URL) as
 /// stored: every registered credential redacted (`ftpipe_secrets`).
-fn clean(text: Option<&str>) -> Option<String> {
+pub(crate) fn clean(text: Option<&str>) -> Option<String> {
     text.map(|t| redact(t).into_owned())
 }
 
