@@ -319,11 +319,7 @@ impl FileTask {
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
         let mut part = block_in_place(|| {
-            PartFile::open(
-                self.ctx.layout.source(),
-                &self.part_path,
-                self.ctx.opts.io_mode,
-            )
+            PartFile::open(self.ctx.dest(), &self.part_path, self.ctx.opts.io_mode)
         })
         .map_err(|e| self.io("open", e))?;
         let ledger = settle_stream_part(
@@ -512,8 +508,14 @@ impl FileTask {
             Verdict::RangeIgnored { validator: now } => {
                 let start = part.len();
                 block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-                self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
-                    .await?;
+                // Another validator: the file changed (an object store's
+                // 412 to `If-Match` becomes this whole answer); the same
+                // or none: the server ignores ranges.
+                let reason = match (ask.validator, now.as_deref()) {
+                    (Some(sent), Some(now)) if sent != now => DiscardReason::ValidatorChanged,
+                    _ => DiscardReason::RangeNotHonoured,
+                };
+                self.discard(reason, start, 0, false).await?;
                 *hasher = self.expected.hasher(size);
                 self.unproductive = true;
                 self.range_ignored += 1;
@@ -750,7 +752,7 @@ impl FileTask {
                 // and the stage event still be written.
                 self.ctx.mark_volume_full();
                 FetchError::NoSpace {
-                    volume: self.ctx.layout.source().to_owned(),
+                    volume: self.ctx.dest().to_owned(),
                     path: self.path().to_owned(),
                     committed: part.len(),
                     still_needed: self.file.size - part.len(),
