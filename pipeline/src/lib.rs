@@ -20,6 +20,8 @@
 //!   disk; [`bundle`]: the evidence in one archive.
 //! - `lock`: one ftpipe per output directory.
 //! - `plan`: the read-only `plan` command.
+//! - `publish`: an artifact into object storage (`publish`); `pull`: a
+//!   published artifact through the fetch machinery (`pull`).
 //! - `error`: [`PipelineError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -30,6 +32,8 @@ pub mod bundle;
 mod error;
 mod lock;
 mod plan;
+mod publish;
+mod pull;
 mod run;
 pub mod state;
 
@@ -57,6 +61,8 @@ pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
 pub use plan::{PlanSource, plan};
+pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
+pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
 pub use run::RunOutcome;
 use state::StageState;
 
@@ -403,6 +409,18 @@ pub async fn audit_with_bundle(
         None => None,
     };
     Ok((report, summary))
+}
+
+/// Every failure of a verification, one line each.
+pub(crate) fn verify_problems(report: &ftpipe_artifact::verify::VerifyReport) -> Vec<String> {
+    report
+        .failures
+        .iter()
+        .map(|f| match &f.component {
+            Some(c) => format!("{c}: {}: {}", f.check, f.message),
+            None => format!("{}: {}", f.check, f.message),
+        })
+        .collect()
 }
 
 /// The crash point after `stage`'s work is durable, before its completion

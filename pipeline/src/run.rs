@@ -163,14 +163,7 @@ impl Pipeline {
             if report.ok {
                 return Ok(());
             }
-            let problems: Vec<String> = report
-                .failures
-                .iter()
-                .map(|f| match &f.component {
-                    Some(c) => format!("{c}: {}: {}", f.check, f.message),
-                    None => format!("{}: {}", f.check, f.message),
-                })
-                .collect();
+            let problems = crate::verify_problems(&report);
             Err(PipelineError::VerifyFailed { artifact, problems })
         })
         .await

@@ -280,15 +280,27 @@ pub async fn audit(
             .unwrap_or_default(),
     })?;
     store.integrity_check().await?;
-    let src = sources::audit_sources(store, source_root, deep).await?;
-    let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
-    let art = artifact::audit_artifact(
-        &store.components().await?,
-        &store.artifact_log().await?,
-        artifact_root,
-        plan_path.as_deref(),
-        deep,
-    )?;
+    // A pulled artifact's components are the listing, fetched into
+    // `artifact/`; its manifest is the publisher's, checked by verify.
+    let (src, art) = if crate::pull::is_pull_pin(&pin) {
+        let mut src = sources::audit_sources(store, artifact_root, deep).await?;
+        src.orphans.retain(|o| {
+            o != ftpipe_artifact::manifest::MANIFEST_FILE
+                && o != ftpipe_artifact::manifest::PLACEMENT_FILE
+        });
+        (src, artifact::audit_pulled(artifact_root, deep)?)
+    } else {
+        let src = sources::audit_sources(store, source_root, deep).await?;
+        let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
+        let art = artifact::audit_artifact(
+            &store.components().await?,
+            &store.artifact_log().await?,
+            artifact_root,
+            plan_path.as_deref(),
+            deep,
+        )?;
+        (src, art)
+    };
     let mut waste_by_reason = BTreeMap::new();
     for d in store.discards().await? {
         *waste_by_reason.entry(d.reason).or_insert(0u64) += d.bytes;
