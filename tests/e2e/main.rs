@@ -60,6 +60,10 @@
 //!   token or recipe is read, bad tokens, selections leaving out what
 //!   conversion reads, the placement's read queue depth.
 //! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
+//! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
+//!   identical verified artifacts, no-op re-runs, hostile manifests, a
+//!   truncated or replaced object, racing publishers, credentials.
+//! * `s3_crash`: kill storms over `publish` and over `pull`.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -79,7 +83,7 @@
 //! never beside another heavy or a time-bounded one, as when every file was
 //! a test binary of its own (and heavy tests of one file, which used to run
 //! side by side, now run one after the other). Today's heavy tests: the kill
-//! storms of `crash`, `chain_crash`, `segmented` and `convert_crash`,
+//! storms of `crash`, `chain_crash`, `segmented`, `convert_crash` and `s3_crash`,
 //! `powercut`, `nginx` and every `hf_cache` test; time-bounded: the three
 //! `faults` tests with a deadline and `disk_full`'s two fills within a
 //! 1.5 s stall.
@@ -118,6 +122,8 @@ mod plan;
 mod plan_real_geometry;
 mod powercut;
 mod recipe;
+mod s3;
+mod s3_crash;
 mod security;
 mod segmented;
 mod symlinks;
