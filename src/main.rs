@@ -400,6 +400,10 @@ struct PullArgs {
     /// Ranges are claimed front to back in pieces of at least this size.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     piece_size: u64,
+    /// An object gets another connection only while its connections each
+    /// deliver less than this per second (0: always).
+    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    split_below_rate: u64,
     /// Durable checkpoint interval in bytes (at least 1).
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
     checkpoint_bytes: u64,
@@ -818,6 +822,7 @@ async fn run_pull(args: PullArgs) -> anyhow::Result<bool> {
         segment_threshold: args.segment_threshold,
         min_range: args.min_range.max(ftpipe_fetch::WRITE_ALIGN),
         piece_size: args.piece_size.max(ftpipe_fetch::WRITE_ALIGN),
+        split_below_rate: args.split_below_rate,
         checkpoint_bytes: args.checkpoint_bytes.max(1),
         retries: args.retries,
         retry_base: Duration::from_millis(args.retry_base_ms),

@@ -616,8 +616,9 @@ async fn check_object(
             h.sha256, item.sha256
         )));
     }
+    // Quoted or not, as the answer spelled it.
     if let (Some(sent), Some(now)) = (etag, h.etag.as_deref())
-        && sent != now
+        && sent.trim_matches('"') != now.trim_matches('"')
     {
         return Err(mismatch(format!(
             "ETag {now} after upload, the upload answered {sent}"

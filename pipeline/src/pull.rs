@@ -41,8 +41,6 @@ use crate::error::{PipelineError, Result};
 
 /// `HEAD` requests in flight at once while listing the objects.
 const HEADS_IN_FLIGHT: usize = 16;
-/// The pin's `revision` of a pull (what was asked for at the location).
-pub const PULL_REVISION: &str = "manifest.json";
 
 /// What `pull` needs from the command line.
 #[derive(Debug, Clone)]
@@ -171,10 +169,12 @@ impl Pipeline {
             bytes: manifest.components.iter().map(|c| c.size).sum(),
             already_pulled: false,
         };
+        // The pin table holds a 40-hex commit: a pull's is the start of
+        // the fingerprint, whole in `revision`.
         let pin = Pin {
             repo: source.clone(),
-            revision: PULL_REVISION.to_owned(),
-            commit: fingerprint.clone(),
+            revision: fingerprint.clone(),
+            commit: fingerprint.get(..40).unwrap_or(&fingerprint).to_owned(),
             endpoint: p
                 .config
                 .endpoint
@@ -182,11 +182,11 @@ impl Pipeline {
                 .unwrap_or_else(|| format!("https://{}", s3.host())),
         };
         if let Some(old) = self.store.pin().await?
-            && (old.repo != pin.repo || old.commit != pin.commit)
+            && (old.repo != pin.repo || old.revision != pin.revision)
         {
             return Err(PipelineError::PullConflict {
                 dir: self.layout.dir().to_owned(),
-                theirs: format!("{} at {}", old.repo, old.commit),
+                theirs: format!("{} at {}", old.repo, old.revision),
                 ours: format!("{source} at {fingerprint}"),
             });
         }

@@ -149,11 +149,13 @@ fn publish_then_pull_gives_the_same_verified_artifact_and_reruns_are_no_ops() {
             &out,
             &[
                 "--segment-threshold",
-                "256KiB",
+                "128KiB",
                 "--min-range",
                 "64KiB",
                 "--piece-size",
                 "64KiB",
+                "--split-below-rate",
+                "0",
                 "--connections",
                 "6",
             ],
@@ -264,7 +266,7 @@ fn hostile_or_broken_manifests_and_objects_are_refused_naming_them() {
         1,
     );
     put_manifest(&m, &src, "fingerprint", |v| {
-        v["components"][0]["size"] = 1.into();
+        v["components"][0]["sha256"] = "0".repeat(64).into();
     });
     refused("fingerprint", &["fingerprint", "imply"], 1);
     m.put_object("notjson/manifest.json", b"<html>not a manifest</html>");
@@ -336,7 +338,7 @@ fn an_object_replaced_mid_pull_is_a_recorded_discard_and_a_refetch() {
     assert_eq!(o.status.code(), None, "not killed: {}", stderr(&o));
     let partial = query(
         &out,
-        "SELECT l.path FROM ledger l WHERE l.committed > 0 AND l.path NOT IN (SELECT path FROM receipts)",
+        "SELECT path FROM ledger WHERE committed_bytes > 0 AND path NOT IN (SELECT path FROM receipts)",
     );
     assert_eq!(partial.len(), 1, "{partial:?}");
     let path = &partial[0];

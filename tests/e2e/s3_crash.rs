@@ -206,11 +206,13 @@ fn kill_storm_over_pull() {
     assert!(o.status.success(), "{}", stderr(&o));
     let args = [
         "--segment-threshold",
-        "256KiB",
+        "128KiB",
         "--min-range",
         "64KiB",
         "--piece-size",
         "64KiB",
+        "--split-below-rate",
+        "0",
         "--checkpoint-bytes",
         "65536",
     ];
@@ -299,8 +301,11 @@ fn every_named_crash_point_of_publish_and_pull_resumes() {
         if point == "upload-part-recorded" {
             let resent = query(
                 &src,
-                "SELECT COUNT(*) FROM (SELECT key, part_number FROM upload_attempts
-                 WHERE op = 'upload_part' AND outcome = 'ok' GROUP BY key, part_number HAVING COUNT(*) > 1)",
+                &format!(
+                    "SELECT COUNT(*) FROM (SELECT key, part_number FROM upload_attempts
+                     WHERE op = 'upload_part' AND outcome = 'ok' AND key LIKE 's3://models/point-{n}/%'
+                     GROUP BY key, part_number HAVING COUNT(*) > 1)"
+                ),
             );
             assert_eq!(resent, ["0"], "{point}: a recorded part was sent again");
         }

@@ -115,8 +115,12 @@ impl Moto {
     ) -> std::io::Result<(u16, Vec<u8>)> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        // moto checks no signature, but takes the key id from the
+        // Authorization header for its ACLs: the objects ftpipe wrote are
+        // this key's, and an anonymous request is refused them.
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
+             Authorization: AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00\r\n",
             self.addr,
             body.len()
         );
