@@ -513,7 +513,27 @@ fn credentials_from_a_profile_work_and_never_leak() {
     verify_deep(&out.join("artifact"));
     assert_no_secret_in_state(&out);
 
-    // Wrong keys: refused by the server, the message names the object, not the key.
+    // The bundle guard refuses a credential that reached the records by a
+    // path the redaction point did not see (planted here by hand).
+    sqlite_exec(
+        &out,
+        &format!("UPDATE attempts SET error = 'echo {SESSION_TOKEN}' WHERE id = 1"),
+    );
+    let o = run(m
+        .ftpipe(&home)
+        .args(["audit", "--out"])
+        .arg(&out)
+        .arg("--bundle")
+        .arg(tmp.path().join("refused.tar.zst")));
+    assert!(
+        !o.status.success(),
+        "a bundle holding the session token was written"
+    );
+    assert_names(&stderr(&o), &["contains a secret"]);
+    assert!(!tmp.path().join("refused.tar.zst").exists());
+    assert_no_secret(&o.stderr, "stderr");
+
+    // Wrong keys: the message names the object, never the key.
     let mut cmd = m.ftpipe(&home);
     cmd.env(
         "AWS_SECRET_ACCESS_KEY",
