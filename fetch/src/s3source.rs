@@ -14,8 +14,10 @@
 //!   a whole answer a `200`;
 //! - a `412` (the object was replaced) becomes what an HTTP server answers
 //!   to a stale `If-Range`: a `200` with the whole current object. The
-//!   transfer then drops what it kept (a recorded `validator_changed`
-//!   discard) and takes the new bytes from 0, and the digest decides: the
+//!   transfer then drops what it kept (a recorded discard, as for a hub
+//!   file whose validator changed: `range_not_honoured` on one stream,
+//!   `validator_changed` on ranges) and takes the new bytes from 0, and the
+//!   digest decides: the
 //!   manifest's SHA-256 accepts the replacement only if its bytes are the
 //!   same. Bytes of two objects are never spliced.
 

@@ -508,14 +508,8 @@ impl FileTask {
             Verdict::RangeIgnored { validator: now } => {
                 let start = part.len();
                 block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
-                // Another validator: the file changed (an object store's
-                // 412 to `If-Match` becomes this whole answer); the same
-                // or none: the server ignores ranges.
-                let reason = match (ask.validator, now.as_deref()) {
-                    (Some(sent), Some(now)) if sent != now => DiscardReason::ValidatorChanged,
-                    _ => DiscardReason::RangeNotHonoured,
-                };
-                self.discard(reason, start, 0, false).await?;
+                self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
+                    .await?;
                 *hasher = self.expected.hasher(size);
                 self.unproductive = true;
                 self.range_ignored += 1;

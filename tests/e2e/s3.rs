@@ -3,12 +3,14 @@
 //! published (components as multipart uploads of several parts, the
 //! manifest last), pulled into a second directory, and comes out
 //! byte-identical and verified (`verify --deep`); a re-publish and a
-//! re-pull are no-ops. The refusals name what they refuse: a hostile or
-//! oversize manifest (its key and JSON path), a truncated object (its
-//! key), a different artifact at the prefix or a racing publisher (both
-//! fingerprints). An object replaced mid-pull is a recorded
-//! `validator_changed` discard and a refetch, never spliced. The AWS
-//! credentials reach no output, no state database and no bundle.
+//! re-pull are no-ops; four nodes pulling one prefix at once all end
+//! verified. The refusals name what they refuse: a hostile or oversize
+//! manifest (its key and JSON path), a truncated object (its key), a
+//! different artifact at the prefix or a racing publisher (both
+//! fingerprints), an artifact that does not verify (nothing uploaded). An
+//! object replaced mid-pull is a recorded discard and a refetch from byte
+//! 0 under the new ETag, never spliced. The AWS credentials reach no
+//! output, no state database and no bundle.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -269,6 +271,19 @@ fn hostile_or_broken_manifests_and_objects_are_refused_naming_them() {
         v["components"][0]["sha256"] = "0".repeat(64).into();
     });
     refused("fingerprint", &["fingerprint", "imply"], 1);
+    put_manifest(&m, &src, "reserved", |v| {
+        v["components"][0]["path"] = "manifest.json".into();
+    });
+    refused("reserved", &["components[0].path", "reserved"], 1);
+    put_manifest(&m, &src, "twice", |v| {
+        let first = v["components"][0]["path"].clone();
+        v["components"][1]["path"] = first;
+    });
+    refused("twice", &["components[1].path", "listed twice"], 1);
+    put_manifest(&m, &src, "digest", |v| {
+        v["components"][0]["sha256"] = "XYZ".into();
+    });
+    refused("digest", &["components[0].sha256", "64 lowercase hex"], 1);
     m.put_object("notjson/manifest.json", b"<html>not a manifest</html>");
     refused(
         "notjson",
@@ -349,10 +364,25 @@ fn an_object_replaced_mid_pull_is_a_recorded_discard_and_a_refetch() {
     m.put_object(&key, &bytes);
     ok(pull(&m, home, dest, &out, &[]), "resumed pull");
     verify_deep(&out.join("artifact"));
+    // One stream (one connection): the prefix is dropped as a hub file's
+    // whose validator changed, and the object taken again from byte 0.
+    let reasons = discard_reasons_in(&out, path);
     assert!(
-        discard_reasons_in(&out, path).contains(&"validator_changed".to_owned()),
-        "{:?}",
-        discard_reasons_in(&out, path)
+        reasons.contains(&"range_not_honoured".to_owned()),
+        "{reasons:?}"
+    );
+    let asked = query(
+        &out,
+        &format!(
+            "SELECT IFNULL(if_range, '') || ' ' || IFNULL(etag, '') FROM attempts WHERE path = {} ORDER BY id",
+            sql_str(path)
+        ),
+    );
+    let last = asked.last().unwrap();
+    let (sent, got) = last.split_once(' ').unwrap();
+    assert!(
+        !sent.is_empty() && sent != got,
+        "resumed under the old ETag, answered with the new: {asked:?}"
     );
     let statuses = query(
         &out,
@@ -449,6 +479,11 @@ fn racing_publishers_of_two_artifacts_one_wins_the_other_is_refused_naming_both(
     let published: serde_json::Value =
         serde_json::from_slice(&m.get_object("race/manifest.json").unwrap()).unwrap();
     assert_eq!(published["fingerprint"], winner.as_str());
+    // Again, after the race: still refused, naming both.
+    let loser_dir = if oa.status.success() { &b } else { &a };
+    let o = run(m.ftpipe(home).arg("publish").arg(loser_dir).arg(dest));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &[winner, loser]);
     // The winner's artifact pulls clean.
     let out = tmp.path().join("node");
     ok(pull(&m, home, dest, &out, &[]), "pull");
@@ -562,4 +597,54 @@ pub fn manifest_sha_of_prefix(m: &Moto, prefix: &str) -> String {
         &m.get_object(&format!("{prefix}/manifest.json"))
             .expect("published manifest"),
     )
+}
+
+#[test]
+fn many_pullers_at_once_and_an_unverified_artifact_is_not_published() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 307);
+    let m = Moto::start();
+    let dest = "s3://models/fleet";
+    ok(publish(&m, home, &src, dest), "publish");
+    // Four nodes pull the prefix at the same time: the store is only read.
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            m.ftpipe(home)
+                .args(["pull", dest, "--out"])
+                .arg(tmp.path().join(format!("node-{i}")))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "node {i}: {}", stderr(&o));
+        let out = tmp.path().join(format!("node-{i}"));
+        verify_deep(&out.join("artifact"));
+        assert_eq!(manifest_sha(&out), manifest_sha(&src));
+    }
+
+    // A component one byte short: verification refuses before any upload.
+    let comp = manifest_json(&src)["components"][0]["path"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = src.join("artifact").join(&comp);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+    let o = run(m
+        .ftpipe(home)
+        .arg("publish")
+        .arg(&src)
+        .arg("s3://models/unverified"));
+    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
+    assert_names(&stderr(&o), &[comp.as_str()]);
+    assert!(
+        m.keys("unverified/").is_empty(),
+        "{:?}",
+        m.keys("unverified/")
+    );
 }
