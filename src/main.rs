@@ -775,6 +775,14 @@ async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
     if args.part_size < 64 * 1024 {
         bail!("--part-size {}: at least 64KiB", args.part_size);
     }
+    // Nothing to publish is no reason to create DIR's state.
+    let artifact = args.dir.join("artifact");
+    if !artifact.is_dir() {
+        bail!(
+            "{} does not exist: nothing to publish (`ftpipe run` or `ftpipe convert` makes it)",
+            artifact.display()
+        );
+    }
     let config = s3_config(&args.s3)?;
     let session = S3Session::of(&config);
     let pipeline = Pipeline::open(&args.dir, "publish").await?;

@@ -647,4 +647,14 @@ fn many_pullers_at_once_and_an_unverified_artifact_is_not_published() {
         "{:?}",
         m.keys("unverified/")
     );
+    // No artifact at all: refused, and DIR is not created.
+    let none = tmp.path().join("nothing-here");
+    let o = run(m
+        .ftpipe(home)
+        .arg("publish")
+        .arg(&none)
+        .arg("s3://models/none"));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &["nothing to publish"]);
+    assert!(!none.exists());
 }
