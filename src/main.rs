@@ -133,6 +133,9 @@ enum Command {
     /// Download the artifact published at s3://BUCKET/PREFIX into
     /// DIR/artifact with the fetch's resume and verification.
     Pull(PullArgs),
+    /// Mirror DIR's pinned, fully fetched sources to s3://BUCKET/PREFIX
+    /// (files, then listing.json), for `--endpoint s3://BUCKET/PREFIX`.
+    Mirror(MirrorArgs),
     /// Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only).
     Inspect {
         file: PathBuf,
@@ -186,9 +189,13 @@ struct HubArgs {
     repo: String,
     #[arg(long, default_value = "main", value_parser = parse_revision)]
     revision: String,
-    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
+    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a
+    /// mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror`
+    /// writes one).
     #[arg(long, env = "HF_ENDPOINT", default_value = "https://huggingface.co")]
     endpoint: String,
+    #[command(flatten)]
+    s3: S3Args,
     #[arg(long)]
     out: PathBuf,
     /// Read the token from this file (else HF_TOKEN, else the file at
@@ -362,6 +369,30 @@ struct PublishArgs {
     s3: S3Args,
     /// Part size of multipart uploads; smaller files go in one put (at
     /// least 64KiB; S3 itself needs 5MiB).
+    #[arg(long, default_value = "8MiB", value_parser = parse_bytes)]
+    part_size: u64,
+    /// Parts in flight at once (1 to 64).
+    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    concurrency: usize,
+    /// Print nothing on success (errors still go to stderr).
+    #[arg(long)]
+    quiet: bool,
+    /// A JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct MirrorArgs {
+    /// The directory whose pinned sources (DIR/source) are mirrored.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    /// Where: s3://BUCKET/PREFIX.
+    #[arg(value_name = "S3_URL")]
+    dest: String,
+    #[command(flatten)]
+    s3: S3Args,
+    /// Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB).
     #[arg(long, default_value = "8MiB", value_parser = parse_bytes)]
     part_size: u64,
     /// Parts in flight at once (1 to 64).
@@ -651,6 +682,7 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
         reacquire: args.reacquire,
         hf_cache: cache,
         offline,
+        mirror: mirror_params(&args.hub)?,
     };
     Ok((params, session))
 }
@@ -724,6 +756,17 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     );
     // fetch answers for the sources; a pending conversion is not its failure.
     Ok(outcome.audit.sources_ok)
+}
+
+/// The mirror `--endpoint s3://BUCKET/PREFIX` names, if it names one.
+fn mirror_params(hub: &HubArgs) -> anyhow::Result<Option<ftpipe_pipeline::MirrorParams>> {
+    if !hub.endpoint.starts_with("s3://") {
+        return Ok(None);
+    }
+    Ok(Some(ftpipe_pipeline::MirrorParams {
+        location: ftpipe_objstore::S3Location::parse(&hub.endpoint)?,
+        config: s3_config(&hub.s3)?,
+    }))
 }
 
 /// Credentials, region and endpoint the AWS way (every secret registered
@@ -810,6 +853,51 @@ bytes sent       {}
             outcome.fingerprint,
             outcome.manifest_sha256,
             outcome.objects,
+            outcome.uploaded,
+            outcome.reused,
+            outcome.bytes_sent
+        )
+    });
+    Ok(true)
+}
+
+/// Mirrors DIR/source.
+async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
+    let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
+    if args.part_size < 64 * 1024 {
+        bail!("--part-size {}: at least 64KiB", args.part_size);
+    }
+    if !args.dir.join(".ftpipe/state.db").is_file() {
+        bail!(
+            "{} holds no fetched sources: nothing to mirror (`ftpipe fetch` makes them)",
+            args.dir.display()
+        );
+    }
+    let config = s3_config(&args.s3)?;
+    let session = S3Session::of(&config);
+    let pipeline = Pipeline::open(&args.dir, "mirror").await?;
+    let outcome = pipeline
+        .mirror(
+            &ftpipe_pipeline::MirrorParams { location, config },
+            args.part_size,
+            args.concurrency,
+        )
+        .await?;
+    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
+        format!(
+            "{} {}@{} at {}
+files            {} ({} uploaded, {} already there)
+bytes sent       {}
+",
+            if outcome.already_mirrored {
+                "already mirrored"
+            } else {
+                "mirrored"
+            },
+            outcome.repo,
+            outcome.commit,
+            outcome.dest,
+            outcome.files,
             outcome.uploaded,
             outcome.reused,
             outcome.bytes_sent
@@ -969,7 +1057,9 @@ fn render_convert(o: &ftpipe_convert::ConvertOutcome) -> String {
 /// Plans the conversion (remote: headers over HTTP Range at the pinned or
 /// freshly resolved commit; local: DIR/source) and prints it.
 async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
-    let source = if args.remote {
+    let source = if let (true, Some(m)) = (args.remote, mirror_params(&args.hub)?) {
+        ftpipe_pipeline::PlanSource::Mirror(m)
+    } else if args.remote {
         ftpipe_pipeline::PlanSource::Remote {
             endpoint: args.hub.endpoint.clone(),
             token: load_token(args.hub.token_file.as_deref())?.0,
@@ -1055,6 +1145,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Run(args) => run_all(args).await,
         Command::Publish(args) => run_publish(args).await,
         Command::Pull(args) => run_pull(args).await,
+        Command::Mirror(args) => run_mirror(args).await,
         Command::Inspect { file, json } => {
             let i = ftpipe_convert::inspect::inspect(&file)?;
             if json {

@@ -317,7 +317,8 @@ mod tests {
         assert_eq!(get("components.json").as_array().unwrap().len(), 2);
         assert_eq!(get("receipts.json").as_array().unwrap().len(), 2);
         let manifest = std::fs::read(f.artifact().join(MANIFEST_FILE)).unwrap();
-        assert_eq!(entries[10].1, manifest, "manifest.json copied verbatim");
+        let copied = &entries.iter().find(|(n, _)| n == MANIFEST_FILE).unwrap().1;
+        assert_eq!(copied, &manifest, "manifest.json copied verbatim");
         // No temp file left beside it.
         let left: Vec<_> = std::fs::read_dir(&f.out)
             .unwrap()

@@ -31,6 +31,9 @@ pub enum PlanSource {
         /// Refuse every request (`HF_HUB_OFFLINE=1` / `--offline`).
         offline: bool,
     },
+    /// Only the safetensors headers, over ranged gets from a mirror in
+    /// object storage (`--endpoint s3://BUCKET/PREFIX`).
+    Mirror(crate::MirrorParams),
 }
 
 /// Plans the conversion of `repo` at `revision` into `out`. A remote plan
@@ -114,6 +117,19 @@ pub async fn plan(
                 repo,
                 commit: &commit,
             };
+            let published = Published::none();
+            let source = HeaderSource::Remote {
+                remote: &remote,
+                listing: &listing,
+                published: &published,
+            };
+            Ok(ftpipe_convert::plan(&source, &opts).await?.plan)
+        }
+        PlanSource::Mirror(p) => {
+            let mirror = crate::mirror::Mirror::open(&p)?;
+            let (commit, listing) = mirror.listing_for(repo, revision).await?;
+            let (listing, opts) = with_selection(listing, None)?;
+            let remote = mirror.files(&commit);
             let published = Published::none();
             let source = HeaderSource::Remote {
                 remote: &remote,

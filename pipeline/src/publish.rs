@@ -85,24 +85,24 @@ pub struct PublishOutcome {
 }
 
 /// One file to upload.
-struct Item {
-    path: String,
-    size: u64,
-    sha256: String,
+pub(crate) struct Item {
+    pub(crate) path: String,
+    pub(crate) size: u64,
+    pub(crate) sha256: String,
 }
 
 /// What the tasks of one publish share.
 #[derive(Clone)]
-struct Ctx {
-    s3: S3,
-    store: Arc<Store>,
-    run: RunId,
-    dest: String,
+pub(crate) struct Ctx {
+    pub(crate) s3: S3,
+    pub(crate) store: Arc<Store>,
+    pub(crate) run: RunId,
+    pub(crate) dest: String,
 }
 
 impl Ctx {
     /// Runs one request between an `in_flight` attempt row and its end.
-    async fn attempt<T>(
+    pub(crate) async fn attempt<T>(
         &self,
         key: &str,
         op: &'static str,
@@ -275,7 +275,12 @@ async fn published_here(ctx: &Ctx, keys: &ArtifactKeys, fingerprint: &str) -> Re
     })
 }
 
-async fn record(ctx: &Ctx, fingerprint: &str, manifest_sha256: &str, outcome: &str) -> Result<()> {
+pub(crate) async fn record(
+    ctx: &Ctx,
+    fingerprint: &str,
+    manifest_sha256: &str,
+    outcome: &str,
+) -> Result<()> {
     Ok(ctx
         .store
         .record_publication(&Publication {
@@ -317,7 +322,7 @@ fn row(
 
 /// Uploads one file unless its object is already complete; the bytes sent
 /// (`None`: found complete and checked, nothing sent).
-async fn upload_file(
+pub(crate) async fn upload_file(
     ctx: &Ctx,
     artifact: &Path,
     keys: &ArtifactKeys,

@@ -64,6 +64,8 @@
 //!   identical verified artifacts, no-op re-runs, hostile manifests, a
 //!   truncated or replaced object, racing publishers, credentials.
 //! * `s3_crash`: kill storms over `publish` and over `pull`.
+//! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
+//!   (the hub's manifest), a mirror with one wrong file.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -124,6 +126,7 @@ mod powercut;
 mod recipe;
 mod s3;
 mod s3_crash;
+mod s3_mirror;
 mod security;
 mod segmented;
 mod symlinks;
