@@ -761,6 +761,12 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
 /// The mirror `--endpoint s3://BUCKET/PREFIX` names, if it names one.
 fn mirror_params(hub: &HubArgs) -> anyhow::Result<Option<ftpipe_pipeline::MirrorParams>> {
     if !hub.endpoint.starts_with("s3://") {
+        if hub.s3.s3_endpoint.is_some() {
+            bail!(
+                "--s3-endpoint applies only to a mirror (--endpoint s3://BUCKET/PREFIX); the endpoint is {}",
+                hub.endpoint
+            );
+        }
         return Ok(None);
     }
     Ok(Some(ftpipe_pipeline::MirrorParams {

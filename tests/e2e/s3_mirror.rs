@@ -102,6 +102,22 @@ fn a_run_from_a_mirror_builds_the_hubs_manifest_and_a_wrong_file_is_refused() {
         listed.parse::<u64>().unwrap()
     );
 
+    // --s3-endpoint without a mirror is refused, not ignored.
+    let o = run(m
+        .ftpipe(home)
+        .args([
+            "fetch",
+            REPO,
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--s3-endpoint",
+        ])
+        .arg(m.endpoint())
+        .arg("--out")
+        .arg(tmp.path().join("not-a-mirror")));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &["--s3-endpoint applies only to a mirror"]);
+
     // A hostile listing: refused naming its key and JSON path.
     let mut listing: serde_json::Value =
         serde_json::from_slice(&m.get_object("mirrors/tiny/listing.json").unwrap()).unwrap();
