@@ -358,6 +358,7 @@ fn fetch_params(endpoint: &str) -> FetchParams {
         reacquire: false,
         hf_cache: None,
         offline: false,
+        mirror: None,
     }
 }
 

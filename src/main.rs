@@ -127,6 +127,16 @@ enum Command {
     Convert(ConvertArgs),
     /// resolve → plan → fetch → convert → verify, each a durable stage.
     Run(RunArgs),
+    /// Upload DIR's verified artifact to s3://BUCKET/PREFIX: components
+    /// (resumable multipart uploads), each checked, then manifest.json,
+    /// create-only.
+    Publish(PublishArgs),
+    /// Download the artifact published at s3://BUCKET/PREFIX into
+    /// DIR/artifact with the fetch's resume and verification.
+    Pull(PullArgs),
+    /// Mirror DIR's pinned, fully fetched sources to s3://BUCKET/PREFIX
+    /// (files, then listing.json), for `--endpoint s3://BUCKET/PREFIX`.
+    Mirror(MirrorArgs),
     /// Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only).
     Inspect {
         file: PathBuf,
@@ -180,7 +190,9 @@ struct HubArgs {
     repo: String,
     #[arg(long, default_value = "main", value_parser = parse_revision)]
     revision: String,
-    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co).
+    /// Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a
+    /// mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror`
+    /// writes one).
     #[arg(
         long,
         env = "HF_ENDPOINT",
@@ -188,6 +200,8 @@ struct HubArgs {
         default_value = "https://huggingface.co"
     )]
     endpoint: String,
+    #[command(flatten)]
+    s3: S3Args,
     #[arg(long)]
     out: PathBuf,
     /// Read the token from this file (else HF_TOKEN, else the file at
@@ -325,6 +339,120 @@ struct ConvertArgs {
     jobs: usize,
     #[command(flatten)]
     tuning: ConvertTuning,
+    /// Skip the free-space check before starting.
+    #[arg(long)]
+    no_preflight: bool,
+    /// Print nothing on success (errors still go to stderr).
+    #[arg(long)]
+    quiet: bool,
+    /// Newline-delimited JSON events and a JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Where the object store is and how to reach it.
+#[derive(Args)]
+struct S3Args {
+    /// S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else
+    /// AWS_ENDPOINT_URL, else the profile's endpoint_url, else AWS). Plain
+    /// http only for a loopback host. Credentials come from
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
+    /// AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from
+    /// AWS_REGION, else the profile, else us-east-1.
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+}
+
+#[derive(Args)]
+struct PublishArgs {
+    /// The directory whose verified artifact (DIR/artifact) is published.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    /// Where: s3://BUCKET/PREFIX.
+    #[arg(value_name = "S3_URL")]
+    dest: String,
+    #[command(flatten)]
+    s3: S3Args,
+    /// Part size of multipart uploads; smaller files go in one put (at
+    /// least 64KiB; S3 itself needs 5MiB).
+    #[arg(long, default_value = "8MiB", value_parser = size::parse_size)]
+    part_size: u64,
+    /// Parts in flight at once (1 to 64).
+    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    concurrency: usize,
+    /// Print nothing on success (errors still go to stderr).
+    #[arg(long)]
+    quiet: bool,
+    /// A JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct MirrorArgs {
+    /// The directory whose pinned sources (DIR/source) are mirrored.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+    /// Where: s3://BUCKET/PREFIX.
+    #[arg(value_name = "S3_URL")]
+    dest: String,
+    #[command(flatten)]
+    s3: S3Args,
+    /// Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB).
+    #[arg(long, default_value = "8MiB", value_parser = size::parse_size)]
+    part_size: u64,
+    /// Parts in flight at once (1 to 64).
+    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    concurrency: usize,
+    /// Print nothing on success (errors still go to stderr).
+    #[arg(long)]
+    quiet: bool,
+    /// A JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct PullArgs {
+    /// Where the artifact is published: s3://BUCKET/PREFIX.
+    #[arg(value_name = "S3_URL")]
+    source: String,
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    s3: S3Args,
+    /// Files transferred in parallel (1 to 64).
+    #[arg(long, default_value_t = DEFAULT_FETCH_JOBS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    jobs: usize,
+    /// Requests in flight at once over all files (1 to 64): free ones split
+    /// large objects into ranges.
+    #[arg(long, default_value_t = ftpipe_fetch::defaults::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    connections: usize,
+    /// Objects at least this large may be fetched as several ranges.
+    #[arg(long, default_value = "256MiB", value_parser = size::parse_size)]
+    segment_threshold: u64,
+    /// A range is never split below this size (at least 64KiB).
+    #[arg(long, default_value = "4MiB", value_parser = size::parse_size)]
+    min_range: u64,
+    /// Ranges are claimed front to back in pieces of at least this size.
+    #[arg(long, default_value = "64MiB", value_parser = size::parse_size)]
+    piece_size: u64,
+    /// An object gets another connection only while its connections each
+    /// deliver less than this per second (0: always).
+    #[arg(long, default_value = "128MiB", value_parser = size::parse_size)]
+    split_below_rate: u64,
+    /// Durable checkpoint interval in bytes (at least 1).
+    #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    checkpoint_bytes: u64,
+    /// Retries per file for transient failures (0 to 100).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=100))]
+    retries: u32,
+    /// First retry delay in milliseconds (1 to 60000).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    retry_base_ms: u64,
+    /// Write through the page cache instead of O_DIRECT.
+    #[arg(long)]
+    buffered_io: bool,
     /// Skip the free-space check before starting.
     #[arg(long)]
     no_preflight: bool,
@@ -491,7 +619,9 @@ fn reporter(json: bool, quiet: bool) -> Arc<dyn Reporter> {
 }
 
 fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
-    ftpipe_hub::client::parse_endpoint(&args.hub.endpoint)?;
+    if !args.hub.endpoint.starts_with("s3://") {
+        ftpipe_hub::client::parse_endpoint(&args.hub.endpoint)?;
+    }
     let (token, token_source) = load_token(args.hub.token_file.as_deref())?;
     let cache = hf_cache(&args.hub)?;
     let offline = args.hub.offline || offline_env();
@@ -535,6 +665,7 @@ fn fetch_params(args: &FetchArgs, jobs: usize) -> anyhow::Result<(FetchParams, S
         reacquire: args.reacquire,
         hf_cache: cache,
         offline,
+        mirror: mirror_params(&args.hub)?,
     };
     Ok((params, session))
 }
@@ -608,6 +739,221 @@ async fn run_fetch(args: FetchArgs) -> anyhow::Result<bool> {
     );
     // fetch answers for the sources; a pending conversion is not its failure.
     Ok(outcome.audit.sources_ok)
+}
+
+/// The mirror `--endpoint s3://BUCKET/PREFIX` names, if it names one.
+fn mirror_params(hub: &HubArgs) -> anyhow::Result<Option<ftpipe_pipeline::MirrorParams>> {
+    if !hub.endpoint.starts_with("s3://") {
+        if hub.s3.s3_endpoint.is_some() {
+            bail!(
+                "--s3-endpoint applies only to a mirror (--endpoint s3://BUCKET/PREFIX); the endpoint is {}",
+                ftpipe_hub::client::mask_userinfo(&hub.endpoint)
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(ftpipe_pipeline::MirrorParams {
+        location: ftpipe_objstore::S3Location::parse(&hub.endpoint)?,
+        config: s3_config(&hub.s3)?,
+    }))
+}
+
+/// Credentials, region and endpoint the AWS way (every secret registered
+/// with the redaction point as it is read).
+fn s3_config(args: &S3Args) -> anyhow::Result<ftpipe_objstore::S3Config> {
+    Ok(ftpipe_objstore::S3Config::resolve(
+        &ftpipe_objstore::Env::from_process(),
+        args.s3_endpoint.as_deref(),
+    )?)
+}
+
+/// What an object-store command reports beside its outcome (never a key).
+#[derive(Debug, Clone, serde::Serialize)]
+struct S3Session {
+    endpoint: Option<String>,
+    region: String,
+    credentials_from: String,
+}
+
+impl S3Session {
+    fn of(c: &ftpipe_objstore::S3Config) -> S3Session {
+        S3Session {
+            endpoint: c.endpoint.clone(),
+            region: c.region.clone(),
+            credentials_from: c.credentials_from.clone(),
+        }
+    }
+}
+
+/// Prints an object-store command's JSON summary, or `text()`.
+fn print_s3_summary<T: serde::Serialize>(
+    json: bool,
+    quiet: bool,
+    session: &S3Session,
+    outcome: &T,
+    text: impl FnOnce() -> String,
+) {
+    if json {
+        let v = serde_json::json!({ "event": "summary", "outcome": outcome, "session": session });
+        println!("{v}");
+    } else if !quiet {
+        print!("{}", text());
+    }
+}
+
+/// Publishes DIR/artifact.
+async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
+    let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
+    if args.part_size < 64 * 1024 {
+        bail!("--part-size {}: at least 64KiB", args.part_size);
+    }
+    // Nothing to publish is no reason to create DIR's state.
+    let artifact = args.dir.join("artifact");
+    if !artifact.is_dir() {
+        bail!(
+            "{} does not exist: nothing to publish (`ftpipe run` or `ftpipe convert` makes it)",
+            artifact.display()
+        );
+    }
+    let config = s3_config(&args.s3)?;
+    let session = S3Session::of(&config);
+    let pipeline = Pipeline::open(&args.dir, "publish").await?;
+    let outcome = pipeline
+        .publish(&ftpipe_pipeline::PublishParams {
+            location,
+            config,
+            part_size: args.part_size,
+            concurrency: args.concurrency,
+        })
+        .await?;
+    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
+        format!(
+            "{}
+fingerprint      {}
+manifest sha256  {}
+objects          {} ({} uploaded, {} already there)
+bytes sent       {}
+",
+            if outcome.already_published {
+                format!("already published at {}", outcome.dest)
+            } else {
+                format!("published at {}", outcome.dest)
+            },
+            outcome.fingerprint,
+            outcome.manifest_sha256,
+            outcome.objects,
+            outcome.uploaded,
+            outcome.reused,
+            outcome.bytes_sent
+        )
+    });
+    Ok(true)
+}
+
+/// Mirrors DIR/source.
+async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
+    let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
+    if args.part_size < 64 * 1024 {
+        bail!("--part-size {}: at least 64KiB", args.part_size);
+    }
+    if !args.dir.join(".ftpipe/state.db").is_file() {
+        bail!(
+            "{} holds no fetched sources: nothing to mirror (`ftpipe fetch` makes them)",
+            args.dir.display()
+        );
+    }
+    let config = s3_config(&args.s3)?;
+    let session = S3Session::of(&config);
+    let pipeline = Pipeline::open(&args.dir, "mirror").await?;
+    let outcome = pipeline
+        .mirror(
+            &ftpipe_pipeline::MirrorParams { location, config },
+            args.part_size,
+            args.concurrency,
+        )
+        .await?;
+    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
+        format!(
+            "{} {}@{} at {}
+files            {} ({} uploaded, {} already there)
+bytes sent       {}
+",
+            if outcome.already_mirrored {
+                "already mirrored"
+            } else {
+                "mirrored"
+            },
+            outcome.repo,
+            outcome.commit,
+            outcome.dest,
+            outcome.files,
+            outcome.uploaded,
+            outcome.reused,
+            outcome.bytes_sent
+        )
+    });
+    Ok(true)
+}
+
+/// Pulls a published artifact into DIR/artifact.
+async fn run_pull(args: PullArgs) -> anyhow::Result<bool> {
+    let location = ftpipe_objstore::S3Location::parse(&args.source)?;
+    let config = s3_config(&args.s3)?;
+    let session = S3Session::of(&config);
+    let defaults = FetchOptions::default();
+    let options = FetchOptions {
+        jobs: args.jobs.min(args.connections),
+        connections: args.connections,
+        segment_threshold: args.segment_threshold,
+        min_range: args.min_range.max(ftpipe_fetch::WRITE_ALIGN),
+        piece_size: args.piece_size.max(ftpipe_fetch::WRITE_ALIGN),
+        split_below_rate: args.split_below_rate,
+        checkpoint_bytes: args.checkpoint_bytes.max(1),
+        retries: args.retries,
+        retry_base: Duration::from_millis(args.retry_base_ms),
+        preflight: !args.no_preflight,
+        io_mode: if args.buffered_io {
+            IoMode::Buffered
+        } else {
+            IoMode::Direct
+        },
+        ..defaults
+    };
+    let pipeline = Pipeline::open(&args.out, "pull").await?;
+    let rep = reporter(args.json, args.quiet);
+    let outcome = pipeline
+        .pull(
+            &ftpipe_pipeline::PullParams {
+                location,
+                config,
+                options,
+            },
+            rep.clone(),
+        )
+        .await;
+    rep.finish();
+    let outcome = outcome?;
+    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
+        format!(
+            "{} {}
+fingerprint      {}
+manifest sha256  {}
+components       {} ({} bytes), verified in {}
+",
+            if outcome.already_pulled {
+                "already pulled from"
+            } else {
+                "pulled from"
+            },
+            outcome.source,
+            outcome.fingerprint,
+            outcome.manifest_sha256,
+            outcome.components,
+            outcome.bytes,
+            args.out.join("artifact").display()
+        )
+    });
+    Ok(true)
 }
 
 /// Converts DIR/source into DIR/artifact.
@@ -700,7 +1046,9 @@ fn render_convert(o: &ftpipe_convert::ConvertOutcome) -> String {
 /// Plans the conversion (remote: headers over HTTP Range at the pinned or
 /// freshly resolved commit; local: DIR/source) and prints it.
 async fn run_plan(args: PlanArgs) -> anyhow::Result<bool> {
-    let source = if args.remote {
+    let source = if let (true, Some(m)) = (args.remote, mirror_params(&args.hub)?) {
+        ftpipe_pipeline::PlanSource::Mirror(m)
+    } else if args.remote {
         ftpipe_hub::client::parse_endpoint(&args.hub.endpoint)?;
         ftpipe_pipeline::PlanSource::Remote {
             endpoint: args.hub.endpoint.clone(),
@@ -773,6 +1121,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
                 // Resolving registers the token with the redaction point,
                 // which the bundle guard scans for.
                 load_token(token_file.as_deref())?;
+                // The object-store credentials too (publish and pull hold them).
+                ftpipe_objstore::register_credentials_from_env();
             }
             let (a, b) = ftpipe_pipeline::audit_with_bundle(&out, deep, bundle.as_deref()).await?;
             if json {
@@ -793,6 +1143,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Plan(args) => run_plan(args).await,
         Command::Convert(args) => run_convert(args).await,
         Command::Run(args) => run_all(args).await,
+        Command::Publish(args) => run_publish(args).await,
+        Command::Pull(args) => run_pull(args).await,
+        Command::Mirror(args) => run_mirror(args).await,
         Command::Inspect { file, json } => {
             let i = ftpipe_convert::inspect::inspect(&file)?;
             if json {
@@ -973,6 +1326,9 @@ fn class_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
         return Some(e.class());
     }
     if let Some(e) = cause.downcast_ref::<FsError>() {
+        return Some(e.class());
+    }
+    if let Some(e) = cause.downcast_ref::<ftpipe_objstore::ObjStoreError>() {
         return Some(e.class());
     }
     if cause.downcast_ref::<VerifyFailed>().is_some() {

@@ -111,6 +111,35 @@ pub fn render(a: &AuditReport) -> String {
         &n(r.retired_bytes),
     );
     row(&mut out, "failed attempts", &a.failed_attempts.to_string());
+    let u = &a.uploads;
+    if u.requests > 0 {
+        pair(
+            &mut out,
+            "uploads (verified/open)",
+            &u.verified.to_string(),
+            &u.in_progress.to_string(),
+        );
+        pair(
+            &mut out,
+            "upload parts (acked/B)",
+            &u.parts.to_string(),
+            &n(u.part_bytes),
+        );
+        pair(
+            &mut out,
+            "upload requests (all/failed)",
+            &u.requests.to_string(),
+            &u.failed_requests.to_string(),
+        );
+        row(&mut out, "upload bytes sent", &n(u.sent_bytes));
+    }
+    for p in &a.publications {
+        row(
+            &mut out,
+            &format!("published ({})", p.outcome),
+            &format!("{} @ {}", p.dest, p.fingerprint),
+        );
+    }
     if a.interrupted_attempts > 0 {
         row(
             &mut out,
@@ -336,6 +365,8 @@ mod tests {
             interrupted_attempts: 0,
             unsuccessful_attempts: vec![],
             cache_candidates: vec![],
+            uploads: Default::default(),
+            publications: vec![],
             deep: false,
             files: vec![FileAudit {
                 path: "config.json".into(),

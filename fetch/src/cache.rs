@@ -121,12 +121,9 @@ pub(crate) async fn adopt_whole(
             detail,
         };
     let temp = cache_temp_path(final_path);
-    let dir = final_path
-        .parent()
-        .unwrap_or(ctx.layout.source())
-        .to_owned();
+    let dir = final_path.parent().unwrap_or(ctx.dest()).to_owned();
     let placed = block_in_place(|| -> std::io::Result<_> {
-        create_dirs_durably(ctx.layout.source(), &dir)?;
+        create_dirs_durably(ctx.dest(), &dir)?;
         remove_if_present(&temp)?;
         let how = place(&candidate.blob, &temp, file.size)?;
         let placed = ftpipe_fs::nofollow::open_read(&temp)?;
@@ -233,7 +230,7 @@ pub(crate) async fn seed_from_incomplete(
                 Err(AppendError::NoSpace) => {
                     return Err(FetchError::io(
                         "write",
-                        ctx.layout.source(),
+                        ctx.dest(),
                         std::io::Error::from(std::io::ErrorKind::StorageFull),
                     ));
                 }

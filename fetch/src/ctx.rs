@@ -96,8 +96,11 @@ pub struct FetchCtx {
     pub(crate) pin: Pin,
     pub(crate) reporter: Arc<dyn Reporter>,
     pub(crate) opts: FetchOptions,
-    /// Where the target directory's paths are (files land in `source()`).
+    /// Where the target directory's paths are.
     pub(crate) layout: ftpipe_fs::Layout,
+    /// Where files land: `DIR/source` for a hub fetch, `DIR/artifact`
+    /// for a pull.
+    pub(crate) dest: PathBuf,
     /// Set by the first job that hits a full volume: the others stop
     /// appending so the freed space reserve is left to the ledger.
     pub(crate) volume_full: AtomicBool,
@@ -135,7 +138,25 @@ impl FetchCtx {
             repo: pin.repo.clone(),
             commit: pin.commit.clone(),
         });
+        let dest = layout.source().to_owned();
+        FetchCtx::with_source(source, store, run, pin, reporter, opts, layout, dest)
+    }
+
+    /// Bundles what every file transfer needs, the bytes coming from
+    /// `source` and the files landing in `dest` (a directory of `layout`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_source(
+        source: Arc<dyn ByteSource>,
+        store: Arc<Store>,
+        run: RunId,
+        pin: Pin,
+        reporter: Arc<dyn Reporter>,
+        opts: FetchOptions,
+        layout: ftpipe_fs::Layout,
+        dest: PathBuf,
+    ) -> Self {
         FetchCtx {
+            dest,
             source,
             store,
             run,
@@ -152,6 +173,11 @@ impl FetchCtx {
             hf_cache: None,
             offline: false,
         }
+    }
+
+    /// The directory files land in.
+    pub(crate) fn dest(&self) -> &std::path::Path {
+        &self.dest
     }
 
     /// Records that pass `pass` has `bytes` left to fetch in ranges (0:

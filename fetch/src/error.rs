@@ -15,6 +15,9 @@ pub enum FetchError {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
+    /// An object-storage request failed (a pull's source).
+    #[error(transparent)]
+    ObjStore(#[from] ftpipe_objstore::ObjStoreError),
     /// A local filesystem operation failed.
     #[error("{op} {path}: {source}")]
     Io {
@@ -272,6 +275,7 @@ impl FetchError {
             }
             FetchError::Hub(e) => e.class(),
             FetchError::Store(e) => e.class(),
+            FetchError::ObjStore(e) => e.class(),
             FetchError::RetriesExhausted { last, .. } => last.class(),
             FetchError::Several { worst, .. } => worst.class(),
             FetchError::Io { .. }
@@ -291,6 +295,16 @@ impl FetchError {
         match self {
             FetchError::Hub(e) => e.is_transient(),
             FetchError::Stalled { .. } => true,
+            // What `object_store` could not cure with its own retries
+            // (a dropped connection, a 5xx) may pass on a later attempt;
+            // a missing object or a refused credential will not.
+            FetchError::ObjStore(ftpipe_objstore::ObjStoreError::Request { source, .. }) => {
+                !matches!(
+                    source,
+                    object_store::Error::PermissionDenied { .. }
+                        | object_store::Error::Unauthenticated { .. }
+                )
+            }
             _ => false,
         }
     }

@@ -10,7 +10,7 @@
 //! - `cache`: taking a pinned file from a Hugging Face cache first.
 //! - `source`: the byte-source seam: a span of a file asked under a
 //!   validator, the answer's status, headers and body; the hub's HTTP
-//!   implements it.
+//!   implements it; `s3source`: object storage implements it (`pull`).
 //! - `attempt`: one request of either path: what it records, the one
 //!   check of the answer (accepted / range ignored / refused), the body's
 //!   minimum rate, the receipt after publication.
@@ -39,6 +39,7 @@ mod error;
 mod extent;
 mod part;
 mod reconcile;
+mod s3source;
 mod segmented;
 mod source;
 mod transfer;
@@ -67,6 +68,10 @@ pub use ftpipe_hub::headers::{
 };
 pub use ftpipe_hub::identity::expected_identity;
 pub use reconcile::{ReconcileReport, reconcile};
+pub use s3source::{S3Object, S3Source};
+pub use source::{
+    Ask, Body, BodyError, ByteSource, SourceFuture, SourceResponse, Span, StreamBody,
+};
 
 /// Bytes still needed for the selected files (expected minus durable).
 pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {
@@ -120,8 +125,8 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
         done_bytes: total - needed.min(total),
     });
     // `source/` and its entry in `DIR` durable before any byte is claimed.
-    ftpipe_fs::durable::create_dirs_durably(ctx.layout.dir(), ctx.layout.source())
-        .map_err(|e| FetchError::io("create", ctx.layout.source(), e))?;
+    ftpipe_fs::durable::create_dirs_durably(ctx.layout.dir(), ctx.dest())
+        .map_err(|e| FetchError::io("create", ctx.dest(), e))?;
     // Keep room for the ledger on the target volume (see
     // `Store::ensure_space_reserve`); released when the fetch ends.
     if needed > 0 && !tokio::task::block_in_place(|| store.ensure_space_reserve()) {
@@ -139,13 +144,13 @@ async fn fetch_files(
     needed: u64,
 ) -> Result<()> {
     if ctx.opts.preflight && needed > 0 {
-        ftpipe_fs::require_space(ctx.layout.source(), needed)?;
+        ftpipe_fs::require_space(ctx.dest(), needed)?;
     }
     let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
     let mut set = JoinSet::new();
     ctx.unstarted.store(todo.len(), Ordering::SeqCst);
     for file in todo {
-        let final_path = safe_join(ctx.layout.source(), &file.path)?;
+        let final_path = safe_join(ctx.dest(), &file.path)?;
         let ctx = ctx.clone();
         // The job slot is taken here, in the planned order: a task polled
         // first is not necessarily the one spawned first.
@@ -180,7 +185,7 @@ async fn run_job(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Resu
     let path = file.path.clone();
     // Once the volume is full, files not yet started are not started.
     let res = if ctx.volume_full.load(Ordering::SeqCst) {
-        Err(ctx.no_space(&path, ctx.layout.source().to_owned()).await)
+        Err(ctx.no_space(&path, ctx.dest().to_owned()).await)
     } else {
         let fetched = match connection {
             Err(e) => Err(FetchError::internal_from("connection pool", e)),

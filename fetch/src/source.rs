@@ -18,6 +18,8 @@
 //!   the span asked, with the ETag, so the check needs no second path;
 //! - the body as `bytes::Bytes` chunks as they arrive, without copies (a
 //!   further [`Body`] variant over a `BoxStream<Bytes>`).
+//!
+//! `crate::s3source::S3Source` is that source (`pull`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -92,6 +94,23 @@ pub trait ByteSource: Send + Sync {
 pub enum Body {
     /// An HTTP response.
     Http(reqwest::Response),
+    /// An answer a source put together from another API (object storage):
+    /// the status and headers it implies, and the body's chunks.
+    Stream(StreamBody),
+}
+
+/// The parts of a [`Body::Stream`].
+pub struct StreamBody {
+    /// The status the answer amounts to (`200` whole, `206` a range).
+    pub status: StatusCode,
+    /// `ETag`, `Content-Range`, `Content-Length` as the answer implies.
+    pub headers: HeaderMap,
+    /// The body's length.
+    pub content_length: Option<u64>,
+    /// Where it came from, without credentials (for messages).
+    pub location: String,
+    /// The chunks, as they arrive.
+    pub chunks: futures_util::stream::BoxStream<'static, std::result::Result<Bytes, BodyError>>,
 }
 
 /// Why a body stopped before its end (the whole error chain, for the
@@ -116,6 +135,7 @@ impl SourceResponse {
     pub fn status(&self) -> StatusCode {
         match &self.body {
             Body::Http(r) => r.status(),
+            Body::Stream(s) => s.status,
         }
     }
 
@@ -123,6 +143,7 @@ impl SourceResponse {
     pub fn headers(&self) -> &HeaderMap {
         match &self.body {
             Body::Http(r) => r.headers(),
+            Body::Stream(s) => &s.headers,
         }
     }
 
@@ -130,6 +151,7 @@ impl SourceResponse {
     pub fn content_length(&self) -> Option<u64> {
         match &self.body {
             Body::Http(r) => r.content_length(),
+            Body::Stream(s) => s.content_length,
         }
     }
 
@@ -137,6 +159,7 @@ impl SourceResponse {
     pub fn location(&self) -> String {
         match &self.body {
             Body::Http(r) => redact(r.url()),
+            Body::Stream(s) => s.location.clone(),
         }
     }
 
@@ -144,6 +167,10 @@ impl SourceResponse {
     pub async fn chunk(&mut self) -> std::result::Result<Option<Bytes>, BodyError> {
         match &mut self.body {
             Body::Http(r) => r.chunk().await.map_err(|e| BodyError(error_chain(&e))),
+            Body::Stream(s) => {
+                use futures_util::StreamExt;
+                s.chunks.next().await.transpose()
+            }
         }
     }
 }

@@ -319,11 +319,7 @@ impl FileTask {
     /// open part file with the digest state of its committed prefix.
     async fn open_resume_point(&mut self) -> Result<(PartFile, IdentityHasher, Option<String>)> {
         let mut part = block_in_place(|| {
-            PartFile::open(
-                self.ctx.layout.source(),
-                &self.part_path,
-                self.ctx.opts.io_mode,
-            )
+            PartFile::open(self.ctx.dest(), &self.part_path, self.ctx.opts.io_mode)
         })
         .map_err(|e| self.io("open", e))?;
         let ledger = settle_stream_part(
@@ -750,7 +746,7 @@ impl FileTask {
                 // and the stage event still be written.
                 self.ctx.mark_volume_full();
                 FetchError::NoSpace {
-                    volume: self.ctx.layout.source().to_owned(),
+                    volume: self.ctx.dest().to_owned(),
                     path: self.path().to_owned(),
                     committed: part.len(),
                     still_needed: self.file.size - part.len(),

@@ -122,6 +122,25 @@ crash_points! {
     VerifyDone = "verify-done",
     /// `verify` completed, before the exit.
     VerifyCompleted = "verify-completed",
+    /// A multipart upload created on the server, its id not recorded.
+    UploadCreated = "upload-created",
+    /// A part acknowledged by the server, its row not committed.
+    UploadPartSent = "upload-part-sent",
+    /// A part's row committed.
+    UploadPartRecorded = "upload-part-recorded",
+    /// A multipart upload completed on the server, not yet checked.
+    UploadCompleted = "upload-completed",
+    /// An object checked and its upload receipt committed.
+    UploadVerified = "upload-verified",
+    /// Every component's upload receipt committed, `manifest.json` not put.
+    PublishComponentsDone = "publish-components-done",
+    /// `manifest.json` put, the publication not recorded.
+    PublishManifestPut = "publish-manifest-put",
+    /// Every component of a pull published in `DIR/artifact`,
+    /// `placement.json` and `manifest.json` not written.
+    PullComponentsDone = "pull-components-done",
+    /// A pull's `manifest.json` durable, the artifact not yet verified.
+    PullManifestWritten = "pull-manifest-written",
 }
 
 impl std::fmt::Display for CrashPoint {

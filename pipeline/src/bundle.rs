@@ -92,6 +92,9 @@ async fn collect(
         json("retirements.json", &store.retirement_log().await?)?,
         json("artifacts.json", &store.artifact_log().await?)?,
         json("stage_events.json", &store.stage_events().await?)?,
+        json("uploads.json", &store.uploads().await?)?,
+        json("upload_attempts.json", &store.upload_attempts().await?)?,
+        json("publications.json", &store.publications().await?)?,
     ];
     let artifact = out_dir.join("artifact");
     let state_dir = out_dir.join(".ftpipe");
@@ -181,18 +184,28 @@ fn write_archive(entries: &[(String, Vec<u8>)], tmp: &Path, dest: &Path) -> Resu
 
 /// Writes the evidence bundle of `out_dir` (`DIR`) with `report` as
 /// `audit.json` to `dest` (conventionally `*.tar.zst`). Refuses to write
-/// when an entry contains the value of `HF_TOKEN` or any credential
-/// registered with `ftpipe_secrets` (the caller resolves the token first).
+/// when an entry contains the value of `HF_TOKEN`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, `AWS_ACCESS_KEY_ID` or any credential registered
+/// with `ftpipe_secrets` (the caller resolves the token and the AWS
+/// credentials first).
 pub async fn write_bundle(
     store: &Store,
     out_dir: &Path,
     report: &AuditReport,
     dest: &Path,
 ) -> Result<BundleSummary> {
-    let secrets: Vec<Vec<u8>> = std::env::var_os("HF_TOKEN")
-        .map(|t| t.into_encoded_bytes())
-        .into_iter()
-        .collect();
+    // The object-store credentials as well: `publish` and `pull` hold them.
+    let secrets: Vec<Vec<u8>> = [
+        "HF_TOKEN",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ]
+    .into_iter()
+    .filter_map(std::env::var_os)
+    .map(|t| t.into_encoded_bytes())
+    .filter(|t| !t.is_empty())
+    .collect();
     write_bundle_checked(store, out_dir, report, dest, &secrets).await
 }
 
@@ -285,6 +298,9 @@ mod tests {
                 "retirements.json",
                 "artifacts.json",
                 "stage_events.json",
+                "uploads.json",
+                "upload_attempts.json",
+                "publications.json",
                 "manifest.json",
                 "placement.json",
                 "plan.json",
@@ -301,7 +317,8 @@ mod tests {
         assert_eq!(get("components.json").as_array().unwrap().len(), 2);
         assert_eq!(get("receipts.json").as_array().unwrap().len(), 2);
         let manifest = std::fs::read(f.artifact().join(MANIFEST_FILE)).unwrap();
-        assert_eq!(entries[10].1, manifest, "manifest.json copied verbatim");
+        let copied = &entries.iter().find(|(n, _)| n == MANIFEST_FILE).unwrap().1;
+        assert_eq!(copied, &manifest, "manifest.json copied verbatim");
         // No temp file left beside it.
         let left: Vec<_> = std::fs::read_dir(&f.out)
             .unwrap()

@@ -88,6 +88,57 @@ pub enum PipelineError {
         /// Every problem verification found.
         problems: Vec<String>,
     },
+    /// An object-storage request or its setup failed.
+    #[error(transparent)]
+    ObjStore(#[from] ftpipe_objstore::ObjStoreError),
+    /// The prefix already holds another artifact's manifest.
+    #[error(
+        "{dest} already holds artifact {theirs}; refusing to publish artifact {ours} over it (publish it to another prefix)"
+    )]
+    PrefixHoldsAnother {
+        /// `s3://BUCKET/PREFIX`.
+        dest: String,
+        /// The fingerprint of the manifest found there.
+        theirs: String,
+        /// The fingerprint of the artifact being published.
+        ours: String,
+    },
+    /// An object is not what the manifest or the upload says it is.
+    #[error("{key}: {what}")]
+    ObjectMismatch {
+        /// `s3://BUCKET/KEY`.
+        key: String,
+        /// What differs (expected and found).
+        what: String,
+    },
+    /// No manifest at the prefix.
+    #[error("nothing is published at {dest}: {key} does not exist")]
+    NothingPublished {
+        /// `s3://BUCKET/PREFIX`.
+        dest: String,
+        /// The manifest's key.
+        key: String,
+    },
+    /// A published manifest is malformed or hostile.
+    #[error("{key}: {at}: {message}")]
+    BadRemoteManifest {
+        /// `s3://BUCKET/KEY` of the manifest.
+        key: String,
+        /// The JSON path at fault (`components[3].path`), or `.`.
+        at: String,
+        /// What is wrong and what was expected.
+        message: String,
+    },
+    /// DIR already holds another pull or artifact.
+    #[error("{dir} holds {theirs}; refusing to pull {ours} into it (use another --out)")]
+    PullConflict {
+        /// The output directory.
+        dir: PathBuf,
+        /// What it holds.
+        theirs: String,
+        /// What was asked.
+        ours: String,
+    },
     /// The directory has no ftpipe state.
     #[error("{dir} holds no ftpipe state (no .ftpipe/state.db); run `ftpipe fetch` first")]
     NoState {
@@ -124,6 +175,12 @@ impl PipelineError {
             PipelineError::Artifact(e) => e.class(),
             PipelineError::Store(e) => e.class(),
             PipelineError::Fs(e) => e.class(),
+            PipelineError::ObjStore(e) => e.class(),
+            PipelineError::ObjectMismatch { .. } => ErrorClass::Verification,
+            PipelineError::PrefixHoldsAnother { .. }
+            | PipelineError::NothingPublished { .. }
+            | PipelineError::BadRemoteManifest { .. }
+            | PipelineError::PullConflict { .. } => ErrorClass::Failure,
             PipelineError::Io { .. }
             | PipelineError::UnsafePath(_)
             | PipelineError::NotPinned { .. }

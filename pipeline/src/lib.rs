@@ -20,6 +20,8 @@
 //!   disk; [`bundle`]: the evidence in one archive.
 //! - `lock`: one ftpipe per output directory.
 //! - `plan`: the read-only `plan` command.
+//! - `publish`: an artifact into object storage (`publish`); `pull`: a
+//!   published artifact through the fetch machinery (`pull`).
 //! - `error`: [`PipelineError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -29,7 +31,10 @@ pub mod audit;
 pub mod bundle;
 mod error;
 mod lock;
+mod mirror;
 mod plan;
+mod publish;
+mod pull;
 mod run;
 pub mod state;
 
@@ -56,7 +61,10 @@ use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
+pub use mirror::{MirrorOutcome, MirrorParams};
 pub use plan::{PlanReport, PlanSource, plan};
+pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
+pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
 pub use run::RunOutcome;
 use state::StageState;
 
@@ -79,9 +87,35 @@ pub struct FetchParams {
     pub hf_cache: Option<HfCache>,
     /// No network at all (`HF_HUB_OFFLINE=1` / `--offline`).
     pub offline: bool,
+    /// Read the repo from this mirror in object storage instead of the hub
+    /// (`--endpoint s3://BUCKET/PREFIX`).
+    pub mirror: Option<MirrorParams>,
+}
+
+/// Where a repo's listing and files come from.
+pub(crate) enum Origin {
+    /// The hub's HTTP.
+    Hub(HubClient),
+    /// A mirror in object storage.
+    Mirror(mirror::Mirror),
+}
+
+impl Origin {
+    /// No network for file bodies.
+    pub(crate) fn is_offline(&self) -> bool {
+        matches!(self, Origin::Hub(c) if c.is_offline())
+    }
 }
 
 impl FetchParams {
+    /// The hub, or the mirror when one is given.
+    pub(crate) fn origin(&self) -> Result<Origin> {
+        Ok(match &self.mirror {
+            Some(m) => Origin::Mirror(mirror::Mirror::open(m)?),
+            None => Origin::Hub(self.client()?),
+        })
+    }
+
     /// The hub client, refusing every request when offline.
     pub fn client(&self) -> Result<HubClient> {
         let client = HubClient::new(&self.endpoint, self.token.clone(), self.read_timeout)?;
@@ -236,10 +270,10 @@ impl Pipeline {
         params: FetchParams,
         reporter: Arc<dyn Reporter>,
     ) -> Result<FetchOutcome> {
-        let client = params.client()?;
-        let resolved = self.resolve_stage(&client, &params, &reporter).await?;
+        let origin = params.origin()?;
+        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
         let report = self
-            .fetch_stage(&client, &params, &resolved, &reporter)
+            .fetch_stage(&origin, &params, &resolved, &reporter)
             .await?;
         let audit = audit(
             &self.store,
@@ -258,12 +292,17 @@ impl Pipeline {
 
     async fn resolve_stage(
         &self,
-        client: &HubClient,
+        origin: &Origin,
         params: &FetchParams,
         reporter: &Arc<dyn Reporter>,
     ) -> Result<Resolved> {
         self.stage(Stage::Resolve, async {
-            Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
+            match origin {
+                Origin::Hub(client) => {
+                    Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
+                }
+                Origin::Mirror(m) => m.resolve(&self.store, &params.resolve).await,
+            }
         })
         .await
     }
@@ -273,7 +312,7 @@ impl Pipeline {
     /// for them back (logged first, so the retirement log stays truthful).
     async fn fetch_stage(
         &self,
-        client: &HubClient,
+        origin: &Origin,
         params: &FetchParams,
         resolved: &Resolved,
         reporter: &Arc<dyn Reporter>,
@@ -301,8 +340,8 @@ impl Pipeline {
                 .collect();
             let report =
                 reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
-            let ctx = Arc::new(
-                FetchCtx::new(
+            let ctx = match origin {
+                Origin::Hub(client) => FetchCtx::new(
                     client.clone(),
                     self.store.clone(),
                     self.run,
@@ -312,7 +351,27 @@ impl Pipeline {
                     self.layout.clone(),
                 )
                 .with_cache(params.hf_cache.clone(), params.offline),
-            );
+                Origin::Mirror(m) => {
+                    // Only what is still to fetch must be in the mirror.
+                    let published = self.store.published_paths().await?;
+                    let todo: Vec<_> = files
+                        .iter()
+                        .filter(|f| !published.contains(&f.path))
+                        .cloned()
+                        .collect();
+                    FetchCtx::with_source(
+                        Arc::new(m.source(&resolved.pin.commit, &todo).await?),
+                        self.store.clone(),
+                        self.run,
+                        resolved.pin.clone(),
+                        reporter.clone(),
+                        params.options.clone(),
+                        self.layout.clone(),
+                        self.layout.source().to_owned(),
+                    )
+                }
+            };
+            let ctx = Arc::new(ctx);
             fetch(ctx, &files).await?;
             Ok(report)
         })
@@ -403,6 +462,18 @@ pub async fn audit_with_bundle(
         None => None,
     };
     Ok((report, summary))
+}
+
+/// Every failure of a verification, one line each.
+pub(crate) fn verify_problems(report: &ftpipe_artifact::verify::VerifyReport) -> Vec<String> {
+    report
+        .failures
+        .iter()
+        .map(|f| match &f.component {
+            Some(c) => format!("{c}: {}: {}", f.check, f.message),
+            None => format!("{}: {}", f.check, f.message),
+        })
+        .collect()
 }
 
 /// The crash point after `stage`'s work is durable, before its completion

@@ -36,6 +36,9 @@ pub enum PlanSource {
         /// Refuse every request (`HF_HUB_OFFLINE=1` / `--offline`).
         offline: bool,
     },
+    /// Only the safetensors headers, over ranged gets from a mirror in
+    /// object storage (`--endpoint s3://BUCKET/PREFIX`).
+    Mirror(crate::MirrorParams),
 }
 
 /// A plan and, when a disk budget was given, its schedule under it.
@@ -173,6 +176,20 @@ async fn plan_with_listing(
                 repo,
                 commit: &commit,
             };
+            let published = Published::none();
+            let source = HeaderSource::Remote {
+                remote: &remote,
+                listing: &listing,
+                published: &published,
+            };
+            let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
+            Ok((plan, listing))
+        }
+        PlanSource::Mirror(p) => {
+            let mirror = crate::mirror::Mirror::open(&p)?;
+            let (commit, listing) = mirror.listing_for(repo, revision).await?;
+            let (listing, opts) = with_selection(listing, None)?;
+            let remote = mirror.files(&commit);
             let published = Published::none();
             let source = HeaderSource::Remote {
                 remote: &remote,

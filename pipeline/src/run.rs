@@ -22,13 +22,12 @@ use ftpipe_convert::{
     ConvertOptions, ConvertOutcome, HeaderSource, Published, convert, current_artifact, plan,
 };
 use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
-use ftpipe_hub::client::HubClient;
 use ftpipe_hub::remote::PinnedRepo;
 use ftpipe_hub::resolve::{FetchSelection, Resolved, apply_selection};
 use ftpipe_progress::{ProgressEvent, Reporter};
 
 use crate::state::StageState;
-use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
+use crate::{FetchParams, Origin, Pipeline, PipelineError, Result, replay};
 use ftpipe_receipts::{RunId, Stage};
 
 /// What `run` reports.
@@ -67,7 +66,7 @@ impl Pipeline {
     /// HTTP Range.
     async fn plan_stage(
         &self,
-        client: &HubClient,
+        origin: &Origin,
         params: &FetchParams,
         resolved: &Resolved,
         opts: &ConvertOptions,
@@ -102,17 +101,30 @@ impl Pipeline {
                 selection: FetchSelection::of(listing, &params.resolve.globs()),
                 ..opts.plan_options()
             };
-            let remote = PinnedRepo {
-                client,
-                repo: &pin.repo,
-                commit: &pin.commit,
+            let plan = match origin {
+                Origin::Hub(client) => {
+                    let remote = PinnedRepo {
+                        client,
+                        repo: &pin.repo,
+                        commit: &pin.commit,
+                    };
+                    let source = HeaderSource::Remote {
+                        remote: &remote,
+                        listing,
+                        published: &published,
+                    };
+                    plan(&source, &plan_opts).await?.plan
+                }
+                Origin::Mirror(m) => {
+                    let remote = m.files(&pin.commit);
+                    let source = HeaderSource::Remote {
+                        remote: &remote,
+                        listing,
+                        published: &published,
+                    };
+                    plan(&source, &plan_opts).await?.plan
+                }
             };
-            let source = HeaderSource::Remote {
-                remote: &remote,
-                listing,
-                published: &published,
-            };
-            let plan = plan(&source, &plan_opts).await?.plan;
             if !params.options.preflight {
                 return Ok(());
             }
@@ -163,14 +175,7 @@ impl Pipeline {
             if report.ok {
                 return Ok(());
             }
-            let problems: Vec<String> = report
-                .failures
-                .iter()
-                .map(|f| match &f.component {
-                    Some(c) => format!("{c}: {}: {}", f.check, f.message),
-                    None => format!("{}: {}", f.check, f.message),
-                })
-                .collect();
+            let problems = crate::verify_problems(&report);
             Err(PipelineError::VerifyFailed { artifact, problems })
         })
         .await
@@ -188,21 +193,21 @@ impl Pipeline {
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
         }
-        let client = params.client()?;
-        let resolved = self.resolve_stage(&client, &params, &reporter).await?;
+        let origin = params.origin()?;
+        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
         // Offline, the plan cannot read headers of unfetched shards from the
         // hub: fetch (from the cache) first, then plan from `source/`.
-        let report = if client.is_offline() {
+        let report = if origin.is_offline() {
             let report = self
-                .fetch_stage(&client, &params, &resolved, &reporter)
+                .fetch_stage(&origin, &params, &resolved, &reporter)
                 .await?;
-            self.plan_stage(&client, &params, &resolved, &opts, &reporter)
+            self.plan_stage(&origin, &params, &resolved, &opts, &reporter)
                 .await?;
             report
         } else {
-            self.plan_stage(&client, &params, &resolved, &opts, &reporter)
+            self.plan_stage(&origin, &params, &resolved, &opts, &reporter)
                 .await?;
-            self.fetch_stage(&client, &params, &resolved, &reporter)
+            self.fetch_stage(&origin, &params, &resolved, &reporter)
                 .await?
         };
         let converted = self.convert(&opts, reporter.clone()).await?;

@@ -15,6 +15,9 @@
 //! - `ranges`: durable watermarks of a file fetched in segments.
 //! - `convert_store`: component receipts, span claims of components
 //!   written span by span, the retirement log and the artifact log.
+//! - `upload_store`: publish records: uploads (a `verified` row is the
+//!   upload receipt), acknowledged parts of multipart uploads, every
+//!   request, publications.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
@@ -30,6 +33,7 @@ mod events;
 mod model;
 mod ranges;
 mod store;
+mod upload_store;
 
 pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow, SpanClaim};
 pub use error::{Result, StoreError};
@@ -43,3 +47,4 @@ pub use model::{
 };
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
+pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow, UploadState};

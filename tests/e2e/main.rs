@@ -62,6 +62,12 @@
 //! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
 //! * `disk_budget`: `plan --remote --disk-budget`: the schedule's predicted
 //!   peak and minimum feasible budget from headers, a budget below it refused.
+//! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
+//!   identical verified artifacts, no-op re-runs, hostile manifests, a
+//!   truncated or replaced object, racing publishers, credentials.
+//! * `s3_crash`: kill storms over `publish` and over `pull`.
+//! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
+//!   (the hub's manifest), a mirror with one wrong file.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -81,7 +87,7 @@
 //! never beside another heavy or a time-bounded one, as when every file was
 //! a test binary of its own (and heavy tests of one file, which used to run
 //! side by side, now run one after the other). Today's heavy tests: the kill
-//! storms of `crash`, `chain_crash`, `segmented` and `convert_crash`,
+//! storms of `crash`, `chain_crash`, `segmented`, `convert_crash` and `s3_crash`,
 //! `powercut`, `nginx` and every `hf_cache` test; time-bounded: the three
 //! `faults` tests with a deadline and `disk_full`'s two fills within a
 //! 1.5 s stall.
@@ -121,6 +127,9 @@ mod plan;
 mod plan_real_geometry;
 mod powercut;
 mod recipe;
+mod s3;
+mod s3_crash;
+mod s3_mirror;
 mod security;
 mod segmented;
 mod symlinks;

@@ -141,10 +141,9 @@ impl Coordinator {
         let path = self.path().to_owned();
         let size = self.file.size;
         let part_path = self.part_path();
-        let mut part = block_in_place(|| {
-            PartFile::open(self.ctx.layout.source(), &part_path, self.ctx.opts.io_mode)
-        })
-        .map_err(|e| self.io("open", e))?;
+        let mut part =
+            block_in_place(|| PartFile::open(self.ctx.dest(), &part_path, self.ctx.opts.io_mode))
+                .map_err(|e| self.io("open", e))?;
         let ranges = self.settle_ranges(&mut part).await?;
         let direct = part.into_file();
         block_in_place(|| direct.file().set_len(size)).map_err(|e| self.io("size", e))?;

@@ -489,7 +489,7 @@ impl RangeWorker {
 
     pub(super) fn no_space(&self, at: u64) -> FetchError {
         FetchError::NoSpace {
-            volume: self.shared.ctx.layout.source().to_owned(),
+            volume: self.shared.ctx.dest().to_owned(),
             path: self.path().to_owned(),
             committed: at,
             still_needed: self.shared.size.saturating_sub(at),

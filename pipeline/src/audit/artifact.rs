@@ -113,6 +113,36 @@ fn read_optional(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
 
 /// Audits the component receipts against `artifact_root`, its manifest and
 /// placement, and the plan at `plan_path` (when given and present).
+/// The artifact half of the audit of a pulled directory: no conversion
+/// records, so the manifest (once written) and the files are checked as
+/// `ftpipe verify` checks them (`deep`: every component re-hashed).
+pub(super) fn audit_pulled(artifact_root: &Path, deep: bool) -> Result<ArtifactPart> {
+    let mut out = ArtifactPart {
+        kinds: BTreeMap::new(),
+        known_target_total: 0,
+        known_target_from: "manifest",
+        plan_present: false,
+        manifest_present: artifact_root.join(MANIFEST_FILE).is_file(),
+        omitted: (0, 0),
+        not_fetched: (0, 0),
+        pending: Vec::new(),
+        problems: Vec::new(),
+        receipts_without_files: Vec::new(),
+        files_without_receipts: Vec::new(),
+        stale_temp_files: Vec::new(),
+        error: 0,
+    };
+    if out.manifest_present {
+        let report =
+            block_in_place(|| ftpipe_artifact::verify::verify_artifact(artifact_root, deep))?;
+        for line in crate::verify_problems(&report) {
+            out.problem(MANIFEST_FILE, line);
+        }
+        out.known_target_total = report.bytes;
+    }
+    Ok(out)
+}
+
 pub(super) fn audit_artifact(
     receipts: &[ComponentReceipt],
     artifact_log: &[ArtifactRow],

@@ -222,6 +222,10 @@ pub struct AuditReport {
     /// Every Hugging Face cache file looked at: adopted, resumed from, or
     /// rejected (with why).
     pub cache_candidates: Vec<ftpipe_receipts::CacheCandidate>,
+    /// What `publish` sent from this directory (empty when it never ran).
+    pub uploads: UploadSummary,
+    /// Every publication of this directory's artifact.
+    pub publications: Vec<ftpipe_receipts::Publication>,
     /// Whether the re-hash was done.
     pub deep: bool,
     /// Per-file lines.
@@ -262,6 +266,61 @@ pub(crate) fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::R
     Ok(())
 }
 
+/// The upload records of `publish`, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct UploadSummary {
+    /// Objects uploaded and checked (upload receipts).
+    pub verified: usize,
+    /// Multipart uploads in progress (a killed publish resumes them).
+    pub in_progress: usize,
+    /// Uploads given up.
+    pub abandoned: usize,
+    /// Parts the server acknowledged.
+    pub parts: usize,
+    /// Bytes of the acknowledged parts.
+    pub part_bytes: u64,
+    /// Requests made.
+    pub requests: usize,
+    /// Requests that failed.
+    pub failed_requests: usize,
+    /// Requests left `in_flight` by a kill.
+    pub interrupted_requests: usize,
+    /// Body bytes sent by every request (re-sent parts included).
+    pub sent_bytes: u64,
+}
+
+async fn upload_summary(store: &Store) -> Result<UploadSummary> {
+    use ftpipe_receipts::UploadState;
+    let uploads = store.uploads().await?;
+    let attempts = store.upload_attempts().await?;
+    let mut s = UploadSummary {
+        verified: uploads
+            .iter()
+            .filter(|u| u.state == UploadState::Verified)
+            .count(),
+        in_progress: uploads
+            .iter()
+            .filter(|u| u.state == UploadState::Uploading)
+            .count(),
+        abandoned: uploads
+            .iter()
+            .filter(|u| u.state == UploadState::Abandoned)
+            .count(),
+        requests: attempts.len(),
+        failed_requests: attempts.iter().filter(|a| a.outcome == "failed").count(),
+        interrupted_requests: attempts.iter().filter(|a| a.outcome == "in_flight").count(),
+        sent_bytes: attempts.iter().map(|a| a.bytes).sum(),
+        ..UploadSummary::default()
+    };
+    for u in &uploads {
+        for p in store.upload_parts(u.id).await? {
+            s.parts += 1;
+            s.part_bytes += p.size;
+        }
+    }
+    Ok(s)
+}
+
 /// Audits the state of one output directory: sources under `source_root`
 /// (`DIR/source`), components under `artifact_root` (`DIR/artifact`), and
 /// the plan beside the database (`DIR/.ftpipe/plan.json`). `deep` re-hashes
@@ -280,15 +339,27 @@ pub async fn audit(
             .unwrap_or_default(),
     })?;
     store.integrity_check().await?;
-    let src = sources::audit_sources(store, source_root, deep).await?;
-    let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
-    let art = artifact::audit_artifact(
-        &store.components().await?,
-        &store.artifact_log().await?,
-        artifact_root,
-        plan_path.as_deref(),
-        deep,
-    )?;
+    // A pulled artifact's components are the listing, fetched into
+    // `artifact/`; its manifest is the publisher's, checked by verify.
+    let (src, art) = if crate::pull::is_pull_pin(&pin) {
+        let mut src = sources::audit_sources(store, artifact_root, deep).await?;
+        src.orphans.retain(|o| {
+            o != ftpipe_artifact::manifest::MANIFEST_FILE
+                && o != ftpipe_artifact::manifest::PLACEMENT_FILE
+        });
+        (src, artifact::audit_pulled(artifact_root, deep)?)
+    } else {
+        let src = sources::audit_sources(store, source_root, deep).await?;
+        let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
+        let art = artifact::audit_artifact(
+            &store.components().await?,
+            &store.artifact_log().await?,
+            artifact_root,
+            plan_path.as_deref(),
+            deep,
+        )?;
+        (src, art)
+    };
     let mut waste_by_reason = BTreeMap::new();
     for d in store.discards().await? {
         *waste_by_reason.entry(d.reason).or_insert(0u64) += d.bytes;
@@ -357,6 +428,8 @@ pub async fn audit(
             .count(),
         unsuccessful_attempts,
         cache_candidates: store.cache_candidates().await?,
+        uploads: upload_summary(store).await?,
+        publications: store.publications().await?,
         deep,
         files: lines,
         orphans: src.orphans,

@@ -7,6 +7,8 @@ use std::process::{Command, Output};
 
 use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
+pub mod s3;
+
 pub const REPO: &str = "acme/tiny";
 
 /// A hub serving `files` as `REPO`.

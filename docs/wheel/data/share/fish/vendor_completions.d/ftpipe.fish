@@ -32,6 +32,9 @@ complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "audit" -d 'Reconcile 
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "plan" -d 'Predict every output component\'s exact size before converting'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "convert" -d 'Convert DIR/source into the artifact in DIR/artifact (resumable)'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "run" -d 'resolve → plan → fetch → convert → verify, each a durable stage'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "publish" -d 'Upload DIR\'s verified artifact to s3://BUCKET/PREFIX: components (resumable multipart uploads), each checked, then manifest.json, create-only'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "pull" -d 'Download the artifact published at s3://BUCKET/PREFIX into DIR/artifact with the fetch\'s resume and verification'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "mirror" -d 'Mirror DIR\'s pinned, fully fetched sources to s3://BUCKET/PREFIX (files, then listing.json), for `--endpoint s3://BUCKET/PREFIX`'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "inspect" -d 'Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only)'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "verify" -d 'Check an artifact directory on its own: no database, sources or network'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "demo" -d 'Serve a generated checkpoint locally, run the whole pipeline with a crash during download and one during conversion, resume, verify and audit'
@@ -39,7 +42,8 @@ complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "completions" -d 'Prin
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
@@ -77,7 +81,8 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
@@ -104,7 +109,8 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l quiet -d 'Prin
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l json -d 'Newline-delimited JSON events and a JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
@@ -140,6 +146,34 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reacquire -d 'Fetc
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retire-sources -d 'Delete each source shard once every component reading it is durable'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l rebuild -d 'Set a stale artifact aside (kept as evidence) and rebuild it'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l json -d 'A JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l jobs -d 'Files transferred in parallel (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l connections -d 'Requests in flight at once over all files (1 to 64): free ones split large objects into ranges' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l segment-threshold -d 'Objects at least this large may be fetched as several ranges' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l min-range -d 'A range is never split below this size (at least 64KiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l split-below-rate -d 'An object gets another connection only while its connections each deliver less than this per second (0: always)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l buffered-io -d 'Write through the page cache instead of O_DIRECT'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l no-preflight -d 'Skip the free-space check before starting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l json -d 'Newline-delimited JSON events and a JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l part-size -d 'Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l quiet -d 'Print nothing on success (errors still go to stderr)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l json -d 'A JSON summary'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -l json
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l deep -d 'Also re-hash every component'
@@ -150,15 +184,18 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Pri
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -l dir -d 'Write ftpipe.1 and ftpipe-COMMAND.1 for every command into DIR' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "fetch" -d 'Download a pinned repo into DIR/source with strict Range resume'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "status" -d 'Show the pin, stage states and byte counts of DIR'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "audit" -d 'Reconcile the byte ledger against receipts and files on disk'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "plan" -d 'Predict every output component\'s exact size before converting'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "convert" -d 'Convert DIR/source into the artifact in DIR/artifact (resumable)'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "run" -d 'resolve → plan → fetch → convert → verify, each a durable stage'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "inspect" -d 'Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only)'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "verify" -d 'Check an artifact directory on its own: no database, sources or network'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "demo" -d 'Serve a generated checkpoint locally, run the whole pipeline with a crash during download and one during conversion, resume, verify and audit'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "completions" -d 'Print the completion script of a shell'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run inspect verify demo completions man help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "fetch" -d 'Download a pinned repo into DIR/source with strict Range resume'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "status" -d 'Show the pin, stage states and byte counts of DIR'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "audit" -d 'Reconcile the byte ledger against receipts and files on disk'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "plan" -d 'Predict every output component\'s exact size before converting'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "convert" -d 'Convert DIR/source into the artifact in DIR/artifact (resumable)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "run" -d 'resolve → plan → fetch → convert → verify, each a durable stage'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "publish" -d 'Upload DIR\'s verified artifact to s3://BUCKET/PREFIX: components (resumable multipart uploads), each checked, then manifest.json, create-only'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "pull" -d 'Download the artifact published at s3://BUCKET/PREFIX into DIR/artifact with the fetch\'s resume and verification'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "mirror" -d 'Mirror DIR\'s pinned, fully fetched sources to s3://BUCKET/PREFIX (files, then listing.json), for `--endpoint s3://BUCKET/PREFIX`'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "inspect" -d 'Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "verify" -d 'Check an artifact directory on its own: no database, sources or network'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "demo" -d 'Serve a generated checkpoint locally, run the whole pipeline with a crash during download and one during conversion, resume, verify and audit'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "completions" -d 'Print the completion script of a shell'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand help; and not __fish_seen_subcommand_from fetch status audit plan convert run publish pull mirror inspect verify demo completions man help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

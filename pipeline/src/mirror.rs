@@ -1,0 +1,559 @@
+//! A hub checkpoint mirrored into object storage, read back as the hub
+//! would serve it: `ftpipe mirror DIR s3://BUCKET/PREFIX` writes the
+//! mirror from a fetched `DIR`; `fetch`, `run` and `plan --remote` with
+//! `--endpoint s3://BUCKET/PREFIX` read it.
+//!
+//! ```text
+//! PREFIX/listing.json      the pin (repo, revision, commit) and every file with
+//!                          its size, git blob id and LFS SHA-256: written last,
+//!                          create-only (the commit point of the mirror)
+//! PREFIX/<commit>/<path>   each file's bytes
+//! ```
+//!
+//! The same pin and identity checks apply as with the hub: the listing
+//! carries the identities the hub listed at the pinned commit, and the
+//! fetch machinery verifies every byte against them before a file is
+//! published, so a mirror whose bytes do not match its listing is refused
+//! file by file (a digest mismatch naming the file). A run from a mirror
+//! pins the same repo and commit with the same file identities as a run
+//! from the hub, so it builds the same manifest.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::task::block_in_place;
+
+use ftpipe_artifact::manifest::sha256_hex;
+use ftpipe_fetch::{S3Object, S3Source};
+use ftpipe_fs::paths::{safe_join, validate_repo_path};
+use ftpipe_hub::HubError;
+use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, hash_file};
+use ftpipe_hub::remote::RemoteFiles;
+use ftpipe_hub::resolve::{ResolveRequest, Resolved, apply_selection};
+use ftpipe_objstore::{GetRange, Put, S3, S3Config, S3Location};
+use ftpipe_receipts::{FileRow, Pin, Store};
+
+use crate::Pipeline;
+use crate::error::{PipelineError, Result};
+use crate::publish::{Ctx, Item, PublishParams, record, upload_file};
+
+/// The listing's `schema`.
+pub const MIRROR_SCHEMA: &str = "ftpipe-mirror/1";
+/// Largest `listing.json` read (the hub's tree of a 1,000-file repo is a
+/// few hundred KB).
+pub const MAX_LISTING_BYTES: u64 = 64 * 1024 * 1024;
+/// The listing's name under the prefix.
+const LISTING_FILE: &str = "listing.json";
+
+/// `PREFIX/listing.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Listing {
+    schema: String,
+    repo: String,
+    revision: String,
+    commit: String,
+    files: Vec<ListedFile>,
+}
+
+/// One file of the listing, with the hub's identities.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListedFile {
+    path: String,
+    size: u64,
+    git_oid: String,
+    lfs_sha256: Option<String>,
+    #[serde(default)]
+    xet_hash: Option<String>,
+}
+
+/// Where a mirror is and how to reach it.
+#[derive(Debug, Clone)]
+pub struct MirrorParams {
+    /// `s3://BUCKET/PREFIX`.
+    pub location: S3Location,
+    /// Credentials, region, endpoint.
+    pub config: S3Config,
+}
+
+/// What `mirror` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct MirrorOutcome {
+    /// `s3://BUCKET/PREFIX`.
+    pub dest: String,
+    /// Repository and pinned commit mirrored.
+    pub repo: String,
+    /// The pinned commit.
+    pub commit: String,
+    /// Files of the listing.
+    pub files: usize,
+    /// Files uploaded by this run.
+    pub uploaded: usize,
+    /// Files found complete and checked.
+    pub reused: usize,
+    /// Body bytes sent.
+    pub bytes_sent: u64,
+    /// The listing was already there: nothing was uploaded.
+    pub already_mirrored: bool,
+}
+
+/// An open mirror.
+pub struct Mirror {
+    s3: S3,
+    location: S3Location,
+}
+
+fn bad_listing(key: &str, at: String, message: String) -> PipelineError {
+    PipelineError::BadRemoteManifest {
+        key: key.to_owned(),
+        at,
+        message,
+    }
+}
+
+impl Mirror {
+    /// A client for the mirror at `p.location` (no request yet).
+    pub fn open(p: &MirrorParams) -> Result<Mirror> {
+        Ok(Mirror {
+            s3: S3::open(&p.config, p.location.clone())?,
+            location: p.location.clone(),
+        })
+    }
+
+    fn file_key(&self, commit: &str, path: &str) -> String {
+        self.location.artifact(commit).file(path)
+    }
+
+    /// The listing, read bounded and checked: schema, a 40-hex commit,
+    /// safe paths, well-formed identities (an error names the key and the
+    /// JSON path); with the files as listing rows.
+    async fn read_listing(&self) -> Result<(Listing, Vec<FileRow>)> {
+        let key = self.location.key(LISTING_FILE);
+        let url = self.location.url_of(&key);
+        let body = self
+            .s3
+            .get_bounded(&key, MAX_LISTING_BYTES)
+            .await?
+            .ok_or_else(|| PipelineError::NothingPublished {
+                dest: self.location.to_string(),
+                key: url.clone(),
+            })?;
+        let de = &mut serde_json::Deserializer::from_slice(&body.bytes);
+        let listing: Listing = serde_path_to_error::deserialize(de).map_err(|e| {
+            bad_listing(
+                &url,
+                e.path().to_string(),
+                format!("expected an ftpipe mirror listing: {}", e.into_inner()),
+            )
+        })?;
+        if listing.schema != MIRROR_SCHEMA {
+            return Err(bad_listing(
+                &url,
+                "schema".into(),
+                format!("{:?}, expected {MIRROR_SCHEMA:?}", listing.schema),
+            ));
+        }
+        if ftpipe_hub::identity::CommitId::parse(&listing.commit).is_none() {
+            return Err(bad_listing(
+                &url,
+                "commit".into(),
+                format!("{:?}: expected 40 hex digits", listing.commit),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut rows = Vec::with_capacity(listing.files.len());
+        for (i, f) in listing.files.iter().enumerate() {
+            let at = |field: &str| format!("files[{i}].{field}");
+            validate_repo_path(&f.path)
+                .map_err(|e| bad_listing(&url, at("path"), e.to_string()))?;
+            if !seen.insert(f.path.as_str()) {
+                return Err(bad_listing(
+                    &url,
+                    at("path"),
+                    format!("{:?} listed twice", f.path),
+                ));
+            }
+            if GitOid::parse(&f.git_oid).is_none() {
+                return Err(bad_listing(
+                    &url,
+                    at("git_oid"),
+                    "expected 40 hex digits".into(),
+                ));
+            }
+            if let Some(sha) = &f.lfs_sha256
+                && LfsSha256::parse(sha).is_none()
+            {
+                return Err(bad_listing(
+                    &url,
+                    at("lfs_sha256"),
+                    "expected 64 hex digits".into(),
+                ));
+            }
+            rows.push(FileRow {
+                path: f.path.clone(),
+                size: f.size,
+                git_oid: f.git_oid.to_ascii_lowercase(),
+                lfs_sha256: f.lfs_sha256.as_ref().map(|s| s.to_ascii_lowercase()),
+                xet_hash: f.xet_hash.clone(),
+                selected: true,
+            });
+        }
+        Ok((listing, rows))
+    }
+
+    /// The listing of the mirror when it holds `repo` at `revision` (its
+    /// revision name or its commit); an error naming both otherwise.
+    pub(crate) async fn listing_for(
+        &self,
+        repo: &str,
+        revision: &str,
+    ) -> Result<(String, Vec<FileRow>)> {
+        let (listing, rows) = self.read_listing().await?;
+        if listing.repo != repo || (listing.revision != revision && listing.commit != revision) {
+            return Err(PipelineError::PullConflict {
+                dir: std::path::PathBuf::from(self.location.to_string()),
+                theirs: format!("{}@{} = {}", listing.repo, listing.revision, listing.commit),
+                ours: format!("{repo}@{revision}"),
+            });
+        }
+        Ok((listing.commit, rows))
+    }
+
+    /// `resolve` from the mirror: the pin rules of the hub (a pinned DIR
+    /// keeps its pin; another commit needs `--repin`), the listing from
+    /// `listing.json`, the selection applied and stored.
+    pub(crate) async fn resolve(&self, store: &Store, req: &ResolveRequest) -> Result<Resolved> {
+        let existing = store.pin().await?;
+        if let Some(pin) = &existing
+            && pin.repo != req.repo
+        {
+            return Err(HubError::OtherRepo {
+                dir: store.path().to_owned(),
+                pinned: pin.repo.clone(),
+                requested: req.repo.clone(),
+            }
+            .into());
+        }
+        let (commit, listed) = self.listing_for(&req.repo, &req.revision).await?;
+        let (pin, mut files) = match existing {
+            Some(pin) if pin.commit == commit => {
+                let files = store.files().await?;
+                (pin, files)
+            }
+            Some(pin) if !req.repin => {
+                return Err(HubError::PinMismatch {
+                    requested: format!("{} (mirror commit {commit})", req.revision),
+                    pinned: pin.revision,
+                    commit: pin.commit,
+                }
+                .into());
+            }
+            _ => (
+                Pin {
+                    repo: req.repo.clone(),
+                    revision: req.revision.clone(),
+                    commit,
+                    endpoint: self.location.to_string(),
+                },
+                listed,
+            ),
+        };
+        apply_selection(&mut files, &req.include, &req.exclude)?;
+        store.save_pin_selected(&pin, &files, &req.globs()).await?;
+        let selected = files.iter().filter(|f| f.selected).cloned().collect();
+        Ok(Resolved {
+            pin,
+            branch_moved_to: None,
+            selected,
+            listing: files,
+        })
+    }
+
+    /// The byte source of `files` at `commit`: each object must exist with
+    /// the listed size (else refused naming its key) and an ETag.
+    pub(crate) async fn source(&self, commit: &str, files: &[FileRow]) -> Result<S3Source> {
+        let mut objects = HashMap::new();
+        for f in files {
+            let key = self.file_key(commit, &f.path);
+            let url = self.location.url_of(&key);
+            let mismatch = |what: String| PipelineError::ObjectMismatch {
+                key: url.clone(),
+                what,
+            };
+            let head = self.s3.head(&key).await?.ok_or_else(|| {
+                mismatch(format!(
+                    "missing; the mirror's listing has {} ({} bytes)",
+                    f.path, f.size
+                ))
+            })?;
+            if head.size != f.size {
+                return Err(mismatch(format!(
+                    "{} bytes, the listing says {} for {}",
+                    head.size, f.size, f.path
+                )));
+            }
+            let etag = head.etag.ok_or_else(|| mismatch("no ETag".into()))?;
+            objects.insert(f.path.clone(), S3Object { key, etag });
+        }
+        Ok(S3Source::new(self.s3.clone(), objects))
+    }
+
+    /// The planner's view of the mirror's files at `commit`.
+    pub(crate) fn files<'a>(&'a self, commit: &'a str) -> MirrorFiles<'a> {
+        MirrorFiles {
+            mirror: self,
+            commit,
+        }
+    }
+}
+
+/// Reads of a mirror's files for the planner (headers only).
+pub struct MirrorFiles<'a> {
+    mirror: &'a Mirror,
+    commit: &'a str,
+}
+
+impl MirrorFiles<'_> {
+    fn err(&self, path: &str, e: impl std::fmt::Display) -> HubError {
+        HubError::BadListing {
+            path: path.to_owned(),
+            problem: format!(
+                "mirror object {}: {e}",
+                self.mirror
+                    .location
+                    .url_of(&self.mirror.file_key(self.commit, path))
+            ),
+        }
+    }
+
+    async fn read(
+        &self,
+        path: &str,
+        range: Option<GetRange>,
+        want: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, HubError> {
+        let key = self.mirror.file_key(self.commit, path);
+        let got = self
+            .mirror
+            .s3
+            .get_range(&key, range, None)
+            .await
+            .map_err(|e| self.err(path, e))?
+            .map_err(|_| self.err(path, "412 without If-Match"))?;
+        if got.size != size {
+            return Err(self.err(path, format!("{} bytes, the listing says {size}", got.size)));
+        }
+        let mut out = Vec::new();
+        let mut body = got.body;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| self.err(path, e))?;
+            if (out.len() + chunk.len()) as u64 > want {
+                return Err(self.err(path, format!("more than the {want} bytes asked for")));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        if out.len() as u64 != want {
+            return Err(self.err(path, format!("{} bytes, {want} asked for", out.len())));
+        }
+        Ok(out)
+    }
+}
+
+impl RemoteFiles for MirrorFiles<'_> {
+    async fn read_whole(&self, path: &str, size: u64) -> Result<Vec<u8>, HubError> {
+        self.read(path, None, size, size).await
+    }
+
+    async fn read_range(
+        &self,
+        path: &str,
+        first: u64,
+        last: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, HubError> {
+        let end = last.saturating_add(1);
+        self.read(
+            path,
+            Some(GetRange::Bounded(first..end)),
+            end.saturating_sub(first),
+            size,
+        )
+        .await
+    }
+}
+
+impl Pipeline {
+    /// Mirrors the pinned, fully fetched `DIR/source` to `p.location`
+    /// (see the module doc): every file of the listing, re-hashed against
+    /// its identity as it is read, then `listing.json` create-only. The
+    /// same commit already there is a no-op; another is refused naming both.
+    pub async fn mirror(
+        &self,
+        p: &MirrorParams,
+        part_size: u64,
+        concurrency: usize,
+    ) -> Result<MirrorOutcome> {
+        let pin = self
+            .store
+            .pin()
+            .await?
+            .ok_or_else(|| PipelineError::NotPinned {
+                dir: self.layout.dir().to_owned(),
+            })?;
+        let files = self.store.files().await?;
+        let receipts = self.store.receipts_by_path().await?;
+        let missing: Vec<&str> = files
+            .iter()
+            .filter(|f| !receipts.contains_key(&f.path))
+            .map(|f| f.path.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(PipelineError::InvalidInput {
+                what: "mirror source",
+                message: format!(
+                    "{} holds {} of the {} files of {}@{}; not fetched: {} (a mirror holds the whole listing: fetch without --include/--exclude first)",
+                    self.layout.dir().display(),
+                    files.len() - missing.len(),
+                    files.len(),
+                    pin.repo,
+                    pin.commit,
+                    missing.join(", ")
+                ),
+            });
+        }
+        let listing = Listing {
+            schema: MIRROR_SCHEMA.to_owned(),
+            repo: pin.repo.clone(),
+            revision: pin.revision.clone(),
+            commit: pin.commit.clone(),
+            files: files
+                .iter()
+                .map(|f| ListedFile {
+                    path: f.path.clone(),
+                    size: f.size,
+                    git_oid: f.git_oid.clone(),
+                    lfs_sha256: f.lfs_sha256.clone(),
+                    xet_hash: f.xet_hash.clone(),
+                })
+                .collect(),
+        };
+        let mut listing_bytes = serde_json::to_vec_pretty(&listing)
+            .map_err(|e| PipelineError::internal_from("serializing the mirror listing", e))?;
+        listing_bytes.push(b'\n');
+        let listing_sha = sha256_hex(&listing_bytes);
+        let mirror = Mirror::open(p)?;
+        let ctx = Ctx {
+            s3: mirror.s3.clone(),
+            store: self.store.clone(),
+            run: self.run,
+            dest: p.location.to_string(),
+        };
+        let mut outcome = MirrorOutcome {
+            dest: ctx.dest.clone(),
+            repo: pin.repo.clone(),
+            commit: pin.commit.clone(),
+            files: files.len(),
+            uploaded: 0,
+            reused: 0,
+            bytes_sent: 0,
+            already_mirrored: false,
+        };
+        if self.mirrored_here(&mirror, &pin).await? {
+            outcome.already_mirrored = true;
+            record(&ctx, &pin.commit, &listing_sha, "already_published").await?;
+            return Ok(outcome);
+        }
+        let params = PublishParams {
+            location: p.location.clone(),
+            config: p.config.clone(),
+            part_size,
+            concurrency,
+        };
+        let keys = p.location.artifact(&pin.commit);
+        let source = self.layout.source().to_owned();
+        for f in &files {
+            // The bytes are the pinned ones: the hub identity, re-hashed.
+            let path = safe_join(&source, &f.path)?;
+            let expected = expected_identity(f)?;
+            let sha256 = match &expected {
+                Expected::Sha256(s) => s.as_str().to_owned(),
+                Expected::GitBlob(oid) => {
+                    let io = |e| PipelineError::io("hash", &path, e);
+                    let got = block_in_place(|| hash_file(&path, &expected, f.size)).map_err(io)?;
+                    if got != oid.as_str() {
+                        return Err(PipelineError::ObjectMismatch {
+                            key: path.display().to_string(),
+                            what: format!(
+                                "git blob id {got}, the pin lists {} (changed since it was fetched)",
+                                oid.as_str()
+                            ),
+                        });
+                    }
+                    let any =
+                        Expected::Sha256(LfsSha256::parse(&"0".repeat(64)).ok_or_else(|| {
+                            PipelineError::Internal {
+                                what: "a zero SHA-256 did not parse".into(),
+                                source: None,
+                            }
+                        })?);
+                    block_in_place(|| hash_file(&path, &any, f.size)).map_err(io)?
+                }
+            };
+            let item = Item {
+                path: f.path.clone(),
+                size: f.size,
+                sha256,
+            };
+            match upload_file(&ctx, &source, &keys, &item, &params).await? {
+                Some(bytes) => {
+                    outcome.uploaded += 1;
+                    outcome.bytes_sent += bytes;
+                }
+                None => outcome.reused += 1,
+            }
+        }
+        let key = p.location.key(LISTING_FILE);
+        let put = ctx
+            .attempt(
+                &key,
+                "manifest_put",
+                None,
+                listing_bytes.len() as u64,
+                ctx.s3
+                    .put(&key, Bytes::from(listing_bytes), &listing_sha, true),
+            )
+            .await?;
+        if put == Put::Exists && !self.mirrored_here(&mirror, &pin).await? {
+            return Err(PipelineError::Internal {
+                what: format!(
+                    "{} exists but could not be read back",
+                    p.location.url_of(&key)
+                ),
+                source: None,
+            });
+        }
+        record(&ctx, &pin.commit, &listing_sha, "published").await?;
+        Ok(outcome)
+    }
+
+    /// Whether the mirror already holds this pin; an error naming both when
+    /// it holds another.
+    async fn mirrored_here(&self, mirror: &Mirror, pin: &Pin) -> Result<bool> {
+        match mirror.read_listing().await {
+            Ok((listing, _)) if listing.repo == pin.repo && listing.commit == pin.commit => {
+                Ok(true)
+            }
+            Ok((listing, _)) => Err(PipelineError::PrefixHoldsAnother {
+                dest: mirror.location.to_string(),
+                theirs: format!("{}@{}", listing.repo, listing.commit),
+                ours: format!("{}@{}", pin.repo, pin.commit),
+            }),
+            Err(PipelineError::NothingPublished { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! `pull s3://BUCKET/PREFIX --out DIR`: a published artifact onto this
+//! machine, through the fetch machinery.
+//!
+//! The manifest is read first (bounded by [`MAX_MANIFEST_BYTES`]) and
+//! checked before anything else is asked: it parses (an error names its
+//! JSON path), its fingerprint is the one its contents imply, every
+//! component path is a safe relative path, every SHA-256 is 64 hex
+//! digits. The components then become the pin's listing (path, size,
+//! SHA-256) and [`ftpipe_fetch::fetch`] downloads them into `DIR/artifact`
+//! from an [`S3Source`] with every guarantee of a hub fetch: durable
+//! watermarks, Range resume under `If-Match` on the ETag, parallel ranges
+//! for large objects, the digest before the publish, the ledger, attempts,
+//! discards and receipts. `placement.json` and then `manifest.json` (the
+//! bytes read from the store, unchanged) are written last, and the
+//! artifact is verified as `ftpipe verify` would.
+//!
+//! Read-only on the store: any number of machines may pull one prefix at
+//! once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use serde::Serialize;
+use tokio::task::block_in_place;
+
+use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
+use ftpipe_artifact::verify::{
+    MAX_ARTIFACT_ENTRIES, MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES, verify_artifact,
+};
+use ftpipe_fetch::{FetchCtx, FetchOptions, S3Object, S3Source, fetch, reconcile};
+use ftpipe_fs::crashpoint::{self, CrashPoint};
+use ftpipe_fs::durable::write_atomic;
+use ftpipe_fs::paths::validate_repo_path;
+use ftpipe_objstore::{S3, S3Config, S3Location};
+use ftpipe_progress::Reporter;
+use ftpipe_receipts::{FileRow, Pin, Stage};
+
+use crate::Pipeline;
+use crate::error::{PipelineError, Result};
+
+/// `HEAD` requests in flight at once while listing the objects.
+const HEADS_IN_FLIGHT: usize = 16;
+
+/// What `pull` needs from the command line.
+#[derive(Debug, Clone)]
+pub struct PullParams {
+    /// Where the artifact is published.
+    pub location: S3Location,
+    /// Credentials, region, endpoint.
+    pub config: S3Config,
+    /// Transfer tunables (as `fetch`).
+    pub options: FetchOptions,
+}
+
+/// What a pull did.
+#[derive(Debug, Clone, Serialize)]
+pub struct PullOutcome {
+    /// `s3://BUCKET/PREFIX`.
+    pub source: String,
+    /// The artifact's fingerprint.
+    pub fingerprint: String,
+    /// SHA-256 of `manifest.json`.
+    pub manifest_sha256: String,
+    /// Components.
+    pub components: usize,
+    /// Bytes of all components.
+    pub bytes: u64,
+    /// Everything was already here and verified: no object was read.
+    pub already_pulled: bool,
+}
+
+/// Whether a pin is a pull's (its repo is an `s3://` location).
+pub fn is_pull_pin(pin: &Pin) -> bool {
+    pin.repo.starts_with("s3://")
+}
+
+/// Parses and checks a manifest read from `key` (see the module doc).
+pub fn parse_remote_manifest(key: &str, bytes: &[u8]) -> Result<Manifest> {
+    let bad = |at: String, message: String| PipelineError::BadRemoteManifest {
+        key: key.to_owned(),
+        at,
+        message,
+    };
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let manifest: Manifest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let at = e.path().to_string();
+        bad(
+            at,
+            format!("expected an ftpipe manifest: {}", e.into_inner()),
+        )
+    })?;
+    if manifest.components.len() > MAX_ARTIFACT_ENTRIES {
+        return Err(bad(
+            "components".into(),
+            format!(
+                "{} components; at most {MAX_ARTIFACT_ENTRIES}",
+                manifest.components.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for (i, c) in manifest.components.iter().enumerate() {
+        let at = |field: &str| format!("components[{i}].{field}");
+        validate_repo_path(&c.path).map_err(|e| {
+            bad(
+                at("path"),
+                format!("{e}; expected a relative path inside the artifact"),
+            )
+        })?;
+        if c.path == MANIFEST_FILE || c.path == PLACEMENT_FILE {
+            return Err(bad(at("path"), format!("{:?} is reserved", c.path)));
+        }
+        if !seen.insert(c.path.as_str()) {
+            return Err(bad(at("path"), format!("{:?} listed twice", c.path)));
+        }
+        if c.sha256.len() != 64
+            || !c
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(bad(
+                at("sha256"),
+                format!("{:?}: expected 64 lowercase hex digits", c.sha256),
+            ));
+        }
+        total = total
+            .checked_add(c.size)
+            .ok_or_else(|| bad(at("size"), "the sizes add up past 2^64".into()))?;
+    }
+    let implied = manifest.compute_fingerprint()?;
+    if implied != manifest.fingerprint {
+        return Err(bad(
+            "fingerprint".into(),
+            format!(
+                "{} is not the fingerprint its contents imply ({implied})",
+                manifest.fingerprint
+            ),
+        ));
+    }
+    Ok(manifest)
+}
+
+impl Pipeline {
+    /// Pulls the artifact published at `p.location` into `DIR/artifact`
+    /// (see the module doc).
+    pub async fn pull(&self, p: &PullParams, reporter: Arc<dyn Reporter>) -> Result<PullOutcome> {
+        let s3 = S3::open(&p.config, p.location.clone())?;
+        let source = p.location.to_string();
+        let manifest_key = p.location.key(MANIFEST_FILE);
+        let manifest_url = p.location.url_of(&manifest_key);
+        let body = s3
+            .get_bounded(&manifest_key, MAX_MANIFEST_BYTES)
+            .await?
+            .ok_or_else(|| PipelineError::NothingPublished {
+                dest: source.clone(),
+                key: manifest_url.clone(),
+            })?;
+        let manifest = parse_remote_manifest(&manifest_url, &body.bytes)?;
+        let fingerprint = manifest.fingerprint.clone();
+        let manifest_sha256 = sha256_hex(&body.bytes);
+        let mut outcome = PullOutcome {
+            source: source.clone(),
+            fingerprint: fingerprint.clone(),
+            manifest_sha256: manifest_sha256.clone(),
+            components: manifest.components.len(),
+            bytes: manifest.components.iter().map(|c| c.size).sum(),
+            already_pulled: false,
+        };
+        // The pin table holds a 40-hex commit: a pull's is the start of
+        // the fingerprint, whole in `revision`.
+        let pin = Pin {
+            repo: source.clone(),
+            revision: fingerprint.clone(),
+            commit: fingerprint.get(..40).unwrap_or(&fingerprint).to_owned(),
+            endpoint: p
+                .config
+                .endpoint
+                .clone()
+                .unwrap_or_else(|| format!("https://{}", s3.host())),
+        };
+        if let Some(old) = self.store.pin().await?
+            && (old.repo != pin.repo || old.revision != pin.revision)
+        {
+            return Err(PipelineError::PullConflict {
+                dir: self.layout.dir().to_owned(),
+                theirs: format!("{} at {}", old.repo, old.revision),
+                ours: format!("{source} at {fingerprint}"),
+            });
+        }
+        let artifact = self.layout.artifact().to_owned();
+        let local_manifest = artifact.join(MANIFEST_FILE);
+        // Here already: the same manifest bytes and an artifact that verifies.
+        if let Ok(local) = block_in_place(|| {
+            ftpipe_fs::bounded::read_bounded_nofollow(&local_manifest, MAX_MANIFEST_BYTES)
+        }) {
+            if local == body.bytes.as_ref() {
+                let report = block_in_place(|| verify_artifact(&artifact, false))?;
+                if report.ok {
+                    outcome.already_pulled = true;
+                    return Ok(outcome);
+                }
+            } else if self.store.pin().await?.is_none() {
+                let theirs = serde_json::from_slice::<serde_json::Value>(&local)
+                    .ok()
+                    .and_then(|v| {
+                        v.get("fingerprint")
+                            .and_then(|f| f.as_str())
+                            .map(str::to_owned)
+                    })
+                    .unwrap_or_else(|| "an unreadable manifest".into());
+                return Err(PipelineError::PullConflict {
+                    dir: self.layout.dir().to_owned(),
+                    theirs: format!("artifact {theirs}"),
+                    ours: format!("{source} at {fingerprint}"),
+                });
+            }
+        }
+
+        let keys = p.location.artifact(&fingerprint);
+        let files = self
+            .stage(Stage::Resolve, async {
+                let objects = list_objects(&s3, &keys, &manifest).await?;
+                let files: Vec<FileRow> = manifest
+                    .components
+                    .iter()
+                    .map(|c| FileRow {
+                        path: c.path.clone(),
+                        size: c.size,
+                        git_oid: String::new(),
+                        lfs_sha256: Some(c.sha256.clone()),
+                        xet_hash: None,
+                        selected: true,
+                    })
+                    .collect();
+                self.store.save_pin(&pin, &files).await?;
+                Ok((files, objects))
+            })
+            .await?;
+        let (files, objects) = files;
+        self.stage(Stage::Fetch, async {
+            ftpipe_fs::durable::create_dirs_durably(self.layout.dir(), &artifact)
+                .map_err(|e| PipelineError::io("create", &artifact, e))?;
+            reconcile(&self.store, self.run, &artifact, &files, reporter.as_ref()).await?;
+            let ctx = Arc::new(FetchCtx::with_source(
+                Arc::new(S3Source::new(s3.clone(), objects)),
+                self.store.clone(),
+                self.run,
+                pin.clone(),
+                reporter.clone(),
+                p.options.clone(),
+                self.layout.clone(),
+                artifact.clone(),
+            ));
+            fetch(ctx, &files).await?;
+            Ok(())
+        })
+        .await?;
+        crashpoint::hit(CrashPoint::PullComponentsDone);
+        self.stage(Stage::Verify, async {
+            let placement_key = keys.file(PLACEMENT_FILE);
+            let placement_url = p.location.url_of(&placement_key);
+            let placement = s3
+                .get_bounded(&placement_key, MAX_PLACEMENT_BYTES)
+                .await?
+                .ok_or_else(|| PipelineError::ObjectMismatch {
+                    key: placement_url.clone(),
+                    what: "missing; the manifest's artifact has a placement".into(),
+                })?;
+            let parsed: Placement = serde_path_to_error::deserialize(
+                &mut serde_json::Deserializer::from_slice(&placement.bytes),
+            )
+            .map_err(|e| PipelineError::BadRemoteManifest {
+                key: placement_url.clone(),
+                at: e.path().to_string(),
+                message: format!("expected an ftpipe placement: {}", e.into_inner()),
+            })?;
+            if parsed.fingerprint != fingerprint {
+                return Err(PipelineError::ObjectMismatch {
+                    key: placement_url,
+                    what: format!(
+                        "placement of artifact {}, the manifest's is {fingerprint}",
+                        parsed.fingerprint
+                    ),
+                });
+            }
+            block_in_place(|| -> Result<()> {
+                write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes)?;
+                write_atomic(&artifact, MANIFEST_FILE, &body.bytes)?;
+                Ok(())
+            })?;
+            crashpoint::hit(CrashPoint::PullManifestWritten);
+            let report = block_in_place(|| verify_artifact(&artifact, false))?;
+            if !report.ok {
+                return Err(PipelineError::VerifyFailed {
+                    artifact: artifact.clone(),
+                    problems: crate::verify_problems(&report),
+                });
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(outcome)
+    }
+}
+
+/// Every component's object: it must exist with the manifest's size (a
+/// truncated or grown object is refused naming its key), and have an ETag
+/// (every later request is made under it).
+async fn list_objects(
+    s3: &S3,
+    keys: &ftpipe_objstore::ArtifactKeys,
+    manifest: &Manifest,
+) -> Result<HashMap<String, S3Object>> {
+    let heads = futures_util::stream::iter(manifest.components.iter().map(|c| {
+        let key = keys.file(&c.path);
+        async move {
+            let head = s3.head(&key).await;
+            (c, key, head)
+        }
+    }))
+    .buffer_unordered(HEADS_IN_FLIGHT)
+    .collect::<Vec<_>>()
+    .await;
+    let mut objects = HashMap::new();
+    for (c, key, head) in heads {
+        let url = s3.location().url_of(&key);
+        let mismatch = |what: String| PipelineError::ObjectMismatch {
+            key: url.clone(),
+            what,
+        };
+        let head = head?.ok_or_else(|| {
+            mismatch(format!(
+                "missing; the manifest lists {} ({} bytes)",
+                c.path, c.size
+            ))
+        })?;
+        if head.size != c.size {
+            return Err(mismatch(format!(
+                "{} bytes, the manifest says {} for {} (truncated or replaced; refusing it)",
+                head.size, c.size, c.path
+            )));
+        }
+        let etag = head
+            .etag
+            .ok_or_else(|| mismatch("no ETag: every read is made under If-Match on it".into()))?;
+        objects.insert(c.path.clone(), S3Object { key, etag });
+    }
+    Ok(objects)
+}

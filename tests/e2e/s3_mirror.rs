@@ -1,0 +1,144 @@
+//! A checkpoint mirrored into object storage (moto on loopback) and read
+//! back as from the hub: `ftpipe mirror` of a fetched DIR writes the files
+//! and `listing.json`; `run --endpoint s3://…` from the mirror builds the
+//! same manifest (SHA-256) as `run` from the hub, and `plan --remote`
+//! plans from it; a mirror with one wrong file is refused naming that file,
+//! and a hostile listing naming its key and JSON path.
+
+use crate::common::s3::*;
+use crate::common::*;
+use crate::s3::built;
+
+#[test]
+fn a_run_from_a_mirror_builds_the_hubs_manifest_and_a_wrong_file_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 321);
+    let m = Moto::start();
+    let mirror = "s3://models/mirrors/tiny";
+    let o = run(m.ftpipe(home).arg("mirror").arg(&src).arg(mirror).args([
+        "--part-size",
+        PART_SIZE,
+        "--json",
+    ]));
+    assert!(o.status.success(), "mirror: {}", stderr(&o));
+    assert_eq!(
+        query(
+            &src,
+            "SELECT COUNT(*) FROM uploads WHERE state <> 'verified'"
+        ),
+        ["0"]
+    );
+    // Again: a no-op.
+    let o = run(m
+        .ftpipe(home)
+        .arg("mirror")
+        .arg(&src)
+        .arg(mirror)
+        .arg("--json"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = json_events(&o, "summary").pop().unwrap();
+    assert_eq!(s["outcome"]["already_mirrored"], true, "{s}");
+
+    // `run` from the mirror (no hub anywhere): the hub's manifest.
+    let out = tmp.path().join("from-mirror");
+    let o = run(m
+        .ftpipe(home)
+        .args(["run", REPO, "--endpoint", mirror, "--out"])
+        .arg(&out)
+        .args(["--retry-base-ms", "20"]));
+    assert!(o.status.success(), "run from the mirror: {}", stderr(&o));
+    assert_eq!(manifest_sha(&out), manifest_sha(&src));
+    assert_eq!(
+        query(&out, "SELECT commit_sha FROM pin"),
+        query(&src, "SELECT commit_sha FROM pin")
+    );
+    // `plan --remote` from the mirror: headers only.
+    let o = run(m
+        .ftpipe(home)
+        .args([
+            "plan",
+            REPO,
+            "--remote",
+            "--json",
+            "--endpoint",
+            mirror,
+            "--out",
+        ])
+        .arg(tmp.path().join("plan-only")));
+    assert!(o.status.success(), "plan from the mirror: {}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(plan["total_bytes"].as_u64().unwrap() > 0, "{plan}");
+
+    // One wrong file, same size: refused by its identity, named.
+    let commit = query(&src, "SELECT commit_sha FROM pin").remove(0);
+    let lfs = query(
+        &src,
+        "SELECT path FROM files WHERE lfs_sha256 IS NOT NULL ORDER BY size DESC LIMIT 1",
+    )
+    .remove(0);
+    let key = format!("mirrors/tiny/{commit}/{lfs}");
+    let mut bytes = m.get_object(&key).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    m.put_object(&key, &bytes);
+    let out2 = tmp.path().join("wrong-file");
+    let o = run(m
+        .ftpipe(home)
+        .args(["fetch", REPO, "--endpoint", mirror, "--out"])
+        .arg(&out2)
+        .args(["--retry-base-ms", "20"]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &[lfs.as_str(), "digest mismatch"]);
+    assert!(
+        !out2.join("source").join(&lfs).exists(),
+        "a wrong file was published"
+    );
+    // Every other file was fetched and verified.
+    let published = query(&out2, "SELECT COUNT(*) FROM receipts").remove(0);
+    let listed = query(&src, "SELECT COUNT(*) FROM files").remove(0);
+    assert_eq!(
+        published.parse::<u64>().unwrap() + 1,
+        listed.parse::<u64>().unwrap()
+    );
+
+    // --s3-endpoint without a mirror is refused, not ignored.
+    let o = run(m
+        .ftpipe(home)
+        .args([
+            "fetch",
+            REPO,
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--s3-endpoint",
+        ])
+        .arg(m.endpoint())
+        .arg("--out")
+        .arg(tmp.path().join("not-a-mirror")));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &["--s3-endpoint applies only to a mirror"]);
+
+    // A hostile listing: refused naming its key and JSON path.
+    let mut listing: serde_json::Value =
+        serde_json::from_slice(&m.get_object("mirrors/tiny/listing.json").unwrap()).unwrap();
+    listing["files"][0]["path"] = "../../etc/passwd".into();
+    m.put_object(
+        "mirrors/evil/listing.json",
+        &serde_json::to_vec(&listing).unwrap(),
+    );
+    let o = run(m
+        .ftpipe(home)
+        .args([
+            "fetch",
+            REPO,
+            "--endpoint",
+            "s3://models/mirrors/evil",
+            "--out",
+        ])
+        .arg(tmp.path().join("evil")));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &["s3://models/mirrors/evil/listing.json", "files[0].path"],
+    );
+}
