@@ -438,8 +438,11 @@ struct PullArgs {
     #[arg(long, default_value = "64MiB", value_parser = size::parse_size)]
     piece_size: u64,
     /// An object gets another connection only while its connections each
-    /// deliver less than this per second (0: always).
-    #[arg(long, default_value = "128MiB", value_parser = size::parse_size)]
+    /// deliver less than this per second (default 0: always, as every S3
+    /// client reads a large object: a store serves each connection at a
+    /// limited rate, and one that is near the limit made the split a coin
+    /// toss that doubled the pull's time).
+    #[arg(long, default_value = "0", value_parser = size::parse_size)]
     split_below_rate: u64,
     /// Durable checkpoint interval in bytes (at least 1).
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]

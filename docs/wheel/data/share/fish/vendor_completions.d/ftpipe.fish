@@ -159,7 +159,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l connections -d 'R
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l segment-threshold -d 'Objects at least this large may be fetched as several ranges' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l min-range -d 'A range is never split below this size (at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l split-below-rate -d 'An object gets another connection only while its connections each deliver less than this per second (0: always)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l split-below-rate -d 'An object gets another connection only while its connections each deliver less than this per second (default 0: always, as every S3 client reads a large object: a store serves each connection at a limited rate, and one that is near the limit made the split a coin toss that doubled the pull\'s time)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r

