@@ -536,8 +536,10 @@ fn sigkill_while_several_ranges_are_in_flight_resumes_every_range() {
                 sql_str(&big.path)
             ),
         );
-        let l = ledger(&out, &big.path);
+        // A kill before the fetch stage made the file's rows leaves neither
+        // ranges nor a ledger row (seen under load).
         if sums[0] != "-1|0" {
+            let l = ledger(&out, &big.path);
             assert_eq!(
                 sums[0],
                 format!("{}|{}", l.committed, big.size),
