@@ -66,6 +66,8 @@
 //!   identical verified artifacts, no-op re-runs, hostile manifests, a
 //!   truncated or replaced object, racing publishers, credentials.
 //! * `s3_crash`: kill storms over `publish` and over `pull`.
+//! * `s3_powercut`: power cuts during `pull` and during `publish` (the
+//!   power-cut filesystem under the node's DIR).
 //! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
 //!   (the hub's manifest), a mirror with one wrong file.
 //!
@@ -130,6 +132,7 @@ mod recipe;
 mod s3;
 mod s3_crash;
 mod s3_mirror;
+mod s3_powercut;
 mod security;
 mod segmented;
 mod symlinks;

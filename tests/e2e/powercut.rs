@@ -144,7 +144,7 @@ fn git_blob_id(bytes: &[u8]) -> String {
 
 /// Rows of `sql` (one text column joined with `|`), split into fields; empty
 /// when the table does not exist yet (cut before the migration was durable).
-fn rows(out: &Path, sql: &str, what: &str) -> Vec<Vec<String>> {
+pub(crate) fn rows(out: &Path, sql: &str, what: &str) -> Vec<Vec<String>> {
     match try_query(out, sql) {
         Ok(r) => r
             .into_iter()
@@ -202,14 +202,12 @@ fn roll_back_hot_journal(out: &Path, cut: &str) {
     });
 }
 
-/// Checks that everything the database in `out` claims is on disk in `out`
-/// (see the module docs). `cut` names the cut in messages.
-fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str) -> Claims {
-    let mut claims = Claims::default();
+/// False when `out` holds no state database (nothing durable claims
+/// anything); else asserts that it is intact after the cut named `cut`.
+pub(crate) fn state_db_ok(out: &Path, cut: &str) -> bool {
     if !out.join(".ftpipe/state.db").is_file() {
-        return claims; // nothing durable claims anything
+        return false;
     }
-    claims.database = true;
     let integrity = match try_query(out, "PRAGMA integrity_check") {
         // A cut while SQLite created the file (before its WAL header was
         // durable) leaves a hot rollback journal, which a read-only
@@ -226,6 +224,17 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
         Ok(vec!["ok".to_owned()]),
         "{cut}: state database damaged"
     );
+    true
+}
+
+/// Checks that everything the database in `out` claims is on disk in `out`
+/// (see the module docs). `cut` names the cut in messages.
+fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str) -> Claims {
+    let mut claims = Claims::default();
+    if !state_db_ok(out, cut) {
+        return claims; // nothing durable claims anything
+    }
+    claims.database = true;
 
     for r in rows(
         out,
@@ -364,7 +373,7 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
 
 /// A fresh filesystem holding an empty, durable `out/` (the user made the
 /// output directory; what ftpipe creates inside it is its own to fsync).
-fn fresh_model() -> Model {
+pub(crate) fn fresh_model() -> Model {
     let mut m = Model::new();
     let out = m
         .create(ROOT, "out".as_ref(), Kind::Dir, 0o755, 0, 0)
