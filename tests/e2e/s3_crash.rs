@@ -204,20 +204,9 @@ fn kill_storm_over_pull() {
     let dest = "s3://models/pulled";
     let o = publish(&m, home, &src, dest);
     assert!(o.status.success(), "{}", stderr(&o));
-    let args = [
-        "--segment-threshold",
-        "128KiB",
-        "--min-range",
-        "64KiB",
-        "--piece-size",
-        "64KiB",
-        "--split-below-rate",
-        "0",
-        "--checkpoint-bytes",
-        "65536",
-    ];
+    let args = RANGED_PULL;
     let t = Instant::now();
-    let o = pull(&m, home, dest, &tmp.path().join("calibration"), &args);
+    let o = pull(&m, home, dest, &tmp.path().join("calibration"), args);
     assert!(o.status.success(), "{}", stderr(&o));
     let ms = (t.elapsed().as_millis() as u64).max(20);
     eprintln!("calibration: a pull takes {ms} ms");
@@ -249,7 +238,7 @@ fn kill_storm_over_pull() {
         kill += 1;
         check_pull_state(&dir(chain), &label);
     }
-    let o = pull(&m, home, dest, &dir(chain), &args);
+    let o = pull(&m, home, dest, &dir(chain), args);
     assert!(o.status.success(), "last chain: {}", stderr(&o));
     finished_ok(&dir(chain), "last chain");
     assert_eq!(manifest_sha_of_prefix(&m, "pulled"), manifest_sha(&src));

@@ -39,18 +39,7 @@ const CUTS: u64 = 12;
 const CHAIN: u64 = 4;
 
 /// Ranges and frequent checkpoints, so cuts find durable watermarks.
-const PULL_ARGS: &[&str] = &[
-    "--segment-threshold",
-    "128KiB",
-    "--min-range",
-    "64KiB",
-    "--piece-size",
-    "64KiB",
-    "--split-below-rate",
-    "0",
-    "--checkpoint-bytes",
-    "65536",
-];
+const PULL_ARGS: &[&str] = RANGED_PULL;
 
 /// Mounts `model` on `mnt`, runs the command `make` builds for the mount
 /// point, SIGKILLs it after `delay` unless it exited first, cuts the power

@@ -22,6 +22,20 @@ pub const SECRET_ACCESS_KEY: &str = "ftpipe-test-secret-access-key-0001";
 pub const SESSION_TOKEN: &str = "ftpipe-test-session-token-0001";
 /// The bucket every test creates.
 pub const BUCKET: &str = "models";
+/// Pull options scaled to the fixtures: objects of 128 KiB and more in
+/// ranges of 64 KiB, split whatever their rate, a checkpoint every 64 KiB.
+pub const RANGED_PULL: &[&str] = &[
+    "--segment-threshold",
+    "128KiB",
+    "--min-range",
+    "64KiB",
+    "--piece-size",
+    "64KiB",
+    "--split-below-rate",
+    "0",
+    "--checkpoint-bytes",
+    "65536",
+];
 /// Parts the tests' servers accept: small, so a small artifact has
 /// multipart uploads of several parts.
 pub const PART_SIZE: &str = "64KiB";
