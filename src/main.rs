@@ -390,12 +390,33 @@ struct PublishArgs {
 
 #[derive(Args)]
 struct MirrorArgs {
-    /// The directory whose pinned sources (DIR/source) are mirrored.
-    #[arg(value_name = "DIR")]
-    dir: PathBuf,
+    /// What is mirrored: a DIR whose pinned sources (DIR/source) were
+    /// fetched, or a hub REPO (with --out), fetched first as `ftpipe fetch`
+    /// does and then mirrored from there.
+    #[arg(value_name = "DIR|REPO")]
+    source: String,
     /// Where: s3://BUCKET/PREFIX.
     #[arg(value_name = "S3_URL")]
     dest: String,
+    /// With a REPO: the directory its sources are fetched into first.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// With a REPO: the revision to pin.
+    #[arg(long, default_value = "main", value_parser = parse_revision)]
+    revision: String,
+    /// With a REPO: the hub endpoint (else HF_ENDPOINT, else
+    /// https://huggingface.co).
+    #[arg(
+        long,
+        env = "HF_ENDPOINT",
+        hide_env_values = true,
+        default_value = "https://huggingface.co"
+    )]
+    endpoint: String,
+    /// With a REPO: read the hub token from this file (else HF_TOKEN, else
+    /// the file at HF_TOKEN_PATH or $HF_HOME/token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     #[command(flatten)]
     s3: S3Args,
     /// Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB).
@@ -859,15 +880,16 @@ async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
     if args.part_size < 64 * 1024 {
         bail!("--part-size {}: at least 64KiB", args.part_size);
     }
-    if !args.dir.join(".ftpipe/state.db").is_file() {
+    let config = s3_config(&args.s3)?;
+    let dir = mirror_source_dir(&args).await?;
+    if !dir.join(".ftpipe/state.db").is_file() {
         bail!(
             "{} holds no fetched sources: nothing to mirror (`ftpipe fetch` makes them)",
-            args.dir.display()
+            dir.display()
         );
     }
-    let config = s3_config(&args.s3)?;
     let session = S3Session::of(&config);
-    let pipeline = Pipeline::open(&args.dir, "mirror").await?;
+    let pipeline = Pipeline::open(&dir, "mirror").await?;
     let outcome = pipeline
         .mirror(
             &ftpipe_pipeline::MirrorParams { location, config },
@@ -896,6 +918,54 @@ bytes sent       {}
         )
     });
     Ok(true)
+}
+
+/// The directory `mirror` reads: SOURCE itself when it is a directory,
+/// else SOURCE is a hub repo, fetched into `--out` first exactly as
+/// `ftpipe fetch REPO --out DIR` would (same pin, checks and state).
+async fn mirror_source_dir(args: &MirrorArgs) -> anyhow::Result<PathBuf> {
+    let is_dir = Path::new(&args.source).is_dir();
+    let out = match (&args.out, is_dir) {
+        (None, true) => return Ok(PathBuf::from(&args.source)),
+        (Some(_), true) => bail!(
+            "{}: a directory, mirrored from its DIR/source; --out applies only to a hub REPO",
+            args.source
+        ),
+        (None, false) => bail!(
+            "{}: not a directory; to mirror a hub repo give its id and --out DIR (its sources \
+             are fetched there first)",
+            args.source
+        ),
+        (Some(out), false) => out,
+    };
+    let mut argv: Vec<std::ffi::OsString> = ["ftpipe", "fetch", &args.source, "--revision"]
+        .iter()
+        .map(Into::into)
+        .collect();
+    argv.extend([
+        args.revision.clone().into(),
+        "--endpoint".into(),
+        args.endpoint.clone().into(),
+        "--out".into(),
+        out.clone().into(),
+    ]);
+    if let Some(file) = &args.token_file {
+        argv.extend(["--token-file".into(), file.clone().into()]);
+    }
+    if args.quiet || args.json {
+        argv.push("--quiet".into());
+    }
+    let Command::Fetch(fetch) = Cli::try_parse_from(argv)?.command else {
+        bail!("internal: the fetch before a mirror did not parse as `fetch`");
+    };
+    if !run_fetch(fetch).await? {
+        bail!(
+            "fetching {} into {} did not end clean (see above): nothing mirrored",
+            args.source,
+            out.display()
+        );
+    }
+    Ok(out.clone())
 }
 
 /// Pulls a published artifact into DIR/artifact.

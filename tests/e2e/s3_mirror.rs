@@ -142,3 +142,53 @@ fn a_run_from_a_mirror_builds_the_hubs_manifest_and_a_wrong_file_is_refused() {
         &["s3://models/mirrors/evil/listing.json", "files[0].path"],
     );
 }
+
+/// `ftpipe mirror REPO s3://… --out DIR` fetches the pinned repo into DIR
+/// (as `fetch` does) and mirrors it in one command; `run` from that mirror
+/// builds the hub run's manifest. A REPO without --out, and --out with a
+/// DIR, are refused naming the fix.
+#[test]
+fn mirror_straight_from_a_hub_repo_fetches_then_mirrors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let hub = qwen4_hub(323, crate::s3::shape());
+    let reference = tmp.path().join("reference");
+    run_ok(&mut run_cmd(&hub.endpoint(), &reference, &[]));
+    let m = Moto::start();
+    let mirror = "s3://models/mirrors/direct";
+    let fetched = tmp.path().join("fetched");
+    let o = run(m
+        .ftpipe(home)
+        .args(["mirror", REPO, mirror, "--endpoint"])
+        .arg(hub.endpoint())
+        .arg("--out")
+        .arg(&fetched)
+        .args(["--part-size", PART_SIZE, "--json"]));
+    assert!(o.status.success(), "mirror REPO: {}", stderr(&o));
+    assert!(has_receipt(&fetched, "config.json"));
+    let out = tmp.path().join("from-mirror");
+    let o = run(m
+        .ftpipe(home)
+        .args(["run", REPO, "--endpoint", mirror, "--out"])
+        .arg(&out)
+        .args(["--retry-base-ms", "20"]));
+    assert!(o.status.success(), "run from the mirror: {}", stderr(&o));
+    assert_eq!(manifest_sha(&out), manifest_sha(&reference));
+
+    let o = run(m.ftpipe(home).args(["mirror", REPO, mirror]));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--out DIR"), "{}", stderr(&o));
+    let o = run(m
+        .ftpipe(home)
+        .arg("mirror")
+        .arg(&fetched)
+        .arg(mirror)
+        .arg("--out")
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--out applies only to a hub REPO"),
+        "{}",
+        stderr(&o)
+    );
+}
