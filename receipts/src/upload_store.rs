@@ -62,7 +62,9 @@ pub struct UploadRow {
     pub sha256: String,
     /// Part size of a multipart upload (0: one put).
     pub part_size: u64,
-    /// The multipart upload id.
+    /// The multipart upload id, stored redacted like every server string
+    /// (an id holding a credential no longer matches: the server answers
+    /// that it does not know it, and a new upload starts).
     pub upload_id: Option<String>,
     /// Where it stands.
     pub state: UploadState,
@@ -169,7 +171,7 @@ impl Store {
         .bind(to_i64(&u.key, u.size)?)
         .bind(&u.sha256)
         .bind(to_i64(&u.key, u.part_size)?)
-        .bind(&u.upload_id)
+        .bind(stored_text(u.upload_id.as_deref()))
         .execute(&mut *tx)
         .await
         .ctx("insert upload")?
@@ -276,7 +278,7 @@ impl Store {
         .bind(to_i64(&u.key, u.size)?)
         .bind(&u.sha256)
         .bind(to_i64(&u.key, u.part_size)?)
-        .bind(&u.upload_id)
+        .bind(stored_text(u.upload_id.as_deref()))
         .bind(stored_text(u.etag.as_deref()))
         .execute(&mut *tx)
         .await
