@@ -373,6 +373,13 @@ struct PublishArgs {
     dest: String,
     #[command(flatten)]
     s3: S3Args,
+    #[command(flatten)]
+    upload: UploadArgs,
+}
+
+/// How `publish` and `mirror` upload and report.
+#[derive(Args)]
+struct UploadArgs {
     /// Part size of multipart uploads; smaller files go in one put (at
     /// least 64KiB; S3 itself needs 5MiB).
     #[arg(long, default_value = "8MiB", value_parser = size::parse_size)]
@@ -386,6 +393,16 @@ struct PublishArgs {
     /// A JSON summary.
     #[arg(long)]
     json: bool,
+}
+
+impl UploadArgs {
+    /// Refuses a part size below what any store accepts.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.part_size < 64 * 1024 {
+            bail!("--part-size {}: at least 64KiB", self.part_size);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args)]
@@ -419,18 +436,8 @@ struct MirrorArgs {
     token_file: Option<PathBuf>,
     #[command(flatten)]
     s3: S3Args,
-    /// Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB).
-    #[arg(long, default_value = "8MiB", value_parser = size::parse_size)]
-    part_size: u64,
-    /// Parts in flight at once (1 to 64).
-    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
-    concurrency: usize,
-    /// Print nothing on success (errors still go to stderr).
-    #[arg(long)]
-    quiet: bool,
-    /// A JSON summary.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    upload: UploadArgs,
 }
 
 #[derive(Args)]
@@ -828,9 +835,7 @@ fn print_s3_summary<T: serde::Serialize>(
 /// Publishes DIR/artifact.
 async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
-    if args.part_size < 64 * 1024 {
-        bail!("--part-size {}: at least 64KiB", args.part_size);
-    }
+    args.upload.check()?;
     // Nothing to publish is no reason to create DIR's state.
     let artifact = args.dir.join("artifact");
     if !artifact.is_dir() {
@@ -846,40 +851,44 @@ async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
         .publish(&ftpipe_pipeline::PublishParams {
             location,
             config,
-            part_size: args.part_size,
-            concurrency: args.concurrency,
+            part_size: args.upload.part_size,
+            concurrency: args.upload.concurrency,
         })
         .await?;
-    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
-        format!(
-            "{}
+    print_s3_summary(
+        args.upload.json,
+        args.upload.quiet,
+        &session,
+        &outcome,
+        || {
+            format!(
+                "{}
 fingerprint      {}
 manifest sha256  {}
 objects          {} ({} uploaded, {} already there)
 bytes sent       {}
 ",
-            if outcome.already_published {
-                format!("already published at {}", outcome.dest)
-            } else {
-                format!("published at {}", outcome.dest)
-            },
-            outcome.fingerprint,
-            outcome.manifest_sha256,
-            outcome.objects,
-            outcome.uploaded,
-            outcome.reused,
-            outcome.bytes_sent
-        )
-    });
+                if outcome.already_published {
+                    format!("already published at {}", outcome.dest)
+                } else {
+                    format!("published at {}", outcome.dest)
+                },
+                outcome.fingerprint,
+                outcome.manifest_sha256,
+                outcome.objects,
+                outcome.uploaded,
+                outcome.reused,
+                outcome.bytes_sent
+            )
+        },
+    );
     Ok(true)
 }
 
 /// Mirrors DIR/source.
 async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
-    if args.part_size < 64 * 1024 {
-        bail!("--part-size {}: at least 64KiB", args.part_size);
-    }
+    args.upload.check()?;
     let config = s3_config(&args.s3)?;
     let dir = mirror_source_dir(&args).await?;
     if !dir.join(".ftpipe/state.db").is_file() {
@@ -893,30 +902,36 @@ async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
     let outcome = pipeline
         .mirror(
             &ftpipe_pipeline::MirrorParams { location, config },
-            args.part_size,
-            args.concurrency,
+            args.upload.part_size,
+            args.upload.concurrency,
         )
         .await?;
-    print_s3_summary(args.json, args.quiet, &session, &outcome, || {
-        format!(
-            "{} {}@{} at {}
+    print_s3_summary(
+        args.upload.json,
+        args.upload.quiet,
+        &session,
+        &outcome,
+        || {
+            format!(
+                "{} {}@{} at {}
 files            {} ({} uploaded, {} already there)
 bytes sent       {}
 ",
-            if outcome.already_mirrored {
-                "already mirrored"
-            } else {
-                "mirrored"
-            },
-            outcome.repo,
-            outcome.commit,
-            outcome.dest,
-            outcome.files,
-            outcome.uploaded,
-            outcome.reused,
-            outcome.bytes_sent
-        )
-    });
+                if outcome.already_mirrored {
+                    "already mirrored"
+                } else {
+                    "mirrored"
+                },
+                outcome.repo,
+                outcome.commit,
+                outcome.dest,
+                outcome.files,
+                outcome.uploaded,
+                outcome.reused,
+                outcome.bytes_sent
+            )
+        },
+    );
     Ok(true)
 }
 
@@ -952,7 +967,7 @@ async fn mirror_source_dir(args: &MirrorArgs) -> anyhow::Result<PathBuf> {
     if let Some(file) = &args.token_file {
         argv.extend(["--token-file".into(), file.clone().into()]);
     }
-    if args.quiet || args.json {
+    if args.upload.quiet || args.upload.json {
         argv.push("--quiet".into());
     }
     let Command::Fetch(fetch) = Cli::try_parse_from(argv)?.command else {

@@ -296,60 +296,15 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
         if claims.receipts.contains(p) || committed == 0 {
             continue;
         }
-        let fin = out.join("source").join(p);
-        let part = PathBuf::from(format!("{}.part", fin.display()));
-        let bytes = std::fs::read(&part)
-            .or_else(|_| std::fs::read(&fin))
-            .unwrap_or_default();
-        let want = &hub_files[p.as_str()];
-        // A file fetched in ranges: each range's durable bytes, at its place.
-        let ranges = rows(
+        claims.ranges += check_watermark(
             out,
-            &format!(
-                "SELECT start || '|' || watermark FROM fetch_ranges WHERE path = {} ORDER BY start",
-                sql_str(p)
-            ),
-            "fetch_ranges",
-        );
-        if !ranges.is_empty() {
-            let mut sum = 0;
-            for range in &ranges {
-                let (start, mark) = (
-                    range[0].parse::<usize>().unwrap(),
-                    range[1].parse::<usize>().unwrap(),
-                );
-                sum += mark - start;
-                if mark == start {
-                    continue; // claims nothing (the sparse size may not have survived)
-                }
-                assert!(
-                    bytes.len() >= mark && bytes[start..mark] == want[start..mark],
-                    "{cut}: the range {start}..{mark} of {p} is claimed durable, but the bytes \
-                     there after the power cut differ from the hub's (watermark committed \
-                     before fdatasync?)"
-                );
-                claims.ranges += usize::from(mark > start);
-            }
-            assert_eq!(
-                sum, committed,
-                "{cut}: {p}: ranges do not add up to the ledger"
-            );
-            claims.watermarks += 1;
-            continue;
-        }
-        assert!(
-            bytes.len() >= committed,
-            "{cut}: the ledger of {p} claims {committed} committed bytes but only {} \
-             survived the power cut (watermark committed before fdatasync, or the \
-             .part's directory entry never fsynced?)",
-            bytes.len()
+            &out.join("source"),
+            p,
+            committed,
+            &hub_files[p.as_str()],
+            cut,
         );
         claims.watermarks += 1;
-        assert!(
-            bytes[..committed] == want[..committed],
-            "{cut}: the first {committed} bytes of {p} (committed in the ledger) differ \
-             from the hub's after the power cut"
-        );
     }
 
     let manifests = rows(
@@ -369,6 +324,73 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
         claims.manifest = true;
     }
     claims
+}
+
+/// Checks the durable bytes of `p` under `dir` (a file without a receipt
+/// whose ledger claims `committed` > 0 bytes, in `.part` or, renamed and
+/// not yet receipted, final) against `want`: each range of a file fetched
+/// in segments at its place, the ranges adding up to the ledger, else the
+/// first `committed` bytes. Returns the ranges that claimed bytes.
+pub(crate) fn check_watermark(
+    out: &Path,
+    dir: &Path,
+    p: &str,
+    committed: usize,
+    want: &[u8],
+    cut: &str,
+) -> usize {
+    let fin = dir.join(p);
+    let part = PathBuf::from(format!("{}.part", fin.display()));
+    let bytes = std::fs::read(&part)
+        .or_else(|_| std::fs::read(&fin))
+        .unwrap_or_default();
+    // A file fetched in ranges: each range's durable bytes, at its place.
+    let ranges = rows(
+        out,
+        &format!(
+            "SELECT start || '|' || watermark FROM fetch_ranges WHERE path = {} ORDER BY start",
+            sql_str(p)
+        ),
+        "fetch_ranges",
+    );
+    if !ranges.is_empty() {
+        let (mut sum, mut claimed) = (0, 0);
+        for range in &ranges {
+            let (start, mark) = (
+                range[0].parse::<usize>().unwrap(),
+                range[1].parse::<usize>().unwrap(),
+            );
+            sum += mark - start;
+            if mark == start {
+                continue; // claims nothing (the sparse size may not have survived)
+            }
+            assert!(
+                bytes.len() >= mark && bytes[start..mark] == want[start..mark],
+                "{cut}: the range {start}..{mark} of {p} is claimed durable, but the bytes \
+                 there after the power cut differ from the source's (watermark committed \
+                 before fdatasync?)"
+            );
+            claimed += 1;
+        }
+        assert_eq!(
+            sum, committed,
+            "{cut}: {p}: ranges do not add up to the ledger"
+        );
+        return claimed;
+    }
+    assert!(
+        bytes.len() >= committed,
+        "{cut}: the ledger of {p} claims {committed} committed bytes but only {} \
+         survived the power cut (watermark committed before fdatasync, or the \
+         .part's directory entry never fsynced?)",
+        bytes.len()
+    );
+    assert!(
+        bytes[..committed] == want[..committed],
+        "{cut}: the first {committed} bytes of {p} (committed in the ledger) differ \
+         from the source's after the power cut"
+    );
+    0
 }
 
 /// A fresh filesystem holding an empty, durable `out/` (the user made the

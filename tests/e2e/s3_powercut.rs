@@ -30,7 +30,7 @@ use ftpipe_fixtures::powercut::{Model, Mounted};
 
 use crate::common::s3::*;
 use crate::common::*;
-use crate::powercut::{fresh_model, rows, state_db_ok};
+use crate::powercut::{check_watermark, fresh_model, rows, state_db_ok};
 use crate::s3::{built, manifest_sha_of_prefix, publish, pull, verify_deep};
 
 const CUTS: u64 = 12;
@@ -138,38 +138,15 @@ fn check_pulled(out: &Path, want: &BTreeMap<String, Vec<u8>>, cut: &str) -> (usi
         if receipts.contains(p) || committed == 0 {
             continue;
         }
-        let fin = out.join("artifact").join(p);
-        let part = PathBuf::from(format!("{}.part", fin.display()));
-        // Renamed but not yet receipted: the final file holds the bytes.
-        let bytes = std::fs::read(&part)
-            .or_else(|_| std::fs::read(&fin))
-            .unwrap_or_default();
-        let object = &want[p.as_str()];
-        let ranges = rows(
+        check_watermark(
             out,
-            &format!(
-                "SELECT start || '|' || watermark FROM fetch_ranges WHERE path = {} ORDER BY start",
-                sql_str(p)
-            ),
-            "fetch_ranges",
+            &out.join("artifact"),
+            p,
+            committed,
+            &want[p.as_str()],
+            cut,
         );
-        let spans: Vec<(usize, usize)> = if ranges.is_empty() {
-            vec![(0, committed)]
-        } else {
-            ranges
-                .iter()
-                .map(|r| (r[0].parse().unwrap(), r[1].parse().unwrap()))
-                .collect()
-        };
         watermarks += 1;
-        for (start, mark) in spans.into_iter().filter(|(s, m)| m > s) {
-            assert!(
-                bytes.len() >= mark && bytes[start..mark] == object[start..mark],
-                "{cut}: {p} bytes {start}..{mark} are claimed durable but the durable \
-                 file holds {} bytes that differ from the object there",
-                bytes.len()
-            );
-        }
     }
     if out.join("artifact/manifest.json").exists() {
         verify_deep(&out.join("artifact"));

@@ -173,7 +173,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l revision -d 'Wi
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l endpoint -d 'With a REPO: the hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l token-file -d 'With a REPO: read the hub token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH or $HF_HOME/token)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l part-size -d 'Part size of multipart uploads (at least 64KiB; S3 itself needs 5MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l json -d 'A JSON summary'
