@@ -422,8 +422,38 @@ pub async fn resolve(
         return resolve_offline(store, req, existing).await;
     }
     let current = revision_commit(client, &req.repo, &req.revision).await?;
+    let (keep, branch_moved_to) = pin_rules(existing.as_ref(), req, &current, reporter)?;
+    let (pin, files) = match existing {
+        Some(pin) if keep => {
+            let files = store.files().await?;
+            (pin, files)
+        }
+        _ => {
+            let files = list_tree(client, &req.repo, &current).await?;
+            let pin = Pin {
+                repo: req.repo.clone(),
+                revision: req.revision.clone(),
+                commit: current,
+                endpoint: client.endpoint().to_owned(),
+            };
+            (pin, files)
+        }
+    };
+    save_resolved(store, req, pin, files, branch_moved_to).await
+}
+
+/// The pin rules, for every origin (the hub, a mirror): whether the
+/// stored pin `existing` is kept for `req` when its revision is at
+/// `current`, and the commit a kept branch has moved to. A pin to another
+/// revision is an error; a moved branch keeps its pin unless `--repin`.
+pub fn pin_rules(
+    existing: Option<&Pin>,
+    req: &ResolveRequest,
+    current: &str,
+    reporter: &dyn Reporter,
+) -> Result<(bool, Option<String>)> {
     let mut branch_moved_to = None;
-    let keep = match &existing {
+    let keep = match existing {
         Some(pin) if pin.revision == req.revision && pin.commit == current => true,
         Some(pin) if req.repin => {
             reporter.report(ProgressEvent::Note {
@@ -441,7 +471,7 @@ pub async fn resolve(
                     req.revision, pin.commit
                 ),
             });
-            branch_moved_to = Some(current.clone());
+            branch_moved_to = Some(current.to_owned());
             true
         }
         Some(pin) => {
@@ -453,22 +483,17 @@ pub async fn resolve(
         }
         None => false,
     };
-    let (pin, mut files) = match existing {
-        Some(pin) if keep => {
-            let files = store.files().await?;
-            (pin, files)
-        }
-        _ => {
-            let files = list_tree(client, &req.repo, &current).await?;
-            let pin = Pin {
-                repo: req.repo.clone(),
-                revision: req.revision.clone(),
-                commit: current,
-                endpoint: client.endpoint().to_owned(),
-            };
-            (pin, files)
-        }
-    };
+    Ok((keep, branch_moved_to))
+}
+
+/// Applies `req`'s selection to `files` and stores them with `pin`.
+pub async fn save_resolved(
+    store: &Store,
+    req: &ResolveRequest,
+    pin: Pin,
+    mut files: Vec<FileRow>,
+    branch_moved_to: Option<String>,
+) -> Result<Resolved> {
     apply_selection(&mut files, &req.include, &req.exclude)?;
     store.save_pin_selected(&pin, &files, &req.globs()).await?;
     let selected = files.iter().filter(|f| f.selected).cloned().collect();

@@ -301,7 +301,10 @@ impl Pipeline {
                 Origin::Hub(client) => {
                     Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
                 }
-                Origin::Mirror(m) => m.resolve(&self.store, &params.resolve).await,
+                Origin::Mirror(m) => {
+                    m.resolve(&self.store, &params.resolve, reporter.as_ref())
+                        .await
+                }
             }
         })
         .await

@@ -31,8 +31,9 @@ use ftpipe_fs::paths::{safe_join, validate_repo_path};
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, hash_file};
 use ftpipe_hub::remote::RemoteFiles;
-use ftpipe_hub::resolve::{ResolveRequest, Resolved, apply_selection};
+use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_objstore::{GetRange, Put, S3, S3Config, S3Location};
+use ftpipe_progress::Reporter;
 use ftpipe_receipts::{FileRow, Pin, Store};
 
 use crate::Pipeline;
@@ -222,10 +223,15 @@ impl Mirror {
         Ok((listing.commit, rows))
     }
 
-    /// `resolve` from the mirror: the pin rules of the hub (a pinned DIR
-    /// keeps its pin; another commit needs `--repin`), the listing from
+    /// `resolve` from the mirror: the hub's pin rules
+    /// ([`ftpipe_hub::resolve::pin_rules`]), the listing from
     /// `listing.json`, the selection applied and stored.
-    pub(crate) async fn resolve(&self, store: &Store, req: &ResolveRequest) -> Result<Resolved> {
+    pub(crate) async fn resolve(
+        &self,
+        store: &Store,
+        req: &ResolveRequest,
+        reporter: &dyn Reporter,
+    ) -> Result<Resolved> {
         let existing = store.pin().await?;
         if let Some(pin) = &existing
             && pin.repo != req.repo
@@ -238,18 +244,12 @@ impl Mirror {
             .into());
         }
         let (commit, listed) = self.listing_for(&req.repo, &req.revision).await?;
-        let (pin, mut files) = match existing {
-            Some(pin) if pin.commit == commit => {
+        let (keep, branch_moved_to) =
+            ftpipe_hub::resolve::pin_rules(existing.as_ref(), req, &commit, reporter)?;
+        let (pin, files) = match existing {
+            Some(pin) if keep => {
                 let files = store.files().await?;
                 (pin, files)
-            }
-            Some(pin) if !req.repin => {
-                return Err(HubError::PinMismatch {
-                    requested: format!("{} (mirror commit {commit})", req.revision),
-                    pinned: pin.revision,
-                    commit: pin.commit,
-                }
-                .into());
             }
             _ => (
                 Pin {
@@ -261,15 +261,7 @@ impl Mirror {
                 listed,
             ),
         };
-        apply_selection(&mut files, &req.include, &req.exclude)?;
-        store.save_pin_selected(&pin, &files, &req.globs()).await?;
-        let selected = files.iter().filter(|f| f.selected).cloned().collect();
-        Ok(Resolved {
-            pin,
-            branch_moved_to: None,
-            selected,
-            listing: files,
-        })
+        Ok(ftpipe_hub::resolve::save_resolved(store, req, pin, files, branch_moved_to).await?)
     }
 
     /// The byte source of `files` at `commit`: each object must exist with
