@@ -107,6 +107,7 @@ async fn resume(out: &Path, endpoint: &str, crashed: bool) -> anyhow::Result<()>
         .run(
             fetch_params(endpoint),
             convert_options(),
+            None,
             Arc::new(crate::report::LogLines::new()),
         )
         .await?;

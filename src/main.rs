@@ -509,6 +509,15 @@ struct RunArgs {
     convert_jobs: Option<usize>,
     #[command(flatten)]
     tuning: ConvertTuning,
+    /// Build while downloading so that the source bytes on disk (config,
+    /// index, every shard admitted and not yet deleted, a `.part` counted
+    /// whole) never exceed SIZE (e.g. 120GB = 120·10^9 bytes, 100GiB =
+    /// 100·2^30): each shard is converted as soon as it is verified and
+    /// deleted once nothing unfinished needs it. A SIZE below the minimum
+    /// `plan --remote --disk-budget` reports is refused before any shard
+    /// is fetched.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, conflicts_with = "reacquire")]
+    disk_budget: Option<u64>,
 }
 
 impl RunArgs {
@@ -1072,7 +1081,9 @@ async fn run_all(args: RunArgs) -> anyhow::Result<bool> {
     };
     let pipeline = Pipeline::open(&args.fetch.hub.out, "run").await?;
     let rep = reporter(args.fetch.json, args.fetch.quiet);
-    let outcome = pipeline.run(params, opts, rep.clone()).await;
+    let outcome = pipeline
+        .run(params, opts, args.disk_budget, rep.clone())
+        .await;
     rep.finish();
     let outcome = outcome?;
     print_summary(

@@ -110,6 +110,14 @@ pub fn render(a: &AuditReport) -> String {
         &r.retired_files.to_string(),
         &n(r.retired_bytes),
     );
+    if let Some(b) = &a.disk_budget {
+        pair(
+            &mut out,
+            "disk budget (budget/peak held)",
+            &n(b.budget),
+            &n(b.peak_held),
+        );
+    }
     row(&mut out, "failed attempts", &a.failed_attempts.to_string());
     let u = &a.uploads;
     if u.requests > 0 {
@@ -340,6 +348,7 @@ mod tests {
                 retired_files: 1,
                 retired_bytes: 10_000,
             },
+            disk_budget: None,
             components: BTreeMap::from([(
                 "ftexpert".into(),
                 KindAudit {

@@ -40,12 +40,12 @@ use ftpipe_fs::durable::{JsonStyle, remove_temp_files, sync_dir, write_atomic_js
 use ftpipe_hub::resolve::stored_selection;
 
 /// State files under `.ftpipe`, read back only by ftpipe.
-const COMPACT: JsonStyle = JsonStyle {
+pub(crate) const COMPACT: JsonStyle = JsonStyle {
     pretty: false,
     newline: false,
 };
 /// The plan, kept readable for a user who opens it.
-const PRETTY: JsonStyle = JsonStyle {
+pub(crate) const PRETTY: JsonStyle = JsonStyle {
     pretty: true,
     newline: false,
 };
@@ -96,7 +96,11 @@ pub struct ConvertOutcome {
 }
 
 /// Why existing output may not be reused under `skel`.
-fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path) -> Vec<String> {
+pub(crate) fn stale_reasons(
+    skel: &Skeleton,
+    receipts: &[ComponentReceipt],
+    artifact: &Path,
+) -> Vec<String> {
     let mut reasons = Vec::new();
     if let Ok(bytes) = ftpipe_fs::bounded::read_bounded_nofollow(
         &artifact.join(MANIFEST_FILE),
@@ -144,7 +148,7 @@ fn stale_reasons(skel: &Skeleton, receipts: &[ComponentReceipt], artifact: &Path
 
 /// Components whose receipt has the current identity and whose file has the
 /// receipt's size.
-fn valid_receipts(
+pub(crate) fn valid_receipts(
     skel: &Skeleton,
     receipts: Vec<ComponentReceipt>,
     artifact: &Path,

@@ -394,6 +394,36 @@ pub enum ConvertError {
         /// The SHA-256 of the file on disk.
         actual: String,
     },
+    /// A verified shard's header is not the one its ranged read gave when
+    /// the run was planned.
+    #[error(
+        "{source_file}: the verified file's header ({len} bytes of file) is not the header read over HTTP Range when this run was planned ({planned_len} bytes of file): the server answered the ranged read with other bytes; nothing was converted from it, run again to plan from the verified file"
+    )]
+    HeaderNotPlanned {
+        /// The shard (repo-relative).
+        source_file: String,
+        /// The verified file's length.
+        len: u64,
+        /// The length planned for.
+        planned_len: u64,
+    },
+    /// Under `--disk-budget`, sources left on disk by an earlier run hold
+    /// the budget and no admitted file can free it.
+    #[error(
+        "--disk-budget {budget} bytes: {held} bytes of sources already on disk (from an earlier run) leave no room for {next} ({size} bytes), and nothing in flight can free any; raise the budget to at least {needed} bytes or delete DIR/source/{next}.part"
+    )]
+    DiskBudgetStuck {
+        /// The budget.
+        budget: u64,
+        /// Source bytes held.
+        held: u64,
+        /// The next file in the schedule's order.
+        next: String,
+        /// Its size.
+        size: u64,
+        /// held + size.
+        needed: u64,
+    },
     /// A component must be (re)built but a source it reads was retired.
     #[error(
         "component {component} has no valid receipt and must be written, but its source {source_file} was retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` and convert again (every other component was written)"

@@ -30,6 +30,9 @@
 //! - [`stream`]: the convert side of a budgeted, pipelined build: a
 //!   verified file's spans written at once, Q3 once every PLE file is in,
 //!   and when a file may be deleted.
+//! - [`pipelined`]: a pipelined build as the fetch drives it (the
+//!   skeleton from the listing before any shard, receipts and retirement
+//!   as each verified shard is converted).
 //! - `options`: [`ConvertOptions`] and the converter identity they give.
 //! - `current`: whether the artifact on disk is current (the no-op check).
 //! - [`inspect`]: what a format file holds, from its header only.
@@ -47,6 +50,7 @@ mod error;
 pub mod inspect;
 mod nvfp4;
 mod options;
+pub mod pipelined;
 pub mod placed;
 pub mod plan;
 pub mod profile;

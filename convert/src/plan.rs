@@ -499,6 +499,31 @@ struct SavedHeaderRef<'a> {
 }
 
 impl KeptHeader {
+    /// SHA-256 of the header JSON planned from.
+    fn planned_sha256(&self) -> [u8; 32] {
+        match &self.json {
+            KeptJson::InShard { sha256, .. } => *sha256,
+            KeptJson::Saved(json) => Sha256::digest(json.as_bytes()).into(),
+        }
+    }
+
+    /// Refuses `file` (verified at `path`) unless its header JSON is the
+    /// one planned from: a header read over HTTP Range before the file
+    /// was fetched is only trusted once the verified file carries it.
+    pub fn check_published(&self, path: &Path, file: &str) -> Result<()> {
+        let (json, len) = block_in_place(|| SourceHeader::read_json(path, file))
+            .map_err(|e| ConvertError::io("read", path, e))??;
+        let now: [u8; 32] = Sha256::digest(&json).into();
+        if now != self.planned_sha256() || len != self.len {
+            return Err(ConvertError::HeaderNotPlanned {
+                source_file: file.to_owned(),
+                len,
+                planned_len: self.len,
+            });
+        }
+        Ok(())
+    }
+
     /// The header JSON read again from the shard, refused unless it is the
     /// one planned from.
     fn reread(path: &Path, json_len: u64, sha256: &[u8; 32]) -> Result<String, String> {
@@ -606,6 +631,15 @@ pub async fn remote_header(
     path: &str,
     size: u64,
 ) -> Result<SourceHeader> {
+    Ok(remote_header_json(remote, path, size).await?.0)
+}
+
+/// [`remote_header`] with the header JSON it was parsed from.
+pub async fn remote_header_json(
+    remote: &impl RemoteFiles,
+    path: &str,
+    size: u64,
+) -> Result<(SourceHeader, Vec<u8>)> {
     if size < 8 {
         return Err(ConvertError::from(SourceError::TooShort {
             file: path.to_owned(),
@@ -619,7 +653,8 @@ pub async fn remote_header(
     } else {
         remote.read_range(path, 8, 8 + n - 1, size).await?
     };
-    SourceHeader::parse(path, &json, size).map_err(ConvertError::from)
+    let header = SourceHeader::parse(path, &json, size).map_err(ConvertError::from)?;
+    Ok((header, json))
 }
 
 /// The source files a plan may read from disk: those with a download
@@ -722,8 +757,8 @@ pub struct Planned {
     pub plan: Plan,
     /// `config.json` as read (once) for it.
     pub config: Value,
-    /// Every shard header read from disk or saved, as the skeleton keeps
-    /// it (none for those read from a remote).
+    /// Every shard header read, from disk, saved or from a remote, as the
+    /// skeleton keeps it.
     pub headers: BTreeMap<String, KeptHeader>,
 }
 
@@ -762,14 +797,22 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
                 remote, published, ..
             } => match published.root_of(file) {
                 Some(root) => {
-                    let path = safe_join(root, file)?;
-                    let header = block_in_place(|| SourceHeader::read(&path, file))
-                        .map_err(|e| ConvertError::io("read", &path, e))??;
-                    Ok((header, None))
+                    local_header(root, &BTreeMap::new(), file).map(|(h, kept)| (h, Some(kept)))
                 }
                 None => {
                     let size = self.listed(file)?.size;
-                    Ok((remote_header(*remote, file, size).await?, None))
+                    let (header, json) = remote_header_json(*remote, file, size).await?;
+                    let json =
+                        String::from_utf8(json).map_err(|source| SourceError::HeaderNotUtf8 {
+                            file: file.to_owned(),
+                            source,
+                        })?;
+                    let kept = KeptHeader {
+                        len: size,
+                        json: KeptJson::Saved(json),
+                        digest: String::new(),
+                    };
+                    Ok((header, Some(kept)))
                 }
             },
         }

@@ -111,12 +111,21 @@ impl<'p> StreamConverter<'p> {
         file: &str,
     ) -> Result<Vec<(String, Written)>> {
         self.published.insert(file.to_owned());
+        for (w, id) in &mut self.writers {
+            if w.missing_files().contains(file) {
+                write_file_durably(store, run, w, sources, file, id).await?;
+            }
+        }
+        self.finish_complete()
+    }
+
+    /// Finishes every component whose spans are all in (one that reads
+    /// no span, or one completed before a restart): durable and renamed,
+    /// their receipts are the caller's.
+    pub fn finish_complete(&mut self) -> Result<Vec<(String, Written)>> {
         let mut finished = Vec::new();
         let mut open = Vec::new();
-        for (mut w, id) in std::mem::take(&mut self.writers) {
-            if w.missing_files().contains(file) {
-                write_file_durably(store, run, &mut w, sources, file, &id).await?;
-            }
+        for (w, id) in std::mem::take(&mut self.writers) {
             if w.is_complete() {
                 let name = w.name().to_owned();
                 finished.push((name, block_in_place(|| w.finish(&self.artifact))?));
@@ -126,6 +135,11 @@ impl<'p> StreamConverter<'p> {
         }
         self.writers = open;
         Ok(finished)
+    }
+
+    /// Q3 components are written (or there are none).
+    pub fn q3_written(&self) -> bool {
+        self.q3_written
     }
 
     /// Every PLE file is published (so `G` can be computed).

@@ -105,18 +105,33 @@ async fn fetch_one(
 /// Downloads every selected file not yet published. Reconciliation must
 /// have run first.
 pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
-    let store = &ctx.store;
-    let receipts = store.published_paths().await?;
-    let mut todo: Vec<FileRow> = files
-        .iter()
-        .filter(|f| f.selected && !receipts.contains(&f.path))
-        .cloned()
-        .collect();
+    let mut todo = unpublished(&ctx, files).await?;
     // Files fetched as one stream first, largest first; then the large
     // files, which split into ranges and so absorb the connections the
     // others leave free: the link is not left with one long stream at the end.
     let threshold = ctx.opts.segment_threshold.max(1);
     todo.sort_by_key(|f| (f.size >= threshold, std::cmp::Reverse(f.size)));
+    let needed = begin(&ctx, files, todo.len()).await?;
+    let res = fetch_files(&ctx, files, todo, needed).await;
+    ctx.store.release_space_reserve();
+    res
+}
+
+/// The selected files of `files` without a receipt.
+pub async fn unpublished(ctx: &FetchCtx, files: &[FileRow]) -> Result<Vec<FileRow>> {
+    let receipts = ctx.store.published_paths().await?;
+    Ok(files
+        .iter()
+        .filter(|f| f.selected && !receipts.contains(&f.path))
+        .cloned()
+        .collect())
+}
+
+/// Starts a fetch of `files` (`todo` of them unpublished): reports it,
+/// makes `source/` durable and reserves room for the ledger. Returns the
+/// bytes still needed. A fetch begun so ends with [`end`].
+pub async fn begin(ctx: &FetchCtx, files: &[FileRow], todo: usize) -> Result<u64> {
+    let store = &ctx.store;
     let total: u64 = files.iter().map(|f| f.size).sum();
     let needed = bytes_still_needed(store, files).await?;
     ctx.reporter.report(ProgressEvent::FetchPlanned {
@@ -132,9 +147,22 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     if needed > 0 && !tokio::task::block_in_place(|| store.ensure_space_reserve()) {
         tracing::warn!("no space reserve for the state database could be allocated");
     }
-    let res = fetch_files(&ctx, files, todo, needed).await;
-    store.release_space_reserve();
-    res
+    ctx.unstarted.store(todo, Ordering::SeqCst);
+    Ok(needed)
+}
+
+/// One file of a fetch whose order the caller drives (`run
+/// --disk-budget`), after [`begin`].
+pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow) -> Result<()> {
+    let final_path = safe_join(ctx.dest(), &file.path)?;
+    run_job(ctx, file, final_path).await
+}
+
+/// Ends a fetch begun with [`begin`] whose files failed with `errors`:
+/// the one error to report (see `combine`).
+pub async fn end(ctx: &FetchCtx, files: &[FileRow], errors: Vec<FetchError>) -> Result<()> {
+    ctx.store.release_space_reserve();
+    combine(ctx, files, errors).await
 }
 
 async fn fetch_files(
@@ -148,7 +176,6 @@ async fn fetch_files(
     }
     let limit = Arc::new(Semaphore::new(ctx.opts.jobs.max(1)));
     let mut set = JoinSet::new();
-    ctx.unstarted.store(todo.len(), Ordering::SeqCst);
     for file in todo {
         let final_path = safe_join(ctx.dest(), &file.path)?;
         let ctx = ctx.clone();

@@ -14,7 +14,8 @@
 //!
 //! - this file: [`Pipeline`] (open, lock, `stage()` bracketing), the
 //!   resolve and fetch stages, `status`.
-//! - `run`: the plan, convert and verify stages and the whole `run`.
+//! - `run`: the plan, convert and verify stages and the whole `run`;
+//!   `streamed`: `run --disk-budget`, the fetch driving the conversion.
 //! - [`state`]: stage status as a pure function of the event log.
 //! - [`audit`]: the byte ledger, receipts and artifact log against the
 //!   disk; [`bundle`]: the evidence in one archive.
@@ -37,6 +38,7 @@ mod publish;
 mod pull;
 mod run;
 pub mod state;
+mod streamed;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -238,7 +240,7 @@ impl Pipeline {
     }
 
     /// Runs one stage between `started` and `completed`/`failed` events.
-    async fn stage<T, F>(&self, name: Stage, fut: F) -> Result<T>
+    pub(crate) async fn stage<T, F>(&self, name: Stage, fut: F) -> Result<T>
     where
         F: std::future::Future<Output = Result<T>>,
     {
@@ -290,7 +292,7 @@ impl Pipeline {
         })
     }
 
-    async fn resolve_stage(
+    pub(crate) async fn resolve_stage(
         &self,
         origin: &Origin,
         params: &FetchParams,
@@ -343,42 +345,55 @@ impl Pipeline {
                 .collect();
             let report =
                 reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
-            let ctx = match origin {
-                Origin::Hub(client) => FetchCtx::new(
-                    client.clone(),
+            let ctx = self
+                .fetch_ctx(origin, params, resolved, &files, reporter)
+                .await?;
+            fetch(Arc::new(ctx), &files).await?;
+            Ok(report)
+        })
+        .await
+    }
+
+    /// What every transfer of a fetch of `files` from `origin` shares.
+    pub(crate) async fn fetch_ctx(
+        &self,
+        origin: &Origin,
+        params: &FetchParams,
+        resolved: &Resolved,
+        files: &[ftpipe_receipts::FileRow],
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<FetchCtx> {
+        Ok(match origin {
+            Origin::Hub(client) => FetchCtx::new(
+                client.clone(),
+                self.store.clone(),
+                self.run,
+                resolved.pin.clone(),
+                reporter.clone(),
+                params.options.clone(),
+                self.layout.clone(),
+            )
+            .with_cache(params.hf_cache.clone(), params.offline),
+            Origin::Mirror(m) => {
+                // Only what is still to fetch must be in the mirror.
+                let published = self.store.published_paths().await?;
+                let todo: Vec<_> = files
+                    .iter()
+                    .filter(|f| !published.contains(&f.path))
+                    .cloned()
+                    .collect();
+                FetchCtx::with_source(
+                    Arc::new(m.source(&resolved.pin.commit, &todo).await?),
                     self.store.clone(),
                     self.run,
                     resolved.pin.clone(),
                     reporter.clone(),
                     params.options.clone(),
                     self.layout.clone(),
+                    self.layout.source().to_owned(),
                 )
-                .with_cache(params.hf_cache.clone(), params.offline),
-                Origin::Mirror(m) => {
-                    // Only what is still to fetch must be in the mirror.
-                    let published = self.store.published_paths().await?;
-                    let todo: Vec<_> = files
-                        .iter()
-                        .filter(|f| !published.contains(&f.path))
-                        .cloned()
-                        .collect();
-                    FetchCtx::with_source(
-                        Arc::new(m.source(&resolved.pin.commit, &todo).await?),
-                        self.store.clone(),
-                        self.run,
-                        resolved.pin.clone(),
-                        reporter.clone(),
-                        params.options.clone(),
-                        self.layout.clone(),
-                        self.layout.source().to_owned(),
-                    )
-                }
-            };
-            let ctx = Arc::new(ctx);
-            fetch(ctx, &files).await?;
-            Ok(report)
+            }
         })
-        .await
     }
 }
 

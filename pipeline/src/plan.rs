@@ -83,7 +83,7 @@ pub async fn plan(
 /// index, tokenizer, ...): fetched and never retired. Without a listing
 /// (a local plan of a directory ftpipe did not fetch), the files every
 /// conversion reads, as found in `source/`.
-fn resident_bytes(plan: &Plan, listing: &[FileRow], layout: &Layout) -> u64 {
+pub(crate) fn resident_bytes(plan: &Plan, listing: &[FileRow], layout: &Layout) -> u64 {
     let shard = |p: &str| plan.sources.iter().any(|s| s.file == p);
     if listing.is_empty() {
         return CONVERSION_FILES

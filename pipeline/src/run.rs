@@ -166,7 +166,7 @@ impl Pipeline {
     }
 
     /// The `verify` stage: the artifact checked on its own, as a receiver would.
-    async fn verify_stage(&self) -> Result<()> {
+    pub(crate) async fn verify_stage(&self) -> Result<()> {
         let artifact = self.layout.artifact().to_owned();
         self.stage(Stage::Verify, async move {
             let report =
@@ -188,10 +188,14 @@ impl Pipeline {
         &self,
         params: FetchParams,
         opts: ConvertOptions,
+        disk_budget: Option<u64>,
         reporter: Arc<dyn Reporter>,
     ) -> Result<RunOutcome> {
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
+        }
+        if disk_budget.is_some() {
+            return self.run_streamed(params, opts, disk_budget, reporter).await;
         }
         let origin = params.origin()?;
         let resolved = self.resolve_stage(&origin, &params, &reporter).await?;

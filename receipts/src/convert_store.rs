@@ -43,6 +43,17 @@ pub struct SpanClaim {
     pub bytes: u64,
 }
 
+/// What one `run --disk-budget` held (migration 0011).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiskBudgetRecord {
+    /// The run.
+    pub run_id: RunId,
+    /// The budget, in bytes.
+    pub budget: u64,
+    /// The peak of source bytes held by the admission's count.
+    pub peak_held: u64,
+}
+
 /// One row of the retirement log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RetirementRow {
@@ -131,6 +142,43 @@ impl Store {
         .await
         .ctx("insert component_spans")?;
         tx.commit().await.ctx("commit component_spans")
+    }
+
+    /// Records that `run` held at most `peak_held` source bytes under a
+    /// disk budget of `budget` bytes (the larger peak stays if recorded
+    /// twice).
+    pub async fn record_disk_budget(&self, run: RunId, budget: u64, peak_held: u64) -> Result<()> {
+        let mut conn = self.writer().await?;
+        sqlx::query(
+            "INSERT INTO disk_budget (run_id, budget, peak_held) VALUES (?, ?, ?)
+             ON CONFLICT(run_id) DO UPDATE SET budget = excluded.budget,
+               peak_held = max(peak_held, excluded.peak_held)",
+        )
+        .bind(run)
+        .bind(to_i64("disk_budget.budget", budget)?)
+        .bind(to_i64("disk_budget.peak_held", peak_held)?)
+        .execute(&mut *conn)
+        .await
+        .ctx("insert disk_budget")?;
+        Ok(())
+    }
+
+    /// Every run's budget and peak of source bytes held, oldest first.
+    pub async fn disk_budgets(&self) -> Result<Vec<DiskBudgetRecord>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query("SELECT run_id, budget, peak_held FROM disk_budget ORDER BY run_id")
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("select disk_budget")?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(DiskBudgetRecord {
+                    run_id: r.get(0),
+                    budget: to_u64("disk_budget", "budget", r.get(1))?,
+                    peak_held: to_u64("disk_budget", "peak_held", r.get(2))?,
+                })
+            })
+            .collect()
     }
 
     /// The span claims of `component`, by source file.

@@ -35,7 +35,9 @@ mod ranges;
 mod store;
 mod upload_store;
 
-pub use convert_store::{ArtifactRow, ComponentReceipt, RetirementRow, SpanClaim};
+pub use convert_store::{
+    ArtifactRow, ComponentReceipt, DiskBudgetRecord, RetirementRow, SpanClaim,
+};
 pub use error::{Result, StoreError};
 pub use events::{
     ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,

@@ -41,7 +41,7 @@ fn tensor_names(f: &RepoFile) -> Vec<String> {
 
 /// The floor of the module doc, from the files themselves: `(minimum,
 /// PLE files)`.
-fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
+pub(crate) fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
     let (mut resident, mut ple, mut other) = (0u64, 0u64, 0u64);
     let mut ple_files = Vec::new();
     for f in files {

@@ -185,6 +185,9 @@ pub struct AuditReport {
     pub weight_sources: SourceTotals,
     /// Retained versus retired sources.
     pub retirement: Retirement,
+    /// The last `run --disk-budget`: its budget and the peak of source
+    /// bytes it held (none when no run had a budget).
+    pub disk_budget: Option<ftpipe_receipts::DiskBudgetRecord>,
     /// Component totals by kind (`ftw`, `ftexpert`, `q3_segment`,
     /// `q3_global_scale`).
     pub components: BTreeMap<String, KindAudit>,
@@ -406,6 +409,7 @@ pub async fn audit(
         metadata_sources: src.metadata,
         weight_sources: src.weight,
         retirement: src.retirement,
+        disk_budget: store.disk_budgets().await?.pop(),
         components: art.kinds,
         known_target_total: art.known_target_total,
         known_target_from: art.known_target_from.to_owned(),

@@ -1,0 +1,373 @@
+//! A pipelined build (`run --disk-budget`): the conversion driven by the
+//! fetch, one verified file at a time, with the receipts and retirements
+//! the convert stage would make.
+//!
+//! [`prepare_stream`] runs before any shard body is fetched. From the plan
+//! (headers over HTTP Range, or from disk for files already published) it
+//! builds the skeleton the convert stage will build once every file is
+//! verified: the identities come from the pinned listing's digests, which
+//! are exactly what the download receipts will say, since a file is
+//! published only when it hashes to them. The skeleton is saved with every
+//! shard's header before any shard is retired, so the convert stage plans
+//! retired shards from it. A budget below the schedule's minimum is refused
+//! here.
+//!
+//! [`Streaming`] then takes each verified shard: its header must be the
+//! one planned from (a ranged read is trusted only once the verified file
+//! carries the same bytes), its spans go durably into every FTW and
+//! FTEXPERT1 component reading it ([`crate::stream::StreamConverter`]), a
+//! finished component gets its receipt under the skeleton's identity, and
+//! once every PLE file is in the Q3 table is written. A shard is retired
+//! (logged, unlinked, its directory fsynced) once nothing unfinished needs
+//! it. The convert stage that follows finds every component with a valid
+//! receipt and writes the manifest: the artifact is the one an unbudgeted
+//! run makes, byte for byte.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use ftpipe_fs::Layout;
+use ftpipe_fs::crashpoint::{self, CrashPoint};
+use ftpipe_fs::durable::{create_dirs_durably, sync_dir, write_atomic_json};
+use ftpipe_hub::identity::expected_identity;
+use ftpipe_progress::{ProgressEvent, Reporter};
+use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RetirementEvent, RunId, Store};
+
+use crate::aside;
+use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, valid_receipts};
+use crate::error::{ConvertError, Result};
+use crate::options::{ConvertOptions, converter_identity};
+use crate::plan::{KeptHeader, Plan, Planned};
+use crate::schedule::{Schedule, Workload};
+use crate::skeleton::{Skeleton, files_read, source_identity};
+use crate::stream::StreamConverter;
+use crate::write::{Sources, Written};
+
+/// What a pipelined build is planned from, fixed before its fetch.
+pub struct StreamSetup {
+    plan: Plan,
+    skel: Skeleton,
+    /// Each shard's header as planned from (checked against the verified
+    /// file before anything is converted from it).
+    headers: BTreeMap<String, KeptHeader>,
+    workload: Workload,
+    schedule: Option<Schedule>,
+}
+
+impl StreamSetup {
+    /// The schedule's view of the plan: fetch order, PLE files, sizes.
+    pub fn workload(&self) -> &Workload {
+        &self.workload
+    }
+
+    /// The schedule under the budget (none without one).
+    pub fn schedule(&self) -> Option<&Schedule> {
+        self.schedule.as_ref()
+    }
+
+    /// Σ predicted component bytes.
+    pub fn artifact_bytes(&self) -> u64 {
+        self.plan.components.iter().map(|c| c.predicted_bytes).sum()
+    }
+}
+
+/// The receipts the selected files will have once verified: the listing's
+/// size and identity (a file is published only when it hashes to them).
+fn listed_receipts(listing: &[FileRow]) -> Result<BTreeMap<String, Receipt>> {
+    let mut out = BTreeMap::new();
+    for f in listing.iter().filter(|f| f.selected) {
+        let expected = expected_identity(f)?;
+        out.insert(
+            f.path.clone(),
+            Receipt {
+                path: f.path.clone(),
+                size: f.size,
+                digest_kind: expected.kind().to_owned(),
+                digest: expected.hex().to_owned(),
+                completed_at: String::new(),
+                adopted: false,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Plans a pipelined build from `planned` (see the module documentation):
+/// refuses a budget below the minimum and a stale artifact (set aside
+/// under `--rebuild`), then saves the skeleton and the plan.
+#[allow(clippy::too_many_arguments)]
+pub async fn prepare_stream(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    opts: &ConvertOptions,
+    planned: Planned,
+    listing: &[FileRow],
+    resident: u64,
+    budget: Option<u64>,
+    reporter: &dyn Reporter,
+) -> Result<StreamSetup> {
+    let Planned {
+        plan,
+        config,
+        mut headers,
+    } = planned;
+    let workload = Workload::of_plan(&plan, resident);
+    let schedule = budget.map(|b| workload.simulate(b)).transpose()?;
+    let pin = store.pin().await?.ok_or_else(|| ConvertError::NotFetched {
+        file: crate::profile::CONFIG_FILE.into(),
+    })?;
+    let receipts = listed_receipts(listing)?;
+    for (file, h) in &mut headers {
+        if let Some(r) = receipts.get(file) {
+            h.digest.clone_from(&r.digest);
+        }
+    }
+    let top_k = crate::profile::experts_per_token(&config)?;
+    let converter = converter_identity(&config, opts)?;
+    let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
+    let skel = Skeleton::build(&plan, source, converter, top_k, headers.clone())?;
+    set_aside_if_stale(store, run, paths, opts, &skel, reporter).await?;
+    create_dirs_durably(paths.dir(), paths.artifact())
+        .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
+    write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
+    crashpoint::hit(CrashPoint::SkeletonWritten);
+    write_atomic_json(paths.state_dir(), PLAN_FILE, &plan, PRETTY)?;
+    Ok(StreamSetup {
+        plan,
+        skel,
+        headers,
+        workload,
+        schedule,
+    })
+}
+
+/// Refuses an artifact made under another identity, or sets it aside
+/// under `--rebuild` (as the convert stage does).
+async fn set_aside_if_stale(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    opts: &ConvertOptions,
+    skel: &Skeleton,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    if let Some(dest) = aside::finish_pending(store, paths).await? {
+        reporter.report(ProgressEvent::Note {
+            message: format!(
+                "finished setting the stale artifact aside as {}",
+                dest.display()
+            ),
+        });
+    }
+    let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
+    if reasons.is_empty() {
+        return Ok(());
+    }
+    if !opts.rebuild {
+        return Err(ConvertError::StaleArtifact {
+            dir: paths.artifact().display().to_string(),
+            reasons: reasons.join("; "),
+        });
+    }
+    let dest = aside::set_aside(store, run, paths, &reasons.join("; ")).await?;
+    reporter.report(ProgressEvent::Note {
+        message: format!("stale artifact set aside as {}", dest.display()),
+    });
+    Ok(())
+}
+
+/// The conversion side of a pipelined build in progress.
+pub struct Streaming<'s> {
+    setup: &'s StreamSetup,
+    conv: StreamConverter<'s>,
+    /// Components with a valid receipt, by name.
+    done: BTreeMap<String, ComponentReceipt>,
+    sources: Sources,
+    paths: Layout,
+    run: RunId,
+    /// Shards handed over (verified), not yet retired.
+    on_disk: BTreeSet<String>,
+    written: usize,
+}
+
+impl<'s> Streaming<'s> {
+    /// Opens every unfinished component (resuming from its span claims)
+    /// and finishes those already complete.
+    pub async fn open(
+        store: &Store,
+        run: RunId,
+        paths: &Layout,
+        setup: &'s StreamSetup,
+        reporter: &dyn Reporter,
+    ) -> Result<Streaming<'s>> {
+        let done = valid_receipts(&setup.skel, store.components().await?, paths.artifact());
+        let names: BTreeSet<String> = done.keys().cloned().collect();
+        let identities = &setup.skel.identities;
+        let conv = StreamConverter::open(store, paths.artifact(), &setup.plan, &names, |c| {
+            identities.get(&c.name).cloned().unwrap_or_default()
+        })
+        .await?;
+        let total = setup.artifact_bytes();
+        let done_bytes: u64 = done.values().map(|r| r.size).sum();
+        reporter.report(ProgressEvent::ConvertPlanned {
+            components: setup.plan.components.len(),
+            total_bytes: total,
+            done_bytes,
+        });
+        let mut s = Streaming {
+            setup,
+            conv,
+            done,
+            sources: Sources::new(paths.source()),
+            paths: paths.clone(),
+            run,
+            on_disk: BTreeSet::new(),
+            written: 0,
+        };
+        let finished = s.conv.finish_complete()?;
+        s.receipts(store, finished, reporter).await?;
+        Ok(s)
+    }
+
+    /// `file` is a planned shard (other files are only fetched).
+    pub fn is_shard(&self, file: &str) -> bool {
+        self.setup.plan.sources.iter().any(|s| s.file == file)
+    }
+
+    /// Components written by this process.
+    pub fn written(&self) -> usize {
+        self.written
+    }
+
+    /// Shard `file` was retired by an earlier process.
+    pub fn retired_before(&mut self, file: &str) -> Result<()> {
+        self.conv.retired(file)
+    }
+
+    /// Shard `file` is verified on disk: its header is checked against the
+    /// plan, its spans written, finished components receipted, and the Q3
+    /// table written once every PLE file is in.
+    pub async fn published(
+        &mut self,
+        store: &Store,
+        file: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        let path = ftpipe_fs::paths::safe_join(self.paths.source(), file)?;
+        if let Some(h) = self.setup.headers.get(file) {
+            h.check_published(&path, file)?;
+        }
+        self.on_disk.insert(file.to_owned());
+        let finished = self
+            .conv
+            .published(store, self.run, &self.sources, file)
+            .await?;
+        self.receipts(store, finished, reporter).await?;
+        if !self.conv.q3_written() && self.conv.q3_ready() {
+            let shas = self
+                .done
+                .iter()
+                .map(|(k, r)| (k.clone(), r.sha256.clone()))
+                .collect();
+            let written = self.conv.write_q3(&self.sources, &shas)?;
+            self.receipts(store, written, reporter).await?;
+        }
+        Ok(())
+    }
+
+    /// Verified shards on disk that nothing unfinished needs any more.
+    pub fn retirable(&self) -> Vec<String> {
+        self.on_disk
+            .iter()
+            .filter(|f| self.conv.retirable(f))
+            .cloned()
+            .collect()
+    }
+
+    /// Deletes shard `file`: logged first, then unlinked and its directory
+    /// fsynced (a crash between leaves a logged retirement of a present
+    /// file, which the next run finishes without a second row).
+    pub async fn retire(&mut self, store: &Store, file: &str, bytes: u64) -> Result<()> {
+        if !store.retired().await?.contains(file) {
+            store
+                .log_retirement(self.run, file, RetirementEvent::Retired, bytes)
+                .await?;
+        }
+        crashpoint::hit(CrashPoint::RetirementLogged);
+        let path = ftpipe_fs::paths::safe_join(self.paths.source(), file)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ConvertError::io("remove", &path, e)),
+        }
+        let dir = path.parent().unwrap_or(self.paths.source());
+        sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;
+        self.on_disk.remove(file);
+        Ok(())
+    }
+
+    /// Every component has a receipt.
+    pub fn complete(&self) -> bool {
+        self.setup
+            .plan
+            .components
+            .iter()
+            .all(|c| self.done.contains_key(&c.name))
+    }
+
+    /// Commits the receipts of components renamed into place.
+    async fn receipts(
+        &mut self,
+        store: &Store,
+        finished: Vec<(String, Written)>,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        for (name, w) in finished {
+            crashpoint::hit(CrashPoint::ComponentRenamed);
+            let receipt = self.receipt(&name, w)?;
+            store.put_component(self.run, &receipt).await?;
+            reporter.report(ProgressEvent::ComponentWritten {
+                path: name.clone(),
+                kind: receipt.kind.clone(),
+                size: receipt.size,
+            });
+            self.done.insert(name, receipt);
+            self.written += 1;
+        }
+        Ok(())
+    }
+
+    fn receipt(&self, name: &str, w: Written) -> Result<ComponentReceipt> {
+        let c = self
+            .setup
+            .plan
+            .components
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| ConvertError::internal(format!("{name} is not in the plan")))?;
+        let identity = self
+            .setup
+            .skel
+            .identities
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                ConvertError::internal(format!("component {name} has no identity in the skeleton"))
+            })?;
+        Ok(ComponentReceipt {
+            path: name.to_owned(),
+            kind: c.kind.as_str().to_owned(),
+            predicted_bytes: c.predicted_bytes,
+            size: w.size,
+            sha256: w.sha256,
+            identity,
+            run_id: self.run,
+        })
+    }
+}
+
+/// True when `file` under `root` is on disk.
+pub fn on_disk(root: &Path, file: &str) -> bool {
+    ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| p.exists())
+}

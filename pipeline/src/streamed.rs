@@ -1,0 +1,438 @@
+//! `run --disk-budget SIZE`: the fetch drives the conversion.
+//!
+//! The plan stage plans from headers (over HTTP Range for files not yet
+//! published), refuses a budget below the schedule's minimum before any
+//! shard body is fetched, and saves the skeleton
+//! ([`ftpipe_convert::pipelined::prepare_stream`]). The fetch stage then
+//! admits files in the schedule's order, head of line: the next file
+//! starts only while the source bytes held (resident files, every admitted
+//! shard not yet retired, a `.part` counted at its full size from its first
+//! byte) plus its size fit the budget. Each verified shard is converted at
+//! once ([`ftpipe_convert::pipelined::Streaming`]) while the other
+//! transfers go on, and retired as soon as nothing unfinished needs it.
+//! The convert stage that follows finds every component receipted and
+//! writes the manifest; verify checks the artifact as always.
+//!
+//! After a kill, the next run hands the converter every shard verified
+//! before it (on disk: converted again where its spans were not claimed;
+//! retired: nothing unfinished may need it), counts every shard on disk
+//! or begun as held, and goes on in the same order.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use ftpipe_convert::pipelined::{StreamSetup, Streaming, on_disk, prepare_stream};
+use ftpipe_convert::{ConvertError, ConvertOptions, HeaderSource, PlanOptions, Published, plan};
+use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
+use ftpipe_hub::remote::PinnedRepo;
+use ftpipe_hub::resolve::{FetchSelection, Resolved};
+use ftpipe_progress::{ProgressEvent, Reporter};
+use ftpipe_receipts::{FileRow, Stage};
+
+use crate::plan::resident_bytes;
+use crate::run::RunOutcome;
+use crate::{FetchParams, Origin, Pipeline, PipelineError, Result};
+
+/// The source bytes a budgeted fetch holds, and the budget they keep to.
+struct Held {
+    budget: Option<u64>,
+    bytes: u64,
+    peak: u64,
+    /// Files whose bytes are counted in `bytes`.
+    counted: BTreeSet<String>,
+}
+
+impl Held {
+    /// Counts `file` (`size` bytes) if it is not counted yet.
+    fn count(&mut self, file: &str, size: u64) {
+        if self.counted.insert(file.to_owned()) {
+            self.bytes = self.bytes.saturating_add(size);
+            self.peak = self.peak.max(self.bytes);
+        }
+    }
+
+    /// `file` may start now.
+    fn admits(&self, file: &FileRow) -> bool {
+        let extra = if self.counted.contains(&file.path) {
+            0
+        } else {
+            file.size
+        };
+        self.budget
+            .is_none_or(|b| self.bytes.saturating_add(extra) <= b)
+    }
+
+    fn release(&mut self, file: &str, size: u64) {
+        if self.counted.remove(file) {
+            self.bytes = self.bytes.saturating_sub(size);
+        }
+    }
+}
+
+impl Pipeline {
+    /// resolve → plan (schedule, skeleton) → fetch driving the conversion
+    /// → convert (the manifest) → verify.
+    pub(crate) async fn run_streamed(
+        &self,
+        params: FetchParams,
+        opts: ConvertOptions,
+        budget: Option<u64>,
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<RunOutcome> {
+        let origin = params.origin()?;
+        if origin.is_offline() {
+            return Err(PipelineError::InvalidInput {
+                what: "--disk-budget",
+                message: "a budgeted run plans from the hub's headers before fetching; offline, run without --disk-budget (the cache already holds the files)".into(),
+            });
+        }
+        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
+        let setup = self
+            .streamed_plan_stage(&origin, &params, &resolved, &opts, budget, &reporter)
+            .await?;
+        let report = self
+            .streamed_fetch_stage(&origin, &params, &resolved, &setup, budget, &reporter)
+            .await?;
+        let converted = self.convert(&opts, reporter.clone()).await?;
+        self.verify_stage().await?;
+        Ok(RunOutcome {
+            noop: false,
+            summary: format!(
+                "{} components ({} written, {} reused), {} bytes",
+                converted.components, converted.written, converted.reused, converted.total_bytes
+            ),
+            reconcile: Some(report),
+            manifest_sha256: converted.manifest_sha256.clone(),
+            fingerprint: converted.fingerprint.clone(),
+            convert: Some(converted),
+        })
+    }
+
+    /// Plans from headers, refuses a budget below the minimum or a volume
+    /// without room for the schedule's peak, and saves the skeleton.
+    async fn streamed_plan_stage(
+        &self,
+        origin: &Origin,
+        params: &FetchParams,
+        resolved: &Resolved,
+        opts: &ConvertOptions,
+        budget: Option<u64>,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<StreamSetup> {
+        self.stage(Stage::Plan, async {
+            let Resolved { pin, listing, .. } = resolved;
+            let receipts = self.store.receipts().await?;
+            let published = Published::from_receipts(self.layout.source(), &receipts);
+            let plan_opts = PlanOptions {
+                selection: FetchSelection::of(listing, &params.resolve.globs()),
+                ..opts.plan_options()
+            };
+            let planned = match origin {
+                Origin::Hub(client) => {
+                    let remote = PinnedRepo {
+                        client,
+                        repo: &pin.repo,
+                        commit: &pin.commit,
+                    };
+                    let source = HeaderSource::Remote {
+                        remote: &remote,
+                        listing,
+                        published: &published,
+                    };
+                    plan(&source, &plan_opts).await?
+                }
+                Origin::Mirror(m) => {
+                    let remote = m.files(&pin.commit);
+                    let source = HeaderSource::Remote {
+                        remote: &remote,
+                        listing,
+                        published: &published,
+                    };
+                    plan(&source, &plan_opts).await?
+                }
+            };
+            let resident = resident_bytes(&planned.plan, listing, &self.layout);
+            let setup = prepare_stream(
+                &self.store,
+                self.run,
+                &self.layout,
+                opts,
+                planned,
+                listing,
+                resident,
+                budget,
+                reporter.as_ref(),
+            )
+            .await?;
+            if params.options.preflight {
+                self.streamed_preflight(&setup, reporter)?;
+            }
+            Ok(setup)
+        })
+        .await
+    }
+
+    /// Refuses when the schedule's peak (sources held + artifact written)
+    /// does not fit beside what is already on disk.
+    fn streamed_preflight(&self, setup: &StreamSetup, reporter: &Arc<dyn Reporter>) -> Result<()> {
+        let peak = match setup.schedule() {
+            Some(s) => s.peak,
+            None => setup.workload().unbudgeted_peak(),
+        };
+        let present = dir_bytes(self.layout.source()) + dir_bytes(self.layout.artifact());
+        let needed = peak.saturating_sub(present);
+        let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
+        if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
+            &checked
+        {
+            reporter.report(ProgressEvent::Note {
+                message: format!(
+                    "preflight: {needed} bytes still needed (peak {peak} of sources held + artifact, {present} on disk), {available} available"
+                ),
+            });
+        }
+        checked.map_err(PipelineError::from)?;
+        Ok(())
+    }
+
+    /// Fetches in the schedule's order under the budget, converting each
+    /// verified shard and retiring what nothing unfinished needs.
+    async fn streamed_fetch_stage(
+        &self,
+        origin: &Origin,
+        params: &FetchParams,
+        resolved: &Resolved,
+        setup: &StreamSetup,
+        budget: Option<u64>,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<ReconcileReport> {
+        self.stage(Stage::Fetch, async {
+            let retired = self.store.retired().await?;
+            let files: Vec<FileRow> = resolved
+                .selected
+                .iter()
+                .filter(|f| !retired.contains(&f.path))
+                .cloned()
+                .collect();
+            let source = self.layout.source().to_owned();
+            let report =
+                reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
+            let ctx = Arc::new(
+                self.fetch_ctx(origin, params, resolved, &files, reporter)
+                    .await?,
+            );
+            let mut streaming = Streaming::open(
+                &self.store,
+                self.run,
+                &self.layout,
+                setup,
+                reporter.as_ref(),
+            )
+            .await?;
+            let mut held = Held {
+                budget,
+                bytes: 0,
+                peak: 0,
+                counted: BTreeSet::new(),
+            };
+            let queue = self
+                .resume_streamed(setup, &files, &retired, &mut streaming, &mut held, reporter)
+                .await?;
+            let retire = budget.is_some();
+            if retire {
+                self.retire_done(&mut streaming, &files, &mut held).await?;
+            }
+            let how = (params.options.jobs, retire);
+            self.drive(
+                &ctx,
+                &files,
+                queue,
+                &mut streaming,
+                &mut held,
+                how,
+                reporter,
+            )
+            .await?;
+            if let Some(b) = budget {
+                self.store
+                    .record_disk_budget(self.run, b, held.peak)
+                    .await?;
+            }
+            Ok(report)
+        })
+        .await
+    }
+
+    /// Hands the converter every shard verified before this run (retired
+    /// or on disk), counts what is held, and returns the files still to
+    /// fetch in admission order: resident files, shards begun before (their
+    /// `.part` is held), then the schedule's order.
+    async fn resume_streamed(
+        &self,
+        setup: &StreamSetup,
+        files: &[FileRow],
+        retired: &BTreeSet<String>,
+        streaming: &mut Streaming<'_>,
+        held: &mut Held,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<VecDeque<FileRow>> {
+        let shards: Vec<&str> = setup
+            .workload()
+            .files
+            .iter()
+            .map(|f| f.file.as_str())
+            .collect();
+        for f in &shards {
+            if retired.contains(*f) {
+                streaming.retired_before(f)?;
+            }
+        }
+        let published = self.store.published_paths().await?;
+        let row = |p: &str| files.iter().find(|f| f.path == p);
+        let mut resident = Vec::new();
+        for f in files.iter().filter(|f| !shards.contains(&f.path.as_str())) {
+            held.count(&f.path, f.size);
+            if !published.contains(&f.path) {
+                resident.push(f.clone());
+            }
+        }
+        let mut begun = Vec::new();
+        let mut rest = Vec::new();
+        for &s in &shards {
+            let Some(f) = row(s) else { continue };
+            if published.contains(s) {
+                held.count(s, f.size);
+                streaming
+                    .published(&self.store, s, reporter.as_ref())
+                    .await?;
+            } else if on_disk(self.layout.source(), &format!("{s}.part")) {
+                held.count(s, f.size);
+                begun.push(f.clone());
+            } else {
+                rest.push(f.clone());
+            }
+        }
+        Ok(resident.into_iter().chain(begun).chain(rest).collect())
+    }
+
+    /// Retires every shard nothing unfinished needs.
+    async fn retire_done(
+        &self,
+        streaming: &mut Streaming<'_>,
+        files: &[FileRow],
+        held: &mut Held,
+    ) -> Result<()> {
+        for f in streaming.retirable() {
+            let size = files.iter().find(|r| r.path == f).map_or(0, |r| r.size);
+            streaming.retire(&self.store, &f, size).await?;
+            held.release(&f, size);
+        }
+        Ok(())
+    }
+
+    /// The admission loop: starts files in order while they fit and a job
+    /// slot is free, converts each shard as it is verified, retires what it
+    /// can. After the first failure nothing new starts; transfers in flight
+    /// finish.
+    #[allow(clippy::too_many_arguments)]
+    async fn drive(
+        &self,
+        ctx: &Arc<FetchCtx>,
+        files: &[FileRow],
+        mut queue: VecDeque<FileRow>,
+        streaming: &mut Streaming<'_>,
+        held: &mut Held,
+        (jobs, retire): (usize, bool),
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<()> {
+        ftpipe_fetch::begin(ctx, files, queue.len()).await?;
+        let jobs = Arc::new(Semaphore::new(jobs.max(1)));
+        let mut set = JoinSet::new();
+        let mut fetch_errors: Vec<FetchError> = Vec::new();
+        let mut failed: Option<PipelineError> = None;
+        loop {
+            while failed.is_none() && fetch_errors.is_empty() {
+                let Some(next) = queue.front() else { break };
+                if !held.admits(next) {
+                    break;
+                }
+                let Ok(slot) = jobs.clone().try_acquire_owned() else {
+                    break;
+                };
+                let file = queue.pop_front().ok_or_else(|| {
+                    PipelineError::from(ConvertError::internal("admission queue emptied"))
+                })?;
+                held.count(&file.path, file.size);
+                let ctx = ctx.clone();
+                set.spawn(async move {
+                    let _slot = slot;
+                    let path = file.path.clone();
+                    (path, ftpipe_fetch::fetch_file(ctx, file).await)
+                });
+            }
+            let Some(joined) = set.join_next().await else {
+                break;
+            };
+            let path = match joined {
+                Ok((path, Ok(()))) => path,
+                Ok((_, Err(e))) => {
+                    fetch_errors.push(e);
+                    continue;
+                }
+                Err(join) => {
+                    fetch_errors.push(FetchError::internal_from("fetch task", join));
+                    continue;
+                }
+            };
+            if failed.is_some() || !streaming.is_shard(&path) {
+                continue;
+            }
+            let converted = async {
+                streaming
+                    .published(&self.store, &path, reporter.as_ref())
+                    .await?;
+                if retire {
+                    self.retire_done(streaming, files, held).await?;
+                }
+                Ok::<_, PipelineError>(())
+            };
+            if let Err(e) = converted.await {
+                failed = Some(e);
+            }
+        }
+        let fetched = ftpipe_fetch::end(ctx, files, fetch_errors).await;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        fetched?;
+        if let Some(next) = queue.front() {
+            return Err(ConvertError::DiskBudgetStuck {
+                budget: held.budget.unwrap_or(u64::MAX),
+                held: held.bytes,
+                next: next.path.clone(),
+                size: next.size,
+                needed: held.bytes.saturating_add(next.size),
+            }
+            .into());
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of the regular files under `dir` (0 when absent).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
