@@ -8,6 +8,7 @@
 //! budget and the peak held. A budget one byte below the minimum is
 //! refused before any shard body is fetched.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -177,4 +178,181 @@ fn nvfp4_export_with_ple_only_files() {
         ple_own_files: true,
         ..ReleaseShape::tiny_nvfp4()
     });
+}
+
+/// A budgeted run's arguments: the chain tests' checkpoints plus the budget.
+fn budget_args(budget: u64) -> Vec<String> {
+    let mut args: Vec<String> = crate::chain_crash::ARGS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--disk-budget".to_owned(), budget.to_string()]);
+    args
+}
+
+/// Source bytes on disk after a kill: never past the budget.
+fn check_held(out: &Path, budget: u64, label: &str) {
+    let held = bytes_under(&out.join("source"));
+    assert!(
+        held <= budget,
+        "{label}: {held} bytes of sources on disk, budget {budget}"
+    );
+}
+
+/// Every crash point a budgeted run passes (the fetch driving the
+/// conversion: span writes and claims, receipts, Q3, retirement), once
+/// each at its first and at a later hit; a plain budgeted run then
+/// finishes with the unbudgeted manifest.
+#[test]
+fn every_crash_point_of_a_budgeted_run_resumes_to_the_reference() {
+    let files = generate_release_repo(11, &ReleaseShape::tiny());
+    let (minimum, _) = expected_minimum(&files);
+    let hub = hub_serving(files);
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &plain,
+        crate::chain_crash::ARGS,
+    ));
+    let reference = manifest_sha(&plain);
+    let args = budget_args(minimum);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Each point at its first hit and, where a run passes it more than
+    // once, at a later one.
+    let points: &[(&str, &[u32])] = &[
+        ("plan-done", &[1]),
+        ("skeleton-written", &[1, 2]),
+        ("fetch-verified", &[1, 3]),
+        ("span-synced", &[1, 3]),
+        ("span-claimed", &[1, 3]),
+        ("component-renamed", &[1, 3]),
+        ("retirement-logged", &[1, 3]),
+        ("fetch-done", &[1]),
+        ("manifest-written", &[1]),
+    ];
+    for (point, hits) in points {
+        for hit in *hits {
+            let at = format!("{point}#{hit}");
+            let out = tmp.path().join(format!("out-{point}-{hit}"));
+            let o = run(run_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", &at));
+            assert!(
+                !o.status.success() && stderr(&o).contains(&format!("FTPIPE_CRASH_AT={at}")),
+                "{at}: the crash point was not reached ({:?}): {}",
+                o.status,
+                stderr(&o)
+            );
+            check_after_kill(&out, &at);
+            crate::chain_crash::check_components_after_kill(&out, &at);
+            check_held(&out, minimum, &at);
+            let o = run(&mut run_cmd(&hub.endpoint(), &out, &args));
+            assert!(o.status.success(), "{at}: resumed run: {}", stderr(&o));
+            crate::chain_crash::check_finished(&hub, &out, &reference, &at);
+        }
+    }
+}
+
+/// Seeded SIGKILLs (≥ 100, `KILLS=N` for more) over budgeted runs at the
+/// minimum budget, alternating BF16 and NVFP4 releases; a completed chain
+/// starts afresh. After every kill the ledger and component invariants
+/// hold and the sources on disk are within the budget; every chain ends
+/// with the unbudgeted run's manifest, a deep verify and a clean audit.
+#[test]
+fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
+    use ftpipe_fixtures::checkpoint::SplitMix64;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let _heavy = heavy();
+    let kills: usize = std::env::var("KILLS")
+        .ok()
+        .map(|k| k.parse().expect("KILLS must be a number"))
+        .unwrap_or(100);
+    let seed = crash_seed();
+    eprintln!("budgeted kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = SplitMix64::new(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let shapes = [ReleaseShape::tiny(), ReleaseShape::tiny_nvfp4()];
+    let mut setups = Vec::new();
+    for (i, shape) in shapes.iter().enumerate() {
+        let files = generate_release_repo(13, shape);
+        let (minimum, _) = expected_minimum(&files);
+        let hub = hub_serving(files);
+        let plain = tmp.path().join(format!("plain-{i}"));
+        let t = Instant::now();
+        run_ok(&mut run_cmd(
+            &hub.endpoint(),
+            &plain,
+            &budget_args(minimum)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        ));
+        let ms = (t.elapsed().as_millis() as u64).max(20);
+        let plain2 = tmp.path().join(format!("plain-unbudgeted-{i}"));
+        run_ok(&mut run_cmd(
+            &hub.endpoint(),
+            &plain2,
+            crate::chain_crash::ARGS,
+        ));
+        assert_eq!(manifest_sha(&plain), manifest_sha(&plain2));
+        setups.push((hub, minimum, manifest_sha(&plain2), ms));
+    }
+    let (mut kill, mut chains, mut claims_seen, mut retired_seen) =
+        (0usize, 0usize, 0usize, 0usize);
+    let mut landed: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = tmp.path().join("chain-0");
+    while kill < kills {
+        let (hub, budget, reference, ms) = &setups[chains % setups.len()];
+        let args = budget_args(*budget);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let delay = rng.next_u64() % ms;
+        let mut child = run_cmd(&hub.endpoint(), &out, &args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ftpipe");
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill();
+        let status = child.wait().expect("wait");
+        let label = format!("kill {} after {delay} ms in {}", kill + 1, out.display());
+        assert!(
+            status.success() || status.code().is_none(),
+            "{label}: exited {status}"
+        );
+        if status.success() {
+            crate::chain_crash::check_finished(hub, &out, reference, &label);
+            chains += 1;
+            out = tmp.path().join(format!("chain-{chains}"));
+            continue;
+        }
+        kill += 1;
+        check_after_kill(&out, &label);
+        crate::chain_crash::check_components_after_kill(&out, &label);
+        check_held(&out, *budget, &label);
+        claims_seen += usize::from(
+            try_query(&out, "SELECT COUNT(*) FROM component_spans")
+                .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
+        );
+        retired_seen += usize::from(
+            try_query(&out, "SELECT COUNT(*) FROM source_retirements")
+                .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
+        );
+        *landed
+            .entry(crate::chain_crash::landed_in(&out))
+            .or_default() += 1;
+    }
+    let (hub, budget, reference, _) = &setups[chains % setups.len()];
+    let args = budget_args(*budget);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &args));
+    crate::chain_crash::check_finished(hub, &out, reference, "last chain");
+    eprintln!(
+        "budgeted kill storm (seed {seed}): {kills} kills over {} chains; {claims_seen} left span claims, \
+         {retired_seen} after a retirement; by place: {landed:?}",
+        chains + 1
+    );
+    assert!(
+        claims_seen > 0 && retired_seen > 0 && landed.get("fetch").is_some_and(|n| *n > 0),
+        "the storm missed the streamed conversion: {landed:?}"
+    );
 }

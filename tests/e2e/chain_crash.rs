@@ -28,7 +28,7 @@ use ftpipe_fixtures::checkpoint::SplitMix64;
 use ftpipe_fixtures::qwen4::QwenShape;
 
 /// Frequent checkpoints, so fetch kills land before, during and after them.
-const ARGS: &[&str] = &["--checkpoint-bytes", "65536", "--checkpoint-secs", "0.02"];
+pub(crate) const ARGS: &[&str] = &["--checkpoint-bytes", "65536", "--checkpoint-secs", "0.02"];
 
 /// Every named crash point on the path of a first `ftpipe run`, in chain
 /// order, with the stage whose work it interrupts.
@@ -65,7 +65,7 @@ fn reference_manifest(hub: &RunningHub, tmp: &Path) -> String {
 
 /// Every component receipt names a file with the receipt's size and
 /// SHA-256 (a receipt is committed only after its file is durable).
-fn check_components_after_kill(out: &Path, label: &str) -> usize {
+pub(crate) fn check_components_after_kill(out: &Path, label: &str) -> usize {
     let Ok(rows) = try_query(
         out,
         "SELECT path || '|' || size || '|' || sha256 FROM components",
@@ -92,7 +92,7 @@ fn finish_and_check(hub: &RunningHub, out: &Path, reference: &str, label: &str) 
     check_finished(hub, out, reference, label);
 }
 
-fn check_finished(hub: &RunningHub, out: &Path, reference: &str, label: &str) {
+pub(crate) fn check_finished(hub: &RunningHub, out: &Path, reference: &str, label: &str) {
     assert_eq!(manifest_sha(out), reference, "{label}: manifest differs");
     let v = run(ftpipe()
         .arg("verify")
@@ -226,7 +226,7 @@ fn every_named_crash_point_of_the_chain_resumes_to_the_reference() {
 }
 
 /// Where a kill landed, from the last stage event of the killed run.
-fn landed_in(out: &Path) -> String {
+pub(crate) fn landed_in(out: &Path) -> String {
     let rows = try_query(
         out,
         "SELECT stage || ':' || event FROM stage_events
