@@ -35,7 +35,7 @@ use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, Ten
 use crate::error::{ConvertError, Result};
 use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_fs::durable::{rename_durably_up_to, temp_name};
+use ftpipe_fs::durable::{create_dirs_durably, rename_durably_up_to, sync_dir, temp_name};
 use ftpipe_fs::paths::safe_join;
 use ftpipe_receipts::{RunId, SpanClaim, Store};
 use tokio::task::block_in_place;
@@ -120,7 +120,9 @@ pub struct SpanWriter<'a> {
 
 impl<'a> SpanWriter<'a> {
     /// Creates `c`'s temp file under `artifact` (truncated): its header
-    /// written, its planned length set, no span in it yet.
+    /// written, its planned length set, no span in it yet; the file and
+    /// its directory entry (every directory up to `artifact`) durable
+    /// before it is returned, so a span claimed later never outlives it.
     pub fn create(artifact: &Path, c: &'a Component) -> Result<Self> {
         let (map, spans) = placement(c)?.ok_or_else(|| {
             ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
@@ -128,7 +130,7 @@ impl<'a> SpanWriter<'a> {
         let path = safe_join(artifact, &c.name)?;
         let tmp = safe_join(artifact, &temp_name(&c.name))?;
         let dir = path.parent().unwrap_or(artifact).to_owned();
-        std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io("create", &dir, e))?;
+        create_dirs_durably(artifact, &dir).map_err(|e| ConvertError::io("create", &dir, e))?;
         ftpipe_fs::nofollow::check_absent_or_regular(&path)
             .map_err(|e| ConvertError::io("open", &path, e))?;
         let file = ftpipe_fs::nofollow::create_truncated(&tmp)
@@ -136,6 +138,9 @@ impl<'a> SpanWriter<'a> {
         file.write_all_at(map.header(), 0)
             .and_then(|()| file.set_len(map.total_len()))
             .map_err(|e| ConvertError::io("write", &tmp, e))?;
+        file.sync_all()
+            .map_err(|e| ConvertError::io("fsync", &tmp, e))?;
+        sync_dir(&dir).map_err(|e| ConvertError::io("fsync", &dir, e))?;
         Ok(SpanWriter {
             component: c,
             done: vec![false; spans.len()],

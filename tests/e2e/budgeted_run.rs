@@ -181,7 +181,7 @@ fn nvfp4_export_with_ple_only_files() {
 }
 
 /// A budgeted run's arguments: the chain tests' checkpoints plus the budget.
-fn budget_args(budget: u64) -> Vec<String> {
+pub(crate) fn budget_args(budget: u64) -> Vec<String> {
     let mut args: Vec<String> = crate::chain_crash::ARGS
         .iter()
         .map(|s| s.to_string())
@@ -191,7 +191,7 @@ fn budget_args(budget: u64) -> Vec<String> {
 }
 
 /// Source bytes on disk after a kill: never past the budget.
-fn check_held(out: &Path, budget: u64, label: &str) {
+pub(crate) fn check_held(out: &Path, budget: u64, label: &str) {
     let held = bytes_under(&out.join("source"));
     assert!(
         held <= budget,

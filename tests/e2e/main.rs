@@ -103,6 +103,7 @@ mod common;
 mod attempts;
 mod audit_bundle;
 mod bad_input;
+mod budgeted_powercut;
 mod budgeted_run;
 mod chain_crash;
 mod cli_docs;

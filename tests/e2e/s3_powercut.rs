@@ -45,7 +45,7 @@ const PULL_ARGS: &[&str] = RANGED_PULL;
 /// point, SIGKILLs it after `delay` unless it exited first, cuts the power
 /// into `dump`; whether the command had finished (successfully) first, and
 /// how long it ran. `None`: the filesystem cannot be mounted here.
-fn cycle(
+pub(crate) fn cycle(
     mnt: &Path,
     model: Model,
     dump: &Path,
