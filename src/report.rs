@@ -18,12 +18,15 @@ impl Reporter for Silent {
     fn report(&self, _event: ProgressEvent) {}
 }
 
-/// Bars: a total (bytes done, network rate, ETA) and one per file in
-/// flight. Bytes already durable or taken from the Hugging Face cache count
-/// as done but not towards the rate; no bar goes past its length.
+/// Bars: a total (bytes done, network rate, ETA), one per file in flight,
+/// and, once a conversion is planned, its own bar below (a pipelined `run`
+/// fetches and converts at once: both show). Bytes already durable or
+/// taken from the Hugging Face cache count as done but not towards the
+/// rate; no bar goes past its length.
 pub struct Bars {
     multi: MultiProgress,
     total: ProgressBar,
+    convert: ProgressBar,
     state: Mutex<BarState>,
 }
 
@@ -58,9 +61,15 @@ impl Bars {
             "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
         ));
         total.set_prefix("total");
+        let convert = ProgressBar::hidden();
+        convert.set_style(bar_style(
+            "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
+        ));
+        convert.set_prefix("convert");
         Bars {
             multi,
             total,
+            convert,
             state: Mutex::new(BarState {
                 files: HashMap::new(),
                 network: 0,
@@ -206,12 +215,13 @@ impl Reporter for Bars {
                 done_bytes,
                 ..
             } => {
-                self.total.set_prefix("convert");
-                self.total.set_length(total_bytes);
-                self.total.set_position(done_bytes.min(total_bytes));
-                self.total.set_message("");
+                if self.convert.is_hidden() {
+                    self.multi.add(self.convert.clone());
+                }
+                self.convert.set_length(total_bytes);
+                self.convert.set_position(done_bytes.min(total_bytes));
             }
-            ProgressEvent::ComponentWritten { size, .. } => advance(&self.total, size),
+            ProgressEvent::ComponentWritten { size, .. } => advance(&self.convert, size),
             ProgressEvent::Note { message } => {
                 let _ = self.multi.println(crate::output::redacted(&message));
             }
@@ -225,6 +235,7 @@ impl Reporter for Bars {
             self.multi.remove(&b);
         }
         self.total.finish_and_clear();
+        self.convert.finish_and_clear();
     }
 }
 

@@ -24,7 +24,7 @@
 //! run makes, byte for byte.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
@@ -34,6 +34,7 @@ use ftpipe_progress::{ProgressEvent, Reporter};
 use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RetirementEvent, RunId, Store};
 
 use crate::aside;
+use crate::component::{ComponentContent, TensorSource};
 use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, valid_receipts};
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
@@ -41,7 +42,8 @@ use crate::plan::{KeptHeader, Plan, Planned};
 use crate::schedule::{Schedule, Workload};
 use crate::skeleton::{Skeleton, files_read, source_identity};
 use crate::stream::StreamConverter;
-use crate::write::{Sources, Written};
+use crate::write::{Sources, Written, check_lookup};
+use tokio::task::block_in_place;
 
 /// What a pipelined build is planned from, fixed before its fetch.
 pub struct StreamSetup {
@@ -52,9 +54,15 @@ pub struct StreamSetup {
     headers: BTreeMap<String, KeptHeader>,
     workload: Workload,
     schedule: Option<Schedule>,
+    set_aside: Option<PathBuf>,
 }
 
 impl StreamSetup {
+    /// Where a stale artifact was set aside (`--rebuild`).
+    pub fn set_aside(&self) -> Option<&Path> {
+        self.set_aside.as_deref()
+    }
+
     /// The schedule's view of the plan: fetch order, PLE files, sizes.
     pub fn workload(&self) -> &Workload {
         &self.workload
@@ -127,7 +135,7 @@ pub async fn prepare_stream(
     let converter = converter_identity(&config, opts)?;
     let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
     let skel = Skeleton::build(&plan, source, converter, top_k, headers.clone())?;
-    set_aside_if_stale(store, run, paths, opts, &skel, reporter).await?;
+    let set_aside = set_aside_if_stale(store, run, paths, opts, (&skel, &plan), reporter).await?;
     create_dirs_durably(paths.dir(), paths.artifact())
         .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
@@ -139,20 +147,23 @@ pub async fn prepare_stream(
         headers,
         workload,
         schedule,
+        set_aside,
     })
 }
 
 /// Refuses an artifact made under another identity, or sets it aside
-/// under `--rebuild` (as the convert stage does).
+/// under `--rebuild` (as the convert stage does), unless a shard the
+/// rebuild needs was retired.
 async fn set_aside_if_stale(
     store: &Store,
     run: RunId,
     paths: &Layout,
     opts: &ConvertOptions,
-    skel: &Skeleton,
+    (skel, plan): (&Skeleton, &Plan),
     reporter: &dyn Reporter,
-) -> Result<()> {
-    if let Some(dest) = aside::finish_pending(store, paths).await? {
+) -> Result<Option<PathBuf>> {
+    let finished = aside::finish_pending(store, paths).await?;
+    if let Some(dest) = &finished {
         reporter.report(ProgressEvent::Note {
             message: format!(
                 "finished setting the stale artifact aside as {}",
@@ -162,7 +173,22 @@ async fn set_aside_if_stale(
     }
     let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
     if reasons.is_empty() {
-        return Ok(());
+        return Ok(finished);
+    }
+    let retired = store.retired().await?;
+    if let Some((c, f)) = plan.components.iter().find_map(|c| {
+        c.source_files
+            .iter()
+            .find(|f| retired.contains(*f))
+            .map(|f| (c, f))
+    }) {
+        return Err(ConvertError::RebuildNeedsSources {
+            dir: paths.artifact().display().to_string(),
+            reasons: reasons.join("; "),
+            component: c.name.clone(),
+            source_file: f.clone(),
+            run: crate::RetiredBy(store.last_retirement(f).await?.map(|r| r.run_id)),
+        });
     }
     if !opts.rebuild {
         return Err(ConvertError::StaleArtifact {
@@ -174,7 +200,7 @@ async fn set_aside_if_stale(
     reporter.report(ProgressEvent::Note {
         message: format!("stale artifact set aside as {}", dest.display()),
     });
-    Ok(())
+    Ok(Some(dest))
 }
 
 /// The conversion side of a pipelined build in progress.
@@ -188,6 +214,10 @@ pub struct Streaming<'s> {
     run: RunId,
     /// Shards handed over (verified), not yet retired.
     on_disk: BTreeSet<String>,
+    /// PLE files whose other spans wait for the Q3 table.
+    deferred: Vec<String>,
+    /// Shards retired by this process.
+    retired: Vec<String>,
     written: usize,
 }
 
@@ -223,6 +253,8 @@ impl<'s> Streaming<'s> {
             paths: paths.clone(),
             run,
             on_disk: BTreeSet::new(),
+            deferred: Vec::new(),
+            retired: Vec::new(),
             written: 0,
         };
         let finished = s.conv.finish_complete()?;
@@ -240,6 +272,11 @@ impl<'s> Streaming<'s> {
         self.written
     }
 
+    /// Shards retired by this process.
+    pub fn retired(&self) -> &[String] {
+        &self.retired
+    }
+
     /// Shard `file` was retired by an earlier process.
     pub fn retired_before(&mut self, file: &str) -> Result<()> {
         self.conv.retired(file)
@@ -248,6 +285,11 @@ impl<'s> Streaming<'s> {
     /// Shard `file` is verified on disk: its header is checked against the
     /// plan, its spans written, finished components receipted, and the Q3
     /// table written once every PLE file is in.
+    ///
+    /// A PLE file's other spans wait for the Q3 table: it is held until
+    /// then anyway, and a table that cannot be encoded (a NaN, an
+    /// infinity) then leaves no component of the files holding it behind,
+    /// so a run on fixed sources needs no `--rebuild`.
     pub async fn published(
         &mut self,
         store: &Store,
@@ -258,12 +300,14 @@ impl<'s> Streaming<'s> {
         if let Some(h) = self.setup.headers.get(file) {
             h.check_published(&path, file)?;
         }
+        self.check_lookups(file)?;
         self.on_disk.insert(file.to_owned());
-        let finished = self
-            .conv
-            .published(store, self.run, &self.sources, file)
-            .await?;
-        self.receipts(store, finished, reporter).await?;
+        if self.conv.is_ple(file) && !self.conv.q3_written() {
+            self.conv.arrived(file);
+            self.deferred.push(file.to_owned());
+        } else {
+            self.write_spans(store, file, reporter).await?;
+        }
         if !self.conv.q3_written() && self.conv.q3_ready() {
             let shas = self
                 .done
@@ -272,8 +316,44 @@ impl<'s> Streaming<'s> {
                 .collect();
             let written = self.conv.write_q3(&self.sources, &shas)?;
             self.receipts(store, written, reporter).await?;
+            for f in std::mem::take(&mut self.deferred) {
+                self.write_spans(store, &f, reporter).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Checks every lookup buffer `file` holds against the bytes the
+    /// config fixes, before anything is written from it (as the convert
+    /// stage does before its first component): a wrong one leaves no
+    /// component of that file behind.
+    fn check_lookups(&self, file: &str) -> Result<()> {
+        for c in &self.setup.plan.components {
+            let ComponentContent::Ftw { tensors } = &c.content else {
+                continue;
+            };
+            for t in tensors {
+                if let TensorSource::Checked(chk) = &t.source
+                    && &*chk.span.file == file
+                {
+                    block_in_place(|| check_lookup(&self.sources, chk))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_spans(
+        &mut self,
+        store: &Store,
+        file: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        let finished = self
+            .conv
+            .published(store, self.run, &self.sources, file)
+            .await?;
+        self.receipts(store, finished, reporter).await
     }
 
     /// Verified shards on disk that nothing unfinished needs any more.
@@ -304,6 +384,7 @@ impl<'s> Streaming<'s> {
         let dir = path.parent().unwrap_or(self.paths.source());
         sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;
         self.on_disk.remove(file);
+        self.retired.push(file.to_owned());
         Ok(())
     }
 

@@ -142,6 +142,18 @@ impl<'p> StreamConverter<'p> {
         self.q3_written
     }
 
+    /// `file` holds a span of a Q3 component.
+    pub fn is_ple(&self, file: &str) -> bool {
+        self.ple_files.contains(file)
+    }
+
+    /// `file` is verified, its spans not written yet (see
+    /// [`crate::pipelined::Streaming::published`]): it counts towards
+    /// [`Self::q3_ready`] and is not retirable until [`Self::published`].
+    pub fn arrived(&mut self, file: &str) {
+        self.published.insert(file.to_owned());
+    }
+
     /// Every PLE file is published (so `G` can be computed).
     pub fn q3_ready(&self) -> bool {
         self.ple_files.iter().all(|f| self.published.contains(*f))

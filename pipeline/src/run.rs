@@ -194,7 +194,13 @@ impl Pipeline {
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
         }
-        if disk_budget.is_some() {
+        // Online, the fetch drives the conversion (each shard converted as
+        // soon as it is verified). Offline the plan needs the files first;
+        // after `--retire-sources` (or to re-acquire) the convert stage
+        // knows what to do with retired shards.
+        let pipelined = disk_budget.is_some()
+            || (!params.offline && !params.reacquire && self.store.retired().await?.is_empty());
+        if pipelined {
             return self.run_streamed(params, opts, disk_budget, reporter).await;
         }
         let origin = params.origin()?;

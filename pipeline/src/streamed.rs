@@ -19,6 +19,7 @@
 //! or begun as held, and goes on in the same order.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
@@ -35,6 +36,20 @@ use ftpipe_receipts::{FileRow, Stage};
 use crate::plan::resident_bytes;
 use crate::run::RunOutcome;
 use crate::{FetchParams, Origin, Pipeline, PipelineError, Result};
+
+/// What the streamed fetch stage converted and retired.
+struct Streamed {
+    written: usize,
+    retired: Vec<String>,
+}
+
+/// What a streamed fetch stage has to do.
+struct Work {
+    /// Files to fetch, in admission order.
+    queue: VecDeque<FileRow>,
+    /// Verified shards to hand to the converter, in order.
+    ready: VecDeque<String>,
+}
 
 /// The source bytes a budgeted fetch holds, and the budget they keep to.
 struct Held {
@@ -93,10 +108,24 @@ impl Pipeline {
         let setup = self
             .streamed_plan_stage(&origin, &params, &resolved, &opts, budget, &reporter)
             .await?;
-        let report = self
-            .streamed_fetch_stage(&origin, &params, &resolved, &setup, budget, &reporter)
+        let (report, streamed) = self
+            .streamed_fetch_stage(
+                &origin,
+                &params,
+                &resolved,
+                &setup,
+                (budget, &opts),
+                &reporter,
+            )
             .await?;
-        let converted = self.convert(&opts, reporter.clone()).await?;
+        let mut converted = self.convert(&opts, reporter.clone()).await?;
+        // Written and retired during the fetch stage, by this run.
+        converted.written += streamed.written;
+        converted.reused = converted.reused.saturating_sub(streamed.written);
+        converted.retired.splice(0..0, streamed.retired);
+        if converted.set_aside.is_none() {
+            converted.set_aside = setup.set_aside().map(Path::to_path_buf);
+        }
         self.verify_stage().await?;
         Ok(RunOutcome {
             noop: false,
@@ -206,9 +235,9 @@ impl Pipeline {
         params: &FetchParams,
         resolved: &Resolved,
         setup: &StreamSetup,
-        budget: Option<u64>,
+        (budget, opts): (Option<u64>, &ConvertOptions),
         reporter: &Arc<dyn Reporter>,
-    ) -> Result<ReconcileReport> {
+    ) -> Result<(ReconcileReport, Streamed)> {
         self.stage(Stage::Fetch, async {
             let retired = self.store.retired().await?;
             let files: Vec<FileRow> = resolved
@@ -238,38 +267,32 @@ impl Pipeline {
                 peak: 0,
                 counted: BTreeSet::new(),
             };
-            let queue = self
-                .resume_streamed(setup, &files, &retired, &mut streaming, &mut held, reporter)
+            let work = self
+                .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
                 .await?;
-            let retire = budget.is_some();
-            if retire {
-                self.retire_done(&mut streaming, &files, &mut held).await?;
-            }
+            let retire = budget.is_some() || opts.retire_sources;
             let how = (params.options.jobs, retire);
-            self.drive(
-                &ctx,
-                &files,
-                queue,
-                &mut streaming,
-                &mut held,
-                how,
-                reporter,
-            )
-            .await?;
+            self.drive(&ctx, &files, work, &mut streaming, &mut held, how, reporter)
+                .await?;
             if let Some(b) = budget {
                 self.store
                     .record_disk_budget(self.run, b, held.peak)
                     .await?;
             }
-            Ok(report)
+            let streamed = Streamed {
+                written: streaming.written(),
+                retired: streaming.retired().to_vec(),
+            };
+            Ok((report, streamed))
         })
         .await
     }
 
-    /// Hands the converter every shard verified before this run (retired
-    /// or on disk), counts what is held, and returns the files still to
-    /// fetch in admission order: resident files, shards begun before (their
-    /// `.part` is held), then the schedule's order.
+    /// Hands the converter every shard retired before this run, counts
+    /// what is held, and returns the work: the files still to fetch in
+    /// admission order (resident files, shards begun before, whose `.part`
+    /// is held, then the schedule's order) and the shards verified before
+    /// this run, still to hand over.
     async fn resume_streamed(
         &self,
         setup: &StreamSetup,
@@ -277,8 +300,8 @@ impl Pipeline {
         retired: &BTreeSet<String>,
         streaming: &mut Streaming<'_>,
         held: &mut Held,
-        reporter: &Arc<dyn Reporter>,
-    ) -> Result<VecDeque<FileRow>> {
+    ) -> Result<Work> {
+        let mut ready = VecDeque::new();
         let shards: Vec<&str> = setup
             .workload()
             .files
@@ -305,9 +328,7 @@ impl Pipeline {
             let Some(f) = row(s) else { continue };
             if published.contains(s) {
                 held.count(s, f.size);
-                streaming
-                    .published(&self.store, s, reporter.as_ref())
-                    .await?;
+                ready.push_back(s.to_owned());
             } else if on_disk(self.layout.source(), &format!("{s}.part")) {
                 held.count(s, f.size);
                 begun.push(f.clone());
@@ -315,7 +336,8 @@ impl Pipeline {
                 rest.push(f.clone());
             }
         }
-        Ok(resident.into_iter().chain(begun).chain(rest).collect())
+        let queue = resident.into_iter().chain(begun).chain(rest).collect();
+        Ok(Work { queue, ready })
     }
 
     /// Retires every shard nothing unfinished needs.
@@ -342,12 +364,16 @@ impl Pipeline {
         &self,
         ctx: &Arc<FetchCtx>,
         files: &[FileRow],
-        mut queue: VecDeque<FileRow>,
+        work: Work,
         streaming: &mut Streaming<'_>,
         held: &mut Held,
         (jobs, retire): (usize, bool),
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
+        let Work {
+            mut queue,
+            mut ready,
+        } = work;
         ftpipe_fetch::begin(ctx, files, queue.len()).await?;
         let jobs = Arc::new(Semaphore::new(jobs.max(1)));
         let mut set = JoinSet::new();
@@ -373,23 +399,20 @@ impl Pipeline {
                     (path, ftpipe_fetch::fetch_file(ctx, file).await)
                 });
             }
-            let Some(joined) = set.join_next().await else {
-                break;
-            };
-            let path = match joined {
-                Ok((path, Ok(()))) => path,
-                Ok((_, Err(e))) => {
-                    fetch_errors.push(e);
-                    continue;
+            // New transfers start before a verified shard is converted:
+            // the link stays busy while the conversion runs.
+            let Some(path) = ready.pop_front().filter(|_| failed.is_none()) else {
+                let Some(joined) = set.join_next().await else {
+                    break;
+                };
+                match joined {
+                    Ok((path, Ok(()))) if streaming.is_shard(&path) => ready.push_back(path),
+                    Ok((_, Ok(()))) => {}
+                    Ok((_, Err(e))) => fetch_errors.push(e),
+                    Err(join) => fetch_errors.push(FetchError::internal_from("fetch task", join)),
                 }
-                Err(join) => {
-                    fetch_errors.push(FetchError::internal_from("fetch task", join));
-                    continue;
-                }
-            };
-            if failed.is_some() || !streaming.is_shard(&path) {
                 continue;
-            }
+            };
             let converted = async {
                 streaming
                     .published(&self.store, &path, reporter.as_ref())

@@ -32,18 +32,22 @@ pub(crate) const ARGS: &[&str] = &["--checkpoint-bytes", "65536", "--checkpoint-
 
 /// Every named crash point on the path of a first `ftpipe run`, in chain
 /// order, with the stage whose work it interrupts.
+/// Online the fetch drives the conversion: the skeleton is saved by the
+/// plan stage, components are written as their shards are verified.
 const CRASH_POINTS: &[(&str, &str)] = &[
     ("resolve-done", "resolve"),
     ("resolve-completed", "resolve"),
+    ("skeleton-written", "plan"),
     ("plan-done", "plan"),
     ("plan-completed", "plan"),
     ("checkpoint-synced", "fetch"),
     ("fetch-verified", "fetch"),
     ("fetch-renamed", "fetch"),
+    ("span-synced", "fetch"),
+    ("span-claimed", "fetch"),
+    ("component-renamed", "fetch"),
     ("fetch-done", "fetch"),
     ("fetch-completed", "fetch"),
-    ("skeleton-written", "convert"),
-    ("component-renamed", "convert"),
     ("manifest-written", "convert"),
     ("manifest-recorded", "convert"),
     ("convert-done", "convert"),

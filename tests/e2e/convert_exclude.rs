@@ -136,14 +136,15 @@ fn excluded_run(shape: &ReleaseShape) {
     }
 
     // Another selection is another run with other sources (the manifest's
-    // source files): refused without --rebuild, never silently reused;
-    // rebuilt, the components are the same and the manifest says fetched.
+    // source files): refused without --rebuild, never silently reused, and
+    // before their bodies are fetched (from their headers); rebuilt, the
+    // components are the same and the manifest says fetched.
     let components = m["components"].clone();
     let full = run(&mut run_cmd(&hub.endpoint(), &out, &[]));
     assert_eq!(full.status.code(), Some(1), "{}", stderr(&full));
     assert_names(&stderr(&full), &["other file digests", "--rebuild"]);
     for f in [&mtp_file, &vision_file] {
-        assert!(out.join("source").join(f).is_file(), "{f} fetched");
+        assert!(!out.join("source").join(f).exists(), "{f} fetched");
     }
     let full = run_ok(&mut run_cmd(&hub.endpoint(), &out, &["--rebuild"]));
     let ftext = String::from_utf8_lossy(&full.stdout);

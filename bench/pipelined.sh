@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Pipelined-run benchmark (run by hand, not in CI): does `ftpipe run` hide
+# the conversion under the download? Against nginx on loopback with a
+# per-connection cap (limit_rate, as bench/fetch.sh's capped link), serving
+# a tiny-dims Qwen4-Exp ModelOpt NVFP4 export in the released layout, each
+# round times, in one invocation:
+#   * fetch    `ftpipe fetch` alone (the floor);
+#   * convert  `ftpipe convert` of that fetched directory (today's second half);
+#   * run      `ftpipe run` from nothing (the fetch drives the conversion);
+#   * budget   `ftpipe run --disk-budget` at the minimum `plan` reports.
+# and prints run / fetch, budget / fetch and (fetch + convert) / fetch, plus
+# convert / fetch (the goal applies when it is at least 0.20). Every run's
+# manifest must be the same.
+#
+#   bench/pipelined.sh [--experts N] [--layers N] [--cap MBPS] [--rounds N] [--cache DIR]
+#
+# Needs: nginx, python3, curl. Generated data is kept in CACHE (default
+# ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXPERTS=256
+LAYERS=48
+CAP_MBPS=20
+ROUNDS=2
+CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
+while (($#)); do
+  case $1 in
+    --experts) EXPERTS=$2; shift 2 ;;
+    --layers) LAYERS=$2; shift 2 ;;
+    --cap) CAP_MBPS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --cache) CACHE=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+cargo build --release -q --bin ftpipe && cargo build --release -q -p ftpipe-fixtures --bin fixture-hub
+FT=$PWD/target/release/ftpipe
+HUB=$PWD/target/release/fixture-hub
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+SRC=$CACHE/pipelined-$EXPERTS-$LAYERS
+if [[ ! -f $SRC/ready ]]; then
+  echo "== generating the export into $SRC (once)"
+  rm -rf "$SRC"; mkdir -p "$SRC"
+  "$HUB" --dir "$SRC/repo" --release-experts "$EXPERTS" --release-layers "$LAYERS" >"$SRC/hub.env" 2>"$SRC/hub.err" &
+  gen=$!
+  while ! grep -q ENDPOINT "$SRC/hub.env" 2>/dev/null; do sleep 0.2; done
+  kill "$gen"; wait "$gen" 2>/dev/null || true
+  touch "$SRC/ready"
+fi
+
+WORK=$CACHE/pipelined-work
+rm -rf "$WORK"; mkdir -p "$WORK"
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 bench/static_hub.py "$WORK/nginx" "$PORT" "acme/pipelined=pipelined:$SRC/repo:$CAP_MBPS"
+"$NGINX" -c "$WORK/nginx/nginx.conf" -p "$WORK/nginx" 2>"$WORK/nginx.stderr" &
+NGINX_PID=$!
+trap 'kill $NGINX_PID 2>/dev/null || true' EXIT
+EP=http://127.0.0.1:$PORT
+for _ in $(seq 100); do curl -sf -o /dev/null "$EP/api/models/acme/pipelined/revision/main" && break; sleep 0.05; done
+TOTAL=$(awk -F'\t' '{s+=$2} END {printf "%.0f", s}' "$WORK/nginx/pipelined.files")
+echo "== acme/pipelined: $(wc -l <"$WORK/nginx/pipelined.files") files, $TOTAL bytes; nginx limit_rate ${CAP_MBPS} MB/s per connection"
+
+COMMON=(--endpoint "$EP" --quiet)
+MIN=$("$FT" plan acme/pipelined --remote --endpoint "$EP" --out "$WORK/plan" --disk-budget 1TB --json |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["disk_budget"]["minimum_budget"])')
+echo "== minimum feasible budget: $MIN bytes"
+
+# timed NAME CMD...: wall seconds of CMD into $WORK/NAME.times (one line per round).
+timed() {
+  local name=$1; shift
+  cat "$SRC"/repo/* >/dev/null 2>&1 || true # the server has the data in RAM
+  local t0 t1
+  t0=$(date +%s.%N); "$@"; sync; t1=$(date +%s.%N)
+  python3 -c "print(f'{$t1 - $t0:.3f}')" | tee -a "$WORK/$name.times" | sed "s/^/   $name: /"
+}
+sha() { sha256sum "$1/artifact/manifest.json" | cut -d' ' -f1; }
+
+for r in $(seq "$ROUNDS"); do
+  echo "== round $r"
+  rm -rf "$WORK/f" "$WORK/r" "$WORK/b"
+  timed fetch "$FT" fetch acme/pipelined --out "$WORK/f" "${COMMON[@]}"
+  timed convert "$FT" convert --out "$WORK/f" --quiet
+  timed run "$FT" run acme/pipelined --out "$WORK/r" "${COMMON[@]}"
+  timed budget "$FT" run acme/pipelined --out "$WORK/b" --disk-budget "$MIN" "${COMMON[@]}"
+  [[ $(sha "$WORK/f") == $(sha "$WORK/r") && $(sha "$WORK/r") == $(sha "$WORK/b") ]] ||
+    { echo "manifests differ"; exit 1; }
+done
+
+python3 - "$WORK" <<'PY'
+import statistics, sys
+w = sys.argv[1]
+med = {n: statistics.median(float(x) for x in open(f"{w}/{n}.times")) for n in
+       ("fetch", "convert", "run", "budget")}
+f = med["fetch"]
+print(f"medians (s): fetch {f:.2f}, convert {med['convert']:.2f}, run {med['run']:.2f}, "
+      f"run --disk-budget MIN {med['budget']:.2f}")
+print(f"convert / fetch          {med['convert'] / f:.3f}  (the goal applies at >= 0.20)")
+print(f"run / fetch              {med['run'] / f:.3f}  (goal <= 1.10)")
+print(f"run --disk-budget / fetch {med['budget'] / f:.3f}")
+print(f"(fetch + convert) / fetch {(f + med['convert']) / f:.3f}  (the serial chain)")
+PY
