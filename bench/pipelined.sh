@@ -2,8 +2,10 @@
 # Pipelined-run benchmark (run by hand, not in CI): does `ftpipe run` hide
 # the conversion under the download? Against nginx on loopback with a
 # per-connection cap (limit_rate, as bench/fetch.sh's capped link), serving
-# a tiny-dims Qwen4-Exp ModelOpt NVFP4 export in the released layout, each
-# round times, in one invocation:
+# a Qwen4-Exp ModelOpt NVFP4 export in the released layout (the demo's shape:
+# real-sized rows, few tensors; or with --experts N a tiny-dims one with N
+# experts per layer, ~3k tensors per layer, whose index and headers are a
+# large part of its bytes), each round times, in one invocation:
 #   * fetch    `ftpipe fetch` alone (the floor);
 #   * convert  `ftpipe convert` of that fetched directory (today's second half);
 #   * run      `ftpipe run` from nothing (the fetch drives the conversion);
@@ -12,13 +14,13 @@
 # convert / fetch (the goal applies when it is at least 0.20). Every run's
 # manifest must be the same.
 #
-#   bench/pipelined.sh [--experts N] [--layers N] [--cap MBPS] [--rounds N] [--cache DIR]
+#   bench/pipelined.sh [--experts N [--layers N]] [--cap MBPS] [--rounds N] [--cache DIR]
 #
 # Needs: nginx, python3, curl. Generated data is kept in CACHE (default
 # ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXPERTS=256
+EXPERTS=
 LAYERS=48
 CAP_MBPS=20
 ROUNDS=2
@@ -30,7 +32,7 @@ while (($#)); do
     --cap) CAP_MBPS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -40,11 +42,15 @@ HUB=$PWD/target/release/fixture-hub
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
-SRC=$CACHE/pipelined-$EXPERTS-$LAYERS
+if [[ -n $EXPERTS ]]; then
+  SRC=$CACHE/pipelined-$EXPERTS-$LAYERS; GEN=(--release-experts "$EXPERTS" --release-layers "$LAYERS")
+else
+  SRC=$CACHE/pipelined-demo; GEN=(--release-demo)
+fi
 if [[ ! -f $SRC/ready ]]; then
   echo "== generating the export into $SRC (once)"
   rm -rf "$SRC"; mkdir -p "$SRC"
-  "$HUB" --dir "$SRC/repo" --release-experts "$EXPERTS" --release-layers "$LAYERS" >"$SRC/hub.env" 2>"$SRC/hub.err" &
+  "$HUB" --dir "$SRC/repo" "${GEN[@]}" >"$SRC/hub.env" 2>"$SRC/hub.err" &
   gen=$!
   while ! grep -q ENDPOINT "$SRC/hub.env" 2>/dev/null; do sleep 0.2; done
   kill "$gen"; wait "$gen" 2>/dev/null || true

@@ -432,6 +432,33 @@ pub async fn convert(
             source_file,
         });
     }
+    let (manifest_sha256, manifest, placement) =
+        write_manifest(store, run, paths, opts, skel, &done).await?;
+    Ok(ConvertOutcome {
+        manifest_sha256,
+        fingerprint: manifest.fingerprint,
+        components: manifest.components.len(),
+        written,
+        reused: manifest.components.len() - written,
+        total_bytes: total,
+        retired: retirer.retired(),
+        set_aside: set_aside_to,
+        placement,
+        omitted: plan.omitted_totals(),
+        not_fetched: plan.not_fetched_totals(),
+    })
+}
+
+/// Writes `manifest.json` from `skel` and the receipts in `done` (every
+/// component's), records it, then writes `placement.json`.
+pub(crate) async fn write_manifest(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    opts: &ConvertOptions,
+    skel: Skeleton,
+    done: &BTreeMap<String, ComponentReceipt>,
+) -> Result<(String, Manifest, Placement)> {
     let digests = done
         .iter()
         .map(|(p, r)| (p.clone(), r.sha256.clone()))
@@ -450,19 +477,7 @@ pub async fn convert(
     crashpoint::hit(CrashPoint::ManifestRecorded);
     let placement = Placement::generate(&manifest, opts.ram_budget, opts.reserve, top_k);
     write_atomic_json(paths.artifact(), PLACEMENT_FILE, &placement, PUBLISHED)?;
-    Ok(ConvertOutcome {
-        manifest_sha256,
-        fingerprint: manifest.fingerprint,
-        components: manifest.components.len(),
-        written,
-        reused: manifest.components.len() - written,
-        total_bytes: total,
-        retired: retirer.retired(),
-        set_aside: set_aside_to,
-        placement,
-        omitted: plan.omitted_totals(),
-        not_fetched: plan.not_fetched_totals(),
-    })
+    Ok((manifest_sha256, manifest, placement))
 }
 
 /// Components without a valid receipt, as indices into `plan.components`:

@@ -28,13 +28,14 @@ use std::path::{Path, PathBuf};
 
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_fs::durable::{create_dirs_durably, sync_dir, write_atomic_json};
+use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, sync_dir, write_atomic_json};
 use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
 use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RetirementEvent, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
+use crate::engine::ConvertOutcome;
 use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, valid_receipts};
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
@@ -446,6 +447,58 @@ impl<'s> Streaming<'s> {
             run_id: self.run,
         })
     }
+}
+
+/// The convert stage of a pipelined build: when every planned component
+/// has a valid receipt (the fetch stage wrote them all), the manifest and
+/// placement from the skeleton planned before the fetch, without planning
+/// again; `None` when something is missing (the caller runs the convert
+/// stage in full).
+pub async fn finish_stream(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    opts: &ConvertOptions,
+    setup: StreamSetup,
+    streamed: (usize, Vec<String>),
+) -> Result<Option<ConvertOutcome>> {
+    let done = valid_receipts(&setup.skel, store.components().await?, paths.artifact());
+    let complete = setup
+        .plan
+        .components
+        .iter()
+        .all(|c| done.contains_key(&c.name));
+    if !complete {
+        return Ok(None);
+    }
+    // Every component is receipted: a temp file left is a write a kill
+    // interrupted (never hashed into anything).
+    for t in remove_temp_files(paths.artifact())? {
+        tracing::info!("removed stale temp file {}", t.display());
+    }
+    let StreamSetup {
+        plan,
+        skel,
+        set_aside,
+        ..
+    } = setup;
+    let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
+    let (manifest_sha256, manifest, placement) =
+        crate::engine::write_manifest(store, run, paths, opts, skel, &done).await?;
+    let (written, retired) = streamed;
+    Ok(Some(ConvertOutcome {
+        manifest_sha256,
+        fingerprint: manifest.fingerprint,
+        components: manifest.components.len(),
+        written,
+        reused: manifest.components.len().saturating_sub(written),
+        total_bytes: total,
+        retired,
+        set_aside,
+        placement,
+        omitted: plan.omitted_totals(),
+        not_fetched: plan.not_fetched_totals(),
+    }))
 }
 
 /// True when `file` under `root` is on disk.

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -819,6 +820,9 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
     }
 }
 
+/// Shard headers read at once while planning from a remote.
+pub const HEADER_READS: usize = 8;
+
 /// Plans from `source`: config.json and the index whole, then each shard
 /// the selection of `opts` keeps up to the end of its header.
 pub async fn plan<R: RemoteFiles>(
@@ -833,8 +837,17 @@ pub async fn plan<R: RemoteFiles>(
     opts.profile(&config)?;
     let mut headers = Vec::new();
     let mut kept_headers = BTreeMap::new();
-    for file in fetched_shards(&map, &opts.selection) {
-        let (header, kept) = source.header(&file).await?;
+    // Remote headers are read HEADER_READS at a time (each is two ranged
+    // requests: latency-bound, and one capped connection each), kept in
+    // plan order.
+    let mut read = futures_util::stream::iter(fetched_shards(&map, &opts.selection))
+        .map(|file| async move {
+            let r = source.header(&file).await;
+            (file, r)
+        })
+        .buffered(HEADER_READS);
+    while let Some((file, r)) = read.next().await {
+        let (header, kept) = r?;
         let len = match &kept {
             Some(k) => k.len,
             None => source.listed(&file)?.size,

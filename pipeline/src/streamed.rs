@@ -25,8 +25,11 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use ftpipe_convert::pipelined::{StreamSetup, Streaming, on_disk, prepare_stream};
-use ftpipe_convert::{ConvertError, ConvertOptions, HeaderSource, PlanOptions, Published, plan};
+use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, on_disk, prepare_stream};
+use ftpipe_convert::{
+    ConvertError, ConvertOptions, ConvertOutcome, HeaderSource, PlanOptions, Published, convert,
+    plan,
+};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
 use ftpipe_hub::remote::PinnedRepo;
 use ftpipe_hub::resolve::{FetchSelection, Resolved};
@@ -56,6 +59,8 @@ struct Held {
     budget: Option<u64>,
     bytes: u64,
     peak: u64,
+    /// The peak last recorded in the store.
+    recorded: u64,
     /// Files whose bytes are counted in `bytes`.
     counted: BTreeSet<String>,
 }
@@ -118,14 +123,9 @@ impl Pipeline {
                 &reporter,
             )
             .await?;
-        let mut converted = self.convert(&opts, reporter.clone()).await?;
-        // Written and retired during the fetch stage, by this run.
-        converted.written += streamed.written;
-        converted.reused = converted.reused.saturating_sub(streamed.written);
-        converted.retired.splice(0..0, streamed.retired);
-        if converted.set_aside.is_none() {
-            converted.set_aside = setup.set_aside().map(Path::to_path_buf);
-        }
+        let converted = self
+            .streamed_convert_stage(&opts, setup, streamed, &reporter)
+            .await?;
         self.verify_stage().await?;
         Ok(RunOutcome {
             noop: false,
@@ -138,6 +138,36 @@ impl Pipeline {
             fingerprint: converted.fingerprint.clone(),
             convert: Some(converted),
         })
+    }
+
+    /// The convert stage after a streamed fetch: the manifest from the
+    /// skeleton planned before it when every component is receipted, else
+    /// the convert stage in full (it counts what the fetch stage wrote as
+    /// written, not reused).
+    async fn streamed_convert_stage(
+        &self,
+        opts: &ConvertOptions,
+        setup: StreamSetup,
+        streamed: Streamed,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<ConvertOutcome> {
+        let set_aside = setup.set_aside().map(Path::to_path_buf);
+        self.stage(Stage::Convert, async {
+            let (store, run, paths) = (&self.store, self.run, &self.layout);
+            let done = (streamed.written, streamed.retired.clone());
+            if let Some(outcome) = finish_stream(store, run, paths, opts, setup, done).await? {
+                return Ok(outcome);
+            }
+            let mut converted = convert(store, run, paths, opts, reporter.as_ref()).await?;
+            converted.written += streamed.written;
+            converted.reused = converted.reused.saturating_sub(streamed.written);
+            converted.retired.splice(0..0, streamed.retired);
+            if converted.set_aside.is_none() {
+                converted.set_aside = set_aside;
+            }
+            Ok(converted)
+        })
+        .await
     }
 
     /// Plans from headers, refuses a budget below the minimum or a volume
@@ -265,6 +295,7 @@ impl Pipeline {
                 budget,
                 bytes: 0,
                 peak: 0,
+                recorded: 0,
                 counted: BTreeSet::new(),
             };
             let work = self
@@ -274,11 +305,6 @@ impl Pipeline {
             let how = (params.options.jobs, retire);
             self.drive(&ctx, &files, work, &mut streaming, &mut held, how, reporter)
                 .await?;
-            if let Some(b) = budget {
-                self.store
-                    .record_disk_budget(self.run, b, held.peak)
-                    .await?;
-            }
             let streamed = Streamed {
                 written: streaming.written(),
                 retired: streaming.retired().to_vec(),
@@ -340,6 +366,20 @@ impl Pipeline {
         Ok(Work { queue, ready })
     }
 
+    /// Records a new peak of held source bytes under a budget, before the
+    /// file that raises it starts (so a killed run leaves its peak too).
+    async fn record_peak(&self, held: &mut Held) -> Result<()> {
+        if let Some(budget) = held.budget
+            && held.peak > held.recorded
+        {
+            self.store
+                .record_disk_budget(self.run, budget, held.peak)
+                .await?;
+            held.recorded = held.peak;
+        }
+        Ok(())
+    }
+
     /// Retires every shard nothing unfinished needs.
     async fn retire_done(
         &self,
@@ -375,6 +415,7 @@ impl Pipeline {
             mut ready,
         } = work;
         ftpipe_fetch::begin(ctx, files, queue.len()).await?;
+        self.record_peak(held).await?;
         let jobs = Arc::new(Semaphore::new(jobs.max(1)));
         let mut set = JoinSet::new();
         let mut fetch_errors: Vec<FetchError> = Vec::new();
@@ -392,6 +433,7 @@ impl Pipeline {
                     PipelineError::from(ConvertError::internal("admission queue emptied"))
                 })?;
                 held.count(&file.path, file.size);
+                self.record_peak(held).await?;
                 let ctx = ctx.clone();
                 set.spawn(async move {
                     let _slot = slot;

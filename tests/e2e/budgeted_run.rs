@@ -222,7 +222,7 @@ fn every_crash_point_of_a_budgeted_run_resumes_to_the_reference() {
     // once, at a later one.
     let points: &[(&str, &[u32])] = &[
         ("plan-done", &[1]),
-        ("skeleton-written", &[1, 2]),
+        ("skeleton-written", &[1]),
         ("fetch-verified", &[1, 3]),
         ("span-synced", &[1, 3]),
         ("span-claimed", &[1, 3]),

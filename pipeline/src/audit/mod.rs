@@ -186,7 +186,8 @@ pub struct AuditReport {
     /// Retained versus retired sources.
     pub retirement: Retirement,
     /// The last `run --disk-budget`: its budget and the peak of source
-    /// bytes it held (none when no run had a budget).
+    /// bytes held under that budget by it and the runs before it that it
+    /// resumed with the same budget (none when no run had a budget).
     pub disk_budget: Option<ftpipe_receipts::DiskBudgetRecord>,
     /// Component totals by kind (`ftw`, `ftexpert`, `q3_segment`,
     /// `q3_global_scale`).
@@ -290,6 +291,18 @@ pub struct UploadSummary {
     pub interrupted_requests: usize,
     /// Body bytes sent by every request (re-sent parts included).
     pub sent_bytes: u64,
+}
+
+/// The last budgeted run's record, its peak the highest of the latest
+/// consecutive runs under the same budget (a resumed chain).
+fn last_budget(
+    mut rows: Vec<ftpipe_receipts::DiskBudgetRecord>,
+) -> Option<ftpipe_receipts::DiskBudgetRecord> {
+    let mut last = rows.pop()?;
+    while let Some(r) = rows.pop().filter(|r| r.budget == last.budget) {
+        last.peak_held = last.peak_held.max(r.peak_held);
+    }
+    Some(last)
 }
 
 async fn upload_summary(store: &Store) -> Result<UploadSummary> {
@@ -409,7 +422,7 @@ pub async fn audit(
         metadata_sources: src.metadata,
         weight_sources: src.weight,
         retirement: src.retirement,
-        disk_budget: store.disk_budgets().await?.pop(),
+        disk_budget: last_budget(store.disk_budgets().await?),
         components: art.kinds,
         known_target_total: art.known_target_total,
         known_target_from: art.known_target_from.to_owned(),
