@@ -2,10 +2,11 @@
 # Pipelined-run benchmark (run by hand, not in CI): does `ftpipe run` hide
 # the conversion under the download? Against nginx on loopback with a
 # per-connection cap (limit_rate, as bench/fetch.sh's capped link), serving
-# a Qwen4-Exp ModelOpt NVFP4 export in the released layout (the demo's shape:
-# real-sized rows, few tensors; or with --experts N a tiny-dims one with N
-# experts per layer, ~3k tensors per layer, whose index and headers are a
-# large part of its bytes), each round times, in one invocation:
+# a Qwen4-Exp ModelOpt NVFP4 export in the released layout (the demo's shape
+# with --layers layers, ~27 MB each, one shard per 4 layers: real-sized rows,
+# few tensors; or with --experts N a tiny-dims one with N experts per layer,
+# ~3k tensors per layer, whose index and headers are a large part of its
+# bytes), each round times, in one invocation:
 #   * fetch    `ftpipe fetch` alone (the floor);
 #   * convert  `ftpipe convert` of that fetched directory (today's second half);
 #   * run      `ftpipe run` from nothing (the fetch drives the conversion);
@@ -21,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPERTS=
-LAYERS=48
+LAYERS=24
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
@@ -45,7 +46,7 @@ echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $EXPERTS ]]; then
   SRC=$CACHE/pipelined-$EXPERTS-$LAYERS; GEN=(--release-experts "$EXPERTS" --release-layers "$LAYERS")
 else
-  SRC=$CACHE/pipelined-demo; GEN=(--release-demo)
+  SRC=$CACHE/pipelined-demo-$LAYERS; GEN=(--release-demo --release-layers "$LAYERS")
 fi
 if [[ ! -f $SRC/ready ]]; then
   echo "== generating the export into $SRC (once)"

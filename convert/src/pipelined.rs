@@ -43,7 +43,7 @@ use crate::plan::{KeptHeader, Plan, Planned};
 use crate::schedule::{Schedule, Workload};
 use crate::skeleton::{Skeleton, files_read, source_identity};
 use crate::stream::StreamConverter;
-use crate::write::{Sources, Written, check_lookup};
+use crate::write::{Sources, Written, check_lookup, table_absmax};
 use tokio::task::block_in_place;
 
 /// What a pipelined build is planned from, fixed before its fetch.
@@ -215,10 +215,11 @@ pub struct Streaming<'s> {
     run: RunId,
     /// Shards handed over (verified), not yet retired.
     on_disk: BTreeSet<String>,
-    /// PLE files whose other spans wait for the Q3 table.
-    deferred: Vec<String>,
     /// Shards retired by this process.
     retired: Vec<String>,
+    /// Per global-scale component: the absolute max of the segments read
+    /// so far (as their files arrived) and how many.
+    partial_absmax: BTreeMap<String, (f32, usize)>,
     written: usize,
 }
 
@@ -254,8 +255,8 @@ impl<'s> Streaming<'s> {
             paths: paths.clone(),
             run,
             on_disk: BTreeSet::new(),
-            deferred: Vec::new(),
             retired: Vec::new(),
+            partial_absmax: BTreeMap::new(),
             written: 0,
         };
         let finished = s.conv.finish_complete()?;
@@ -266,6 +267,15 @@ impl<'s> Streaming<'s> {
     /// `file` is a planned shard (other files are only fetched).
     pub fn is_shard(&self, file: &str) -> bool {
         self.setup.plan.sources.iter().any(|s| s.file == file)
+    }
+
+    /// `file` holds a span of the PLE table.
+    pub fn is_ple(&self, file: &str) -> bool {
+        self.setup
+            .workload
+            .files
+            .iter()
+            .any(|f| f.ple && f.file == file)
     }
 
     /// Components written by this process.
@@ -284,13 +294,10 @@ impl<'s> Streaming<'s> {
     }
 
     /// Shard `file` is verified on disk: its header is checked against the
-    /// plan, its spans written, finished components receipted, and the Q3
-    /// table written once every PLE file is in.
-    ///
-    /// A PLE file's other spans wait for the Q3 table: it is held until
-    /// then anyway, and a table that cannot be encoded (a NaN, an
-    /// infinity) then leaves no component of the files holding it behind,
-    /// so a run on fixed sources needs no `--rebuild`.
+    /// plan, its lookup buffers and PLE values checked, its spans written,
+    /// finished components receipted, and the Q3 table written once every
+    /// PLE file is in. A file that fails a check leaves no component of
+    /// it behind, so a run on fixed sources needs no `--rebuild`.
     pub async fn published(
         &mut self,
         store: &Store,
@@ -302,26 +309,75 @@ impl<'s> Streaming<'s> {
             h.check_published(&path, file)?;
         }
         self.check_lookups(file)?;
-        self.on_disk.insert(file.to_owned());
-        if self.conv.is_ple(file) && !self.conv.q3_written() {
-            self.conv.arrived(file);
-            self.deferred.push(file.to_owned());
-        } else {
-            self.write_spans(store, file, reporter).await?;
+        if !self.conv.q3_written() {
+            self.check_ple_values(file)?;
         }
+        self.on_disk.insert(file.to_owned());
+        self.write_spans(store, file, reporter).await?;
         if !self.conv.q3_written() && self.conv.q3_ready() {
             let shas = self
                 .done
                 .iter()
                 .map(|(k, r)| (k.clone(), r.sha256.clone()))
                 .collect();
-            let written = self.conv.write_q3(&self.sources, &shas)?;
+            let written = self
+                .conv
+                .write_q3_with(&self.sources, &shas, &self.known_absmax())?;
             self.receipts(store, written, reporter).await?;
-            for f in std::mem::take(&mut self.deferred) {
-                self.write_spans(store, &f, reporter).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the PLE table segments `file` holds (FP8 ones with their
+    /// scales) and refuses a non-finite value before anything is written
+    /// from the file: the table's encoding later fails on nothing this
+    /// file holds, so a bad table leaves no component of it behind.
+    fn check_ple_values(&mut self, file: &str) -> Result<()> {
+        for c in &self.setup.plan.components {
+            let ComponentContent::Q3GlobalScale {
+                segments, scales, ..
+            } = &c.content
+            else {
+                continue;
+            };
+            let (mut segs, mut scs) = (Vec::new(), Vec::new());
+            for (i, s) in segments.iter().enumerate() {
+                let scale = scales.get(i);
+                // An FP8 segment whose scale sits in a file not here yet is
+                // checked with the whole table.
+                let readable = scale
+                    .is_none_or(|sc| &*sc.file == file || on_disk(self.paths.source(), &sc.file));
+                if &*s.file == file && readable {
+                    segs.push(s.clone());
+                    scs.extend(scale.cloned());
+                }
+            }
+            if !segs.is_empty() {
+                let m = block_in_place(|| table_absmax(&self.sources, &c.name, &segs, &scs))?;
+                let (amax, counted) = self.partial_absmax.entry(c.name.clone()).or_default();
+                *amax = amax.max(m);
+                *counted += segs.len();
             }
         }
         Ok(())
+    }
+
+    /// The absolute max of every PLE table whose segments were all read
+    /// as their files arrived.
+    fn known_absmax(&self) -> BTreeMap<String, f32> {
+        self.setup
+            .plan
+            .components
+            .iter()
+            .filter_map(|c| match &c.content {
+                ComponentContent::Q3GlobalScale { segments, .. } => self
+                    .partial_absmax
+                    .get(&c.name)
+                    .filter(|(_, n)| *n == segments.len())
+                    .map(|(m, _)| (c.name.clone(), *m)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Checks every lookup buffer `file` holds against the bytes the

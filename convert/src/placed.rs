@@ -323,6 +323,57 @@ pub async fn write_file_durably(
     Ok(bytes)
 }
 
+/// [`write_file_durably`] for every writer in `writers` (with its identity)
+/// still missing spans of `file`: written and fsynced in parallel, then
+/// claimed together in one transaction. Returns the writers it wrote.
+pub async fn write_file_into_all(
+    store: &Store,
+    run: RunId,
+    writers: &mut [(SpanWriter<'_>, String)],
+    sources: &Sources,
+    file: &str,
+) -> Result<usize> {
+    let mut todo: Vec<&mut (SpanWriter<'_>, String)> = writers
+        .iter_mut()
+        .filter(|(w, _)| w.missing_files().contains(file))
+        .collect();
+    let written: Vec<Result<u64>> = block_in_place(|| {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = todo
+                .iter_mut()
+                .map(|entry| {
+                    let w = &mut entry.0;
+                    scope.spawn(move || {
+                        let bytes = w.write_file(sources, file)?;
+                        w.sync()?;
+                        Ok::<_, ConvertError>(bytes)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(ConvertError::internal("a span writer panicked")))
+                })
+                .collect()
+        })
+    });
+    let mut claims = Vec::with_capacity(todo.len());
+    for ((w, identity), bytes) in todo.iter().map(|e| (&e.0, &e.1)).zip(written) {
+        claims.push(SpanClaim {
+            component: w.component.name.clone(),
+            identity: identity.clone(),
+            file: file.to_owned(),
+            bytes: bytes?,
+        });
+    }
+    crashpoint::hit(CrashPoint::SpanSynced);
+    store.claim_spans_all(run, &claims).await?;
+    crashpoint::hit(CrashPoint::SpanClaimed);
+    Ok(claims.len())
+}
+
 /// Length and hex SHA-256 of the file at `path`, read in chunks.
 fn digest(path: &Path) -> Result<(u64, String)> {
     let io = |e| ConvertError::io("read back", path, e);

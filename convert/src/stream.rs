@@ -28,9 +28,9 @@ use ftpipe_receipts::{RunId, Store};
 
 use crate::component::{Component, ComponentContent, ComponentKind};
 use crate::error::{ConvertError, Result, RetiredBy};
-use crate::placed::{SpanWriter, open_durable, write_file_durably};
+use crate::placed::{SpanWriter, open_durable, write_file_into_all};
 use crate::plan::Plan;
-use crate::write::{Sources, Written, read_global_scale, write_component};
+use crate::write::{Sources, Written, read_global_scale, write_component, write_component_with};
 
 /// The components of a plan being written as their sources arrive.
 pub struct StreamConverter<'p> {
@@ -111,11 +111,7 @@ impl<'p> StreamConverter<'p> {
         file: &str,
     ) -> Result<Vec<(String, Written)>> {
         self.published.insert(file.to_owned());
-        for (w, id) in &mut self.writers {
-            if w.missing_files().contains(file) {
-                write_file_durably(store, run, w, sources, file, id).await?;
-            }
-        }
+        write_file_into_all(store, run, &mut self.writers, sources, file).await?;
         self.finish_complete()
     }
 
@@ -142,18 +138,6 @@ impl<'p> StreamConverter<'p> {
         self.q3_written
     }
 
-    /// `file` holds a span of a Q3 component.
-    pub fn is_ple(&self, file: &str) -> bool {
-        self.ple_files.contains(file)
-    }
-
-    /// `file` is verified, its spans not written yet (see
-    /// [`crate::pipelined::Streaming::published`]): it counts towards
-    /// [`Self::q3_ready`] and is not retirable until [`Self::published`].
-    pub fn arrived(&mut self, file: &str) {
-        self.published.insert(file.to_owned());
-    }
-
     /// Every PLE file is published (so `G` can be computed).
     pub fn q3_ready(&self) -> bool {
         self.ple_files.iter().all(|f| self.published.contains(*f))
@@ -168,6 +152,18 @@ impl<'p> StreamConverter<'p> {
         sources: &Sources,
         done: &BTreeMap<String, String>,
     ) -> Result<Vec<(String, Written)>> {
+        self.write_q3_with(sources, done, &BTreeMap::new())
+    }
+
+    /// [`Self::write_q3`], each global scale in `absmax` (component →
+    /// absolute max of its whole table, every element checked finite)
+    /// computed from it instead of reading the table again.
+    pub fn write_q3_with(
+        &mut self,
+        sources: &Sources,
+        done: &BTreeMap<String, String>,
+        absmax: &BTreeMap<String, f32>,
+    ) -> Result<Vec<(String, Written)>> {
         let of = |k: ComponentKind| self.plan.components.iter().filter(move |c| c.kind == k);
         let mut written = Vec::new();
         let mut scales = BTreeMap::new();
@@ -175,8 +171,10 @@ impl<'p> StreamConverter<'p> {
             let sha = match done.get(&c.name) {
                 Some(sha) => sha.clone(),
                 None => {
-                    let w =
-                        block_in_place(|| write_component(sources, &self.artifact, c, &scales))?;
+                    let known = absmax.get(&c.name).copied();
+                    let w = block_in_place(|| {
+                        write_component_with(sources, &self.artifact, c, &scales, known)
+                    })?;
                     let sha = w.sha256.clone();
                     written.push((c.name.clone(), w));
                     sha

@@ -241,6 +241,18 @@ pub fn write_component(
     c: &Component,
     scales: &BTreeMap<u64, Q3GlobalScale>,
 ) -> Result<Written> {
+    write_component_with(sources, artifact, c, scales, None)
+}
+
+/// [`write_component`]; for a global scale, `table_absmax` (when known:
+/// every segment read and checked already) instead of reading the table.
+pub fn write_component_with(
+    sources: &Sources,
+    artifact: &Path,
+    c: &Component,
+    scales: &BTreeMap<u64, Q3GlobalScale>,
+    table_absmax_known: Option<f32>,
+) -> Result<Written> {
     let path = safe_join(artifact, &c.name)?;
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
     let dir = path.parent().unwrap_or(artifact).to_owned();
@@ -349,7 +361,10 @@ pub fn write_component(
         ComponentContent::Q3GlobalScale {
             segments, scales, ..
         } => {
-            let amax = table_absmax(sources, &c.name, segments, scales)?;
+            let amax = match table_absmax_known {
+                Some(amax) => amax,
+                None => table_absmax(sources, &c.name, segments, scales)?,
+            };
             let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(&c.name))?;
             out.write_all(&g.to_bytes()).map_err(io_err)?;
         }

@@ -106,15 +106,20 @@ async fn fetch_one(
 /// have run first.
 pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     let mut todo = unpublished(&ctx, files).await?;
-    // Files fetched as one stream first, largest first; then the large
-    // files, which split into ranges and so absorb the connections the
-    // others leave free: the link is not left with one long stream at the end.
-    let threshold = ctx.opts.segment_threshold.max(1);
-    todo.sort_by_key(|f| (f.size >= threshold, std::cmp::Reverse(f.size)));
+    order_for_the_link(&ctx, &mut todo);
     let needed = begin(&ctx, files, todo.len()).await?;
     let res = fetch_files(&ctx, files, todo, needed).await;
     ctx.store.release_space_reserve();
     res
+}
+
+/// Orders `todo` for the link: files fetched as one stream first, largest
+/// first; then the large files, which split into ranges and so absorb the
+/// connections the others leave free: the link is not left with one long
+/// stream at the end.
+pub fn order_for_the_link(ctx: &FetchCtx, todo: &mut [FileRow]) {
+    let threshold = ctx.opts.segment_threshold.max(1);
+    todo.sort_by_key(|f| (f.size >= threshold, std::cmp::Reverse(f.size)));
 }
 
 /// The selected files of `files` without a receipt.

@@ -414,6 +414,15 @@ impl Pipeline {
             mut queue,
             mut ready,
         } = work;
+        if held.budget.is_none() {
+            // No budget, no admission order to keep: the PLE files first
+            // (the Q3 table is encoded once the last of them is in, while
+            // the rest downloads), then the link's order (largest first),
+            // so no long transfer is left for the end.
+            let queue = queue.make_contiguous();
+            ftpipe_fetch::order_for_the_link(ctx, queue);
+            queue.sort_by_key(|f| !streaming.is_ple(&f.path));
+        }
         ftpipe_fetch::begin(ctx, files, queue.len()).await?;
         self.record_peak(held).await?;
         let jobs = Arc::new(Semaphore::new(jobs.max(1)));

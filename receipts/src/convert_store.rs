@@ -124,24 +124,7 @@ impl Store {
     /// Claims the spans of `c.file` in `c.component`'s temp file. Call only
     /// after that file was fsynced with them in it.
     pub async fn claim_spans(&self, run: RunId, c: &SpanClaim) -> Result<()> {
-        let mut conn = self.writer().await?;
-        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        sqlx::query(
-            "INSERT INTO component_spans (component, identity, file, bytes, run_id)
-             VALUES (?, ?, ?, ?, ?)
-             ON CONFLICT(component, file) DO UPDATE SET identity = excluded.identity,
-               bytes = excluded.bytes, run_id = excluded.run_id,
-               at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-        )
-        .bind(&c.component)
-        .bind(&c.identity)
-        .bind(&c.file)
-        .bind(to_i64(&c.file, c.bytes)?)
-        .bind(run)
-        .execute(&mut *tx)
-        .await
-        .ctx("insert component_spans")?;
-        tx.commit().await.ctx("commit component_spans")
+        self.claim_spans_all(run, std::slice::from_ref(c)).await
     }
 
     /// Records that `run` held at most `peak_held` source bytes under a
@@ -179,6 +162,34 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    /// [`Store::claim_spans`] for every claim in `claims`, in one
+    /// transaction. Call only after every file they name was fsynced.
+    pub async fn claim_spans_all(&self, run: RunId, claims: &[SpanClaim]) -> Result<()> {
+        if claims.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        for c in claims {
+            sqlx::query(
+                "INSERT INTO component_spans (component, identity, file, bytes, run_id)
+                 VALUES (?, ?, ?, ?, ?)
+                 ON CONFLICT(component, file) DO UPDATE SET identity = excluded.identity,
+                   bytes = excluded.bytes, run_id = excluded.run_id,
+                   at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            )
+            .bind(&c.component)
+            .bind(&c.identity)
+            .bind(&c.file)
+            .bind(to_i64(&c.file, c.bytes)?)
+            .bind(run)
+            .execute(&mut *tx)
+            .await
+            .ctx("insert component_spans")?;
+        }
+        tx.commit().await.ctx("commit component_spans")
     }
 
     /// The span claims of `component`, by source file.
