@@ -25,6 +25,7 @@ use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::write_atomic;
 use ftpipe_fs::durable::{rename_durably, sync_dir};
+use ftpipe_progress::{ProgressEvent, Reporter};
 
 /// The marker file under the state directory.
 pub const SET_ASIDE_MARKER: &str = "set-aside.json";
@@ -38,6 +39,29 @@ struct Marker {
 }
 
 /// Sets `DIR/artifact` aside; returns where it went.
+/// An artifact made under another identity (`reasons`): refused without
+/// `--rebuild`, else set aside (and the user told where).
+pub(super) async fn refuse_or_set_aside(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    rebuild: bool,
+    reasons: &[String],
+    reporter: &dyn Reporter,
+) -> Result<PathBuf> {
+    if !rebuild {
+        return Err(ConvertError::StaleArtifact {
+            dir: paths.artifact().display().to_string(),
+            reasons: reasons.join("; "),
+        });
+    }
+    let dest = set_aside(store, run, paths, &reasons.join("; ")).await?;
+    reporter.report(ProgressEvent::Note {
+        message: format!("stale artifact set aside as {}", dest.display()),
+    });
+    Ok(dest)
+}
+
 pub(super) async fn set_aside(
     store: &Store,
     run: RunId,

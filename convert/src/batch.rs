@@ -119,26 +119,12 @@ impl Batch<'_> {
                 Some(Ok(w)) => {
                     // Renamed into place and fsynced, no receipt yet.
                     crashpoint::hit(CrashPoint::ComponentRenamed);
-                    let identity = self.skel.identities.get(&c.name).cloned().ok_or_else(|| {
-                        ConvertError::internal(format!(
-                            "component {} has no identity in the skeleton",
-                            c.name
-                        ))
-                    })?;
-                    let receipt = ComponentReceipt {
-                        path: c.name.clone(),
-                        kind: c.kind.as_str().to_owned(),
-                        predicted_bytes: c.predicted_bytes,
-                        size: w.size,
-                        sha256: w.sha256,
-                        identity,
-                        run_id: self.run,
-                    };
+                    let receipt = self.skel.receipt(c, w, self.run)?;
                     self.store.put_component(self.run, &receipt).await?;
                     self.reporter.report(ProgressEvent::ComponentWritten {
                         path: c.name.clone(),
-                        kind: c.kind.as_str().to_owned(),
-                        size: w.size,
+                        kind: receipt.kind.clone(),
+                        size: receipt.size,
                     });
                     done.insert(c.name.clone(), receipt);
                     written += 1;

@@ -332,16 +332,8 @@ pub async fn convert(
                 source_file,
             });
         }
-        if !opts.rebuild {
-            return Err(ConvertError::StaleArtifact {
-                dir: paths.artifact().display().to_string(),
-                reasons: reasons.join("; "),
-            });
-        }
-        let dest = aside::set_aside(store, run, paths, &reasons.join("; ")).await?;
-        reporter.report(ProgressEvent::Note {
-            message: format!("stale artifact set aside as {}", dest.display()),
-        });
+        let dest =
+            aside::refuse_or_set_aside(store, run, paths, opts.rebuild, &reasons, reporter).await?;
         set_aside_to = Some(dest);
     }
     std::fs::create_dir_all(paths.artifact())

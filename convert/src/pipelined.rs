@@ -191,16 +191,8 @@ async fn set_aside_if_stale(
             run: crate::RetiredBy(store.last_retirement(f).await?.map(|r| r.run_id)),
         });
     }
-    if !opts.rebuild {
-        return Err(ConvertError::StaleArtifact {
-            dir: paths.artifact().display().to_string(),
-            reasons: reasons.join("; "),
-        });
-    }
-    let dest = aside::set_aside(store, run, paths, &reasons.join("; ")).await?;
-    reporter.report(ProgressEvent::Note {
-        message: format!("stale artifact set aside as {}", dest.display()),
-    });
+    let dest =
+        aside::refuse_or_set_aside(store, run, paths, opts.rebuild, &reasons, reporter).await?;
     Ok(Some(dest))
 }
 
@@ -484,24 +476,7 @@ impl<'s> Streaming<'s> {
             .iter()
             .find(|c| c.name == name)
             .ok_or_else(|| ConvertError::internal(format!("{name} is not in the plan")))?;
-        let identity = self
-            .setup
-            .skel
-            .identities
-            .get(name)
-            .cloned()
-            .ok_or_else(|| {
-                ConvertError::internal(format!("component {name} has no identity in the skeleton"))
-            })?;
-        Ok(ComponentReceipt {
-            path: name.to_owned(),
-            kind: c.kind.as_str().to_owned(),
-            predicted_bytes: c.predicted_bytes,
-            size: w.size,
-            sha256: w.sha256,
-            identity,
-            run_id: self.run,
-        })
+        self.setup.skel.receipt(c, w, self.run)
     }
 }
 

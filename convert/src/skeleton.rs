@@ -189,6 +189,31 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
 }
 
 impl Skeleton {
+    /// The receipt of component `c`, written as `w` by `run`, under the
+    /// identity this skeleton gives it.
+    pub fn receipt(
+        &self,
+        c: &Component,
+        w: crate::write::Written,
+        run: ftpipe_receipts::RunId,
+    ) -> Result<ftpipe_receipts::ComponentReceipt, ConvertError> {
+        let identity = self.identities.get(&c.name).cloned().ok_or_else(|| {
+            ConvertError::internal(format!(
+                "component {} has no identity in the skeleton",
+                c.name
+            ))
+        })?;
+        Ok(ftpipe_receipts::ComponentReceipt {
+            path: c.name.clone(),
+            kind: c.kind.as_str().to_owned(),
+            predicted_bytes: c.predicted_bytes,
+            size: w.size,
+            sha256: w.sha256,
+            identity,
+            run_id: run,
+        })
+    }
+
     /// Builds the skeleton of `plan` under `converter` from `source`.
     pub fn build(
         plan: &Plan,

@@ -19,7 +19,8 @@ use tokio::task::block_in_place;
 use ftpipe_convert::PlanOptions;
 use ftpipe_convert::space::artifact_peak;
 use ftpipe_convert::{
-    ConvertOptions, ConvertOutcome, HeaderSource, Published, convert, current_artifact, plan,
+    ConvertOptions, ConvertOutcome, HeaderSource, Planned, Published, convert, current_artifact,
+    plan,
 };
 use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_hub::remote::PinnedRepo;
@@ -45,6 +46,23 @@ pub struct RunOutcome {
     pub manifest_sha256: String,
     /// Artifact fingerprint.
     pub fingerprint: String,
+}
+
+impl RunOutcome {
+    /// A run that fetched (`report`) and converted.
+    pub(crate) fn done(report: ReconcileReport, converted: ConvertOutcome) -> RunOutcome {
+        RunOutcome {
+            noop: false,
+            summary: format!(
+                "{} components ({} written, {} reused), {} bytes",
+                converted.components, converted.written, converted.reused, converted.total_bytes
+            ),
+            reconcile: Some(report),
+            manifest_sha256: converted.manifest_sha256.clone(),
+            fingerprint: converted.fingerprint.clone(),
+            convert: Some(converted),
+        }
+    }
 }
 
 impl Pipeline {
@@ -73,12 +91,7 @@ impl Pipeline {
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
         self.stage(Stage::Plan, async {
-            let Resolved {
-                pin,
-                selected,
-                listing,
-                ..
-            } = resolved;
+            let Resolved { selected, .. } = resolved;
             let sources_needed = bytes_still_needed(&self.store, selected).await?;
             let retired = self.store.retired().await?;
             if !retired.is_empty() && !params.reacquire {
@@ -93,38 +106,10 @@ impl Pipeline {
                     .filter(|f| retired.contains(&f.path))
                     .map(|f| f.size)
                     .sum::<u64>();
-            // Judged from receipts, never from watermarks: a `.part` that
-            // reached its size but was not published is read from the hub.
-            let receipts = self.store.receipts().await?;
-            let published = Published::from_receipts(self.layout.source(), &receipts);
-            let plan_opts = PlanOptions {
-                selection: FetchSelection::of(listing, &params.resolve.globs()),
-                ..opts.plan_options()
-            };
-            let plan = match origin {
-                Origin::Hub(client) => {
-                    let remote = PinnedRepo {
-                        client,
-                        repo: &pin.repo,
-                        commit: &pin.commit,
-                    };
-                    let source = HeaderSource::Remote {
-                        remote: &remote,
-                        listing,
-                        published: &published,
-                    };
-                    plan(&source, &plan_opts).await?.plan
-                }
-                Origin::Mirror(m) => {
-                    let remote = m.files(&pin.commit);
-                    let source = HeaderSource::Remote {
-                        remote: &remote,
-                        listing,
-                        published: &published,
-                    };
-                    plan(&source, &plan_opts).await?.plan
-                }
-            };
+            let plan = self
+                .plan_from_origin(origin, params, resolved, opts)
+                .await?
+                .plan;
             if !params.options.preflight {
                 return Ok(());
             }
@@ -163,6 +148,50 @@ impl Pipeline {
             Ok(())
         })
         .await
+    }
+
+    /// The plan of `resolved` from the published files and, for every
+    /// other one, its headers from `origin` (the hub or a mirror). Judged
+    /// from receipts, never from watermarks: a `.part` that reached its
+    /// size but was not published is read from the origin.
+    pub(crate) async fn plan_from_origin(
+        &self,
+        origin: &Origin,
+        params: &FetchParams,
+        resolved: &Resolved,
+        opts: &ConvertOptions,
+    ) -> Result<Planned> {
+        let Resolved { pin, listing, .. } = resolved;
+        let receipts = self.store.receipts().await?;
+        let published = Published::from_receipts(self.layout.source(), &receipts);
+        let plan_opts = PlanOptions {
+            selection: FetchSelection::of(listing, &params.resolve.globs()),
+            ..opts.plan_options()
+        };
+        Ok(match origin {
+            Origin::Hub(client) => {
+                let remote = PinnedRepo {
+                    client,
+                    repo: &pin.repo,
+                    commit: &pin.commit,
+                };
+                let source = HeaderSource::Remote {
+                    remote: &remote,
+                    listing,
+                    published: &published,
+                };
+                plan(&source, &plan_opts).await?
+            }
+            Origin::Mirror(m) => {
+                let remote = m.files(&pin.commit);
+                let source = HeaderSource::Remote {
+                    remote: &remote,
+                    listing,
+                    published: &published,
+                };
+                plan(&source, &plan_opts).await?
+            }
+        })
     }
 
     /// The `verify` stage: the artifact checked on its own, as a receiver would.
@@ -222,17 +251,7 @@ impl Pipeline {
         };
         let converted = self.convert(&opts, reporter.clone()).await?;
         self.verify_stage().await?;
-        Ok(RunOutcome {
-            noop: false,
-            summary: format!(
-                "{} components ({} written, {} reused), {} bytes",
-                converted.components, converted.written, converted.reused, converted.total_bytes
-            ),
-            reconcile: Some(report),
-            manifest_sha256: converted.manifest_sha256.clone(),
-            fingerprint: converted.fingerprint.clone(),
-            convert: Some(converted),
-        })
+        Ok(RunOutcome::done(report, converted))
     }
 
     /// `Some` when nothing is left to do: every stage of `run` completed in

@@ -26,13 +26,9 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, on_disk, prepare_stream};
-use ftpipe_convert::{
-    ConvertError, ConvertOptions, ConvertOutcome, HeaderSource, PlanOptions, Published, convert,
-    plan,
-};
+use ftpipe_convert::{ConvertError, ConvertOptions, ConvertOutcome, convert};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
-use ftpipe_hub::remote::PinnedRepo;
-use ftpipe_hub::resolve::{FetchSelection, Resolved};
+use ftpipe_hub::resolve::Resolved;
 use ftpipe_progress::{ProgressEvent, Reporter};
 use ftpipe_receipts::{FileRow, Stage};
 
@@ -127,17 +123,7 @@ impl Pipeline {
             .streamed_convert_stage(&opts, setup, streamed, &reporter)
             .await?;
         self.verify_stage().await?;
-        Ok(RunOutcome {
-            noop: false,
-            summary: format!(
-                "{} components ({} written, {} reused), {} bytes",
-                converted.components, converted.written, converted.reused, converted.total_bytes
-            ),
-            reconcile: Some(report),
-            manifest_sha256: converted.manifest_sha256.clone(),
-            fingerprint: converted.fingerprint.clone(),
-            convert: Some(converted),
-        })
+        Ok(RunOutcome::done(report, converted))
     }
 
     /// The convert stage after a streamed fetch: the manifest from the
@@ -182,37 +168,10 @@ impl Pipeline {
         reporter: &Arc<dyn Reporter>,
     ) -> Result<StreamSetup> {
         self.stage(Stage::Plan, async {
-            let Resolved { pin, listing, .. } = resolved;
-            let receipts = self.store.receipts().await?;
-            let published = Published::from_receipts(self.layout.source(), &receipts);
-            let plan_opts = PlanOptions {
-                selection: FetchSelection::of(listing, &params.resolve.globs()),
-                ..opts.plan_options()
-            };
-            let planned = match origin {
-                Origin::Hub(client) => {
-                    let remote = PinnedRepo {
-                        client,
-                        repo: &pin.repo,
-                        commit: &pin.commit,
-                    };
-                    let source = HeaderSource::Remote {
-                        remote: &remote,
-                        listing,
-                        published: &published,
-                    };
-                    plan(&source, &plan_opts).await?
-                }
-                Origin::Mirror(m) => {
-                    let remote = m.files(&pin.commit);
-                    let source = HeaderSource::Remote {
-                        remote: &remote,
-                        listing,
-                        published: &published,
-                    };
-                    plan(&source, &plan_opts).await?
-                }
-            };
+            let planned = self
+                .plan_from_origin(origin, params, resolved, opts)
+                .await?;
+            let listing = &resolved.listing;
             let resident = resident_bytes(&planned.plan, listing, &self.layout);
             let setup = prepare_stream(
                 &self.store,

@@ -40,7 +40,7 @@ use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 use crate::budgeted_run::{budget_args, check_held};
 use crate::common::*;
 use crate::disk_budget::expected_minimum;
-use crate::powercut::{check_watermark, fresh_model, rows, state_db_ok};
+use crate::powercut::{check_watermarks, fresh_model, rows, state_db_ok};
 use crate::s3_powercut::cycle;
 
 const CUTS: u64 = 16;
@@ -96,29 +96,11 @@ fn check_recovered(
             ),
         }
     }
-    let receipted: Vec<String> = rows(out, "SELECT path FROM receipts", "receipts")
+    let receipted = rows(out, "SELECT path FROM receipts", "receipts")
         .into_iter()
         .map(|r| r[0].clone())
         .collect();
-    for r in rows(
-        out,
-        "SELECT path || '|' || committed_bytes FROM ledger",
-        "ledger",
-    ) {
-        let (p, committed) = (&r[0], r[1].parse::<usize>().unwrap());
-        if receipted.contains(p) || committed == 0 {
-            continue;
-        }
-        check_watermark(
-            out,
-            &out.join("source"),
-            p,
-            committed,
-            &hub_files[p.as_str()],
-            cut,
-        );
-        seen.watermarks += 1;
-    }
+    seen.watermarks += check_watermarks(out, &out.join("source"), &receipted, hub_files, cut);
     let done: Vec<String> = rows(out, "SELECT path FROM components", "components")
         .into_iter()
         .map(|r| r[0].clone())

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::common::*;
-use crate::disk_budget::expected_minimum;
-use ftpipe_fixtures::RepoFile;
+use crate::disk_budget::{expected_minimum, shards};
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 
 /// Polls a directory's regular files (recursively) and keeps the largest
@@ -75,10 +74,6 @@ impl Sampler {
     }
 }
 
-fn shards(files: &[RepoFile]) -> impl Iterator<Item = &RepoFile> {
-    files.iter().filter(|f| f.path.ends_with(".safetensors"))
-}
-
 fn budgeted(ep: &str, out: &Path, budget: u64) -> std::process::Output {
     run(&mut run_cmd(
         ep,
@@ -128,26 +123,9 @@ fn check_shape(shape: &ReleaseShape) {
 
     // One byte below the minimum: refused, naming it, before any body.
     let out = tmp.path().join("below");
-    let before: Vec<usize> = shards(&files)
-        .map(|f| body_gets(&hub, &f.path).len())
-        .collect();
-    let o = budgeted(&ep, &out, minimum - 1);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert_names(
-        &stderr(&o),
-        &[
-            "--disk-budget",
-            &format!("minimum feasible budget of {minimum} bytes"),
-        ],
-    );
-    // Only the two header ranges of each shard.
-    for (f, n) in shards(&files).zip(before) {
-        let new = &body_gets(&hub, &f.path)[n..];
-        assert_eq!(new.len(), 2, "{new:?}");
-        for r in new {
-            assert!(r.body_bytes < content_len(f) / 4, "{r:?}");
-        }
-    }
+    crate::disk_budget::refused_below_minimum(&hub, &files, minimum, || {
+        budgeted(&ep, &out, minimum - 1)
+    });
     assert!(
         !out.join("source").exists(),
         "sources written below the minimum"

@@ -326,6 +326,31 @@ fn check_recovered(out: &Path, hub_files: &BTreeMap<String, Vec<u8>>, cut: &str)
     claims
 }
 
+/// [`check_watermark`] for every ledger row of `out` with committed bytes
+/// and no receipt in `receipted`, against `want` (path → bytes); how many.
+pub(crate) fn check_watermarks(
+    out: &Path,
+    dir: &Path,
+    receipted: &std::collections::BTreeSet<String>,
+    want: &BTreeMap<String, Vec<u8>>,
+    cut: &str,
+) -> usize {
+    let mut n = 0;
+    for r in rows(
+        out,
+        "SELECT path || '|' || committed_bytes FROM ledger",
+        "ledger",
+    ) {
+        let (p, committed) = (&r[0], r[1].parse::<usize>().unwrap());
+        if receipted.contains(p) || committed == 0 {
+            continue;
+        }
+        check_watermark(out, dir, p, committed, &want[p.as_str()], cut);
+        n += 1;
+    }
+    n
+}
+
 /// Checks the durable bytes of `p` under `dir` (a file without a receipt
 /// whose ledger claims `committed` > 0 bytes, in `.part` or, renamed and
 /// not yet receipted, final) against `want`: each range of a file fetched

@@ -30,7 +30,7 @@ use ftpipe_fixtures::powercut::{Model, Mounted};
 
 use crate::common::s3::*;
 use crate::common::*;
-use crate::powercut::{check_watermark, fresh_model, rows, state_db_ok};
+use crate::powercut::{check_watermarks, fresh_model, rows, state_db_ok};
 use crate::s3::{built, manifest_sha_of_prefix, publish, pull, verify_deep};
 
 const CUTS: u64 = 12;
@@ -112,7 +112,6 @@ fn check_pulled(out: &Path, want: &BTreeMap<String, Vec<u8>>, cut: &str) -> (usi
     if !state_db_ok(out, cut) {
         return (0, 0);
     }
-    let mut watermarks = 0;
     let mut receipts = std::collections::BTreeSet::new();
     for r in rows(
         out,
@@ -129,25 +128,7 @@ fn check_pulled(out: &Path, want: &BTreeMap<String, Vec<u8>>, cut: &str) -> (usi
         );
         receipts.insert(p.clone());
     }
-    for r in rows(
-        out,
-        "SELECT path || '|' || committed_bytes FROM ledger",
-        "ledger",
-    ) {
-        let (p, committed) = (&r[0], r[1].parse::<usize>().unwrap());
-        if receipts.contains(p) || committed == 0 {
-            continue;
-        }
-        check_watermark(
-            out,
-            &out.join("artifact"),
-            p,
-            committed,
-            &want[p.as_str()],
-            cut,
-        );
-        watermarks += 1;
-    }
+    let watermarks = check_watermarks(out, &out.join("artifact"), &receipts, want, cut);
     if out.join("artifact/manifest.json").exists() {
         verify_deep(&out.join("artifact"));
     }
