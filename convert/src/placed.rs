@@ -14,7 +14,7 @@
 //! reads the file back once. Q3 components are not placed: their bytes
 //! depend on the whole table's scale, and they are written as before.
 //!
-//! Progress is durable per source file ([`write_file_durably`]): its spans
+//! Progress is durable per source file ([`write_file_into_all`]): its spans
 //! are written, the temp file is fsynced, and only then is a
 //! `component_spans` row committed claiming them (migration 0010). A
 //! crash loses at most the spans of files in flight; [`open_durable`]
@@ -295,37 +295,11 @@ pub async fn open_durable<'a>(
     block_in_place(|| SpanWriter::create(artifact, c))
 }
 
-/// Writes the spans source `file` feeds into `w`'s component, fsyncs the
-/// temp file, then claims them under `identity`: a crash loses at most
-/// the spans of the file in flight. Returns the source bytes written.
-pub async fn write_file_durably(
-    store: &Store,
-    run: RunId,
-    w: &mut SpanWriter<'_>,
-    sources: &Sources,
-    file: &str,
-    identity: &str,
-) -> Result<u64> {
-    let bytes = block_in_place(|| {
-        let bytes = w.write_file(sources, file)?;
-        w.sync()?;
-        Ok::<_, ConvertError>(bytes)
-    })?;
-    crashpoint::hit(CrashPoint::SpanSynced);
-    let claim = SpanClaim {
-        component: w.component.name.clone(),
-        identity: identity.to_owned(),
-        file: file.to_owned(),
-        bytes,
-    };
-    store.claim_spans(run, &claim).await?;
-    crashpoint::hit(CrashPoint::SpanClaimed);
-    Ok(bytes)
-}
-
-/// [`write_file_durably`] for every writer in `writers` (with its identity)
-/// still missing spans of `file`: written and fsynced in parallel, then
-/// claimed together in one transaction. Returns the writers it wrote.
+/// Writes the spans source `file` feeds into every writer in `writers`
+/// (with its identity) still missing them, fsyncs each temp file (in
+/// parallel), then claims them all in one transaction under their
+/// identities: a crash loses at most the spans of the file in flight.
+/// Returns the writers it wrote.
 pub async fn write_file_into_all(
     store: &Store,
     run: RunId,

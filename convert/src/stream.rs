@@ -3,7 +3,7 @@
 //!
 //! [`StreamConverter::published`] writes the spans a verified file feeds
 //! into every FTW and FTEXPERT1 component it reads, durably
-//! ([`crate::placed::write_file_durably`]), and finishes each component
+//! ([`crate::placed::write_file_into_all`]), and finishes each component
 //! whose last span came in. Q3 components wait for
 //! [`StreamConverter::write_q3`], called once every PLE file is published
 //! (the global scale is the absmax of the whole table): scales first, then

@@ -146,9 +146,7 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
             // First process: one file claimed, the next written but never
             // claimed (the crash lands between its write and its claim).
             let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
-            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
-                .await
-                .unwrap();
+            w = write_one(&store, run, w, &sources, &files[0], &id).await;
             w.write_file(&sources, &files[1]).unwrap();
             drop(w);
             let claimed: Vec<String> = store
@@ -167,9 +165,7 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
             assert!(store.span_claims(&ftw.name).await.unwrap().is_empty());
             drop(w);
             let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
-            write_file_durably(&store, run, &mut w, &sources, &files[0], &id)
-                .await
-                .unwrap();
+            w = write_one(&store, run, w, &sources, &files[0], &id).await;
             drop(w);
 
             // The resume: the claimed file is done, every other is missing
@@ -181,9 +177,7 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
                 files[1..].iter().map(String::as_str).collect::<Vec<_>>()
             );
             for f in &files[1..] {
-                write_file_durably(&store, run, &mut w, &sources, f, &id)
-                    .await
-                    .unwrap();
+                w = write_one(&store, run, w, &sources, f, &id).await;
             }
             assert!(w.is_complete());
             assert_eq!(w.finish(&out).unwrap(), want);
@@ -205,9 +199,7 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
                 .await
                 .unwrap();
             let first = plan.components[1].source_files.first().unwrap().clone();
-            write_file_durably(&store, run, &mut w, &sources, &first, &id)
-                .await
-                .unwrap();
+            w = write_one(&store, run, w, &sources, &first, &id).await;
             drop(w);
             let name = &plan.components[1].name;
             let tmp_file = out.join(ftpipe_fs::durable::temp_name(name));
@@ -225,4 +217,20 @@ fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
             );
             assert!(store.span_claims(name).await.unwrap().is_empty());
         });
+}
+
+/// [`write_file_into_all`] for one writer.
+async fn write_one<'a>(
+    store: &Store,
+    run: ftpipe_receipts::RunId,
+    w: SpanWriter<'a>,
+    sources: &Sources,
+    file: &str,
+    id: &str,
+) -> SpanWriter<'a> {
+    let mut ws = vec![(w, id.to_owned())];
+    write_file_into_all(store, run, &mut ws, sources, file)
+        .await
+        .unwrap();
+    ws.pop().unwrap().0
 }
