@@ -312,26 +312,9 @@ pub async fn write_file_into_all(
         .filter(|(w, _)| w.missing_files().contains(file))
         .collect();
     let written: Vec<Result<u64>> = block_in_place(|| {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = todo
-                .iter_mut()
-                .map(|entry| {
-                    let w = &mut entry.0;
-                    scope.spawn(move || {
-                        let bytes = w.write_file(sources, file)?;
-                        w.sync()?;
-                        Ok::<_, ConvertError>(bytes)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(ConvertError::internal("a span writer panicked")))
-                })
-                .collect()
-        })
+        todo.chunks_mut(WRITE_THREADS)
+            .flat_map(|chunk| write_chunk(chunk, sources, file))
+            .collect()
     });
     let mut claims = Vec::with_capacity(todo.len());
     for ((w, identity), bytes) in todo.iter().map(|e| (&e.0, &e.1)).zip(written) {
@@ -346,6 +329,38 @@ pub async fn write_file_into_all(
     store.claim_spans_all(run, &claims).await?;
     crashpoint::hit(CrashPoint::SpanClaimed);
     Ok(claims.len())
+}
+
+/// Span writers written and fsynced at once.
+const WRITE_THREADS: usize = 8;
+
+/// Writes and fsyncs the spans of `file` into each writer of `chunk`, one
+/// thread each; the source bytes each wrote.
+fn write_chunk(
+    chunk: &mut [&mut (SpanWriter<'_>, String)],
+    sources: &Sources,
+    file: &str,
+) -> Vec<Result<u64>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = chunk
+            .iter_mut()
+            .map(|entry| {
+                let w = &mut entry.0;
+                scope.spawn(move || {
+                    let bytes = w.write_file(sources, file)?;
+                    w.sync()?;
+                    Ok::<_, ConvertError>(bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(ConvertError::internal("a span writer panicked")))
+            })
+            .collect()
+    })
 }
 
 /// Length and hex SHA-256 of the file at `path`, read in chunks.

@@ -32,6 +32,9 @@ use crate::placed::{SpanWriter, open_durable, write_file_into_all};
 use crate::plan::Plan;
 use crate::write::{Sources, Written, read_global_scale, write_component, write_component_with};
 
+/// Components finished (read back for their digest) at once.
+const FINISH_THREADS: usize = 4;
+
 /// The components of a plan being written as their sources arrive.
 pub struct StreamConverter<'p> {
     plan: &'p Plan,
@@ -119,17 +122,41 @@ impl<'p> StreamConverter<'p> {
     /// no span, or one completed before a restart): durable and renamed,
     /// their receipts are the caller's.
     pub fn finish_complete(&mut self) -> Result<Vec<(String, Written)>> {
-        let mut finished = Vec::new();
-        let mut open = Vec::new();
-        for (w, id) in std::mem::take(&mut self.writers) {
-            if w.is_complete() {
-                let name = w.name().to_owned();
-                finished.push((name, block_in_place(|| w.finish(&self.artifact))?));
-            } else {
-                open.push((w, id));
+        let (complete, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.writers)
+            .into_iter()
+            .partition(|(w, _)| w.is_complete());
+        self.writers = open;
+        let artifact = &self.artifact;
+        let mut finished = Vec::with_capacity(complete.len());
+        let mut complete = complete.into_iter().peekable();
+        // Each is read back for its digest: FINISH_THREADS at a time.
+        while complete.peek().is_some() {
+            let batch: Vec<_> = complete.by_ref().take(FINISH_THREADS).collect();
+            let done: Vec<Result<(String, Written)>> = block_in_place(|| {
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = batch
+                        .into_iter()
+                        .map(|(w, _)| {
+                            scope.spawn(move || {
+                                let name = w.name().to_owned();
+                                w.finish(artifact).map(|written| (name, written))
+                            })
+                        })
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(ConvertError::internal("a component finish panicked"))
+                            })
+                        })
+                        .collect()
+                })
+            });
+            for d in done {
+                finished.push(d?);
             }
         }
-        self.writers = open;
         Ok(finished)
     }
 
