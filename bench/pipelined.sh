@@ -15,7 +15,11 @@
 # convert / fetch (the goal applies when it is at least 0.20). Every run's
 # manifest must be the same.
 #
-#   bench/pipelined.sh [--experts N [--layers N]] [--cap MBPS] [--rounds N] [--cache DIR]
+#   bench/pipelined.sh [--experts N] [--layers N] [--ple-own-files] [--cap MBPS] [--rounds N] [--cache DIR]
+#
+# --ple-own-files puts each PLE shard of the demo shape in a file of its own
+# (the released layouts' PLE files are mostly PLE table); without it the
+# 4 PLE shards sit in 4 of the text shards.
 #
 # Needs: nginx, python3, curl. Generated data is kept in CACHE (default
 # ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}).
@@ -23,6 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPERTS=
 LAYERS=24
+OWN=
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
@@ -30,10 +35,11 @@ while (($#)); do
   case $1 in
     --experts) EXPERTS=$2; shift 2 ;;
     --layers) LAYERS=$2; shift 2 ;;
+    --ple-own-files) OWN=1; shift ;;
     --cap) CAP_MBPS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +52,8 @@ echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -n $EXPERTS ]]; then
   SRC=$CACHE/pipelined-$EXPERTS-$LAYERS; GEN=(--release-experts "$EXPERTS" --release-layers "$LAYERS")
 else
-  SRC=$CACHE/pipelined-demo-$LAYERS; GEN=(--release-demo --release-layers "$LAYERS")
+  SRC=$CACHE/pipelined-demo-$LAYERS${OWN:+-own}; GEN=(--release-demo --release-layers "$LAYERS")
+  [[ -n $OWN ]] && GEN+=(--release-ple-own-files)
 fi
 if [[ ! -f $SRC/ready ]]; then
   echo "== generating the export into $SRC (once)"

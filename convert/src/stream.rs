@@ -212,9 +212,32 @@ impl<'p> StreamConverter<'p> {
                 scales.insert(layer, g);
             }
         }
-        for c in of(ComponentKind::Q3Segment).filter(|c| !done.contains_key(&c.name)) {
-            let w = block_in_place(|| write_component(sources, &self.artifact, c, &scales))?;
-            written.push((c.name.clone(), w));
+        let segments: Vec<&Component> = of(ComponentKind::Q3Segment)
+            .filter(|c| !done.contains_key(&c.name))
+            .collect();
+        // Encoding is the costly part: FINISH_THREADS segments at a time.
+        for batch in segments.chunks(FINISH_THREADS) {
+            let artifact = &self.artifact;
+            let scales = &scales;
+            let results: Vec<Result<Written>> = block_in_place(|| {
+                std::thread::scope(|scope| {
+                    let handles: Vec<_> = batch
+                        .iter()
+                        .map(|c| scope.spawn(move || write_component(sources, artifact, c, scales)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join().unwrap_or_else(|_| {
+                                Err(ConvertError::internal("a Q3 segment write panicked"))
+                            })
+                        })
+                        .collect()
+                })
+            });
+            for (c, w) in batch.iter().zip(results) {
+                written.push((c.name.clone(), w?));
+            }
         }
         self.q3_written = true;
         Ok(written)

@@ -374,13 +374,12 @@ impl Pipeline {
             mut ready,
         } = work;
         if held.budget.is_none() {
-            // No budget, no admission order to keep: the PLE files first
-            // (the Q3 table is encoded once the last of them is in, while
-            // the rest downloads), then the link's order (largest first),
-            // so no long transfer is left for the end.
+            // No budget, no admission order to keep: the link's order
+            // (largest first, so no long transfer is left for the end),
+            // the PLE files first among files of about their size (the Q3
+            // table is encoded once the last of them is in).
             let queue = queue.make_contiguous();
-            ftpipe_fetch::order_for_the_link(ctx, queue);
-            queue.sort_by_key(|f| !streaming.is_ple(&f.path));
+            ftpipe_fetch::order_for_the_link_preferring(ctx, queue, |f| streaming.is_ple(&f.path));
         }
         ftpipe_fetch::begin(ctx, files, queue.len()).await?;
         self.record_peak(held).await?;
