@@ -394,6 +394,21 @@ pub enum ConvertError {
         /// The SHA-256 of the file on disk.
         actual: String,
     },
+    /// A small file read whole for the plan (config, index) does not have
+    /// the digest the pinned listing gives it.
+    #[error(
+        "{file}: the bytes the server sent for the plan have {kind} {actual}, the pinned listing says {expected}: the server sent another version of the file; nothing was planned from it"
+    )]
+    SmallFileDigest {
+        /// The file (repo-relative).
+        file: String,
+        /// `sha256` or `git-sha1`.
+        kind: &'static str,
+        /// The listing's digest.
+        expected: String,
+        /// The digest of the bytes received.
+        actual: String,
+    },
     /// A verified shard's header is not the one its ranged read gave when
     /// the run was planned.
     #[error(

@@ -39,7 +39,7 @@ use crate::engine::ConvertOutcome;
 use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, valid_receipts};
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
-use crate::plan::{KeptHeader, Plan, Planned};
+use crate::plan::{Plan, Planned};
 use crate::schedule::{Schedule, Workload};
 use crate::skeleton::{Skeleton, files_read, source_identity};
 use crate::stream::StreamConverter;
@@ -49,10 +49,9 @@ use tokio::task::block_in_place;
 /// What a pipelined build is planned from, fixed before its fetch.
 pub struct StreamSetup {
     plan: Plan,
+    /// Holds each shard's header as planned from (checked against the
+    /// verified file before anything is converted from it).
     skel: Skeleton,
-    /// Each shard's header as planned from (checked against the verified
-    /// file before anything is converted from it).
-    headers: BTreeMap<String, KeptHeader>,
     workload: Workload,
     schedule: Option<Schedule>,
     set_aside: Option<PathBuf>,
@@ -135,7 +134,7 @@ pub async fn prepare_stream(
     let top_k = crate::profile::experts_per_token(&config)?;
     let converter = converter_identity(&config, opts)?;
     let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
-    let skel = Skeleton::build(&plan, source, converter, top_k, headers.clone())?;
+    let skel = Skeleton::build(&plan, source, converter, top_k, headers)?;
     let set_aside = set_aside_if_stale(store, run, paths, opts, (&skel, &plan), reporter).await?;
     create_dirs_durably(paths.dir(), paths.artifact())
         .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
@@ -145,7 +144,6 @@ pub async fn prepare_stream(
     Ok(StreamSetup {
         plan,
         skel,
-        headers,
         workload,
         schedule,
         set_aside,
@@ -228,8 +226,19 @@ impl<'s> Streaming<'s> {
         let done = valid_receipts(&setup.skel, store.components().await?, paths.artifact());
         let names: BTreeSet<String> = done.keys().cloned().collect();
         let identities = &setup.skel.identities;
+        if let Some(c) = setup
+            .plan
+            .components
+            .iter()
+            .find(|c| !identities.contains_key(&c.name))
+        {
+            return Err(ConvertError::internal(format!(
+                "component {} has no identity in the skeleton",
+                c.name
+            )));
+        }
         let conv = StreamConverter::open(store, paths.artifact(), &setup.plan, &names, |c| {
-            identities.get(&c.name).cloned().unwrap_or_default()
+            identities[&c.name].clone()
         })
         .await?;
         let total = setup.artifact_bytes();
@@ -280,16 +289,22 @@ impl<'s> Streaming<'s> {
         &self.retired
     }
 
-    /// Shard `file` was retired by an earlier process.
+    /// Shard `file` was retired by an earlier process. A kill between the
+    /// retirement's row and the unlink (or a power cut before the
+    /// directory fsync) left it on disk: it is unlinked now, without a
+    /// second row.
     pub fn retired_before(&mut self, file: &str) -> Result<()> {
-        self.conv.retired(file)
+        self.conv.retired(file)?;
+        unlink_durably(self.paths.source(), file)
     }
 
     /// Shard `file` is verified on disk: its header is checked against the
     /// plan, its lookup buffers and PLE values checked, its spans written,
     /// finished components receipted, and the Q3 table written once every
     /// PLE file is in. A file that fails a check leaves no component of
-    /// it behind, so a run on fixed sources needs no `--rebuild`.
+    /// it behind, so a run on fixed sources needs no `--rebuild` (an FP8
+    /// segment whose scale is in a file not here yet is checked only with
+    /// the whole table: components of its file may then be receipted).
     pub async fn published(
         &mut self,
         store: &Store,
@@ -297,7 +312,7 @@ impl<'s> Streaming<'s> {
         reporter: &dyn Reporter,
     ) -> Result<()> {
         let path = ftpipe_fs::paths::safe_join(self.paths.source(), file)?;
-        if let Some(h) = self.setup.headers.get(file) {
+        if let Some(h) = self.setup.skel.headers.get(file) {
             h.check_published(&path, file)?;
         }
         self.check_lookups(file)?;
@@ -424,14 +439,7 @@ impl<'s> Streaming<'s> {
                 .await?;
         }
         crashpoint::hit(CrashPoint::RetirementLogged);
-        let path = ftpipe_fs::paths::safe_join(self.paths.source(), file)?;
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ConvertError::io("remove", &path, e)),
-        }
-        let dir = path.parent().unwrap_or(self.paths.source());
-        sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;
+        unlink_durably(self.paths.source(), file)?;
         self.on_disk.remove(file);
         self.retired.push(file.to_owned());
         Ok(())
@@ -532,7 +540,19 @@ pub async fn finish_stream(
     }))
 }
 
+/// Removes `file` under `root` if present and fsyncs its directory.
+fn unlink_durably(root: &Path, file: &str) -> Result<()> {
+    let path = ftpipe_fs::paths::safe_join(root, file)?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ConvertError::io("remove", &path, e)),
+    }
+    let dir = path.parent().unwrap_or(root);
+    sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))
+}
+
 /// True when `file` under `root` is on disk.
-pub fn on_disk(root: &Path, file: &str) -> bool {
+fn on_disk(root: &Path, file: &str) -> bool {
     ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| p.exists())
 }

@@ -295,6 +295,56 @@ pub async fn open_durable<'a>(
     block_in_place(|| SpanWriter::create(artifact, c))
 }
 
+/// `c`'s final file, renamed by a run killed before its receipt: `Some`
+/// with its size and digest when no temp file is left, every source file
+/// of `c` has its spans claimed under `identity` and the file has the
+/// planned length and header. Its bytes were fsynced before the rename
+/// ([`SpanWriter::finish`]), and a source whose spans are claimed may
+/// have been retired since, so it is finished from the file, not rebuilt.
+pub async fn recover_renamed(
+    store: &Store,
+    artifact: &Path,
+    c: &Component,
+    identity: &str,
+) -> Result<Option<Written>> {
+    let Some((map, spans)) = placement(c)? else {
+        return Ok(None);
+    };
+    let claims = store.span_claims(&c.name).await?;
+    let claimed: BTreeSet<&str> = claims
+        .iter()
+        .filter(|k| k.identity == identity)
+        .map(|k| k.file.as_str())
+        .collect();
+    let all_claimed =
+        claims.len() == claimed.len() && spans.iter().all(|p| claimed.contains(&*p.span.file));
+    let tmp = safe_join(artifact, &temp_name(&c.name))?;
+    if claims.is_empty() || !all_claimed || tmp.exists() {
+        return Ok(None);
+    }
+    let path = safe_join(artifact, &c.name)?;
+    block_in_place(|| {
+        let file = match ftpipe_fs::nofollow::open_read(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(ConvertError::io("open", &path, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| ConvertError::io("stat", &path, e))?
+            .len();
+        let mut header = vec![0u8; map.header().len()];
+        if len != map.total_len()
+            || file.read_exact_at(&mut header, 0).is_err()
+            || header != map.header()
+        {
+            return Ok(None);
+        }
+        let (size, sha256) = digest(&path)?;
+        Ok(Some(Written { size, sha256 }))
+    })
+}
+
 /// Writes the spans source `file` feeds into every writer in `writers`
 /// (with its identity) still missing them, fsyncs each temp file (in
 /// parallel), then claims them all in one transaction under their

@@ -623,7 +623,23 @@ async fn get_small(remote: &impl RemoteFiles, file: &FileRow) -> Result<Vec<u8>>
             limit: MAX_JSON_BYTES,
         });
     }
-    Ok(remote.read_whole(&file.path, file.size).await?)
+    let bytes = remote.read_whole(&file.path, file.size).await?;
+    // The plan (and the converter identity) is made from these bytes
+    // before the file itself is fetched and verified: they must be the
+    // pinned file's, as its digest in the listing says.
+    let expected = ftpipe_hub::identity::expected_identity(file)?;
+    let mut h = expected.hasher(bytes.len() as u64);
+    h.update(&bytes);
+    let actual = h.finish_hex();
+    if actual != expected.hex() {
+        return Err(ConvertError::SmallFileDigest {
+            file: file.path.clone(),
+            kind: expected.kind(),
+            expected: expected.hex().to_owned(),
+            actual,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Reads and validates one shard's header over HTTP Range (8 + N bytes).

@@ -28,7 +28,7 @@ use ftpipe_receipts::{RunId, Store};
 
 use crate::component::{Component, ComponentContent, ComponentKind};
 use crate::error::{ConvertError, Result, RetiredBy};
-use crate::placed::{SpanWriter, open_durable, write_file_into_all};
+use crate::placed::{SpanWriter, open_durable, recover_renamed, write_file_into_all};
 use crate::plan::Plan;
 use crate::write::{Sources, Written, read_global_scale, write_component, write_component_with};
 
@@ -41,6 +41,10 @@ pub struct StreamConverter<'p> {
     artifact: PathBuf,
     /// Unfinished FTW / FTEXPERT1 components with their identity.
     writers: Vec<(SpanWriter<'p>, String)>,
+    /// Components renamed before a crash without their receipt, found
+    /// whole at open ([`recover_renamed`]); handed out by the next
+    /// [`StreamConverter::finish_complete`].
+    recovered: Vec<(String, Written)>,
     /// Every file holding a span of a Q3 component.
     ple_files: BTreeSet<&'p str>,
     published: BTreeSet<String>,
@@ -59,13 +63,17 @@ impl<'p> StreamConverter<'p> {
         identity: impl Fn(&Component) -> String,
     ) -> Result<StreamConverter<'p>> {
         let mut writers = Vec::new();
+        let mut recovered = Vec::new();
         let mut ple_files = BTreeSet::new();
         for c in &plan.components {
             if is_q3(c) {
                 ple_files.extend(c.source_files.iter().map(String::as_str));
             } else if !done.contains(&c.name) {
                 let id = identity(c);
-                writers.push((open_durable(store, artifact, c, &id).await?, id));
+                match recover_renamed(store, artifact, c, &id).await? {
+                    Some(w) => recovered.push((c.name.clone(), w)),
+                    None => writers.push((open_durable(store, artifact, c, &id).await?, id)),
+                }
             }
         }
         let q3_written = plan
@@ -77,6 +85,7 @@ impl<'p> StreamConverter<'p> {
             plan,
             artifact: artifact.to_owned(),
             writers,
+            recovered,
             ple_files,
             published: BTreeSet::new(),
             q3_written,
@@ -127,7 +136,7 @@ impl<'p> StreamConverter<'p> {
             .partition(|(w, _)| w.is_complete());
         self.writers = open;
         let artifact = &self.artifact;
-        let mut finished = Vec::with_capacity(complete.len());
+        let mut finished = std::mem::take(&mut self.recovered);
         let mut complete = complete.into_iter().peekable();
         // Each is read back for its digest: FINISH_THREADS at a time.
         while complete.peek().is_some() {

@@ -107,7 +107,8 @@ async fn fetch_one(
 pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     let mut todo = unpublished(&ctx, files).await?;
     order_for_the_link(&ctx, &mut todo);
-    let needed = begin(&ctx, files, todo.len()).await?;
+    let needed = begin(&ctx, files).await?;
+    ctx.unstarted.store(todo.len(), Ordering::SeqCst);
     let res = fetch_files(&ctx, files, todo, needed).await;
     ctx.store.release_space_reserve();
     res
@@ -151,10 +152,10 @@ pub async fn unpublished(ctx: &FetchCtx, files: &[FileRow]) -> Result<Vec<FileRo
         .collect())
 }
 
-/// Starts a fetch of `files` (`todo` of them unpublished): reports it,
-/// makes `source/` durable and reserves room for the ledger. Returns the
-/// bytes still needed. A fetch begun so ends with [`end`].
-pub async fn begin(ctx: &FetchCtx, files: &[FileRow], todo: usize) -> Result<u64> {
+/// Starts a fetch of `files`: reports it, makes `source/` durable and
+/// reserves room for the ledger. Returns the bytes still needed. A fetch
+/// begun so ends with [`end`].
+pub async fn begin(ctx: &FetchCtx, files: &[FileRow]) -> Result<u64> {
     let store = &ctx.store;
     let total: u64 = files.iter().map(|f| f.size).sum();
     let needed = bytes_still_needed(store, files).await?;
@@ -171,14 +172,16 @@ pub async fn begin(ctx: &FetchCtx, files: &[FileRow], todo: usize) -> Result<u64
     if needed > 0 && !tokio::task::block_in_place(|| store.ensure_space_reserve()) {
         tracing::warn!("no space reserve for the state database could be allocated");
     }
-    ctx.unstarted.store(todo, Ordering::SeqCst);
     Ok(needed)
 }
 
-/// One file of a fetch whose order the caller drives (`run
-/// --disk-budget`), after [`begin`].
+/// One file of a fetch whose order the caller drives (`run`), after
+/// [`begin`]. Only files the caller has admitted count as not yet started
+/// (so a large file may take idle connections while others wait for
+/// admission).
 pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow) -> Result<()> {
     let final_path = safe_join(ctx.dest(), &file.path)?;
+    ctx.unstarted.fetch_add(1, Ordering::SeqCst);
     run_job(ctx, file, final_path).await
 }
 

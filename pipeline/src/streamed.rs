@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, on_disk, prepare_stream};
+use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, prepare_stream};
 use ftpipe_convert::{ConvertError, ConvertOptions, ConvertOutcome, convert};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
 use ftpipe_hub::resolve::Resolved;
@@ -314,12 +314,24 @@ impl Pipeline {
             if published.contains(s) {
                 held.count(s, f.size);
                 ready.push_back(s.to_owned());
-            } else if on_disk(self.layout.source(), &format!("{s}.part")) {
+            } else if on_disk_bytes(self.layout.source(), s).1 {
                 held.count(s, f.size);
                 begun.push(f.clone());
             } else {
                 rest.push(f.clone());
             }
+        }
+        // Whatever else lies in `source/` (a file an earlier pin or
+        // selection left, a copy from the HF cache beside a stale `.part`)
+        // takes room too: counted as held, never released by this run.
+        let tracked: u64 = held
+            .counted
+            .iter()
+            .map(|f| on_disk_bytes(self.layout.source(), f).0)
+            .sum();
+        let untracked = dir_bytes(self.layout.source()).saturating_sub(tracked);
+        if untracked > 0 {
+            held.count(UNTRACKED, untracked);
         }
         let queue = resident.into_iter().chain(begun).chain(rest).collect();
         Ok(Work { queue, ready })
@@ -347,7 +359,11 @@ impl Pipeline {
         held: &mut Held,
     ) -> Result<()> {
         for f in streaming.retirable() {
-            let size = files.iter().find(|r| r.path == f).map_or(0, |r| r.size);
+            let size = files
+                .iter()
+                .find(|r| r.path == f)
+                .map(|r| r.size)
+                .ok_or_else(|| ConvertError::internal(format!("{f} is not a selected file")))?;
             streaming.retire(&self.store, &f, size).await?;
             held.release(&f, size);
         }
@@ -381,12 +397,14 @@ impl Pipeline {
             let queue = queue.make_contiguous();
             ftpipe_fetch::order_for_the_link_preferring(ctx, queue, |f| streaming.is_ple(&f.path));
         }
-        ftpipe_fetch::begin(ctx, files, queue.len()).await?;
-        self.record_peak(held).await?;
+        ftpipe_fetch::begin(ctx, files).await?;
         let jobs = Arc::new(Semaphore::new(jobs.max(1)));
         let mut set = JoinSet::new();
         let mut fetch_errors: Vec<FetchError> = Vec::new();
-        let mut failed: Option<PipelineError> = None;
+        // Once set, nothing new starts; transfers in flight finish and
+        // the fetch is ended (its space reserve released) before it is
+        // returned.
+        let mut failed: Option<PipelineError> = self.record_peak(held).await.err();
         loop {
             while failed.is_none() && fetch_errors.is_empty() {
                 let Some(next) = queue.front() else { break };
@@ -396,11 +414,13 @@ impl Pipeline {
                 let Ok(slot) = jobs.clone().try_acquire_owned() else {
                     break;
                 };
-                let file = queue.pop_front().ok_or_else(|| {
-                    PipelineError::from(ConvertError::internal("admission queue emptied"))
-                })?;
+                let Some(file) = queue.pop_front() else { break };
                 held.count(&file.path, file.size);
-                self.record_peak(held).await?;
+                if let Err(e) = self.record_peak(held).await {
+                    failed = Some(e);
+                    queue.push_front(file);
+                    break;
+                }
                 let ctx = ctx.clone();
                 set.spawn(async move {
                     let _slot = slot;
@@ -437,6 +457,9 @@ impl Pipeline {
         }
         let fetched = ftpipe_fetch::end(ctx, files, fetch_errors).await;
         if let Some(e) = failed {
+            if let Err(f) = fetched {
+                tracing::warn!(error = %f, "the fetch also failed");
+            }
             return Err(e);
         }
         fetched?;
@@ -452,6 +475,30 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// The name under which bytes in `source/` that belong to no selected
+/// file are counted as held.
+const UNTRACKED: &str = "\0untracked";
+
+/// The bytes of `file` under `root` on disk, its final file and its
+/// `.part` together (0 for what is absent), and whether the `.part` is
+/// there. (A `.part` name is refused as a repo path, so it is joined
+/// from the file's.)
+fn on_disk_bytes(root: &Path, file: &str) -> (u64, bool) {
+    let Ok(path) = ftpipe_fs::paths::safe_join(root, file) else {
+        return (0, false);
+    };
+    let mut part = path.clone().into_os_string();
+    part.push(ftpipe_fs::paths::PART_SUFFIX);
+    let len = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .filter(std::fs::Metadata::is_file)
+            .map(|m| m.len())
+    };
+    let part = len(Path::new(&part));
+    (len(&path).unwrap_or(0) + part.unwrap_or(0), part.is_some())
 }
 
 /// Bytes of the regular files under `dir` (0 when absent).

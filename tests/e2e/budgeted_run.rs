@@ -177,6 +177,18 @@ pub(crate) fn check_held(out: &Path, budget: u64, label: &str) {
     );
 }
 
+/// A finished budgeted run deleted every shard (a retirement logged
+/// before a kill included).
+fn assert_no_shard_left(out: &Path, label: &str) {
+    let left: Vec<_> = std::fs::read_dir(out.join("source"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors") || n.ends_with(".safetensors.part"))
+        .collect();
+    assert!(left.is_empty(), "{label}: shards left in source/: {left:?}");
+}
+
 /// Every crash point a budgeted run passes (the fetch driving the
 /// conversion: span writes and claims, receipts, Q3, retirement), once
 /// each at its first and at a later hit; a plain budgeted run then
@@ -196,9 +208,17 @@ fn every_crash_point_of_a_budgeted_run_resumes_to_the_reference() {
     let reference = manifest_sha(&plain);
     let args = budget_args(minimum);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The last components renamed read shards retired before them: a kill
+    // before their receipt must not need those shards again.
+    let components = manifest_json(&plain)["components"]
+        .as_array()
+        .unwrap()
+        .len() as u32;
+    let last_renamed = [components - 1, components];
     // Each point at its first hit and, where a run passes it more than
     // once, at a later one.
     let points: &[(&str, &[u32])] = &[
+        ("component-renamed", &last_renamed),
         ("plan-done", &[1]),
         ("skeleton-written", &[1]),
         ("fetch-verified", &[1, 3]),
@@ -223,9 +243,18 @@ fn every_crash_point_of_a_budgeted_run_resumes_to_the_reference() {
             check_after_kill(&out, &at);
             crate::chain_crash::check_components_after_kill(&out, &at);
             check_held(&out, minimum, &at);
+            // The resumed run keeps to the budget too, counting what the
+            // killed one left (a `.part`, a shard whose unlink was lost).
+            let sampler = Sampler::start(out.join("source"));
             let o = run(&mut run_cmd(&hub.endpoint(), &out, &args));
+            let (seen, _) = sampler.finish();
             assert!(o.status.success(), "{at}: resumed run: {}", stderr(&o));
+            assert!(
+                seen <= minimum,
+                "{at}: the resumed run held {seen} bytes, budget {minimum}"
+            );
             crate::chain_crash::check_finished(&hub, &out, &reference, &at);
+            assert_no_shard_left(&out, &at);
         }
     }
 }
@@ -299,6 +328,7 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
         );
         if status.success() {
             crate::chain_crash::check_finished(hub, &out, reference, &label);
+            assert_no_shard_left(&out, &label);
             chains += 1;
             out = tmp.path().join(format!("chain-{chains}"));
             continue;
@@ -324,6 +354,7 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &args));
     crate::chain_crash::check_finished(hub, &out, reference, "last chain");
+    assert_no_shard_left(&out, "last chain");
     eprintln!(
         "budgeted kill storm (seed {seed}): {kills} kills over {} chains; {claims_seen} left span claims, \
          {retired_seen} after a retirement; by place: {landed:?}",
