@@ -342,6 +342,9 @@ pub async fn convert(
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
     crashpoint::hit(CrashPoint::SkeletonWritten);
     write_atomic_json(paths.state_dir(), PLAN_FILE, &*plan, PRETTY)?;
+    // Span claims name bytes in temp files about to be removed: they go
+    // first, so none outlives its file.
+    store.forget_all_spans().await?;
     for t in remove_temp_files(paths.artifact())? {
         tracing::info!("removed stale temp file {}", t.display());
     }

@@ -425,13 +425,15 @@ pub enum ConvertError {
     /// Under `--disk-budget`, sources left on disk by an earlier run hold
     /// the budget and no admitted file can free it.
     #[error(
-        "--disk-budget {budget} bytes: {held} bytes of sources already on disk (from an earlier run) leave no room for {next} ({size} bytes), and nothing in flight can free any; raise the budget to at least {needed} bytes or delete DIR/source/{next}.part"
+        "--disk-budget {budget} bytes: {held} bytes of sources on disk ({untracked} of them in DIR/source/ files this run does not fetch, such as an earlier pin's or selection's) leave no room for {next} ({size} bytes), and nothing in flight can free any; raise the budget to at least {needed} bytes or delete what DIR/source/ should not hold"
     )]
     DiskBudgetStuck {
         /// The budget.
         budget: u64,
         /// Source bytes held.
         held: u64,
+        /// Of them, bytes of files the run does not fetch.
+        untracked: u64,
         /// The next file in the schedule's order.
         next: String,
         /// Its size.

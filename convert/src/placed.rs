@@ -133,6 +133,15 @@ impl<'a> SpanWriter<'a> {
         create_dirs_durably(artifact, &dir).map_err(|e| ConvertError::io("create", &dir, e))?;
         ftpipe_fs::nofollow::check_absent_or_regular(&path)
             .map_err(|e| ConvertError::io("open", &path, e))?;
+        // A final file without a receipt (an earlier run's, any identity)
+        // is never trusted; it goes before any span of this one is
+        // claimed, so a renamed file is always this writer's
+        // ([`recover_renamed`]). The directory fsync below makes it last.
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ConvertError::io("remove", &path, e)),
+        }
         let file = ftpipe_fs::nofollow::create_truncated(&tmp)
             .map_err(|e| ConvertError::io("create", &tmp, e))?;
         file.write_all_at(map.header(), 0)
@@ -335,6 +344,7 @@ pub async fn recover_renamed(
             .len();
         let mut header = vec![0u8; map.header().len()];
         if len != map.total_len()
+            || len != c.predicted_bytes
             || file.read_exact_at(&mut header, 0).is_err()
             || header != map.header()
         {

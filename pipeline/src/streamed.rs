@@ -18,7 +18,7 @@
 //! retired: nothing unfinished may need it), counts every shard on disk
 //! or begun as held, and goes on in the same order.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -57,14 +57,15 @@ struct Held {
     peak: u64,
     /// The peak last recorded in the store.
     recorded: u64,
-    /// Files whose bytes are counted in `bytes`.
-    counted: BTreeSet<String>,
+    /// Files whose bytes are counted in `bytes`, with what each counts.
+    counted: BTreeMap<String, u64>,
 }
 
 impl Held {
     /// Counts `file` (`size` bytes) if it is not counted yet.
     fn count(&mut self, file: &str, size: u64) {
-        if self.counted.insert(file.to_owned()) {
+        if !self.counted.contains_key(file) {
+            self.counted.insert(file.to_owned(), size);
             self.bytes = self.bytes.saturating_add(size);
             self.peak = self.peak.max(self.bytes);
         }
@@ -72,7 +73,7 @@ impl Held {
 
     /// `file` may start now.
     fn admits(&self, file: &FileRow) -> bool {
-        let extra = if self.counted.contains(&file.path) {
+        let extra = if self.counted.contains_key(&file.path) {
             0
         } else {
             file.size
@@ -81,10 +82,16 @@ impl Held {
             .is_none_or(|b| self.bytes.saturating_add(extra) <= b)
     }
 
-    fn release(&mut self, file: &str, size: u64) {
-        if self.counted.remove(file) {
-            self.bytes = self.bytes.saturating_sub(size);
+    /// `file` is gone from disk: what it counted is released.
+    fn release(&mut self, file: &str) {
+        if let Some(n) = self.counted.remove(file) {
+            self.bytes = self.bytes.saturating_sub(n);
         }
+    }
+
+    /// Bytes counted for files this run does not fetch.
+    fn untracked(&self) -> u64 {
+        self.counted.get(UNTRACKED).copied().unwrap_or(0)
     }
 }
 
@@ -255,7 +262,7 @@ impl Pipeline {
                 bytes: 0,
                 peak: 0,
                 recorded: 0,
-                counted: BTreeSet::new(),
+                counted: BTreeMap::new(),
             };
             let work = self
                 .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
@@ -311,11 +318,15 @@ impl Pipeline {
         let mut rest = Vec::new();
         for &s in &shards {
             let Some(f) = row(s) else { continue };
+            let on_disk = on_disk_bytes(self.layout.source(), s);
             if published.contains(s) {
                 held.count(s, f.size);
                 ready.push_back(s.to_owned());
-            } else if on_disk_bytes(self.layout.source(), s).1 {
-                held.count(s, f.size);
+            } else if on_disk.part.is_some() || on_disk.final_len > 0 {
+                // Begun (its `.part` counted whole), and any older version
+                // of the file a repin left (replaced when the new one is
+                // published): held until it is retired.
+                held.count(s, f.size.saturating_add(on_disk.final_len));
                 begun.push(f.clone());
             } else {
                 rest.push(f.clone());
@@ -324,10 +335,12 @@ impl Pipeline {
         // Whatever else lies in `source/` (a file an earlier pin or
         // selection left, a copy from the HF cache beside a stale `.part`)
         // takes room too: counted as held, never released by this run.
-        let tracked: u64 = held
-            .counted
+        let tracked: u64 = files
             .iter()
-            .map(|f| on_disk_bytes(self.layout.source(), f).0)
+            .map(|f| {
+                let d = on_disk_bytes(self.layout.source(), &f.path);
+                d.final_len + d.part.unwrap_or(0)
+            })
             .sum();
         let untracked = dir_bytes(self.layout.source()).saturating_sub(tracked);
         if untracked > 0 {
@@ -365,7 +378,7 @@ impl Pipeline {
                 .map(|r| r.size)
                 .ok_or_else(|| ConvertError::internal(format!("{f} is not a selected file")))?;
             streaming.retire(&self.store, &f, size).await?;
-            held.release(&f, size);
+            held.release(&f);
         }
         Ok(())
     }
@@ -467,6 +480,7 @@ impl Pipeline {
             return Err(ConvertError::DiskBudgetStuck {
                 budget: held.budget.unwrap_or(u64::MAX),
                 held: held.bytes,
+                untracked: held.untracked(),
                 next: next.path.clone(),
                 size: next.size,
                 needed: held.bytes.saturating_add(next.size),
@@ -481,13 +495,22 @@ impl Pipeline {
 /// file are counted as held.
 const UNTRACKED: &str = "\0untracked";
 
-/// The bytes of `file` under `root` on disk, its final file and its
-/// `.part` together (0 for what is absent), and whether the `.part` is
-/// there. (A `.part` name is refused as a repo path, so it is joined
-/// from the file's.)
-fn on_disk_bytes(root: &Path, file: &str) -> (u64, bool) {
+/// What of one selected file is on disk.
+struct OnDisk {
+    /// Its final file's length (0 when absent).
+    final_len: u64,
+    /// Its `.part`'s length, when there is one.
+    part: Option<u64>,
+}
+
+/// What of `file` is under `root`. (A `.part` name is refused as a repo
+/// path, so it is joined from the file's.)
+fn on_disk_bytes(root: &Path, file: &str) -> OnDisk {
     let Ok(path) = ftpipe_fs::paths::safe_join(root, file) else {
-        return (0, false);
+        return OnDisk {
+            final_len: 0,
+            part: None,
+        };
     };
     let mut part = path.clone().into_os_string();
     part.push(ftpipe_fs::paths::PART_SUFFIX);
@@ -497,8 +520,10 @@ fn on_disk_bytes(root: &Path, file: &str) -> (u64, bool) {
             .filter(std::fs::Metadata::is_file)
             .map(|m| m.len())
     };
-    let part = len(Path::new(&part));
-    (len(&path).unwrap_or(0) + part.unwrap_or(0), part.is_some())
+    OnDisk {
+        final_len: len(&path).unwrap_or(0),
+        part: len(Path::new(&part)),
+    }
 }
 
 /// Bytes of the regular files under `dir` (0 when absent).

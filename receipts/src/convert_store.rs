@@ -215,6 +215,16 @@ impl Store {
             .collect()
     }
 
+    /// Forgets every span claim (every temp file is about to be removed).
+    pub async fn forget_all_spans(&self) -> Result<()> {
+        let mut conn = self.writer().await?;
+        sqlx::query("DELETE FROM component_spans")
+            .execute(&mut *conn)
+            .await
+            .ctx("delete component_spans")?;
+        Ok(())
+    }
+
     /// Forgets every span claim of `component` (its temp file is about to
     /// be recreated).
     pub async fn forget_spans(&self, component: &str) -> Result<()> {

@@ -234,3 +234,51 @@ async fn write_one<'a>(
         .unwrap();
     ws.pop().unwrap().0
 }
+
+/// Regression (a review of issue 28's pipelined run): a component's final
+/// file left without a receipt by an earlier run (another pin, same
+/// length and header) was taken by `recover_renamed` for the claims of a
+/// later writer once that writer's temp file was gone, and receipted
+/// under the new identity with the old weights. A writer now unlinks such
+/// a file before any span of it is claimed, so a final file beside a full
+/// set of claims is always the claims' own.
+#[test]
+fn a_final_file_without_a_receipt_is_never_recovered_for_later_claims() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    let ftw = ftw_of(&plan);
+    let sources = Sources::new(&src);
+    let out = tmp.path().join("artifact");
+    // The earlier run's whole component, renamed, never receipted.
+    let old = write_component(&sources, &out, ftw, &BTreeMap::new()).unwrap();
+    assert_eq!(
+        std::fs::metadata(out.join(&ftw.name)).unwrap().len(),
+        old.size
+    );
+    let id = "c".repeat(64);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let store = Store::open(&tmp.path().join("state.db")).await.unwrap();
+            let run = store.begin_run("test", "0").await.unwrap();
+            let mut w = open_durable(&store, &out, ftw, &id).await.unwrap();
+            assert!(
+                !out.join(&ftw.name).exists(),
+                "the unreceipted final file outlived a new writer"
+            );
+            let files: Vec<String> = ftw.source_files.iter().cloned().collect();
+            for f in &files {
+                w = write_one(&store, run, w, &sources, f, &id).await;
+            }
+            // Every span claimed, then the temp file swept without its
+            // claims (as a crash in another path could leave it).
+            drop(w);
+            std::fs::remove_file(out.join(ftpipe_fs::durable::temp_name(&ftw.name))).unwrap();
+            let recovered = recover_renamed(&store, &out, ftw, &id).await.unwrap();
+            assert!(recovered.is_none(), "{recovered:?}");
+        });
+}
