@@ -108,6 +108,15 @@ fn finishing_early_names_a_missing_file() {
     assert!(!out.join("model.ftw").exists());
 }
 
+/// The tiny BF16 release in a temp dir's `source/`, and its plan.
+fn tiny_release() -> (tempfile::TempDir, std::path::PathBuf, crate::Plan) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("source");
+    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
+    let plan = plan_local(&src).unwrap();
+    (tmp, src, plan)
+}
+
 /// The ftw component of `plan`, the source files it reads in plan order,
 /// and what the streaming writer gives for it.
 fn ftw_of(plan: &crate::Plan) -> &Component {
@@ -119,10 +128,7 @@ fn ftw_of(plan: &crate::Plan) -> &Component {
 
 #[test]
 fn a_crash_loses_only_unclaimed_spans_and_the_resume_is_byte_identical() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("source");
-    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
-    let plan = plan_local(&src).unwrap();
+    let (tmp, src, plan) = tiny_release();
     let ftw = ftw_of(&plan);
     let sources = Sources::new(&src);
     let want = write_component(
@@ -244,10 +250,7 @@ async fn write_one<'a>(
 /// set of claims is always the claims' own.
 #[test]
 fn a_final_file_without_a_receipt_is_never_recovered_for_later_claims() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("source");
-    write_repo_to_dir(&generate_release_repo(5, &ReleaseShape::tiny()), &src).unwrap();
-    let plan = plan_local(&src).unwrap();
+    let (tmp, src, plan) = tiny_release();
     let ftw = ftw_of(&plan);
     let sources = Sources::new(&src);
     let out = tmp.path().join("artifact");
