@@ -1,6 +1,6 @@
-//! A pipelined build (`run --disk-budget`): the conversion driven by the
-//! fetch, one verified file at a time, with the receipts and retirements
-//! the convert stage would make.
+//! A pipelined build (`run` online, with or without `--disk-budget`): the
+//! conversion driven by the fetch, one verified file at a time, with the
+//! receipts and retirements the convert stage would make.
 //!
 //! [`prepare_stream`] runs before any shard body is fetched. From the plan
 //! (headers over HTTP Range, or from disk for files already published) it
@@ -19,9 +19,9 @@
 //! finished component gets its receipt under the skeleton's identity, and
 //! once every PLE file is in the Q3 table is written. A shard is retired
 //! (logged, unlinked, its directory fsynced) once nothing unfinished needs
-//! it. The convert stage that follows finds every component with a valid
-//! receipt and writes the manifest: the artifact is the one an unbudgeted
-//! run makes, byte for byte.
+//! it. The convert stage that follows ([`finish_stream`]) finds every
+//! component with a valid receipt and writes the manifest: the artifact is
+//! the one a fetch followed by `convert` makes, byte for byte.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

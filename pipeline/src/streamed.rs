@@ -1,22 +1,26 @@
-//! `run --disk-budget SIZE`: the fetch drives the conversion.
+//! The pipelined `run` (online, with or without `--disk-budget SIZE`):
+//! the fetch drives the conversion.
 //!
 //! The plan stage plans from headers (over HTTP Range for files not yet
 //! published), refuses a budget below the schedule's minimum before any
 //! shard body is fetched, and saves the skeleton
 //! ([`ftpipe_convert::pipelined::prepare_stream`]). The fetch stage then
-//! admits files in the schedule's order, head of line: the next file
-//! starts only while the source bytes held (resident files, every admitted
-//! shard not yet retired, a `.part` counted at its full size from its first
-//! byte) plus its size fit the budget. Each verified shard is converted at
-//! once ([`ftpipe_convert::pipelined::Streaming`]) while the other
-//! transfers go on, and retired as soon as nothing unfinished needs it.
-//! The convert stage that follows finds every component receipted and
-//! writes the manifest; verify checks the artifact as always.
+//! admits files: under a budget in the schedule's order, head of line,
+//! the next file starting only while the source bytes held (resident
+//! files, every admitted shard not yet retired, a `.part` counted at its
+//! full size from its first byte, anything else in `source/`) plus its
+//! size fit; without one in the link's order, PLE files first among files
+//! of their size. Each verified shard is converted at once
+//! ([`ftpipe_convert::pipelined::Streaming`]) while the other transfers go
+//! on, and, under a budget or `--retire-sources`, retired as soon as
+//! nothing unfinished needs it. The convert stage that follows writes the
+//! manifest from the skeleton; verify checks the artifact as always.
 //!
 //! After a kill, the next run hands the converter every shard verified
 //! before it (on disk: converted again where its spans were not claimed;
-//! retired: nothing unfinished may need it), counts every shard on disk
-//! or begun as held, and goes on in the same order.
+//! retired: nothing unfinished may need it, and one still on disk is
+//! unlinked), counts what is on disk as held, and goes on in the same
+//! order.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
