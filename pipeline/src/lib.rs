@@ -15,7 +15,8 @@
 //! - this file: [`Pipeline`] (open, lock, `stage()` bracketing), the
 //!   resolve and fetch stages, `status`.
 //! - `run`: the plan, convert and verify stages and the whole `run`;
-//!   `streamed`: `run --disk-budget`, the fetch driving the conversion.
+//!   `streamed`: the pipelined `run` (online, `--disk-budget`), the fetch
+//!   driving the conversion.
 //! - [`state`]: stage status as a pure function of the event log.
 //! - [`audit`]: the byte ledger, receipts and artifact log against the
 //!   disk; [`bundle`]: the evidence in one archive.
