@@ -51,6 +51,16 @@ pub fn duplicate_keys(json: &[u8]) -> Result<Vec<DuplicateKey>, serde_json::Erro
     scan(json).map(|f| f.duplicates)
 }
 
+/// True when `json` holds a registered secret, raw or in a string or key
+/// as parsed (a `\u`-escaped token included); bytes that do not parse
+/// are searched raw.
+pub fn holds_secret(json: &[u8]) -> bool {
+    scan(json).map_or_else(
+        |_| ftpipe_secrets::contains_secret(json),
+        |found| found.holds_secret,
+    )
+}
+
 /// Walks `json` once: its repeated keys, and whether it holds a credential
 /// in any form a parser would decode. Fails only when `json` is not JSON.
 pub fn scan(json: &[u8]) -> Result<Findings, serde_json::Error> {

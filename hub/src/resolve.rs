@@ -310,8 +310,7 @@ pub fn parse_revision(url: &str, body: &[u8]) -> Result<String> {
 pub fn parse_tree_page(url: &str, body: &[u8]) -> Result<Vec<FileRow>> {
     // Paths are stored and become file names: a page echoing the token
     // (in a path or anywhere) is refused, never recorded.
-    let holds_secret = crate::json_keys::scan(body).is_ok_and(|found| found.holds_secret);
-    if holds_secret || ftpipe_secrets::contains_secret(body) {
+    if crate::json_keys::holds_secret(body) {
         return Err(HubError::BadListing {
             path: url.to_owned(),
             problem: "the listing page holds the token this process sent".into(),
@@ -401,13 +400,9 @@ pub async fn list_tree(client: &HubClient, repo: &str, commit: &str) -> Result<V
     ))
 }
 
-/// Pins the revision and stores the listing (idempotent).
-pub async fn resolve(
-    client: &HubClient,
-    store: &Store,
-    req: &ResolveRequest,
-    reporter: &dyn Reporter,
-) -> Result<Resolved> {
+/// The pin `store` holds, for every origin; a pin of another repo is
+/// refused (one directory holds one repo).
+pub async fn existing_pin(store: &Store, req: &ResolveRequest) -> Result<Option<Pin>> {
     let existing = store.pin().await?;
     if let Some(pin) = &existing
         && pin.repo != req.repo
@@ -418,6 +413,17 @@ pub async fn resolve(
             requested: req.repo.clone(),
         });
     }
+    Ok(existing)
+}
+
+/// Pins the revision and stores the listing (idempotent).
+pub async fn resolve(
+    client: &HubClient,
+    store: &Store,
+    req: &ResolveRequest,
+    reporter: &dyn Reporter,
+) -> Result<Resolved> {
+    let existing = existing_pin(store, req).await?;
     if client.is_offline() {
         return resolve_offline(store, req, existing).await;
     }

@@ -142,6 +142,16 @@ impl Mirror {
                 dest: self.location.to_string(),
                 key: url.clone(),
             })?;
+        // Paths and hashes are stored and paths become file names: a
+        // listing holding a credential this process sent is refused,
+        // never recorded.
+        if ftpipe_hub::json_keys::holds_secret(&body.bytes) {
+            return Err(bad_listing(
+                &url,
+                String::new(),
+                "the listing holds a credential this process sent".into(),
+            ));
+        }
         let de = &mut serde_json::Deserializer::from_slice(&body.bytes);
         let listing: Listing = serde_path_to_error::deserialize(de).map_err(|e| {
             bad_listing(
@@ -193,6 +203,15 @@ impl Mirror {
                     "expected 64 hex digits".into(),
                 ));
             }
+            if let Some(x) = &f.xet_hash
+                && ftpipe_hub::identity::XetHash::parse(x).is_none()
+            {
+                return Err(bad_listing(
+                    &url,
+                    at("xet_hash"),
+                    "expected 64 hex digits".into(),
+                ));
+            }
             rows.push(FileRow {
                 path: f.path.clone(),
                 size: f.size,
@@ -232,17 +251,7 @@ impl Mirror {
         req: &ResolveRequest,
         reporter: &dyn Reporter,
     ) -> Result<Resolved> {
-        let existing = store.pin().await?;
-        if let Some(pin) = &existing
-            && pin.repo != req.repo
-        {
-            return Err(HubError::OtherRepo {
-                dir: store.path().to_owned(),
-                pinned: pin.repo.clone(),
-                requested: req.repo.clone(),
-            }
-            .into());
-        }
+        let existing = ftpipe_hub::resolve::existing_pin(store, req).await?;
         let (commit, listed) = self.listing_for(&req.repo, &req.revision).await?;
         let (keep, branch_moved_to) =
             ftpipe_hub::resolve::pin_rules(existing.as_ref(), req, &commit, reporter)?;

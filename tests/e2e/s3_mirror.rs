@@ -141,6 +141,44 @@ fn a_run_from_a_mirror_builds_the_hubs_manifest_and_a_wrong_file_is_refused() {
         &stderr(&o),
         &["s3://models/mirrors/evil/listing.json", "files[0].path"],
     );
+
+    // A listing holding the session token ftpipe sent, `\u`-escaped in a
+    // path (it would be stored and become a file name): refused, never
+    // stored or printed.
+    listing["files"][0]["path"] = format!("x/{SESSION_TOKEN}.safetensors").into();
+    let text = serde_json::to_string(&listing).unwrap().replacen(
+        SESSION_TOKEN,
+        &format!(
+            "\\u{:04x}{}",
+            SESSION_TOKEN.as_bytes()[0],
+            &SESSION_TOKEN[1..]
+        ),
+        1,
+    );
+    assert!(!text.contains(SESSION_TOKEN));
+    m.put_object("mirrors/echo/listing.json", text.as_bytes());
+    let out = tmp.path().join("echo");
+    let o = run(m
+        .ftpipe(home)
+        .args([
+            "fetch",
+            REPO,
+            "--endpoint",
+            "s3://models/mirrors/echo",
+            "--out",
+        ])
+        .arg(&out));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &["s3://models/mirrors/echo/listing.json", "credential"],
+    );
+    assert!(!stderr(&o).contains(SESSION_TOKEN), "{}", stderr(&o));
+    assert!(
+        try_query(&out, "SELECT path FROM files")
+            .unwrap_or_default()
+            .is_empty()
+    );
 }
 
 /// `ftpipe mirror REPO s3://… --out DIR` fetches the pinned repo into DIR

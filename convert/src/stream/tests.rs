@@ -75,7 +75,10 @@ fn reference(plan: &Plan, src: &Path, out: &Path) {
     }
 }
 
-fn build(shape: &ReleaseShape, factor: (u64, u64)) {
+/// `shape` written as the remote repo, its resident files (all but the
+/// shards) copied into `source/`: `(tmp, remote, source, plan, resident
+/// bytes)`.
+fn setup(shape: &ReleaseShape) -> (tempfile::TempDir, PathBuf, PathBuf, Plan, u64) {
     let tmp = tempfile::tempdir().unwrap();
     let remote = tmp.path().join("remote");
     let files = generate_release_repo(9, shape);
@@ -87,6 +90,11 @@ fn build(shape: &ReleaseShape, factor: (u64, u64)) {
     for f in files.iter().filter(|f| !f.path.ends_with(".safetensors")) {
         resident += std::fs::copy(remote.join(&f.path), src.join(&f.path)).unwrap();
     }
+    (tmp, remote, src, plan, resident)
+}
+
+fn build(shape: &ReleaseShape, factor: (u64, u64)) {
+    let (tmp, remote, src, plan, resident) = setup(shape);
     let w = Workload::of_plan(&plan, resident);
     let budget = w.minimum_budget() * factor.0 / factor.1;
     reference(&plan, &remote, &tmp.path().join("reference"));
@@ -219,17 +227,7 @@ fn bf16_release_with_ple_only_files_and_nvfp4_with_shared_files() {
 /// again when on disk, retired when deleted) and goes on. Returns the
 /// finished components' bytes by name.
 fn build_with_restart(shape: &ReleaseShape, stop: usize) -> BTreeMap<String, Vec<u8>> {
-    let tmp = tempfile::tempdir().unwrap();
-    let remote = tmp.path().join("remote");
-    let files = generate_release_repo(9, shape);
-    write_repo_to_dir(&files, &remote).unwrap();
-    let plan = plan_local(&remote).unwrap();
-    let src = tmp.path().join("source");
-    std::fs::create_dir_all(&src).unwrap();
-    let mut resident = 0;
-    for f in files.iter().filter(|f| !f.path.ends_with(".safetensors")) {
-        resident += std::fs::copy(remote.join(&f.path), src.join(&f.path)).unwrap();
-    }
+    let (tmp, remote, src, plan, resident) = setup(shape);
     let w = Workload::of_plan(&plan, resident);
     let artifact = tmp.path().join("artifact");
     let identity = |c: &Component| hex::encode(Sha256::digest(c.name.as_bytes()));
