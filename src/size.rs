@@ -58,22 +58,36 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
     let out_of_range = || format!("{s:?} is more than {} bytes", u64::MAX);
     let int: u128 = int.parse().map_err(|_| out_of_range())?;
-    let whole = int * u128::from(scale);
+    let whole = int
+        .checked_mul(u128::from(scale))
+        .ok_or_else(out_of_range)?;
     let (frac_value, denominator) = if frac.is_empty() {
         (0, 1)
     } else {
+        // At most MAX_FRACTION_DIGITS digits times a u64 scale: fits.
         let v: u128 = frac.parse().map_err(|_| out_of_range())?;
         (v * u128::from(scale), 10u128.pow(frac.len() as u32))
     };
     if frac_value % denominator != 0 {
         return Err(format!("{s:?} is not a whole number of bytes"));
     }
-    u64::try_from(whole + frac_value / denominator).map_err(|_| out_of_range())
+    let total = whole
+        .checked_add(frac_value / denominator)
+        .ok_or_else(out_of_range)?;
+    u64::try_from(total).map_err(|_| out_of_range())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: an integer part that fits u128 but not times its unit
+    /// overflowed (a panic in debug builds, a wrapped size in release).
+    #[test]
+    fn a_size_past_u128_times_its_unit_is_refused() {
+        let e = parse_size("400000000000000000000000000000000000TiB").unwrap_err();
+        assert!(e.contains("is more than"), "{e}");
+    }
 
     #[test]
     fn units_are_exact() {

@@ -72,11 +72,6 @@ impl StreamSetup {
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
     }
-
-    /// Σ predicted component bytes.
-    pub fn artifact_bytes(&self) -> u64 {
-        self.plan.components.iter().map(|c| c.predicted_bytes).sum()
-    }
 }
 
 /// The receipts the selected files will have once verified: the listing's
@@ -241,7 +236,7 @@ impl<'s> Streaming<'s> {
             identities[&c.name].clone()
         })
         .await?;
-        let total = setup.artifact_bytes();
+        let total = setup.workload.artifact_bytes();
         let done_bytes: u64 = done.values().map(|r| r.size).sum();
         reporter.report(ProgressEvent::ConvertPlanned {
             components: setup.plan.components.len(),
@@ -329,7 +324,7 @@ impl<'s> Streaming<'s> {
                 .collect();
             let written = self
                 .conv
-                .write_q3_with(&self.sources, &shas, &self.known_absmax())?;
+                .write_q3(&self.sources, &shas, &self.known_absmax())?;
             self.receipts(store, written, reporter).await?;
         }
         Ok(())
@@ -445,15 +440,6 @@ impl<'s> Streaming<'s> {
         Ok(())
     }
 
-    /// Every component has a receipt.
-    pub fn complete(&self) -> bool {
-        self.setup
-            .plan
-            .components
-            .iter()
-            .all(|c| self.done.contains_key(&c.name))
-    }
-
     /// Commits the receipts of components renamed into place.
     async fn receipts(
         &mut self,
@@ -554,5 +540,5 @@ fn unlink_durably(root: &Path, file: &str) -> Result<()> {
 
 /// True when `file` under `root` is on disk.
 fn on_disk(root: &Path, file: &str) -> bool {
-    ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| p.exists())
+    ftpipe_fs::paths::safe_join(root, file).is_ok_and(|p| std::fs::symlink_metadata(p).is_ok())
 }

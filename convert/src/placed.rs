@@ -239,6 +239,14 @@ impl<'a> SpanWriter<'a> {
         &self.component.name
     }
 
+    /// A span of source `file` is still to be written.
+    pub fn needs(&self, file: &str) -> bool {
+        self.spans
+            .iter()
+            .zip(&self.done)
+            .any(|(p, d)| !*d && &*p.span.file == file)
+    }
+
     /// The source files whose spans are not all written yet.
     pub fn missing_files(&self) -> BTreeSet<&str> {
         self.spans
@@ -268,7 +276,7 @@ impl<'a> SpanWriter<'a> {
         self.file
             .sync_all()
             .map_err(|e| ConvertError::io("fsync", &self.tmp, e))?;
-        let (size, sha256) = digest(&self.tmp)?;
+        let (size, sha256) = digest(&self.tmp, c.predicted_bytes)?;
         if size != c.predicted_bytes {
             let _ = std::fs::remove_file(&self.tmp);
             return Err(ConvertError::SizeMismatch {
@@ -328,12 +336,12 @@ pub async fn recover_renamed(
     let all_claimed =
         claims.len() == claimed.len() && spans.iter().all(|p| claimed.contains(&*p.span.file));
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
-    if claims.is_empty() || !all_claimed || tmp.exists() {
+    if claims.is_empty() || !all_claimed || std::fs::symlink_metadata(&tmp).is_ok() {
         return Ok(None);
     }
     let path = safe_join(artifact, &c.name)?;
     block_in_place(|| {
-        let file = match ftpipe_fs::nofollow::open_read(&path) {
+        let file = match ftpipe_fs::nofollow::open_read_unshared(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(ConvertError::io("open", &path, e)),
@@ -350,7 +358,11 @@ pub async fn recover_renamed(
         {
             return Ok(None);
         }
-        let (size, sha256) = digest(&path)?;
+        // The file checked is the file hashed, never past its planned end.
+        let (size, sha256) = digest_open(file, &path, len)?;
+        if size != len {
+            return Ok(None);
+        }
         Ok(Some(Written { size, sha256 }))
     })
 }
@@ -367,14 +379,20 @@ pub async fn write_file_into_all(
     sources: &Sources,
     file: &str,
 ) -> Result<usize> {
-    let mut todo: Vec<&mut (SpanWriter<'_>, String)> = writers
-        .iter_mut()
-        .filter(|(w, _)| w.missing_files().contains(file))
-        .collect();
-    let written: Vec<Result<u64>> = block_in_place(|| {
-        todo.chunks_mut(WRITE_THREADS)
-            .flat_map(|chunk| write_chunk(chunk, sources, file))
-            .collect()
+    let mut todo: Vec<&mut (SpanWriter<'_>, String)> =
+        writers.iter_mut().filter(|(w, _)| w.needs(file)).collect();
+    let written = block_in_place(|| {
+        in_threads(
+            todo.iter_mut().collect(),
+            WRITE_THREADS,
+            "span write",
+            |entry| {
+                let w = &mut entry.0;
+                let bytes = w.write_file(sources, file)?;
+                w.sync()?;
+                Ok(bytes)
+            },
+        )
     });
     let mut claims = Vec::with_capacity(todo.len());
     for ((w, identity), bytes) in todo.iter().map(|e| (&e.0, &e.1)).zip(written) {
@@ -394,39 +412,46 @@ pub async fn write_file_into_all(
 /// Span writers written and fsynced at once.
 const WRITE_THREADS: usize = 8;
 
-/// Writes and fsyncs the spans of `file` into each writer of `chunk`, one
-/// thread each; the source bytes each wrote.
-fn write_chunk(
-    chunk: &mut [&mut (SpanWriter<'_>, String)],
-    sources: &Sources,
-    file: &str,
-) -> Vec<Result<u64>> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = chunk
-            .iter_mut()
-            .map(|entry| {
-                let w = &mut entry.0;
-                scope.spawn(move || {
-                    let bytes = w.write_file(sources, file)?;
-                    w.sync()?;
-                    Ok::<_, ConvertError>(bytes)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
+/// `work` on each of `items`, `threads` at a time on scoped threads;
+/// the results in item order, a panic as an internal error naming `what`.
+pub(crate) fn in_threads<I: Send, T: Send>(
+    items: Vec<I>,
+    threads: usize,
+    what: &str,
+    work: impl Fn(I) -> Result<T> + Sync,
+) -> Vec<Result<T>> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let batch: Vec<I> = items.by_ref().take(threads.max(1)).collect();
+        std::thread::scope(|scope| {
+            let work = &work;
+            let handles: Vec<_> = batch
+                .into_iter()
+                .map(|item| scope.spawn(move || work(item)))
+                .collect();
+            out.extend(handles.into_iter().map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(ConvertError::internal("a span writer panicked")))
-            })
-            .collect()
-    })
+                    .unwrap_or_else(|_| Err(ConvertError::internal(format!("a {what} panicked"))))
+            }));
+        });
+    }
+    out
 }
 
 /// Length and hex SHA-256 of the file at `path`, read in chunks.
-fn digest(path: &Path) -> Result<(u64, String)> {
+fn digest(path: &Path, limit: u64) -> Result<(u64, String)> {
+    let f = ftpipe_fs::nofollow::open_read_unshared(path)
+        .map_err(|e| ConvertError::io("read back", path, e))?;
+    digest_open(f, path, limit)
+}
+
+/// Length and hex SHA-256 of the open file `f` (at `path`), read in chunks
+/// up to `limit` + 1 bytes: a longer file shows as longer than `limit`
+/// without being read to its end.
+fn digest_open(f: File, path: &Path, limit: u64) -> Result<(u64, String)> {
     let io = |e| ConvertError::io("read back", path, e);
-    let mut f = ftpipe_fs::nofollow::open_read_unshared(path).map_err(io)?;
+    let mut f = f.take(limit.saturating_add(1));
     let (mut hasher, mut size) = (Sha256::new(), 0u64);
     let mut buf = vec![0u8; CHUNK_BYTES];
     loop {

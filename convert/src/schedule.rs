@@ -137,6 +137,12 @@ pub struct BudgetReport {
     pub fetch_order: Vec<String>,
 }
 
+/// Σ `sizes`, saturating: sizes come from a listing (each at most
+/// i64::MAX), and a sum past u64 is "more than any disk" either way.
+fn saturating_sum(sizes: impl Iterator<Item = u64>) -> u64 {
+    sizes.fold(0, u64::saturating_add)
+}
+
 /// `bytes` in decimal units with one decimal (`102.5 GB`, `11.6 MB`,
 /// `500 B`), for messages; the exact byte count goes beside it.
 pub fn shown(bytes: u64) -> String {
@@ -199,7 +205,7 @@ impl Workload {
 
     /// Bytes of the PLE files.
     pub fn ple_bytes(&self) -> u64 {
-        self.files.iter().filter(|f| f.ple).map(|f| f.bytes).sum()
+        saturating_sum(self.files.iter().filter(|f| f.ple).map(|f| f.bytes))
     }
 
     /// The largest file holding no PLE span.
@@ -221,7 +227,7 @@ impl Workload {
 
     /// Every source and the whole artifact on disk at once: today's peak.
     pub fn unbudgeted_peak(&self) -> u64 {
-        let sources: u64 = self.files.iter().map(|f| f.bytes).sum();
+        let sources = saturating_sum(self.files.iter().map(|f| f.bytes));
         self.resident
             .saturating_add(sources)
             .saturating_add(self.artifact_bytes())
@@ -229,8 +235,9 @@ impl Workload {
 
     /// Every artifact byte.
     pub fn artifact_bytes(&self) -> u64 {
-        let files: u64 = self.files.iter().map(|f| f.artifact_bytes).sum();
-        files + self.q3_bytes + self.upfront_bytes
+        saturating_sum(self.files.iter().map(|f| f.artifact_bytes))
+            .saturating_add(self.q3_bytes)
+            .saturating_add(self.upfront_bytes)
     }
 
     /// Why the minimum is what it is, for the refusal.
@@ -361,7 +368,7 @@ impl<'a> Simulation<'a> {
             w,
             budget,
             held: w.resident,
-            artifact: w.upfront_bytes + q3_now,
+            artifact: w.upfront_bytes.saturating_add(q3_now),
             next: 0,
             in_flight: VecDeque::new(),
             ple_left,
@@ -374,7 +381,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn note(&mut self) {
-        self.peak = self.peak.max(self.held + self.artifact);
+        self.peak = self.peak.max(self.held.saturating_add(self.artifact));
         self.peak_held = self.peak_held.max(self.held);
     }
 
@@ -391,10 +398,10 @@ impl<'a> Simulation<'a> {
     /// Starts files head of line while they fit.
     fn admit(&mut self) {
         while let Some(f) = self.w.files.get(self.next) {
-            if self.held + f.bytes > self.budget {
+            if self.held.saturating_add(f.bytes) > self.budget {
                 return;
             }
-            self.held += f.bytes;
+            self.held = self.held.saturating_add(f.bytes);
             self.steps.push(Step::Fetch(self.next));
             self.in_flight.push_back(self.next);
             self.next += 1;
@@ -405,7 +412,7 @@ impl<'a> Simulation<'a> {
     /// File `i` verified: its spans written, then whatever may retire.
     fn convert(&mut self, i: usize) {
         let f = &self.w.files[i];
-        self.artifact += f.artifact_bytes;
+        self.artifact = self.artifact.saturating_add(f.artifact_bytes);
         self.steps.push(Step::Convert(i));
         self.note();
         if !f.ple {
@@ -416,7 +423,7 @@ impl<'a> Simulation<'a> {
         if self.ple_left > 0 {
             return;
         }
-        self.artifact += self.w.q3_bytes;
+        self.artifact = self.artifact.saturating_add(self.w.q3_bytes);
         self.steps.push(Step::WriteQ3);
         self.note();
         for j in 0..self.w.files.len() {

@@ -28,7 +28,7 @@ use ftpipe_receipts::{RunId, Store};
 
 use crate::component::{Component, ComponentContent, ComponentKind};
 use crate::error::{ConvertError, Result, RetiredBy};
-use crate::placed::{SpanWriter, open_durable, recover_renamed, write_file_into_all};
+use crate::placed::{SpanWriter, in_threads, open_durable, recover_renamed, write_file_into_all};
 use crate::plan::Plan;
 use crate::write::{Sources, Written, read_global_scale, write_component, write_component_with};
 
@@ -97,11 +97,7 @@ impl<'p> StreamConverter<'p> {
     /// still needs a span of it (the schedule never retires such a file:
     /// its spans were claimed before it was deleted).
     pub fn retired(&mut self, file: &str) -> Result<()> {
-        if let Some((w, _)) = self
-            .writers
-            .iter()
-            .find(|(w, _)| w.missing_files().contains(file))
-        {
+        if let Some((w, _)) = self.writers.iter().find(|(w, _)| w.needs(file)) {
             return Err(ConvertError::SourceRetired {
                 component: w.name().to_owned(),
                 source_file: file.to_owned(),
@@ -137,34 +133,15 @@ impl<'p> StreamConverter<'p> {
         self.writers = open;
         let artifact = &self.artifact;
         let mut finished = std::mem::take(&mut self.recovered);
-        let mut complete = complete.into_iter().peekable();
         // Each is read back for its digest: FINISH_THREADS at a time.
-        while complete.peek().is_some() {
-            let batch: Vec<_> = complete.by_ref().take(FINISH_THREADS).collect();
-            let done: Vec<Result<(String, Written)>> = block_in_place(|| {
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = batch
-                        .into_iter()
-                        .map(|(w, _)| {
-                            scope.spawn(move || {
-                                let name = w.name().to_owned();
-                                w.finish(artifact).map(|written| (name, written))
-                            })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(ConvertError::internal("a component finish panicked"))
-                            })
-                        })
-                        .collect()
-                })
-            });
-            for d in done {
-                finished.push(d?);
-            }
+        let done = block_in_place(|| {
+            in_threads(complete, FINISH_THREADS, "component finish", |(w, _)| {
+                let name = w.name().to_owned();
+                w.finish(artifact).map(|written| (name, written))
+            })
+        });
+        for d in done {
+            finished.push(d?);
         }
         Ok(finished)
     }
@@ -183,18 +160,10 @@ impl<'p> StreamConverter<'p> {
     /// SHA-256): global scales first, then the segments under their scales
     /// read back from disk and checked against their digests; call once
     /// [`Self::q3_ready`].
+    /// A global scale in `absmax` (component → absolute max of its whole
+    /// table, every element checked finite) is computed from it instead of
+    /// reading the table again.
     pub fn write_q3(
-        &mut self,
-        sources: &Sources,
-        done: &BTreeMap<String, String>,
-    ) -> Result<Vec<(String, Written)>> {
-        self.write_q3_with(sources, done, &BTreeMap::new())
-    }
-
-    /// [`Self::write_q3`], each global scale in `absmax` (component →
-    /// absolute max of its whole table, every element checked finite)
-    /// computed from it instead of reading the table again.
-    pub fn write_q3_with(
         &mut self,
         sources: &Sources,
         done: &BTreeMap<String, String>,
@@ -225,28 +194,14 @@ impl<'p> StreamConverter<'p> {
             .filter(|c| !done.contains_key(&c.name))
             .collect();
         // Encoding is the costly part: FINISH_THREADS segments at a time.
-        for batch in segments.chunks(FINISH_THREADS) {
-            let artifact = &self.artifact;
-            let scales = &scales;
-            let results: Vec<Result<Written>> = block_in_place(|| {
-                std::thread::scope(|scope| {
-                    let handles: Vec<_> = batch
-                        .iter()
-                        .map(|c| scope.spawn(move || write_component(sources, artifact, c, scales)))
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| {
-                            h.join().unwrap_or_else(|_| {
-                                Err(ConvertError::internal("a Q3 segment write panicked"))
-                            })
-                        })
-                        .collect()
-                })
-            });
-            for (c, w) in batch.iter().zip(results) {
-                written.push((c.name.clone(), w?));
-            }
+        let artifact = &self.artifact;
+        let results = block_in_place(|| {
+            in_threads(segments.clone(), FINISH_THREADS, "Q3 segment write", |c| {
+                write_component(sources, artifact, c, &scales)
+            })
+        });
+        for (c, w) in segments.iter().zip(results) {
+            written.push((c.name.clone(), w?));
         }
         self.q3_written = true;
         Ok(written)
@@ -257,10 +212,7 @@ impl<'p> StreamConverter<'p> {
     pub fn retirable(&self, file: &str) -> bool {
         self.published.contains(file)
             && (self.q3_written || !self.ple_files.contains(file))
-            && !self
-                .writers
-                .iter()
-                .any(|(w, _)| w.missing_files().contains(file))
+            && !self.writers.iter().any(|(w, _)| w.needs(file))
     }
 }
 

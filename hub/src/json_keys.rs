@@ -2,7 +2,7 @@
 //!
 //! JSON maps built by serde keep the last of two equal keys, so a header
 //! naming a tensor twice (perhaps with two dtypes) would be read as if the
-//! first never existed. A verifier must refuse that: [`duplicate_keys`]
+//! first never existed. A verifier must refuse that: [`scan`]
 //! walks the whole document once and lists every key that repeats within
 //! its object.
 //!
@@ -43,12 +43,6 @@ pub struct Findings {
     /// True when a decoded key or string value holds a registered
     /// credential (`ftpipe_secrets`), or the raw bytes do.
     pub holds_secret: bool,
-}
-
-/// Every repeated key of `json`, in document order (once per repetition).
-/// Fails only when `json` is not JSON.
-pub fn duplicate_keys(json: &[u8]) -> Result<Vec<DuplicateKey>, serde_json::Error> {
-    scan(json).map(|f| f.duplicates)
 }
 
 /// True when `json` holds a registered secret, raw or in a string or key
@@ -168,10 +162,14 @@ impl<'de> Visitor<'de> for Walk<'_> {
 mod tests {
     use super::*;
 
+    fn scan_duplicates(json: &[u8]) -> Result<Vec<DuplicateKey>, serde_json::Error> {
+        scan(json).map(|f| f.duplicates)
+    }
+
     #[test]
     fn finds_every_repeat_at_any_depth() {
         let json = br#"{"a": 1, "b": {"x": [1, {"y": 1, "y": 2}], "x": 0}, "a": 2, "a": 3}"#;
-        let d = duplicate_keys(json).unwrap();
+        let d = scan_duplicates(json).unwrap();
         let got: Vec<(String, String)> = d.into_iter().map(|d| (d.object, d.key)).collect();
         assert_eq!(
             got,
@@ -183,12 +181,12 @@ mod tests {
             ]
         );
         assert!(
-            duplicate_keys(br#"{"a": 1, "b": {"a": 1}}"#)
+            scan_duplicates(br#"{"a": 1, "b": {"a": 1}}"#)
                 .unwrap()
                 .is_empty()
         );
-        assert!(duplicate_keys(b"{\"a\": ").is_err());
-        assert!(duplicate_keys(b"{} x").is_err());
+        assert!(scan_duplicates(b"{\"a\": ").is_err());
+        assert!(scan_duplicates(b"{} x").is_err());
     }
 
     #[test]

@@ -88,7 +88,9 @@ pub(crate) fn resident_bytes(plan: &Plan, listing: &[FileRow], layout: &Layout) 
     if listing.is_empty() {
         return CONVERSION_FILES
             .iter()
-            .filter_map(|f| std::fs::metadata(layout.source().join(f)).ok())
+            .filter_map(|f| ftpipe_fs::paths::safe_join(layout.source(), f).ok())
+            .filter_map(|p| std::fs::symlink_metadata(p).ok())
+            .filter(std::fs::Metadata::is_file)
             .map(|m| m.len())
             .sum();
     }

@@ -530,8 +530,12 @@ fn on_disk_bytes(root: &Path, file: &str) -> OnDisk {
     }
 }
 
-/// Bytes of the regular files under `dir` (0 when absent).
+/// Bytes of the regular files under `dir` (0 when absent or not a real
+/// directory: a link is not followed).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
+    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+        return 0;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

@@ -144,7 +144,10 @@ fn build(shape: &ReleaseShape, factor: (u64, u64)) {
                     .unwrap(),
             );
             if conv.q3_ready() && !conv.q3_written {
-                finished.extend(conv.write_q3(&sources, &BTreeMap::new()).unwrap());
+                finished.extend(
+                    conv.write_q3(&sources, &BTreeMap::new(), &BTreeMap::new())
+                        .unwrap(),
+                );
             }
             present.retain(|(p, bytes)| {
                 if !conv.retirable(p) {
@@ -265,7 +268,7 @@ fn build_with_restart(shape: &ReleaseShape, stop: usize) -> BTreeMap<String, Vec
                     }
                 }
                 if conv.q3_ready() && !conv.q3_written {
-                    for (n, wr) in conv.write_q3(&sources, &done).unwrap() {
+                    for (n, wr) in conv.write_q3(&sources, &done, &BTreeMap::new()).unwrap() {
                         done.insert(n, wr.sha256);
                     }
                 }
