@@ -28,10 +28,10 @@ use std::path::{Path, PathBuf};
 
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, sync_dir, write_atomic_json};
+use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, write_atomic_json};
 use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
-use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RetirementEvent, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
@@ -40,6 +40,7 @@ use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, va
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::{Plan, Planned};
+use crate::retire::{retire_file, unlink_durably};
 use crate::schedule::{Schedule, Workload};
 use crate::skeleton::{Skeleton, files_read, source_identity};
 use crate::stream::StreamConverter;
@@ -428,13 +429,8 @@ impl<'s> Streaming<'s> {
     /// fsynced (a crash between leaves a logged retirement of a present
     /// file, which the next run finishes without a second row).
     pub async fn retire(&mut self, store: &Store, file: &str, bytes: u64) -> Result<()> {
-        if !store.retired().await?.contains(file) {
-            store
-                .log_retirement(self.run, file, RetirementEvent::Retired, bytes)
-                .await?;
-        }
-        crashpoint::hit(CrashPoint::RetirementLogged);
-        unlink_durably(self.paths.source(), file)?;
+        let logged = store.retired().await?.contains(file);
+        retire_file(store, self.run, self.paths.source(), file, bytes, logged).await?;
         self.on_disk.remove(file);
         self.retired.push(file.to_owned());
         Ok(())
@@ -524,18 +520,6 @@ pub async fn finish_stream(
         omitted: plan.omitted_totals(),
         not_fetched: plan.not_fetched_totals(),
     }))
-}
-
-/// Removes `file` under `root` if present and fsyncs its directory.
-fn unlink_durably(root: &Path, file: &str) -> Result<()> {
-    let path = ftpipe_fs::paths::safe_join(root, file)?;
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(ConvertError::io("remove", &path, e)),
-    }
-    let dir = path.parent().unwrap_or(root);
-    sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))
 }
 
 /// True when `file` under `root` is on disk.

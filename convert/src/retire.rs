@@ -128,18 +128,51 @@ impl Retirer {
             if !self.readers_match(&comps, done, paths.artifact())? {
                 continue;
             }
-            // Logged by a run killed before its unlink: finish it, no new row.
-            if !logged.contains(file) {
-                store
-                    .log_retirement(run, file, RetirementEvent::Retired, meta.len())
-                    .await?;
-            }
-            crashpoint::hit(CrashPoint::RetirementLogged);
-            std::fs::remove_file(&path).map_err(|e| ConvertError::io("remove", &path, e))?;
-            let dir = path.parent().unwrap_or(paths.source());
-            sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;
+            retire_file(
+                store,
+                run,
+                paths.source(),
+                file,
+                meta.len(),
+                logged.contains(file),
+            )
+            .await?;
             self.state().retired.push(file.to_owned());
         }
         Ok(())
     }
+}
+
+/// Retires source `file` (`bytes` long) under `root`: the retirement is
+/// logged first (not again when `logged`: a run killed before its unlink
+/// left the row), then the file is unlinked and its directory fsynced. A
+/// crash in between leaves a logged retirement of a present file, which
+/// the next run finishes.
+pub(crate) async fn retire_file(
+    store: &Store,
+    run: RunId,
+    root: &Path,
+    file: &str,
+    bytes: u64,
+    logged: bool,
+) -> Result<()> {
+    if !logged {
+        store
+            .log_retirement(run, file, RetirementEvent::Retired, bytes)
+            .await?;
+    }
+    crashpoint::hit(CrashPoint::RetirementLogged);
+    unlink_durably(root, file)
+}
+
+/// Removes `file` under `root` if present and fsyncs its directory.
+pub(crate) fn unlink_durably(root: &Path, file: &str) -> Result<()> {
+    let path = ftpipe_fs::paths::safe_join(root, file)?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(ConvertError::io("remove", &path, e)),
+    }
+    let dir = path.parent().unwrap_or(root);
+    sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))
 }

@@ -507,8 +507,7 @@ struct OnDisk {
     part: Option<u64>,
 }
 
-/// What of `file` is under `root`. (A `.part` name is refused as a repo
-/// path, so it is joined from the file's.)
+/// What of `file` is under `root`.
 fn on_disk_bytes(root: &Path, file: &str) -> OnDisk {
     let Ok(path) = ftpipe_fs::paths::safe_join(root, file) else {
         return OnDisk {
@@ -516,8 +515,7 @@ fn on_disk_bytes(root: &Path, file: &str) -> OnDisk {
             part: None,
         };
     };
-    let mut part = path.clone().into_os_string();
-    part.push(ftpipe_fs::paths::PART_SUFFIX);
+    let part = ftpipe_hub::paths::part_path(&path);
     let len = |p: &Path| {
         std::fs::symlink_metadata(p)
             .ok()
@@ -526,7 +524,7 @@ fn on_disk_bytes(root: &Path, file: &str) -> OnDisk {
     };
     OnDisk {
         final_len: len(&path).unwrap_or(0),
-        part: len(Path::new(&part)),
+        part: len(&part),
     }
 }
 
