@@ -846,7 +846,7 @@ async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
     args.upload.check()?;
     // Nothing to publish is no reason to create DIR's state.
-    let artifact = args.dir.join("artifact");
+    let artifact = ftpipe_pipeline::Layout::new(&args.dir).artifact().to_owned();
     if !artifact.is_dir() {
         bail!(
             "{} does not exist: nothing to publish (`ftpipe run` or `ftpipe convert` makes it)",
@@ -900,7 +900,7 @@ async fn run_mirror(args: MirrorArgs) -> anyhow::Result<bool> {
     args.upload.check()?;
     let config = s3_config(&args.s3)?;
     let dir = mirror_source_dir(&args).await?;
-    if !dir.join(".ftpipe/state.db").is_file() {
+    if !ftpipe_pipeline::Layout::new(&dir).db().is_file() {
         bail!(
             "{} holds no fetched sources: nothing to mirror (`ftpipe fetch` makes them)",
             dir.display()
@@ -1047,7 +1047,7 @@ components       {} ({} bytes), verified in {}
             outcome.manifest_sha256,
             outcome.components,
             outcome.bytes,
-            args.out.join("artifact").display()
+            ftpipe_pipeline::Layout::new(&args.out).artifact().display()
         )
     });
     Ok(true)

@@ -18,15 +18,13 @@
 //! pins the same repo and commit with the same file identities as a run
 //! from the hub, so it builds the same manifest.
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::task::block_in_place;
 
 use ftpipe_artifact::manifest::sha256_hex;
-use ftpipe_fetch::{S3Object, S3Source};
+use ftpipe_fetch::S3Source;
 use ftpipe_fs::paths::{safe_join, validate_repo_path};
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, hash_file};
@@ -276,29 +274,10 @@ impl Mirror {
     /// The byte source of `files` at `commit`: each object must exist with
     /// the listed size (else refused naming its key) and an ETag.
     pub(crate) async fn source(&self, commit: &str, files: &[FileRow]) -> Result<S3Source> {
-        let mut objects = HashMap::new();
-        for f in files {
-            let key = self.file_key(commit, &f.path);
-            let url = self.location.url_of(&key);
-            let mismatch = |what: String| PipelineError::ObjectMismatch {
-                key: url.clone(),
-                what,
-            };
-            let head = self.s3.head(&key).await?.ok_or_else(|| {
-                mismatch(format!(
-                    "missing; the mirror's listing has {} ({} bytes)",
-                    f.path, f.size
-                ))
-            })?;
-            if head.size != f.size {
-                return Err(mismatch(format!(
-                    "{} bytes, the listing says {} for {}",
-                    head.size, f.size, f.path
-                )));
-            }
-            let etag = head.etag.ok_or_else(|| mismatch("no ETag".into()))?;
-            objects.insert(f.path.clone(), S3Object { key, etag });
-        }
+        let wanted = files
+            .iter()
+            .map(|f| (f.path.as_str(), f.size, self.file_key(commit, &f.path)));
+        let objects = crate::pull::head_objects(&self.s3, wanted, "the mirror's listing").await?;
         Ok(S3Source::new(self.s3.clone(), objects))
     }
 

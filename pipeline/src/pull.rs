@@ -314,39 +314,48 @@ async fn list_objects(
     keys: &ftpipe_objstore::ArtifactKeys,
     manifest: &Manifest,
 ) -> Result<HashMap<String, S3Object>> {
-    let heads = futures_util::stream::iter(manifest.components.iter().map(|c| {
-        let key = keys.file(&c.path);
-        async move {
-            let head = s3.head(&key).await;
-            (c, key, head)
-        }
+    let wanted = manifest
+        .components
+        .iter()
+        .map(|c| (c.path.as_str(), c.size, keys.file(&c.path)));
+    head_objects(s3, wanted, "the manifest").await
+}
+
+/// The objects of `wanted` (path, size, key), HEADS_IN_FLIGHT at a time:
+/// each must exist with its size as `listed_in` gives it (a truncated or
+/// replaced object is refused naming its key) and have an ETag (every
+/// later request is made under it).
+pub(crate) async fn head_objects<'a>(
+    s3: &S3,
+    wanted: impl Iterator<Item = (&'a str, u64, String)>,
+    listed_in: &str,
+) -> Result<HashMap<String, S3Object>> {
+    let heads = futures_util::stream::iter(wanted.map(|(path, size, key)| async move {
+        let head = s3.head(&key).await;
+        (path, size, key, head)
     }))
     .buffer_unordered(HEADS_IN_FLIGHT)
     .collect::<Vec<_>>()
     .await;
     let mut objects = HashMap::new();
-    for (c, key, head) in heads {
+    for (path, size, key, head) in heads {
         let url = s3.location().url_of(&key);
         let mismatch = |what: String| PipelineError::ObjectMismatch {
             key: url.clone(),
             what,
         };
-        let head = head?.ok_or_else(|| {
-            mismatch(format!(
-                "missing; the manifest lists {} ({} bytes)",
-                c.path, c.size
-            ))
-        })?;
-        if head.size != c.size {
+        let head = head?
+            .ok_or_else(|| mismatch(format!("missing; {listed_in} lists {path} ({size} bytes)")))?;
+        if head.size != size {
             return Err(mismatch(format!(
-                "{} bytes, the manifest says {} for {} (truncated or replaced; refusing it)",
-                head.size, c.size, c.path
+                "{} bytes, {listed_in} says {size} for {path} (truncated or replaced; refusing it)",
+                head.size
             )));
         }
         let etag = head
             .etag
             .ok_or_else(|| mismatch("no ETag: every read is made under If-Match on it".into()))?;
-        objects.insert(c.path.clone(), S3Object { key, etag });
+        objects.insert(path.to_owned(), S3Object { key, etag });
     }
     Ok(objects)
 }
