@@ -846,7 +846,9 @@ async fn run_publish(args: PublishArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
     args.upload.check()?;
     // Nothing to publish is no reason to create DIR's state.
-    let artifact = ftpipe_pipeline::Layout::new(&args.dir).artifact().to_owned();
+    let artifact = ftpipe_pipeline::Layout::new(&args.dir)
+        .artifact()
+        .to_owned();
     if !artifact.is_dir() {
         bail!(
             "{} does not exist: nothing to publish (`ftpipe run` or `ftpipe convert` makes it)",
