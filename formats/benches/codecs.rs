@@ -113,6 +113,25 @@ fn main() {
         q3::encode("b", &x, width, g, 0, &mut out).unwrap();
     });
     assert_eq!(&out[..out_r.len()], &out_r[..], "Q3 fast != reference");
+    // Q3 from f32 (a table decoded from FP8 × scale): values off the BF16
+    // grid, rated per element as 2 bytes like the BF16 rows.
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32() * 1.1).collect();
+    let xfr = &xf[..xr.len()];
+    let gf = Q3GlobalScale::from_absmax(q3::table_absmax_f32("bench", &xf, 0).unwrap()).unwrap();
+    let mut outf = vec![0u8; out.len()];
+    let qf_ref = gbps(REF_BYTES, 2, || {
+        q3::encode_ref_f32("b", xfr, width, gf, 0, &mut out_r).unwrap();
+    });
+    let qf_f1 = one_thread(|| {
+        gbps(FAST_BYTES, 3, || {
+            q3::encode_f32("b", &xf, width, gf, 0, &mut outf).unwrap();
+        })
+    });
+    let qf_fn = gbps(FAST_BYTES, 3, || {
+        q3::encode_f32("b", &xf, width, gf, 0, &mut outf).unwrap();
+    });
+    assert_eq!(&outf[..out_r.len()], &out_r[..], "Q3 f32 fast != reference");
+    drop(xf);
     let mut y = vec![0f32; x.len()];
     let q_dec = gbps(FAST_BYTES, 3, || q3::decode(&out, g, &mut y).unwrap());
 
@@ -137,6 +156,7 @@ fn main() {
     let f = |r: Rate| format!("{:.3} [{:.3}]", r.wall, r.cpu);
     for (name, r, f1, fall, d) in [
         ("Q3_PLE_32", q_ref, q_f1, q_fn, q_dec),
+        ("Q3_PLE_32 from f32", qf_ref, qf_f1, qf_fn, q_dec),
         ("NVFP4", n_ref, n_f1, n_fn, n_dec),
     ] {
         println!(

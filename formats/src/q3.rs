@@ -169,9 +169,24 @@ pub fn encode_ref(
     encode_ref_by(key, x, bf16::to_f32, g, base, out)
 }
 
-/// Encoder for f32 input (a table decoded from FP8 × scale): the
-/// reference's arithmetic on the exact f32 values, in parallel chunks of
-/// whole blocks; the error, if any, is the first bad element's.
+/// Reference encoder for f32 input (a table decoded from FP8 × scale):
+/// [`encode_ref`]'s arithmetic on the exact f32 values.
+pub fn encode_ref_f32(
+    key: &str,
+    x: &[f32],
+    width: usize,
+    g: Q3GlobalScale,
+    base: u64,
+    out: &mut [u8],
+) -> Result<()> {
+    check_sizes(x.len(), width, out.len())?;
+    encode_ref_by(key, x, |v| v, g, base, out)
+}
+
+/// Fast encoder for f32 input: byte-identical to [`encode_ref_f32`] (same
+/// errors too), parallel over chunks of blocks with rayon on the current
+/// pool. On error `out` may be partly written; its contents are then
+/// meaningless.
 pub fn encode_f32(
     key: &str,
     x: &[f32],
@@ -181,15 +196,62 @@ pub fn encode_f32(
     out: &mut [u8],
 ) -> Result<()> {
     check_sizes(x.len(), width, out.len())?;
+    let gf = g.value().to_f32();
     const CHUNK: usize = PAR_BLOCKS * Q3_BLOCK;
     let bad = x
         .par_chunks(CHUNK)
         .zip(out.par_chunks_mut(PAR_BLOCKS * Q3_BLOCK_BYTES))
         .enumerate()
         .find_map_first(|(ci, (c, o))| {
+            // `!(|v| ≤ G)` also catches NaN and ±inf; a branch-free fold
+            // so the common all-good chunk is one vectorized pass.
+            if c.iter().fold(true, |ok, v| ok & (v.abs() <= gf)) {
+                encode_blocks_f32(c, gf, o);
+                return None;
+            }
+            // Rare path: the reference's serial scan gives the exact error.
             encode_ref_by(key, c, |v| v, g, base + (ci * CHUNK) as u64, o).err()
         });
     bad.map_or(Ok(()), Err)
+}
+
+/// `round_half_even(q)` for `|q| ≤ 2²²`: adding and removing 1.5 × 2²³
+/// leaves `q` rounded to an integer by the FPU's round-to-nearest-even
+/// (IEEE default, which Rust never changes), without a libm call on
+/// targets lacking `roundps`.
+#[inline(always)]
+fn round_half_even_small(q: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 × 2²³
+    (q + MAGIC) - MAGIC
+}
+
+/// Encode whole blocks of validated f32 input (fast path, single thread):
+/// the reference's `m`, `s`, `d` and `fl(x / d)`, its rounding done by
+/// [`round_half_even_small`] after clamping to ±8 (which changes no code:
+/// every quotient beyond ±8 rounds beyond the ±4 clamp anyway).
+fn encode_blocks_f32(x: &[f32], g: f32, out: &mut [u8]) {
+    let (blocks, _) = x.as_chunks::<Q3_BLOCK>();
+    let (outs, _) = out.as_chunks_mut::<Q3_BLOCK_BYTES>();
+    for (block, o) in blocks.iter().zip(outs) {
+        // Signed max: the first element of the largest magnitude (an
+        // all-zero block gives m = ±0, scale +0 either way).
+        let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let m = block
+            .iter()
+            .copied()
+            .find(|v| v.abs() == amax)
+            .unwrap_or(0.0);
+        let s = block_scale(m, g);
+        let d = g * s.to_f32();
+        let mut q = [4u16; Q3_BLOCK];
+        if d != 0.0 {
+            for (q, &v) in q.iter_mut().zip(block) {
+                let k = round_half_even_small((v / d).clamp(-8.0, 8.0)).clamp(-4.0, 3.0);
+                *q = (k as i32 + 4).cast_unsigned() as u16;
+            }
+        }
+        pack_block(s, &q, o);
+    }
 }
 
 /// Absolute max of f32 values, checking finiteness (`base` as in
@@ -403,6 +465,13 @@ fn encode_block(
             *q = (k as i32 + 4).cast_unsigned() as u16;
         }
     }
+    pack_block(s, &q, o);
+}
+
+/// Writes a block: its scale `s`, then its codes `q` (each `0..=7`) as
+/// the 96-bit little-endian bit string.
+#[inline(always)]
+fn pack_block(s: f16, q: &[u16; Q3_BLOCK], o: &mut [u8; Q3_BLOCK_BYTES]) {
     let (sc, codes) = o.split_at_mut(2);
     sc.copy_from_slice(&s.to_bits().to_le_bytes());
     // Pack 3-bit codes pairwise (6, 12, then 24 bits per lane).
@@ -556,6 +625,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The fast f32 encoder gives the reference's bytes and errors on f32
+    /// values that are not BF16: random magnitudes over many binades,
+    /// elements exactly on and one ulp beside every half-integer multiple
+    /// of their block's step (the ties `round_half_even` decides), zero
+    /// and signed-zero blocks, equal magnitudes of both signs, steps in
+    /// f32's subnormal range, and a non-finite or too-large element.
+    #[test]
+    fn fast_f32_encoder_matches_reference() {
+        let mut r = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            r
+        };
+        let mut x = Vec::new();
+        for b in 0..8192u32 {
+            let e = (next() % 60) as i32 - 30 - if b % 97 == 0 { 110 } else { 0 };
+            let scale = (e as f32).exp2();
+            let mut block: Vec<f32> = (0..Q3_BLOCK)
+                .map(|_| {
+                    let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                    (u * 2.0 - 1.0) * scale
+                })
+                .collect();
+            match b % 5 {
+                0 => {
+                    // Ties: put elements on h·d (and one ulp beside).
+                    let m = block[0].abs().max(scale) * if b % 2 == 0 { 1.0 } else { -1.0 };
+                    block[0] = m;
+                    let d = scale_of(m, m.abs() * 1.5);
+                    for (i, v) in block.iter_mut().enumerate().skip(1) {
+                        let h = (i % 8) as f32 - 3.5;
+                        let t = h * d;
+                        *v = match i % 3 {
+                            0 => t,
+                            1 => f32::from_bits(t.to_bits() + 1),
+                            _ => f32::from_bits(t.to_bits().saturating_sub(1)),
+                        };
+                    }
+                }
+                1 => block
+                    .iter_mut()
+                    .for_each(|v| *v = if next() % 2 == 0 { 0.0 } else { -0.0 }),
+                2 => {
+                    let m = block[3];
+                    block.iter_mut().step_by(2).for_each(|v| *v = -m);
+                }
+                _ => {}
+            }
+            x.extend(block);
+        }
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let g = Q3GlobalScale::from_absmax(amax * 1.5).unwrap();
+        let mut fast = vec![0u8; x.len() / Q3_BLOCK * Q3_BLOCK_BYTES];
+        let mut reference = fast.clone();
+        encode_f32("t", &x, 64, g, 0, &mut fast).unwrap();
+        encode_ref_f32("t", &x, 64, g, 0, &mut reference).unwrap();
+        assert_eq!(fast, reference);
+        // A table whose steps fall in f32's subnormal range.
+        let tiny: Vec<f32> = x.iter().map(|v| v * (-118f32).exp2()).collect();
+        let gt = Q3GlobalScale::from_absmax(amax * (-118f32).exp2()).unwrap();
+        encode_f32("t", &tiny, 64, gt, 0, &mut fast).unwrap();
+        encode_ref_f32("t", &tiny, 64, gt, 0, &mut reference).unwrap();
+        assert_eq!(fast, reference);
+        for bad in [f32::NAN, f32::INFINITY, amax * 4.0] {
+            let mut y = x.clone();
+            y[PAR_BLOCKS * Q3_BLOCK + 77] = bad;
+            y[PAR_BLOCKS * Q3_BLOCK * 2 + 5] = bad;
+            let e = encode_f32("t", &y, 64, g, 10, &mut fast)
+                .unwrap_err()
+                .to_string();
+            let r = encode_ref_f32("t", &y, 64, g, 10, &mut reference)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e, r);
+            assert!(
+                e.contains(&(10 + PAR_BLOCKS * Q3_BLOCK + 77).to_string()),
+                "{e}"
+            );
+        }
+    }
+
+    /// The step `d` the encoder forms for a block of signed max `m` under
+    /// a table absmax `amax`.
+    fn scale_of(m: f32, amax: f32) -> f32 {
+        let g = Q3GlobalScale::from_absmax(amax).unwrap().value().to_f32();
+        g * block_scale(m, g).to_f32()
     }
 
     #[test]
