@@ -8,17 +8,21 @@
 //! from the fixture hub on loopback and runs `ftpipe run` on it as a child
 //! process, crashing it twice with SIGKILL:
 //!
-//! 1. during the download, while the hub holds the largest shard mid-body
-//!    (an injected stall, so the kill always lands inside that transfer) and
-//!    every other file is already published;
+//! 1. during the download, while the hub holds the two largest shards
+//!    holding experts mid-body (injected stalls, so the kill always lands
+//!    inside those transfers) and every other file is already published
+//!    (and what it feeds converted: `run` converts each shard as it is
+//!    verified);
 //! 2. during the conversion, as soon as the child reports its first weights
 //!    component written and durable (its receipt committed; the tiny global
 //!    scales written before it would show little), before `manifest.json`
-//!    exists.
+//!    exists: the hub holds the second of those shards again, so the
+//!    first one's components are written while the artifact cannot be
+//!    finished.
 //!
-//! The second child resumes the download with a ranged request before it
-//! converts; this process then resumes the conversion (reusing the durable
-//! components), verifies the artifact deeply and prints the audit table.
+//! The second child resumes both downloads with ranged requests; this
+//! process then resumes (reusing the durable components), verifies the
+//! artifact deeply and prints the audit table.
 //! Everything it shows was measured in this run; if the child finishes
 //! before the second kill could land, it says so.
 
@@ -57,18 +61,17 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
     let shape = ReleaseShape::demo();
     let files = generate_release_repo(SEED, &shape);
     let sizes = describe(&shape, &files)?;
-    let (victim_len, victim) = sizes
-        .iter()
-        .filter(|(p, _)| p.ends_with(".safetensors"))
-        .map(|(p, s)| (*s, p.clone()))
-        .max()
-        .context("generated repo has no safetensors shard")?;
+    let shards = expert_shards(&files)?;
+    let [victim, held, ..] = shards.as_slice() else {
+        bail!("the generated repo has fewer than two shards holding experts");
+    };
+    let (victim, held) = (victim.clone(), held.clone());
     let hub = HubBuilder::new().repo(REPO, files).start().await?;
     let endpoint = hub.endpoint();
     println!("serving {REPO} at {endpoint}\n");
 
-    crash_download(&hub, &out, &sizes, &victim, victim_len).await?;
-    let crashed = crash_conversion(&endpoint, &out).await?;
+    crash_download(&hub, &out, &sizes, &victim, &held).await?;
+    let crashed = crash_conversion(&hub, &out, &held).await?;
     print_resume_requests(&hub);
     resume(&out, &endpoint, crashed).await?;
 
@@ -189,33 +192,77 @@ fn part_len(out: &Path, path: &str) -> u64 {
     std::fs::metadata(part).map(|m| m.len()).unwrap_or(0)
 }
 
-/// Crash 1: SIGKILL while the largest shard is held at half its length and
-/// every other file is published (so exactly one transfer is cut).
+/// A shard of the text model holding experts: its path, length and the
+/// length of its header (8 + N bytes).
+#[derive(Clone)]
+struct Shard {
+    path: String,
+    len: u64,
+    header_len: u64,
+}
+
+/// The shards holding experts of `model.language_model` layers (each
+/// feeds components of its own), largest first.
+fn expert_shards(files: &[RepoFile]) -> anyhow::Result<Vec<Shard>> {
+    let mut shards = Vec::new();
+    for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
+        let bytes = checkpoint::content_bytes(f)?;
+        let n = bytes
+            .get(..8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .context("a generated shard without a header")?;
+        let end = usize::try_from(n)?
+            .checked_add(8)
+            .context("header length")?;
+        let header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(bytes.get(8..end).context("a truncated generated header")?)?;
+        if header
+            .keys()
+            .any(|k| k.starts_with("model.language_model.") && k.contains(".mlp.experts."))
+        {
+            shards.push(Shard {
+                path: f.path.clone(),
+                len: bytes.len() as u64,
+                header_len: n + 8,
+            });
+        }
+    }
+    shards.sort_by_key(|s| std::cmp::Reverse(s.len));
+    Ok(shards)
+}
+
+/// Crash 1: SIGKILL while the largest expert shard and the next one are
+/// held at half their length and every other file is published (so
+/// exactly two transfers are cut; the pipelined run has converted what
+/// the published shards feed).
 async fn crash_download(
     hub: &FixtureHub,
     out: &Path,
     sizes: &[(String, u64)],
-    victim: &str,
-    victim_len: u64,
+    victim: &Shard,
+    held: &Shard,
 ) -> anyhow::Result<()> {
-    let stall_at = victim_len / 2;
-    // Several GETs: `run` first reads the shard's header over Range (too
-    // short to reach the stall); the download itself is held.
-    let stall = Fault::Stall {
-        after: stall_at,
-        for_ms: STALL_MS,
-    };
-    hub.inject(FaultRule::new(victim, stall).times(8));
+    // Several GETs: `run` first reads each shard's header over Range (too
+    // short to reach the stall); the downloads themselves are held.
+    for s in [victim, held] {
+        let stall = Fault::Stall {
+            after: s.len / 2,
+            for_ms: STALL_MS,
+        };
+        hub.inject(FaultRule::new(&s.path, stall).times(8));
+    }
     let mut child = spawn_run(&hub.endpoint(), out, Stdio::null())?;
     // Printed only (the kill goes through `child`).
     let pid = child.id().unwrap_or_default();
     let others_pending = || {
-        sizes
-            .iter()
-            .any(|(p, _)| p != victim && !out.join("source").join(p).is_file())
+        sizes.iter().any(|(p, _)| {
+            p != &victim.path && p != &held.path && !out.join("source").join(p).is_file()
+        })
     };
+    let halfway = |s: &Shard| part_len(out, &s.path) >= s.len / 2;
     let t0 = Instant::now();
-    while part_len(out, victim) < stall_at || others_pending() {
+    while !halfway(victim) || !halfway(held) || others_pending() {
         if t0.elapsed() > CHILD_TIMEOUT {
             child.kill().await?;
             bail!("the demo download did not reach the stall point in time");
@@ -230,19 +277,39 @@ async fn crash_download(
     child.kill().await.context("kill the run")?;
     println!(
         "crash 1 (download): killed `ftpipe run` (pid {pid}) with SIGKILL at byte {} of \
-         {victim} ({victim_len} bytes); every other file was already published",
-        part_len(out, victim)
+         {} ({} bytes) and byte {} of {} ({} bytes); every other file was already \
+         published",
+        part_len(out, &victim.path),
+        victim.path,
+        victim.len,
+        part_len(out, &held.path),
+        held.path,
+        held.len
     );
     hub.clear_faults();
     Ok(())
 }
 
-/// Crash 2: runs `ftpipe run` again (it resumes the download and starts
-/// converting) and SIGKILLs it as soon as it reports a weights component
-/// written and durable (the tiny global scales come first and would show
-/// little), while `manifest.json` does not exist yet. Returns whether the
-/// kill landed during the conversion.
-async fn crash_conversion(endpoint: &str, out: &Path) -> anyhow::Result<bool> {
+/// Crash 2: runs `ftpipe run` again (it resumes both downloads; the hub
+/// holds `held` again past its header, so the artifact cannot be finished)
+/// and SIGKILLs it as soon as it reports a weights component written and
+/// durable (the tiny global scales come first and would show little),
+/// while `manifest.json` does not exist yet. Returns whether the kill
+/// landed during the conversion.
+async fn crash_conversion(hub: &FixtureHub, out: &Path, held: &Shard) -> anyhow::Result<bool> {
+    // The plan's header reads (8 bytes, then the header) stay under the
+    // stall; the resumed body stops right after.
+    let stall = Fault::Stall {
+        after: held.header_len,
+        for_ms: STALL_MS,
+    };
+    hub.inject(FaultRule::new(&held.path, stall).times(8));
+    let converted = kill_during_conversion(&hub.endpoint(), out).await;
+    hub.clear_faults();
+    converted
+}
+
+async fn kill_during_conversion(endpoint: &str, out: &Path) -> anyhow::Result<bool> {
     let mut child = spawn_run(endpoint, out, Stdio::piped())?;
     // Printed only (the kill goes through `child`).
     let pid = child.id().unwrap_or_default();

@@ -250,9 +250,18 @@ pub struct LogLines {
     state: Mutex<LogState>,
 }
 
-struct LogState {
+/// Bytes done of a total.
+#[derive(Default)]
+struct Tally {
     total: u64,
     done: u64,
+}
+
+/// The fetch and the conversion are counted apart: a pipelined `run`
+/// reports both at once.
+struct LogState {
+    fetch: Tally,
+    convert: Tally,
     last: Instant,
 }
 
@@ -260,8 +269,8 @@ impl LogLines {
     pub fn new() -> LogLines {
         LogLines {
             state: Mutex::new(LogState {
-                total: 0,
-                done: 0,
+                fetch: Tally::default(),
+                convert: Tally::default(),
                 last: Instant::now(),
             }),
         }
@@ -277,17 +286,22 @@ impl Reporter for LogLines {
                 total_bytes,
                 done_bytes,
             } => {
-                s.total = total_bytes;
-                s.done = done_bytes;
+                s.fetch = Tally {
+                    total: total_bytes,
+                    done: done_bytes,
+                };
                 Some(format!(
                     "fetch: {files} files, {total_bytes} bytes, {done_bytes} already durable"
                 ))
             }
             ProgressEvent::FileBytes { bytes, .. } => {
-                s.done += bytes;
+                s.fetch.done += bytes;
                 if s.last.elapsed() >= Duration::from_secs(5) {
                     s.last = Instant::now();
-                    Some(format!("progress: {}/{} bytes", s.done, s.total))
+                    Some(format!(
+                        "progress: {}/{} bytes",
+                        s.fetch.done, s.fetch.total
+                    ))
                 } else {
                     None
                 }
@@ -314,13 +328,13 @@ impl Reporter for LogLines {
                 size,
                 placement,
             } => {
-                s.done += size;
+                s.fetch.done += size;
                 Some(format!(
                     "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
                 ))
             }
             ProgressEvent::FileResumedFromCache { path, bytes } => {
-                s.done += bytes;
+                s.fetch.done += bytes;
                 Some(format!(
                     "{path}: resuming an interrupted hf download at byte {bytes}"
                 ))
@@ -338,17 +352,19 @@ impl Reporter for LogLines {
                 total_bytes,
                 done_bytes,
             } => {
-                s.total = total_bytes;
-                s.done = done_bytes;
+                s.convert = Tally {
+                    total: total_bytes,
+                    done: done_bytes,
+                };
                 Some(format!(
                     "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
                 ))
             }
             ProgressEvent::ComponentWritten { path, kind, size } => {
-                s.done += size;
+                s.convert.done += size;
                 Some(format!(
                     "{path}: {kind} written and durable ({size} bytes; {}/{})",
-                    s.done, s.total
+                    s.convert.done, s.convert.total
                 ))
             }
             ProgressEvent::FileStarted {

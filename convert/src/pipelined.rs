@@ -315,19 +315,27 @@ impl<'s> Streaming<'s> {
         if !self.conv.q3_written() {
             self.check_ple_values(file)?;
         }
-        self.on_disk.insert(file.to_owned());
-        self.write_spans(store, file, reporter).await?;
-        if !self.conv.q3_written() && self.conv.q3_ready() {
+        // Once every PLE file is in, the Q3 table is encoded on the
+        // blocking pool while this file's spans are written.
+        let q3 = (!self.conv.q3_written() && self.conv.q3_ready_with(file)).then(|| {
             let shas = self
                 .done
                 .iter()
                 .map(|(k, r)| (k.clone(), r.sha256.clone()))
                 .collect();
-            let written = self
-                .conv
-                .write_q3(&self.sources, &shas, &self.known_absmax())?;
-            self.receipts(store, written, reporter).await?;
-        }
+            let job = self.conv.q3_job(&self.sources, shas, self.known_absmax());
+            tokio::task::spawn_blocking(move || job.run())
+        });
+        self.on_disk.insert(file.to_owned());
+        let spans = self.write_spans(store, file, reporter).await;
+        let Some(q3) = q3 else { return spans };
+        // Joined before any error is returned: no write outlives it.
+        let written = q3
+            .await
+            .map_err(|e| ConvertError::internal(format!("the Q3 table's writer failed: {e}")));
+        spans?;
+        self.receipts(store, written??, reporter).await?;
+        self.conv.q3_done();
         Ok(())
     }
 

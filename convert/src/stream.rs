@@ -5,7 +5,7 @@
 //! into every FTW and FTEXPERT1 component it reads, durably
 //! ([`crate::placed::write_file_into_all`]), and finishes each component
 //! whose last span came in. Q3 components wait for
-//! [`StreamConverter::write_q3`], called once every PLE file is published
+//! [`StreamConverter::q3_job`], run once every PLE file is published
 //! (the global scale is the absmax of the whole table): scales first, then
 //! the segments encoded under their scales read back. A file is
 //! [`StreamConverter::retirable`] once no unfinished component needs it
@@ -156,55 +156,44 @@ impl<'p> StreamConverter<'p> {
         self.ple_files.iter().all(|f| self.published.contains(*f))
     }
 
-    /// Writes every Q3 component without a receipt in `done` (name →
-    /// SHA-256): global scales first, then the segments under their scales
-    /// read back from disk and checked against their digests; call once
-    /// [`Self::q3_ready`].
-    /// A global scale in `absmax` (component → absolute max of its whole
-    /// table, every element checked finite) is computed from it instead of
-    /// reading the table again.
-    pub fn write_q3(
-        &mut self,
+    /// Whether every PLE file is in once `file` is.
+    pub fn q3_ready_with(&self, file: &str) -> bool {
+        self.ple_files
+            .iter()
+            .all(|f| *f == file || self.published.contains(*f))
+    }
+
+    /// The job that writes every Q3 component without a receipt in `done`
+    /// (name → SHA-256), owning what it reads so it can run beside the
+    /// span writes; call once every PLE file is verified
+    /// ([`Self::q3_ready_with`]), then [`Self::q3_done`] once its
+    /// components are receipted. A global scale in `absmax` (component →
+    /// absolute max of its whole table, every element checked finite) is
+    /// computed from it instead of reading the table again.
+    pub fn q3_job(
+        &self,
         sources: &Sources,
-        done: &BTreeMap<String, String>,
-        absmax: &BTreeMap<String, f32>,
-    ) -> Result<Vec<(String, Written)>> {
-        let of = |k: ComponentKind| self.plan.components.iter().filter(move |c| c.kind == k);
-        let mut written = Vec::new();
-        let mut scales = BTreeMap::new();
-        for c in of(ComponentKind::Q3GlobalScale) {
-            let sha = match done.get(&c.name) {
-                Some(sha) => sha.clone(),
-                None => {
-                    let known = absmax.get(&c.name).copied();
-                    let w = block_in_place(|| {
-                        write_component_with(sources, &self.artifact, c, &scales, known)
-                    })?;
-                    let sha = w.sha256.clone();
-                    written.push((c.name.clone(), w));
-                    sha
-                }
-            };
-            if let ComponentContent::Q3GlobalScale { layer, .. } = c.content {
-                let g = read_global_scale(&self.artifact, &c.name, &sha)?;
-                scales.insert(layer, g);
-            }
+        done: BTreeMap<String, String>,
+        absmax: BTreeMap<String, f32>,
+    ) -> Q3Job {
+        Q3Job {
+            components: self
+                .plan
+                .components
+                .iter()
+                .filter(|c| is_q3(c))
+                .cloned()
+                .collect(),
+            artifact: self.artifact.clone(),
+            sources: sources.clone(),
+            done,
+            absmax,
         }
-        let segments: Vec<&Component> = of(ComponentKind::Q3Segment)
-            .filter(|c| !done.contains_key(&c.name))
-            .collect();
-        // Encoding is the costly part: FINISH_THREADS segments at a time.
-        let artifact = &self.artifact;
-        let results = block_in_place(|| {
-            in_threads(segments.clone(), FINISH_THREADS, "Q3 segment write", |c| {
-                write_component(sources, artifact, c, &scales)
-            })
-        });
-        for (c, w) in segments.iter().zip(results) {
-            written.push((c.name.clone(), w?));
-        }
+    }
+
+    /// The Q3 components are receipted: PLE files may be retired.
+    pub fn q3_done(&mut self) {
         self.q3_written = true;
-        Ok(written)
     }
 
     /// `file` may be deleted: no unfinished component needs it, and a PLE
@@ -213,6 +202,54 @@ impl<'p> StreamConverter<'p> {
         self.published.contains(file)
             && (self.q3_written || !self.ple_files.contains(file))
             && !self.writers.iter().any(|(w, _)| w.needs(file))
+    }
+}
+
+/// The Q3 components of a plan still to write, with what they read.
+pub struct Q3Job {
+    components: Vec<Component>,
+    artifact: PathBuf,
+    sources: Sources,
+    done: BTreeMap<String, String>,
+    absmax: BTreeMap<String, f32>,
+}
+
+impl Q3Job {
+    /// Writes (blocking) the global scales first, then the segments under
+    /// their scales read back from disk and checked against their
+    /// digests, `FINISH_THREADS` segments at a time (encoding is the
+    /// costly part); returns the components renamed into place, whose
+    /// receipts are the caller's.
+    pub fn run(self) -> Result<Vec<(String, Written)>> {
+        let (sources, artifact) = (&self.sources, self.artifact.as_path());
+        let of = |k: ComponentKind| self.components.iter().filter(move |c| c.kind == k);
+        let mut written = Vec::new();
+        let mut scales = BTreeMap::new();
+        for c in of(ComponentKind::Q3GlobalScale) {
+            let sha = match self.done.get(&c.name) {
+                Some(sha) => sha.clone(),
+                None => {
+                    let known = self.absmax.get(&c.name).copied();
+                    let w = write_component_with(sources, artifact, c, &scales, known)?;
+                    let sha = w.sha256.clone();
+                    written.push((c.name.clone(), w));
+                    sha
+                }
+            };
+            if let ComponentContent::Q3GlobalScale { layer, .. } = c.content {
+                scales.insert(layer, read_global_scale(artifact, &c.name, &sha)?);
+            }
+        }
+        let segments: Vec<&Component> = of(ComponentKind::Q3Segment)
+            .filter(|c| !self.done.contains_key(&c.name))
+            .collect();
+        let results = in_threads(segments.clone(), FINISH_THREADS, "Q3 segment write", |c| {
+            write_component(sources, artifact, c, &scales)
+        });
+        for (c, w) in segments.iter().zip(results) {
+            written.push((c.name.clone(), w?));
+        }
+        Ok(written)
     }
 }
 

@@ -9,8 +9,9 @@
 //! the next file starting only while the source bytes held (resident
 //! files, every admitted shard not yet retired, a `.part` counted at its
 //! full size from its first byte, anything else in `source/`) plus its
-//! size fit; without one in the link's order, PLE files first among files
-//! of their size. Each verified shard is converted at once
+//! size fit; without one by `--jobs` workers in the link's order, each
+//! taking its next file as soon as one is done. Each verified shard is
+//! converted at once
 //! ([`ftpipe_convert::pipelined::Streaming`]) while the other transfers go
 //! on, and, under a budget or `--retire-sources`, retired as soon as
 //! nothing unfinished needs it. The convert stage that follows writes the
@@ -26,7 +27,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 
-use tokio::sync::Semaphore;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, prepare_stream};
@@ -66,6 +69,21 @@ struct Held {
 }
 
 impl Held {
+    /// Held bytes counted without a budget to keep to.
+    fn unbudgeted() -> Self {
+        Self::new(None)
+    }
+
+    fn new(budget: Option<u64>) -> Self {
+        Self {
+            budget,
+            bytes: 0,
+            peak: 0,
+            recorded: 0,
+            counted: BTreeMap::new(),
+        }
+    }
+
     /// Counts `file` (`size` bytes) if it is not counted yet.
     fn count(&mut self, file: &str, size: u64) {
         if !self.counted.contains_key(file) {
@@ -261,13 +279,7 @@ impl Pipeline {
                 reporter.as_ref(),
             )
             .await?;
-            let mut held = Held {
-                budget,
-                bytes: 0,
-                peak: 0,
-                recorded: 0,
-                counted: BTreeMap::new(),
-            };
+            let mut held = Held::new(budget);
             let work = self
                 .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
                 .await?;
@@ -402,18 +414,15 @@ impl Pipeline {
         (jobs, retire): (usize, bool),
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
+        if held.budget.is_none() {
+            return self
+                .drive_unbudgeted(ctx, files, work, streaming, (jobs, retire), reporter)
+                .await;
+        }
         let Work {
             mut queue,
             mut ready,
         } = work;
-        if held.budget.is_none() {
-            // No budget, no admission order to keep: the link's order
-            // (largest first, so no long transfer is left for the end),
-            // the PLE files first among files of about their size (the Q3
-            // table is encoded once the last of them is in).
-            let queue = queue.make_contiguous();
-            ftpipe_fetch::order_for_the_link_preferring(ctx, queue, |f| streaming.is_ple(&f.path));
-        }
         ftpipe_fetch::begin(ctx, files).await?;
         let jobs = Arc::new(Semaphore::new(jobs.max(1)));
         let mut set = JoinSet::new();
@@ -492,6 +501,100 @@ impl Pipeline {
             .into());
         }
         Ok(())
+    }
+
+    /// The fetch without a budget: `jobs` workers take files in the
+    /// link's order (largest first, so no long transfer is left for the
+    /// end; the PLE files first among files of about their size, since
+    /// the Q3 table is encoded once the last of them is in), each starting
+    /// its next file as soon as one is done, while this task converts the
+    /// shards they verify, in the order verified. After the first failure
+    /// no worker starts another file; transfers in flight finish.
+    async fn drive_unbudgeted(
+        &self,
+        ctx: &Arc<FetchCtx>,
+        files: &[FileRow],
+        work: Work,
+        streaming: &mut Streaming<'_>,
+        (jobs, retire): (usize, bool),
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<()> {
+        let Work {
+            mut queue,
+            mut ready,
+        } = work;
+        let order = queue.make_contiguous();
+        ftpipe_fetch::order_for_the_link_preferring(ctx, order, |_| false);
+        ftpipe_fetch::begin(ctx, files).await?;
+        let queue = Arc::new(std::sync::Mutex::new(queue));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (verified, mut arrivals) = mpsc::unbounded_channel();
+        let mut workers = JoinSet::new();
+        for _ in 0..jobs.max(1) {
+            let (ctx, queue, stop, verified) =
+                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
+            workers.spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let next = queue.lock().map(|mut q| q.pop_front()).ok().flatten();
+                    let Some(file) = next else { break };
+                    let path = file.path.clone();
+                    let fetched = ftpipe_fetch::fetch_file(ctx.clone(), file).await;
+                    if fetched.is_err() {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    if verified.send((path, fetched)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(verified);
+        let mut fetch_errors: Vec<FetchError> = Vec::new();
+        let mut failed: Option<PipelineError> = None;
+        loop {
+            let path = match ready.pop_front() {
+                Some(path) => path,
+                None => match arrivals.recv().await {
+                    None => break,
+                    Some((path, Ok(()))) if streaming.is_shard(&path) => path,
+                    Some((_, Ok(()))) => continue,
+                    Some((_, Err(e))) => {
+                        fetch_errors.push(e);
+                        continue;
+                    }
+                },
+            };
+            if failed.is_some() || !fetch_errors.is_empty() {
+                continue;
+            }
+            let converted = async {
+                streaming
+                    .published(&self.store, &path, reporter.as_ref())
+                    .await?;
+                if retire {
+                    let mut held = Held::unbudgeted();
+                    self.retire_done(streaming, files, &mut held).await?;
+                }
+                Ok::<_, PipelineError>(())
+            };
+            if let Err(e) = converted.await {
+                stop.store(true, Ordering::SeqCst);
+                failed = Some(e);
+            }
+        }
+        while let Some(joined) = workers.join_next().await {
+            if let Err(join) = joined {
+                fetch_errors.push(FetchError::internal_from("fetch task", join));
+            }
+        }
+        let fetched = ftpipe_fetch::end(ctx, files, fetch_errors).await;
+        if let Some(e) = failed {
+            if let Err(f) = fetched {
+                tracing::warn!(error = %f, "the fetch also failed");
+            }
+            return Err(e);
+        }
+        Ok(fetched?)
     }
 }
 

@@ -71,10 +71,12 @@ fn demo_crashes_twice_resumes_verifies_and_audits_clean() {
         &out,
         "SELECT COUNT(*) FROM attempts WHERE outcome = 'in_flight'",
     );
+    // Two transfers cut by the first kill, the held shard's resume by the
+    // second.
     assert_eq!(
         interrupted,
-        ["1"],
-        "the attempt killed mid-download is kept as interrupted"
+        ["3"],
+        "the attempts killed mid-download are kept as interrupted"
     );
 
     // A second demo into the same directory refuses instead of mixing runs.

@@ -143,11 +143,10 @@ fn build(shape: &ReleaseShape, factor: (u64, u64)) {
                     .await
                     .unwrap(),
             );
-            if conv.q3_ready() && !conv.q3_written {
-                finished.extend(
-                    conv.write_q3(&sources, &BTreeMap::new(), &BTreeMap::new())
-                        .unwrap(),
-                );
+            if conv.q3_ready_with(&f.file) && !conv.q3_written {
+                let job = conv.q3_job(&sources, BTreeMap::new(), BTreeMap::new());
+                finished.extend(job.run().unwrap());
+                conv.q3_done();
             }
             present.retain(|(p, bytes)| {
                 if !conv.retirable(p) {
@@ -267,10 +266,12 @@ fn build_with_restart(shape: &ReleaseShape, stop: usize) -> BTreeMap<String, Vec
                         done.insert(n, wr.sha256);
                     }
                 }
-                if conv.q3_ready() && !conv.q3_written {
-                    for (n, wr) in conv.write_q3(&sources, &done, &BTreeMap::new()).unwrap() {
+                if conv.q3_ready_with(&f.file) && !conv.q3_written {
+                    let job = conv.q3_job(&sources, done.clone(), BTreeMap::new());
+                    for (n, wr) in job.run().unwrap() {
                         done.insert(n, wr.sha256);
                     }
+                    conv.q3_done();
                 }
                 for g in &w.files {
                     if src.join(&g.file).exists() && conv.retirable(&g.file) {
