@@ -266,15 +266,6 @@ impl<'s> Streaming<'s> {
         self.setup.plan.sources.iter().any(|s| s.file == file)
     }
 
-    /// `file` holds a span of the PLE table.
-    pub fn is_ple(&self, file: &str) -> bool {
-        self.setup
-            .workload
-            .files
-            .iter()
-            .any(|f| f.ple && f.file == file)
-    }
-
     /// Components written by this process.
     pub fn written(&self) -> usize {
         self.written

@@ -116,13 +116,19 @@ pub struct SpanWriter<'a> {
     file: File,
     tmp: PathBuf,
     path: PathBuf,
+    /// The temp file's directory entry (and the unlink of an unreceipted
+    /// final file) is durable: fsynced by the first [`Self::sync`], before
+    /// any span of it can be claimed.
+    entry_durable: bool,
 }
 
 impl<'a> SpanWriter<'a> {
     /// Creates `c`'s temp file under `artifact` (truncated): its header
-    /// written, its planned length set, no span in it yet; the file and
-    /// its directory entry (every directory up to `artifact`) durable
-    /// before it is returned, so a span claimed later never outlives it.
+    /// written, its planned length set, no span in it yet. Nothing of it
+    /// needs to survive a crash until a span is claimed, so its data and
+    /// directory entry are made durable by the first [`Self::sync`] (a
+    /// writer per component is created before the first byte is fetched:
+    /// their fsyncs are off that path).
     pub fn create(artifact: &Path, c: &'a Component) -> Result<Self> {
         let (map, spans) = placement(c)?.ok_or_else(|| {
             ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
@@ -136,7 +142,7 @@ impl<'a> SpanWriter<'a> {
         // A final file without a receipt (an earlier run's, any identity)
         // is never trusted; it goes before any span of this one is
         // claimed, so a renamed file is always this writer's
-        // ([`recover_renamed`]). The directory fsync below makes it last.
+        // ([`recover_renamed`]). The first sync's directory fsync makes it last.
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -147,9 +153,6 @@ impl<'a> SpanWriter<'a> {
         file.write_all_at(map.header(), 0)
             .and_then(|()| file.set_len(map.total_len()))
             .map_err(|e| ConvertError::io("write", &tmp, e))?;
-        file.sync_all()
-            .map_err(|e| ConvertError::io("fsync", &tmp, e))?;
-        sync_dir(&dir).map_err(|e| ConvertError::io("fsync", &dir, e))?;
         Ok(SpanWriter {
             component: c,
             done: vec![false; spans.len()],
@@ -157,6 +160,7 @@ impl<'a> SpanWriter<'a> {
             file,
             tmp,
             path,
+            entry_durable: false,
         })
     }
 
@@ -199,14 +203,22 @@ impl<'a> SpanWriter<'a> {
             file,
             tmp,
             path,
+            entry_durable: true,
         }))
     }
 
-    /// Makes every span written so far durable (before they are claimed).
-    pub fn sync(&self) -> Result<()> {
+    /// Makes every span written so far durable, with the temp file's
+    /// directory entry the first time (before any span is claimed).
+    pub fn sync(&mut self) -> Result<()> {
         self.file
             .sync_data()
-            .map_err(|e| ConvertError::io("fsync", &self.tmp, e))
+            .map_err(|e| ConvertError::io("fsync", &self.tmp, e))?;
+        if !self.entry_durable {
+            let dir = self.tmp.parent().unwrap_or(&self.tmp);
+            sync_dir(dir).map_err(|e| ConvertError::io("fsync", dir, e))?;
+            self.entry_durable = true;
+        }
+        Ok(())
     }
 
     /// Writes every span of source `file` not yet written, at its place;

@@ -623,7 +623,7 @@ async fn get_small(remote: &impl RemoteFiles, file: &FileRow) -> Result<Vec<u8>>
             limit: MAX_JSON_BYTES,
         });
     }
-    let bytes = remote.read_whole(&file.path, file.size).await?;
+    let bytes = read_small_remote(remote, file).await?;
     // The plan (and the converter identity) is made from these bytes
     // before the file itself is fetched and verified: they must be the
     // pinned file's, as its digest in the listing says.
@@ -640,6 +640,31 @@ async fn get_small(remote: &impl RemoteFiles, file: &FileRow) -> Result<Vec<u8>>
         });
     }
     Ok(bytes)
+}
+
+/// Files at least this long are read for the plan in [`SMALL_FILE_RANGES`]
+/// ranges at once (a capped link caps each connection: a multi-MB index
+/// would otherwise hold back every shard request behind it).
+pub const SPLIT_SMALL_FILE_AT: u64 = 1 << 20;
+/// Ranges a small file past [`SPLIT_SMALL_FILE_AT`] is read in.
+pub const SMALL_FILE_RANGES: u64 = 4;
+
+/// The whole of a small listed file: one GET, or [`SMALL_FILE_RANGES`]
+/// ranged GETs at once (each checked by the remote), concatenated.
+async fn read_small_remote(remote: &impl RemoteFiles, file: &FileRow) -> Result<Vec<u8>> {
+    let size = file.size;
+    if size < SPLIT_SMALL_FILE_AT {
+        return Ok(remote.read_whole(&file.path, size).await?);
+    }
+    let step = size.div_ceil(SMALL_FILE_RANGES);
+    let ranges = (0..SMALL_FILE_RANGES)
+        .map(|i| (i * step, ((i + 1) * step).min(size) - 1))
+        .filter(|(first, last)| first <= last);
+    let parts = futures_util::future::try_join_all(
+        ranges.map(|(first, last)| remote.read_range(&file.path, first, last, size)),
+    )
+    .await?;
+    Ok(parts.concat())
 }
 
 /// Reads and validates one shard's header over HTTP Range (8 + N bytes).
@@ -793,6 +818,21 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
             })
     }
 
+    /// The files of a remote listing that the selection keeps and that
+    /// look like shards (`.safetensors`); none for a local source.
+    fn likely_shards(&self, selection: &FetchSelection) -> Vec<String> {
+        match self {
+            HeaderSource::Remote { listing, .. } => listing
+                .iter()
+                .filter(|f| {
+                    f.path.ends_with(".safetensors") && selection.excluded(&f.path).is_none()
+                })
+                .map(|f| f.path.clone())
+                .collect(),
+            HeaderSource::Local { .. } => Vec::new(),
+        }
+    }
+
     async fn small(&self, file: &str) -> Result<Vec<u8>> {
         match self {
             HeaderSource::Local { root, .. } => read_small(root, file),
@@ -839,31 +879,56 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
 /// Shard headers read at once while planning from a remote.
 pub const HEADER_READS: usize = 8;
 
+/// A shard header as [`HeaderSource`] reads it.
+type ReadHeader = Result<(SourceHeader, Option<KeptHeader>)>;
+
+/// Reads the headers of `files`, [`HEADER_READS`] at a time (remote ones
+/// are two ranged requests each: latency-bound, one capped connection
+/// each), each with its file.
+async fn read_headers<R: RemoteFiles>(
+    source: &HeaderSource<'_, R>,
+    files: Vec<String>,
+) -> BTreeMap<String, ReadHeader> {
+    futures_util::stream::iter(files)
+        .map(|file| async move {
+            let r = source.header(&file).await;
+            (file, r)
+        })
+        .buffered(HEADER_READS)
+        .collect()
+        .await
+}
+
 /// Plans from `source`: config.json and the index whole, then each shard
-/// the selection of `opts` keeps up to the end of its header.
+/// the selection of `opts` keeps up to the end of its header. From a
+/// remote, the headers of the listing's selected `.safetensors` files are
+/// read while the index downloads (a header the index turns out not to
+/// need is dropped, its error too).
 pub async fn plan<R: RemoteFiles>(
     source: &HeaderSource<'_, R>,
     opts: &PlanOptions,
 ) -> Result<Planned> {
     needed_files_selected(&opts.selection)?;
     let config = parse_json(CONFIG_FILE, &source.small(CONFIG_FILE).await?)?;
-    let map = index_weight_map(&source.small(INDEX_FILE).await?)?;
     // Choose the profile before any shard request: an unknown model_type
     // costs nothing.
     opts.profile(&config)?;
+    let likely = source.likely_shards(&opts.selection);
+    let (index, mut early) = tokio::join!(source.small(INDEX_FILE), read_headers(source, likely));
+    let map = index_weight_map(&index?)?;
+    let shards = fetched_shards(&map, &opts.selection);
+    let rest = shards
+        .iter()
+        .filter(|f| !early.contains_key(*f))
+        .cloned()
+        .collect();
+    let mut late = read_headers(source, rest).await;
     let mut headers = Vec::new();
     let mut kept_headers = BTreeMap::new();
-    // Remote headers are read HEADER_READS at a time (each is two ranged
-    // requests: latency-bound, and one capped connection each), kept in
-    // plan order.
-    let mut read = futures_util::stream::iter(fetched_shards(&map, &opts.selection))
-        .map(|file| async move {
-            let r = source.header(&file).await;
-            (file, r)
-        })
-        .buffered(HEADER_READS);
-    while let Some((file, r)) = read.next().await {
-        let (header, kept) = r?;
+    for file in shards {
+        let read = early.remove(&file).or_else(|| late.remove(&file));
+        let (header, kept) =
+            read.ok_or_else(|| ConvertError::internal(format!("{file}'s header was not read")))??;
         let len = match &kept {
             Some(k) => k.len,
             None => source.listed(&file)?.size,

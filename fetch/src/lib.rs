@@ -119,27 +119,8 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
 /// connections the others leave free: the link is not left with one long
 /// stream at the end.
 pub fn order_for_the_link(ctx: &FetchCtx, todo: &mut [FileRow]) {
-    order_for_the_link_preferring(ctx, todo, |_| false);
-}
-
-/// [`order_for_the_link`], except that among files of about the same size
-/// (the same power of two) those `preferred` go first: a caller that needs
-/// some files early gets them without a long transfer pushed to the end.
-pub fn order_for_the_link_preferring(
-    ctx: &FetchCtx,
-    todo: &mut [FileRow],
-    preferred: impl Fn(&FileRow) -> bool,
-) {
     let threshold = ctx.opts.segment_threshold.max(1);
-    todo.sort_by_key(|f| {
-        let size_class = u64::BITS - f.size.leading_zeros();
-        (
-            f.size >= threshold,
-            std::cmp::Reverse(size_class),
-            !preferred(f),
-            std::cmp::Reverse(f.size),
-        )
-    });
+    todo.sort_by_key(|f| (f.size >= threshold, std::cmp::Reverse(f.size)));
 }
 
 /// The selected files of `files` without a receipt.

@@ -505,11 +505,12 @@ impl Pipeline {
 
     /// The fetch without a budget: `jobs` workers take files in the
     /// link's order (largest first, so no long transfer is left for the
-    /// end; the PLE files first among files of about their size, since
-    /// the Q3 table is encoded once the last of them is in), each starting
-    /// its next file as soon as one is done, while this task converts the
-    /// shards they verify, in the order verified. After the first failure
-    /// no worker starts another file; transfers in flight finish.
+    /// end: the fetch alone's order, which beat starting the PLE files
+    /// first once the Q3 table is encoded beside the last file's spans),
+    /// each starting its next file as soon as one is done, while this task
+    /// converts the shards they verify, in the order verified. After the
+    /// first failure no worker starts another file; transfers in flight
+    /// finish.
     async fn drive_unbudgeted(
         &self,
         ctx: &Arc<FetchCtx>,
@@ -524,7 +525,7 @@ impl Pipeline {
             mut ready,
         } = work;
         let order = queue.make_contiguous();
-        ftpipe_fetch::order_for_the_link_preferring(ctx, order, |_| false);
+        ftpipe_fetch::order_for_the_link(ctx, order);
         ftpipe_fetch::begin(ctx, files).await?;
         let queue = Arc::new(std::sync::Mutex::new(queue));
         let stop = Arc::new(AtomicBool::new(false));
