@@ -240,3 +240,47 @@ fn unknown_model_type_remote_fails_before_any_shard_request() {
         assert!(body_gets(&hub, &f.path).is_empty());
     }
 }
+
+/// The plan's reads before the first shard body: an index of 1 MiB or more
+/// comes in 4 ranges at once (a capped link caps each connection), and the
+/// headers of the listing's `.safetensors` files are read beside it; one
+/// the index does not name is dropped, even unreadable. The plan is the
+/// one of the plain repo.
+#[test]
+fn large_index_is_read_in_ranges_and_unnamed_shards_are_dropped() {
+    let files = generate_qwen4_repo(11, QwenShape::default());
+    let plain = hub_serving(files.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let want = plan_json(
+        &tmp.path().join("plain"),
+        &["--remote", "--endpoint", &plain.endpoint()],
+    );
+
+    let mut padded: Vec<RepoFile> = files
+        .iter()
+        .map(|f| {
+            if f.path != "model.safetensors.index.json" {
+                return f.clone();
+            }
+            let mut index: Value =
+                serde_json::from_slice(&checkpoint::content_bytes(f).unwrap()).unwrap();
+            index["metadata"]["padding"] = Value::String("x".repeat(3 << 19));
+            RepoFile::bytes(f.path.clone(), serde_json::to_vec(&index).unwrap())
+        })
+        .collect();
+    padded.push(RepoFile::bytes("stray.safetensors", vec![0xFFu8; 64]));
+    let hub = hub_serving(padded);
+    let got = plan_json(
+        &tmp.path().join("padded"),
+        &["--remote", "--endpoint", &hub.endpoint()],
+    );
+    assert_eq!(got["components"], want["components"]);
+    assert_eq!(got["total_bytes"], want["total_bytes"]);
+
+    let gets = body_gets(&hub, "model.safetensors.index.json");
+    assert_eq!(gets.len(), 4, "{gets:?}");
+    assert!(gets.iter().all(|r| r.status == 206), "{gets:?}");
+    let bytes: u64 = gets.iter().map(|r| r.body_bytes).sum();
+    assert!(bytes > 3 << 19, "{bytes}");
+    assert!(!body_gets(&hub, "stray.safetensors").is_empty());
+}
