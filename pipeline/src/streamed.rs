@@ -565,7 +565,10 @@ impl Pipeline {
                     }
                 },
             };
-            if failed.is_some() || !fetch_errors.is_empty() {
+            // After a failed transfer the shards verified go on being
+            // converted (kept for the next run); after a failed
+            // conversion nothing more is.
+            if failed.is_some() {
                 continue;
             }
             let converted = async {
