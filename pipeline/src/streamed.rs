@@ -468,27 +468,14 @@ impl Pipeline {
                 }
                 continue;
             };
-            let converted = async {
-                streaming
-                    .published(&self.store, &path, reporter.as_ref())
-                    .await?;
-                if retire {
-                    self.retire_done(streaming, files, held).await?;
-                }
-                Ok::<_, PipelineError>(())
-            };
-            if let Err(e) = converted.await {
+            let converted = self
+                .convert_verified(streaming, &path, files, held, retire, reporter)
+                .await;
+            if let Err(e) = converted {
                 failed = Some(e);
             }
         }
-        let fetched = ftpipe_fetch::end(ctx, files, fetch_errors).await;
-        if let Some(e) = failed {
-            if let Err(f) = fetched {
-                tracing::warn!(error = %f, "the fetch also failed");
-            }
-            return Err(e);
-        }
-        fetched?;
+        end_fetch(ctx, files, fetch_errors, failed).await?;
         if let Some(next) = queue.front() {
             return Err(ConvertError::DiskBudgetStuck {
                 budget: held.budget.unwrap_or(u64::MAX),
@@ -552,6 +539,9 @@ impl Pipeline {
         drop(verified);
         let mut fetch_errors: Vec<FetchError> = Vec::new();
         let mut failed: Option<PipelineError> = None;
+        // Without a budget held bytes only matter to `--retire-sources`'s
+        // retirements, which release them.
+        let mut held = Held::unbudgeted();
         loop {
             let path = match ready.pop_front() {
                 Some(path) => path,
@@ -571,17 +561,10 @@ impl Pipeline {
             if failed.is_some() {
                 continue;
             }
-            let converted = async {
-                streaming
-                    .published(&self.store, &path, reporter.as_ref())
-                    .await?;
-                if retire {
-                    let mut held = Held::unbudgeted();
-                    self.retire_done(streaming, files, &mut held).await?;
-                }
-                Ok::<_, PipelineError>(())
-            };
-            if let Err(e) = converted.await {
+            let converted = self
+                .convert_verified(streaming, &path, files, &mut held, retire, reporter)
+                .await;
+            if let Err(e) = converted {
                 stop.store(true, Ordering::SeqCst);
                 failed = Some(e);
             }
@@ -591,15 +574,47 @@ impl Pipeline {
                 fetch_errors.push(FetchError::internal_from("fetch task", join));
             }
         }
-        let fetched = ftpipe_fetch::end(ctx, files, fetch_errors).await;
-        if let Some(e) = failed {
-            if let Err(f) = fetched {
-                tracing::warn!(error = %f, "the fetch also failed");
-            }
-            return Err(e);
-        }
-        Ok(fetched?)
+        end_fetch(ctx, files, fetch_errors, failed).await
     }
+
+    /// Converts verified shard `path` and, when `retire`, retires every
+    /// shard nothing unfinished needs any more.
+    async fn convert_verified(
+        &self,
+        streaming: &mut Streaming<'_>,
+        path: &str,
+        files: &[FileRow],
+        held: &mut Held,
+        retire: bool,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<()> {
+        streaming
+            .published(&self.store, path, reporter.as_ref())
+            .await?;
+        if retire {
+            self.retire_done(streaming, files, held).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Ends the fetch (its space reserve released) with the transfers'
+/// `errors`; a failed conversion is the error returned, before the
+/// fetch's own.
+async fn end_fetch(
+    ctx: &FetchCtx,
+    files: &[FileRow],
+    errors: Vec<FetchError>,
+    failed: Option<PipelineError>,
+) -> Result<()> {
+    let fetched = ftpipe_fetch::end(ctx, files, errors).await;
+    if let Some(e) = failed {
+        if let Err(f) = fetched {
+            tracing::warn!(error = %f, "the fetch also failed");
+        }
+        return Err(e);
+    }
+    Ok(fetched?)
 }
 
 /// The name under which bytes in `source/` that belong to no selected
