@@ -324,6 +324,11 @@ impl<'s> Streaming<'s> {
         let written = q3
             .await
             .map_err(|e| ConvertError::internal(format!("the Q3 table's writer failed: {e}")));
+        if spans.is_err()
+            && let Err(q3) | Ok(Err(q3)) = &written
+        {
+            tracing::warn!(error = %q3, "the Q3 table failed too");
+        }
         spans?;
         self.receipts(store, written??, reporter).await?;
         self.conv.q3_done();

@@ -663,8 +663,16 @@ async fn read_small_remote(remote: &impl RemoteFiles, file: &FileRow) -> Result<
     let parts = futures_util::future::try_join_all(
         ranges.map(|(first, last)| remote.read_range(&file.path, first, last, size)),
     )
-    .await?;
-    Ok(parts.concat())
+    .await;
+    match parts {
+        Ok(parts) => Ok(parts.concat()),
+        // A server that will not answer ranges of it (a 200, no 206)
+        // still serves it whole.
+        Err(e) => {
+            tracing::debug!(file = %file.path, error = %e, "ranged read refused; reading it whole");
+            Ok(remote.read_whole(&file.path, size).await?)
+        }
+    }
 }
 
 /// Reads and validates one shard's header over HTTP Range (8 + N bytes).
@@ -819,14 +827,14 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
     }
 
     /// The files of a remote listing that the selection keeps and that
-    /// look like shards (`.safetensors`); none for a local source.
+    /// are named as the index's shards are (`NAME-NNNNN-of-NNNNN.safetensors`
+    /// at the top level; a lone `consolidated.safetensors` or a variant's
+    /// subfolder is not read on a guess); none for a local source.
     fn likely_shards(&self, selection: &FetchSelection) -> Vec<String> {
         match self {
             HeaderSource::Remote { listing, .. } => listing
                 .iter()
-                .filter(|f| {
-                    f.path.ends_with(".safetensors") && selection.excluded(&f.path).is_none()
-                })
+                .filter(|f| is_shard_name(&f.path) && selection.excluded(&f.path).is_none())
                 .map(|f| f.path.clone())
                 .collect(),
             HeaderSource::Local { .. } => Vec::new(),
@@ -878,6 +886,20 @@ impl<R: RemoteFiles> HeaderSource<'_, R> {
 
 /// Shard headers read at once while planning from a remote.
 pub const HEADER_READS: usize = 8;
+
+/// `path` is named as a sharded checkpoint's shards are:
+/// `NAME-NNNNN-of-NNNNN.safetensors` at the top level.
+fn is_shard_name(path: &str) -> bool {
+    let Some(stem) = path.strip_suffix(".safetensors") else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    !path.contains('/')
+        && stem
+            .rsplit_once("-of-")
+            .and_then(|(head, total)| head.rsplit_once('-').map(|(_, n)| (n, total)))
+            .is_some_and(|(n, total)| digits(n) && digits(total))
+}
 
 /// A shard header as [`HeaderSource`] reads it.
 type ReadHeader = Result<(SourceHeader, Option<KeptHeader>)>;
@@ -965,6 +987,26 @@ pub(crate) mod tests {
     use ftpipe_fixtures::checkpoint::content_bytes;
     use ftpipe_fixtures::qwen4::{self, Mutation, QwenShape};
     use ftpipe_formats::{Dtype, TensorKind};
+
+    /// Only top-level `NAME-NNNNN-of-NNNNN.safetensors` files are read on
+    /// a guess while the index downloads.
+    #[test]
+    fn shard_names_read_on_a_guess() {
+        for yes in ["model-00001-of-00131.safetensors", "a-b-1-of-2.safetensors"] {
+            assert!(is_shard_name(yes), "{yes}");
+        }
+        for no in [
+            "consolidated.safetensors",
+            "model.safetensors",
+            "sub/model-00001-of-00002.safetensors",
+            "model-00001-of-00002.bin",
+            "model--of-00002.safetensors",
+            "model-0001-of-.safetensors",
+            "model-x1-of-2.safetensors",
+        ] {
+            assert!(!is_shard_name(no), "{no}");
+        }
+    }
 
     /// Malformed JSON names the file and the parser's position, and keeps
     /// the parser's error as the source for programs walking the chain.

@@ -523,7 +523,11 @@ impl Pipeline {
                 (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
             workers.spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
-                    let next = queue.lock().map(|mut q| q.pop_front()).ok().flatten();
+                    // Popping cannot panic: a poisoned lock still holds the queue.
+                    let next = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .pop_front();
                     let Some(file) = next else { break };
                     let path = file.path.clone();
                     let fetched = ftpipe_fetch::fetch_file(ctx.clone(), file).await;

@@ -243,8 +243,8 @@ fn unknown_model_type_remote_fails_before_any_shard_request() {
 
 /// The plan's reads before the first shard body: an index of 1 MiB or more
 /// comes in 4 ranges at once (a capped link caps each connection), and the
-/// headers of the listing's `.safetensors` files are read beside it; one
-/// the index does not name is dropped, even unreadable. The plan is the
+/// headers of the listing's shard-named files are read beside it; one the
+/// index does not name is dropped, even unreadable. The plan is the
 /// one of the plain repo.
 #[test]
 fn large_index_is_read_in_ranges_and_unnamed_shards_are_dropped() {
@@ -268,7 +268,10 @@ fn large_index_is_read_in_ranges_and_unnamed_shards_are_dropped() {
             RepoFile::bytes(f.path.clone(), serde_json::to_vec(&index).unwrap())
         })
         .collect();
-    padded.push(RepoFile::bytes("stray.safetensors", vec![0xFFu8; 64]));
+    padded.push(RepoFile::bytes(
+        "stray-00001-of-00001.safetensors",
+        vec![0xFFu8; 64],
+    ));
     let hub = hub_serving(padded);
     let got = plan_json(
         &tmp.path().join("padded"),
@@ -282,5 +285,5 @@ fn large_index_is_read_in_ranges_and_unnamed_shards_are_dropped() {
     assert!(gets.iter().all(|r| r.status == 206), "{gets:?}");
     let bytes: u64 = gets.iter().map(|r| r.body_bytes).sum();
     assert!(bytes > 3 << 19, "{bytes}");
-    assert!(!body_gets(&hub, "stray.safetensors").is_empty());
+    assert!(!body_gets(&hub, "stray-00001-of-00001.safetensors").is_empty());
 }
