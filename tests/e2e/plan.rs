@@ -286,4 +286,22 @@ fn large_index_is_read_in_ranges_and_unnamed_shards_are_dropped() {
     let bytes: u64 = gets.iter().map(|r| r.body_bytes).sum();
     assert!(bytes > 3 << 19, "{bytes}");
     assert!(!body_gets(&hub, "stray-00001-of-00001.safetensors").is_empty());
+
+    // A server answering those ranges with the whole file (200): the
+    // index is read whole instead, and the plan is the same.
+    let index = "model.safetensors.index.json";
+    hub.inject(
+        ftpipe_fixtures::FaultRule::new(index, ftpipe_fixtures::Fault::IgnoreRange).times(4),
+    );
+    let again = plan_json(
+        &tmp.path().join("no-ranges"),
+        &["--remote", "--endpoint", &hub.endpoint()],
+    );
+    assert_eq!(again["components"], want["components"]);
+    let whole: Vec<_> = body_gets(&hub, index)
+        .into_iter()
+        .skip(4)
+        .filter(|r| r.range.is_none())
+        .collect();
+    assert_eq!(whole.len(), 1, "{whole:?}");
 }
