@@ -71,13 +71,17 @@ impl Expected {
     pub fn hasher(&self, size: u64) -> IdentityHasher {
         match self {
             Expected::Sha256(_) => IdentityHasher::Sha256(Sha256::new()),
-            Expected::GitBlob(_) => {
-                let mut h = Sha1::new();
-                h.update(format!("blob {size}\0").as_bytes());
-                IdentityHasher::GitBlob(h)
-            }
+            Expected::GitBlob(_) => git_blob_hasher(size),
         }
     }
+}
+
+/// The hasher of a git blob id of `size` content bytes (the `blob SIZE\0`
+/// header fed).
+fn git_blob_hasher(size: u64) -> IdentityHasher {
+    let mut h = Sha1::new();
+    h.update(format!("blob {size}\0").as_bytes());
+    IdentityHasher::GitBlob(h)
 }
 
 /// Streaming digest matching an [`Expected`] identity.
@@ -144,6 +148,21 @@ pub fn hash_file(
     Ok(hasher.finish_hex())
 }
 
+/// The git blob id and the SHA-256 of the first `size` bytes of the file
+/// at `path`, from one read: a file the hub stores in git is verified by
+/// its blob id, and addressed by its SHA-256 where only that is kept (an
+/// object store mirror). Opened as [`hash_file`] opens it.
+pub fn git_blob_and_sha256(path: &std::path::Path, size: u64) -> std::io::Result<(String, String)> {
+    let mut file = ftpipe_fs::nofollow::open_read(path)?;
+    let mut git = git_blob_hasher(size);
+    let mut sha = IdentityHasher::Sha256(Sha256::new());
+    ftpipe_fs::overlapped::read_prefix(&mut file, size, |bytes| {
+        git.update(bytes);
+        sha.update(bytes);
+    })?;
+    Ok((git.finish_hex(), sha.finish_hex()))
+}
+
 /// The identity a listing row is verified against.
 pub fn expected_identity(file: &FileRow) -> Result<Expected> {
     let bad = |what: &str| HubError::BadListing {
@@ -160,6 +179,20 @@ pub fn expected_identity(file: &FileRow) -> Result<Expected> {
 mod tests {
     use super::*;
     use ftpipe_fs::overlapped::READ_BUF;
+
+    #[test]
+    fn git_blob_and_sha256_of_hello_from_one_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hello");
+        std::fs::write(&path, b"hello\n").unwrap();
+        let (git, sha) = git_blob_and_sha256(&path, 6).unwrap();
+        assert_eq!(git, "ce013625030ba8dba906f756967f9e9ca394464a");
+        assert_eq!(
+            sha,
+            "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+        );
+        assert!(git_blob_and_sha256(&path, 7).is_err(), "a short file");
+    }
 
     #[test]
     fn git_blob_id_of_hello() {

@@ -27,7 +27,7 @@ use ftpipe_artifact::manifest::sha256_hex;
 use ftpipe_fetch::S3Source;
 use ftpipe_fs::paths::{safe_join, validate_repo_path};
 use ftpipe_hub::HubError;
-use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, hash_file};
+use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, git_blob_and_sha256};
 use ftpipe_hub::remote::RemoteFiles;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_objstore::{GetRange, Put, S3, S3Config, S3Location};
@@ -463,7 +463,8 @@ impl Pipeline {
                 Expected::Sha256(s) => s.as_str().to_owned(),
                 Expected::GitBlob(oid) => {
                     let io = |e| PipelineError::io("hash", &path, e);
-                    let got = block_in_place(|| hash_file(&path, &expected, f.size)).map_err(io)?;
+                    let (got, sha256) =
+                        block_in_place(|| git_blob_and_sha256(&path, f.size)).map_err(io)?;
                     if got != oid.as_str() {
                         return Err(PipelineError::ObjectMismatch {
                             key: path.display().to_string(),
@@ -473,14 +474,7 @@ impl Pipeline {
                             ),
                         });
                     }
-                    let any =
-                        Expected::Sha256(LfsSha256::parse(&"0".repeat(64)).ok_or_else(|| {
-                            PipelineError::Internal {
-                                what: "a zero SHA-256 did not parse".into(),
-                                source: None,
-                            }
-                        })?);
-                    block_in_place(|| hash_file(&path, &any, f.size)).map_err(io)?
+                    sha256
                 }
             };
             let item = Item {
