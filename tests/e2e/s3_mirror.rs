@@ -229,4 +229,22 @@ fn mirror_straight_from_a_hub_repo_fetches_then_mirrors() {
         "{}",
         stderr(&o)
     );
+
+    // A git-stored file changed since it was fetched is refused by its
+    // blob id (hashed in the same read as its SHA-256), nothing mirrored.
+    let config = fetched.join("source").join("config.json");
+    let mut bytes = std::fs::read(&config).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x20;
+    std::fs::write(&config, bytes).unwrap();
+    let o = run(m
+        .ftpipe(home)
+        .arg("mirror")
+        .arg(&fetched)
+        .arg("s3://models/mirrors/changed"));
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &["config.json", "git blob id", "changed since it was fetched"],
+    );
 }
