@@ -37,6 +37,7 @@ use tokio::process::{Child, Command};
 
 use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_convert::ConvertOptions;
+use ftpipe_convert::safetensors::SourceHeader;
 use ftpipe_fetch::FetchOptions;
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 use ftpipe_fixtures::{Fault, FaultRule, FixtureHub, HubBuilder, RepoFile, checkpoint};
@@ -207,23 +208,19 @@ fn expert_shards(files: &[RepoFile]) -> anyhow::Result<Vec<Shard>> {
     let mut shards = Vec::new();
     for f in files.iter().filter(|f| f.path.ends_with(".safetensors")) {
         let bytes = checkpoint::content_bytes(f)?;
-        let n = bytes
-            .get(..8)
-            .and_then(|b| <[u8; 8]>::try_from(b).ok())
-            .map(u64::from_le_bytes)
-            .context("a generated shard without a header")?;
-        let end = usize::try_from(n)?
-            .checked_add(8)
-            .context("header length")?;
-        let header: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(bytes.get(8..end).context("a truncated generated header")?)?;
-        if header
-            .keys()
-            .any(|k| k.starts_with("model.language_model.") && k.contains(".mlp.experts."))
-        {
+        let len = bytes.len() as u64;
+        let n = SourceHeader::header_len(&f.path, &bytes, len)?;
+        let json = bytes
+            .get(8..)
+            .and_then(|b| b.get(..usize::try_from(n).ok()?))
+            .context("a truncated generated header")?;
+        let header = SourceHeader::parse(&f.path, json, len)?;
+        if header.tensors().iter().any(|t| {
+            t.name().starts_with("model.language_model.") && t.name().contains(".mlp.experts.")
+        }) {
             shards.push(Shard {
                 path: f.path.clone(),
-                len: bytes.len() as u64,
+                len,
                 header_len: n + 8,
             });
         }

@@ -69,11 +69,6 @@ struct Held {
 }
 
 impl Held {
-    /// Held bytes counted without a budget to keep to.
-    fn unbudgeted() -> Self {
-        Self::new(None)
-    }
-
     fn new(budget: Option<u64>) -> Self {
         Self {
             budget,
@@ -545,7 +540,7 @@ impl Pipeline {
         let mut failed: Option<PipelineError> = None;
         // Without a budget held bytes only matter to `--retire-sources`'s
         // retirements, which release them.
-        let mut held = Held::unbudgeted();
+        let mut held = Held::new(None);
         loop {
             let path = match ready.pop_front() {
                 Some(path) => path,
