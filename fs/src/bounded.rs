@@ -9,6 +9,12 @@
 //! file, and reads at most `limit + 1` bytes whatever `st_size` says, so a
 //! file that grows or lies is caught without being read whole. Every error
 //! names the path, and the limit or the kind of file found.
+//!
+//! [`read_bounded_or_pipe`] also takes a pipe (a FIFO, or the `/dev/fd/N`
+//! that process substitution such as `--token-file <(pass show hf)` hands
+//! over): what a writer sends is read up to the same limit, within a
+//! deadline, so a pipe nobody writes ends with an error naming it instead
+//! of a hang.
 
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
@@ -88,6 +94,22 @@ pub enum BoundedReadError {
         /// The named limit it exceeds.
         limit: u64,
     },
+    /// A pipe's writer sent nothing, or did not finish, within the deadline.
+    #[error(
+        "{path}: is a pipe, and {got} within {secs} s (a pipe is read until its writer \
+         closes it; is the command that should write it running?)",
+        path = path.display(),
+        got = if *received == 0 { "nothing arrived".to_owned() } else { format!("its writer sent {received} bytes but did not close it") },
+        secs = waited.as_secs()
+    )]
+    PipeTimedOut {
+        /// The path read.
+        path: PathBuf,
+        /// Bytes that arrived before the deadline.
+        received: u64,
+        /// The deadline.
+        waited: std::time::Duration,
+    },
     /// Opening or reading failed.
     #[error("{path}: cannot read: {source}", path = path.display())]
     Io {
@@ -113,6 +135,7 @@ impl BoundedReadError {
             | BoundedReadError::NotRegular { path, .. }
             | BoundedReadError::Shared { path, .. }
             | BoundedReadError::TooLarge { path, .. }
+            | BoundedReadError::PipeTimedOut { path, .. }
             | BoundedReadError::Io { path, .. } => path,
         }
     }
@@ -126,6 +149,7 @@ impl From<BoundedReadError> for std::io::Error {
                 ErrorKind::InvalidInput
             }
             BoundedReadError::TooLarge { .. } => ErrorKind::InvalidData,
+            BoundedReadError::PipeTimedOut { .. } => ErrorKind::TimedOut,
             BoundedReadError::Io { source, .. } => source.kind(),
         };
         std::io::Error::new(kind, e)
@@ -168,6 +192,28 @@ fn kind_of(ft: std::fs::FileType) -> Option<FoundKind> {
 /// Opens `path` for reading without blocking and refuses anything but a
 /// regular file (judged by `fstat` of the open descriptor).
 pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError> {
+    let (file, meta) = open_nonblocking(path, links)?;
+    if let Some(found) = kind_of(meta.file_type()) {
+        return Err(BoundedReadError::NotRegular {
+            path: path.into(),
+            found,
+        });
+    }
+    if links == Links::RefuseShared && meta.nlink() > 1 {
+        return Err(BoundedReadError::Shared {
+            path: path.into(),
+            links: meta.nlink(),
+        });
+    }
+    Ok(file)
+}
+
+/// Opens `path` with `O_NONBLOCK` (a FIFO opens at once, writer or not) and
+/// returns it with `fstat` of the open descriptor.
+fn open_nonblocking(
+    path: &Path,
+    links: Links,
+) -> Result<(File, std::fs::Metadata), BoundedReadError> {
     let mut flags = libc::O_NONBLOCK;
     if links != Links::Follow {
         flags |= libc::O_NOFOLLOW;
@@ -193,19 +239,7 @@ pub fn open_regular(path: &Path, links: Links) -> Result<File, BoundedReadError>
         path: path.into(),
         source,
     })?;
-    if let Some(found) = kind_of(meta.file_type()) {
-        return Err(BoundedReadError::NotRegular {
-            path: path.into(),
-            found,
-        });
-    }
-    if links == Links::RefuseShared && meta.nlink() > 1 {
-        return Err(BoundedReadError::Shared {
-            path: path.into(),
-            links: meta.nlink(),
-        });
-    }
-    Ok(file)
+    Ok((file, meta))
 }
 
 /// Reads `path` (following a link at its end) when it is a regular file of
@@ -225,6 +259,77 @@ pub fn read_bounded_unshared(path: &Path, limit: u64) -> Result<Vec<u8>, Bounded
 /// `DIR`, which whoever can plant an entry there must not redirect).
 pub fn read_bounded_nofollow(path: &Path, limit: u64) -> Result<Vec<u8>, BoundedReadError> {
     read_opened(path, open_regular(path, Links::Refuse)?, limit)
+}
+
+/// [`read_bounded`], or, when `path` is a pipe (a FIFO, `/dev/fd/N` of a
+/// process substitution), what its writer sends until it closes it: at most
+/// `limit` bytes, all within `deadline` from the call. Any other special
+/// file is refused as [`read_bounded`] refuses it.
+pub fn read_bounded_or_pipe(
+    path: &Path,
+    limit: u64,
+    deadline: std::time::Duration,
+) -> Result<Vec<u8>, BoundedReadError> {
+    let (file, meta) = open_nonblocking(path, Links::Follow)?;
+    match kind_of(meta.file_type()) {
+        None => read_opened(path, file, limit),
+        Some(FoundKind::Fifo) => read_pipe(path, file, limit, deadline),
+        Some(found) => Err(BoundedReadError::NotRegular {
+            path: path.into(),
+            found,
+        }),
+    }
+}
+
+/// Reads the non-blocking pipe `file` until its writer closes it, waiting
+/// with `poll(2)` for at most what is left of `deadline`.
+fn read_pipe(
+    path: &Path,
+    mut file: File,
+    limit: u64,
+    deadline: std::time::Duration,
+) -> Result<Vec<u8>, BoundedReadError> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let io = |source: std::io::Error| BoundedReadError::Io {
+        path: path.into(),
+        source,
+    };
+    let start = std::time::Instant::now();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_sub(start.elapsed());
+        let timed_out = || BoundedReadError::PipeTimedOut {
+            path: path.into(),
+            received: u64::try_from(bytes.len()).unwrap_or(u64::MAX),
+            waited: deadline,
+        };
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let timeout = Timespec::try_from(left).map_err(|e| io(std::io::Error::other(e)))?;
+        let mut fds = [PollFd::new(&file, PollFlags::IN)];
+        // Linux reports no POLLHUP on a FIFO no writer has opened yet, so
+        // this waits for a writer as well as for its bytes.
+        let ready = poll(&mut fds, Some(&timeout)).map_err(|e| io(e.into()))?;
+        if ready == 0 {
+            return Err(timed_out());
+        }
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => {
+                bytes.extend_from_slice(buf.get(..n).unwrap_or_default());
+                if u64::try_from(bytes.len()).map_or(true, |len| len > limit) {
+                    return Err(BoundedReadError::TooLarge {
+                        path: path.into(),
+                        limit,
+                    });
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
+            Err(e) => return Err(io(e)),
+        }
+    }
 }
 
 fn read_opened(path: &Path, file: File, limit: u64) -> Result<Vec<u8>, BoundedReadError> {
@@ -277,6 +382,57 @@ mod tests {
         assert!(err.to_string().contains("directory"), "{err}");
         let err = read_bounded(&dir.path().join("absent"), 10).unwrap_err();
         assert!(err.is_not_found(), "{err}");
+    }
+
+    #[test]
+    fn a_pipe_is_read_until_its_writer_closes_it_within_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+        )
+        .unwrap();
+        let wait = std::time::Duration::from_secs(5);
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                std::fs::write(&fifo, b"hf_token_value\n").unwrap();
+            })
+        };
+        assert_eq!(
+            read_bounded_or_pipe(&fifo, 100, wait).unwrap(),
+            b"hf_token_value\n"
+        );
+        writer.join().unwrap();
+        // Nobody writes: an error naming the pipe once the deadline passes.
+        let short = std::time::Duration::from_millis(300);
+        let started = std::time::Instant::now();
+        let err = read_bounded_or_pipe(&fifo, 100, short).unwrap_err();
+        assert!(started.elapsed() >= short, "{err}");
+        assert!(
+            matches!(err, BoundedReadError::PipeTimedOut { received: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("nothing arrived"), "{err}");
+        // A writer that sends more than the limit.
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let _ = std::fs::write(&fifo, vec![b'a'; 10_000]);
+            })
+        };
+        let err = read_bounded_or_pipe(&fifo, 100, wait).unwrap_err();
+        assert!(err.to_string().contains("limit of 100 bytes"), "{err}");
+        writer.join().unwrap();
+        // Devices stay refused; regular files read as before.
+        let err = read_bounded_or_pipe(Path::new("/dev/zero"), 10, wait).unwrap_err();
+        assert!(err.to_string().contains("character device"), "{err}");
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(read_bounded_or_pipe(&p, 10, wait).unwrap(), b"abc");
     }
 
     #[test]

@@ -4,20 +4,32 @@
 //!
 //! Each of these is controlled by the user or another program, and the
 //! token ends up in an HTTP header. So a token file goes through the bounded
-//! reader (a FIFO or `/dev/zero` is refused without blocking or filling
-//! memory; at most [`MAX_TOKEN_BYTES`]), and a token must be printable ASCII
+//! reader (at most [`MAX_TOKEN_BYTES`]; `/dev/zero` is refused without
+//! filling memory). A pipe is read, since process substitution
+//! (`--token-file <(pass show hf)`) is how tokens are kept out of files: up
+//! to the same limit, within [`TOKEN_PIPE_WAIT`], so a pipe nobody writes
+//! ends with an error naming it instead of a hang. A token must be printable ASCII
 //! without spaces once trimmed, so a stray CR/LF is an error naming where the
 //! token came from instead of "failed to parse header value" from the HTTP
 //! client. No error ever holds the token itself.
 
 use std::path::{Path, PathBuf};
 
-use ftpipe_fs::bounded::{BoundedReadError, read_bounded};
+use std::time::Duration;
+
+use ftpipe_fs::bounded::{BoundedReadError, read_bounded_or_pipe};
 
 use crate::client::Token;
 
 /// Largest token file read (hub tokens are well under 100 bytes).
 pub const MAX_TOKEN_BYTES: u64 = 4096;
+
+/// How long a token pipe's writer has to send the token and close it.
+pub const TOKEN_PIPE_WAIT: Duration = Duration::from_secs(5);
+
+fn read_token_file(path: &Path) -> Result<Vec<u8>, BoundedReadError> {
+    read_bounded_or_pipe(path, MAX_TOKEN_BYTES, TOKEN_PIPE_WAIT)
+}
 
 /// Where the token came from (reported, never the token itself).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -147,12 +159,12 @@ fn hf_home() -> Option<PathBuf> {
 /// The token as huggingface_hub resolves it: `--token-file` (`token_file`),
 /// then `HF_TOKEN`, then the file at `HF_TOKEN_PATH` (default
 /// `$HF_HOME/token`). A missing or empty file at the last means no token;
-/// anything there that is not a small regular file holding a valid token is
-/// an error naming it.
+/// anything there that is not a small regular file or a pipe holding a
+/// valid token is an error naming it.
 pub fn load_token(token_file: Option<&Path>) -> Result<(Option<Token>, TokenSource), TokenError> {
     if let Some(path) = token_file {
         let origin = format!("--token-file {}", path.display());
-        let raw = read_bounded(path, MAX_TOKEN_BYTES).map_err(|source| TokenError::Read {
+        let raw = read_token_file(path).map_err(|source| TokenError::Read {
             origin: "--token-file".to_owned(),
             source,
         })?;
@@ -175,7 +187,7 @@ pub fn load_token(token_file: Option<&Path>) -> Result<(Option<Token>, TokenSour
             None => return Ok((None, TokenSource::None)),
         },
     };
-    match read_bounded(&path, MAX_TOKEN_BYTES) {
+    match read_token_file(&path) {
         Ok(raw) => {
             let origin = format!("{var} {}", path.display());
             Ok(match parse_token(&raw, &origin)? {

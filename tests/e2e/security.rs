@@ -136,6 +136,40 @@ fn token_file_works_the_same() {
     assert_no_token_in_state(&out);
 }
 
+/// `--token-file <(pass show hf)` was refused ("is a FIFO"): process
+/// substitution hands over `/dev/fd/N`, a pipe. It is read now, and the
+/// token goes to the hub's own origin only, as from a file.
+#[test]
+fn token_file_from_process_substitution_is_read() {
+    let (hub, files) = hub_with_repo(43, 2 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let fetch = fetch_cmd(&hub.endpoint(), &out, &["--json"]);
+    // The same command under bash, with the token file a process substitution.
+    let mut argv = vec![fetch.get_program().to_owned()];
+    argv.extend(fetch.get_args().map(std::ffi::OsStr::to_owned));
+    let mut cmd = std::process::Command::new("bash");
+    cmd.args([
+        "-c",
+        r#"exec "$@" --token-file <(printf '%s\n' "$PIPED_TOKEN")"#,
+        "bash",
+    ])
+    .args(&argv)
+    .env("PIPED_TOKEN", TOKEN);
+    for (k, v) in fetch.get_envs() {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let o = run(&mut cmd);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_token_only_on_main(&hub);
+    assert_no_token_in_output("fetch --token-file <(...)", &o);
+    assert_no_token_in_state(&out);
+}
+
 fn pinned_commit(out: &Path) -> String {
     query(out, "SELECT commit_sha FROM pin").remove(0)
 }
