@@ -334,19 +334,11 @@ fn refuse_userinfo(endpoint: &Url) -> Result<()> {
     })
 }
 
-/// `raw` with anything between `://` and the last `@` of its authority
-/// replaced by `***` (for errors about an endpoint that may hold a
-/// password, parseable or not).
+/// `raw` with the userinfo of its URL(s) replaced (for errors about an
+/// endpoint that may hold a password, parseable or not): the one
+/// [`ftpipe_secrets::strip_userinfo`].
 pub fn mask_userinfo(raw: &str) -> String {
-    let Some(scheme_end) = raw.find("://").map(|i| i + 3) else {
-        return raw.to_owned();
-    };
-    let rest = &raw[scheme_end..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{}***{}", &raw[..scheme_end], &rest[at..]),
-        None => raw.to_owned(),
-    }
+    ftpipe_secrets::strip_userinfo(raw).into_owned()
 }
 
 /// A URL without its query (which may carry signed credentials).
@@ -409,9 +401,9 @@ mod tests {
         .err()
         .expect("userinfo refused")
         .to_string();
-        assert!(e.contains("http://***@127.0.0.1:9/"), "{e}");
+        assert!(e.contains("http://<redacted>@127.0.0.1:9/"), "{e}");
         assert!(!e.contains("pa55word"), "{e}");
-        assert_eq!(mask_userinfo("http://a:b@h/x@y"), "http://***@h/x@y");
+        assert_eq!(mask_userinfo("http://a:b@h/x@y"), "http://<redacted>@h/x@y");
         assert_eq!(mask_userinfo("http://h/x@y"), "http://h/x@y");
         assert_eq!(mask_userinfo("no scheme"), "no scheme");
         let bad = HubClient::new("http://u:p@[::1", None, Duration::from_secs(1))

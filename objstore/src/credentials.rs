@@ -338,6 +338,10 @@ impl S3Config {
     }
 }
 
+/// Why an endpoint holding `user:password@` is refused.
+const CREDENTIALS_IN_URL: &str = "credentials in the endpoint URL are refused (and not \
+     shown); use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE";
+
 /// The endpoint without a trailing `/`, and whether it is plain `http`
 /// (allowed only for a loopback host). Credentials in the userinfo are
 /// refused, not stripped: they would be sent nowhere and the user would not
@@ -347,6 +351,11 @@ fn check_endpoint(given: &str) -> Result<(String, bool)> {
         endpoint: ftpipe_secrets::redact(given).into_owned(),
         reason: reason.to_owned(),
     };
+    // Before the URL is parsed: a URL that does not parse (a bad port) must
+    // not echo its userinfo either.
+    if ftpipe_secrets::has_userinfo(given) {
+        return Err(bad(CREDENTIALS_IN_URL));
+    }
     let url = url::Url::parse(given).map_err(|e| bad(&format!("not a URL: {e}")))?;
     if !url.username().is_empty() || url.password().is_some() {
         if let Some(p) = url.password() {
@@ -354,7 +363,7 @@ fn check_endpoint(given: &str) -> Result<(String, bool)> {
         }
         return Err(ObjStoreError::BadEndpoint {
             endpoint: format!("{}://{}", url.scheme(), url.host_str().unwrap_or("")),
-            reason: "credentials in the endpoint URL are refused; use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE".into(),
+            reason: CREDENTIALS_IN_URL.into(),
         });
     }
     if url.query().is_some() || url.fragment().is_some() {

@@ -36,9 +36,15 @@ impl S3Location {
     /// `..` segments are refused, as are characters S3 keys should not hold).
     pub fn parse(given: &str) -> Result<S3Location> {
         let bad = |reason| ObjStoreError::BadLocation {
-            given: given.to_owned(),
+            given: ftpipe_secrets::strip_userinfo(given).into_owned(),
             reason,
         };
+        if ftpipe_secrets::has_userinfo(given) {
+            return Err(bad(
+                "credentials in the location are refused (and not shown); use \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE",
+            ));
+        }
         let rest = given
             .strip_prefix("s3://")
             .ok_or_else(|| bad("it does not start with s3://"))?;
@@ -142,6 +148,19 @@ impl ArtifactKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_in_a_location_are_refused_without_echoing_them() {
+        for given in ["s3://AKID:SECRET@bkt/p", "s3://AKID@bkt", "s3://k:p@B@D/x"] {
+            let e = S3Location::parse(given).unwrap_err().to_string();
+            assert!(e.contains("credentials in the location"), "{e}");
+            assert!(
+                !e.contains("AKID") && !e.contains("SECRET") && !e.contains(":p@"),
+                "{e}"
+            );
+            assert!(e.contains("<redacted>@"), "{e}");
+        }
+    }
 
     #[test]
     fn parses_bucket_and_prefix() {

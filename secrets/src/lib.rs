@@ -13,6 +13,13 @@
 //! is resolved ([`register`]), whatever its source (`HF_TOKEN`, a token
 //! file, later object-store keys).
 //!
+//! A URL's userinfo (`s3://KEY:SECRET@bucket`, `http://user:pw@host`) is a
+//! credential too, but one nobody registered: a user typed it, and the URL
+//! may be refused before anything could register it. [`redact`] therefore
+//! also cuts the userinfo out of every `scheme://` it finds
+//! ([`strip_userinfo`]), whatever the secret is, and the parsers of URLs
+//! and locations keep only the stripped form in their errors.
+//!
 //! Redaction replaces every occurrence with [`REDACTED`]; a value shorter
 //! than [`MIN_SECRET_LEN`] is still registered and scanned for by
 //! [`contains_secret`], but not replaced in text, where it would match by
@@ -46,19 +53,58 @@ pub fn register(secret: &str) {
     }
 }
 
-/// `text` with every registered credential replaced by [`REDACTED`];
-/// borrowed (no copy) when it holds none.
+/// `text` with every registered credential and every URL's userinfo
+/// replaced by [`REDACTED`]; borrowed (no copy) when it holds none.
 pub fn redact(text: &str) -> Cow<'_, str> {
     let all = SECRETS
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut out = Cow::Borrowed(text);
+    let mut out = strip_userinfo(text);
     for secret in all.iter().filter(|s| s.len() >= MIN_SECRET_LEN) {
         if out.contains(secret.as_str()) {
             out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
         }
     }
     out
+}
+
+/// Bytes that end a URL's authority (`scheme://AUTHORITY/...`) in text.
+fn ends_authority(c: char) -> bool {
+    matches!(c, '/' | '?' | '#' | '"' | '\'' | '<' | '>' | '`' | '\\') || c.is_whitespace()
+}
+
+/// `text` with the userinfo of every `scheme://userinfo@host` in it
+/// replaced by [`REDACTED`] (`s3://<redacted>@bucket/p`); borrowed when
+/// there is none. Works on text that is not a valid URL (a bad port, a
+/// bucket name S3 refuses): it looks only for `://` and the last `@`
+/// before the authority ends.
+pub fn strip_userinfo(text: &str) -> Cow<'_, str> {
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut search = 0;
+    while let Some(found) = text.get(search..).and_then(|rest| rest.find("://")) {
+        let authority_start = search + found + 3;
+        let rest = text.get(authority_start..).unwrap_or_default();
+        let authority_len = rest.find(ends_authority).unwrap_or(rest.len());
+        let authority = rest.get(..authority_len).unwrap_or_default();
+        if let Some(at) = authority.rfind('@') {
+            out.push_str(text.get(copied..authority_start).unwrap_or_default());
+            out.push_str(REDACTED);
+            copied = authority_start + at;
+        }
+        search = authority_start + authority_len;
+    }
+    if copied == 0 {
+        return Cow::Borrowed(text);
+    }
+    out.push_str(text.get(copied..).unwrap_or_default());
+    Cow::Owned(out)
+}
+
+/// Whether `url` (or any URL in it) carries userinfo (`user:pw@`), which
+/// ftpipe refuses without echoing it.
+pub fn has_userinfo(url: &str) -> bool {
+    matches!(strip_userinfo(url), Cow::Owned(_))
 }
 
 /// [`redact`] for an optional string (a column that may be NULL).
@@ -105,5 +151,29 @@ mod tests {
         assert!(contains_secret(b"xx short yy"));
         assert!(!contains_secret(b"hf_longer_secre"));
         assert_eq!(redact_opt(None), None);
+    }
+
+    #[test]
+    fn userinfo_is_cut_from_every_url_whatever_the_secret() {
+        let cases = [
+            ("s3://AKID:SECRET@bkt/p", "s3://<redacted>@bkt/p"),
+            (
+                "bad endpoint http://AKID:pw@host:99999 (port)",
+                "bad endpoint http://<redacted>@host:99999 (port)",
+            ),
+            (
+                "a https://u@h/x?y=a@b and s3://k:s@b/q",
+                "a https://<redacted>@h/x?y=a@b and s3://<redacted>@b/q",
+            ),
+            ("\"http://us:er:p@ss@host\"", "\"http://<redacted>@host\""),
+        ];
+        for (given, want) in cases {
+            assert_eq!(strip_userinfo(given), want, "{given}");
+            assert_eq!(redact(given), want, "{given}");
+            assert!(has_userinfo(given), "{given}");
+        }
+        for plain in ["s3://bkt/p", "http://host:9000/a@b", "mail a@b", "x://"] {
+            assert!(matches!(strip_userinfo(plain), Cow::Borrowed(_)), "{plain}");
+        }
     }
 }
