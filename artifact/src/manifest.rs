@@ -2,10 +2,15 @@
 //! last) and `placement.json` (mutable, never part of the fingerprint).
 //!
 //! The fingerprint is the SHA-256 of the canonical JSON of
-//! [`FingerprintInput`]: source identity, converter identity and every
-//! component's path and digest. Canonical means compact `serde_json` output
-//! of these typed structs (fields in declaration order, maps sorted), so a
-//! reader that parses the manifest recomputes exactly the same bytes.
+//! [`FingerprintInput`]: every field of the manifest but the fingerprint
+//! itself (schema, source and converter identities, the components with
+//! their layouts, the FTW descriptors, the tensor inventory with its
+//! sources, the omitted tensors). Nothing in `manifest.json` can be edited
+//! without changing it, provenance included. Canonical means compact
+//! `serde_json` output of these typed structs (fields in declaration order,
+//! maps sorted), so a reader that parses the manifest recomputes exactly the
+//! same bytes. Schema 1 hashed only the identities and the component
+//! digests; such a manifest is refused, naming how to rewrite it.
 //! Nothing in the manifest depends on time, paths outside the artifact or
 //! the machine: two runs over the same inputs write the same bytes.
 
@@ -24,7 +29,9 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// File name of the placement beside it.
 pub const PLACEMENT_FILE: &str = "placement.json";
 /// Manifest schema this build writes and reads.
-pub const MANIFEST_SCHEMA: &str = "ftpipe.manifest/1";
+pub const MANIFEST_SCHEMA: &str = "ftpipe.manifest/2";
+/// The schema before the fingerprint covered the whole manifest.
+pub const MANIFEST_SCHEMA_V1: &str = "ftpipe.manifest/1";
 /// Placement schema this build writes and reads.
 pub const PLACEMENT_SCHEMA: &str = "ftpipe.placement/1";
 /// Path of the FTW component (the always-resident stream).
@@ -245,26 +252,23 @@ pub fn is_fetched(fetched: &bool) -> bool {
     *fetched
 }
 
-/// A component's contribution to the fingerprint.
-#[derive(Debug, Clone, Serialize)]
-pub struct ComponentDigest<'a> {
-    /// Path.
-    pub path: &'a str,
-    /// SHA-256.
-    pub sha256: &'a str,
-}
-
-/// Exactly what the fingerprint hashes.
+/// Exactly what the fingerprint hashes: the manifest without its
+/// fingerprint, field for field in the manifest's order.
 #[derive(Debug, Clone, Serialize)]
 pub struct FingerprintInput<'a> {
+    /// [`MANIFEST_SCHEMA`].
+    pub schema: &'a str,
     /// Source identity.
     pub source: &'a SourceIdentity,
     /// Converter identity.
     pub converter: &'a ConverterIdentity,
-    /// Component digests in manifest order.
-    pub components: Vec<ComponentDigest<'a>>,
-    /// The omitted tensors (absent when none, so flat layouts keep their
-    /// fingerprints).
+    /// The components, whole (path, sizes, digest, layout).
+    pub components: &'a [ManifestComponent],
+    /// FTW tensor descriptors.
+    pub ftw_tensors: &'a [TensorDesc],
+    /// The tensor inventory with every tensor's sources.
+    pub tensors: &'a [InventoryTensor],
+    /// The omitted tensors (absent when none, as in the manifest).
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub omitted: &'a [OmittedEntry],
 }
@@ -292,16 +296,12 @@ impl Manifest {
         canonical_sha256(
             "the fingerprint input",
             &FingerprintInput {
+                schema: &self.schema,
                 source: &self.source,
                 converter: &self.converter,
-                components: self
-                    .components
-                    .iter()
-                    .map(|c| ComponentDigest {
-                        path: &c.path,
-                        sha256: &c.sha256,
-                    })
-                    .collect(),
+                components: &self.components,
+                ftw_tensors: &self.ftw_tensors,
+                tensors: &self.tensors,
                 omitted: &self.omitted,
             },
         )

@@ -10,7 +10,9 @@ use ftpipe_receipts::{Pin, Store};
 use crate::Result;
 use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::read_config;
-use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
+use ftpipe_artifact::manifest::{
+    MANIFEST_FILE, MANIFEST_SCHEMA, Manifest, PLACEMENT_FILE, Placement, sha256_hex,
+};
 
 /// A current artifact, as its manifest describes it.
 #[derive(Debug, Clone)]
@@ -58,6 +60,7 @@ pub async fn current_artifact(
         .and_then(|config| converter_identity(&config, opts))
         .ok();
     if converter.as_ref() != Some(&manifest.converter)
+        || manifest.schema != MANIFEST_SCHEMA
         || manifest.source.commit != pin.commit
         || !all_sizes_match(artifact, &manifest)
         || !placement_current(artifact, &manifest, opts)

@@ -24,7 +24,9 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use tokio::task::block_in_place;
 
-use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, Placement, sha256_hex};
+use ftpipe_artifact::manifest::{
+    MANIFEST_FILE, MANIFEST_SCHEMA, Manifest, PLACEMENT_FILE, Placement, sha256_hex,
+};
 use ftpipe_artifact::verify::{
     MAX_ARTIFACT_ENTRIES, MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES, verify_artifact,
 };
@@ -90,6 +92,17 @@ pub fn parse_remote_manifest(key: &str, bytes: &[u8]) -> Result<Manifest> {
             format!("expected an ftpipe manifest: {}", e.into_inner()),
         )
     })?;
+    if manifest.schema != MANIFEST_SCHEMA {
+        return Err(bad(
+            "schema".into(),
+            format!(
+                "{:?}, expected {MANIFEST_SCHEMA:?} (a manifest whose fingerprint covers all of \
+                 it; publish the artifact again with this ftpipe after `ftpipe convert` rewrote \
+                 its manifest)",
+                manifest.schema
+            ),
+        ));
+    }
     if manifest.components.len() > MAX_ARTIFACT_ENTRIES {
         return Err(bad(
             "components".into(),

@@ -114,4 +114,16 @@ fn verify_passes_clean_and_names_every_tampered_component() {
     let (code, text) = verify(&d, false);
     assert_eq!(code, Some(6), "{text}");
     assert!(text.contains("fingerprint"), "{text}");
+
+    // Provenance: schema 1 left `tensors[].sources` out of the fingerprint,
+    // so a rewritten source passed `verify --deep` under the same
+    // fingerprint. It fails now, and only the fingerprint check fails.
+    let d = fresh(&art, tmp.path(), "provenance");
+    let m = d.join("manifest.json");
+    let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+    j["tensors"][0]["sources"][0] = "model.planted.weight".into();
+    std::fs::write(&m, serde_json::to_vec_pretty(&j).unwrap()).unwrap();
+    let (code, text) = verify(&d, true);
+    assert_eq!(code, Some(6), "{text}");
+    assert!(text.contains("fingerprint"), "{text}");
 }

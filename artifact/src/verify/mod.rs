@@ -52,8 +52,8 @@ use ftpipe_fs::paths::validate_repo_path;
 
 use crate::ArtifactError;
 use crate::manifest::{
-    ComponentLayout, FTW_COMPONENT, MANIFEST_FILE, MANIFEST_SCHEMA, Manifest, PLACEMENT_FILE,
-    Placement,
+    ComponentLayout, FTW_COMPONENT, MANIFEST_FILE, MANIFEST_SCHEMA, MANIFEST_SCHEMA_V1, Manifest,
+    PLACEMENT_FILE, Placement,
 };
 
 /// Largest `manifest.json` read, checked before reading it. It lists every
@@ -318,7 +318,19 @@ fn is_lower_hex64(s: &str) -> bool {
 /// Manifest-only checks. Returns the paths safe to look up on disk: valid,
 /// canonical and listed once (a duplicate is checked at its first listing).
 fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str> {
-    if m.schema != MANIFEST_SCHEMA {
+    if m.schema == MANIFEST_SCHEMA_V1 {
+        found.fail(
+            Some(MANIFEST_FILE),
+            check::SCHEMA,
+            format!(
+                "schema is {MANIFEST_SCHEMA_V1:?}, written by an older ftpipe whose fingerprint \
+                 left the tensor inventory, the FTW descriptors and the component layouts \
+                 unprotected; expected {MANIFEST_SCHEMA:?}: run `ftpipe convert` (or `run`) on \
+                 the output directory again, which keeps every component and rewrites the \
+                 manifest, then publish again"
+            ),
+        );
+    } else if m.schema != MANIFEST_SCHEMA {
         found.fail(
             Some(MANIFEST_FILE),
             check::SCHEMA,
@@ -331,8 +343,8 @@ fn check_manifest<'m>(m: &'m Manifest, found: &mut Findings) -> HashSet<&'m str>
             Some(MANIFEST_FILE),
             check::FINGERPRINT,
             format!(
-                "recorded fingerprint {}, but the manifest's sources, converter and component \
-                 digests hash to {computed} (the manifest was edited)",
+                "recorded fingerprint {}, but the manifest's other fields hash to {computed} \
+                 (the manifest was edited)",
                 m.fingerprint
             ),
         ),

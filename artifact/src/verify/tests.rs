@@ -284,16 +284,81 @@ fn edited_digest_breaks_the_fingerprint_and_edited_size_the_size() {
         ],
     );
 
-    // Sizes are not hashed into the fingerprint; the disk catches them.
+    // Sizes are hashed into the fingerprint too; the disk catches them as well.
     let mut m = build(dir.path());
     m.components[0].size += 4096;
     write_manifest(dir.path(), &m);
     expect(
         &verify(dir.path(), false),
         &[
+            (MANIFEST_FILE, check::FINGERPRINT),
             ("model.ftw", check::PREDICTED_SIZE),
             ("model.ftw", check::SIZE),
         ],
+    );
+}
+
+/// Schema 1 hashed only the identities and the component digests: the
+/// inventory's `sources` (provenance) could be rewritten by anyone with
+/// write access to a bucket, and the artifact still verified under the same
+/// fingerprint. Every field but the fingerprint is covered now.
+#[test]
+fn an_edit_of_any_field_breaks_the_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let clean = build(dir.path());
+    let edits: [(&str, fn(&mut Manifest)); 5] = [
+        ("tensors[].sources", |m| {
+            m.tensors.push(InventoryTensor {
+                component: "model.ftw".into(),
+                key: "planted".into(),
+                sources: vec!["model.embed_tokens.weight".into()],
+            });
+        }),
+        ("ftw_tensors", |m| m.ftw_tensors.truncate(1)),
+        ("components[].layout", |m| {
+            for c in &mut m.components {
+                if let ComponentLayout::Q3GlobalScale { segments, .. } = &mut c.layout {
+                    *segments += 1;
+                }
+            }
+        }),
+        ("components[].predicted_bytes", |m| {
+            m.components[1].predicted_bytes += 1;
+        }),
+        ("omitted", |m| {
+            m.omitted.push(OmittedEntry {
+                tensor: "model.visual.x".into(),
+                file: "a.safetensors".into(),
+                reason: Partition::Vision,
+                fetched: true,
+            });
+        }),
+    ];
+    for (field, edit) in edits {
+        let mut m = clean.clone();
+        edit(&mut m);
+        assert_ne!(m, clean, "{field}: the edit changed nothing");
+        write_manifest(dir.path(), &m);
+        let r = verify(dir.path(), false);
+        assert!(
+            failed(&r).contains(&(MANIFEST_FILE.to_owned(), check::FINGERPRINT.to_owned())),
+            "{field}: {:#?}",
+            r.failures
+        );
+    }
+    // A schema-1 manifest (even one whose fingerprint is consistent) is
+    // refused, naming how to rewrite it.
+    let mut m = clean.clone();
+    m.schema = MANIFEST_SCHEMA_V1.to_owned();
+    m.fingerprint = m.compute_fingerprint().unwrap();
+    write_manifest(dir.path(), &m);
+    write_placement(dir.path(), &Placement::generate(&m, u64::MAX, 0, 2));
+    let r = verify(dir.path(), false);
+    expect(&r, &[(MANIFEST_FILE, check::SCHEMA)]);
+    assert!(
+        r.failures[0].message.contains("ftpipe convert"),
+        "{:#?}",
+        r.failures
     );
 }
 
