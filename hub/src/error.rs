@@ -138,6 +138,18 @@ pub enum HubError {
         /// The commit id of the pin.
         commit: String,
     },
+    /// `--revision` named a full commit and the hub answered with another.
+    #[error(
+        "--revision {requested} names a commit, but the hub resolved it to commit {answered}; \
+         refusing to pin another commit than the one asked for (check the repo id, the \
+         endpoint, and that no branch or tag is named like this commit)"
+    )]
+    RevisionNotHonoured {
+        /// The 40-hex commit asked for.
+        requested: String,
+        /// The commit the hub (or mirror) answered.
+        answered: String,
+    },
     /// The output directory belongs to another repository.
     #[error("{dir} holds {pinned}, not {requested}")]
     OtherRepo {

@@ -450,14 +450,24 @@ pub async fn resolve(
 
 /// The pin rules, for every origin (the hub, a mirror): whether the
 /// stored pin `existing` is kept for `req` when its revision is at
-/// `current`, and the commit a kept branch has moved to. A pin to another
-/// revision is an error; a moved branch keeps its pin unless `--repin`.
+/// `current`, and the commit a kept branch has moved to. A full commit
+/// asked for must be the commit answered (as `hf download --revision SHA`
+/// gets that commit or fails); a pin to another revision is an error; a
+/// moved branch keeps its pin unless `--repin`.
 pub fn pin_rules(
     existing: Option<&Pin>,
     req: &ResolveRequest,
     current: &str,
     reporter: &dyn Reporter,
 ) -> Result<(bool, Option<String>)> {
+    if let Some(asked) = CommitId::parse(&req.revision)
+        && !asked.as_str().eq_ignore_ascii_case(current)
+    {
+        return Err(HubError::RevisionNotHonoured {
+            requested: req.revision.clone(),
+            answered: current.to_owned(),
+        });
+    }
     let mut branch_moved_to = None;
     let keep = match existing {
         Some(pin) if pin.revision == req.revision && pin.commit == current => true,

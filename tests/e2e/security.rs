@@ -170,6 +170,48 @@ fn token_file_from_process_substitution_is_read() {
     assert_no_token_in_state(&out);
 }
 
+/// `--revision <40-hex>` answered by the hub with another commit was pinned
+/// to the other commit, converted, and exited 0. A full commit asked for is
+/// now the commit pinned, or the command fails naming both, before any
+/// file is requested. (The hub here has a branch named like the commit,
+/// pointing elsewhere: branches are looked up first.)
+#[test]
+fn a_requested_commit_answered_with_another_is_refused() {
+    let (hub, files) = hub_with_repo(45, 1 << 20);
+    let asked = hub.commit(REPO, "main").unwrap();
+    let mut other = files.clone();
+    other.retain(|f| f.path != "README.md");
+    let answered = hub.move_branch(REPO, &asked, other).unwrap();
+    assert_ne!(asked, answered);
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &dir.path().join("out"),
+        &["--revision", &asked],
+    ));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains(&asked) && err.contains(&answered), "{err}");
+    assert!(err.contains("refusing to pin another commit"), "{err}");
+    assert!(
+        hub.requests().iter().all(|r| !r.path.contains("/resolve/")),
+        "a file was requested"
+    );
+    // The commit itself, in capitals, answered with that commit: pinned.
+    let (hub, files) = hub_with_repo(46, 1 << 20);
+    let commit = hub.commit(REPO, "main").unwrap();
+    let out = dir.path().join("out2");
+    let upper = commit.to_ascii_uppercase();
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &["--revision", &upper],
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(pinned_commit(&out), commit);
+    assert_files_match(&out, &files);
+}
+
 fn pinned_commit(out: &Path) -> String {
     query(out, "SELECT commit_sha FROM pin").remove(0)
 }
