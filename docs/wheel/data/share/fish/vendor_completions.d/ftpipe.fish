@@ -41,10 +41,10 @@ complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "demo" -d 'Serve a gen
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "completions" -d 'Print the completion script of a shell'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -57,9 +57,9 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-range -d 'A 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-hf-cache -d 'Never look in a Hugging Face cache'
@@ -80,10 +80,10 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l token-file -d 'T
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash every source and component'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -108,10 +108,10 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l no-preflight -
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l json -d 'Newline-delimited JSON events and a JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -124,9 +124,9 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-range -d 'A ra
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l fetch-jobs -d 'Files the fetch stage transfers in parallel (1 to 64; default --jobs, else 4, as `fetch`)' -r
