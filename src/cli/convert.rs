@@ -60,6 +60,7 @@ impl ConvertTuning {
 /// `ftpipe convert`'s flags.
 #[derive(Args)]
 pub struct ConvertArgs {
+    /// DIR: its sources (DIR/source) are converted into DIR/artifact.
     #[arg(long)]
     pub out: PathBuf,
     /// Components converted in parallel (1 to 64).

@@ -12,8 +12,10 @@ use crate::{table, verify_view};
 /// `ftpipe status`'s flags.
 #[derive(Args)]
 pub struct StatusArgs {
+    /// DIR: the directory whose state is shown.
     #[arg(long)]
     pub out: PathBuf,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -21,11 +23,13 @@ pub struct StatusArgs {
 /// `ftpipe audit`'s flags.
 #[derive(Args)]
 pub struct AuditArgs {
+    /// DIR: the directory audited.
     #[arg(long)]
     pub out: PathBuf,
     /// Re-hash every source and component.
     #[arg(long)]
     pub deep: bool,
+    /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
     /// Also write a zstd-compressed evidence bundle (tar) to this file;
@@ -42,7 +46,9 @@ pub struct AuditArgs {
 /// `ftpipe inspect`'s flags.
 #[derive(Args)]
 pub struct InspectArgs {
+    /// The file whose header is read.
     pub file: PathBuf,
+    /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
@@ -55,6 +61,7 @@ pub struct VerifyArgs {
     /// Also re-hash every component.
     #[arg(long)]
     pub deep: bool,
+    /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
 }

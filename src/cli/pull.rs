@@ -22,6 +22,7 @@ pub struct PullArgs {
     /// Where the artifact is published: s3://BUCKET/PREFIX.
     #[arg(value_name = "S3_URL")]
     pub source: String,
+    /// DIR: the artifact is pulled into DIR/artifact.
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
