@@ -69,6 +69,7 @@ pub struct VerifyArgs {
 /// `verify` found problems (already listed on stdout).
 #[derive(Debug)]
 pub struct VerifyFailed {
+    /// How many checks failed.
     pub problems: usize,
 }
 

@@ -11,9 +11,13 @@ use super::args::ProgressArgs;
 /// What a fetching command reports beside its outcome (never a token).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Session {
+    /// Where the token came from (never the token).
     pub token_source: TokenSource,
+    /// The Hugging Face cache files were taken from, if any.
     pub hf_cache: Option<PathBuf>,
+    /// What named that cache (the flag or the variable).
     pub hf_cache_from: Option<&'static str>,
+    /// No network (`--offline` or `HF_HUB_OFFLINE`).
     pub offline: bool,
 }
 
@@ -21,8 +25,10 @@ pub struct Session {
 /// the JSON summary.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Jobs {
+    /// Files transferred at once, for a command that fetches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fetch: Option<usize>,
+    /// Components converted at once, for a command that converts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub convert: Option<usize>,
 }
