@@ -15,7 +15,8 @@ pub struct Session {
     pub token_source: TokenSource,
     /// The Hugging Face cache files were taken from, if any.
     pub hf_cache: Option<PathBuf>,
-    /// What named that cache (the flag or the variable).
+    /// What named that cache: `--hf-cache`, HF_HUB_CACHE, HF_HOME or the
+    /// default.
     pub hf_cache_from: Option<&'static str>,
     /// No network (`--offline` or `HF_HUB_OFFLINE`).
     pub offline: bool,
