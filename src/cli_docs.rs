@@ -26,7 +26,7 @@ const BIN: &str = "ftpipe";
 /// The completion script of `shell` for the whole command line.
 pub fn completions(shell: Shell) -> Vec<u8> {
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut crate::Cli::command(), BIN, &mut script);
+    clap_complete::generate(shell, &mut crate::cli::Cli::command(), BIN, &mut script);
     script
 }
 
@@ -44,7 +44,7 @@ pub struct ManPage {
 /// of its options.
 pub fn man_pages() -> Vec<ManPage> {
     // As clap_mangen::generate_to: no page for the `help` pseudo-command.
-    let mut root = crate::Cli::command().disable_help_subcommand(true);
+    let mut root = crate::cli::Cli::command().disable_help_subcommand(true);
     root.build();
     let source = format!("{BIN} {}", root.get_version().unwrap_or_default());
     let mut pages = vec![ManPage {
@@ -226,7 +226,7 @@ mod tests {
     /// Every command of the clap tree (`None`: `ftpipe` itself; not `help`)
     /// with its visible long options.
     fn commands_and_long_options() -> Vec<(Option<String>, Vec<String>)> {
-        let mut root = crate::Cli::command().disable_help_subcommand(true);
+        let mut root = crate::cli::Cli::command().disable_help_subcommand(true);
         root.build();
         let longs = |cmd: &clap::Command| -> Vec<String> {
             cmd.get_arguments()

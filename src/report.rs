@@ -107,6 +107,73 @@ impl Bars {
         self.total
             .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate)));
     }
+
+    /// A bar for `path` above the total (once), at `resumed_from`.
+    fn file_started(&self, s: &mut BarState, path: String, size: u64, resumed_from: u64) {
+        let bar = s.files.entry(path.clone()).or_insert_with(|| {
+            let b = self
+                .multi
+                .insert_before(&self.total, ProgressBar::new(size));
+            b.set_style(bar_style(
+                "  {msg:40!} [{bar:30}] {percent:>3}% {bytes}/{total_bytes}",
+            ));
+            b.set_message(path);
+            b
+        });
+        bar.set_position(resumed_from.min(size));
+    }
+
+    /// Removes the bar of a file that is published or failed.
+    fn file_done(&self, s: &mut BarState, path: &str) {
+        if let Some(b) = s.files.remove(path) {
+            b.finish_and_clear();
+            self.multi.remove(&b);
+        }
+    }
+
+    /// Prints `line` above the bars, redacted.
+    fn println(&self, line: &str) {
+        let _ = self.multi.println(crate::output::redacted(line));
+    }
+
+    /// An event that is a line above the bars: the cache's adoptions and
+    /// rejections, retries, notes (an adopted or resumed file's bytes count
+    /// as done).
+    fn note(&self, event: ProgressEvent) {
+        let line = match event {
+            ProgressEvent::FileAdopted {
+                path,
+                size,
+                placement,
+            } => {
+                advance(&self.total, size);
+                format!("{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)")
+            }
+            ProgressEvent::FileResumedFromCache { path, bytes } => {
+                advance(&self.total, bytes);
+                format!("{path}: resuming an interrupted hf download at byte {bytes}")
+            }
+            ProgressEvent::CacheRejected {
+                path,
+                cache_path,
+                reason,
+            } => format!("{path}: not using {cache_path} from the Hugging Face cache: {reason}"),
+            ProgressEvent::FileRetry {
+                path,
+                attempt,
+                delay,
+                retry_after_secs,
+                error,
+            } => format!(
+                "retry {attempt} of {path} in {delay:.1?}{}: {error}",
+                waiting_note(retry_after_secs)
+            ),
+            ProgressEvent::Note { message } => message,
+            // The bar events: `report` handles them.
+            _ => return,
+        };
+        self.println(&line);
+    }
 }
 
 impl Reporter for Bars {
@@ -129,19 +196,7 @@ impl Reporter for Bars {
                 path,
                 size,
                 resumed_from,
-            } => {
-                let bar = s.files.entry(path.clone()).or_insert_with(|| {
-                    let b = self
-                        .multi
-                        .insert_before(&self.total, ProgressBar::new(size));
-                    b.set_style(bar_style(
-                        "  {msg:40!} [{bar:30}] {percent:>3}% {bytes}/{total_bytes}",
-                    ));
-                    b.set_message(path);
-                    b
-                });
-                bar.set_position(resumed_from.min(size));
-            }
+            } => self.file_started(&mut s, path, size, resumed_from),
             ProgressEvent::FileBytes { path, bytes } => {
                 if let Some(b) = s.files.get(&path) {
                     advance(b, bytes);
@@ -158,57 +213,10 @@ impl Reporter for Bars {
                         .set_position(self.total.position().saturating_sub(back));
                 }
             }
-            ProgressEvent::FileAdopted {
-                path,
-                size,
-                placement,
-            } => {
-                advance(&self.total, size);
-                let _ = self.multi.println(crate::output::redacted(&format!(
-                    "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
-                )));
-            }
-            ProgressEvent::FileResumedFromCache { path, bytes } => {
-                advance(&self.total, bytes);
-                let _ = self.multi.println(crate::output::redacted(&format!(
-                    "{path}: resuming an interrupted hf download at byte {bytes}"
-                )));
-            }
-            ProgressEvent::CacheRejected {
-                path,
-                cache_path,
-                reason,
-            } => {
-                let _ = self.multi.println(crate::output::redacted(&format!(
-                    "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
-                )));
-            }
-            ProgressEvent::FilePublished { path, .. } => {
-                if let Some(b) = s.files.remove(&path) {
-                    b.finish_and_clear();
-                    self.multi.remove(&b);
-                }
-            }
+            ProgressEvent::FilePublished { path, .. } => self.file_done(&mut s, &path),
             ProgressEvent::FileFailed { path, error } => {
-                if let Some(b) = s.files.remove(&path) {
-                    b.finish_and_clear();
-                    self.multi.remove(&b);
-                }
-                let _ = self
-                    .multi
-                    .println(crate::output::redacted(&format!("failed: {path}: {error}")));
-            }
-            ProgressEvent::FileRetry {
-                path,
-                attempt,
-                delay,
-                retry_after_secs,
-                error,
-            } => {
-                let _ = self.multi.println(crate::output::redacted(&format!(
-                    "retry {attempt} of {path} in {delay:.1?}{}: {error}",
-                    waiting_note(retry_after_secs)
-                )));
+                self.file_done(&mut s, &path);
+                self.println(&format!("failed: {path}: {error}"));
             }
             ProgressEvent::ConvertPlanned {
                 total_bytes,
@@ -222,9 +230,11 @@ impl Reporter for Bars {
                 self.convert.set_position(done_bytes.min(total_bytes));
             }
             ProgressEvent::ComponentWritten { size, .. } => advance(&self.convert, size),
-            ProgressEvent::Note { message } => {
-                let _ = self.multi.println(crate::output::redacted(&message));
-            }
+            e @ (ProgressEvent::FileAdopted { .. }
+            | ProgressEvent::FileResumedFromCache { .. }
+            | ProgressEvent::CacheRejected { .. }
+            | ProgressEvent::FileRetry { .. }
+            | ProgressEvent::Note { .. }) => self.note(e),
         }
     }
 
@@ -281,30 +291,12 @@ impl Reporter for LogLines {
     fn report(&self, event: ProgressEvent) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let line = match event {
-            ProgressEvent::FetchPlanned {
-                files,
-                total_bytes,
-                done_bytes,
-            } => {
-                s.fetch = Tally {
-                    total: total_bytes,
-                    done: done_bytes,
-                };
-                Some(format!(
-                    "fetch: {files} files, {total_bytes} bytes, {done_bytes} already durable"
-                ))
-            }
-            ProgressEvent::FileBytes { bytes, .. } => {
-                s.fetch.done += bytes;
-                if s.last.elapsed() >= Duration::from_secs(5) {
-                    s.last = Instant::now();
-                    Some(format!(
-                        "progress: {}/{} bytes",
-                        s.fetch.done, s.fetch.total
-                    ))
-                } else {
-                    None
-                }
+            e @ (ProgressEvent::FetchPlanned { .. }
+            | ProgressEvent::FileBytes { .. }
+            | ProgressEvent::FileAdopted { .. }
+            | ProgressEvent::FileResumedFromCache { .. }) => fetch_tally_line(&mut s, e),
+            e @ (ProgressEvent::ConvertPlanned { .. } | ProgressEvent::ComponentWritten { .. }) => {
+                convert_tally_line(&mut s.convert, e)
             }
             ProgressEvent::FileRewound { path, to, reason } => {
                 Some(format!("{path}: rewound to {to} ({reason})"))
@@ -323,22 +315,6 @@ impl Reporter for LogLines {
                 Some(format!("{path}: verified and published ({size} bytes)"))
             }
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),
-            ProgressEvent::FileAdopted {
-                path,
-                size,
-                placement,
-            } => {
-                s.fetch.done += size;
-                Some(format!(
-                    "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
-                ))
-            }
-            ProgressEvent::FileResumedFromCache { path, bytes } => {
-                s.fetch.done += bytes;
-                Some(format!(
-                    "{path}: resuming an interrupted hf download at byte {bytes}"
-                ))
-            }
             ProgressEvent::CacheRejected {
                 path,
                 cache_path,
@@ -347,26 +323,6 @@ impl Reporter for LogLines {
                 "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
             )),
             ProgressEvent::Note { message } => Some(message),
-            ProgressEvent::ConvertPlanned {
-                components,
-                total_bytes,
-                done_bytes,
-            } => {
-                s.convert = Tally {
-                    total: total_bytes,
-                    done: done_bytes,
-                };
-                Some(format!(
-                    "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
-                ))
-            }
-            ProgressEvent::ComponentWritten { path, kind, size } => {
-                s.convert.done += size;
-                Some(format!(
-                    "{path}: {kind} written and durable ({size} bytes; {}/{})",
-                    s.convert.done, s.convert.total
-                ))
-            }
             ProgressEvent::FileStarted {
                 path, resumed_from, ..
             } if resumed_from > 0 => Some(format!("{path}: resuming at byte {resumed_from}")),
@@ -375,6 +331,84 @@ impl Reporter for LogLines {
         if let Some(line) = line {
             eprintln!("{line}");
         }
+    }
+}
+
+/// The line of an event that moves the fetch's tally (planned, bytes
+/// received, adopted or resumed from the cache); bytes print a progress
+/// line at most every 5 s.
+fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
+    match event {
+        ProgressEvent::FetchPlanned {
+            files,
+            total_bytes,
+            done_bytes,
+        } => {
+            s.fetch = Tally {
+                total: total_bytes,
+                done: done_bytes,
+            };
+            Some(format!(
+                "fetch: {files} files, {total_bytes} bytes, {done_bytes} already durable"
+            ))
+        }
+        ProgressEvent::FileBytes { bytes, .. } => {
+            s.fetch.done = s.fetch.done.saturating_add(bytes);
+            if s.last.elapsed() < Duration::from_secs(5) {
+                return None;
+            }
+            s.last = Instant::now();
+            Some(format!(
+                "progress: {}/{} bytes",
+                s.fetch.done, s.fetch.total
+            ))
+        }
+        ProgressEvent::FileAdopted {
+            path,
+            size,
+            placement,
+        } => {
+            s.fetch.done = s.fetch.done.saturating_add(size);
+            Some(format!(
+                "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
+            ))
+        }
+        ProgressEvent::FileResumedFromCache { path, bytes } => {
+            s.fetch.done = s.fetch.done.saturating_add(bytes);
+            Some(format!(
+                "{path}: resuming an interrupted hf download at byte {bytes}"
+            ))
+        }
+        // Not a fetch tally event: `LogLines::report` prints it.
+        _ => None,
+    }
+}
+
+/// The line of an event that moves the conversion's tally.
+fn convert_tally_line(tally: &mut Tally, event: ProgressEvent) -> Option<String> {
+    match event {
+        ProgressEvent::ConvertPlanned {
+            components,
+            total_bytes,
+            done_bytes,
+        } => {
+            *tally = Tally {
+                total: total_bytes,
+                done: done_bytes,
+            };
+            Some(format!(
+                "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
+            ))
+        }
+        ProgressEvent::ComponentWritten { path, kind, size } => {
+            tally.done = tally.done.saturating_add(size);
+            Some(format!(
+                "{path}: {kind} written and durable ({size} bytes; {}/{})",
+                tally.done, tally.total
+            ))
+        }
+        // Not a conversion tally event: `LogLines::report` prints it.
+        _ => None,
     }
 }
 

@@ -1,11 +1,17 @@
 //! The reconciliation table printed after fetch and by `audit`.
 //!
-//! One fixed-width table, so every total the audit re-derived sits in the
-//! same column and a non-zero reconciliation error is impossible to miss;
-//! then one titled list per kind of problem, so what to fix is named by
-//! path. Label column 28 wide, values right-aligned in the next 24: the
-//! `reconciliation error` row keeps exactly that shape (scripts and tests
-//! match it).
+//! One table (comfy-table, no borders), so every total the audit
+//! re-derived sits in the same column and a non-zero reconciliation error
+//! is impossible to miss; then one titled list per kind of problem, so
+//! what to fix is named by path. The label column is at least 28 wide,
+//! values right-aligned in the next, at least 24 wide, a pair's second
+//! value after a slash: the `reconciliation error` row has exactly that
+//! shape (scripts and tests match it) unless a longer label (a disk
+//! budget's, a target total known from the receipts or the manifest)
+//! widens the label column, for every row alike, so the values stay in
+//! one column.
+
+use comfy_table::{CellAlignment, ColumnConstraint, Table, Width};
 
 use ftpipe_pipeline::audit::{AuditReport, CacheOutcome};
 
@@ -22,21 +28,103 @@ pub(crate) fn n(v: u64) -> String {
     out
 }
 
-/// Width of the label column.
-const KEY: usize = 28;
-/// Width of a value column.
-const VAL: usize = 24;
+/// Least width of the label column.
+const KEY: u16 = 28;
+/// Least width of a value column.
+const VAL: u16 = 24;
 /// Longest problem list printed in full; the rest is counted.
 const MAX_LIST: usize = 20;
 
-fn row(out: &mut String, k: &str, v: &str) {
-    out.push_str(&format!("{k:<KEY$}{v:>VAL$}\n"));
+/// How one column of a borderless table is laid out.
+#[derive(Clone, Copy)]
+struct Col {
+    /// Least width of its content (a longer cell widens the column).
+    least: u16,
+    align: CellAlignment,
+    /// Blanks before each cell (the space between it and the column before).
+    gap: u16,
 }
 
-/// A row with two values: the first right-aligned in the value column, the
-/// second after a slash (so long byte counts never shift the first).
-fn pair(out: &mut String, k: &str, a: &str, b: &str) {
-    out.push_str(&format!("{k:<KEY$}{a:>VAL$} / {b}\n"));
+impl Col {
+    const fn left(least: u16) -> Col {
+        Col {
+            least,
+            align: CellAlignment::Left,
+            gap: 0,
+        }
+    }
+
+    const fn right(least: u16) -> Col {
+        Col {
+            least,
+            align: CellAlignment::Right,
+            gap: 0,
+        }
+    }
+
+    const fn after(self, gap: u16) -> Col {
+        Col { gap, ..self }
+    }
+}
+
+/// A borderless table (comfy-table) of `rows` laid out as `columns` say,
+/// trailing blanks trimmed, each line ended by a newline.
+fn borderless(rows: Vec<Vec<String>>, columns: &[Col]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut table = Table::new();
+    table.load_style(comfy_table::presets::NOTHING);
+    table.add_rows(rows);
+    for (column, layout) in table.column_iter_mut().zip(columns) {
+        column.set_padding((layout.gap, 0));
+        column.set_cell_alignment(layout.align);
+        column.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(
+            layout.least.saturating_add(layout.gap),
+        )));
+    }
+    let mut out = table.trim_fmt();
+    out.push('\n');
+    out
+}
+
+/// The rows of the ledger table: a label and one value, or a pair.
+#[derive(Default)]
+struct Ledger {
+    rows: Vec<Vec<String>>,
+}
+
+impl Ledger {
+    fn row(&mut self, k: &str, v: &str) {
+        self.rows.push(vec![k.to_owned(), v.to_owned()]);
+    }
+
+    /// A row with two values: the first right-aligned in the value column,
+    /// the second after a slash (so long byte counts never shift the first).
+    fn pair(&mut self, k: &str, a: &str, b: &str) {
+        self.rows
+            .push(vec![k.to_owned(), a.to_owned(), format!(" / {b}")]);
+    }
+
+    /// The label column's width: wide enough for every label here and in
+    /// `other`, so two parts of one table align.
+    fn key_width(&self, other: &Ledger) -> u16 {
+        let longest = self
+            .rows
+            .iter()
+            .chain(&other.rows)
+            .map(|r| r[0].chars().count())
+            .max()
+            .unwrap_or(0);
+        u16::try_from(longest).unwrap_or(u16::MAX).max(KEY)
+    }
+
+    fn render(self, key_width: u16) -> String {
+        borderless(
+            self.rows,
+            &[Col::left(key_width), Col::right(VAL), Col::left(0)],
+        )
+    }
 }
 
 /// A titled list of problem lines, at most [`MAX_LIST`] shown.
@@ -54,132 +142,155 @@ fn list<I: IntoIterator<Item = String>>(out: &mut String, title: &str, items: I)
     }
 }
 
-/// Renders the audit as one fixed-width table (sources, ledger, waste,
-/// retirement, components by kind, known target total, reconciliation
-/// error), then the problem lists and the status line.
+/// Renders the audit: the table (sources, ledger, waste, retirement,
+/// uploads; components by kind; known target total, reconciliation
+/// error), then the publications, the problem lists and the status line.
 pub fn render(a: &AuditReport) -> String {
-    let waste: u64 = a.waste_by_reason.values().sum();
+    let mut out = format!("{} @ {}\n", a.repo, a.commit);
+    let (sources, totals) = (source_rows(a), total_rows(a));
+    let key_width = sources.key_width(&totals);
+    out.push_str(&sources.render(key_width));
+    out.push_str(&component_rows(a));
+    out.push_str(&totals.render(key_width));
+    for p in &a.publications {
+        out.push_str(&format!(
+            "published ({}) {} @ {}\n",
+            p.outcome, p.dest, p.fingerprint
+        ));
+    }
+    problem_lists(&mut out, a);
+    out.push_str(if a.ok {
+        "status                      OK\n"
+    } else {
+        "status                      NOT OK\n"
+    });
+    out
+}
+
+/// The rows about sources, the ledger, waste, retirement and uploads.
+fn source_rows(a: &AuditReport) -> Ledger {
+    let mut t = Ledger::default();
     let verified = a.files.iter().filter(|f| f.verified).count();
-    let mut out = String::new();
-    out.push_str(&format!("{} @ {}\n", a.repo, a.commit));
-    pair(
-        &mut out,
+    t.pair(
         "files (verified/selected)",
         &verified.to_string(),
         &a.files.len().to_string(),
     );
-    for (k, t) in [
+    for (k, s) in [
         ("metadata sources (files/B)", a.metadata_sources),
         ("weight sources (files/B)", a.weight_sources),
     ] {
-        pair(&mut out, k, &t.files.to_string(), &n(t.bytes));
+        t.pair(k, &s.files.to_string(), &n(s.bytes));
     }
-    pair(
-        &mut out,
+    t.pair(
         "ledger (committed/expected)",
         &n(a.committed_bytes),
         &n(a.expected_bytes),
     );
     if a.adopted_bytes > 0 {
-        row(&mut out, "adopted bytes", &n(a.adopted_bytes));
+        t.row("adopted bytes", &n(a.adopted_bytes));
     }
     if a.cache_bytes > 0 || !a.cache_candidates.is_empty() {
-        row(&mut out, "adopted from HF cache", &n(a.cache_bytes));
+        t.row("adopted from HF cache", &n(a.cache_bytes));
         let rejected = a
             .cache_candidates
             .iter()
             .filter(|c| c.outcome == CacheOutcome::Rejected)
             .count();
-        row(&mut out, "  cache files rejected", &rejected.to_string());
+        t.row("  cache files rejected", &rejected.to_string());
     }
-    row(&mut out, "transferred bytes", &n(a.transferred_bytes));
-    row(&mut out, "waste", &n(waste));
+    t.row("transferred bytes", &n(a.transferred_bytes));
+    t.row("waste", &n(a.waste_by_reason.values().sum()));
     for (reason, bytes) in &a.waste_by_reason {
-        row(&mut out, &format!("  {reason}"), &n(*bytes));
+        t.row(&format!("  {reason}"), &n(*bytes));
     }
+    retirement_and_upload_rows(&mut t, a);
+    if a.interrupted_attempts > 0 {
+        t.row("interrupted attempts", &a.interrupted_attempts.to_string());
+    }
+    t
+}
+
+/// The rows about retired sources, the disk budget, failed attempts and
+/// uploads.
+fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
     let r = &a.retirement;
-    pair(
-        &mut out,
+    t.pair(
         "retained sources (files/B)",
         &r.retained_files.to_string(),
         &n(r.retained_bytes),
     );
-    pair(
-        &mut out,
+    t.pair(
         "retired sources (files/B)",
         &r.retired_files.to_string(),
         &n(r.retired_bytes),
     );
     if let Some(b) = &a.disk_budget {
-        pair(
-            &mut out,
+        t.pair(
             "disk budget (budget/peak held)",
             &n(b.budget),
             &n(b.peak_held),
         );
     }
-    row(&mut out, "failed attempts", &a.failed_attempts.to_string());
+    t.row("failed attempts", &a.failed_attempts.to_string());
     let u = &a.uploads;
     if u.requests > 0 {
-        pair(
-            &mut out,
+        t.pair(
             "uploads (verified/open)",
             &u.verified.to_string(),
             &u.in_progress.to_string(),
         );
-        pair(
-            &mut out,
+        t.pair(
             "upload parts (acked/B)",
             &u.parts.to_string(),
             &n(u.part_bytes),
         );
-        pair(
-            &mut out,
+        t.pair(
             "upload requests (all/failed)",
             &u.requests.to_string(),
             &u.failed_requests.to_string(),
         );
-        row(&mut out, "upload bytes sent", &n(u.sent_bytes));
+        t.row("upload bytes sent", &n(u.sent_bytes));
     }
-    for p in &a.publications {
-        row(
-            &mut out,
-            &format!("published ({})", p.outcome),
-            &format!("{} @ {}", p.dest, p.fingerprint),
-        );
+}
+
+/// The components by kind: count, predicted and actual bytes.
+fn component_rows(a: &AuditReport) -> String {
+    if a.components.is_empty() {
+        return String::new();
     }
-    if a.interrupted_attempts > 0 {
-        row(
-            &mut out,
-            "interrupted attempts",
-            &a.interrupted_attempts.to_string(),
-        );
+    let header = ["component kind", "count", "predicted bytes", "actual bytes"];
+    let mut rows = vec![header.map(str::to_owned).to_vec()];
+    for (kind, k) in &a.components {
+        rows.push(vec![
+            format!("  {kind}"),
+            k.count.to_string(),
+            n(k.predicted_bytes),
+            n(k.actual_bytes),
+        ]);
     }
-    if !a.components.is_empty() {
-        out.push_str(&format!(
-            "{:<20}{:>8}{:>VAL$}{:>VAL$}\n",
-            "component kind", "count", "predicted bytes", "actual bytes"
-        ));
-        for (kind, k) in &a.components {
-            out.push_str(&format!(
-                "  {kind:<18}{:>8}{:>VAL$}{:>VAL$}\n",
-                k.count,
-                n(k.predicted_bytes),
-                n(k.actual_bytes)
-            ));
-        }
-    }
+    let columns = [
+        Col::left(20),
+        Col::right(8),
+        Col::right(VAL),
+        Col::right(VAL),
+    ];
+    borderless(rows, &columns)
+}
+
+/// The rows after the components: what the artifact leaves out, what is
+/// pending, the known target total and the reconciliation error.
+fn total_rows(a: &AuditReport) -> Ledger {
+    let mut t = Ledger::default();
     if a.omitted_tensors > 0 {
-        pair(
-            &mut out,
+        t.pair(
             "omitted tensors (n/B)",
             &a.omitted_tensors.to_string(),
             &n(a.omitted_bytes),
         );
     }
     if a.not_fetched_tensors > 0 {
-        pair(
-            &mut out,
+        t.pair(
             "omitted, not fetched (n/B)",
             &a.not_fetched_tensors.to_string(),
             &n(a.not_fetched_bytes),
@@ -187,62 +298,48 @@ pub fn render(a: &AuditReport) -> String {
     }
     if !a.pending_components.is_empty() {
         let pending: u64 = a.pending_components.iter().map(|p| p.predicted_bytes).sum();
-        pair(
-            &mut out,
+        t.pair(
             "pending components (n/B)",
             &a.pending_components.len().to_string(),
             &n(pending),
         );
     }
-    row(
-        &mut out,
+    t.row(
         &format!("known target total ({})", a.known_target_from),
         &n(a.known_target_total),
     );
-    row(&mut out, "reconciliation error", &n(a.reconciliation_error));
+    t.row("reconciliation error", &n(a.reconciliation_error));
+    t
+}
+
+/// One titled list per kind of problem.
+fn problem_lists(out: &mut String, a: &AuditReport) {
     list(
-        &mut out,
+        out,
         "receipts without files",
         a.receipts_without_files.iter().cloned(),
     );
     list(
-        &mut out,
+        out,
         "files without receipts",
         a.files_without_receipts.iter().cloned(),
     );
+    list(out, "stale temp files", a.stale_temp_files.iter().cloned());
+    list(out, "orphans", a.orphans.iter().cloned());
     list(
-        &mut out,
-        "stale temp files",
-        a.stale_temp_files.iter().cloned(),
-    );
-    list(&mut out, "orphans", a.orphans.iter().cloned());
-    list(
-        &mut out,
+        out,
         "failed or interrupted attempts (kept as recorded)",
-        a.unsuccessful_attempts.iter().map(|t| {
-            let mut s = format!("{}: {}", t.path, t.outcome);
-            if let Some(status) = t.status {
-                s.push_str(&format!(", HTTP {status}"));
-            }
-            if let Some(start) = t.range_start {
-                s.push_str(&format!(", from byte {}", n(start)));
-            }
-            s.push_str(&format!(", {} bytes", n(t.body_bytes)));
-            if let Some(e) = &t.error {
-                s.push_str(&format!(": {e}"));
-            }
-            s
-        }),
+        a.unsuccessful_attempts.iter().map(attempt_line),
     );
     list(
-        &mut out,
+        out,
         "pending components",
         a.pending_components
             .iter()
             .map(|p| format!("{} ({}, {} bytes)", p.path, p.kind, n(p.predicted_bytes))),
     );
     list(
-        &mut out,
+        out,
         "problems",
         a.files
             .iter()
@@ -253,12 +350,22 @@ pub fn render(a: &AuditReport) -> String {
                     .map(|p| format!("{}: {}", p.path, p.problem)),
             ),
     );
-    out.push_str(if a.ok {
-        "status                      OK\n"
-    } else {
-        "status                      NOT OK\n"
-    });
-    out
+}
+
+/// One failed or interrupted attempt as recorded.
+fn attempt_line(t: &ftpipe_pipeline::audit::AttemptLine) -> String {
+    let mut s = format!("{}: {}", t.path, t.outcome);
+    if let Some(status) = t.status {
+        s.push_str(&format!(", HTTP {status}"));
+    }
+    if let Some(start) = t.range_start {
+        s.push_str(&format!(", from byte {}", n(start)));
+    }
+    s.push_str(&format!(", {} bytes", n(t.body_bytes)));
+    if let Some(e) = &t.error {
+        s.push_str(&format!(": {e}"));
+    }
+    s
 }
 
 /// Renders an inspection: format line, then one line per tensor or field.
@@ -298,18 +405,37 @@ pub fn render_inspection(i: &ftpipe_convert::inspect::Inspection) -> String {
             out.push_str(&format!("global scale G = {g}\n"));
         }
     }
-    for t in &i.tensors {
-        out.push_str(&format!(
-            "  {:<48} {:<8} {:<10} {:>20} @ {:>16} {:?}\n",
-            t.name,
-            t.dtype,
-            t.kind.as_deref().unwrap_or("-"),
-            n(t.len),
-            n(t.offset),
-            t.shape
-        ));
-    }
+    out.push_str(&tensor_rows(i));
     out
+}
+
+/// One line per tensor: name, dtype, kind, length @ offset, shape.
+fn tensor_rows(i: &ftpipe_convert::inspect::Inspection) -> String {
+    let rows = i
+        .tensors
+        .iter()
+        .map(|t| {
+            vec![
+                t.name.clone(),
+                t.dtype.clone(),
+                t.kind.clone().unwrap_or_else(|| "-".to_owned()),
+                n(t.len),
+                "@".to_owned(),
+                n(t.offset),
+                format!("{:?}", t.shape),
+            ]
+        })
+        .collect();
+    let columns = [
+        Col::left(48).after(2),
+        Col::left(8).after(1),
+        Col::left(10).after(1),
+        Col::right(20).after(1),
+        Col::left(1).after(1),
+        Col::right(16).after(1),
+        Col::left(0).after(1),
+    ];
+    borderless(rows, &columns)
 }
 
 #[cfg(test)]
@@ -460,6 +586,67 @@ mod tests {
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }
+    }
+
+    /// "known target total (receipts)" is 29 wide: the label column takes
+    /// 29 for every row, so the values stay in one column.
+    #[test]
+    fn a_longer_label_widens_the_label_column_of_every_row() {
+        let mut a = report();
+        a.known_target_from = "receipts".into();
+        let t = super::render(&a);
+        for line in [
+            "files (verified/selected)                           1 / 1",
+            "transferred bytes                              12,026",
+            "known target total (receipts)               1,234,567",
+            "reconciliation error                                0",
+            "  ftexpert                 3               1,234,567               1,234,567",
+            "status                      OK",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
+        }
+    }
+
+    /// The tensor lines keep their columns: name 48, dtype 8, kind 10,
+    /// length 20 and offset 16 wide.
+    #[test]
+    fn inspection_lists_one_aligned_line_per_tensor() {
+        let tensor = |name: &str, kind: Option<&str>, len: u64, offset: u64| {
+            ftpipe_convert::inspect::InspectedTensor {
+                name: name.into(),
+                dtype: "BF16".into(),
+                kind: kind.map(Into::into),
+                shape: vec![2, 3],
+                offset,
+                len,
+            }
+        };
+        let i = ftpipe_convert::inspect::Inspection {
+            format: "FTW v1".into(),
+            file_len: 4096,
+            data_offset: 1024,
+            layer: None,
+            experts: None,
+            record_size: None,
+            tensors: vec![
+                tensor("embed", Some("protected"), 12, 1024),
+                tensor("lm_head", None, 1_234_567, 1036),
+            ],
+            q3: None,
+        };
+        let expected = [
+            "FTW v1  4,096 bytes, data at 1,024".to_owned(),
+            format!(
+                "  {:<48} {:<8} {:<10} {:>20} @ {:>16} [2, 3]",
+                "embed", "BF16", "protected", "12", "1,024"
+            ),
+            format!(
+                "  {:<48} {:<8} {:<10} {:>20} @ {:>16} [2, 3]",
+                "lm_head", "BF16", "-", "1,234,567", "1,036"
+            ),
+        ];
+        let t = super::render_inspection(&i);
+        assert_eq!(t.lines().collect::<Vec<_>>(), expected, "\n{t}");
     }
 
     #[test]

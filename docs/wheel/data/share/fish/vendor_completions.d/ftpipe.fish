@@ -41,10 +41,10 @@ complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "demo" -d 'Serve a gen
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "completions" -d 'Print the completion script of a shell'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -57,9 +57,9 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-range -d 'A 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-hf-cache -d 'Never look in a Hugging Face cache'
@@ -71,19 +71,19 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l repin -d 'Follow
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-preflight -d 'Skip the free-space check before starting'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l reacquire -d 'Fetch again the sources `convert --retire-sources` deleted'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l out -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l out -d 'DIR: the directory whose state is shown' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l json -d 'Print one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l out -d 'DIR: the directory audited' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l bundle -d 'Also write a zstd-compressed evidence bundle (tar) to this file; it is refused if any entry holds the token (resolved as the fetching commands do, so `--token-file` here names the same file)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l token-file -d 'The token file the fetching commands were given, so the bundle guard knows that token too' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash every source and component'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json -d 'Print the report as one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -96,7 +96,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No ne
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l json -d 'Print one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l out -d 'DIR: its sources (DIR/source) are converted into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l jobs -d 'Components converted in parallel (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l protect -d 'Also keep tensors matching this glob BF16 and mark them protected (repeatable; part of the converter identity)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l recipe -d 'Convert with this declarative TOML recipe (glob → component, dtype policy) instead of a built-in profile' -r -F
@@ -108,10 +108,10 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l no-preflight -
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l json -d 'Newline-delimited JSON events and a JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
@@ -124,9 +124,9 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-range -d 'A ra
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l fetch-jobs -d 'Files the fetch stage transfers in parallel (1 to 64; default --jobs, else 4, as `fetch`)' -r
@@ -153,7 +153,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l concurrency -d
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l json -d 'A JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l out -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l out -d 'DIR: the artifact is pulled into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l jobs -d 'Files transferred in parallel (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l connections -d 'Requests in flight at once over all files (1 to 64): free ones split large objects into ranges' -r
@@ -179,10 +179,10 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l concurrency -d 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l json -d 'A JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -l json -d 'Print one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l deep -d 'Also re-hash every component'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l json
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l json -d 'Print the report as one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l out -d 'Where to leave the result (default: a new temp dir)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Print help'

@@ -1,0 +1,169 @@
+//! The commands that look and report without fetching or converting:
+//! `status`, `audit`, `inspect`, `verify`.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use ftpipe_hub::token::load_token;
+
+use crate::{table, verify_view};
+
+/// `ftpipe status`'s flags.
+#[derive(Args)]
+pub struct StatusArgs {
+    /// DIR: the directory whose state is shown.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ftpipe audit`'s flags.
+#[derive(Args)]
+pub struct AuditArgs {
+    /// DIR: the directory audited.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Re-hash every source and component.
+    #[arg(long)]
+    pub deep: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a zstd-compressed evidence bundle (tar) to this file;
+    /// it is refused if any entry holds the token (resolved as the
+    /// fetching commands do, so `--token-file` here names the same file).
+    #[arg(long, value_name = "FILE.tar.zst")]
+    pub bundle: Option<PathBuf>,
+    /// The token file the fetching commands were given, so the bundle
+    /// guard knows that token too.
+    #[arg(long, value_name = "FILE", requires = "bundle")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `ftpipe inspect`'s flags.
+#[derive(Args)]
+pub struct InspectArgs {
+    /// The file whose header is read.
+    pub file: PathBuf,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ftpipe verify`'s flags.
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The artifact directory (DIR/artifact, or a copy of it).
+    pub dir: PathBuf,
+    /// Also re-hash every component.
+    #[arg(long)]
+    pub deep: bool,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `verify` found problems (already listed on stdout).
+#[derive(Debug)]
+pub struct VerifyFailed {
+    /// How many checks failed.
+    pub problems: usize,
+}
+
+impl std::fmt::Display for VerifyFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "verification failed: {} problem(s)", self.problems)
+    }
+}
+
+impl std::error::Error for VerifyFailed {}
+
+/// Prints DIR's pin, stage states and byte counts.
+pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
+    let s = ftpipe_pipeline::status(&args.out).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        print_status(&args.out, &s);
+    }
+    Ok(true)
+}
+
+fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
+    println!("{}", out.display());
+    match &s.pin {
+        Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
+        None => println!("pin          none"),
+    }
+    for (stage, state) in &s.stages {
+        println!("stage        {stage:<10} {state:?}");
+    }
+    println!(
+        "files        {} selected, {} published, {} partial",
+        s.files, s.published, s.partial
+    );
+    println!(
+        "bytes        {} durable of {} expected",
+        s.durable_bytes, s.expected_bytes
+    );
+}
+
+/// Prints the audit (and writes the bundle when asked); whether it is clean.
+pub async fn audit(args: AuditArgs) -> anyhow::Result<bool> {
+    if args.bundle.is_some() {
+        // Resolving registers the token with the redaction point, which
+        // the bundle guard scans for.
+        load_token(args.token_file.as_deref())?;
+        // The object-store credentials too (publish and pull hold them).
+        ftpipe_objstore::register_credentials_from_env();
+    }
+    let (a, b) =
+        ftpipe_pipeline::audit_with_bundle(&args.out, args.deep, args.bundle.as_deref()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&a)?);
+    } else {
+        print!("{}", table::render(&a));
+    }
+    if let Some(b) = b {
+        eprintln!(
+            "evidence bundle: {} ({} entries, {} bytes)",
+            b.path.display(),
+            b.entries,
+            b.bytes
+        );
+    }
+    Ok(a.ok)
+}
+
+/// Prints what a file's header says it holds.
+pub fn inspect(args: &InspectArgs) -> anyhow::Result<bool> {
+    let i = ftpipe_convert::inspect::inspect(&args.file)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&i)?);
+    } else {
+        print!("{}", table::render_inspection(&i));
+    }
+    Ok(true)
+}
+
+/// Verifies an artifact directory on its own; a failure is [`VerifyFailed`].
+pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
+    let r = tokio::task::block_in_place(|| {
+        ftpipe_artifact::verify::verify_artifact(&args.dir, args.deep)
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print!("{}", verify_view::render(&r));
+    }
+    if !r.ok {
+        return Err(VerifyFailed {
+            problems: r.failures.len(),
+        }
+        .into());
+    }
+    Ok(true)
+}

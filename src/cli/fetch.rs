@@ -1,0 +1,193 @@
+//! `ftpipe fetch`, and the one place a fetch's [`FetchParams`] are built
+//! (for `fetch`, `run` and the fetch `mirror` does first): the hub or the
+//! mirror `--endpoint` names, the token, the Hugging Face cache, offline.
+
+use std::path::Path;
+
+use anyhow::bail;
+use clap::Args;
+use clap::builder::RangedU64ValueParser;
+
+use ftpipe_fetch::FetchOptions;
+use ftpipe_hub::hfcache::HfCache;
+use ftpipe_hub::resolve::ResolveRequest;
+use ftpipe_hub::token::load_token;
+use ftpipe_pipeline::{FetchParams, MirrorParams, Pipeline};
+
+use super::args::{
+    DEFAULT_FETCH_JOBS, HubArgs, ProgressArgs, ResumeArgs, TimingArgs, TransferArgs, fetch_options,
+    secs,
+};
+use super::summary::{Jobs, Session, print_summary};
+use crate::table;
+
+/// `ftpipe fetch`'s flags; `run` takes them too.
+#[derive(Args)]
+pub struct FetchArgs {
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// Only files matching these globs.
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Skip files matching these globs.
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Files transferred in parallel (1 to 64, default 4; at most
+    /// --connections at once). For `run`: the default of both
+    /// --fetch-jobs and --convert-jobs.
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub jobs: Option<usize>,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+    #[command(flatten)]
+    pub progress: ProgressArgs,
+    /// Follow a moved branch instead of keeping the pin.
+    #[arg(long)]
+    pub repin: bool,
+    #[command(flatten)]
+    pub resume: ResumeArgs,
+    #[command(flatten)]
+    pub timing: TimingArgs,
+    /// Skip the free-space check before starting.
+    #[arg(long)]
+    pub no_preflight: bool,
+    /// Fetch again the sources `convert --retire-sources` deleted.
+    #[arg(long)]
+    pub reacquire: bool,
+}
+
+impl FetchArgs {
+    /// The fetch these flags ask for, `jobs` files at once.
+    pub fn params(&self, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
+        let options = fetch_options(
+            jobs,
+            &self.transfer,
+            &self.resume,
+            Some(&self.timing),
+            !self.no_preflight,
+        )?;
+        let resolve =
+            self.hub
+                .resolve_request(self.repin, self.include.clone(), self.exclude.clone());
+        fetch_params(&self.hub, resolve, options, self.reacquire)
+    }
+}
+
+/// Runs a fetch and returns whether everything verified.
+pub async fn run(args: FetchArgs) -> anyhow::Result<bool> {
+    let jobs = args.jobs.unwrap_or(DEFAULT_FETCH_JOBS);
+    let (params, session) = args.params(jobs)?;
+    fetch_into(&args.hub.out, params, &session, args.progress).await
+}
+
+/// Fetches into `out` and prints the audit table (or the JSON summary);
+/// returns whether every source verified (a pending conversion is not a
+/// fetch's failure).
+pub async fn fetch_into(
+    out: &Path,
+    params: FetchParams,
+    session: &Session,
+    progress: ProgressArgs,
+) -> anyhow::Result<bool> {
+    let jobs = Jobs {
+        fetch: Some(params.options.jobs),
+        convert: None,
+    };
+    let pipeline = Pipeline::open(out, "fetch").await?;
+    let rep = progress.reporter();
+    let outcome = pipeline.fetch(params, rep.clone()).await;
+    rep.finish();
+    let outcome = outcome?;
+    print_summary(progress, Some(session), jobs, &outcome, || {
+        table::render(&outcome.audit)
+    });
+    Ok(outcome.audit.sources_ok)
+}
+
+/// The one builder of [`FetchParams`]: `resolve` from the hub or the
+/// mirror `hub` names, with its token, cache and offline choice, and
+/// `options`.
+pub fn fetch_params(
+    hub: &HubArgs,
+    resolve: ResolveRequest,
+    options: FetchOptions,
+    reacquire: bool,
+) -> anyhow::Result<(FetchParams, Session)> {
+    let mirror = mirror_of_endpoint(hub)?;
+    if mirror.is_none() {
+        ftpipe_hub::client::parse_endpoint(&hub.origin.endpoint)?;
+    }
+    let (token, token_source) = load_token(hub.token_file.as_deref())?;
+    let cache = hf_cache(hub)?;
+    let offline = hub.offline || offline_env();
+    let session = Session {
+        token_source,
+        hf_cache: cache.as_ref().map(|c| c.root.clone()),
+        hf_cache_from: cache.as_ref().map(|c| c.from),
+        offline,
+    };
+    let params = FetchParams {
+        endpoint: hub.origin.endpoint.clone(),
+        token,
+        read_timeout: secs("--read-timeout", hub.read_timeout)?,
+        resolve,
+        options,
+        reacquire,
+        hf_cache: cache,
+        offline,
+        mirror,
+    };
+    Ok((params, session))
+}
+
+/// The one place `--endpoint` is told apart: the mirror in object storage
+/// it names when it is `s3://BUCKET/PREFIX` (with the store's
+/// configuration), else `None`, a hub URL, which `--s3-endpoint` does not
+/// apply to.
+pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>> {
+    let endpoint = &hub.origin.endpoint;
+    if !endpoint.starts_with("s3://") {
+        if hub.s3.s3_endpoint.is_some() {
+            bail!(
+                "--s3-endpoint applies only to a mirror (--endpoint s3://BUCKET/PREFIX); the endpoint is {}",
+                ftpipe_hub::client::mask_userinfo(endpoint)
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(MirrorParams {
+        location: ftpipe_objstore::S3Location::parse(endpoint)?,
+        config: hub.s3.config()?,
+    }))
+}
+
+/// Non-empty environment variable.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `HF_HUB_OFFLINE` as huggingface_hub reads it (1, on, yes, true).
+pub fn offline_env() -> bool {
+    env_var("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "on" | "yes" | "true"
+        )
+    })
+}
+
+/// The cache to take files from: `--hf-cache` (must exist), none with
+/// `--no-hf-cache`, else huggingface_hub's default when it exists.
+fn hf_cache(args: &HubArgs) -> anyhow::Result<Option<HfCache>> {
+    if args.no_hf_cache {
+        return Ok(None);
+    }
+    if let Some(dir) = &args.hf_cache {
+        let c = HfCache::at(dir.clone());
+        if !c.exists() {
+            bail!("--hf-cache {}: not a directory", dir.display());
+        }
+        return Ok(Some(c));
+    }
+    Ok(HfCache::from_env().filter(HfCache::exists))
+}

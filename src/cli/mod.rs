@@ -1,0 +1,174 @@
+//! The command line: the clap tree ([`Cli`], [`Command`]) and one module
+//! per command or group of commands, each with its flags and its handler.
+//!
+//! - `args`: the argument groups several commands flatten (repo and
+//!   origin, hub access, S3, transfer, resume, output), the one builder of
+//!   `FetchOptions` from flags, value parsers.
+//! - `fetch`: `fetch`; the one builder of `FetchParams` and the one place
+//!   `--endpoint` is told apart (hub URL or s3:// mirror).
+//! - `convert`: `convert`, and the conversion choices `run` shares.
+//! - `run`: `run`, the whole chain.
+//! - `plan`: `plan`.
+//! - `publish`, `pull`, `mirror`: the object-store commands.
+//! - `examine`: `status`, `audit`, `inspect`, `verify`.
+//! - `summary`: the final JSON summary line or text of a command.
+
+pub mod args;
+pub mod convert;
+pub mod examine;
+pub mod fetch;
+pub mod mirror;
+pub mod plan;
+pub mod publish;
+pub mod pull;
+pub mod run;
+pub mod summary;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ftpipe",
+    version,
+    about = "Resumable, verified acquisition of pinned model checkpoints"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Download a pinned repo into DIR/source with strict Range resume.
+    Fetch(fetch::FetchArgs),
+    /// Show the pin, stage states and byte counts of DIR.
+    Status(examine::StatusArgs),
+    /// Reconcile the byte ledger against receipts and files on disk.
+    Audit(examine::AuditArgs),
+    /// Predict every output component's exact size before converting.
+    Plan(plan::PlanArgs),
+    /// Convert DIR/source into the artifact in DIR/artifact (resumable).
+    Convert(convert::ConvertArgs),
+    /// resolve → plan → fetch → convert → verify, each a durable stage.
+    Run(run::RunArgs),
+    /// Upload DIR's verified artifact to s3://BUCKET/PREFIX: components
+    /// (resumable multipart uploads), each checked, then manifest.json,
+    /// create-only.
+    Publish(publish::PublishArgs),
+    /// Download the artifact published at s3://BUCKET/PREFIX into
+    /// DIR/artifact with the fetch's resume and verification.
+    Pull(pull::PullArgs),
+    /// Mirror DIR's pinned, fully fetched sources to s3://BUCKET/PREFIX
+    /// (files, then listing.json), for `--endpoint s3://BUCKET/PREFIX`.
+    Mirror(mirror::MirrorArgs),
+    /// Show what an FTW v1, FTEXPERT1 or safetensors file holds (header only).
+    Inspect(examine::InspectArgs),
+    /// Check an artifact directory on its own: no database, sources or network.
+    Verify(examine::VerifyArgs),
+    /// Serve a generated checkpoint locally, run the whole pipeline with a crash
+    /// during download and one during conversion, resume, verify and audit.
+    Demo {
+        /// Where to leave the result (default: a new temp dir).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the completion script of a shell.
+    ///
+    /// E.g. `ftpipe completions bash >
+    /// ~/.local/share/bash-completion/completions/ftpipe`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of ftpipe or of one command, or write them all.
+    ///
+    /// `ftpipe man fetch | man -l -` shows one page; `ftpipe man --dir DIR`
+    /// writes ftpipe.1 and ftpipe-COMMAND.1 for every command.
+    Man {
+        /// The command whose page to print (default: ftpipe's own page).
+        #[arg(value_name = "COMMAND", conflicts_with = "dir")]
+        command: Option<String>,
+        /// Write ftpipe.1 and ftpipe-COMMAND.1 for every command into DIR.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+impl Command {
+    /// Components this command converts at once (0: it converts nothing).
+    pub fn parallel_conversions(&self) -> usize {
+        match self {
+            Command::Convert(args) => args.jobs,
+            Command::Run(args) => args.convert_jobs(),
+            Command::Demo { .. } => crate::demo::CONVERT_JOBS,
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn command(args: &[&str]) -> Command {
+        Cli::try_parse_from(args)
+            .expect("valid command line")
+            .command
+    }
+
+    #[test]
+    fn run_and_convert_count_their_parallel_conversions() {
+        let fetch = command(&["ftpipe", "fetch", "a/b", "--out", "d", "--jobs", "64"]);
+        assert_eq!(fetch.parallel_conversions(), 0);
+        let convert = command(&["ftpipe", "convert", "--out", "d", "--jobs", "64"]);
+        assert_eq!(convert.parallel_conversions(), 64);
+        let run = command(&["ftpipe", "run", "a/b", "--out", "d", "--jobs", "3"]);
+        assert_eq!(run.parallel_conversions(), 3);
+        let run = command(&["ftpipe", "run", "a/b", "--out", "d", "--convert-jobs", "5"]);
+        assert_eq!(run.parallel_conversions(), 5);
+    }
+
+    /// `mirror REPO` fetches with the library's defaults: they must be
+    /// what `fetch` without flags asks for.
+    #[test]
+    fn fetch_without_flags_asks_for_the_library_defaults() {
+        let Command::Fetch(args) = command(&["ftpipe", "fetch", "a/b", "--out", "d"]) else {
+            panic!("not fetch");
+        };
+        let options = args::fetch_options(
+            args::DEFAULT_FETCH_JOBS,
+            &args.transfer,
+            &args.resume,
+            Some(&args.timing),
+            !args.no_preflight,
+        )
+        .expect("fetch options");
+        let defaults = ftpipe_fetch::FetchOptions {
+            jobs: args::DEFAULT_FETCH_JOBS,
+            ..ftpipe_fetch::FetchOptions::default()
+        };
+        assert_eq!(format!("{options:?}"), format!("{defaults:?}"));
+        assert_eq!(
+            args.hub.read_timeout,
+            args::DEFAULT_READ_TIMEOUT_SECS,
+            "mirror's HubArgs::for_repo"
+        );
+    }
+
+    /// `pull` keeps its own help and default where it differs from `fetch`.
+    #[test]
+    fn pull_says_objects_and_splits_at_any_rate() {
+        let Command::Pull(args) = command(&["ftpipe", "pull", "s3://b/p", "--out", "d"]) else {
+            panic!("not pull");
+        };
+        assert_eq!(args.transfer.split_below_rate, 0);
+        let Command::Fetch(args) = command(&["ftpipe", "fetch", "a/b", "--out", "d"]) else {
+            panic!("not fetch");
+        };
+        assert_eq!(args.transfer.split_below_rate, 128 << 20);
+    }
+}

@@ -1,0 +1,189 @@
+//! `ftpipe plan`: every output component's exact size before converting,
+//! from DIR/source or (`--remote`) from the headers on the hub or mirror.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use ftpipe_artifact::manifest::Partition;
+use ftpipe_hub::token::load_token;
+use ftpipe_pipeline::PlanSource;
+
+use super::args::{HubArgs, secs};
+use super::fetch::{mirror_of_endpoint, offline_env};
+use crate::size;
+
+/// `ftpipe plan`'s flags.
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// Read only the safetensors headers from the hub (HTTP Range), no weights.
+    /// Without it, plan from the sources in DIR/source/.
+    #[arg(long)]
+    pub remote: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Plan with this declarative TOML recipe instead of a built-in profile.
+    #[arg(long, value_name = "FILE.toml")]
+    pub recipe: Option<PathBuf>,
+    /// Plan for a fetch of only the files matching these globs (default:
+    /// the selection DIR was pinned with).
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Plan for a fetch that skips the files matching these globs.
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Also schedule fetch, conversion and retirement so that the source
+    /// bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes,
+    /// 100GiB = 100·2^30): prints the predicted peak disk against an
+    /// unbudgeted run, and the minimum feasible budget (a smaller SIZE is
+    /// refused, naming it).
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    pub disk_budget: Option<u64>,
+}
+
+/// Where the plan reads headers: the mirror `--endpoint` names, the hub
+/// (`--remote`), or DIR/source.
+fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
+    let hub = &args.hub;
+    Ok(match (args.remote, mirror_of_endpoint(hub)?) {
+        (true, Some(m)) => PlanSource::Mirror(m),
+        (true, None) => {
+            ftpipe_hub::client::parse_endpoint(&hub.origin.endpoint)?;
+            PlanSource::Remote {
+                endpoint: hub.origin.endpoint.clone(),
+                token: load_token(hub.token_file.as_deref())?.0,
+                read_timeout: secs("--read-timeout", hub.read_timeout)?,
+                offline: hub.offline || offline_env(),
+            }
+        }
+        (false, _) => PlanSource::Local,
+    })
+}
+
+/// Plans the conversion (remote: headers over HTTP Range at the pinned or
+/// freshly resolved commit; local: DIR/source) and prints it.
+pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
+    let source = plan_source(&args)?;
+    let opts = ftpipe_convert::PlanOptions {
+        protect: Vec::new(),
+        recipe: match &args.recipe {
+            Some(p) => Some(ftpipe_convert::load_recipe(p)?),
+            None => None,
+        },
+        selection: ftpipe_hub::resolve::FetchSelection::default(),
+    };
+    let globs = ftpipe_pipeline::SelectionGlobs {
+        include: args.include.clone(),
+        exclude: args.exclude.clone(),
+    };
+    let report = ftpipe_pipeline::plan(
+        &args.hub.out,
+        &args.hub.repo,
+        &args.hub.origin.revision,
+        source,
+        &globs,
+        &opts,
+        args.disk_budget,
+    )
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", render_plan(&report.plan));
+        if let Some(b) = &report.disk_budget {
+            print!("{}", render_budget(b));
+        }
+    }
+    Ok(true)
+}
+
+/// The plan as a fixed-width table: one line per component, then the total.
+fn render_plan(plan: &ftpipe_convert::Plan) -> String {
+    let mut out = format!(
+        "profile {} (model_type {}), {} source files, {} bytes\n",
+        plan.profile,
+        plan.model_type,
+        plan.sources.len(),
+        plan.source_bytes
+    );
+    out.push_str(&format!(
+        "{:<40} {:<16} {:>10} {:>16}\n",
+        "component", "kind", "items", "bytes"
+    ));
+    for c in &plan.components {
+        out.push_str(&format!(
+            "{:<40} {:<16} {:>10} {:>16}\n",
+            c.name,
+            c.kind.as_str(),
+            c.items,
+            c.predicted_bytes
+        ));
+    }
+    out.push_str(&format!(
+        "{:<40} {:<16} {:>10} {:>16}\n",
+        "total",
+        "",
+        plan.components.len(),
+        plan.total_bytes
+    ));
+    let count = |p: Partition, fetched: bool| {
+        plan.omitted
+            .iter()
+            .filter(|o| o.reason == p && o.fetched == fetched)
+            .count()
+    };
+    let (n, bytes) = plan.omitted_totals();
+    if n > 0 {
+        out.push_str(&format!(
+            "omitted: {n} source tensors, {bytes} bytes, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            count(Partition::Vision, true),
+            count(Partition::Mtp, true)
+        ));
+    }
+    let (n, bytes) = plan.not_fetched_totals();
+    if n > 0 {
+        out.push_str(&format!(
+            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {bytes} bytes left out of the fetch:\n",
+            count(Partition::Vision, false),
+            count(Partition::Mtp, false),
+            plan.excluded_sources.len()
+        ));
+        for s in &plan.excluded_sources {
+            out.push_str(&format!(
+                "  {} ({} tensors, {} bytes; {})\n",
+                s.file, s.tensors, s.bytes, s.by
+            ));
+        }
+    }
+    out
+}
+
+/// The schedule under `--disk-budget`: predicted peak against today's,
+/// and the minimum feasible budget.
+fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
+    use ftpipe_convert::schedule::shown;
+    format!(
+        "disk budget      {} ({} bytes); minimum feasible {} ({} bytes)\n\
+         predicted peak   {} ({} bytes) of sources held + artifact written, {} of it sources\n\
+         unbudgeted peak  {} ({} bytes): every source and the whole artifact\n\
+         peak ratio       {:.3} (budgeted / unbudgeted)\n\
+         schedule         {} PLE file(s) of {} first, held until the Q3 table is written; \
+         every other file retired once converted (largest {})\n",
+        shown(b.budget),
+        b.budget,
+        shown(b.minimum_budget),
+        b.minimum_budget,
+        shown(b.predicted_peak),
+        b.predicted_peak,
+        shown(b.predicted_peak_sources),
+        shown(b.unbudgeted_peak),
+        b.unbudgeted_peak,
+        b.peak_ratio,
+        b.ple_files,
+        shown(b.ple_bytes),
+        shown(b.largest_other_bytes),
+    )
+}
