@@ -225,11 +225,25 @@ impl Pipeline {
         }
         // Online, the fetch drives the conversion (each shard converted as
         // soon as it is verified). Offline the plan needs the files first;
-        // after `--retire-sources` (or to re-acquire) the convert stage
-        // knows what to do with retired shards.
+        // after `convert --retire-sources` (or to re-acquire) the convert
+        // stage knows what to do with retired shards. Shards retired by a
+        // budgeted run are part of its durable plan: any later run goes on
+        // pipelined, whatever budget it is given.
+        let retired = self.store.retired().await?;
+        let budgeted_before = !self.store.disk_budgets().await?.is_empty();
         let pipelined = disk_budget.is_some()
-            || (!params.offline && !params.reacquire && self.store.retired().await?.is_empty());
+            || (!params.offline && !params.reacquire && (retired.is_empty() || budgeted_before));
         if pipelined {
+            if disk_budget.is_none() && !retired.is_empty() {
+                reporter.report(ProgressEvent::Note {
+                    message: format!(
+                        "resuming a run begun with --disk-budget without one: the {} shards it \
+                         retired are not fetched again (every component reading them is \
+                         durable), and every file still on disk is kept",
+                        retired.len()
+                    ),
+                });
+            }
             return self.run_streamed(params, opts, disk_budget, reporter).await;
         }
         let origin = params.origin()?;

@@ -365,3 +365,144 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
         "the storm missed the streamed conversion: {landed:?}"
     );
 }
+
+/// How a killed budgeted run is resumed.
+#[derive(Debug, Clone, Copy)]
+enum Resume {
+    /// Without `--disk-budget`.
+    NoBudget,
+    /// With the budget it was begun with.
+    SameBudget,
+    /// With twice that budget.
+    LargerBudget,
+}
+
+/// A budgeted run killed, then resumed without `--disk-budget`, was
+/// wedged: the resume took the path of `convert --retire-sources` and
+/// failed with "source … was retired by --retire-sources; re-acquire"
+/// (the user never passed it), and afterwards even the original budgeted
+/// command failed the same way. A budgeted run's retirements are part of
+/// its durable plan now: seeded SIGKILLs (≥ 21 landing after a retirement)
+/// over budgeted runs at the minimum, each resumed with no budget, the same
+/// one or a larger one in turn, all end with the unbudgeted manifest; a
+/// resume without a budget says so and fetches no retired shard again, and
+/// the original budgeted command then finds the run finished.
+#[test]
+fn a_killed_budgeted_run_resumes_with_no_budget_the_same_or_a_larger_one() {
+    use ftpipe_fixtures::checkpoint::SplitMix64;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let _heavy = heavy();
+    let seed = crash_seed();
+    eprintln!("budget resume seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = SplitMix64::new(seed);
+    let files = generate_release_repo(17, &ReleaseShape::tiny());
+    let (minimum, _) = expected_minimum(&files);
+    let hub = hub_serving(files);
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &plain,
+        crate::chain_crash::ARGS,
+    ));
+    let reference = manifest_sha(&plain);
+    let budgeted = budget_args(minimum);
+    let budgeted: Vec<&str> = budgeted.iter().map(String::as_str).collect();
+    let t = Instant::now();
+    run_ok(&mut run_cmd(
+        &hub.endpoint(),
+        &tmp.path().join("timed"),
+        &budgeted,
+    ));
+    let ms = (t.elapsed().as_millis() as u64).max(20);
+    let modes = [Resume::NoBudget, Resume::SameBudget, Resume::LargerBudget];
+    let (mut after_retirement, mut attempts) = (0usize, 0usize);
+    while after_retirement < 21 {
+        attempts += 1;
+        assert!(
+            attempts < 100,
+            "only {after_retirement} kills landed after a retirement"
+        );
+        let out = tmp.path().join(format!("out-{attempts}"));
+        // A seeded delay after the run's first retirement (a run that
+        // finished first is not counted).
+        let delay = rng.next_u64() % (ms / 2).max(1);
+        let mut child = run_cmd(&hub.endpoint(), &out, &budgeted)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ftpipe");
+        let began = Instant::now();
+        while child.try_wait().expect("try_wait").is_none()
+            && began.elapsed() < Duration::from_secs(60)
+            && try_query(&out, "SELECT COUNT(*) FROM source_retirements")
+                .map_or(true, |r| r.first().is_none_or(|n| n == "0"))
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill();
+        let status = child.wait().expect("wait");
+        let retired: u64 = try_query(&out, "SELECT COUNT(*) FROM source_retirements")
+            .ok()
+            .and_then(|r| r.first().and_then(|n| n.parse().ok()))
+            .unwrap_or(0);
+        if status.success() || retired == 0 {
+            continue;
+        }
+        let mode = modes[after_retirement % modes.len()];
+        after_retirement += 1;
+        let label = format!("kill after {delay} ms, {retired} retired, resumed {mode:?}");
+        check_after_kill(&out, &label);
+        let mut args: Vec<String> = crate::chain_crash::ARGS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        match mode {
+            Resume::NoBudget => {}
+            Resume::SameBudget => args.extend(["--disk-budget".into(), minimum.to_string()]),
+            Resume::LargerBudget => {
+                args.extend(["--disk-budget".into(), (2 * minimum).to_string()]);
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let retired_before = query(&out, "SELECT DISTINCT path FROM source_retirements");
+        let transferred = |path: &str| {
+            query(
+                &out,
+                &format!(
+                    "SELECT transferred_bytes FROM ledger WHERE path = {}",
+                    sql_str(path)
+                ),
+            )
+        };
+        let before: Vec<_> = retired_before.iter().map(|p| transferred(p)).collect();
+        let o = run(&mut run_cmd(&hub.endpoint(), &out, &args));
+        let err = stderr(&o);
+        assert!(o.status.success(), "{label}: {err}");
+        crate::chain_crash::check_finished(&hub, &out, &reference, &label);
+        // A shard retired before the kill is never downloaded again (its
+        // header may be read for the plan, its body is not).
+        let refetched: Vec<_> = retired_before
+            .iter()
+            .zip(&before)
+            .filter(|(p, b)| transferred(p) != **b)
+            .map(|(p, _)| p)
+            .collect();
+        assert!(refetched.is_empty(), "{label}: fetched again {refetched:?}");
+        let finished_before = String::from_utf8_lossy(&o.stdout).contains("nothing to do");
+        if matches!(mode, Resume::NoBudget) {
+            // Killed after the last stage completed: nothing left to say.
+            assert!(
+                finished_before || err.contains("without one"),
+                "{label}: {err}"
+            );
+            // The original budgeted command is not wedged.
+            let o = run(&mut run_cmd(&hub.endpoint(), &out, &budgeted));
+            assert!(o.status.success(), "{label}, then budgeted: {}", stderr(&o));
+            crate::chain_crash::check_finished(&hub, &out, &reference, &label);
+        }
+    }
+    eprintln!("budget resume: {after_retirement} kills after a retirement in {attempts} runs");
+}
