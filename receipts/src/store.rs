@@ -1283,6 +1283,69 @@ mod tests {
         store.integrity_check().await.unwrap();
     }
 
+    /// Migration 0013: a database whose stage events were written before
+    /// their CHECKs keeps every row with its id, and the database itself
+    /// then refuses a stage or an event `Stage` / `StageEvent` do not name.
+    #[tokio::test]
+    async fn stage_events_keep_their_rows_and_refuse_unknown_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let options = SqliteConnectOptions::new()
+                .filename(&db)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .foreign_keys(true);
+            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+            MIGRATOR.run_to(11, &mut conn).await.unwrap();
+            sqlx::raw_sql(
+                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('run', 1, '0.0');
+                 INSERT INTO stage_events (run_id, stage, event, detail)
+                 VALUES (1, 'resolve', 'started', ''), (1, 'resolve', 'completed', 'pinned'),
+                        (1, 'fetch', 'started', ''), (1, 'fetch', 'failed', 'no space');",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&db).await.unwrap();
+        let rows: Vec<_> = store
+            .stage_events()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.id, e.stage, e.event, e.detail))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (1, Stage::Resolve, StageEvent::Started, String::new()),
+                (2, Stage::Resolve, StageEvent::Completed, "pinned".into()),
+                (3, Stage::Fetch, StageEvent::Started, String::new()),
+                (4, Stage::Fetch, StageEvent::Failed, "no space".into()),
+            ]
+        );
+        let run = store.begin_run("test", "0").await.unwrap();
+        store
+            .append_stage_event(run, Stage::Verify, StageEvent::Started, "")
+            .await
+            .unwrap();
+        assert_eq!(store.stage_events().await.unwrap()[4].id, 5);
+        let mut conn = store.conn.lock().await;
+        for sql in [
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'publish', 'started')",
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'Fetch', 'started')",
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'fetch', 'done')",
+        ] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.unwrap_err();
+            assert!(err.to_string().contains("CHECK"), "{sql}: {err}");
+        }
+        drop(conn);
+        assert_eq!(store.stage_events().await.unwrap().len(), 5);
+        store.integrity_check().await.unwrap();
+    }
+
     /// The same file under a new identity (a repin that changed it).
     async fn repin_changed(store: &Store) {
         let pin = Pin {
