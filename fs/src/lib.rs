@@ -19,7 +19,9 @@
 //!   tree ([`paths::safe_join`]) before they name a file.
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
-//! - [`error`]: [`FsError`], which names the operation and path at fault.
+//! - [`error`]: the errors every crate shares: [`IoError`] (the operation
+//!   and path at fault), [`InsufficientSpace`], [`InternalError`]; and
+//!   [`FsError`], what this crate's operations fail with.
 //! - [`class`]: [`ErrorClass`], the kind of failure every error of ftpipe
 //!   says it is (the binary's exit code follows it).
 
@@ -40,6 +42,6 @@ pub mod space;
 
 pub use class::ErrorClass;
 pub use durable::TEMP_SUFFIX;
-pub use error::{FsError, Result};
+pub use error::{FsError, InsufficientSpace, InternalError, IoError, Result};
 pub use layout::Layout;
 pub use space::require_space;
