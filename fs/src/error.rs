@@ -112,3 +112,50 @@ impl FsError {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = FsError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    /// The text users see (and e2e tests match) is the one each crate's
+    /// enum printed before it wrapped these.
+    #[test]
+    fn the_shared_errors_print_what_the_enums_printed() {
+        let io = IoError::new(
+            "rename",
+            "DIR/source/a.part",
+            std::io::Error::other("no such thing"),
+        );
+        assert_eq!(io.to_string(), "rename DIR/source/a.part: no such thing");
+        let source = io.source().expect("the I/O error is the source");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+        let space = InsufficientSpace {
+            volume: "DIR".into(),
+            available: 1,
+            needed: 2,
+        };
+        assert_eq!(
+            space.to_string(),
+            "not enough free space on DIR: 1 bytes available, 2 bytes still needed"
+        );
+        assert_eq!(
+            InternalError::new("a task vanished").to_string(),
+            "internal error (a bug, please report it): a task vanished"
+        );
+        let joined = InternalError::with_source("fetch task", std::io::Error::other("panicked"));
+        assert_eq!(
+            joined.to_string(),
+            "internal error (a bug, please report it): fetch task: panicked"
+        );
+        assert!(joined.source().is_some());
+        let wrapped = FsError::from(io);
+        assert_eq!(
+            wrapped.to_string(),
+            "rename DIR/source/a.part: no such thing"
+        );
+        let source = wrapped.source().expect("transparent: the I/O error");
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+    }
+}
