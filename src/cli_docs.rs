@@ -189,7 +189,12 @@ fn write_pages(pages: &[ManPage], dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::with_capacity(pages.len());
     for page in pages {
         let path = dir.join(&page.file_name);
-        std::fs::write(&path, &page.roff).with_context(|| format!("writing {}", path.display()))?;
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "man pages go where the user asks, outside DIR: no state a crash must keep"
+        )]
+        let wrote = std::fs::write(&path, &page.roff);
+        wrote.with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
     Ok(written)

@@ -499,18 +499,10 @@ pub enum ConvertError {
         /// Those files (repo-relative).
         files: Vec<String>,
     },
-    /// A broken invariant of planning or conversion: a bug, not bad input.
-    #[error(
-        "internal error (a bug, please report it): {what}{}",
-        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
-    )]
-    Internal {
-        /// The invariant that broke.
-        what: String,
-        /// The underlying error, if any.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
+    /// A broken invariant or a task that panicked or was cancelled: a bug,
+    /// not bad input.
+    #[error(transparent)]
+    Internal(#[from] ftpipe_fs::InternalError),
     /// Existing output was made under another identity.
     #[error(
         "the artifact in {dir} was made by a different converter variant or from different sources and will not be reused: {reasons}; re-run with --rebuild to rebuild it (the old artifact is kept aside as evidence)"
@@ -528,28 +520,11 @@ pub enum ConvertError {
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
     /// A local filesystem operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation that failed (read, fsync, create, rename...).
-        op: &'static str,
-        /// The file or directory it failed on.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] ftpipe_fs::IoError),
     /// Not enough free space before starting.
-    #[error(
-        "not enough free space on {volume}: {available} bytes available, {needed} bytes still needed"
-    )]
-    InsufficientSpace {
-        /// A directory on the volume that lacks space.
-        volume: PathBuf,
-        /// Bytes free on the volume.
-        available: u64,
-        /// Bytes the remaining work still needs.
-        needed: u64,
-    },
+    #[error(transparent)]
+    InsufficientSpace(#[from] ftpipe_fs::InsufficientSpace),
     /// `--disk-budget` is below what any schedule of whole-file retirement
     /// needs ([`crate::schedule`]); found from the plan, before a shard
     /// body is fetched.
@@ -619,11 +594,7 @@ impl ConvertError {
     /// (`ErrorKind::StorageFull`) stays the source, which is how the
     /// binary finds it anywhere in the chain (exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ConvertError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        ConvertError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
     /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`]; a
@@ -635,8 +606,8 @@ impl ConvertError {
     /// the file and what to do.
     pub fn class(&self) -> ErrorClass {
         match self {
-            ConvertError::Internal { .. } => ErrorClass::Internal,
-            ConvertError::InsufficientSpace { .. } => ErrorClass::NoSpace,
+            ConvertError::Internal(_) => ErrorClass::Internal,
+            ConvertError::InsufficientSpace(_) => ErrorClass::NoSpace,
             ConvertError::Hub(e) => e.class(),
             ConvertError::Store(e) => e.class(),
             ConvertError::Artifact(e) => e.class(),
@@ -648,10 +619,7 @@ impl ConvertError {
 
     /// A broken invariant (see [`ConvertError::Internal`]).
     pub fn internal(what: impl Into<String>) -> Self {
-        ConvertError::Internal {
-            what: what.into(),
-            source: None,
-        }
+        ConvertError::Internal(ftpipe_fs::InternalError::new(what))
     }
 
     /// An internal failure with its cause.
@@ -659,26 +627,15 @@ impl ConvertError {
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        ConvertError::Internal {
-            what: what.into(),
-            source: Some(Box::new(source)),
-        }
+        ConvertError::Internal(ftpipe_fs::InternalError::with_source(what, source))
     }
 }
 
 impl From<ftpipe_fs::FsError> for ConvertError {
     fn from(e: ftpipe_fs::FsError) -> Self {
         match e {
-            ftpipe_fs::FsError::Io { op, path, source } => ConvertError::Io { op, path, source },
-            ftpipe_fs::FsError::InsufficientSpace {
-                volume,
-                available,
-                needed,
-            } => ConvertError::InsufficientSpace {
-                volume,
-                available,
-                needed,
-            },
+            ftpipe_fs::FsError::Io(e) => ConvertError::Io(e),
+            ftpipe_fs::FsError::InsufficientSpace(e) => ConvertError::InsufficientSpace(e),
         }
     }
 }
@@ -705,11 +662,13 @@ mod tests {
             source: std::io::ErrorKind::UnexpectedEof.into(),
         };
         assert_eq!(read.class(), ErrorClass::Failure);
-        let preflight = ConvertError::from(ftpipe_fs::FsError::InsufficientSpace {
-            volume: "v".into(),
-            available: 1,
-            needed: 2,
-        });
+        let preflight = ConvertError::from(ftpipe_fs::FsError::InsufficientSpace(
+            ftpipe_fs::InsufficientSpace {
+                volume: "v".into(),
+                available: 1,
+                needed: 2,
+            },
+        ));
         assert_eq!(preflight.class(), ErrorClass::NoSpace);
         let hub = ConvertError::Hub(ftpipe_hub::HubError::internal("x"));
         assert_eq!(hub.class(), ErrorClass::Internal);

@@ -21,7 +21,7 @@ use crate::error::{FetchError, Result};
 use crate::part::{AppendError, PartFile};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, rename_durably, sync_dir};
-use ftpipe_hub::hfcache::{Lookup, LookupKind, place};
+use ftpipe_hub::hfcache::{Candidate, Lookup, LookupKind, place};
 use ftpipe_hub::identity::{Expected, hash_file};
 use ftpipe_hub::paths::{cache_temp_path, part_path};
 use ftpipe_progress::ProgressEvent;
@@ -77,38 +77,8 @@ pub(crate) async fn adopt_whole(
     expected: &Expected,
     final_path: &Path,
 ) -> Result<bool> {
-    let Some(cache) = &ctx.hf_cache else {
+    let Some(candidate) = find_candidate(ctx, file).await? else {
         return Ok(false);
-    };
-    let ledger = ctx.store.ledger_row(&file.path).await?;
-    // A complete `.part` is verified where it is: no cache needed.
-    if ledger.committed >= file.size {
-        return Ok(false);
-    }
-    let found = block_in_place(|| cache.lookup(&ctx.pin.repo, &ctx.pin.commit, file));
-    let candidate = match found {
-        Lookup::Absent => return Ok(false),
-        Lookup::Refused {
-            path,
-            reason,
-            bytes,
-        } => {
-            reject(
-                ctx,
-                CacheCandidate {
-                    path: file.path.clone(),
-                    cache_path: path.display().to_string(),
-                    kind: kind_str(lookup_kind(file)),
-                    outcome: CacheOutcome::Rejected,
-                    placement: None,
-                    bytes,
-                    detail: reason,
-                },
-            )
-            .await?;
-            return Ok(false);
-        }
-        Lookup::Found(c) => c,
     };
     let record =
         |outcome: CacheOutcome, placement: Option<Placement>, detail: String| CacheCandidate {
@@ -121,37 +91,13 @@ pub(crate) async fn adopt_whole(
             detail,
         };
     let temp = cache_temp_path(final_path);
-    let dir = final_path.parent().unwrap_or(ctx.dest()).to_owned();
-    let placed = block_in_place(|| -> std::io::Result<_> {
-        create_dirs_durably(ctx.dest(), &dir)?;
-        remove_if_present(&temp)?;
-        let how = place(&candidate.blob, &temp, file.size)?;
-        let placed = ftpipe_fs::nofollow::open_read(&temp)?;
-        let len = placed.metadata()?.len();
-        if len != file.size {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("the blob holds {len} bytes, the listing {}", file.size),
-            ));
-        }
-        placed.sync_all()?;
-        sync_dir(&dir)?;
-        let digest = hash_file(&temp, expected, file.size)?;
-        Ok((how, digest))
-    });
+    let placed = block_in_place(|| place_and_hash(ctx, &candidate, file, expected, final_path));
     let (how, digest) = match placed {
         Ok(v) => v,
         Err(e) => {
             let _ = block_in_place(|| remove_if_present(&temp));
-            reject(
-                ctx,
-                record(
-                    CacheOutcome::Rejected,
-                    None,
-                    format!("cannot place it: {e}"),
-                ),
-            )
-            .await?;
+            let detail = format!("cannot place it: {e}");
+            reject(ctx, record(CacheOutcome::Rejected, None, detail)).await?;
             return Ok(false);
         }
     };
@@ -173,19 +119,17 @@ pub(crate) async fn adopt_whole(
     block_in_place(|| rename_durably(&temp, final_path))?;
     // Published under its final name, no receipt yet.
     crashpoint::hit(CrashPoint::CacheRenamed);
+    let receipt = Receipt {
+        path: file.path.clone(),
+        size: file.size,
+        digest_kind: expected.kind().to_owned(),
+        digest,
+        completed_at: String::new(),
+        adopted: false,
+    };
+    let adopted = record(CacheOutcome::Adopted, Some(how), String::new());
     ctx.store
-        .adopt_from_cache(
-            ctx.run,
-            &Receipt {
-                path: file.path.clone(),
-                size: file.size,
-                digest_kind: expected.kind().to_owned(),
-                digest,
-                completed_at: String::new(),
-                adopted: false,
-            },
-            &record(CacheOutcome::Adopted, Some(how), String::new()),
-        )
+        .adopt_from_cache(ctx.run, &receipt, &adopted)
         .await?;
     // The receipt is durable: a partial `.part` of this file is stale.
     let part = part_path(final_path);
@@ -196,6 +140,70 @@ pub(crate) async fn adopt_whole(
         placement: how.as_str().to_owned(),
     });
     Ok(true)
+}
+
+/// The cache's candidate for `file`, when there is a cache, the `.part` is
+/// not already complete (it is verified where it is) and the cache holds
+/// something under the pinned identity; a refused one is logged as
+/// rejected and gives `None`.
+async fn find_candidate(ctx: &FetchCtx, file: &FileRow) -> Result<Option<Candidate>> {
+    let Some(cache) = &ctx.hf_cache else {
+        return Ok(None);
+    };
+    let ledger = ctx.store.ledger_row(&file.path).await?;
+    if ledger.committed >= file.size {
+        return Ok(None);
+    }
+    match block_in_place(|| cache.lookup(&ctx.pin.repo, &ctx.pin.commit, file)) {
+        Lookup::Absent => Ok(None),
+        Lookup::Refused {
+            path,
+            reason,
+            bytes,
+        } => {
+            let refused = CacheCandidate {
+                path: file.path.clone(),
+                cache_path: path.display().to_string(),
+                kind: kind_str(lookup_kind(file)),
+                outcome: CacheOutcome::Rejected,
+                placement: None,
+                bytes,
+                detail: reason,
+            };
+            reject(ctx, refused).await?;
+            Ok(None)
+        }
+        Lookup::Found(c) => Ok(Some(c)),
+    }
+}
+
+/// Places the candidate's blob at `final_path`'s cache temp name, checks
+/// its length, fsyncs it and its directory, and hashes what was placed:
+/// the placement and the digest of the bytes that would be published.
+fn place_and_hash(
+    ctx: &FetchCtx,
+    candidate: &Candidate,
+    file: &FileRow,
+    expected: &Expected,
+    final_path: &Path,
+) -> std::io::Result<(Placement, String)> {
+    let temp = cache_temp_path(final_path);
+    let dir = final_path.parent().unwrap_or(ctx.dest());
+    create_dirs_durably(ctx.dest(), dir)?;
+    remove_if_present(&temp)?;
+    let how = place(&candidate.blob, &temp, file.size)?;
+    let placed = ftpipe_fs::nofollow::open_read(&temp)?;
+    let len = placed.metadata()?.len();
+    if len != file.size {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the blob holds {len} bytes, the listing {}", file.size),
+        ));
+    }
+    placed.sync_all()?;
+    sync_dir(dir)?;
+    let digest = hash_file(&temp, expected, file.size)?;
+    Ok((how, digest))
 }
 
 /// Copies the prefix of an interrupted download of `file` in the cache

@@ -19,16 +19,8 @@ pub enum FetchError {
     #[error(transparent)]
     ObjStore(#[from] ftpipe_objstore::ObjStoreError),
     /// A local filesystem operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation that failed (read, fsync, create, rename...).
-        op: &'static str,
-        /// The file or directory it failed on.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] ftpipe_fs::IoError),
     /// The target volume ran out of space.
     #[error(
         "no space left on the volume holding {volume}: {still_needed} bytes still needed \
@@ -45,17 +37,8 @@ pub enum FetchError {
         still_needed: u64,
     },
     /// Not enough free space before starting.
-    #[error(
-        "not enough free space on {volume}: {available} bytes available, {needed} bytes still needed"
-    )]
-    InsufficientSpace {
-        /// A directory on the volume that lacks space.
-        volume: PathBuf,
-        /// Bytes free on the volume.
-        available: u64,
-        /// Bytes the remaining work still needs.
-        needed: u64,
-    },
+    #[error(transparent)]
+    InsufficientSpace(#[from] ftpipe_fs::InsufficientSpace),
     /// Offline, and selected files are neither durable in DIR nor in the
     /// Hugging Face cache.
     #[error(
@@ -162,19 +145,9 @@ pub enum FetchError {
         message: String,
     },
     /// A broken invariant or a task that panicked or was cancelled: a bug,
-    /// not bad input. Durable state stays consistent (nothing is recorded
-    /// for the work that failed), so a re-run resumes.
-    #[error(
-        "internal error (a bug, please report it): {what}{}",
-        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
-    )]
-    Internal {
-        /// The invariant or task that failed.
-        what: String,
-        /// The cause, if any.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
+    /// not bad input.
+    #[error(transparent)]
+    Internal(#[from] ftpipe_fs::InternalError),
     /// Retries were exhausted for a file. Its class is the last error's.
     #[error("{path}: giving up after {attempts} attempts; last error: {last}")]
     RetriesExhausted {
@@ -207,19 +180,12 @@ impl FetchError {
     /// (`ErrorKind::StorageFull`) stays the source, which is how the
     /// binary finds it anywhere in the chain (exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        FetchError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        FetchError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
     /// A broken invariant (see [`FetchError::Internal`]).
     pub fn internal(what: impl Into<String>) -> Self {
-        FetchError::Internal {
-            what: what.into(),
-            source: None,
-        }
+        FetchError::Internal(ftpipe_fs::InternalError::new(what))
     }
 
     /// A failed task join or another internal failure with its cause.
@@ -227,10 +193,7 @@ impl FetchError {
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        FetchError::Internal {
-            what: what.into(),
-            source: Some(Box::new(source)),
-        }
+        FetchError::Internal(ftpipe_fs::InternalError::with_source(what, source))
     }
 
     /// The errors of several failed files as one: [`FetchError::Several`]
@@ -269,16 +232,14 @@ impl FetchError {
     /// artifact that fails verification (README, exit 6).
     pub fn class(&self) -> ErrorClass {
         match self {
-            FetchError::Internal { .. } => ErrorClass::Internal,
-            FetchError::NoSpace { .. } | FetchError::InsufficientSpace { .. } => {
-                ErrorClass::NoSpace
-            }
+            FetchError::Internal(_) => ErrorClass::Internal,
+            FetchError::NoSpace { .. } | FetchError::InsufficientSpace(_) => ErrorClass::NoSpace,
             FetchError::Hub(e) => e.class(),
             FetchError::Store(e) => e.class(),
             FetchError::ObjStore(e) => e.class(),
             FetchError::RetriesExhausted { last, .. } => last.class(),
             FetchError::Several { worst, .. } => worst.class(),
-            FetchError::Io { .. }
+            FetchError::Io(_)
             | FetchError::OfflineMissing { .. }
             | FetchError::UnsafePath(_)
             | FetchError::PinContradicted { .. }
@@ -313,16 +274,8 @@ impl FetchError {
 impl From<ftpipe_fs::FsError> for FetchError {
     fn from(e: ftpipe_fs::FsError) -> Self {
         match e {
-            ftpipe_fs::FsError::Io { op, path, source } => FetchError::Io { op, path, source },
-            ftpipe_fs::FsError::InsufficientSpace {
-                volume,
-                available,
-                needed,
-            } => FetchError::InsufficientSpace {
-                volume,
-                available,
-                needed,
-            },
+            ftpipe_fs::FsError::Io(e) => FetchError::Io(e),
+            ftpipe_fs::FsError::InsufficientSpace(e) => FetchError::InsufficientSpace(e),
         }
     }
 }
@@ -380,7 +333,7 @@ mod tests {
         assert_eq!(plain.class(), ErrorClass::Failure);
 
         let one = FetchError::several(2, vec![panicked()]).unwrap();
-        assert!(matches!(one, FetchError::Internal { .. }));
+        assert!(matches!(one, FetchError::Internal(_)));
         assert!(FetchError::several(2, Vec::new()).is_none());
 
         let retried = FetchError::RetriesExhausted {
@@ -409,11 +362,13 @@ mod tests {
         assert_eq!(network().class(), ErrorClass::Failure);
         let hub = FetchError::Hub(ftpipe_hub::HubError::internal("x"));
         assert_eq!(hub.class(), ErrorClass::Internal);
-        let preflight = FetchError::from(ftpipe_fs::FsError::InsufficientSpace {
-            volume: "v".into(),
-            available: 1,
-            needed: 2,
-        });
+        let preflight = FetchError::from(ftpipe_fs::FsError::InsufficientSpace(
+            ftpipe_fs::InsufficientSpace {
+                volume: "v".into(),
+                available: 1,
+                needed: 2,
+            },
+        ));
         assert_eq!(preflight.class(), ErrorClass::NoSpace);
         let input = FetchError::InvalidInput {
             what: "glob",

@@ -103,8 +103,8 @@ impl crate::FsError {
     /// [`ErrorClass::Failure`].
     pub fn class(&self) -> ErrorClass {
         match self {
-            crate::FsError::Io { source, .. } => ErrorClass::of_io(source),
-            crate::FsError::InsufficientSpace { .. } => ErrorClass::NoSpace,
+            crate::FsError::Io(e) => e.class(),
+            crate::FsError::InsufficientSpace(_) => ErrorClass::NoSpace,
         }
     }
 }
@@ -148,11 +148,11 @@ mod tests {
         assert_eq!(ErrorClass::of_chain(&fs), ErrorClass::NoSpace);
         let fs = FsError::io("write", "x", io::Error::from(io::ErrorKind::NotFound));
         assert_eq!(fs.class(), ErrorClass::Failure);
-        let preflight = FsError::InsufficientSpace {
+        let preflight = FsError::InsufficientSpace(crate::InsufficientSpace {
             volume: "v".into(),
             available: 1,
             needed: 2,
-        };
+        });
         assert_eq!(preflight.class(), ErrorClass::NoSpace);
     }
 }

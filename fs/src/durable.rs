@@ -50,10 +50,20 @@ pub fn create_dirs_durably(root: &Path, dir: &Path) -> std::io::Result<()> {
     sync_dirs_up_to(root, dir)
 }
 
+/// The rename every durable rename of ftpipe goes through; each caller
+/// fsyncs the directory after it.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the one rename of ftpipe: both callers fsync the directory after it"
+)]
+fn rename(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| FsError::io("rename", from, e))
+}
+
 /// Renames `from` to `to` (same directory or same volume) and fsyncs the
 /// directory of `to`, so the new name survives a power cut.
 pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|e| FsError::io("rename", from, e))?;
+    rename(from, to)?;
     let dir = to.parent().unwrap_or(Path::new("."));
     sync_dir(dir).map_err(|e| FsError::io("fsync", dir, e))
 }
@@ -62,7 +72,7 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
 /// `root` ([`sync_dirs_up_to`]): for a file published into directories
 /// another task (or a killed run) may have created without fsyncing them.
 pub fn rename_durably_up_to(root: &Path, from: &Path, to: &Path) -> Result<()> {
-    std::fs::rename(from, to).map_err(|e| FsError::io("rename", from, e))?;
+    rename(from, to)?;
     let dir = to.parent().unwrap_or(Path::new("."));
     sync_dirs_up_to(root, dir).map_err(|e| FsError::io("fsync", dir, e))
 }

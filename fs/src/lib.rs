@@ -19,12 +19,16 @@
 //!   tree ([`paths::safe_join`]) before they name a file.
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
-//! - [`error`]: [`FsError`], which names the operation and path at fault.
+//! - [`error`]: the errors every crate shares: [`IoError`] (the operation
+//!   and path at fault), [`InsufficientSpace`], [`InternalError`]; and
+//!   [`FsError`], what this crate's operations fail with.
 //! - [`class`]: [`ErrorClass`], the kind of failure every error of ftpipe
 //!   says it is (the binary's exit code follows it).
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
+// Unit tests build their inputs with plain `std::fs` calls (clippy.toml).
+#![cfg_attr(test, allow(clippy::disallowed_methods))]
 
 pub mod bounded;
 pub mod class;
@@ -40,6 +44,6 @@ pub mod space;
 
 pub use class::ErrorClass;
 pub use durable::TEMP_SUFFIX;
-pub use error::{FsError, Result};
+pub use error::{FsError, InsufficientSpace, InternalError, IoError, Result};
 pub use layout::Layout;
 pub use space::require_space;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::error::{FsError, Result};
+use crate::error::{FsError, InsufficientSpace, Result};
 
 /// Free bytes on the volume holding `path` (for an unprivileged writer).
 pub fn available(path: &Path) -> Result<u64> {
@@ -16,11 +16,11 @@ pub fn available(path: &Path) -> Result<u64> {
 pub fn require_space(volume: &Path, needed: u64) -> Result<u64> {
     let available = available(volume)?;
     if needed > available {
-        return Err(FsError::InsufficientSpace {
+        return Err(FsError::InsufficientSpace(InsufficientSpace {
             volume: volume.to_owned(),
             available,
             needed,
-        });
+        }));
     }
     Ok(available)
 }
@@ -35,13 +35,13 @@ mod tests {
         let free = require_space(dir.path(), 0).unwrap();
         let err = require_space(dir.path(), u64::MAX).unwrap_err();
         match err {
-            FsError::InsufficientSpace {
+            FsError::InsufficientSpace(InsufficientSpace {
                 available, needed, ..
-            } => {
+            }) => {
                 assert_eq!(needed, u64::MAX);
                 assert!(available >= free / 2, "free space changed wildly");
             }
-            other @ FsError::Io { .. } => panic!("expected InsufficientSpace, got {other}"),
+            other @ FsError::Io(_) => panic!("expected InsufficientSpace, got {other}"),
         }
     }
 }

@@ -24,6 +24,9 @@
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
+// Test support: fuzz inputs are written with plain `std::fs` calls, never
+// ftpipe state (clippy.toml).
+#![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;

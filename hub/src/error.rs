@@ -14,16 +14,8 @@ pub enum HubError {
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
     /// A local filesystem operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation that failed (read, fsync, create, rename...).
-        op: &'static str,
-        /// The file or directory it failed on.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] ftpipe_fs::IoError),
     /// Offline (`HF_HUB_OFFLINE=1` or `--offline`) and this needs the hub.
     #[error("offline (HF_HUB_OFFLINE or --offline): {what} needs the network")]
     Offline {
@@ -175,19 +167,9 @@ pub enum HubError {
         message: String,
     },
     /// A broken invariant or a task that panicked or was cancelled: a bug,
-    /// not bad input. Durable state stays consistent (nothing is recorded
-    /// for the work that failed), so a re-run resumes.
-    #[error(
-        "internal error (a bug, please report it): {what}{}",
-        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
-    )]
-    Internal {
-        /// The invariant or task that failed.
-        what: String,
-        /// The cause, if any.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
+    /// not bad input.
+    #[error(transparent)]
+    Internal(#[from] ftpipe_fs::InternalError),
 }
 
 impl HubError {
@@ -195,19 +177,12 @@ impl HubError {
     /// (`ErrorKind::StorageFull`) stays the source, which is how the
     /// binary finds it anywhere in the chain (exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        HubError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        HubError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
     /// A broken invariant (see [`HubError::Internal`]).
     pub fn internal(what: impl Into<String>) -> Self {
-        HubError::Internal {
-            what: what.into(),
-            source: None,
-        }
+        HubError::Internal(ftpipe_fs::InternalError::new(what))
     }
 
     /// A failed task join or another internal failure with its cause.
@@ -215,10 +190,7 @@ impl HubError {
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        HubError::Internal {
-            what: what.into(),
-            source: Some(Box::new(source)),
-        }
+        HubError::Internal(ftpipe_fs::InternalError::with_source(what, source))
     }
 
     /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`], a
@@ -227,7 +199,7 @@ impl HubError {
     /// input) [`ErrorClass::Failure`].
     pub fn class(&self) -> ErrorClass {
         match self {
-            HubError::Internal { .. } => ErrorClass::Internal,
+            HubError::Internal(_) => ErrorClass::Internal,
             HubError::Store(e) => e.class(),
             _ => ErrorClass::of_chain(self),
         }
@@ -260,8 +232,8 @@ impl HubError {
 impl From<ftpipe_fs::FsError> for HubError {
     fn from(e: ftpipe_fs::FsError) -> Self {
         match e {
-            ftpipe_fs::FsError::Io { op, path, source } => HubError::Io { op, path, source },
-            other @ ftpipe_fs::FsError::InsufficientSpace { .. } => {
+            ftpipe_fs::FsError::Io(e) => HubError::Io(e),
+            other @ ftpipe_fs::FsError::InsufficientSpace(_) => {
                 HubError::internal_from("a space check in the hub client", other)
             }
         }

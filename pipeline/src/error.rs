@@ -30,16 +30,8 @@ pub enum PipelineError {
     #[error(transparent)]
     Artifact(#[from] ftpipe_artifact::ArtifactError),
     /// A local filesystem operation of the audit or the bundle failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// The operation that failed (read, list, hash, fsync...).
-        op: &'static str,
-        /// The file or directory it failed on.
-        path: PathBuf,
-        /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] ftpipe_fs::IoError),
     /// A path from the state database is unsafe, or a link lies on its way.
     #[error(transparent)]
     UnsafePath(#[from] ftpipe_fs::paths::PathError),
@@ -58,18 +50,9 @@ pub enum PipelineError {
         message: String,
     },
     /// A broken invariant or a task that panicked or was cancelled: a bug,
-    /// not bad input. Durable state stays consistent, so a re-run resumes.
-    #[error(
-        "internal error (a bug, please report it): {what}{}",
-        source.as_ref().map_or_else(String::new, |s| format!(": {s}"))
-    )]
-    Internal {
-        /// The invariant or task that failed.
-        what: String,
-        /// The cause, if any.
-        #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
-    },
+    /// not bad input.
+    #[error(transparent)]
+    Internal(#[from] ftpipe_fs::InternalError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
@@ -151,11 +134,7 @@ impl PipelineError {
     /// Wraps an I/O error with the operation and path (a full disk stays
     /// the source, which is how the binary finds it: exit 5).
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        PipelineError::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        PipelineError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
     /// This error's [`ErrorClass`]: the lock held elsewhere is
@@ -168,7 +147,7 @@ impl PipelineError {
         match self {
             PipelineError::Locked { .. } => ErrorClass::Locked,
             PipelineError::VerifyFailed { .. } => ErrorClass::Verification,
-            PipelineError::Internal { .. } => ErrorClass::Internal,
+            PipelineError::Internal(_) => ErrorClass::Internal,
             PipelineError::Hub(e) => e.class(),
             PipelineError::Fetch(e) => e.class(),
             PipelineError::Convert(e) => e.class(),
@@ -181,7 +160,7 @@ impl PipelineError {
             | PipelineError::NothingPublished { .. }
             | PipelineError::BadRemoteManifest { .. }
             | PipelineError::PullConflict { .. } => ErrorClass::Failure,
-            PipelineError::Io { .. }
+            PipelineError::Io(_)
             | PipelineError::UnsafePath(_)
             | PipelineError::NotPinned { .. }
             | PipelineError::InvalidInput { .. }
@@ -190,15 +169,17 @@ impl PipelineError {
         }
     }
 
+    /// A broken invariant (see [`PipelineError::Internal`]).
+    pub fn internal(what: impl Into<String>) -> Self {
+        PipelineError::Internal(ftpipe_fs::InternalError::new(what))
+    }
+
     /// A failed task join or another internal failure with its cause.
     pub fn internal_from(
         what: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        PipelineError::Internal {
-            what: what.into(),
-            source: Some(Box::new(source)),
-        }
+        PipelineError::Internal(ftpipe_fs::InternalError::with_source(what, source))
     }
 }
 

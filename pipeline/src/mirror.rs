@@ -502,13 +502,10 @@ impl Pipeline {
             )
             .await?;
         if put == Put::Exists && !self.mirrored_here(&mirror, &pin).await? {
-            return Err(PipelineError::Internal {
-                what: format!(
-                    "{} exists but could not be read back",
-                    p.location.url_of(&key)
-                ),
-                source: None,
-            });
+            return Err(PipelineError::internal(format!(
+                "{} exists but could not be read back",
+                p.location.url_of(&key)
+            )));
         }
         record(&ctx, &pin.commit, &listing_sha, "published").await?;
         Ok(outcome)

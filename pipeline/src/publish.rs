@@ -236,10 +236,10 @@ impl Pipeline {
             // kill): the same artifact is a no-op, another a refusal.
             Put::Exists => {
                 if !published_here(&ctx, &keys, &fingerprint).await? {
-                    return Err(PipelineError::Internal {
-                        what: format!("{} exists but could not be read back", ctx.url(&key)),
-                        source: None,
-                    });
+                    return Err(PipelineError::internal(format!(
+                        "{} exists but could not be read back",
+                        ctx.url(&key)
+                    )));
                 }
                 outcome.already_published = outcome.uploaded == 0;
                 record(&ctx, &fingerprint, &manifest_sha256, "already_published").await?;
@@ -543,13 +543,10 @@ async fn upload_multipart(
         .map(|p| p.etag)
         .collect();
     if etags.len() as u64 != parts {
-        return Err(PipelineError::Internal {
-            what: format!(
-                "{url}: {} of {parts} parts recorded after sending them all",
-                etags.len()
-            ),
-            source: None,
-        });
+        return Err(PipelineError::internal(format!(
+            "{url}: {} of {parts} parts recorded after sending them all",
+            etags.len()
+        )));
     }
     let completed = ctx
         .attempt(

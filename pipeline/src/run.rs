@@ -134,7 +134,7 @@ impl Pipeline {
             let needed = sources_needed.saturating_add(artifact);
             std::fs::create_dir_all(self.layout.dir()).map_err(|e| PipelineError::io("create", self.layout.dir(), e))?;
             let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
-            if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
+            if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace(ftpipe_fs::InsufficientSpace { available, .. })) =
                 &checked
             {
                 reporter.report(ProgressEvent::Note {

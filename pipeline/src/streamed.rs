@@ -227,8 +227,11 @@ impl Pipeline {
         let present = dir_bytes(self.layout.source()) + dir_bytes(self.layout.artifact());
         let needed = peak.saturating_sub(present);
         let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
-        if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace { available, .. }) =
-            &checked
+        if let Ok(available)
+        | Err(ftpipe_fs::FsError::InsufficientSpace(ftpipe_fs::InsufficientSpace {
+            available,
+            ..
+        })) = &checked
         {
             reporter.report(ProgressEvent::Note {
                 message: format!(

@@ -346,137 +346,11 @@ impl Store {
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
-        sqlx::query("DELETE FROM selection_globs")
-            .execute(&mut *tx)
-            .await
-            .ctx("clear selection globs")?;
-        for (kind, list) in [("include", &globs.include), ("exclude", &globs.exclude)] {
-            for (position, glob) in (0i64..).zip(list) {
-                sqlx::query("INSERT INTO selection_globs (kind, position, glob) VALUES (?, ?, ?)")
-                    .bind(kind)
-                    .bind(position)
-                    .bind(glob)
-                    .execute(&mut *tx)
-                    .await
-                    .ctx("insert selection glob")?;
-            }
-        }
-        sqlx::query(
-            "INSERT INTO pin (id, repo, revision, commit_sha, endpoint) VALUES (1, ?, ?, ?, ?)
-             ON CONFLICT(id) DO UPDATE SET repo = excluded.repo, revision = excluded.revision,
-               commit_sha = excluded.commit_sha, endpoint = excluded.endpoint,
-               pinned_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
-        )
-        .bind(&pin.repo)
-        .bind(&pin.revision)
-        .bind(&pin.commit)
-        .bind(redact(&pin.endpoint))
-        .execute(&mut *tx)
-        .await
-        .ctx("upsert pin")?;
-        sqlx::query("CREATE TEMP TABLE IF NOT EXISTS new_files (path TEXT PRIMARY KEY, size INTEGER, git_oid TEXT, lfs_sha256 TEXT, xet_hash TEXT, selected INTEGER)")
-            .execute(&mut *tx)
-            .await
-            .ctx("temp table")?;
-        sqlx::query("DELETE FROM new_files")
-            .execute(&mut *tx)
-            .await
-            .ctx("clear temp")?;
-        for f in files {
-            sqlx::query("INSERT INTO new_files VALUES (?, ?, ?, ?, ?, ?)")
-                .bind(&f.path)
-                .bind(to_i64(&f.path, f.size)?)
-                .bind(&f.git_oid)
-                .bind(&f.lfs_sha256)
-                .bind(&f.xet_hash)
-                .bind(f.selected)
-                .execute(&mut *tx)
-                .await
-                .ctx("insert temp file")?;
-        }
-        // On a repin, a file whose identity changed keeps its ledger row
-        // (its discards are append-only, so `transferred = committed +
-        // discarded` must keep holding): the row is reset to zero and its
-        // committed bytes become a `superseded_by_repin` discard. That
-        // discard (written even for 0 bytes when the file had a receipt)
-        // tells reconcile the old final file is ours to replace. Only files
-        // that left the listing lose their ledger row.
-        macro_rules! changed {
-            () => {
-                "SELECT f.path FROM files f JOIN new_files n ON n.path = f.path
-                 WHERE n.size IS NOT f.size OR n.git_oid IS NOT f.git_oid
-                   OR n.lfs_sha256 IS NOT f.lfs_sha256"
-            };
-        }
-        macro_rules! gone {
-            () => {
-                "SELECT f.path FROM files f LEFT JOIN new_files n ON n.path = f.path
-                 WHERE n.path IS NULL"
-            };
-        }
-        // The old pin's `.part` geometry is kept for the next open (see
-        // migration 0006) before the ledger reset ends the ranges; a file
-        // repinned again before that keeps the oldest, which is on disk.
-        for sql in [
-            concat!(
-                "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
-                 SELECT path, start, end_, watermark FROM fetch_ranges WHERE path IN (",
-                changed!(),
-                ")"
-            ),
-            concat!(
-                "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
-                 SELECT l.path, 0, l.expected_bytes, l.committed_bytes FROM ledger l
-                 WHERE l.path IN (",
-                changed!(),
-                ") AND l.committed_bytes > 0 AND l.committed_bytes <= l.expected_bytes
-                   AND l.path NOT IN (SELECT path FROM receipts)
-                   AND NOT EXISTS (SELECT 1 FROM fetch_ranges r WHERE r.path = l.path)"
-            ),
-            concat!("DELETE FROM fetch_ranges WHERE path IN (", changed!(), ")"),
-            concat!(
-                "INSERT INTO discards (run_id, path, reason, bytes)
-                 SELECT (SELECT MAX(id) FROM runs), l.path, 'superseded_by_repin', l.committed_bytes
-                 FROM ledger l
-                 WHERE EXISTS (SELECT 1 FROM runs) AND l.path IN (",
-                changed!(),
-                ") AND (l.committed_bytes > 0 OR l.path IN (SELECT path FROM receipts))"
-            ),
-            concat!(
-                "UPDATE ledger SET committed_bytes = 0, adopted_bytes = 0, validator = NULL,
-                   expected_bytes = (SELECT n.size FROM new_files n WHERE n.path = ledger.path)
-                 WHERE path IN (",
-                changed!(),
-                ")"
-            ),
-            concat!("DELETE FROM receipts WHERE path IN (", changed!(), ")"),
-            concat!("DELETE FROM receipts WHERE path IN (", gone!(), ")"),
-            concat!("DELETE FROM superseded_parts WHERE path IN (", gone!(), ")"),
-            concat!("DELETE FROM ledger WHERE path IN (", gone!(), ")"),
-            concat!("DELETE FROM files WHERE path IN (", gone!(), ")"),
-        ] {
-            sqlx::query(sql)
-                .execute(&mut *tx)
-                .await
-                .ctx("drop stale rows")?;
-        }
-        sqlx::query(
-            "INSERT INTO files (path, size, git_oid, lfs_sha256, xet_hash, selected)
-             SELECT path, size, git_oid, lfs_sha256, xet_hash, selected FROM new_files WHERE true
-             ON CONFLICT(path) DO UPDATE SET size = excluded.size, git_oid = excluded.git_oid,
-               lfs_sha256 = excluded.lfs_sha256, selected = excluded.selected,
-               xet_hash = excluded.xet_hash",
-        )
-        .execute(&mut *tx)
-        .await
-        .ctx("upsert files")?;
-        sqlx::query(
-            "INSERT OR IGNORE INTO ledger (path, expected_bytes)
-             SELECT path, size FROM files WHERE selected = 1",
-        )
-        .execute(&mut *tx)
-        .await
-        .ctx("create ledger rows")?;
+        replace_selection_globs(&mut tx, globs).await?;
+        upsert_pin(&mut tx, pin).await?;
+        stage_new_listing(&mut tx, files).await?;
+        retire_changed_and_gone_files(&mut tx).await?;
+        install_new_listing(&mut tx).await?;
         tx.commit().await.ctx("commit pin")
     }
 
@@ -1028,6 +902,172 @@ impl Store {
     }
 }
 
+/// Replaces the stored selection globs by `globs`, in command-line order
+/// (inside the caller's transaction).
+async fn replace_selection_globs(
+    conn: &mut SqliteConnection,
+    globs: &SelectionGlobs,
+) -> Result<()> {
+    sqlx::query("DELETE FROM selection_globs")
+        .execute(&mut *conn)
+        .await
+        .ctx("clear selection globs")?;
+    for (kind, list) in [("include", &globs.include), ("exclude", &globs.exclude)] {
+        for (position, glob) in (0i64..).zip(list) {
+            sqlx::query("INSERT INTO selection_globs (kind, position, glob) VALUES (?, ?, ?)")
+                .bind(kind)
+                .bind(position)
+                .bind(glob)
+                .execute(&mut *conn)
+                .await
+                .ctx("insert selection glob")?;
+        }
+    }
+    Ok(())
+}
+
+/// Inserts or replaces the one pin row (inside the caller's transaction);
+/// its endpoint is stored redacted.
+async fn upsert_pin(conn: &mut SqliteConnection, pin: &Pin) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO pin (id, repo, revision, commit_sha, endpoint) VALUES (1, ?, ?, ?, ?)
+         ON CONFLICT(id) DO UPDATE SET repo = excluded.repo, revision = excluded.revision,
+           commit_sha = excluded.commit_sha, endpoint = excluded.endpoint,
+           pinned_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    )
+    .bind(&pin.repo)
+    .bind(&pin.revision)
+    .bind(&pin.commit)
+    .bind(redact(&pin.endpoint))
+    .execute(&mut *conn)
+    .await
+    .ctx("upsert pin")?;
+    Ok(())
+}
+
+/// Fills the temporary table `new_files` with the new listing, which the
+/// statements of [`retire_changed_and_gone_files`] and
+/// [`install_new_listing`] compare with `files`.
+async fn stage_new_listing(conn: &mut SqliteConnection, files: &[FileRow]) -> Result<()> {
+    sqlx::query("CREATE TEMP TABLE IF NOT EXISTS new_files (path TEXT PRIMARY KEY, size INTEGER, git_oid TEXT, lfs_sha256 TEXT, xet_hash TEXT, selected INTEGER)")
+        .execute(&mut *conn)
+        .await
+        .ctx("temp table")?;
+    sqlx::query("DELETE FROM new_files")
+        .execute(&mut *conn)
+        .await
+        .ctx("clear temp")?;
+    for f in files {
+        sqlx::query("INSERT INTO new_files VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(&f.path)
+            .bind(to_i64(&f.path, f.size)?)
+            .bind(&f.git_oid)
+            .bind(&f.lfs_sha256)
+            .bind(&f.xet_hash)
+            .bind(f.selected)
+            .execute(&mut *conn)
+            .await
+            .ctx("insert temp file")?;
+    }
+    Ok(())
+}
+
+/// Resets the ledger rows of files whose identity changed and drops the
+/// rows of files that left the listing, comparing `files` with
+/// `new_files` (inside the caller's transaction).
+async fn retire_changed_and_gone_files(conn: &mut SqliteConnection) -> Result<()> {
+    // On a repin, a file whose identity changed keeps its ledger row
+    // (its discards are append-only, so `transferred = committed +
+    // discarded` must keep holding): the row is reset to zero and its
+    // committed bytes become a `superseded_by_repin` discard. That
+    // discard (written even for 0 bytes when the file had a receipt)
+    // tells reconcile the old final file is ours to replace. Only files
+    // that left the listing lose their ledger row.
+    macro_rules! changed {
+        () => {
+            "SELECT f.path FROM files f JOIN new_files n ON n.path = f.path
+             WHERE n.size IS NOT f.size OR n.git_oid IS NOT f.git_oid
+               OR n.lfs_sha256 IS NOT f.lfs_sha256"
+        };
+    }
+    macro_rules! gone {
+        () => {
+            "SELECT f.path FROM files f LEFT JOIN new_files n ON n.path = f.path
+             WHERE n.path IS NULL"
+        };
+    }
+    // The old pin's `.part` geometry is kept for the next open (see
+    // migration 0006) before the ledger reset ends the ranges; a file
+    // repinned again before that keeps the oldest, which is on disk.
+    for sql in [
+        concat!(
+            "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
+             SELECT path, start, end_, watermark FROM fetch_ranges WHERE path IN (",
+            changed!(),
+            ")"
+        ),
+        concat!(
+            "INSERT OR IGNORE INTO superseded_parts (path, start, end_, watermark)
+             SELECT l.path, 0, l.expected_bytes, l.committed_bytes FROM ledger l
+             WHERE l.path IN (",
+            changed!(),
+            ") AND l.committed_bytes > 0 AND l.committed_bytes <= l.expected_bytes
+               AND l.path NOT IN (SELECT path FROM receipts)
+               AND NOT EXISTS (SELECT 1 FROM fetch_ranges r WHERE r.path = l.path)"
+        ),
+        concat!("DELETE FROM fetch_ranges WHERE path IN (", changed!(), ")"),
+        concat!(
+            "INSERT INTO discards (run_id, path, reason, bytes)
+             SELECT (SELECT MAX(id) FROM runs), l.path, 'superseded_by_repin', l.committed_bytes
+             FROM ledger l
+             WHERE EXISTS (SELECT 1 FROM runs) AND l.path IN (",
+            changed!(),
+            ") AND (l.committed_bytes > 0 OR l.path IN (SELECT path FROM receipts))"
+        ),
+        concat!(
+            "UPDATE ledger SET committed_bytes = 0, adopted_bytes = 0, validator = NULL,
+               expected_bytes = (SELECT n.size FROM new_files n WHERE n.path = ledger.path)
+             WHERE path IN (",
+            changed!(),
+            ")"
+        ),
+        concat!("DELETE FROM receipts WHERE path IN (", changed!(), ")"),
+        concat!("DELETE FROM receipts WHERE path IN (", gone!(), ")"),
+        concat!("DELETE FROM superseded_parts WHERE path IN (", gone!(), ")"),
+        concat!("DELETE FROM ledger WHERE path IN (", gone!(), ")"),
+        concat!("DELETE FROM files WHERE path IN (", gone!(), ")"),
+    ] {
+        sqlx::query(sql)
+            .execute(&mut *conn)
+            .await
+            .ctx("drop stale rows")?;
+    }
+    Ok(())
+}
+
+/// Writes `new_files` over `files` and creates the ledger rows of newly
+/// selected files (inside the caller's transaction).
+async fn install_new_listing(conn: &mut SqliteConnection) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO files (path, size, git_oid, lfs_sha256, xet_hash, selected)
+         SELECT path, size, git_oid, lfs_sha256, xet_hash, selected FROM new_files WHERE true
+         ON CONFLICT(path) DO UPDATE SET size = excluded.size, git_oid = excluded.git_oid,
+           lfs_sha256 = excluded.lfs_sha256, selected = excluded.selected,
+           xet_hash = excluded.xet_hash",
+    )
+    .execute(&mut *conn)
+    .await
+    .ctx("upsert files")?;
+    sqlx::query(
+        "INSERT OR IGNORE INTO ledger (path, expected_bytes)
+         SELECT path, size FROM files WHERE selected = 1",
+    )
+    .execute(&mut *conn)
+    .await
+    .ctx("create ledger rows")?;
+    Ok(())
+}
+
 async fn insert_candidate(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
     run: RunId,
@@ -1240,6 +1280,69 @@ mod tests {
             assert!(err.to_string().contains("CHECK"), "{sql}: {err}");
         }
         drop(conn);
+        store.integrity_check().await.unwrap();
+    }
+
+    /// Migration 0013: a database whose stage events were written before
+    /// their CHECKs keeps every row with its id, and the database itself
+    /// then refuses a stage or an event `Stage` / `StageEvent` do not name.
+    #[tokio::test]
+    async fn stage_events_keep_their_rows_and_refuse_unknown_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let options = SqliteConnectOptions::new()
+                .filename(&db)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .foreign_keys(true);
+            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+            MIGRATOR.run_to(11, &mut conn).await.unwrap();
+            sqlx::raw_sql(
+                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('run', 1, '0.0');
+                 INSERT INTO stage_events (run_id, stage, event, detail)
+                 VALUES (1, 'resolve', 'started', ''), (1, 'resolve', 'completed', 'pinned'),
+                        (1, 'fetch', 'started', ''), (1, 'fetch', 'failed', 'no space');",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&db).await.unwrap();
+        let rows: Vec<_> = store
+            .stage_events()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.id, e.stage, e.event, e.detail))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (1, Stage::Resolve, StageEvent::Started, String::new()),
+                (2, Stage::Resolve, StageEvent::Completed, "pinned".into()),
+                (3, Stage::Fetch, StageEvent::Started, String::new()),
+                (4, Stage::Fetch, StageEvent::Failed, "no space".into()),
+            ]
+        );
+        let run = store.begin_run("test", "0").await.unwrap();
+        store
+            .append_stage_event(run, Stage::Verify, StageEvent::Started, "")
+            .await
+            .unwrap();
+        assert_eq!(store.stage_events().await.unwrap()[4].id, 5);
+        let mut conn = store.conn.lock().await;
+        for sql in [
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'publish', 'started')",
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'Fetch', 'started')",
+            "INSERT INTO stage_events (run_id, stage, event) VALUES (1, 'fetch', 'done')",
+        ] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.unwrap_err();
+            assert!(err.to_string().contains("CHECK"), "{sql}: {err}");
+        }
+        drop(conn);
+        assert_eq!(store.stage_events().await.unwrap().len(), 5);
         store.integrity_check().await.unwrap();
     }
 

@@ -936,7 +936,7 @@ shape = [32, "text.hidden_size"]
             .components(&Catalog::new(&moe_headers()).unwrap())
             .unwrap_err();
         assert!(
-            matches!(&e, ConvertError::Internal { what, .. } if what.contains("not bound to a config.json")),
+            matches!(&e, ConvertError::Internal(ftpipe_fs::InternalError { what, .. }) if what.contains("not bound to a config.json")),
             "{e}"
         );
     }
