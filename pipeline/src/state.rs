@@ -31,6 +31,21 @@ pub enum StageState {
     },
 }
 
+impl std::fmt::Display for StageState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StageState::Pending => f.write_str("pending"),
+            StageState::Running { run } => write!(
+                f,
+                "running since run {} (or that run was interrupted: the same command resumes it)",
+                run
+            ),
+            StageState::Completed { run } => write!(f, "completed in run {}", run),
+            StageState::Failed { run } => write!(f, "failed in run {}", run),
+        }
+    }
+}
+
 /// An event that cannot follow the current state.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("stage {stage}: event {event:?} of run {run} cannot follow {from:?}")]

@@ -99,15 +99,18 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         None => println!("pin          none"),
     }
     for (stage, state) in &s.stages {
-        println!("stage        {stage:<10} {state:?}");
+        println!("stage        {stage:<10} {state}");
     }
     println!(
         "files        {} selected, {} published, {} partial",
         s.files, s.published, s.partial
     );
     println!(
-        "bytes        {} durable of {} expected",
-        s.durable_bytes, s.expected_bytes
+        "bytes        {} durable of {} expected ({} of {} bytes)",
+        indicatif::HumanBytes(s.durable_bytes),
+        indicatif::HumanBytes(s.expected_bytes),
+        s.durable_bytes,
+        s.expected_bytes
     );
 }
 

@@ -306,7 +306,8 @@ fn edited_digest_breaks_the_fingerprint_and_edited_size_the_size() {
 fn an_edit_of_any_field_breaks_the_fingerprint() {
     let dir = tempfile::tempdir().unwrap();
     let clean = build(dir.path());
-    let edits: [(&str, fn(&mut Manifest)); 5] = [
+    type Edit = fn(&mut Manifest);
+    let edits: [(&str, Edit); 5] = [
         ("tensors[].sources", |m| {
             m.tensors.push(InventoryTensor {
                 component: "model.ftw".into(),
