@@ -305,62 +305,12 @@ pub async fn convert(
     // Shared with the write tasks, which take components by index: a copy
     // of the pending components would double the plan's source spans.
     let plan = Arc::new(plan);
-    let mut set_aside_to = aside::finish_pending(store, paths).await?;
-    if let Some(dest) = &set_aside_to {
-        reporter.report(ProgressEvent::Note {
-            message: format!(
-                "finished setting the stale artifact aside as {}",
-                dest.display()
-            ),
-        });
-    }
-    let reasons = stale_reasons(&skel, &store.components().await?, paths.artifact());
-    if !reasons.is_empty() {
-        // A rebuild rewrites everything: refuse before setting anything
-        // aside if a shard it needs is gone.
-        if let Some(c) = plan.components.iter().find(|c| {
-            c.source_files
-                .iter()
-                .any(|f| !source_present(paths.source(), f))
-        }) {
-            let (component, source_file) = needs_retired(c, &plan, paths.source());
-            return Err(ConvertError::RebuildNeedsSources {
-                dir: paths.artifact().display().to_string(),
-                reasons: reasons.join("; "),
-                component,
-                run: retired_by(store, &source_file).await?,
-                source_file,
-            });
-        }
-        let dest =
-            aside::refuse_or_set_aside(store, run, paths, opts.rebuild, &reasons, reporter).await?;
-        set_aside_to = Some(dest);
-    }
-    std::fs::create_dir_all(paths.artifact())
-        .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
-    sync_dir(paths.dir()).map_err(|e| ConvertError::io("fsync", paths.dir(), e))?;
-    write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
-    crashpoint::hit(CrashPoint::SkeletonWritten);
-    write_atomic_json(paths.state_dir(), PLAN_FILE, &*plan, PRETTY)?;
-    // Span claims name bytes in temp files about to be removed: they go
-    // first, so none outlives its file.
-    store.forget_all_spans().await?;
-    for t in remove_temp_files(paths.artifact())? {
-        tracing::info!("removed stale temp file {}", t.display());
-    }
+    let set_aside_to =
+        settle_stale_artifact(store, run, paths, opts, &skel, &plan, reporter).await?;
+    open_artifact(store, paths, &skel, &plan).await?;
     let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
     let (pending, blocked) = split_blocked(&plan, &done, paths.source());
-    let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
-    let todo_bytes: u64 = pending
-        .iter()
-        .chain(&blocked)
-        .map(|&i| plan.components[i].predicted_bytes)
-        .sum();
-    reporter.report(ProgressEvent::ConvertPlanned {
-        components: skel.manifest.components.len(),
-        total_bytes: total,
-        done_bytes: total.saturating_sub(todo_bytes),
-    });
+    let total = report_planned(&skel, &plan, &pending, &blocked, reporter);
     if opts.preflight && !pending.is_empty() {
         let excluded = done
             .keys()
@@ -369,19 +319,8 @@ pub async fn convert(
             .collect();
         preflight(&plan, &excluded, paths, opts)?;
     }
-    // The lookup buffers the config fixes are checked before anything is
-    // written: a wrong one leaves no component from those sources behind,
-    // so the run resumes on fixed sources without --rebuild.
     let sources = Arc::new(Sources::new(paths.source()));
-    for &i in &pending {
-        if let ComponentContent::Ftw { tensors } = &plan.components[i].content {
-            for t in tensors {
-                if let TensorSource::Checked(chk) = &t.source {
-                    block_in_place(|| write::check_lookup(&sources, chk))?;
-                }
-            }
-        }
-    }
+    check_pending_lookups(&plan, &pending, &sources)?;
     let retirer = Retirer::default();
     let ctx = Batch {
         store,
@@ -395,27 +334,7 @@ pub async fn convert(
     };
     let mut written = ctx.write_pending(pending, &plan, &mut done).await?;
     if opts.retire_sources {
-        loop {
-            retirer
-                .retire_eligible(store, run, &skel, &done, paths)
-                .await?;
-            let corrupt = retirer.take_corrupt();
-            if corrupt.is_empty() {
-                break;
-            }
-            for c in &corrupt {
-                reporter.report(ProgressEvent::Note {
-                    message: format!(
-                        "{c} does not match its receipt's SHA-256; rewriting it before its sources are retired"
-                    ),
-                });
-                done.remove(c);
-            }
-            let again = (0..plan.components.len())
-                .filter(|&i| corrupt.contains(&plan.components[i].name))
-                .collect();
-            written += ctx.write_pending(again, &plan, &mut done).await?;
-        }
+        written += retire_rewriting_corrupt(&ctx, &plan, &mut done).await?;
     }
     if let Some(&i) = blocked.first() {
         // Everything readable was converted; this one needs a retired shard
@@ -442,6 +361,141 @@ pub async fn convert(
         omitted: plan.omitted_totals(),
         not_fetched: plan.not_fetched_totals(),
     })
+}
+
+/// Finishes a set-aside an earlier run began, then refuses, or sets aside
+/// (`--rebuild`), an artifact `skel` may not reuse. Returns where the
+/// artifact was set aside, if it was.
+async fn settle_stale_artifact(
+    store: &Store,
+    run: RunId,
+    paths: &Layout,
+    opts: &ConvertOptions,
+    skel: &Skeleton,
+    plan: &Plan,
+    reporter: &dyn Reporter,
+) -> Result<Option<PathBuf>> {
+    let finished = aside::finish_pending(store, paths).await?;
+    if let Some(dest) = &finished {
+        reporter.report(ProgressEvent::Note {
+            message: format!(
+                "finished setting the stale artifact aside as {}",
+                dest.display()
+            ),
+        });
+    }
+    let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
+    if reasons.is_empty() {
+        return Ok(finished);
+    }
+    // A rebuild rewrites everything: refuse before setting anything
+    // aside if a shard it needs is gone.
+    if let Some(c) = plan.components.iter().find(|c| {
+        c.source_files
+            .iter()
+            .any(|f| !source_present(paths.source(), f))
+    }) {
+        let (component, source_file) = needs_retired(c, plan, paths.source());
+        return Err(ConvertError::RebuildNeedsSources {
+            dir: paths.artifact().display().to_string(),
+            reasons: reasons.join("; "),
+            component,
+            run: retired_by(store, &source_file).await?,
+            source_file,
+        });
+    }
+    let dest =
+        aside::refuse_or_set_aside(store, run, paths, opts.rebuild, &reasons, reporter).await?;
+    Ok(Some(dest))
+}
+
+/// Creates the artifact directory, writes the skeleton and the plan, and
+/// removes stale temp files (and, first, the span claims naming them).
+async fn open_artifact(store: &Store, paths: &Layout, skel: &Skeleton, plan: &Plan) -> Result<()> {
+    std::fs::create_dir_all(paths.artifact())
+        .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
+    sync_dir(paths.dir()).map_err(|e| ConvertError::io("fsync", paths.dir(), e))?;
+    write_atomic_json(paths.state_dir(), SKELETON_FILE, skel, COMPACT)?;
+    crashpoint::hit(CrashPoint::SkeletonWritten);
+    write_atomic_json(paths.state_dir(), PLAN_FILE, plan, PRETTY)?;
+    // Span claims name bytes in temp files about to be removed: they go
+    // first, so none outlives its file.
+    store.forget_all_spans().await?;
+    for t in remove_temp_files(paths.artifact())? {
+        tracing::info!("removed stale temp file {}", t.display());
+    }
+    Ok(())
+}
+
+/// Reports the artifact's size and the bytes already done (everything but
+/// `pending` and `blocked`); returns the artifact's size.
+fn report_planned(
+    skel: &Skeleton,
+    plan: &Plan,
+    pending: &[usize],
+    blocked: &[usize],
+    reporter: &dyn Reporter,
+) -> u64 {
+    let total: u64 = skel.manifest.components.iter().map(|c| c.size).sum();
+    let todo_bytes: u64 = pending
+        .iter()
+        .chain(blocked)
+        .map(|&i| plan.components[i].predicted_bytes)
+        .sum();
+    reporter.report(ProgressEvent::ConvertPlanned {
+        components: skel.manifest.components.len(),
+        total_bytes: total,
+        done_bytes: total.saturating_sub(todo_bytes),
+    });
+    total
+}
+
+/// Checks the lookup buffers the config fixes before anything is written:
+/// a wrong one leaves no component from those sources behind, so the run
+/// resumes on fixed sources without --rebuild.
+fn check_pending_lookups(plan: &Plan, pending: &[usize], sources: &Sources) -> Result<()> {
+    for &i in pending {
+        if let ComponentContent::Ftw { tensors } = &plan.components[i].content {
+            for t in tensors {
+                if let TensorSource::Checked(chk) = &t.source {
+                    block_in_place(|| write::check_lookup(sources, chk))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Retires the sources [`Retirer::retire_eligible`] finds eligible, until
+/// no component it checks fails its receipt's SHA-256: such a component is
+/// rewritten first. Returns how many components were rewritten.
+async fn retire_rewriting_corrupt(
+    ctx: &Batch<'_>,
+    plan: &Arc<Plan>,
+    done: &mut BTreeMap<String, ComponentReceipt>,
+) -> Result<usize> {
+    let mut rewritten = 0;
+    loop {
+        ctx.retirer
+            .retire_eligible(ctx.store, ctx.run, ctx.skel, done, ctx.paths)
+            .await?;
+        let corrupt = ctx.retirer.take_corrupt();
+        if corrupt.is_empty() {
+            return Ok(rewritten);
+        }
+        for c in &corrupt {
+            ctx.reporter.report(ProgressEvent::Note {
+                message: format!(
+                    "{c} does not match its receipt's SHA-256; rewriting it before its sources are retired"
+                ),
+            });
+            done.remove(c);
+        }
+        let again = (0..plan.components.len())
+            .filter(|&i| corrupt.contains(&plan.components[i].name))
+            .collect();
+        rewritten += ctx.write_pending(again, plan, done).await?;
+    }
 }
 
 /// Writes `manifest.json` from `skel` and the receipts in `done` (every

@@ -261,6 +261,20 @@ struct Entries {
 }
 
 impl Entries {
+    /// The entries of header `json` of `file`: typed straight from the
+    /// bytes; a header that does not fit is parsed again as a JSON tree,
+    /// whose errors name the part at fault. (The tree of a 37k-tensor
+    /// header is ~30 MB; the typed entries a quarter of that.)
+    fn parse(file: &str, json: &[u8]) -> Result<Entries, SourceError> {
+        match serde_json::from_slice::<Entries>(json) {
+            Ok(entries) => {
+                refuse_duplicate_keys(file, json)?;
+                Ok(entries)
+            }
+            Err(_) => Entries::from_tree(file, json),
+        }
+    }
+
     /// The entries of a header that does not deserialize as [`Entries`],
     /// through the JSON tree, or the error naming the part at fault.
     fn from_tree(file: &str, json: &[u8]) -> Result<Entries, SourceError> {
@@ -423,129 +437,28 @@ impl SourceHeader {
     /// Parses and validates the header JSON (`json` = the N header bytes)
     /// of a `file_len`-byte file.
     pub fn parse(file: &str, json: &[u8], file_len: u64) -> Result<SourceHeader, SourceError> {
-        let f = || file.to_owned();
         let header_len = json.len() as u64;
-        // Typed straight from the bytes; a header that does not fit is
-        // parsed again as a JSON tree, whose errors name the part at fault.
-        // (The tree of a 37k-tensor header is ~30 MB; the typed entries a
-        // quarter of that.)
-        let entries = match serde_json::from_slice::<Entries>(json) {
-            Ok(entries) => {
-                refuse_duplicate_keys(file, json)?;
-                entries
-            }
-            Err(_) => Entries::from_tree(file, json)?,
-        };
         let Entries {
             metadata,
             tensors: mut raw,
-        } = entries;
+        } = Entries::parse(file, json)?;
         // Checked in name order, as the tree (a sorted map) gave them.
         raw.sort_by(|a, b| a.0.cmp(&b.0));
         if raw.len() > MAX_TENSORS {
             return Err(SourceError::TooManyTensors {
-                file: f(),
+                file: file.to_owned(),
                 count: raw.len(),
             });
         }
         let mut tensors = Vec::with_capacity(raw.len());
         for (name, t) in raw {
-            let dtype = parse_dtype(&t.dtype).ok_or_else(|| SourceError::UnknownDtype {
-                file: f(),
-                tensor: name.clone(),
-                dtype: t.dtype.clone(),
-            })?;
-            if t.shape.len() > MAX_RANK {
-                return Err(SourceError::RankTooLarge {
-                    file: f(),
-                    tensor: name,
-                    rank: t.shape.len(),
-                });
-            }
-            let (begin, end) = t.data_offsets;
-            if end < begin {
-                return Err(SourceError::InvertedOffsets {
-                    file: f(),
-                    tensor: name,
-                    begin,
-                    end,
-                });
-            }
-            let bits = t
-                .shape
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .and_then(|n| n.checked_mul(dtype.bitsize() as u64))
-                .ok_or_else(|| SourceError::ShapeOverflow {
-                    file: f(),
-                    tensor: name.clone(),
-                    shape: t.shape.clone(),
-                })?;
-            let expected = bits.div_ceil(8);
-            if expected != end - begin {
-                return Err(SourceError::DtypeShapeMismatch {
-                    file: f(),
-                    tensor: name,
-                    dtype: t.dtype,
-                    shape: t.shape,
-                    expected,
-                    actual: end - begin,
-                });
-            }
-            tensors.push((begin, end, name, dtype, t.shape));
+            tensors.push(CheckedEntry::check(file, name, t)?);
         }
-        tensors.sort_by_key(|t| (t.0, t.1));
+        tensors.sort_by_key(|t| (t.begin, t.end));
         let data_start = 8 + header_len;
-        let mut cursor = 0u64;
-        let mut out = Vec::with_capacity(tensors.len());
-        for (begin, end, name, dtype, shape) in tensors {
-            if begin > cursor {
-                return Err(SourceError::Gap {
-                    file: f(),
-                    tensor: name,
-                    begin,
-                    expected: cursor,
-                });
-            }
-            if begin < cursor {
-                return Err(SourceError::Overlap {
-                    file: f(),
-                    tensor: name,
-                    begin,
-                    expected: cursor,
-                });
-            }
-            cursor = end;
-            out.push(SourceTensor {
-                name: name.into(),
-                dtype,
-                shape,
-                // Saturates only when `cursor` does too: then Truncated below.
-                offset: data_start.saturating_add(begin),
-                len: end - begin,
-            });
-        }
-        let expected = data_start.saturating_add(cursor);
-        if expected > file_len {
-            return Err(SourceError::Truncated {
-                file: f(),
-                expected,
-                actual: file_len,
-            });
-        }
-        if expected < file_len {
-            return Err(SourceError::TrailingBytes {
-                file: f(),
-                expected,
-                actual: file_len,
-                extra: file_len - expected,
-            });
-        }
-        // MAX_TENSORS bounds the count, so every index fits in a u32.
-        let mut by_name: Vec<u32> = (0..out.len())
-            .filter_map(|i| u32::try_from(i).ok())
-            .collect();
-        by_name.sort_unstable_by(|&a, &b| out[a as usize].name.cmp(&out[b as usize].name));
+        let (out, data_len) = lay_out(file, tensors, data_start)?;
+        check_file_len(file, data_start.saturating_add(data_len), file_len)?;
+        let by_name = name_order(&out);
         Ok(SourceHeader {
             file: file.into(),
             header_len,
@@ -628,6 +541,150 @@ impl SourceHeader {
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }
+}
+
+/// One tensor entry of a header, its dtype known, its rank within
+/// [`MAX_RANK`] and its data offsets spanning exactly its dtype × shape.
+struct CheckedEntry {
+    begin: u64,
+    end: u64,
+    name: String,
+    dtype: safetensors::Dtype,
+    shape: Vec<u64>,
+}
+
+impl CheckedEntry {
+    /// Checks entry `name` (`t`) of `file`.
+    fn check(file: &str, name: String, t: RawTensor) -> Result<CheckedEntry, SourceError> {
+        let f = || file.to_owned();
+        let dtype = parse_dtype(&t.dtype).ok_or_else(|| SourceError::UnknownDtype {
+            file: f(),
+            tensor: name.clone(),
+            dtype: t.dtype.clone(),
+        })?;
+        if t.shape.len() > MAX_RANK {
+            return Err(SourceError::RankTooLarge {
+                file: f(),
+                tensor: name,
+                rank: t.shape.len(),
+            });
+        }
+        let (begin, end) = t.data_offsets;
+        if end < begin {
+            return Err(SourceError::InvertedOffsets {
+                file: f(),
+                tensor: name,
+                begin,
+                end,
+            });
+        }
+        let bits = t
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize() as u64))
+            .ok_or_else(|| SourceError::ShapeOverflow {
+                file: f(),
+                tensor: name.clone(),
+                shape: t.shape.clone(),
+            })?;
+        let expected = bits.div_ceil(8);
+        if expected != end - begin {
+            return Err(SourceError::DtypeShapeMismatch {
+                file: f(),
+                tensor: name,
+                dtype: t.dtype,
+                shape: t.shape,
+                expected,
+                actual: end - begin,
+            });
+        }
+        Ok(CheckedEntry {
+            begin,
+            end,
+            name,
+            dtype,
+            shape: t.shape,
+        })
+    }
+}
+
+/// The tensors of `file` (`entries`, in offset order) at their absolute
+/// offsets after `data_start`, checked to follow each other with no gap and
+/// no overlap from offset 0; and the length of the data they cover.
+fn lay_out(
+    file: &str,
+    entries: Vec<CheckedEntry>,
+    data_start: u64,
+) -> Result<(Vec<SourceTensor>, u64), SourceError> {
+    let mut cursor = 0u64;
+    let mut out = Vec::with_capacity(entries.len());
+    for CheckedEntry {
+        begin,
+        end,
+        name,
+        dtype,
+        shape,
+    } in entries
+    {
+        if begin > cursor {
+            return Err(SourceError::Gap {
+                file: file.to_owned(),
+                tensor: name,
+                begin,
+                expected: cursor,
+            });
+        }
+        if begin < cursor {
+            return Err(SourceError::Overlap {
+                file: file.to_owned(),
+                tensor: name,
+                begin,
+                expected: cursor,
+            });
+        }
+        cursor = end;
+        out.push(SourceTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            // Saturates only when `cursor` does too: then Truncated below.
+            offset: data_start.saturating_add(begin),
+            len: end - begin,
+        });
+    }
+    Ok((out, cursor))
+}
+
+/// Refuses a `file_len`-byte file whose header and tensors end at
+/// `expected` bytes: truncated, or with trailing bytes.
+fn check_file_len(file: &str, expected: u64, file_len: u64) -> Result<(), SourceError> {
+    if expected > file_len {
+        return Err(SourceError::Truncated {
+            file: file.to_owned(),
+            expected,
+            actual: file_len,
+        });
+    }
+    if expected < file_len {
+        return Err(SourceError::TrailingBytes {
+            file: file.to_owned(),
+            expected,
+            actual: file_len,
+            extra: file_len - expected,
+        });
+    }
+    Ok(())
+}
+
+/// Indices into `tensors` in name order. [`MAX_TENSORS`] bounds the
+/// count, so every index fits in a u32.
+fn name_order(tensors: &[SourceTensor]) -> Vec<u32> {
+    let mut by_name: Vec<u32> = (0..tensors.len())
+        .filter_map(|i| u32::try_from(i).ok())
+        .collect();
+    by_name.sort_unstable_by(|&a, &b| tensors[a as usize].name.cmp(&tensors[b as usize].name));
+    by_name
 }
 
 #[cfg(test)]

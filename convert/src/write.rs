@@ -18,10 +18,12 @@ use half::bf16;
 use sha2::{Digest, Sha256};
 
 use ftpipe_formats::{
-    ExpertLayout, ExpertWriter, FormatError, FtwLayout, FtwWriter, Q3GlobalScale, q3,
+    ExpertLayout, ExpertWriter, FormatError, FtwLayout, FtwWriter, Q3GlobalScale, TensorDesc, q3,
 };
 
-use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
+use crate::component::{
+    CheckedSpan, Component, ComponentContent, FtwTensor, SourceSpan, TensorSource,
+};
 use crate::error::{ConvertError, Result};
 use ftpipe_fs::durable::{rename_durably_up_to, temp_name};
 use ftpipe_fs::paths::safe_join;
@@ -258,66 +260,14 @@ pub fn write_component_with(
 ) -> Result<Written> {
     let path = safe_join(artifact, &c.name)?;
     let tmp = safe_join(artifact, &temp_name(&c.name))?;
-    let dir = path.parent().unwrap_or(artifact).to_owned();
-    std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io("create", &dir, e))?;
-    ftpipe_fs::nofollow::check_absent_or_regular(&path)
-        .map_err(|e| ConvertError::io("open", &path, e))?;
-    let file = ftpipe_fs::nofollow::create_truncated(&tmp)
-        .map_err(|e| ConvertError::io("create", &tmp, e))?;
-    let sink = HashingWriter {
-        file,
-        hasher: Sha256::new(),
-        written: 0,
-    };
-    let mut out = BufWriter::with_capacity(WRITE_BUFFER, sink);
-    let mut buf = Vec::new();
-    let io_err = |e: std::io::Error| ConvertError::io("write", &tmp, e);
+    let mut file = ComponentFile::create(sources, artifact, &c.name, &path, tmp)?;
     match &c.content {
-        ComponentContent::Ftw { tensors } => {
-            let layout = FtwLayout::plan(tensors.iter().map(|t| t.desc.clone()).collect())
-                .map_err(format_err(&c.name))?;
-            let mut w = FtwWriter::new(&layout, &mut out).map_err(format_err(&c.name))?;
-            for t in tensors {
-                w.begin_tensor(&t.desc.key).map_err(format_err(&c.name))?;
-                if let TensorSource::Checked(chk) = &t.source {
-                    // Read once: checked, then written from the same bytes.
-                    let found = check_lookup(sources, chk)?;
-                    w.write(&found).map_err(format_err(&c.name))?;
-                    w.end_tensor().map_err(format_err(&c.name))?;
-                    continue;
-                }
-                for s in spans(&t.source) {
-                    sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
-                        w.write(b).map_err(format_err(&c.name))
-                    })?;
-                }
-                w.end_tensor().map_err(format_err(&c.name))?;
-            }
-            w.finish().map_err(format_err(&c.name))?;
-        }
+        ComponentContent::Ftw { tensors } => file.write_ftw(tensors)?,
         ComponentContent::Experts {
             layer,
             fields,
             records,
-        } => {
-            let layer32 = u32::try_from(*layer).unwrap_or(u32::MAX);
-            let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
-            let layout =
-                ExpertLayout::plan(layer32, count, fields.clone()).map_err(format_err(&c.name))?;
-            let mut w = ExpertWriter::new(&layout, &mut out).map_err(format_err(&c.name))?;
-            for (e, rec) in (0u32..).zip(records) {
-                for (f, src) in fields.iter().zip(rec) {
-                    w.begin_field(e, &f.key).map_err(format_err(&c.name))?;
-                    for s in spans(src) {
-                        sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
-                            w.write(b).map_err(format_err(&c.name))
-                        })?;
-                    }
-                    w.end_field().map_err(format_err(&c.name))?;
-                }
-            }
-            w.finish().map_err(format_err(&c.name))?;
-        }
+        } => file.write_experts(*layer, fields, records)?,
         ComponentContent::Q3Segment {
             layer,
             width,
@@ -332,33 +282,9 @@ pub fn write_component_with(
                     layer: *layer,
                 })?;
             let width_us = usize::try_from(*width).unwrap_or(usize::MAX);
-            let (mut x, mut enc) = (Vec::new(), Vec::new());
             match scale {
-                // F8_E4M3 codes × the table scale, encoded from exact f32.
-                Some(scale) => {
-                    let s = read_scale(sources, scale)?;
-                    let row_bytes = width_us.max(1);
-                    let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
-                    sources.stream(source, chunk, &mut buf, |done, b| {
-                        fp8_view(b, s, &mut x);
-                        enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                        q3::encode_f32(&source.tensor, &x, width_us, g, done, &mut enc)
-                            .map_err(|e| codec_err(&c.name, source, e))?;
-                        out.write_all(&enc).map_err(io_err)
-                    })?;
-                }
-                None => {
-                    let row_bytes = width_us.saturating_mul(2).max(1);
-                    let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
-                    let mut y = Vec::new();
-                    sources.stream(source, chunk, &mut buf, |done, b| {
-                        bf16_view(b, &mut y);
-                        enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                        q3::encode(&source.tensor, &y, width_us, g, done / 2, &mut enc)
-                            .map_err(|e| codec_err(&c.name, source, e))?;
-                        out.write_all(&enc).map_err(io_err)
-                    })?;
-                }
+                Some(scale) => file.write_q3_fp8(g, width_us, source, scale)?,
+                None => file.write_q3_bf16(g, width_us, source)?,
             }
         }
         ComponentContent::Q3GlobalScale {
@@ -368,29 +294,194 @@ pub fn write_component_with(
                 Some(amax) => amax,
                 None => table_absmax(sources, &c.name, segments, scales)?,
             };
-            let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(&c.name))?;
-            out.write_all(&g.to_bytes()).map_err(io_err)?;
+            file.write_global_scale(amax)?;
         }
     }
-    let sink = out.into_inner().map_err(|e| io_err(e.into_error()))?;
-    sink.file
-        .sync_all()
-        .map_err(|e| ConvertError::io("fsync", &tmp, e))?;
-    if sink.written != c.predicted_bytes {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ConvertError::SizeMismatch {
-            component: c.name.clone(),
-            predicted: c.predicted_bytes,
-            actual: sink.written,
-        });
-    }
+    let (written, tmp) = file.finish_synced(c.predicted_bytes)?;
     // Every directory from the component's up to artifact/ is fsynced,
     // whoever created it, before the receipt can claim the file.
     rename_durably_up_to(artifact, &tmp, &path)?;
-    Ok(Written {
-        size: sink.written,
-        sha256: hex::encode(sink.hasher.finalize()),
-    })
+    Ok(written)
+}
+
+/// A component being written: its temp file behind a hashing write
+/// buffer, and the buffer its source bytes are read into.
+struct ComponentFile<'a> {
+    sources: &'a Sources,
+    /// The component's name.
+    name: &'a str,
+    /// The temp file beside the component.
+    tmp: PathBuf,
+    out: BufWriter<HashingWriter>,
+    buf: Vec<u8>,
+}
+
+impl<'a> ComponentFile<'a> {
+    /// Creates temp file `tmp` for component `name` (at `path`, under
+    /// `artifact`), its directories first; refuses when `path` is there and
+    /// not a regular file.
+    fn create(
+        sources: &'a Sources,
+        artifact: &Path,
+        name: &'a str,
+        path: &Path,
+        tmp: PathBuf,
+    ) -> Result<Self> {
+        let dir = path.parent().unwrap_or(artifact).to_owned();
+        std::fs::create_dir_all(&dir).map_err(|e| ConvertError::io("create", &dir, e))?;
+        ftpipe_fs::nofollow::check_absent_or_regular(path)
+            .map_err(|e| ConvertError::io("open", path, e))?;
+        let file = ftpipe_fs::nofollow::create_truncated(&tmp)
+            .map_err(|e| ConvertError::io("create", &tmp, e))?;
+        let sink = HashingWriter {
+            file,
+            hasher: Sha256::new(),
+            written: 0,
+        };
+        Ok(ComponentFile {
+            sources,
+            name,
+            tmp,
+            out: BufWriter::with_capacity(WRITE_BUFFER, sink),
+            buf: Vec::new(),
+        })
+    }
+
+    /// The error for a failed write to the temp file.
+    fn io_err(tmp: &Path) -> impl Fn(std::io::Error) -> ConvertError + '_ {
+        move |e| ConvertError::io("write", tmp, e)
+    }
+
+    /// Writes an FTW v1 stream of `tensors`; a lookup buffer is read once,
+    /// checked, then written from the same bytes.
+    fn write_ftw(&mut self, tensors: &[FtwTensor]) -> Result<()> {
+        let name = self.name;
+        let layout = FtwLayout::plan(tensors.iter().map(|t| t.desc.clone()).collect())
+            .map_err(format_err(name))?;
+        let mut w = FtwWriter::new(&layout, &mut self.out).map_err(format_err(name))?;
+        for t in tensors {
+            w.begin_tensor(&t.desc.key).map_err(format_err(name))?;
+            if let TensorSource::Checked(chk) = &t.source {
+                let found = check_lookup(self.sources, chk)?;
+                w.write(&found).map_err(format_err(name))?;
+                w.end_tensor().map_err(format_err(name))?;
+                continue;
+            }
+            for s in spans(&t.source) {
+                self.sources.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
+                    w.write(b).map_err(format_err(name))
+                })?;
+            }
+            w.end_tensor().map_err(format_err(name))?;
+        }
+        w.finish().map_err(format_err(name))?;
+        Ok(())
+    }
+
+    /// Writes the FTEXPERT1 sidecar of `layer`: `records` in `fields`'
+    /// layout.
+    fn write_experts(
+        &mut self,
+        layer: u64,
+        fields: &[TensorDesc],
+        records: &[Vec<TensorSource>],
+    ) -> Result<()> {
+        let name = self.name;
+        let layer32 = u32::try_from(layer).unwrap_or(u32::MAX);
+        let count = u32::try_from(records.len()).unwrap_or(u32::MAX);
+        let layout =
+            ExpertLayout::plan(layer32, count, fields.to_vec()).map_err(format_err(name))?;
+        let mut w = ExpertWriter::new(&layout, &mut self.out).map_err(format_err(name))?;
+        for (e, rec) in (0u32..).zip(records) {
+            for (f, src) in fields.iter().zip(rec) {
+                w.begin_field(e, &f.key).map_err(format_err(name))?;
+                for s in spans(src) {
+                    self.sources.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
+                        w.write(b).map_err(format_err(name))
+                    })?;
+                }
+                w.end_field().map_err(format_err(name))?;
+            }
+        }
+        w.finish().map_err(format_err(name))?;
+        Ok(())
+    }
+
+    /// Writes a Q3 segment of F8_E4M3 codes × the table scale `scale`,
+    /// encoded from exact f32 under global scale `g`.
+    fn write_q3_fp8(
+        &mut self,
+        g: Q3GlobalScale,
+        width: usize,
+        source: &SourceSpan,
+        scale: &SourceSpan,
+    ) -> Result<()> {
+        let (name, out) = (self.name, &mut self.out);
+        let io_err = Self::io_err(&self.tmp);
+        let (mut x, mut enc) = (Vec::new(), Vec::new());
+        let s = read_scale(self.sources, scale)?;
+        let row_bytes = width.max(1);
+        let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
+        self.sources
+            .stream(source, chunk, &mut self.buf, |done, b| {
+                fp8_view(b, s, &mut x);
+                enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                q3::encode_f32(&source.tensor, &x, width, g, done, &mut enc)
+                    .map_err(|e| codec_err(name, source, e))?;
+                out.write_all(&enc).map_err(&io_err)
+            })
+    }
+
+    /// Writes a Q3 segment of BF16 `source` under global scale `g`.
+    fn write_q3_bf16(&mut self, g: Q3GlobalScale, width: usize, source: &SourceSpan) -> Result<()> {
+        let (name, out) = (self.name, &mut self.out);
+        let io_err = Self::io_err(&self.tmp);
+        let (mut y, mut enc) = (Vec::new(), Vec::new());
+        let row_bytes = width.saturating_mul(2).max(1);
+        let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
+        self.sources
+            .stream(source, chunk, &mut self.buf, |done, b| {
+                bf16_view(b, &mut y);
+                enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+                q3::encode(&source.tensor, &y, width, g, done / 2, &mut enc)
+                    .map_err(|e| codec_err(name, source, e))?;
+                out.write_all(&enc).map_err(&io_err)
+            })
+    }
+
+    /// Writes the global scale of a table whose absolute max is `amax`.
+    fn write_global_scale(&mut self, amax: f32) -> Result<()> {
+        let g = Q3GlobalScale::from_absmax(amax).map_err(format_err(self.name))?;
+        self.out
+            .write_all(&g.to_bytes())
+            .map_err(Self::io_err(&self.tmp))
+    }
+
+    /// Flushes and fsyncs the temp file and checks it holds `predicted`
+    /// bytes (else removes it); returns its size and digest, and its path.
+    fn finish_synced(self, predicted: u64) -> Result<(Written, PathBuf)> {
+        let tmp = self.tmp;
+        let sink = self
+            .out
+            .into_inner()
+            .map_err(|e| Self::io_err(&tmp)(e.into_error()))?;
+        sink.file
+            .sync_all()
+            .map_err(|e| ConvertError::io("fsync", &tmp, e))?;
+        if sink.written != predicted {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(ConvertError::SizeMismatch {
+                component: self.name.to_owned(),
+                predicted,
+                actual: sink.written,
+            });
+        }
+        let written = Written {
+            size: sink.written,
+            sha256: hex::encode(sink.hasher.finalize()),
+        };
+        Ok((written, tmp))
+    }
 }
 
 /// Largest global-scale file read back (one BF16 value is 2 bytes).

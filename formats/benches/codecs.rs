@@ -85,91 +85,140 @@ fn one_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         .install(f)
 }
 
-fn main() {
-    let threads = rayon::current_num_threads();
-    let x = data(FAST_BYTES / 2);
-    let xr = &x[..REF_BYTES / 2];
-    let width = 160;
-    let g = Q3GlobalScale::from_absmax(q3::table_absmax("bench", &x, 0).unwrap()).unwrap();
-    println!(
-        "codec bench: {:.2} MiB BF16 (reference: first {:.2} MiB), {threads} threads, load average at start {}",
-        FAST_BYTES as f64 / 1048576.0,
-        REF_BYTES as f64 / 1048576.0,
-        load()
-    );
+/// One codec's figures.
+#[derive(Clone, Copy)]
+struct Figures {
+    /// Reference encoder, 1 thread.
+    reference: Rate,
+    /// Fast encoder, 1 thread.
+    fast_one: Rate,
+    /// Fast encoder, all threads.
+    fast_all: Rate,
+    /// Decoder.
+    decode: Rate,
+}
 
-    // ---- Q3_PLE_32 ----
+/// Rates of a `reference` encoder (over [`REF_BYTES`], best of 2) and a
+/// `fast` one (over [`FAST_BYTES`], best of 3, on one thread then on all):
+/// `(reference, fast on 1 thread, fast on all)`.
+fn encoder_rates(mut reference: impl FnMut(), mut fast: impl FnMut() + Send) -> (Rate, Rate, Rate) {
+    let r = gbps(REF_BYTES, 2, &mut reference);
+    let f1 = one_thread(|| gbps(FAST_BYTES, 3, &mut fast));
+    let fall = gbps(FAST_BYTES, 3, &mut fast);
+    (r, f1, fall)
+}
+
+/// Q3_PLE_32 from BF16 `x` and from f32, the fast encoders checked
+/// against the reference ones over `xr`; both rows show the decoder's rate.
+fn bench_q3(x: &[bf16], xr: &[bf16]) -> [Figures; 2] {
+    let width = 160;
+    let g = Q3GlobalScale::from_absmax(q3::table_absmax("bench", x, 0).unwrap()).unwrap();
     let mut out = vec![0u8; x.len() / 32 * 14];
     let mut out_r = vec![0u8; xr.len() / 32 * 14];
-    let q_ref = gbps(REF_BYTES, 2, || {
-        q3::encode_ref("b", xr, width, g, 0, &mut out_r).unwrap();
-    });
-    let q_f1 = one_thread(|| {
-        gbps(FAST_BYTES, 3, || {
-            q3::encode("b", &x, width, g, 0, &mut out).unwrap();
-        })
-    });
-    let q_fn = gbps(FAST_BYTES, 3, || {
-        q3::encode("b", &x, width, g, 0, &mut out).unwrap();
-    });
+    let (q_ref, q_f1, q_fn) = encoder_rates(
+        || {
+            q3::encode_ref("b", xr, width, g, 0, &mut out_r).unwrap();
+        },
+        || {
+            q3::encode("b", x, width, g, 0, &mut out).unwrap();
+        },
+    );
     assert_eq!(&out[..out_r.len()], &out_r[..], "Q3 fast != reference");
-    // Q3 from f32 (a table decoded from FP8 × scale): values off the BF16
-    // grid, rated per element as 2 bytes like the BF16 rows.
-    let xf: Vec<f32> = x.iter().map(|v| v.to_f32() * 1.1).collect();
-    let xfr = &xf[..xr.len()];
-    let gf = Q3GlobalScale::from_absmax(q3::table_absmax_f32("bench", &xf, 0).unwrap()).unwrap();
-    let mut outf = vec![0u8; out.len()];
-    let qf_ref = gbps(REF_BYTES, 2, || {
-        q3::encode_ref_f32("b", xfr, width, gf, 0, &mut out_r).unwrap();
-    });
-    let qf_f1 = one_thread(|| {
-        gbps(FAST_BYTES, 3, || {
-            q3::encode_f32("b", &xf, width, gf, 0, &mut outf).unwrap();
-        })
-    });
-    let qf_fn = gbps(FAST_BYTES, 3, || {
-        q3::encode_f32("b", &xf, width, gf, 0, &mut outf).unwrap();
-    });
-    assert_eq!(&outf[..out_r.len()], &out_r[..], "Q3 f32 fast != reference");
-    drop(xf);
+    let (qf_ref, qf_f1, qf_fn) = bench_q3_f32(x, xr.len(), width, &mut out_r, out.len());
     let mut y = vec![0f32; x.len()];
     let q_dec = gbps(FAST_BYTES, 3, || q3::decode(&out, g, &mut y).unwrap());
+    [
+        Figures {
+            reference: q_ref,
+            fast_one: q_f1,
+            fast_all: q_fn,
+            decode: q_dec,
+        },
+        Figures {
+            reference: qf_ref,
+            fast_one: qf_f1,
+            fast_all: qf_fn,
+            decode: q_dec,
+        },
+    ]
+}
 
-    // ---- NVFP4 ---- (per-tensor scale, so the reference prefix is its own tensor)
+/// Q3 from f32 (a table decoded from FP8 × scale): values off the BF16
+/// grid, rated per element as 2 bytes like the BF16 rows. The reference
+/// encodes the first `ref_len` elements into `out_r`; the fast encoder's
+/// output (`out_len` bytes) is checked against it.
+fn bench_q3_f32(
+    x: &[bf16],
+    ref_len: usize,
+    width: usize,
+    out_r: &mut [u8],
+    out_len: usize,
+) -> (Rate, Rate, Rate) {
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32() * 1.1).collect();
+    let xfr = &xf[..ref_len];
+    let gf = Q3GlobalScale::from_absmax(q3::table_absmax_f32("bench", &xf, 0).unwrap()).unwrap();
+    let mut outf = vec![0u8; out_len];
+    let rates = encoder_rates(
+        || {
+            q3::encode_ref_f32("b", xfr, width, gf, 0, &mut *out_r).unwrap();
+        },
+        || {
+            q3::encode_f32("b", &xf, width, gf, 0, &mut outf).unwrap();
+        },
+    );
+    assert_eq!(&outf[..out_r.len()], &out_r[..], "Q3 f32 fast != reference");
+    rates
+}
+
+/// NVFP4 (per-tensor scale, so the reference prefix `xr` is its own
+/// tensor), the fast encoder checked against the reference.
+fn bench_nvfp4(x: &[bf16], xr: &[bf16]) -> Figures {
     let mut nv = vec![0u8; nvfp4::nvfp4_len(x.len() as u64).unwrap() as usize];
     let mut nv_r = vec![0u8; nvfp4::nvfp4_len(xr.len() as u64).unwrap() as usize];
     let mut nv_r2 = nv_r.clone();
-    let n_ref = gbps(REF_BYTES, 2, || {
-        nvfp4::encode_ref("b", xr, &mut nv_r).unwrap();
-    });
-    let n_f1 = one_thread(|| gbps(FAST_BYTES, 3, || nvfp4::encode("b", &x, &mut nv).unwrap()));
-    let n_fn = gbps(FAST_BYTES, 3, || nvfp4::encode("b", &x, &mut nv).unwrap());
+    let (n_ref, n_f1, n_fn) = encoder_rates(
+        || {
+            nvfp4::encode_ref("b", xr, &mut nv_r).unwrap();
+        },
+        || nvfp4::encode("b", x, &mut nv).unwrap(),
+    );
     nvfp4::encode("b", xr, &mut nv_r2).unwrap();
     assert_eq!(nv_r, nv_r2, "NVFP4 fast != reference");
+    let mut y = vec![0f32; x.len()];
     let n_dec = gbps(FAST_BYTES, 3, || nvfp4::decode(&nv, &mut y).unwrap());
+    Figures {
+        reference: n_ref,
+        fast_one: n_f1,
+        fast_all: n_fn,
+        decode: n_dec,
+    }
+}
 
+/// Prints the table of `rows` (codec name, figures) measured with
+/// `threads` threads.
+fn print_table(threads: usize, rows: [(&str, Figures); 3]) {
     println!("wall-clock GB/s of BF16 input (in brackets: GB per CPU-second, i.e. per busy core)");
     println!(
         "| codec | reference, 1 thread | fast, 1 thread | fast, {threads} threads | fast/ref (1 thread, wall) | decode, 1 thread |"
     );
     println!("|---|---|---|---|---|---|");
     let f = |r: Rate| format!("{:.3} [{:.3}]", r.wall, r.cpu);
-    for (name, r, f1, fall, d) in [
-        ("Q3_PLE_32", q_ref, q_f1, q_fn, q_dec),
-        ("Q3_PLE_32 from f32", qf_ref, qf_f1, qf_fn, q_dec),
-        ("NVFP4", n_ref, n_f1, n_fn, n_dec),
-    ] {
+    for (name, r) in rows {
         println!(
             "| {name} | {} | {} | {} | {:.1}x | {} |",
-            f(r),
-            f(f1),
-            f(fall),
-            f1.wall / r.wall,
-            f(d)
+            f(r.reference),
+            f(r.fast_one),
+            f(r.fast_all),
+            r.fast_one.wall / r.reference.wall,
+            f(r.decode)
         );
     }
-    // Fixed per-call cost of the fast NVFP4 encoder (its per-tensor
-    // boundary table), visible on small tensors.
+}
+
+/// Prints the fixed per-call cost of the fast NVFP4 encoder (its
+/// per-tensor boundary table), visible on small tensors: a 16 Ki-element
+/// prefix of `x`, best of 20.
+fn print_small_nvfp4(x: &[bf16]) {
     let small = &x[..16 * 1024];
     let mut nv_s = vec![0u8; nvfp4::nvfp4_len(small.len() as u64).unwrap() as usize];
     let t_small = one_thread(|| {
@@ -185,5 +234,28 @@ fn main() {
         "NVFP4 fast encode of a 16 Ki-element tensor, 1 thread: {:.0} us",
         t_small * 1e6
     );
+}
+
+fn main() {
+    let threads = rayon::current_num_threads();
+    let x = data(FAST_BYTES / 2);
+    let xr = &x[..REF_BYTES / 2];
+    println!(
+        "codec bench: {:.2} MiB BF16 (reference: first {:.2} MiB), {threads} threads, load average at start {}",
+        FAST_BYTES as f64 / 1048576.0,
+        REF_BYTES as f64 / 1048576.0,
+        load()
+    );
+    let [q3_bf16, q3_f32] = bench_q3(&x, xr);
+    let nvfp4_figures = bench_nvfp4(&x, xr);
+    print_table(
+        threads,
+        [
+            ("Q3_PLE_32", q3_bf16),
+            ("Q3_PLE_32 from f32", q3_f32),
+            ("NVFP4", nvfp4_figures),
+        ],
+    );
+    print_small_nvfp4(&x);
     println!("load average at end {}", load());
 }

@@ -189,20 +189,30 @@ fn keys_in(sections: &Sections, section: &str) -> Result<Option<(String, String,
     }
 }
 
-impl S3Config {
-    /// Resolves credentials, region and endpoint from `env` (see the module
-    /// doc); `endpoint` is `--s3-endpoint`. Every secret found is
-    /// registered with the redaction point.
-    pub fn resolve(env: &Env, endpoint: Option<&str>) -> Result<S3Config> {
-        for k in [
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_ACCESS_KEY_ID",
-        ] {
-            if let Some(v) = env.get(k) {
-                ftpipe_secrets::register(v);
-            }
-        }
+/// An access key id, its secret access key and a session token.
+type Keys = (String, String, Option<String>);
+
+/// The AWS shared files of a profile: where they are and what they hold.
+struct SharedFiles<'a> {
+    /// `AWS_PROFILE` or, else, `AWS_DEFAULT_PROFILE`, when set.
+    explicit_profile: Option<&'a str>,
+    /// The explicit profile, else `default`.
+    profile: &'a str,
+    /// The profile's section in the config file: `[profile NAME]`, or
+    /// `[default]`.
+    config_section: String,
+    creds_path: Option<PathBuf>,
+    config_path: Option<PathBuf>,
+    /// The credentials file's sections, `None` when it does not exist.
+    creds_file: Option<Sections>,
+    /// The config file's sections, `None` when it does not exist.
+    config_file: Option<Sections>,
+}
+
+impl<'a> SharedFiles<'a> {
+    /// Finds and reads the credentials file, then the config file, of the
+    /// profile `env` names.
+    fn read(env: &'a Env) -> Result<SharedFiles<'a>> {
         let home = env.get("HOME").map(PathBuf::from);
         let in_home = |rel: &str| home.as_ref().map(|h| h.join(rel));
         let creds_path = env
@@ -230,65 +240,147 @@ impl S3Config {
             Some(p) => read_sections(p)?,
             None => None,
         };
-        let config_value = |key: &str| {
-            config_file
-                .as_ref()
-                .and_then(|c| c.get(&config_section))
-                .and_then(|s| s.get(key))
-                .filter(|v| !v.is_empty())
-                .cloned()
-        };
+        Ok(SharedFiles {
+            explicit_profile,
+            profile,
+            config_section,
+            creds_path,
+            config_path,
+            creds_file,
+            config_file,
+        })
+    }
 
-        let env_keys = match (
-            env.get("AWS_ACCESS_KEY_ID"),
-            env.get("AWS_SECRET_ACCESS_KEY"),
-        ) {
-            (Some(id), Some(secret)) => Some((
-                id.to_owned(),
-                secret.to_owned(),
-                env.get("AWS_SESSION_TOKEN").map(str::to_owned),
-            )),
-            (Some(_), None) => {
-                return Err(cred_err(
-                    "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not",
-                ));
+    /// The profile's `key` in the config file, when set and not empty.
+    fn config_value(&self, key: &str) -> Option<String> {
+        self.config_file
+            .as_ref()
+            .and_then(|c| c.get(&self.config_section))
+            .and_then(|s| s.get(key))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    }
+
+    /// The keys to use and where they came from: `env_keys`, else the
+    /// profile's in the credentials file, else in the config file; none is
+    /// an error naming both files.
+    fn choose_keys(&self, env_keys: Option<Keys>) -> Result<(Keys, String)> {
+        let profile = self.profile;
+        let (creds, config) = (
+            show_path(self.creds_path.as_deref()),
+            show_path(self.config_path.as_deref()),
+        );
+        if let Some(k) = env_keys {
+            return Ok((k, "environment".to_owned()));
+        }
+        if let Some(c) = &self.creds_file
+            && let Some(k) = keys_in(c, profile)?
+        {
+            return Ok((k, format!("profile {profile} in {creds}")));
+        }
+        if let Some(c) = &self.config_file
+            && let Some(k) = keys_in(c, &self.config_section)?
+        {
+            return Ok((k, format!("profile {profile} in {config}")));
+        }
+        Err(cred_err(match self.explicit_profile {
+            Some(p) => format!(
+                "profile {p} (AWS_PROFILE) has no aws_access_key_id and aws_secret_access_key in {creds} or {config}"
+            ),
+            None => format!(
+                "none found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with keys in {creds} or {config}"
+            ),
+        }))
+    }
+}
+
+/// A shared file's path for messages.
+fn show_path(p: Option<&Path>) -> String {
+    p.map_or_else(|| "(no HOME)".to_owned(), |p| p.display().to_string())
+}
+
+/// The keys in `env`, when both the id and the secret are set; one
+/// without the other is an error.
+fn env_keys(env: &Env) -> Result<Option<Keys>> {
+    match (
+        env.get("AWS_ACCESS_KEY_ID"),
+        env.get("AWS_SECRET_ACCESS_KEY"),
+    ) {
+        (Some(id), Some(secret)) => Ok(Some((
+            id.to_owned(),
+            secret.to_owned(),
+            env.get("AWS_SESSION_TOKEN").map(str::to_owned),
+        ))),
+        (Some(_), None) => Err(cred_err(
+            "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not",
+        )),
+        (None, Some(_)) => Err(cred_err(
+            "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not",
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The region: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
+/// `region`, else [`DEFAULT_REGION`]; checked to be a region name.
+fn resolve_region(env: &Env, files: &SharedFiles<'_>) -> Result<String> {
+    let region = env
+        .get("AWS_REGION")
+        .or_else(|| env.get("AWS_DEFAULT_REGION"))
+        .map(str::to_owned)
+        .or_else(|| files.config_value("region"))
+        .unwrap_or_else(|| DEFAULT_REGION.to_owned());
+    if region.is_empty()
+        || region.len() > MAX_REGION_LEN
+        || !region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(cred_err(format!(
+            "region {region:?}: expected letters, digits and '-' (e.g. us-east-1)"
+        )));
+    }
+    Ok(region)
+}
+
+/// The endpoint (`given`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the
+/// profile's `endpoint_url`, else `None`: AWS itself), checked, and
+/// whether it is plain `http`.
+fn resolve_endpoint(
+    env: &Env,
+    given: Option<&str>,
+    files: &SharedFiles<'_>,
+) -> Result<(Option<String>, bool)> {
+    let endpoint = given
+        .map(str::to_owned)
+        .or_else(|| env.get("AWS_ENDPOINT_URL_S3").map(str::to_owned))
+        .or_else(|| env.get("AWS_ENDPOINT_URL").map(str::to_owned))
+        .or_else(|| files.config_value("endpoint_url"));
+    match endpoint {
+        Some(e) => {
+            let (e, http) = check_endpoint(&e)?;
+            Ok((Some(e), http))
+        }
+        None => Ok((None, false)),
+    }
+}
+
+impl S3Config {
+    /// Resolves credentials, region and endpoint from `env` (see the module
+    /// doc); `endpoint` is `--s3-endpoint`. Every secret found is
+    /// registered with the redaction point.
+    pub fn resolve(env: &Env, endpoint: Option<&str>) -> Result<S3Config> {
+        for k in [
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_ACCESS_KEY_ID",
+        ] {
+            if let Some(v) = env.get(k) {
+                ftpipe_secrets::register(v);
             }
-            (None, Some(_)) => {
-                return Err(cred_err(
-                    "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not",
-                ));
-            }
-            (None, None) => None,
-        };
-        let show = |p: &Option<PathBuf>| {
-            p.as_ref()
-                .map_or_else(|| "(no HOME)".to_owned(), |p| p.display().to_string())
-        };
-        let (keys, from) = if let Some(k) = env_keys {
-            (k, "environment".to_owned())
-        } else if let Some(k) = match &creds_file {
-            Some(c) => keys_in(c, profile)?,
-            None => None,
-        } {
-            (k, format!("profile {profile} in {}", show(&creds_path)))
-        } else if let Some(k) = match &config_file {
-            Some(c) => keys_in(c, &config_section)?,
-            None => None,
-        } {
-            (k, format!("profile {profile} in {}", show(&config_path)))
-        } else if let Some(p) = explicit_profile {
-            return Err(cred_err(format!(
-                "profile {p} (AWS_PROFILE) has no aws_access_key_id and aws_secret_access_key in {} or {}",
-                show(&creds_path),
-                show(&config_path)
-            )));
-        } else {
-            return Err(cred_err(format!(
-                "none found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with keys in {} or {}",
-                show(&creds_path),
-                show(&config_path)
-            )));
-        };
+        }
+        let files = SharedFiles::read(env)?;
+        let (keys, from) = files.choose_keys(env_keys(env)?)?;
         let (access_key_id, secret_access_key, session_token) = keys;
         for v in [&access_key_id, &secret_access_key]
             .into_iter()
@@ -296,36 +388,8 @@ impl S3Config {
         {
             ftpipe_secrets::register(v);
         }
-
-        let region = env
-            .get("AWS_REGION")
-            .or_else(|| env.get("AWS_DEFAULT_REGION"))
-            .map(str::to_owned)
-            .or_else(|| config_value("region"))
-            .unwrap_or_else(|| DEFAULT_REGION.to_owned());
-        if region.is_empty()
-            || region.len() > MAX_REGION_LEN
-            || !region
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        {
-            return Err(cred_err(format!(
-                "region {region:?}: expected letters, digits and '-' (e.g. us-east-1)"
-            )));
-        }
-
-        let endpoint = endpoint
-            .map(str::to_owned)
-            .or_else(|| env.get("AWS_ENDPOINT_URL_S3").map(str::to_owned))
-            .or_else(|| env.get("AWS_ENDPOINT_URL").map(str::to_owned))
-            .or_else(|| config_value("endpoint_url"));
-        let (endpoint, allow_http) = match endpoint {
-            Some(e) => {
-                let (e, http) = check_endpoint(&e)?;
-                (Some(e), http)
-            }
-            None => (None, false),
-        };
+        let region = resolve_region(env, &files)?;
+        let (endpoint, allow_http) = resolve_endpoint(env, endpoint, &files)?;
         Ok(S3Config {
             endpoint,
             region,

@@ -67,7 +67,7 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 use crate::error::ConvertError;
 use crate::nvfp4::{NVFP4_PARTS, companion_of, is_nvfp4, nvfp4_module};
 use crate::recipe::{Recipe, RecipeError};
-use crate::safetensors::SourceHeader;
+use crate::safetensors::{SourceHeader, SourceTensor};
 
 pub use crate::component::{
     CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, FtwTensor,
@@ -518,9 +518,20 @@ impl MoeProfile {
         claimed: &mut BTreeSet<Arc<str>>,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Component, ConvertError> {
-        let (h, i, e_n) = (self.hidden, self.inter, self.experts);
-        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
         let name = format!("experts/layer_{l:03}.ftexpert");
+        let (fields, records) = match self.expert_layout(cat, l) {
+            ExpertLayout::FusedNvfp4 => self.fused_nvfp4(cat, l, claimed, ftw_extra)?,
+            ExpertLayout::FusedBf16 => self.fused_bf16(cat, l, claimed)?,
+            ExpertLayout::PerExpert => self.per_expert(cat, l, claimed, ftw_extra)?,
+        };
+        expert_sidecar(name, l, fields, records)
+    }
+
+    /// How the experts of MoE layer `l` are stored: fused (when the profile
+    /// allows it and any fused name is present), NVFP4 when a fused scale is
+    /// present or a fused weight is U8.
+    fn expert_layout(&self, cat: &Catalog, l: u64) -> ExpertLayout {
+        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
         let fused = self.allow_fused
             && FUSED_NAMES
                 .iter()
@@ -534,112 +545,122 @@ impl MoeProfile {
                         .is_some_and(|(_, t)| t.dtype() == safetensors::Dtype::U8)
                 }));
         if nvfp4_fused {
-            let (fields, records) = self.fused_nvfp4(cat, l, claimed, ftw_extra)?;
-            return expert_sidecar(name, l, fields, records);
-        }
-        let mut fields: Option<Vec<TensorDesc>> = None;
-        let mut records = Vec::with_capacity(e_n as usize);
-        if fused {
-            let fused_gu = format!("{p}.gate_up_proj");
-            let fused_d = format!("{p}.down_proj");
-            let mut get = |n: &str, shape: [u64; 3]| -> Result<SourceSpan, ConvertError> {
-                let (f, t) = cat.get(n).ok_or_else(|| ConvertError::MissingTensor {
-                    tensor: n.to_owned(),
-                    needed_for: format!("the fused experts of layer {l}"),
-                })?;
-                if t.dtype() != safetensors::Dtype::BF16 {
-                    return Err(ConvertError::DtypeMismatch {
-                        file: f.to_owned(),
-                        tensor: n.to_owned(),
-                        expected: "BF16 (fused experts)".into(),
-                        actual: format!("{:?}", t.dtype()),
-                    });
-                }
-                if t.shape() != shape {
-                    return Err(ConvertError::ShapeMismatch {
-                        file: f.to_owned(),
-                        tensor: n.to_owned(),
-                        expected: shape.to_vec(),
-                        actual: t.shape().to_vec(),
-                        because: format!(
-                            "num_experts {e_n}, moe_intermediate_size {i}, hidden_size {h}"
-                        ),
-                    });
-                }
-                let span = cat.span(n).expect("present");
-                claimed.insert(span.tensor.clone());
-                Ok(span)
-            };
-            let gu = get(&fused_gu, [e_n, 2 * i, h])?;
-            let d = get(&fused_d, [e_n, h, i])?;
-            let kind = if self.protected(&p) {
-                TensorKind::Protected
-            } else {
-                TensorKind::Plain
-            };
-            fields = Some(vec![
-                TensorDesc::new("gate_proj", Dtype::BF16, kind, [i, h]),
-                TensorDesc::new("up_proj", Dtype::BF16, kind, [i, h]),
-                TensorDesc::new("down_proj", Dtype::BF16, kind, [h, i]),
-            ]);
-            let half = i * h * 2;
-            let sub = |s: &SourceSpan, off: u64, len: u64| {
-                TensorSource::Span(SourceSpan {
-                    offset: s.offset + off,
-                    len,
-                    ..s.clone()
-                })
-            };
-            for e in 0..e_n {
-                records.push(vec![
-                    sub(&gu, e * 2 * half, half),
-                    sub(&gu, e * 2 * half + half, half),
-                    sub(&d, e * half, half),
-                ]);
-            }
+            ExpertLayout::FusedNvfp4
+        } else if fused {
+            ExpertLayout::FusedBf16
         } else {
-            for e in 0..e_n {
-                let mut rec = Vec::with_capacity(3);
-                let mut descs = Vec::with_capacity(3);
-                for (proj, shape) in [
-                    ("gate_proj", [i, h]),
-                    ("up_proj", [i, h]),
-                    ("down_proj", [h, i]),
-                ] {
-                    let lin = self.linear(
-                        cat,
-                        &format!("{p}.{e}.{proj}"),
-                        &shape,
-                        &format!(
-                            "expert {e} of layer {l} (moe_intermediate_size {i}, hidden_size {h})"
-                        ),
-                    )?;
-                    claimed.extend(lin.claimed);
-                    ftw_extra.extend(lin.input_scale);
-                    descs.push(TensorDesc::new(proj, lin.dtype, lin.kind, lin.shape));
-                    rec.push(lin.source);
-                }
-                match &fields {
-                    None => fields = Some(descs),
-                    Some(f0) => {
-                        if let Some((a, b)) = f0.iter().zip(&descs).find(|(a, b)| a != b) {
-                            return Err(ConvertError::MixedExpertLayout {
-                                layer: l,
-                                expert: e,
-                                field: a.key.clone(),
-                                expected: format!("{} {:?} {:?}", a.dtype.name(), a.kind, a.shape),
-                                found: format!("{} {:?} {:?}", b.dtype.name(), b.kind, b.shape),
-                            });
-                        }
-                    }
-                }
-                records.push(rec);
+            ExpertLayout::PerExpert
+        }
+    }
+
+    /// The record layout and records of the fused BF16 experts of layer `l`:
+    /// expert `e`'s `gate_proj` and `up_proj` are its two row halves of
+    /// `gate_up_proj`, its `down_proj` its block of `down_proj`.
+    fn fused_bf16(
+        &self,
+        cat: &Catalog,
+        l: u64,
+        claimed: &mut BTreeSet<Arc<str>>,
+    ) -> Result<ExpertRecords, ConvertError> {
+        let (h, i, e_n) = (self.hidden, self.inter, self.experts);
+        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
+        let because = format!("num_experts {e_n}, moe_intermediate_size {i}, hidden_size {h}");
+        let gu = fused_bf16_span(
+            cat,
+            &format!("{p}.gate_up_proj"),
+            [e_n, 2 * i, h],
+            l,
+            &because,
+        )?;
+        claimed.insert(gu.tensor.clone());
+        let d = fused_bf16_span(cat, &format!("{p}.down_proj"), [e_n, h, i], l, &because)?;
+        claimed.insert(d.tensor.clone());
+        let kind = if self.protected(&p) {
+            TensorKind::Protected
+        } else {
+            TensorKind::Plain
+        };
+        let fields = vec![
+            TensorDesc::new("gate_proj", Dtype::BF16, kind, [i, h]),
+            TensorDesc::new("up_proj", Dtype::BF16, kind, [i, h]),
+            TensorDesc::new("down_proj", Dtype::BF16, kind, [h, i]),
+        ];
+        let half = i * h * 2;
+        let sub = |s: &SourceSpan, off: u64, len: u64| {
+            TensorSource::Span(SourceSpan {
+                offset: s.offset + off,
+                len,
+                ..s.clone()
+            })
+        };
+        let mut records = Vec::with_capacity(e_n as usize);
+        for e in 0..e_n {
+            records.push(vec![
+                sub(&gu, e * 2 * half, half),
+                sub(&gu, e * 2 * half + half, half),
+                sub(&d, e * half, half),
+            ]);
+        }
+        Ok((fields, records))
+    }
+
+    /// The record layout and records of the per-expert tensors of layer
+    /// `l` (`{p}.{e}.{gate,up,down}_proj`), every expert laid out as the
+    /// first.
+    fn per_expert(
+        &self,
+        cat: &Catalog,
+        l: u64,
+        claimed: &mut BTreeSet<Arc<str>>,
+        ftw_extra: &mut Vec<FtwTensor>,
+    ) -> Result<ExpertRecords, ConvertError> {
+        let mut fields: Option<Vec<TensorDesc>> = None;
+        let mut records = Vec::with_capacity(self.experts as usize);
+        for e in 0..self.experts {
+            let (descs, rec) = self.expert_record(cat, l, e, claimed, ftw_extra)?;
+            match &fields {
+                None => fields = Some(descs),
+                Some(f0) => same_expert_layout(l, e, f0, &descs)?,
             }
+            records.push(rec);
         }
         let fields = fields.ok_or_else(|| {
             ConvertError::internal(format!("MoE layer {l} has no experts (num_experts is 0)"))
         })?;
-        expert_sidecar(name, l, fields, records)
+        Ok((fields, records))
+    }
+
+    /// The field descriptions and sources of expert `e` of layer `l`; the
+    /// tensors it reads go to `claimed`, its input scales to `ftw_extra`.
+    fn expert_record(
+        &self,
+        cat: &Catalog,
+        l: u64,
+        e: u64,
+        claimed: &mut BTreeSet<Arc<str>>,
+        ftw_extra: &mut Vec<FtwTensor>,
+    ) -> Result<(Vec<TensorDesc>, Vec<TensorSource>), ConvertError> {
+        let (h, i) = (self.hidden, self.inter);
+        let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
+        let mut rec = Vec::with_capacity(3);
+        let mut descs = Vec::with_capacity(3);
+        for (proj, shape) in [
+            ("gate_proj", [i, h]),
+            ("up_proj", [i, h]),
+            ("down_proj", [h, i]),
+        ] {
+            let lin = self.linear(
+                cat,
+                &format!("{p}.{e}.{proj}"),
+                &shape,
+                &format!("expert {e} of layer {l} (moe_intermediate_size {i}, hidden_size {h})"),
+            )?;
+            claimed.extend(lin.claimed);
+            ftw_extra.extend(lin.input_scale);
+            descs.push(TensorDesc::new(proj, lin.dtype, lin.kind, lin.shape));
+            rec.push(lin.source);
+        }
+        Ok((descs, rec))
     }
 
     fn ple_components(
@@ -835,8 +856,29 @@ impl MoeProfile {
     }
 
     fn components(&self, cat: &Catalog) -> Result<Vec<Component>, ConvertError> {
-        let (h, v, e) = (self.hidden, self.vocab, self.experts);
-        // Required non-expert tensors, with the shapes the config fixes.
+        self.require_non_experts(cat)?;
+        let mut claimed = BTreeSet::new();
+        let mut ftw_extra = Vec::new();
+        let mut components = self.sidecar_components(cat, &mut claimed, &mut ftw_extra)?;
+        // The experts' input scales, then everything else, go to the FTW stream.
+        let mut ftw = FtwBuilder::default();
+        for t in ftw_extra {
+            ftw.insert(t)?;
+        }
+        for (name, file, t) in cat.iter() {
+            if claimed.contains(name) {
+                continue;
+            }
+            self.add_to_ftw(cat, &mut ftw, &mut claimed, (name, file, t))?;
+        }
+        components.insert(0, ftw.finish()?);
+        Ok(components)
+    }
+
+    /// Checks the required non-expert tensors, with the shapes the config
+    /// fixes.
+    fn require_non_experts(&self, cat: &Catalog) -> Result<(), ConvertError> {
+        let (h, v) = (self.hidden, self.vocab);
         let emb = format!("vocab_size {v}, hidden_size {h}");
         self.require(cat, "model.embed_tokens.weight", Some(&[v, h]), &emb)?;
         self.require(
@@ -849,42 +891,58 @@ impl MoeProfile {
             self.require(cat, "lm_head.weight", None, &emb)?;
         }
         for l in 0..self.layers {
-            let p = format!("model.layers.{l}");
-            for n in ["input_layernorm", "post_attention_layernorm"] {
+            self.require_layer(cat, l)?;
+        }
+        Ok(())
+    }
+
+    /// Checks the norms, attention and router or dense MLP of layer `l`.
+    fn require_layer(&self, cat: &Catalog, l: u64) -> Result<(), ConvertError> {
+        let (h, e) = (self.hidden, self.experts);
+        let p = format!("model.layers.{l}");
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            self.require(
+                cat,
+                &format!("{p}.{n}.weight"),
+                Some(&[h]),
+                &format!("hidden_size {h}"),
+            )?;
+        }
+        for n in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            self.require(cat, &format!("{p}.self_attn.{n}.weight"), None, "attention")?;
+        }
+        if self.moe_layers.contains(&l) {
+            self.require(
+                cat,
+                &format!("{p}.mlp.gate.weight"),
+                Some(&[e, h]),
+                &format!("the router of layer {l}: num_experts {e}, hidden_size {h}"),
+            )?;
+        } else {
+            for n in ["gate_proj", "up_proj", "down_proj"] {
                 self.require(
                     cat,
-                    &format!("{p}.{n}.weight"),
-                    Some(&[h]),
-                    &format!("hidden_size {h}"),
+                    &format!("{p}.mlp.{n}.weight"),
+                    None,
+                    "a dense MLP layer",
                 )?;
-            }
-            for n in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                self.require(cat, &format!("{p}.self_attn.{n}.weight"), None, "attention")?;
-            }
-            if self.moe_layers.contains(&l) {
-                self.require(
-                    cat,
-                    &format!("{p}.mlp.gate.weight"),
-                    Some(&[e, h]),
-                    &format!("the router of layer {l}: num_experts {e}, hidden_size {h}"),
-                )?;
-            } else {
-                for n in ["gate_proj", "up_proj", "down_proj"] {
-                    self.require(
-                        cat,
-                        &format!("{p}.mlp.{n}.weight"),
-                        None,
-                        "a dense MLP layer",
-                    )?;
-                }
             }
         }
+        Ok(())
+    }
 
-        let mut claimed = BTreeSet::new();
+    /// The expert sidecars of the MoE layers, then the PLE components of
+    /// the PLE layers; the tensors they read go to `claimed`, the experts'
+    /// input scales to `ftw_extra`.
+    fn sidecar_components(
+        &self,
+        cat: &Catalog,
+        claimed: &mut BTreeSet<Arc<str>>,
+        ftw_extra: &mut Vec<FtwTensor>,
+    ) -> Result<Vec<Component>, ConvertError> {
         let mut components = Vec::new();
-        let mut ftw_extra = Vec::new();
         for &l in &self.moe_layers {
-            components.push(self.expert_component(cat, l, &mut claimed, &mut ftw_extra)?);
+            components.push(self.expert_component(cat, l, claimed, ftw_extra)?);
         }
         if let Some(ple) = &self.ple {
             for &l in &ple.layers {
@@ -898,87 +956,166 @@ impl MoeProfile {
                         ),
                     });
                 }
-                components.extend(self.ple_components(cat, ple, l, &mut claimed)?);
+                components.extend(self.ple_components(cat, ple, l, claimed)?);
             }
         }
+        Ok(components)
+    }
 
-        // The experts' input scales, then everything else, go to the FTW stream.
-        let mut ftw = FtwBuilder::default();
-        for t in ftw_extra {
-            ftw.insert(t)?;
-        }
-        for (name, file, t) in cat.iter() {
-            if claimed.contains(name) {
-                continue;
-            }
-            if let Some(fused) = name.strip_suffix("_input_scale")
-                && self.allow_fused
-                && name.contains(".mlp.experts.")
-            {
-                // Fused NVFP4 experts claim theirs; any left is an orphan.
-                return Err(ConvertError::OrphanInputScale {
-                    file: file.to_owned(),
-                    tensor: name.to_owned(),
-                    module: fused.to_owned(),
-                    expected: format!("{fused}_weight_scale"),
-                });
-            }
-            if companion_of(cat, file, name)?.is_some() {
-                // Placed with its NVFP4 weight, which `linear` checks.
-                continue;
-            }
-            if let Err(reason) = self.ftw_allowed(name) {
-                return Err(ConvertError::UnexpectedTensor {
-                    file: file.to_owned(),
-                    tensor: name.to_owned(),
-                    reason,
-                });
-            }
-            let module = name.strip_suffix(".weight").unwrap_or(name);
-            if name.ends_with(".weight") && is_nvfp4(cat, module) {
-                // The logical shape the block scales imply; `linear`
-                // checks the codes against it.
-                let shape = match cat.get(&format!("{module}.weight_scale")) {
-                    Some((_, s)) => {
-                        let mut k = s.shape().to_vec();
-                        if let Some(last) = k.last_mut() {
-                            *last = last.saturating_mul(16);
-                        }
-                        k
-                    }
-                    None => Vec::new(),
-                };
-                let lin = self.linear(cat, module, &shape, "an NVFP4 tensor of the FTW stream")?;
-                claimed.extend(lin.claimed);
-                if let Some(s) = lin.input_scale {
-                    ftw.insert(s)?;
-                }
-                ftw.insert(FtwTensor {
-                    desc: TensorDesc::new(name, lin.dtype, lin.kind, lin.shape),
-                    source: lin.source,
-                })?;
-                continue;
-            }
-            let dtype = plain_dtype(t.dtype()).ok_or_else(|| ConvertError::DtypeMismatch {
+    /// Puts unclaimed tensor `(name, file, t)` into the FTW stream: an NVFP4
+    /// weight with its parts, a companion part not at all (its weight
+    /// carries it), anything else as it is; a tensor no rule allows, or a
+    /// fused expert input scale left over, is an error.
+    fn add_to_ftw(
+        &self,
+        cat: &Catalog,
+        ftw: &mut FtwBuilder,
+        claimed: &mut BTreeSet<Arc<str>>,
+        (name, file, t): (&str, &str, &SourceTensor),
+    ) -> Result<(), ConvertError> {
+        if let Some(fused) = name.strip_suffix("_input_scale")
+            && self.allow_fused
+            && name.contains(".mlp.experts.")
+        {
+            // Fused NVFP4 experts claim theirs; any left is an orphan.
+            return Err(ConvertError::OrphanInputScale {
                 file: file.to_owned(),
                 tensor: name.to_owned(),
-                expected: "F32, F16, BF16, U8, I8, I32, I64 or F8_E4M3".into(),
-                actual: format!("{:?}", t.dtype()),
-            })?;
-            let protected =
-                self.protected(module) && matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
-            let kind = if protected {
-                TensorKind::Protected
-            } else {
-                TensorKind::Plain
-            };
-            ftw.insert(FtwTensor {
-                desc: TensorDesc::new(name, dtype, kind, t.shape()),
-                source: TensorSource::Span(cat.span(name).expect("present")),
-            })?;
+                module: fused.to_owned(),
+                expected: format!("{fused}_weight_scale"),
+            });
         }
-        components.insert(0, ftw.finish()?);
-        Ok(components)
+        if companion_of(cat, file, name)?.is_some() {
+            // Placed with its NVFP4 weight, which `linear` checks.
+            return Ok(());
+        }
+        if let Err(reason) = self.ftw_allowed(name) {
+            return Err(ConvertError::UnexpectedTensor {
+                file: file.to_owned(),
+                tensor: name.to_owned(),
+                reason,
+            });
+        }
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        if name.ends_with(".weight") && is_nvfp4(cat, module) {
+            return self.add_nvfp4_to_ftw(cat, ftw, claimed, name, module);
+        }
+        let dtype = plain_dtype(t.dtype()).ok_or_else(|| ConvertError::DtypeMismatch {
+            file: file.to_owned(),
+            tensor: name.to_owned(),
+            expected: "F32, F16, BF16, U8, I8, I32, I64 or F8_E4M3".into(),
+            actual: format!("{:?}", t.dtype()),
+        })?;
+        let protected =
+            self.protected(module) && matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32);
+        let kind = if protected {
+            TensorKind::Protected
+        } else {
+            TensorKind::Plain
+        };
+        ftw.insert(FtwTensor {
+            desc: TensorDesc::new(name, dtype, kind, t.shape()),
+            source: TensorSource::Span(cat.span(name).expect("present")),
+        })
+    }
+
+    /// Puts NVFP4 weight `name` of `module` into the FTW stream, its parts
+    /// claimed, its input scale (if any) beside it.
+    fn add_nvfp4_to_ftw(
+        &self,
+        cat: &Catalog,
+        ftw: &mut FtwBuilder,
+        claimed: &mut BTreeSet<Arc<str>>,
+        name: &str,
+        module: &str,
+    ) -> Result<(), ConvertError> {
+        // The logical shape the block scales imply; `linear` checks the
+        // codes against it.
+        let shape = match cat.get(&format!("{module}.weight_scale")) {
+            Some((_, s)) => {
+                let mut k = s.shape().to_vec();
+                if let Some(last) = k.last_mut() {
+                    *last = last.saturating_mul(16);
+                }
+                k
+            }
+            None => Vec::new(),
+        };
+        let lin = self.linear(cat, module, &shape, "an NVFP4 tensor of the FTW stream")?;
+        claimed.extend(lin.claimed);
+        if let Some(s) = lin.input_scale {
+            ftw.insert(s)?;
+        }
+        ftw.insert(FtwTensor {
+            desc: TensorDesc::new(name, lin.dtype, lin.kind, lin.shape),
+            source: lin.source,
+        })
+    }
+}
+
+/// How a MoE layer's experts are stored.
+enum ExpertLayout {
+    /// `{p}.{e}.{gate,up,down}_proj`, BF16/F16/F32 or NVFP4 triplets.
+    PerExpert,
+    /// `{p}.gate_up_proj` and `{p}.down_proj` in BF16.
+    FusedBf16,
+    /// The fused NVFP4 layout (module doc).
+    FusedNvfp4,
+}
+
+/// An FTEXPERT1 record layout and its records, one per expert.
+type ExpertRecords = (Vec<TensorDesc>, Vec<Vec<TensorSource>>);
+
+/// The span of fused BF16 expert tensor `n` of layer `l`, checked to have
+/// shape `shape` (`because` says why).
+fn fused_bf16_span(
+    cat: &Catalog,
+    n: &str,
+    shape: [u64; 3],
+    l: u64,
+    because: &str,
+) -> Result<SourceSpan, ConvertError> {
+    let (f, t) = cat.get(n).ok_or_else(|| ConvertError::MissingTensor {
+        tensor: n.to_owned(),
+        needed_for: format!("the fused experts of layer {l}"),
+    })?;
+    if t.dtype() != safetensors::Dtype::BF16 {
+        return Err(ConvertError::DtypeMismatch {
+            file: f.to_owned(),
+            tensor: n.to_owned(),
+            expected: "BF16 (fused experts)".into(),
+            actual: format!("{:?}", t.dtype()),
+        });
+    }
+    if t.shape() != shape {
+        return Err(ConvertError::ShapeMismatch {
+            file: f.to_owned(),
+            tensor: n.to_owned(),
+            expected: shape.to_vec(),
+            actual: t.shape().to_vec(),
+            because: because.to_owned(),
+        });
+    }
+    Ok(cat.span(n).expect("present"))
+}
+
+/// Refuses expert `e` of layer `l` when its fields (`descs`) differ from
+/// the first expert's (`first`).
+fn same_expert_layout(
+    l: u64,
+    e: u64,
+    first: &[TensorDesc],
+    descs: &[TensorDesc],
+) -> Result<(), ConvertError> {
+    match first.iter().zip(descs).find(|(a, b)| a != b) {
+        Some((a, b)) => Err(ConvertError::MixedExpertLayout {
+            layer: l,
+            expert: e,
+            field: a.key.clone(),
+            expected: format!("{} {:?} {:?}", a.dtype.name(), a.kind, a.shape),
+            found: format!("{} {:?} {:?}", b.dtype.name(), b.kind, b.shape),
+        }),
+        None => Ok(()),
     }
 }
 

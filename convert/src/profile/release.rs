@@ -331,121 +331,22 @@ impl Release {
     /// shards, with what it must be.
     fn expected(&self) -> BTreeMap<String, Want> {
         let d = &self.dims;
-        let h = d.hidden;
-        let hc = d.hc_count * h;
-        let mut w = BTreeMap::new();
+        let mut e = ExpectedTensors {
+            dims: d,
+            hc: d.hc_count * d.hidden,
+            want: BTreeMap::new(),
+        };
         let p = TEXT_PREFIX;
-        let lin = |w: &mut BTreeMap<String, Want>, m: String, s: [u64; 2]| {
-            w.insert(m, Want::Linear(s));
-        };
-        let float = |w: &mut BTreeMap<String, Want>, n: String, s: &[u64]| {
-            w.insert(n, Want::Float(s.to_vec()));
-        };
-        lin(&mut w, format!("{p}.embed_tokens"), [d.vocab, h]);
-        lin(&mut w, "lm_head".into(), [d.vocab, h]);
-        let hyper = |w: &mut BTreeMap<String, Want>, q: String, inject: bool| {
-            w.insert(format!("{q}.hc_norm.weight"), Want::Float(vec![hc]));
-            w.insert(
-                format!("{q}.input_mix_weight_down"),
-                Want::Linear([d.hc_lowrank, hc]),
-            );
-            w.insert(
-                format!("{q}.input_mix_weight_up"),
-                Want::Linear([hc, d.hc_lowrank]),
-            );
-            if inject {
-                w.insert(
-                    format!("{q}.block_inject_weight"),
-                    Want::Linear([d.hc_count, hc]),
-                );
-            }
-        };
-        hyper(&mut w, format!("{p}.hyper_connection_mixer"), false);
-        for (l, t) in (0u64..).zip(&self.layer_types) {
-            let q = format!("{p}.layers.{l}");
-            hyper(&mut w, format!("{q}.attn_hyper_connection"), true);
-            hyper(&mut w, format!("{q}.mlp_hyper_connection"), true);
-            let m = format!("{q}.mlp");
-            lin(&mut w, format!("{m}.gate"), [d.experts, h]);
-            lin(
-                &mut w,
-                format!("{m}.shared_expert.gate_proj"),
-                [d.shared, h],
-            );
-            lin(&mut w, format!("{m}.shared_expert.up_proj"), [d.shared, h]);
-            lin(
-                &mut w,
-                format!("{m}.shared_expert.down_proj"),
-                [h, d.shared],
-            );
-            lin(&mut w, format!("{m}.shared_expert_gate"), [1, h]);
-            match t {
-                LayerType::Full => {
-                    let a = format!("{q}.self_attn");
-                    let kv = d.kv_heads * d.head_dim;
-                    lin(&mut w, format!("{a}.q_proj"), [2 * d.heads * d.head_dim, h]);
-                    lin(&mut w, format!("{a}.k_proj"), [kv, h]);
-                    lin(&mut w, format!("{a}.v_proj"), [kv, h]);
-                    lin(&mut w, format!("{a}.o_proj"), [h, d.heads * d.head_dim]);
-                    float(&mut w, format!("{a}.q_norm.weight"), &[d.head_dim]);
-                    float(&mut w, format!("{a}.k_norm.weight"), &[d.head_dim]);
-                    let qk = (d.ix_heads + d.ix_kv_heads) * d.ix_dim;
-                    lin(&mut w, format!("{a}.indexer.index_qk_proj"), [qk, h]);
-                    float(
-                        &mut w,
-                        format!("{a}.indexer.q_layernorm.weight"),
-                        &[d.ix_dim],
-                    );
-                    float(
-                        &mut w,
-                        format!("{a}.indexer.k_layernorm.weight"),
-                        &[d.ix_dim],
-                    );
-                }
-                LayerType::Linear => {
-                    let a = format!("{q}.linear_attn");
-                    let v = d.lv_heads * d.lv_dim;
-                    let c = 2 * d.lk_heads * d.lk_dim + v;
-                    float(&mut w, format!("{a}.A_log"), &[d.lv_heads]);
-                    float(&mut w, format!("{a}.dt_bias"), &[d.lv_heads]);
-                    float(&mut w, format!("{a}.conv1d.weight"), &[c, 1, d.conv]);
-                    lin(&mut w, format!("{a}.in_proj_qkv"), [c, h]);
-                    lin(&mut w, format!("{a}.in_proj_z"), [v, h]);
-                    lin(&mut w, format!("{a}.in_proj_a"), [d.lv_heads, h]);
-                    lin(&mut w, format!("{a}.in_proj_b"), [d.lv_heads, h]);
-                    float(&mut w, format!("{a}.norm.weight"), &[d.lv_dim]);
-                    lin(&mut w, format!("{a}.out_proj"), [h, v]);
-                }
-            }
+        e.linear(format!("{p}.embed_tokens"), [d.vocab, d.hidden]);
+        e.linear("lm_head".into(), [d.vocab, d.hidden]);
+        e.hyper_connection(&format!("{p}.hyper_connection_mixer"), false);
+        for (l, &t) in (0u64..).zip(&self.layer_types) {
+            e.layer(&format!("{p}.layers.{l}"), t);
         }
         for g in &self.ple {
-            let q = format!("{p}.layers.{}.ple", g.layer);
-            lin(&mut w, format!("{q}.key_proj"), [hc, self.ple_embed_dim]);
-            lin(&mut w, format!("{q}.value_proj"), [h, self.ple_embed_dim]);
-            float(
-                &mut w,
-                format!("{q}.conv1d.weight"),
-                &[hc, 1, self.ple_conv],
-            );
-            for n in ["norm_key", "norm_query", "norm_conv"] {
-                float(&mut w, format!("{q}.{n}.weight"), &[hc]);
-            }
-            let e = format!("{q}.ple_embedding");
-            let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
-            w.insert(
-                format!("{e}.layer_multipliers"),
-                Want::Lookup(g.ngram_size, None),
-            );
-            w.insert(
-                format!("{e}.ngram_heads_vocab_sizes"),
-                Want::Lookup(g.heads, Some(as_i64(&g.sizes))),
-            );
-            w.insert(
-                format!("{e}.ngram_heads_offsets"),
-                Want::Lookup(g.heads, Some(as_i64(&g.offsets))),
-            );
+            e.ple(g, self.ple_embed_dim, self.ple_conv);
         }
-        w
+        e.want
     }
 
     /// Whether `name` is handled by the expert or n-gram rules rather than
@@ -506,6 +407,120 @@ impl Release {
             field: "text_config.ple_layer_ids".into(),
             problem,
         })
+    }
+}
+
+/// The expected tensors of a release, as they are listed
+/// ([`Release::expected`]).
+struct ExpectedTensors<'a> {
+    dims: &'a Dims,
+    /// `hc_count` × `hidden`.
+    hc: u64,
+    want: BTreeMap<String, Want>,
+}
+
+impl ExpectedTensors<'_> {
+    /// Linear `module` of logical shape `shape`.
+    fn linear(&mut self, module: String, shape: [u64; 2]) {
+        self.want.insert(module, Want::Linear(shape));
+    }
+
+    /// Parameter tensor `name` of shape `shape`.
+    fn float(&mut self, name: String, shape: &[u64]) {
+        self.want.insert(name, Want::Float(shape.to_vec()));
+    }
+
+    /// The hyper-connection mixer under `q`; a layer's (`inject`) also has
+    /// its block inject weight.
+    fn hyper_connection(&mut self, q: &str, inject: bool) {
+        let (hc, d) = (self.hc, self.dims);
+        self.float(format!("{q}.hc_norm.weight"), &[hc]);
+        self.linear(format!("{q}.input_mix_weight_down"), [d.hc_lowrank, hc]);
+        self.linear(format!("{q}.input_mix_weight_up"), [hc, d.hc_lowrank]);
+        if inject {
+            self.linear(format!("{q}.block_inject_weight"), [d.hc_count, hc]);
+        }
+    }
+
+    /// Decoder layer `q` of type `t`: its hyper-connections, router, shared
+    /// expert and attention.
+    fn layer(&mut self, q: &str, t: LayerType) {
+        let d = self.dims;
+        let h = d.hidden;
+        self.hyper_connection(&format!("{q}.attn_hyper_connection"), true);
+        self.hyper_connection(&format!("{q}.mlp_hyper_connection"), true);
+        let m = format!("{q}.mlp");
+        self.linear(format!("{m}.gate"), [d.experts, h]);
+        self.linear(format!("{m}.shared_expert.gate_proj"), [d.shared, h]);
+        self.linear(format!("{m}.shared_expert.up_proj"), [d.shared, h]);
+        self.linear(format!("{m}.shared_expert.down_proj"), [h, d.shared]);
+        self.linear(format!("{m}.shared_expert_gate"), [1, h]);
+        match t {
+            LayerType::Full => self.full_attention(&format!("{q}.self_attn")),
+            LayerType::Linear => self.linear_attention(&format!("{q}.linear_attn")),
+        }
+    }
+
+    /// The full attention `a` of a layer, with its indexer.
+    fn full_attention(&mut self, a: &str) {
+        let d = self.dims;
+        let h = d.hidden;
+        let kv = d.kv_heads * d.head_dim;
+        self.linear(format!("{a}.q_proj"), [2 * d.heads * d.head_dim, h]);
+        self.linear(format!("{a}.k_proj"), [kv, h]);
+        self.linear(format!("{a}.v_proj"), [kv, h]);
+        self.linear(format!("{a}.o_proj"), [h, d.heads * d.head_dim]);
+        self.float(format!("{a}.q_norm.weight"), &[d.head_dim]);
+        self.float(format!("{a}.k_norm.weight"), &[d.head_dim]);
+        let qk = (d.ix_heads + d.ix_kv_heads) * d.ix_dim;
+        self.linear(format!("{a}.indexer.index_qk_proj"), [qk, h]);
+        self.float(format!("{a}.indexer.q_layernorm.weight"), &[d.ix_dim]);
+        self.float(format!("{a}.indexer.k_layernorm.weight"), &[d.ix_dim]);
+    }
+
+    /// The linear (Gated DeltaNet) attention `a` of a layer.
+    fn linear_attention(&mut self, a: &str) {
+        let d = self.dims;
+        let h = d.hidden;
+        let v = d.lv_heads * d.lv_dim;
+        let c = 2 * d.lk_heads * d.lk_dim + v;
+        self.float(format!("{a}.A_log"), &[d.lv_heads]);
+        self.float(format!("{a}.dt_bias"), &[d.lv_heads]);
+        self.float(format!("{a}.conv1d.weight"), &[c, 1, d.conv]);
+        self.linear(format!("{a}.in_proj_qkv"), [c, h]);
+        self.linear(format!("{a}.in_proj_z"), [v, h]);
+        self.linear(format!("{a}.in_proj_a"), [d.lv_heads, h]);
+        self.linear(format!("{a}.in_proj_b"), [d.lv_heads, h]);
+        self.float(format!("{a}.norm.weight"), &[d.lv_dim]);
+        self.linear(format!("{a}.out_proj"), [h, v]);
+    }
+
+    /// The PLE module of table `g` (embedding dim `embed_dim`, convolution
+    /// kernel `conv`) and its lookup buffers, the vocabulary sizes and
+    /// offsets fixed by the geometry.
+    fn ple(&mut self, g: &PleGeometry, embed_dim: u64, conv: u64) {
+        let (h, hc) = (self.dims.hidden, self.hc);
+        let q = format!("{TEXT_PREFIX}.layers.{}.ple", g.layer);
+        self.linear(format!("{q}.key_proj"), [hc, embed_dim]);
+        self.linear(format!("{q}.value_proj"), [h, embed_dim]);
+        self.float(format!("{q}.conv1d.weight"), &[hc, 1, conv]);
+        for n in ["norm_key", "norm_query", "norm_conv"] {
+            self.float(format!("{q}.{n}.weight"), &[hc]);
+        }
+        let e = format!("{q}.ple_embedding");
+        let as_i64 = |v: &[u64]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+        self.want.insert(
+            format!("{e}.layer_multipliers"),
+            Want::Lookup(g.ngram_size, None),
+        );
+        self.want.insert(
+            format!("{e}.ngram_heads_vocab_sizes"),
+            Want::Lookup(g.heads, Some(as_i64(&g.sizes))),
+        );
+        self.want.insert(
+            format!("{e}.ngram_heads_offsets"),
+            Want::Lookup(g.heads, Some(as_i64(&g.offsets))),
+        );
     }
 }
 
@@ -696,106 +711,98 @@ impl MoeProfile {
         cat: &Catalog,
         name: &str,
         want: &Want,
-    ) -> Result<(Vec<FtwTensor>, Vec<Arc<str>>), String> {
-        let problem = |file: &str, tensor: &str, found: String| {
-            format!(
-                "  {file}: {tensor}: expected {}, found {found}",
-                want.describe()
-            )
-        };
+    ) -> Result<ReleaseTensors, String> {
         match want {
-            Want::Linear(shape) => {
-                let w = format!("{name}.weight");
-                let Some((file, t)) = cat.get(&w) else {
-                    return Err(problem("-", &w, "nothing (missing)".into()));
-                };
-                let found = format!("{:?} {:?}", t.dtype(), t.shape());
-                let lin = self
-                    .linear(cat, name, shape, "the release layout")
-                    .map_err(|e| match t.dtype() {
-                        safetensors::Dtype::BF16
-                        | safetensors::Dtype::F16
-                        | safetensors::Dtype::F32 => problem(file, &w, found.clone()),
-                        _ => problem(file, &w, format!("{found} ({e})")),
-                    })?;
-                if !matches!(lin.dtype, Dtype::BF16 | Dtype::Nvfp4) {
-                    return Err(problem(
-                        file,
-                        &w,
-                        format!("{:?} {:?}", t.dtype(), t.shape()),
-                    ));
-                }
-                let mut out = vec![FtwTensor {
-                    desc: TensorDesc::new(&w, lin.dtype, lin.kind, lin.shape),
-                    source: lin.source,
-                }];
-                out.extend(lin.input_scale);
-                Ok((out, lin.claimed))
-            }
-            Want::Float(shape) => {
-                let Some((file, t)) = cat.get(name) else {
-                    return Err(problem("-", name, "nothing (missing)".into()));
-                };
-                let dtype = match t.dtype() {
-                    safetensors::Dtype::BF16 => Dtype::BF16,
-                    safetensors::Dtype::F32 => Dtype::F32,
-                    d => return Err(problem(file, name, format!("{d:?} {:?}", t.shape()))),
-                };
-                if t.shape() != shape.as_slice() {
-                    return Err(problem(
-                        file,
-                        name,
-                        format!("{:?} {:?}", t.dtype(), t.shape()),
-                    ));
-                }
-                let module = name.strip_suffix(".weight").unwrap_or(name);
-                let kind = if self.protected(module) {
-                    TensorKind::Protected
-                } else {
-                    TensorKind::Plain
-                };
-                let span = cat.span(name).expect("present");
-                Ok((
-                    vec![FtwTensor {
-                        desc: TensorDesc::new(name, dtype, kind, t.shape()),
-                        source: TensorSource::Span(span),
-                    }],
-                    vec![t.shared_name().clone()],
-                ))
-            }
-            Want::Lookup(len, values) => {
-                let Some((file, t)) = cat.get(name) else {
-                    return Err(problem("-", name, "nothing (missing)".into()));
-                };
-                if t.dtype() != safetensors::Dtype::I64 || t.shape() != [*len] {
-                    return Err(problem(
-                        file,
-                        name,
-                        format!("{:?} {:?}", t.dtype(), t.shape()),
-                    ));
-                }
-                let span = cat.span(name).expect("present");
-                let source = match values {
-                    None => TensorSource::Span(span),
-                    Some(v) => TensorSource::Checked(Box::new(CheckedSpan {
-                        span,
-                        expected: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                        because: if name.ends_with("offsets") {
-                            "the prefix sums of the primes ≥ ngram_vocab_size_base".into()
-                        } else {
-                            "the primes ≥ ngram_vocab_size_base, (ngram_size − 1) × heads_per_ngram of them".into()
-                        },
-                    })),
-                };
-                Ok((
-                    vec![FtwTensor {
-                        desc: TensorDesc::new(name, Dtype::I64, TensorKind::Plain, [*len]),
-                        source,
-                    }],
-                    vec![t.shared_name().clone()],
-                ))
-            }
+            Want::Linear(shape) => self.release_linear(cat, name, shape, want),
+            Want::Float(shape) => self.release_float(cat, name, shape, want),
+            Want::Lookup(len, values) => release_lookup(cat, name, *len, values.as_deref(), want),
         }
+    }
+
+    /// [`MoeProfile::release_tensor`] of linear `name` of logical shape
+    /// `shape`: BF16 or an NVFP4 triplet, with its input scale if any.
+    fn release_linear(
+        &self,
+        cat: &Catalog,
+        name: &str,
+        shape: &[u64; 2],
+        want: &Want,
+    ) -> Result<ReleaseTensors, String> {
+        let w = format!("{name}.weight");
+        let Some((file, t)) = cat.get(&w) else {
+            return Err(problem_line(want, "-", &w, "nothing (missing)".into()));
+        };
+        let found = format!("{:?} {:?}", t.dtype(), t.shape());
+        let lin = self
+            .linear(cat, name, shape, "the release layout")
+            .map_err(|e| match t.dtype() {
+                safetensors::Dtype::BF16 | safetensors::Dtype::F16 | safetensors::Dtype::F32 => {
+                    problem_line(want, file, &w, found.clone())
+                }
+                _ => problem_line(want, file, &w, format!("{found} ({e})")),
+            })?;
+        if !matches!(lin.dtype, Dtype::BF16 | Dtype::Nvfp4) {
+            return Err(problem_line(
+                want,
+                file,
+                &w,
+                format!("{:?} {:?}", t.dtype(), t.shape()),
+            ));
+        }
+        let mut out = vec![FtwTensor {
+            desc: TensorDesc::new(&w, lin.dtype, lin.kind, lin.shape),
+            source: lin.source,
+        }];
+        out.extend(lin.input_scale);
+        Ok((out, lin.claimed))
+    }
+
+    /// [`MoeProfile::release_tensor`] of parameter `name`: BF16 or F32 of
+    /// shape `shape`.
+    fn release_float(
+        &self,
+        cat: &Catalog,
+        name: &str,
+        shape: &[u64],
+        want: &Want,
+    ) -> Result<ReleaseTensors, String> {
+        let Some((file, t)) = cat.get(name) else {
+            return Err(problem_line(want, "-", name, "nothing (missing)".into()));
+        };
+        let dtype = match t.dtype() {
+            safetensors::Dtype::BF16 => Dtype::BF16,
+            safetensors::Dtype::F32 => Dtype::F32,
+            d => {
+                return Err(problem_line(
+                    want,
+                    file,
+                    name,
+                    format!("{d:?} {:?}", t.shape()),
+                ));
+            }
+        };
+        if t.shape() != shape {
+            return Err(problem_line(
+                want,
+                file,
+                name,
+                format!("{:?} {:?}", t.dtype(), t.shape()),
+            ));
+        }
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        let kind = if self.protected(module) {
+            TensorKind::Protected
+        } else {
+            TensorKind::Plain
+        };
+        let span = cat.span(name).expect("present");
+        Ok((
+            vec![FtwTensor {
+                desc: TensorDesc::new(name, dtype, kind, t.shape()),
+                source: TensorSource::Span(span),
+            }],
+            vec![t.shared_name().clone()],
+        ))
     }
 
     /// The n-gram shards of `g` with their FP8 scale spans, every problem
@@ -896,6 +903,61 @@ impl MoeProfile {
             Err(problems)
         }
     }
+}
+
+/// The FTW tensors of one expected release tensor, and the source tensors
+/// they claim.
+type ReleaseTensors = (Vec<FtwTensor>, Vec<Arc<str>>);
+
+/// The problem line for `tensor` of `file` found as `found`, not as `want`.
+fn problem_line(want: &Want, file: &str, tensor: &str, found: String) -> String {
+    format!(
+        "  {file}: {tensor}: expected {}, found {found}",
+        want.describe()
+    )
+}
+
+/// [`MoeProfile::release_tensor`] of lookup buffer `name`: I64 `[len]`,
+/// checked to hold `values` when the config fixes them.
+fn release_lookup(
+    cat: &Catalog,
+    name: &str,
+    len: u64,
+    values: Option<&[i64]>,
+    want: &Want,
+) -> Result<ReleaseTensors, String> {
+    let Some((file, t)) = cat.get(name) else {
+        return Err(problem_line(want, "-", name, "nothing (missing)".into()));
+    };
+    if t.dtype() != safetensors::Dtype::I64 || t.shape() != [len] {
+        return Err(problem_line(
+            want,
+            file,
+            name,
+            format!("{:?} {:?}", t.dtype(), t.shape()),
+        ));
+    }
+    let span = cat.span(name).expect("present");
+    let source = match values {
+        None => TensorSource::Span(span),
+        Some(v) => TensorSource::Checked(Box::new(CheckedSpan {
+            span,
+            expected: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            because: if name.ends_with("offsets") {
+                "the prefix sums of the primes ≥ ngram_vocab_size_base".into()
+            } else {
+                "the primes ≥ ngram_vocab_size_base, (ngram_size − 1) × heads_per_ngram of them"
+                    .into()
+            },
+        })),
+    };
+    Ok((
+        vec![FtwTensor {
+            desc: TensorDesc::new(name, Dtype::I64, TensorKind::Plain, [len]),
+            source,
+        }],
+        vec![t.shared_name().clone()],
+    ))
 }
 
 /// Whether `name` is an expected tensor or a part (weight, NVFP4 scale,

@@ -240,21 +240,7 @@ impl TryFrom<RawRecipe> for Recipe {
     fn try_from(raw: RawRecipe) -> Result<Recipe, RecipeError> {
         let file = raw.file;
         check_name(&file, "model_type", &raw.model_type)?;
-        let name = match raw.name {
-            None => format!("recipe:{}", raw.model_type),
-            Some(n) => {
-                check_name(&file, "name", &n)?;
-                if KNOWN_MODEL_TYPES.contains(&n.as_str()) {
-                    return Err(RecipeError::BadName {
-                        file,
-                        field: "name".into(),
-                        value: n,
-                        problem: "is the name of a built-in profile".into(),
-                    });
-                }
-                n
-            }
-        };
+        let name = recipe_name(&file, &raw.model_type, raw.name)?;
         if raw.rules.is_empty() {
             return Err(RecipeError::NoRules { file });
         }
@@ -268,54 +254,9 @@ impl TryFrom<RawRecipe> for Recipe {
         let mut rules = Vec::with_capacity(raw.rules.len());
         let mut builder = GlobSetBuilder::new();
         for (i, r) in raw.rules.into_iter().enumerate() {
-            let bad_glob = |problem: String| RecipeError::BadGlob {
-                file: file.clone(),
-                rule: i,
-                glob: r.glob.clone(),
-                problem,
-            };
-            if r.glob.is_empty() {
-                return Err(bad_glob("is empty".into()));
-            }
-            if r.glob.len() > MAX_RECIPE_GLOB_LEN {
-                return Err(bad_glob(format!(
-                    "is longer than {MAX_RECIPE_GLOB_LEN} bytes"
-                )));
-            }
-            let glob = Glob::new(&r.glob).map_err(|source| RecipeError::InvalidGlob {
-                file: file.clone(),
-                rule: i,
-                glob: r.glob.clone(),
-                source: Box::new(source),
-            })?;
+            let (glob, rule) = Rule::parse(&file, i, r)?;
             builder.add(glob);
-            let component = match r.component.as_str() {
-                "ftw" => RecipeComponent::Ftw,
-                "experts" => RecipeComponent::Experts,
-                _ => {
-                    return Err(RecipeError::BadComponent {
-                        file,
-                        rule: i,
-                        value: r.component,
-                    });
-                }
-            };
-            let dtype = match r.dtype.as_deref() {
-                None | Some("keep") => DtypePolicy::Keep,
-                Some("protected") => DtypePolicy::Protected,
-                Some(other) => {
-                    return Err(RecipeError::BadDtype {
-                        file,
-                        rule: i,
-                        value: other.to_owned(),
-                    });
-                }
-            };
-            rules.push(Rule {
-                glob: r.glob,
-                component,
-                dtype,
-            });
+            rules.push(rule);
         }
         let set = builder.build().map_err(|source| RecipeError::GlobSet {
             file: file.clone(),
@@ -343,6 +284,79 @@ impl TryFrom<RawRecipe> for Recipe {
             expects,
             contract: None,
         })
+    }
+}
+
+/// The profile name of the recipe in `file` for `model_type`: `name` as
+/// written, checked and not a built-in profile's, else
+/// `recipe:<model_type>`.
+fn recipe_name(file: &str, model_type: &str, name: Option<String>) -> Result<String, RecipeError> {
+    let Some(n) = name else {
+        return Ok(format!("recipe:{model_type}"));
+    };
+    check_name(file, "name", &n)?;
+    if KNOWN_MODEL_TYPES.contains(&n.as_str()) {
+        return Err(RecipeError::BadName {
+            file: file.to_owned(),
+            field: "name".into(),
+            value: n,
+            problem: "is the name of a built-in profile".into(),
+        });
+    }
+    Ok(n)
+}
+
+impl Rule {
+    /// Rule `i` of the recipe in `file`, validated, and its compiled glob.
+    fn parse(file: &str, i: usize, r: RawRule) -> Result<(Glob, Rule), RecipeError> {
+        let bad_glob = |problem: String| RecipeError::BadGlob {
+            file: file.to_owned(),
+            rule: i,
+            glob: r.glob.clone(),
+            problem,
+        };
+        if r.glob.is_empty() {
+            return Err(bad_glob("is empty".into()));
+        }
+        if r.glob.len() > MAX_RECIPE_GLOB_LEN {
+            return Err(bad_glob(format!(
+                "is longer than {MAX_RECIPE_GLOB_LEN} bytes"
+            )));
+        }
+        let glob = Glob::new(&r.glob).map_err(|source| RecipeError::InvalidGlob {
+            file: file.to_owned(),
+            rule: i,
+            glob: r.glob.clone(),
+            source: Box::new(source),
+        })?;
+        let component = match r.component.as_str() {
+            "ftw" => RecipeComponent::Ftw,
+            "experts" => RecipeComponent::Experts,
+            _ => {
+                return Err(RecipeError::BadComponent {
+                    file: file.to_owned(),
+                    rule: i,
+                    value: r.component,
+                });
+            }
+        };
+        let dtype = match r.dtype.as_deref() {
+            None | Some("keep") => DtypePolicy::Keep,
+            Some("protected") => DtypePolicy::Protected,
+            Some(other) => {
+                return Err(RecipeError::BadDtype {
+                    file: file.to_owned(),
+                    rule: i,
+                    value: other.to_owned(),
+                });
+            }
+        };
+        let rule = Rule {
+            glob: r.glob,
+            component,
+            dtype,
+        };
+        Ok((glob, rule))
     }
 }
 
@@ -375,6 +389,15 @@ struct Slot {
     tensor: String,
     desc: TensorDesc,
     source: TensorSource,
+}
+
+/// Where a recipe's rules have sent the tensors so far.
+struct Routed {
+    /// Per rule: whether it matched a tensor.
+    used: Vec<bool>,
+    ftw: FtwBuilder,
+    /// Expert slots by layer, expert and field.
+    layers: BTreeMap<u64, BTreeMap<u64, BTreeMap<String, Slot>>>,
 }
 
 /// Is `s` an all-digit segment?
@@ -507,6 +530,52 @@ impl Recipe {
     /// error; a recipe with tables must be [bound](Recipe::bind) to its
     /// config.
     pub fn components(&self, cat: &Catalog) -> Result<Vec<Component>, ConvertError> {
+        self.check_contract(cat)?;
+        let mut out = Routed {
+            used: vec![false; self.rules.len()],
+            ftw: FtwBuilder::default(),
+            layers: BTreeMap::new(),
+        };
+        let mut hits = Vec::new();
+        for (name, file, t) in cat.iter() {
+            if companion_of(cat, file, name)?.is_some() {
+                // Placed with its NVFP4 weight.
+                continue;
+            }
+            self.set.matches_into(name, &mut hits);
+            let Some(&ri) = hits.iter().min() else {
+                return Err(ConvertError::UnexpectedTensor {
+                    file: file.to_owned(),
+                    tensor: name.to_owned(),
+                    reason: format!("no rule of recipe {} matches it", self.name),
+                });
+            };
+            out.used[ri] = true;
+            let tensor = (name, file, t);
+            match self.rules[ri].component {
+                RecipeComponent::Ftw => self.route_ftw(cat, &mut out.ftw, ri, tensor)?,
+                RecipeComponent::Experts => self.route_expert(cat, &mut out, ri, tensor)?,
+            }
+        }
+        if let Some(ri) = out.used.iter().position(|u| !u) {
+            return Err(RecipeError::RuleUnused {
+                file: self.file.clone(),
+                rule: ri,
+                glob: self.rules[ri].glob.clone(),
+            }
+            .into());
+        }
+
+        let mut components = vec![out.ftw.finish()?];
+        for (l, experts) in out.layers {
+            components.push(expert_component(l, experts)?);
+        }
+        Ok(components)
+    }
+
+    /// Checks the source against the bound `[[expect]]` tables, every
+    /// mismatch in one error.
+    fn check_contract(&self, cat: &Catalog) -> Result<(), ConvertError> {
         let problems = match &self.contract {
             Some(c) => contract::check(c, cat),
             None if self.expects.is_empty() => Vec::new(),
@@ -526,87 +595,72 @@ impl Recipe {
             }
             .into());
         }
-        let mut used = vec![false; self.rules.len()];
-        let mut ftw = FtwBuilder::default();
-        let mut layers: BTreeMap<u64, BTreeMap<u64, BTreeMap<String, Slot>>> = BTreeMap::new();
-        let mut hits = Vec::new();
-        for (name, file, t) in cat.iter() {
-            if companion_of(cat, file, name)?.is_some() {
-                // Placed with its NVFP4 weight.
-                continue;
-            }
-            self.set.matches_into(name, &mut hits);
-            let Some(&ri) = hits.iter().min() else {
-                return Err(ConvertError::UnexpectedTensor {
-                    file: file.to_owned(),
-                    tensor: name.to_owned(),
-                    reason: format!("no rule of recipe {} matches it", self.name),
-                });
-            };
-            used[ri] = true;
-            let rule = &self.rules[ri];
-            match rule.component {
-                RecipeComponent::Ftw => {
-                    let p = self.place(cat, ri, name, file, t)?;
-                    ftw.insert(FtwTensor {
-                        desc: TensorDesc::new(name, p.dtype, p.kind, p.shape),
-                        source: p.source,
-                    })?;
-                    if let Some(s) = p.input_scale {
-                        ftw.insert(s)?;
-                    }
-                }
-                RecipeComponent::Experts => {
-                    let (l, e, field) = expert_slot(name)
-                        .map_err(|problem| RecipeError::ExpertName {
-                            file: file.to_owned(),
-                            tensor: name.to_owned(),
-                            rule: ri,
-                            glob: rule.glob.clone(),
-                            problem,
-                        })
-                        .map_err(ConvertError::from)?;
-                    let p = self.place(cat, ri, name, file, t)?;
-                    if let Some(s) = p.input_scale {
-                        ftw.insert(s)?;
-                    }
-                    let slot = Slot {
-                        tensor: name.to_owned(),
-                        desc: TensorDesc::new(field.clone(), p.dtype, p.kind, p.shape),
-                        source: p.source,
-                    };
-                    let fields = layers.entry(l).or_default().entry(e).or_default();
-                    match fields.entry(field) {
-                        Entry::Vacant(v) => {
-                            v.insert(slot);
-                        }
-                        Entry::Occupied(o) => {
-                            return Err(ConvertError::DuplicateExpertField {
-                                layer: l,
-                                expert: e,
-                                field: o.key().clone(),
-                                first: o.get().tensor.clone(),
-                                second: name.to_owned(),
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(ri) = used.iter().position(|u| !u) {
-            return Err(RecipeError::RuleUnused {
-                file: self.file.clone(),
-                rule: ri,
-                glob: self.rules[ri].glob.clone(),
-            }
-            .into());
-        }
+        Ok(())
+    }
 
-        let mut components = vec![ftw.finish()?];
-        for (l, experts) in layers {
-            components.push(expert_component(l, experts)?);
+    /// Puts tensor `(name, file, t)`, matched by FTW rule `ri`, into the FTW
+    /// stream, its input scale (if any) after it.
+    fn route_ftw(
+        &self,
+        cat: &Catalog,
+        ftw: &mut FtwBuilder,
+        ri: usize,
+        (name, file, t): (&str, &str, &SourceTensor),
+    ) -> Result<(), ConvertError> {
+        let p = self.place(cat, ri, name, file, t)?;
+        ftw.insert(FtwTensor {
+            desc: TensorDesc::new(name, p.dtype, p.kind, p.shape),
+            source: p.source,
+        })?;
+        if let Some(s) = p.input_scale {
+            ftw.insert(s)?;
         }
-        Ok(components)
+        Ok(())
+    }
+
+    /// Puts tensor `(name, file, t)`, matched by experts rule `ri`, into
+    /// its layer's expert slots, its input scale (if any) into the FTW
+    /// stream; a field found twice is an error.
+    fn route_expert(
+        &self,
+        cat: &Catalog,
+        out: &mut Routed,
+        ri: usize,
+        (name, file, t): (&str, &str, &SourceTensor),
+    ) -> Result<(), ConvertError> {
+        let rule = &self.rules[ri];
+        let (l, e, field) = expert_slot(name)
+            .map_err(|problem| RecipeError::ExpertName {
+                file: file.to_owned(),
+                tensor: name.to_owned(),
+                rule: ri,
+                glob: rule.glob.clone(),
+                problem,
+            })
+            .map_err(ConvertError::from)?;
+        let p = self.place(cat, ri, name, file, t)?;
+        if let Some(s) = p.input_scale {
+            out.ftw.insert(s)?;
+        }
+        let slot = Slot {
+            tensor: name.to_owned(),
+            desc: TensorDesc::new(field.clone(), p.dtype, p.kind, p.shape),
+            source: p.source,
+        };
+        let fields = out.layers.entry(l).or_default().entry(e).or_default();
+        match fields.entry(field) {
+            Entry::Vacant(v) => {
+                v.insert(slot);
+                Ok(())
+            }
+            Entry::Occupied(o) => Err(ConvertError::DuplicateExpertField {
+                layer: l,
+                expert: e,
+                field: o.key().clone(),
+                first: o.get().tensor.clone(),
+                second: name.to_owned(),
+            }),
+        }
     }
 
     /// How tensor `name` (matched by rule `ri`) is stored: a plain copy or,
