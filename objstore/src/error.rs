@@ -119,6 +119,42 @@ impl ObjStoreError {
         }
     }
 
+    /// Whether retrying the same request may help: what `object_store`
+    /// could not cure with its own retries (a dropped connection, a 5xx)
+    /// may pass on a later attempt; a missing object, a refused
+    /// credential or a malformed setup will not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ObjStoreError::Request { source, .. } => !matches!(
+                source,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    /// Whether this is the server answering a ranged get with the whole
+    /// object (a `200` to a `Range`), which `object_store` refuses itself
+    /// with an error it does not expose as a type: recognised by its
+    /// message, the only mark it leaves.
+    pub fn is_range_ignored(&self) -> bool {
+        const NOT_PARTIAL: &str = "non-partial response when range requested";
+        match self {
+            ObjStoreError::Request { source, .. } => {
+                let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source);
+                while let Some(e) = cur {
+                    if e.to_string().contains(NOT_PARTIAL) {
+                        return true;
+                    }
+                    cur = e.source();
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
     /// A request's error, with its key, sorted into the variants a caller
     /// decides on (missing, already there, upload gone).
     pub(crate) fn request(op: &'static str, key: String, source: object_store::Error) -> Self {
