@@ -165,3 +165,40 @@ impl ObjStoreError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(source: object_store::Error) -> ObjStoreError {
+        ObjStoreError::Request {
+            op: "get",
+            key: "s3://b/k".into(),
+            source,
+        }
+    }
+
+    fn generic(message: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(std::io::Error::other(message.to_owned())),
+        }
+    }
+
+    #[test]
+    fn a_200_to_a_range_is_recognised_and_a_refused_credential_is_not_transient() {
+        let ignored = request(generic(
+            "Received non-partial response when range requested",
+        ));
+        assert!(ignored.is_range_ignored());
+        assert!(!request(generic("connection reset")).is_range_ignored());
+        assert!(request(generic("connection reset")).is_transient());
+        let denied = request(object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: Box::new(std::io::Error::other("403")),
+        });
+        assert!(!denied.is_transient());
+        let gone = ObjStoreError::NotFound { key: "k".into() };
+        assert!(!gone.is_transient() && !gone.is_range_ignored());
+    }
+}

@@ -250,3 +250,22 @@ pub(crate) fn open_origin(
         offline,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_is_a_mirror_by_its_scheme_and_a_hub_url_otherwise() {
+        assert!(matches!(
+            Endpoint::parse("s3://models/mirror"),
+            Ok(Endpoint::Mirror(_))
+        ));
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:9").ok(),
+            Some(Endpoint::Hub("http://127.0.0.1:9".into()))
+        );
+        assert!(Endpoint::parse("s3://").is_err());
+        assert!(Endpoint::parse("not a url").is_err());
+    }
+}
