@@ -29,9 +29,10 @@
 //! - `error`: [`FetchError`]; what the hub's HTTP fails with is a
 //!   [`ftpipe_hub::HubError`] inside it.
 //!
-//! Imports run one way: `ctx`, `error`, `source`, `part` and `extent` are
-//! leaves; `hubsource` builds on `source`; `attempt` builds on them; `transfer` and `segmented` on
-//! `attempt`; the crate root starts them.
+//! Imports run one way: `error`, `source`, `part` and `extent` are
+//! leaves; `hubsource` builds on `source`, `ctx` on `hubsource`;
+//! `attempt` builds on them; `transfer` and `segmented` on `attempt`; the
+//! crate root starts them.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
