@@ -3,28 +3,26 @@
 //! one check of the answer, the body's minimum-rate rule, and the receipt
 //! once the file is published.
 //!
-//! The check is the strictness of the whole fetch, written once: the hub's
-//! description of the file must agree with the pin; a `206` must carry
-//! exactly the asked `Content-Range`, the validator the kept bytes were
-//! fetched under and a matching `Content-Length`; a `200` is the whole
-//! file, accepted only when the whole file was asked; anything else is a
-//! refusal, with the wait a `429` or `503` asked for.
+//! The check is the strictness of the whole fetch, written once over the
+//! seam's typed answers (`crate::source::ReadOutcome`), whatever the
+//! source: the source's description of the file must agree with the pin;
+//! a span must be exactly the asked one (the `Content-Range` a hub sent),
+//! under the validator the kept bytes were fetched under, with a matching
+//! length; the whole file is accepted only when the whole file was asked,
+//! and is otherwise the range ignored; a refusal carries the wait the
+//! source asked for.
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
-
 use ftpipe_hub::HubError;
-use ftpipe_hub::headers::{
-    check_linked_meta, check_range, etag, retry_after_secs, strong_validator,
-};
+use ftpipe_hub::headers::check_linked_meta;
 use ftpipe_hub::identity::Expected;
 use ftpipe_progress::ProgressEvent;
 use ftpipe_receipts::{Attempt, FileRow, Receipt};
 
 use crate::ctx::FetchCtx;
 use crate::error::{FetchError, Result};
-use crate::source::{Ask, SourceResponse, Span};
+use crate::source::{Ask, Body, ReadOutcome, Reply, SentSpan, Span};
 
 /// How many times a file whose bytes failed the digest is fetched again.
 pub(crate) const DIGEST_REFETCHES: u32 = 1;
@@ -41,13 +39,20 @@ pub(crate) struct Pinned<'a> {
 pub(crate) enum Verdict {
     /// The body is the bytes asked for; `validator` is the answer's strong
     /// validator.
-    Accepted { validator: Option<String> },
-    /// A `200` to a range request: the whole file from byte 0 (the server
-    /// ignores ranges, or the file changed). Its length is not checked yet
+    Accepted {
+        validator: Option<String>,
+        body: Body,
+    },
+    /// The whole file from byte 0 to a range request (the source ignores
+    /// ranges, or the file changed). Its length is not checked yet
     /// ([`whole_length`], if the body is kept).
-    RangeIgnored { validator: Option<String> },
-    /// Not an answer with bytes to keep; `retry_after`: the seconds a
-    /// `429` or `503` asked to wait.
+    RangeIgnored {
+        validator: Option<String>,
+        length: Option<u64>,
+        body: Body,
+    },
+    /// Not an answer with bytes to keep; `retry_after`: the seconds the
+    /// source asked to wait.
     Refused {
         retry_after: Option<u64>,
         error: FetchError,
@@ -66,22 +71,19 @@ pub(crate) fn new_attempt(path: &str, host: String, ask: &Ask<'_>) -> Attempt {
     }
 }
 
-/// Records what the answer said (final host, status, ETag, Content-Range).
-pub(crate) fn record_response(attempt: &mut Attempt, resp: &SourceResponse) {
-    attempt.host = resp.host.clone();
-    attempt.status = Some(resp.status().as_u16());
-    attempt.etag = etag(resp.headers());
-    attempt.content_range = resp
-        .headers()
-        .get("content-range")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+/// Records what the answer said (final host, and the status, ETag and
+/// range where the source has them).
+pub(crate) fn record_reply(attempt: &mut Attempt, reply: &Reply) {
+    attempt.host = reply.host.clone();
+    attempt.status = reply.wire.status;
+    attempt.etag = reply.wire.etag.clone();
+    attempt.content_range = reply.wire.content_range.clone();
 }
 
 /// The one response check (see the module doc).
-pub(crate) fn check(pin: &Pinned<'_>, ask: &Ask<'_>, resp: &SourceResponse) -> Result<Verdict> {
+pub(crate) fn check(pin: &Pinned<'_>, ask: &Ask<'_>, reply: Reply) -> Result<Verdict> {
     let path = pin.path;
-    check_linked_meta(&resp.meta, pin.commit, pin.size, pin.lfs_sha256).map_err(|c| {
+    check_linked_meta(&reply.meta, pin.commit, pin.size, pin.lfs_sha256).map_err(|c| {
         FetchError::PinContradicted {
             path: path.to_owned(),
             header: c.header,
@@ -90,80 +92,111 @@ pub(crate) fn check(pin: &Pinned<'_>, ask: &Ask<'_>, resp: &SourceResponse) -> R
             what: c.what,
         }
     })?;
-    let now = strong_validator(resp.headers());
-    let (from, end) = match (resp.status(), ask.span) {
-        (StatusCode::OK, Span::Whole) => {
-            whole_length(path, resp, pin.size)?;
-            return Ok(Verdict::Accepted { validator: now });
+    let (sent, validator, length, body) = match reply.outcome {
+        ReadOutcome::Whole {
+            validator,
+            length,
+            body,
+        } => {
+            if ask.span != Span::Whole {
+                return Ok(Verdict::RangeIgnored {
+                    validator,
+                    length,
+                    body,
+                });
+            }
+            whole_length(path, length, pin.size)?;
+            return Ok(Verdict::Accepted { validator, body });
         }
-        (StatusCode::OK, _) => return Ok(Verdict::RangeIgnored { validator: now }),
-        (StatusCode::PARTIAL_CONTENT, Span::From(start)) => (start, pin.size),
-        (StatusCode::PARTIAL_CONTENT, Span::Range { from, end }) => (from, end),
-        (status, span) => return Ok(refused(path, resp, status, span)),
+        ReadOutcome::Refused { retry_after, error } => {
+            return Ok(Verdict::Refused { retry_after, error });
+        }
+        ReadOutcome::Span {
+            sent,
+            validator,
+            length,
+            body,
+        } => (sent, validator, length, body),
     };
-    check_range(path, resp.headers(), from, end, pin.size)?;
-    if let Some(sent) = ask.validator
-        && now.as_deref() != Some(sent)
+    let Some((from, end)) = ask.span.bounds(pin.size) else {
+        return Err(FetchError::internal(format!(
+            "the source answered a span to a request for the whole of {path}"
+        )));
+    };
+    check_span(path, sent, reply.wire.content_range, from, end, pin.size)?;
+    if let Some(asked) = ask.validator
+        && validator.as_deref() != Some(asked)
     {
-        // Message only: a missing ETag shows as "".
-        return Err(FetchError::Hub(HubError::BadHeader {
-            path: path.to_owned(),
-            header: "ETag",
-            expected: sent.to_owned(),
-            actual: now.unwrap_or_default(),
-        }));
+        // Message only: a missing validator shows as "".
+        return Err(bad_header(
+            path,
+            "ETag",
+            asked.to_owned(),
+            validator.unwrap_or_default(),
+        ));
     }
-    if let Some(len) = resp.content_length()
+    if let Some(len) = length
         && Some(len) != end.checked_sub(from)
     {
-        return Err(FetchError::Hub(HubError::BadHeader {
-            path: path.to_owned(),
-            header: "Content-Length",
-            expected: end.saturating_sub(from).to_string(),
-            actual: len.to_string(),
-        }));
+        return Err(bad_header(
+            path,
+            "Content-Length",
+            end.saturating_sub(from).to_string(),
+            len.to_string(),
+        ));
     }
-    Ok(Verdict::Accepted { validator: now })
+    Ok(Verdict::Accepted { validator, body })
 }
 
-/// A `200` kept as the whole file must announce the file's size (or none).
-pub(crate) fn whole_length(path: &str, resp: &SourceResponse, size: u64) -> Result<()> {
-    match resp.content_length() {
-        Some(len) if len != size => Err(FetchError::Hub(HubError::BadHeader {
-            path: path.to_owned(),
-            header: "Content-Length",
-            expected: size.to_string(),
-            actual: len.to_string(),
-        })),
+/// A span answer must be exactly `[from, end)` of the pinned `size`;
+/// `as_sent` is how the source wrote the span (the message's "actual").
+fn check_span(
+    path: &str,
+    sent: Option<SentSpan>,
+    as_sent: Option<String>,
+    from: u64,
+    end: u64,
+    size: u64,
+) -> Result<()> {
+    let want = SentSpan {
+        first: from,
+        end,
+        total: size,
+    };
+    if sent == Some(want) && from < end {
+        return Ok(());
+    }
+    let actual = as_sent.unwrap_or_else(|| match sent {
+        Some(s) => format!("bytes {}-{}/{}", s.first, s.end.saturating_sub(1), s.total),
+        None => String::new(),
+    });
+    Err(bad_header(
+        path,
+        "Content-Range",
+        format!("bytes {from}-{}/{size}", end.saturating_sub(1)),
+        actual,
+    ))
+}
+
+fn bad_header(path: &str, header: &'static str, expected: String, actual: String) -> FetchError {
+    FetchError::Hub(HubError::BadHeader {
+        path: path.to_owned(),
+        header,
+        expected,
+        actual,
+    })
+}
+
+/// The whole file kept must announce the file's size (or no length).
+pub(crate) fn whole_length(path: &str, length: Option<u64>, size: u64) -> Result<()> {
+    match length {
+        Some(len) if len != size => Err(bad_header(
+            path,
+            "Content-Length",
+            size.to_string(),
+            len.to_string(),
+        )),
         _ => Ok(()),
-    }
-}
-
-/// Any status but `200` and a `206` to a range request.
-fn refused(path: &str, resp: &SourceResponse, status: StatusCode, span: Span) -> Verdict {
-    let retry_after = if matches!(status.as_u16(), 429 | 503) {
-        retry_after_secs(resp.headers())
-    } else {
-        None
-    };
-    // The URL may be the CDN's (`/lfs/<sha>`), which does not name the
-    // file: say which file this was for.
-    let detail = match span {
-        Span::Whole if status == StatusCode::PARTIAL_CONTENT => {
-            format!(" to a request without Range (fetching {path})")
-        }
-        Span::Range { from, end } => {
-            format!(" (fetching {path}, range {from}-{})", end.saturating_sub(1))
-        }
-        _ => format!(" (fetching {path})"),
-    };
-    Verdict::Refused {
-        retry_after,
-        error: FetchError::Hub(HubError::Status {
-            url: resp.location(),
-            status: status.as_u16(),
-            detail,
-        }),
     }
 }
 
@@ -246,7 +279,7 @@ impl RateWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::Body;
+    use crate::source::WireRecord;
     use ftpipe_hub::client::LinkedMeta;
 
     const PIN: Pinned<'static> = Pinned {
@@ -256,16 +289,39 @@ mod tests {
         lfs_sha256: None,
     };
 
-    fn answer(status: u16, headers: &[(&str, &str)], body: &'static str) -> SourceResponse {
-        let mut b = http::Response::builder().status(status);
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        SourceResponse {
+    fn reply(outcome: ReadOutcome, content_range: Option<&str>) -> Reply {
+        Reply {
             host: "h".into(),
             meta: LinkedMeta::default(),
-            body: Body::Http(reqwest::Response::from(b.body(body).unwrap())),
+            wire: WireRecord {
+                content_range: content_range.map(str::to_owned),
+                ..WireRecord::default()
+            },
+            outcome,
         }
+    }
+
+    fn span(first: u64, end: u64, validator: Option<&str>, length: u64) -> Reply {
+        let outcome = ReadOutcome::Span {
+            sent: Some(SentSpan {
+                first,
+                end,
+                total: 10,
+            }),
+            validator: validator.map(str::to_owned),
+            length: Some(length),
+            body: Body::empty(),
+        };
+        reply(outcome, None)
+    }
+
+    fn whole(validator: Option<&str>, length: u64) -> Reply {
+        let outcome = ReadOutcome::Whole {
+            validator: validator.map(str::to_owned),
+            length: Some(length),
+            body: Body::empty(),
+        };
+        reply(outcome, None)
     }
 
     fn range(validator: Option<&str>) -> Ask<'_> {
@@ -275,70 +331,82 @@ mod tests {
         }
     }
 
-    fn bad_header(r: Result<Verdict>) -> &'static str {
+    fn bad_header(r: Result<Verdict>) -> (&'static str, String) {
         match r {
-            Err(FetchError::Hub(HubError::BadHeader { header, .. })) => header,
+            Err(FetchError::Hub(HubError::BadHeader { header, actual, .. })) => (header, actual),
             Err(e) => panic!("another error: {e}"),
             Ok(_) => panic!("accepted"),
         }
     }
 
     #[test]
-    fn a_206_must_answer_exactly_the_asked_range_under_the_sent_validator() {
-        let ok = answer(
-            206,
-            &[("content-range", "bytes 4-9/10"), ("etag", "\"v\"")],
-            "456789",
-        );
-        let v = check(&PIN, &range(Some("\"v\"")), &ok).unwrap();
-        assert!(matches!(v, Verdict::Accepted { validator: Some(ref e) } if e == "\"v\""));
-        let other = answer(
-            206,
-            &[("content-range", "bytes 4-9/10"), ("etag", "\"w\"")],
-            "456789",
-        );
+    fn a_span_must_be_exactly_the_asked_one_under_the_sent_validator() {
+        let ok = span(4, 10, Some("\"v\""), 6);
+        let v = check(&PIN, &range(Some("\"v\"")), ok).unwrap();
+        assert!(matches!(v, Verdict::Accepted { validator: Some(ref e), .. } if e == "\"v\""));
+        let other = span(4, 10, Some("\"w\""), 6);
         assert_eq!(
-            bad_header(check(&PIN, &range(Some("\"v\"")), &other)),
+            bad_header(check(&PIN, &range(Some("\"v\"")), other)).0,
             "ETag"
         );
-        let short = answer(206, &[("content-range", "bytes 4-8/10")], "45678");
+        let short = span(4, 9, None, 5);
+        let (header, actual) = bad_header(check(&PIN, &range(None), short));
+        assert_eq!((header, actual.as_str()), ("Content-Range", "bytes 4-8/10"));
+        let long = span(4, 10, None, 7);
         assert_eq!(
-            bad_header(check(&PIN, &range(None), &short)),
-            "Content-Range"
+            bad_header(check(&PIN, &range(None), long)).0,
+            "Content-Length"
         );
+        // A span the source could not name is refused with what it wrote.
+        let unnamed = ReadOutcome::Span {
+            sent: None,
+            validator: None,
+            length: None,
+            body: Body::empty(),
+        };
+        let (header, actual) = bad_header(check(
+            &PIN,
+            &range(None),
+            reply(unnamed, Some("bytes 4-x/10")),
+        ));
+        assert_eq!((header, actual.as_str()), ("Content-Range", "bytes 4-x/10"));
     }
 
     #[test]
-    fn a_200_is_accepted_only_when_the_whole_file_was_asked() {
-        let whole = answer(200, &[("etag", "\"v\"")], "0123456789");
-        let v = check(&PIN, &range(Some("\"v\"")), &whole).unwrap();
+    fn the_whole_file_is_accepted_only_when_the_whole_file_was_asked() {
+        let v = check(&PIN, &range(Some("\"v\"")), whole(Some("\"v\""), 10)).unwrap();
         assert!(matches!(v, Verdict::RangeIgnored { .. }));
         let ask = Ask {
             span: Span::Whole,
             validator: None,
         };
         assert!(matches!(
-            check(&PIN, &ask, &whole).unwrap(),
+            check(&PIN, &ask, whole(None, 10)).unwrap(),
             Verdict::Accepted { .. }
         ));
-        let long = answer(200, &[], "0123456789!");
-        assert_eq!(bad_header(check(&PIN, &ask, &long)), "Content-Length");
-        // A 206 to a request without a range is refused, not kept.
-        let partial = answer(206, &[("content-range", "bytes 0-9/10")], "0123456789");
-        let v = check(&PIN, &ask, &partial).unwrap();
-        assert!(
-            matches!(v, Verdict::Refused { error, .. } if error.to_string().contains("without Range"))
+        assert_eq!(
+            bad_header(check(&PIN, &ask, whole(None, 11))).0,
+            "Content-Length"
         );
+        // A span to a request without one is a source's bug, not kept.
+        assert!(matches!(
+            check(&PIN, &ask, span(0, 10, None, 10)),
+            Err(FetchError::Internal { .. })
+        ));
     }
 
     #[test]
-    fn only_a_429_or_503_carries_its_retry_after() {
-        for (status, want) in [(429, Some(7)), (503, Some(7)), (500, None)] {
-            let r = answer(status, &[("retry-after", "7")], "");
-            match check(&PIN, &range(None), &r).unwrap() {
-                Verdict::Refused { retry_after, .. } => assert_eq!(retry_after, want, "{status}"),
-                _ => panic!("{status} not refused"),
+    fn a_refusal_keeps_its_wait_and_its_error() {
+        let refused = ReadOutcome::Refused {
+            retry_after: Some(7),
+            error: FetchError::internal("x"),
+        };
+        match check(&PIN, &range(None), reply(refused, None)).unwrap() {
+            Verdict::Refused { retry_after, error } => {
+                assert_eq!(retry_after, Some(7));
+                assert!(error.to_string().contains('x'));
             }
+            _ => panic!("not refused"),
         }
     }
 }

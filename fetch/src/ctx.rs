@@ -22,7 +22,8 @@ use crate::defaults::{
     DEFAULT_STALL_WINDOW,
 };
 use crate::error::FetchError;
-use crate::source::{ByteSource, HubSource};
+use crate::hubsource::HubSource;
+use crate::source::ByteSource;
 use ftpipe_fs::direct::IoMode;
 
 /// Tunables of the fetch stage.

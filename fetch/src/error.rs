@@ -15,9 +15,10 @@ pub enum FetchError {
     /// The durable store failed.
     #[error(transparent)]
     Store(#[from] ftpipe_receipts::StoreError),
-    /// An object-storage request failed (a pull's source).
+    /// A byte source other than the hub failed (object storage, ...): its
+    /// own error, with whether a retry may help and its class.
     #[error(transparent)]
-    ObjStore(#[from] ftpipe_objstore::ObjStoreError),
+    Source(SourceFailure),
     /// A local filesystem operation failed.
     #[error(transparent)]
     Io(#[from] ftpipe_fs::IoError),
@@ -236,7 +237,7 @@ impl FetchError {
             FetchError::NoSpace { .. } | FetchError::InsufficientSpace(_) => ErrorClass::NoSpace,
             FetchError::Hub(e) => e.class(),
             FetchError::Store(e) => e.class(),
-            FetchError::ObjStore(e) => e.class(),
+            FetchError::Source(e) => e.class,
             FetchError::RetriesExhausted { last, .. } => last.class(),
             FetchError::Several { worst, .. } => worst.class(),
             FetchError::Io(_)
@@ -256,18 +257,36 @@ impl FetchError {
         match self {
             FetchError::Hub(e) => e.is_transient(),
             FetchError::Stalled { .. } => true,
-            // What `object_store` could not cure with its own retries
-            // (a dropped connection, a 5xx) may pass on a later attempt;
-            // a missing object or a refused credential will not.
-            FetchError::ObjStore(ftpipe_objstore::ObjStoreError::Request { source, .. }) => {
-                !matches!(
-                    source,
-                    object_store::Error::PermissionDenied { .. }
-                        | object_store::Error::Unauthenticated { .. }
-                )
-            }
+            FetchError::Source(e) => e.transient,
             _ => false,
         }
+    }
+}
+
+/// A byte source's failure in no transport's terms: the source's own
+/// error (its message and causes shown as they are), whether retrying the
+/// same request may help, and its class. The source decides both.
+#[derive(Debug)]
+pub struct SourceFailure {
+    /// Whether a later attempt may succeed (a dropped connection, a
+    /// server error), or not (a missing object, a refused credential).
+    pub transient: bool,
+    /// Its class (exit code).
+    pub class: ErrorClass,
+    /// The source's error.
+    pub error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl std::fmt::Display for SourceFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+/// Transparent: the source's error stands for itself, its causes follow.
+impl std::error::Error for SourceFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
     }
 }
 
@@ -353,6 +372,25 @@ mod tests {
             last: Box::new(network()),
         };
         assert_eq!(retried.class(), ErrorClass::Failure);
+    }
+
+    #[test]
+    fn a_source_failure_is_as_transient_and_as_severe_as_its_source_says() {
+        let failure = |transient, class| {
+            FetchError::Source(SourceFailure {
+                transient,
+                class,
+                error: Box::new(std::io::Error::other("object gone")),
+            })
+        };
+        let gone = failure(false, ErrorClass::Failure);
+        assert!(!gone.is_transient());
+        assert_eq!(gone.to_string(), "object gone");
+        assert!(failure(true, ErrorClass::Failure).is_transient());
+        assert_eq!(
+            failure(false, ErrorClass::NoSpace).class(),
+            ErrorClass::NoSpace
+        );
     }
 
     #[test]

@@ -8,12 +8,17 @@
 //!   verified files, revoke receipts whose file changed, cut `.part` tails
 //!   the ledger does not claim).
 //! - `cache`: taking a pinned file from a Hugging Face cache first.
-//! - `source`: the byte-source seam: a span of a file asked under a
-//!   validator, the answer's status, headers and body; the hub's HTTP
-//!   implements it; `s3source`: object storage implements it (`pull`).
+//! - `source`: the byte-source seam in transport-neutral terms
+//!   ([`ByteSource`]): a span of a file asked under a validator
+//!   ([`Ask`]), a typed answer ([`Reply`]: the span sent, the whole file
+//!   instead, or a refusal; a [`WireRecord`] for the attempt's row) and a
+//!   [`Body`] of chunks. `hubsource`: the hub's HTTP implements it, the
+//!   one place HTTP statuses and headers become outcomes ([`HubSource`]).
+//!   Other sources (object storage for `pull` and mirrors) live above this
+//!   crate and fail with a [`SourceFailure`].
 //! - `attempt`: one request of either path: what it records, the one
-//!   check of the answer (accepted / range ignored / refused), the body's
-//!   minimum rate, the receipt after publication.
+//!   check of the typed answer (accepted / range ignored / refused), the
+//!   body's minimum rate, the receipt after publication.
 //! - `transfer`: one file as one stream: resume, append what a validated
 //!   response promised, checkpoint, verify, publish.
 //! - `segmented`: a large file as several ranges into one sparse `.part`
@@ -24,9 +29,10 @@
 //! - `error`: [`FetchError`]; what the hub's HTTP fails with is a
 //!   [`ftpipe_hub::HubError`] inside it.
 //!
-//! Imports run one way: `ctx`, `error`, `source`, `part` and `extent` are
-//! leaves; `attempt` builds on them; `transfer` and `segmented` on
-//! `attempt`; the crate root starts them.
+//! Imports run one way: `error`, `source`, `part` and `extent` are
+//! leaves; `hubsource` builds on `source`, `ctx` on `hubsource`;
+//! `attempt` builds on them; `transfer` and `segmented` on `attempt`; the
+//! crate root starts them.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
@@ -39,9 +45,9 @@ mod ctx;
 pub mod defaults;
 mod error;
 mod extent;
+mod hubsource;
 mod part;
 mod reconcile;
-mod s3source;
 mod segmented;
 mod source;
 mod transfer;
@@ -61,7 +67,7 @@ use ftpipe_fs::paths::safe_join;
 use ftpipe_progress::ProgressEvent;
 
 pub use ctx::{FetchCtx, FetchOptions};
-pub use error::{FetchError, Result};
+pub use error::{FetchError, Result, SourceFailure};
 pub use extent::WRITE_ALIGN;
 pub use ftpipe_fs::direct::IoMode;
 pub use ftpipe_hub::headers::{
@@ -69,10 +75,10 @@ pub use ftpipe_hub::headers::{
     retry_after_secs, strong_validator,
 };
 pub use ftpipe_hub::identity::expected_identity;
+pub use hubsource::HubSource;
 pub use reconcile::{ReconcileReport, reconcile};
-pub use s3source::{S3Object, S3Source};
 pub use source::{
-    Ask, Body, BodyError, ByteSource, SourceFuture, SourceResponse, Span, StreamBody,
+    Ask, Body, BodyError, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
 };
 
 /// Bytes still needed for the selected files (expected minus durable).

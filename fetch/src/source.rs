@@ -1,36 +1,40 @@
-//! The byte source: where a pinned file's bytes come from. The transfer
-//! machinery (one stream or ranges) asks it for a span of a file under a
-//! validator and reads the answer; it never builds an HTTP request itself.
-//! [`HubSource`] is the hub's HTTP (resolve URLs, bounded redirects, the
-//! token never sent across hosts).
+//! The byte source: where a pinned file's bytes come from, in
+//! transport-neutral terms. The transfer machinery (one stream or ranges)
+//! asks a source for a span of a file under a validator ([`Ask`]) and gets
+//! a typed answer ([`Reply`]): the span it sent with its validator, the
+//! whole file from byte 0 instead, or a refusal. It never sees a status
+//! or a header: each source maps its own protocol onto these outcomes in
+//! one place (`crate::hubsource` for the hub's HTTP; object storage and
+//! the other sources live above this crate and implement [`ByteSource`]),
+//! and the one response check (`crate::attempt::check`) judges every
+//! source's answer by the same rules.
 //!
-//! The seam is at the request/response boundary: one [`Ask`] goes out, one
-//! [`SourceResponse`] (status, headers, body) comes back, and the one
-//! response check (`crate::attempt::check`) judges it with the same rules
-//! whatever the source. A source for object storage (S3 through
-//! `object_store`, `GetOptions { range, if_match }`) must provide:
+//! What a source must provide:
 //!
-//! - the file's size and a strong validator: the object's ETag (a listing
-//!   or a `head` gives both; the hub's listing gives them today);
-//! - a ranged get under that validator: `If-Match` instead of `If-Range`,
-//!   so a changed object is a refusal (412) rather than a `200` of the new
-//!   bytes; the ranged answer as a `206` whose `Content-Range` is exactly
-//!   the span asked, with the ETag, so the check needs no second path;
-//! - the body as `bytes::Bytes` chunks as they arrive, without copies (a
-//!   further [`Body`] variant over a `BoxStream<Bytes>`).
+//! - a read of `[from, end)` (or the whole file) under the validator the
+//!   kept bytes were fetched under: either exactly that span
+//!   ([`ReadOutcome::Span`], saying which span it sent), or the whole
+//!   current file from byte 0 when it cannot honour the span or the file
+//!   changed ([`ReadOutcome::Whole`]; the transfer then drops what it kept
+//!   and the digest decides), or a refusal ([`ReadOutcome::Refused`]: its
+//!   error's [`FetchError::is_transient`] decides whether a retry may help);
+//! - the body as `bytes::Bytes` chunks as they arrive ([`Body`]);
+//! - what it can say of the exchange for the attempt's row
+//!   ([`WireRecord`]: a status, an ETag, a range as the protocol wrote
+//!   them, each only where the source has one).
 //!
-//! `crate::s3source::S3Source` is that source (`pull`).
+//! Invariant: a source never splices bytes of two versions of a file: a
+//! [`ReadOutcome::Span`] is sent under the asked validator (or the check
+//! refuses it), and anything else starts at byte 0.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderValue, IF_RANGE, RANGE};
+use futures_util::stream::BoxStream;
 
 use crate::error::{FetchError, Result};
-use ftpipe_hub::HubClient;
-use ftpipe_hub::client::{LinkedMeta, redact};
+use ftpipe_hub::client::LinkedMeta;
 
 /// A future a [`ByteSource`] returns (object-safe: the fetch holds its
 /// source as `dyn ByteSource`; one allocation per request, none per chunk).
@@ -41,9 +45,9 @@ pub type SourceFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + '
 pub enum Span {
     /// The whole file, without a range.
     Whole,
-    /// From this byte to the end (`bytes=start-`).
+    /// From this byte to the end.
     From(u64),
-    /// `[from, end)` (`bytes=from-(end−1)`).
+    /// `[from, end)`.
     Range {
         /// First byte.
         from: u64,
@@ -61,6 +65,15 @@ impl Span {
             Span::Range { from, .. } => Some(from),
         }
     }
+
+    /// `[from, end)` of a file of `size` bytes, when a range is asked.
+    pub fn bounds(self, size: u64) -> Option<(u64, u64)> {
+        match self {
+            Span::Whole => None,
+            Span::From(start) => Some((start, size)),
+            Span::Range { from, end } => Some((from, end)),
+        }
+    }
 }
 
 /// One request: a span of a file, under a validator.
@@ -69,7 +82,7 @@ pub struct Ask<'a> {
     /// The bytes asked for.
     pub span: Span,
     /// The validator the bytes kept so far were fetched under: sent with
-    /// any range (`If-Range` over HTTP), never without one.
+    /// any range, never without one.
     pub validator: Option<&'a str>,
 }
 
@@ -86,31 +99,117 @@ pub trait ByteSource: Send + Sync {
     /// attempt before any answer; a redirect may end elsewhere).
     fn host(&self, path: &str) -> Result<String>;
 
-    /// Sends `ask` for `path` and returns the answer, body unread.
-    fn get<'a>(&'a self, path: &'a str, ask: Ask<'a>) -> SourceFuture<'a, SourceResponse>;
+    /// Reads `ask` of `path`; the answer's body unread. `Err` only when no
+    /// answer came at all (a connection that failed, a bad request).
+    fn read<'a>(&'a self, path: &'a str, ask: Ask<'a>) -> SourceFuture<'a, Reply>;
+}
+
+/// The span a source says it sent: `[first, end)` of a `total`-byte file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentSpan {
+    /// First byte.
+    pub first: u64,
+    /// One past the last byte.
+    pub end: u64,
+    /// The file's size as the source knows it.
+    pub total: u64,
+}
+
+/// A source's typed answer to one [`Ask`].
+pub enum ReadOutcome {
+    /// A span of the file (only to a request for a span).
+    Span {
+        /// Which span the source says it sent (`None`: it did not say in a
+        /// form that can be read; the check refuses it).
+        sent: Option<SentSpan>,
+        /// The validator the bytes were sent under.
+        validator: Option<String>,
+        /// The body's announced length.
+        length: Option<u64>,
+        /// The bytes.
+        body: Body,
+    },
+    /// The whole current file from byte 0: the answer to a request for the
+    /// whole file, or to a range the source would not honour (it ignores
+    /// ranges, or the file changed since the kept bytes were fetched).
+    Whole {
+        /// The file's validator now.
+        validator: Option<String>,
+        /// The body's announced length.
+        length: Option<u64>,
+        /// The bytes.
+        body: Body,
+    },
+    /// No bytes to keep. Whether a retry may help is the error's
+    /// ([`FetchError::is_transient`]); `retry_after`: the seconds the
+    /// source asked to wait before one.
+    Refused {
+        /// The wait the source asked for, if any.
+        retry_after: Option<u64>,
+        /// Why, naming the file.
+        error: FetchError,
+    },
+}
+
+/// What an answer said on the wire, for the attempt's row; each field only
+/// where the source has it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WireRecord {
+    /// The protocol's status code.
+    pub status: Option<u16>,
+    /// The entity tag as sent.
+    pub etag: Option<String>,
+    /// The range the answer says it holds, as written.
+    pub content_range: Option<String>,
+}
+
+/// A source's answer to one [`Ask`].
+pub struct Reply {
+    /// Host of the final answer (recorded in attempts; never the URL).
+    pub host: String,
+    /// The hub's description of the file, gathered along a redirect chain
+    /// (empty for a source without one); checked against the pin.
+    pub meta: LinkedMeta,
+    /// What the answer said, for the attempt's row.
+    pub wire: WireRecord,
+    /// The answer.
+    pub outcome: ReadOutcome,
 }
 
 /// A response body, read chunk by chunk as it arrives.
-pub enum Body {
-    /// An HTTP response.
+pub struct Body(BodyInner);
+
+enum BodyInner {
     Http(reqwest::Response),
-    /// An answer a source put together from another API (object storage):
-    /// the status and headers it implies, and the body's chunks.
-    Stream(StreamBody),
+    Stream(BoxStream<'static, std::result::Result<Bytes, BodyError>>),
 }
 
-/// The parts of a [`Body::Stream`].
-pub struct StreamBody {
-    /// The status the answer amounts to (`200` whole, `206` a range).
-    pub status: StatusCode,
-    /// `ETag`, `Content-Range`, `Content-Length` as the answer implies.
-    pub headers: HeaderMap,
-    /// The body's length.
-    pub content_length: Option<u64>,
-    /// Where it came from, without credentials (for messages).
-    pub location: String,
-    /// The chunks, as they arrive.
-    pub chunks: futures_util::stream::BoxStream<'static, std::result::Result<Bytes, BodyError>>,
+impl Body {
+    /// The body of an HTTP response (the hub's source).
+    pub(crate) fn http(response: reqwest::Response) -> Body {
+        Body(BodyInner::Http(response))
+    }
+
+    /// A body of chunks from any other API.
+    pub fn stream(chunks: BoxStream<'static, std::result::Result<Bytes, BodyError>>) -> Body {
+        Body(BodyInner::Stream(chunks))
+    }
+
+    /// No bytes.
+    pub fn empty() -> Body {
+        Body::stream(Box::pin(futures_util::stream::empty()))
+    }
+
+    /// The next chunk as received (`None` at the end).
+    pub async fn chunk(&mut self) -> std::result::Result<Option<Bytes>, BodyError> {
+        match &mut self.0 {
+            BodyInner::Http(r) => r.chunk().await.map_err(|e| BodyError(error_chain(&e))),
+            BodyInner::Stream(s) => {
+                use futures_util::StreamExt;
+                s.next().await.transpose()
+            }
+        }
+    }
 }
 
 /// Why a body stopped before its end (the whole error chain, for the
@@ -118,118 +217,6 @@ pub struct StreamBody {
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BodyError(pub String);
-
-/// A source's answer to one [`Ask`].
-pub struct SourceResponse {
-    /// Host of the final response (recorded in attempts; never the URL).
-    pub host: String,
-    /// The hub's description of the file, gathered along a redirect chain
-    /// (empty for a source without one).
-    pub meta: LinkedMeta,
-    /// The status, headers and body.
-    pub body: Body,
-}
-
-impl SourceResponse {
-    /// The status of the answer.
-    pub fn status(&self) -> StatusCode {
-        match &self.body {
-            Body::Http(r) => r.status(),
-            Body::Stream(s) => s.status,
-        }
-    }
-
-    /// Its headers (`Content-Range`, `ETag`, `Retry-After`, ...).
-    pub fn headers(&self) -> &HeaderMap {
-        match &self.body {
-            Body::Http(r) => r.headers(),
-            Body::Stream(s) => &s.headers,
-        }
-    }
-
-    /// The body's announced length.
-    pub fn content_length(&self) -> Option<u64> {
-        match &self.body {
-            Body::Http(r) => r.content_length(),
-            Body::Stream(s) => s.content_length,
-        }
-    }
-
-    /// Where the answer came from, without credentials (for messages).
-    pub fn location(&self) -> String {
-        match &self.body {
-            Body::Http(r) => redact(r.url()),
-            Body::Stream(s) => s.location.clone(),
-        }
-    }
-
-    /// The next chunk of the body as received (`None` at its end).
-    pub async fn chunk(&mut self) -> std::result::Result<Option<Bytes>, BodyError> {
-        match &mut self.body {
-            Body::Http(r) => r.chunk().await.map_err(|e| BodyError(error_chain(&e))),
-            Body::Stream(s) => {
-                use futures_util::StreamExt;
-                s.chunks.next().await.transpose()
-            }
-        }
-    }
-}
-
-/// The files of one pinned commit, over the hub's HTTP.
-pub struct HubSource {
-    /// The hub client (endpoint, token, redirect rules, offline mode).
-    pub client: HubClient,
-    /// The repository id.
-    pub repo: String,
-    /// The pinned 40-hex commit.
-    pub commit: String,
-}
-
-impl ByteSource for HubSource {
-    fn host(&self, path: &str) -> Result<String> {
-        let url = self.client.resolve_url(&self.repo, &self.commit, path)?;
-        let host = url.host_str().ok_or_else(|| {
-            FetchError::internal(format!("file URL {} has no host", redact(&url)))
-        })?;
-        Ok(host.to_owned())
-    }
-
-    fn get<'a>(&'a self, path: &'a str, ask: Ask<'a>) -> SourceFuture<'a, SourceResponse> {
-        Box::pin(async move {
-            let url = self.client.resolve_url(&self.repo, &self.commit, path)?;
-            let headers = request_headers(ask)?;
-            let r = self.client.get_body(path, url, headers).await?;
-            Ok(SourceResponse {
-                host: r.host,
-                meta: r.meta,
-                body: Body::Http(r.response),
-            })
-        })
-    }
-}
-
-/// `Range` for any span but the whole file, with `If-Range` when a
-/// validator is known.
-fn request_headers(ask: Ask<'_>) -> Result<HeaderMap> {
-    let mut headers = HeaderMap::new();
-    let range = match ask.span {
-        Span::Whole => return Ok(headers),
-        Span::From(start) => format!("bytes={start}-"),
-        Span::Range { from, end } => format!("bytes={from}-{}", end.saturating_sub(1)),
-    };
-    headers.insert(RANGE, header_value(&range)?);
-    if let Some(v) = ask.validator {
-        headers.insert(IF_RANGE, header_value(v)?);
-    }
-    Ok(headers)
-}
-
-fn header_value(v: &str) -> Result<HeaderValue> {
-    HeaderValue::from_str(v).map_err(|_| FetchError::InvalidInput {
-        what: "header value",
-        message: format!("{v:?}"),
-    })
-}
 
 /// An error and its sources, joined with `: `.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

@@ -19,13 +19,13 @@ use ftpipe_receipts::{Attempt, AttemptOutcome, DiscardReason, FileRow};
 
 use crate::attempt::{
     DIGEST_REFETCHES, Pinned, RateWindow, Verdict, check, new_attempt, record_published,
-    record_response, whole_length,
+    record_reply, whole_length,
 };
 use crate::ctx::FetchCtx;
 use crate::error::{FetchError, Result};
 use crate::extent::written_tail;
 use crate::part::{AppendError, PartFile};
-use crate::source::{Ask, SourceResponse, Span};
+use crate::source::{Ask, Body, Span};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, IdentityHasher, expected_identity, hash_part_prefix};
@@ -460,7 +460,7 @@ impl FileTask {
         validator: &mut Option<String>,
         attempt: &mut Attempt,
     ) -> Result<()> {
-        let mut resp = self.request(ask, part, hasher, validator, attempt).await?;
+        let mut body = self.request(ask, part, hasher, validator, attempt).await?;
         let mut st = BodyState {
             // Where this attempt's bytes start (0 after a prefix was dropped).
             from: part.len(),
@@ -471,16 +471,16 @@ impl FileTask {
         };
         let validator = validator.as_deref();
         let outcome = self
-            .read_body(&mut resp, part, hasher, validator, attempt, &mut st)
+            .read_body(&mut body, part, hasher, validator, attempt, &mut st)
             .await?;
         self.end_body(outcome, part, validator, attempt, &mut st)
             .await
     }
 
-    /// Sends `ask` and checks the answer ([`crate::attempt::check`]). A
-    /// `200` to a resume drops the prefix: the server will not resume (no
-    /// range support, or the validator changed), the prefix cannot be
-    /// trusted. The validator of a `200` becomes the file's.
+    /// Sends `ask` and checks the answer ([`crate::attempt::check`]). The
+    /// whole file to a resume drops the prefix: the source will not resume
+    /// (no range support, or the validator changed), the prefix cannot be
+    /// trusted. The validator of a whole file becomes the file's.
     async fn request(
         &mut self,
         ask: Ask<'_>,
@@ -488,24 +488,32 @@ impl FileTask {
         hasher: &mut IdentityHasher,
         validator: &mut Option<String>,
         attempt: &mut Attempt,
-    ) -> Result<SourceResponse> {
+    ) -> Result<Body> {
         let size = self.file.size;
         let path = self.path().to_owned();
-        let resp = self.ctx.source.get(&path, ask).await?;
-        record_response(attempt, &resp);
+        let reply = self.ctx.source.read(&path, ask).await?;
+        record_reply(attempt, &reply);
         let pinned = Pinned {
             path: &path,
             size,
             commit: &self.ctx.pin.commit,
             lfs_sha256: self.file.lfs_sha256.as_deref(),
         };
-        match check(&pinned, &ask, &resp)? {
-            Verdict::Accepted { validator: now } => {
+        match check(&pinned, &ask, reply)? {
+            Verdict::Accepted {
+                validator: now,
+                body,
+            } => {
                 if ask.span == Span::Whole {
                     *validator = now;
                 }
+                Ok(body)
             }
-            Verdict::RangeIgnored { validator: now } => {
+            Verdict::RangeIgnored {
+                validator: now,
+                length,
+                body,
+            } => {
                 let start = part.len();
                 block_in_place(|| part.truncate(0)).map_err(|e| self.io("truncate", e))?;
                 self.discard(DiscardReason::RangeNotHonoured, start, 0, false)
@@ -513,15 +521,15 @@ impl FileTask {
                 *hasher = self.expected.hasher(size);
                 self.unproductive = true;
                 self.range_ignored += 1;
-                whole_length(&path, &resp, size)?;
+                whole_length(&path, length, size)?;
                 *validator = now;
+                Ok(body)
             }
             Verdict::Refused { retry_after, error } => {
                 self.retry_after = retry_after;
-                return Err(error);
+                Err(error)
             }
         }
-        Ok(resp)
     }
 
     /// Reads the body into `part` until its end or a failure. The failure
@@ -530,7 +538,7 @@ impl FileTask {
     /// (`Err(..)`).
     async fn read_body(
         &mut self,
-        resp: &mut SourceResponse,
+        body: &mut Body,
         part: &mut PartFile,
         hasher: &mut IdentityHasher,
         validator: Option<&str>,
@@ -543,7 +551,7 @@ impl FileTask {
             // keep them un-durable: wake up at the interval and checkpoint.
             let next = if st.since > 0 || part.held() > 0 {
                 let wait = interval.saturating_sub(st.last.elapsed());
-                match tokio::time::timeout(wait, resp.chunk()).await {
+                match tokio::time::timeout(wait, body.chunk()).await {
                     Ok(next) => next,
                     Err(_) => {
                         if let Err(e) = self.quiet_checkpoint(part, validator, attempt, st).await? {
@@ -553,7 +561,7 @@ impl FileTask {
                     }
                 }
             } else {
-                resp.chunk().await
+                body.chunk().await
             };
             let chunk = match next {
                 Ok(Some(c)) => c,

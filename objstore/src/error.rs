@@ -119,6 +119,42 @@ impl ObjStoreError {
         }
     }
 
+    /// Whether retrying the same request may help: what `object_store`
+    /// could not cure with its own retries (a dropped connection, a 5xx)
+    /// may pass on a later attempt; a missing object, a refused
+    /// credential or a malformed setup will not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ObjStoreError::Request { source, .. } => !matches!(
+                source,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
+            _ => false,
+        }
+    }
+
+    /// Whether this is the server answering a ranged get with the whole
+    /// object (a `200` to a `Range`), which `object_store` refuses itself
+    /// with an error it does not expose as a type: recognised by its
+    /// message, the only mark it leaves.
+    pub fn is_range_ignored(&self) -> bool {
+        const NOT_PARTIAL: &str = "non-partial response when range requested";
+        match self {
+            ObjStoreError::Request { source, .. } => {
+                let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source);
+                while let Some(e) = cur {
+                    if e.to_string().contains(NOT_PARTIAL) {
+                        return true;
+                    }
+                    cur = e.source();
+                }
+                false
+            }
+            _ => false,
+        }
+    }
+
     /// A request's error, with its key, sorted into the variants a caller
     /// decides on (missing, already there, upload gone).
     pub(crate) fn request(op: &'static str, key: String, source: object_store::Error) -> Self {
@@ -127,5 +163,42 @@ impl ObjStoreError {
             object_store::Error::AlreadyExists { .. } => ObjStoreError::AlreadyExists { key },
             source => ObjStoreError::Request { op, key, source },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(source: object_store::Error) -> ObjStoreError {
+        ObjStoreError::Request {
+            op: "get",
+            key: "s3://b/k".into(),
+            source,
+        }
+    }
+
+    fn generic(message: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(std::io::Error::other(message.to_owned())),
+        }
+    }
+
+    #[test]
+    fn a_200_to_a_range_is_recognised_and_a_refused_credential_is_not_transient() {
+        let ignored = request(generic(
+            "Received non-partial response when range requested",
+        ));
+        assert!(ignored.is_range_ignored());
+        assert!(!request(generic("connection reset")).is_range_ignored());
+        assert!(request(generic("connection reset")).is_transient());
+        let denied = request(object_store::Error::PermissionDenied {
+            path: "k".into(),
+            source: Box::new(std::io::Error::other("403")),
+        });
+        assert!(!denied.is_transient());
+        let gone = ObjStoreError::NotFound { key: "k".into() };
+        assert!(!gone.is_transient() && !gone.is_range_ignored());
     }
 }

@@ -22,6 +22,12 @@
 //!   disk; [`bundle`]: the evidence in one archive.
 //! - `lock`: one ftpipe per output directory.
 //! - `plan`: the read-only `plan` command.
+//! - `origin`: where a repo's pin, listing and bytes come from (the
+//!   `Origin` seam, held as `Arc<dyn Origin>`: the hub, a mirror), and
+//!   [`Endpoint`], the one reading of `--endpoint`; `mirror`: a hub
+//!   checkpoint in object storage, written (`mirror`) and read back (an
+//!   origin); `s3source`: object storage behind the fetch's byte-source
+//!   seam (mirrors and `pull`).
 //! - `publish`: an artifact into object storage (`publish`); `pull`: a
 //!   published artifact through the fetch machinery (`pull`).
 //! - `error`: [`PipelineError`].
@@ -36,10 +42,12 @@ pub mod bundle;
 mod error;
 mod lock;
 mod mirror;
+mod origin;
 mod plan;
 mod publish;
 mod pull;
 mod run;
+mod s3source;
 pub mod state;
 mod streamed;
 
@@ -57,9 +65,9 @@ use ftpipe_fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_fs::FsError;
 pub use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_hub::client::{HubClient, Token};
+use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
-use ftpipe_hub::resolve::{ResolveRequest, Resolved, resolve};
+use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 
@@ -67,6 +75,8 @@ pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
 pub use mirror::{MirrorOutcome, MirrorParams};
+pub use origin::Endpoint;
+use origin::Origin;
 pub use plan::{PlanReport, PlanSource, plan};
 pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
@@ -97,38 +107,17 @@ pub struct FetchParams {
     pub mirror: Option<MirrorParams>,
 }
 
-/// Where a repo's listing and files come from.
-pub(crate) enum Origin {
-    /// The hub's HTTP.
-    Hub(HubClient),
-    /// A mirror in object storage.
-    Mirror(mirror::Mirror),
-}
-
-impl Origin {
-    /// No network for file bodies.
-    pub(crate) fn is_offline(&self) -> bool {
-        matches!(self, Origin::Hub(c) if c.is_offline())
-    }
-}
-
 impl FetchParams {
-    /// The hub, or the mirror when one is given.
-    pub(crate) fn origin(&self) -> Result<Origin> {
-        Ok(match &self.mirror {
-            Some(m) => Origin::Mirror(mirror::Mirror::open(m)?),
-            None => Origin::Hub(self.client()?),
-        })
-    }
-
-    /// The hub client, refusing every request when offline.
-    pub fn client(&self) -> Result<HubClient> {
-        let client = HubClient::new(&self.endpoint, self.token.clone(), self.read_timeout)?;
-        Ok(if self.offline {
-            client.into_offline()
-        } else {
-            client
-        })
+    /// The origin these name: the mirror when one is given, else the hub.
+    pub(crate) fn origin(&self) -> Result<Arc<dyn Origin>> {
+        origin::open_origin(
+            self.mirror.as_ref(),
+            &self.endpoint,
+            self.token.clone(),
+            self.read_timeout,
+            self.hf_cache.clone(),
+            self.offline,
+        )
     }
 }
 
@@ -276,9 +265,11 @@ impl Pipeline {
         reporter: Arc<dyn Reporter>,
     ) -> Result<FetchOutcome> {
         let origin = params.origin()?;
-        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
+        let resolved = self
+            .resolve_stage(origin.as_ref(), &params, &reporter)
+            .await?;
         let report = self
-            .fetch_stage(&origin, &params, &resolved, &reporter)
+            .fetch_stage(origin.as_ref(), &params, &resolved, &reporter)
             .await?;
         let audit = audit(
             &self.store,
@@ -297,21 +288,14 @@ impl Pipeline {
 
     pub(crate) async fn resolve_stage(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         reporter: &Arc<dyn Reporter>,
     ) -> Result<Resolved> {
-        self.stage(Stage::Resolve, async {
-            match origin {
-                Origin::Hub(client) => {
-                    Ok(resolve(client, &self.store, &params.resolve, reporter.as_ref()).await?)
-                }
-                Origin::Mirror(m) => {
-                    m.resolve(&self.store, &params.resolve, reporter.as_ref())
-                        .await
-                }
-            }
-        })
+        self.stage(
+            Stage::Resolve,
+            origin.resolve(&self.store, &params.resolve, reporter.as_ref()),
+        )
         .await
     }
 
@@ -320,7 +304,7 @@ impl Pipeline {
     /// for them back (logged first, so the retirement log stays truthful).
     async fn fetch_stage(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         reporter: &Arc<dyn Reporter>,
@@ -360,43 +344,30 @@ impl Pipeline {
     /// What every transfer of a fetch of `files` from `origin` shares.
     pub(crate) async fn fetch_ctx(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         files: &[ftpipe_receipts::FileRow],
         reporter: &Arc<dyn Reporter>,
     ) -> Result<FetchCtx> {
-        Ok(match origin {
-            Origin::Hub(client) => FetchCtx::new(
-                client.clone(),
-                self.store.clone(),
-                self.run,
-                resolved.pin.clone(),
-                reporter.clone(),
-                params.options.clone(),
-                self.layout.clone(),
-            )
-            .with_cache(params.hf_cache.clone(), params.offline),
-            Origin::Mirror(m) => {
-                // Only what is still to fetch must be in the mirror.
-                let published = self.store.published_paths().await?;
-                let todo: Vec<_> = files
-                    .iter()
-                    .filter(|f| !published.contains(&f.path))
-                    .cloned()
-                    .collect();
-                FetchCtx::with_source(
-                    Arc::new(m.source(&resolved.pin.commit, &todo).await?),
-                    self.store.clone(),
-                    self.run,
-                    resolved.pin.clone(),
-                    reporter.clone(),
-                    params.options.clone(),
-                    self.layout.clone(),
-                    self.layout.source().to_owned(),
-                )
-            }
-        })
+        // Only what is still to fetch must be at the origin.
+        let published = self.store.published_paths().await?;
+        let todo: Vec<_> = files
+            .iter()
+            .filter(|f| !published.contains(&f.path))
+            .cloned()
+            .collect();
+        let ctx = FetchCtx::with_source(
+            origin.byte_source(&resolved.pin, &todo).await?,
+            self.store.clone(),
+            self.run,
+            resolved.pin.clone(),
+            reporter.clone(),
+            params.options.clone(),
+            self.layout.clone(),
+            self.layout.source().to_owned(),
+        );
+        Ok(origin.with_cache(ctx))
     }
 }
 

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 use tokio::task::block_in_place;
 
 use ftpipe_artifact::manifest::sha256_hex;
-use ftpipe_fetch::S3Source;
+use std::sync::Arc;
+
+use ftpipe_fetch::ByteSource;
 use ftpipe_fs::paths::{safe_join, validate_repo_path};
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, git_blob_and_sha256};
@@ -36,7 +38,9 @@ use ftpipe_receipts::{FileRow, Pin, Store};
 
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
+use crate::origin::{Origin, OriginFuture};
 use crate::publish::{Ctx, Item, PublishParams, record, upload_file};
+use crate::s3source::S3Source;
 
 /// The listing's `schema`.
 pub const MIRROR_SCHEMA: &str = "ftpipe-mirror/1";
@@ -243,7 +247,7 @@ impl Mirror {
     /// `resolve` from the mirror: the hub's pin rules
     /// ([`ftpipe_hub::resolve::pin_rules`]), the listing from
     /// `listing.json`, the selection applied and stored.
-    pub(crate) async fn resolve(
+    async fn resolve_from_listing(
         &self,
         store: &Store,
         req: &ResolveRequest,
@@ -273,16 +277,17 @@ impl Mirror {
 
     /// The byte source of `files` at `commit`: each object must exist with
     /// the listed size (else refused naming its key) and an ETag.
-    pub(crate) async fn source(&self, commit: &str, files: &[FileRow]) -> Result<S3Source> {
+    async fn objects(&self, commit: &str, files: &[FileRow]) -> Result<S3Source> {
         let wanted = files
             .iter()
-            .map(|f| (f.path.as_str(), f.size, self.file_key(commit, &f.path)));
+            .map(|f| (f.path.clone(), f.size, self.file_key(commit, &f.path)))
+            .collect();
         let objects = crate::pull::head_objects(&self.s3, wanted, "the mirror's listing").await?;
         Ok(S3Source::new(self.s3.clone(), objects))
     }
 
     /// The planner's view of the mirror's files at `commit`.
-    pub(crate) fn files<'a>(&'a self, commit: &'a str) -> MirrorFiles<'a> {
+    fn files<'a>(&'a self, commit: &'a str) -> MirrorFiles<'a> {
         MirrorFiles {
             mirror: self,
             commit,
@@ -290,8 +295,66 @@ impl Mirror {
     }
 }
 
+impl Origin for Mirror {
+    fn resolve<'a>(
+        &'a self,
+        store: &'a Store,
+        req: &'a ResolveRequest,
+        reporter: &'a dyn Reporter,
+    ) -> OriginFuture<'a, Result<Resolved>> {
+        Box::pin(self.resolve_from_listing(store, req, reporter))
+    }
+
+    fn listing<'a>(
+        &'a self,
+        repo: &'a str,
+        revision: &'a str,
+    ) -> OriginFuture<'a, Result<(String, Vec<FileRow>)>> {
+        Box::pin(self.listing_for(repo, revision))
+    }
+
+    /// A mirror's listing is read afresh: it must still hold the repo.
+    fn plan_reuses_stored_pin(&self) -> bool {
+        false
+    }
+
+    fn byte_source<'a>(
+        &'a self,
+        pin: &'a Pin,
+        todo: &'a [FileRow],
+    ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
+        Box::pin(async move {
+            let source: Arc<dyn ByteSource> = Arc::new(self.objects(&pin.commit, todo).await?);
+            Ok(source)
+        })
+    }
+
+    fn read_whole<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>> {
+        Box::pin(async move { self.files(&pin.commit).read_whole(path, size).await })
+    }
+
+    fn read_range<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        (first, last): (u64, u64),
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>> {
+        Box::pin(async move {
+            self.files(&pin.commit)
+                .read_range(path, first, last, size)
+                .await
+        })
+    }
+}
+
 /// Reads of a mirror's files for the planner (headers only).
-pub struct MirrorFiles<'a> {
+struct MirrorFiles<'a> {
     mirror: &'a Mirror,
     commit: &'a str,
 }

@@ -4,20 +4,19 @@
 //! takes the lock or writes to DIR.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ftpipe_convert::plan::CONVERSION_FILES;
 use ftpipe_convert::schedule::{BudgetReport, Workload};
 use ftpipe_convert::{HeaderSource, Plan, PlanOptions, Published};
-use ftpipe_hub::client::{HubClient, Token};
-use ftpipe_hub::remote::PinnedRepo;
-use ftpipe_hub::resolve::{
-    FetchSelection, apply_selection, list_tree, revision_commit, stored_selection,
-};
-use ftpipe_receipts::{FileRow, SelectionGlobs};
+use ftpipe_hub::client::Token;
+use ftpipe_hub::resolve::{FetchSelection, apply_selection, stored_selection};
+use ftpipe_receipts::{FileRow, Pin, SelectionGlobs};
 use serde::Serialize;
 
 use crate::error::{PipelineError, Result};
+use crate::origin::{Origin, OriginFiles, open_origin};
 use crate::{Layout, open_existing};
 
 /// Where the plan reads its sources from.
@@ -39,6 +38,47 @@ pub enum PlanSource {
     /// Only the safetensors headers, over ranged gets from a mirror in
     /// object storage (`--endpoint s3://BUCKET/PREFIX`).
     Mirror(crate::MirrorParams),
+}
+
+impl PlanSource {
+    /// The origin a remote plan reads from (`None`: a local plan).
+    fn origin(&self) -> Result<Option<Arc<dyn Origin>>> {
+        match self {
+            PlanSource::Local => Ok(None),
+            PlanSource::Remote {
+                endpoint,
+                token,
+                read_timeout,
+                offline,
+            } => {
+                open_origin(None, endpoint, token.clone(), *read_timeout, None, *offline).map(Some)
+            }
+            PlanSource::Mirror(p) => {
+                open_origin(Some(p), "", None, Duration::ZERO, None, false).map(Some)
+            }
+        }
+    }
+}
+
+/// The commit, listing and selection of `out`'s pin when it is for
+/// `repo` at `revision`.
+async fn stored_pin(
+    out: &Path,
+    repo: &str,
+    revision: &str,
+) -> Result<Option<(String, Vec<FileRow>, FetchSelection)>> {
+    match open_existing(out).await {
+        Ok((_, store)) => Ok(match store.pin().await? {
+            Some(p) if p.repo == repo && p.revision == revision => Some((
+                p.commit,
+                store.files().await?,
+                stored_selection(&store).await?,
+            )),
+            _ => None,
+        }),
+        Err(PipelineError::NoState { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// A plan and, when a disk budget was given, its schedule under it.
@@ -126,80 +166,48 @@ async fn plan_with_listing(
             },
         ))
     };
-    match source {
-        PlanSource::Local => {
-            let (listing, stored) = match open_existing(out).await {
-                Ok((_, store)) => (store.files().await?, Some(stored_selection(&store).await?)),
-                Err(PipelineError::NoState { .. }) => (Vec::new(), None),
-                Err(e) => return Err(e),
-            };
-            let (listing, opts) = with_selection(listing, stored)?;
-            let layout = Layout::new(out);
-            let plan = ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
-                .await?
-                .plan;
-            Ok((plan, listing))
+    let Some(origin) = source.origin()? else {
+        let (listing, stored) = match open_existing(out).await {
+            Ok((_, store)) => (store.files().await?, Some(stored_selection(&store).await?)),
+            Err(PipelineError::NoState { .. }) => (Vec::new(), None),
+            Err(e) => return Err(e),
+        };
+        let (listing, opts) = with_selection(listing, stored)?;
+        let layout = Layout::new(out);
+        let plan = ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
+            .await?
+            .plan;
+        return Ok((plan, listing));
+    };
+    let pinned = if origin.plan_reuses_stored_pin() {
+        stored_pin(out, repo, revision).await?
+    } else {
+        None
+    };
+    let (commit, listing, stored) = match pinned {
+        Some((commit, listing, stored)) => (commit, listing, Some(stored)),
+        None => {
+            let (commit, listing) = origin.listing(repo, revision).await?;
+            (commit, listing, None)
         }
-        PlanSource::Remote {
-            endpoint,
-            token,
-            read_timeout,
-            offline,
-        } => {
-            let client = HubClient::new(&endpoint, token, read_timeout)?;
-            let client = if offline {
-                client.into_offline()
-            } else {
-                client
-            };
-            let pinned = match open_existing(out).await {
-                Ok((_, store)) => match store.pin().await? {
-                    Some(p) if p.repo == repo && p.revision == revision => Some((
-                        p.commit,
-                        store.files().await?,
-                        stored_selection(&store).await?,
-                    )),
-                    _ => None,
-                },
-                Err(PipelineError::NoState { .. }) => None,
-                Err(e) => return Err(e),
-            };
-            let (commit, listing, stored) = match pinned {
-                Some((commit, listing, stored)) => (commit, listing, Some(stored)),
-                None => {
-                    let commit = revision_commit(&client, repo, revision).await?;
-                    let listing = list_tree(&client, repo, &commit).await?;
-                    (commit, listing, None)
-                }
-            };
-            let (listing, opts) = with_selection(listing, stored)?;
-            let remote = PinnedRepo {
-                client: &client,
-                repo,
-                commit: &commit,
-            };
-            let published = Published::none();
-            let source = HeaderSource::Remote {
-                remote: &remote,
-                listing: &listing,
-                published: &published,
-            };
-            let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
-            Ok((plan, listing))
-        }
-        PlanSource::Mirror(p) => {
-            let mirror = crate::mirror::Mirror::open(&p)?;
-            let (commit, listing) = mirror.listing_for(repo, revision).await?;
-            let (listing, opts) = with_selection(listing, None)?;
-            let remote = mirror.files(&commit);
-            let published = Published::none();
-            let source = HeaderSource::Remote {
-                remote: &remote,
-                listing: &listing,
-                published: &published,
-            };
-            let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
-            Ok((plan, listing))
-        }
-    }
+    };
+    let (listing, opts) = with_selection(listing, stored)?;
+    let pin = Pin {
+        repo: repo.to_owned(),
+        revision: revision.to_owned(),
+        commit,
+        endpoint: String::new(),
+    };
+    let remote = OriginFiles {
+        origin: origin.as_ref(),
+        pin: &pin,
+    };
+    let published = Published::none();
+    let source = HeaderSource::Remote {
+        remote: &remote,
+        listing: &listing,
+        published: &published,
+    };
+    let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
+    Ok((plan, listing))
 }

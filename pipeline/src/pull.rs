@@ -7,7 +7,7 @@
 //! component path is a safe relative path, every SHA-256 is 64 hex
 //! digits. The components then become the pin's listing (path, size,
 //! SHA-256) and [`ftpipe_fetch::fetch`] downloads them into `DIR/artifact`
-//! from an [`S3Source`] with every guarantee of a hub fetch: durable
+//! from an `S3Source` with every guarantee of a hub fetch: durable
 //! watermarks, Range resume under `If-Match` on the ETag, parallel ranges
 //! for large objects, the digest before the publish, the ledger, attempts,
 //! discards and receipts. `placement.json` and then `manifest.json` (the
@@ -30,7 +30,7 @@ use ftpipe_artifact::manifest::{
 use ftpipe_artifact::verify::{
     MAX_ARTIFACT_ENTRIES, MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES, verify_artifact,
 };
-use ftpipe_fetch::{FetchCtx, FetchOptions, S3Object, S3Source, fetch, reconcile};
+use ftpipe_fetch::{ByteSource, FetchCtx, FetchOptions, fetch, reconcile};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::write_atomic;
 use ftpipe_fs::paths::validate_repo_path;
@@ -40,6 +40,7 @@ use ftpipe_receipts::{FileRow, Pin, Stage};
 
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
+use crate::s3source::{S3Object, S3Source};
 
 /// `HEAD` requests in flight at once while listing the objects.
 const HEADS_IN_FLIGHT: usize = 16;
@@ -156,122 +157,188 @@ pub fn parse_remote_manifest(key: &str, bytes: &[u8]) -> Result<Manifest> {
     Ok(manifest)
 }
 
+/// The manifest as read from the store: parsed and checked, its bytes
+/// (written unchanged at the end) and where it was read from.
+struct RemoteManifest {
+    manifest: Manifest,
+    bytes: bytes::Bytes,
+}
+
+/// Reads and checks `PREFIX/manifest.json` (see the module doc).
+async fn read_manifest(s3: &S3, location: &S3Location) -> Result<RemoteManifest> {
+    let key = location.key(MANIFEST_FILE);
+    let url = location.url_of(&key);
+    let body = s3
+        .get_bounded(&key, MAX_MANIFEST_BYTES)
+        .await?
+        .ok_or_else(|| PipelineError::NothingPublished {
+            dest: location.to_string(),
+            key: url.clone(),
+        })?;
+    let manifest = parse_remote_manifest(&url, &body.bytes)?;
+    Ok(RemoteManifest {
+        manifest,
+        bytes: body.bytes,
+    })
+}
+
+/// A pull's pin: the table holds a 40-hex commit, so a pull's is the start
+/// of the fingerprint, whole in `revision`.
+fn pull_pin(p: &PullParams, s3: &S3, fingerprint: &str) -> Pin {
+    Pin {
+        repo: p.location.to_string(),
+        revision: fingerprint.to_owned(),
+        commit: fingerprint.get(..40).unwrap_or(fingerprint).to_owned(),
+        endpoint: p
+            .config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://{}", s3.host())),
+    }
+}
+
+/// The manifest's components as the pin's listing (SHA-256 as the LFS
+/// identity).
+fn component_rows(manifest: &Manifest) -> Vec<FileRow> {
+    manifest
+        .components
+        .iter()
+        .map(|c| FileRow {
+            path: c.path.clone(),
+            size: c.size,
+            git_oid: String::new(),
+            lfs_sha256: Some(c.sha256.clone()),
+            xet_hash: None,
+            selected: true,
+        })
+        .collect()
+}
+
 impl Pipeline {
     /// Pulls the artifact published at `p.location` into `DIR/artifact`
     /// (see the module doc).
     pub async fn pull(&self, p: &PullParams, reporter: Arc<dyn Reporter>) -> Result<PullOutcome> {
         let s3 = S3::open(&p.config, p.location.clone())?;
-        let source = p.location.to_string();
-        let manifest_key = p.location.key(MANIFEST_FILE);
-        let manifest_url = p.location.url_of(&manifest_key);
-        let body = s3
-            .get_bounded(&manifest_key, MAX_MANIFEST_BYTES)
-            .await?
-            .ok_or_else(|| PipelineError::NothingPublished {
-                dest: source.clone(),
-                key: manifest_url.clone(),
-            })?;
-        let manifest = parse_remote_manifest(&manifest_url, &body.bytes)?;
+        let remote = read_manifest(&s3, &p.location).await?;
+        let manifest = &remote.manifest;
         let fingerprint = manifest.fingerprint.clone();
-        let manifest_sha256 = sha256_hex(&body.bytes);
         let mut outcome = PullOutcome {
-            source: source.clone(),
+            source: p.location.to_string(),
             fingerprint: fingerprint.clone(),
-            manifest_sha256: manifest_sha256.clone(),
+            manifest_sha256: sha256_hex(&remote.bytes),
             components: manifest.components.len(),
             bytes: manifest.components.iter().map(|c| c.size).sum(),
             already_pulled: false,
         };
-        // The pin table holds a 40-hex commit: a pull's is the start of
-        // the fingerprint, whole in `revision`.
-        let pin = Pin {
-            repo: source.clone(),
-            revision: fingerprint.clone(),
-            commit: fingerprint.get(..40).unwrap_or(&fingerprint).to_owned(),
-            endpoint: p
-                .config
-                .endpoint
-                .clone()
-                .unwrap_or_else(|| format!("https://{}", s3.host())),
-        };
+        let pin = pull_pin(p, &s3, &fingerprint);
+        let ours = format!("{} at {fingerprint}", pin.repo);
         if let Some(old) = self.store.pin().await?
             && (old.repo != pin.repo || old.revision != pin.revision)
         {
             return Err(PipelineError::PullConflict {
                 dir: self.layout.dir().to_owned(),
                 theirs: format!("{} at {}", old.repo, old.revision),
-                ours: format!("{source} at {fingerprint}"),
+                ours,
             });
         }
-        let artifact = self.layout.artifact().to_owned();
-        let local_manifest = artifact.join(MANIFEST_FILE);
-        // Here already: the same manifest bytes and an artifact that verifies.
-        if let Ok(local) = block_in_place(|| {
-            ftpipe_fs::bounded::read_bounded_nofollow(&local_manifest, MAX_MANIFEST_BYTES)
-        }) {
-            if local == body.bytes.as_ref() {
-                let report = block_in_place(|| verify_artifact(&artifact, false))?;
-                if report.ok {
-                    outcome.already_pulled = true;
-                    return Ok(outcome);
-                }
-            } else if self.store.pin().await?.is_none() {
-                let theirs = serde_json::from_slice::<serde_json::Value>(&local)
-                    .ok()
-                    .and_then(|v| {
-                        v.get("fingerprint")
-                            .and_then(|f| f.as_str())
-                            .map(str::to_owned)
-                    })
-                    .unwrap_or_else(|| "an unreadable manifest".into());
-                return Err(PipelineError::PullConflict {
-                    dir: self.layout.dir().to_owned(),
-                    theirs: format!("artifact {theirs}"),
-                    ours: format!("{source} at {fingerprint}"),
-                });
-            }
+        if self.already_pulled(&remote.bytes, ours).await? {
+            outcome.already_pulled = true;
+            return Ok(outcome);
         }
-
         let keys = p.location.artifact(&fingerprint);
-        let files = self
+        let (files, objects) = self
             .stage(Stage::Resolve, async {
-                let objects = list_objects(&s3, &keys, &manifest).await?;
-                let files: Vec<FileRow> = manifest
-                    .components
-                    .iter()
-                    .map(|c| FileRow {
-                        path: c.path.clone(),
-                        size: c.size,
-                        git_oid: String::new(),
-                        lfs_sha256: Some(c.sha256.clone()),
-                        xet_hash: None,
-                        selected: true,
-                    })
-                    .collect();
+                let objects = list_objects(&s3, &keys, manifest).await?;
+                let files = component_rows(manifest);
                 self.store.save_pin(&pin, &files).await?;
                 Ok((files, objects))
             })
             .await?;
-        let (files, objects) = files;
+        let source: Arc<dyn ByteSource> = Arc::new(S3Source::new(s3.clone(), objects));
+        self.pull_fetch_stage(source, pin, p.options.clone(), &files, reporter)
+            .await?;
+        crashpoint::hit(CrashPoint::PullComponentsDone);
+        self.pull_verify_stage(&s3, p, &keys, &fingerprint, &remote.bytes)
+            .await?;
+        Ok(outcome)
+    }
+
+    /// Whether the artifact is here already: the same manifest bytes and
+    /// an artifact that verifies. Another artifact's manifest in a
+    /// directory without a pin is a conflict with `ours`.
+    async fn already_pulled(&self, manifest: &[u8], ours: String) -> Result<bool> {
+        let artifact = self.layout.artifact().to_owned();
+        let local_manifest = artifact.join(MANIFEST_FILE);
+        let Ok(local) = block_in_place(|| {
+            ftpipe_fs::bounded::read_bounded_nofollow(&local_manifest, MAX_MANIFEST_BYTES)
+        }) else {
+            return Ok(false);
+        };
+        if local == manifest {
+            let report = block_in_place(|| verify_artifact(&artifact, false))?;
+            return Ok(report.ok);
+        }
+        if self.store.pin().await?.is_none() {
+            let theirs = serde_json::from_slice::<serde_json::Value>(&local)
+                .ok()
+                .and_then(|v| {
+                    v.get("fingerprint")
+                        .and_then(|f| f.as_str())
+                        .map(str::to_owned)
+                })
+                .unwrap_or_else(|| "an unreadable manifest".into());
+            return Err(PipelineError::PullConflict {
+                dir: self.layout.dir().to_owned(),
+                theirs: format!("artifact {theirs}"),
+                ours,
+            });
+        }
+        Ok(false)
+    }
+
+    /// The fetch stage of a pull: the components into `DIR/artifact`
+    /// through the fetch machinery, from `source`.
+    async fn pull_fetch_stage(
+        &self,
+        source: Arc<dyn ByteSource>,
+        pin: Pin,
+        options: FetchOptions,
+        files: &[FileRow],
+        reporter: Arc<dyn Reporter>,
+    ) -> Result<()> {
+        let artifact = self.layout.artifact().to_owned();
         self.stage(Stage::Fetch, async {
             ftpipe_fs::durable::create_dirs_durably(self.layout.dir(), &artifact)
                 .map_err(|e| PipelineError::io("create", &artifact, e))?;
-            reconcile(&self.store, self.run, &artifact, &files, reporter.as_ref()).await?;
+            reconcile(&self.store, self.run, &artifact, files, reporter.as_ref()).await?;
             let ctx = Arc::new(FetchCtx::with_source(
-                Arc::new(S3Source::new(s3.clone(), objects)),
+                source,
                 self.store.clone(),
                 self.run,
-                pin.clone(),
+                pin,
                 reporter.clone(),
-                p.options.clone(),
+                options,
                 self.layout.clone(),
                 artifact.clone(),
             ));
-            fetch(ctx, &files).await?;
+            fetch(ctx, files).await?;
             Ok(())
         })
-        .await?;
-        crashpoint::hit(CrashPoint::PullComponentsDone);
+        .await
+    }
+
+    /// The verify stage of a pull: the placement read and checked, the
+    /// placement and then the manifest written (the bytes read from the
+    /// store, unchanged), the artifact verified as `ftpipe verify` would.
+    async fn pull_verify_stage(
+        &self,
+        s3: &S3,
+        p: &PullParams,
+        keys: &ftpipe_objstore::ArtifactKeys,
+        fingerprint: &str,
+        manifest: &[u8],
+    ) -> Result<()> {
+        let artifact = self.layout.artifact().to_owned();
         self.stage(Stage::Verify, async {
             let placement_key = keys.file(PLACEMENT_FILE);
             let placement_url = p.location.url_of(&placement_key);
@@ -282,26 +349,10 @@ impl Pipeline {
                     key: placement_url.clone(),
                     what: "missing; the manifest's artifact has a placement".into(),
                 })?;
-            let parsed: Placement = serde_path_to_error::deserialize(
-                &mut serde_json::Deserializer::from_slice(&placement.bytes),
-            )
-            .map_err(|e| PipelineError::BadRemoteManifest {
-                key: placement_url.clone(),
-                at: e.path().to_string(),
-                message: format!("expected an ftpipe placement: {}", e.into_inner()),
-            })?;
-            if parsed.fingerprint != fingerprint {
-                return Err(PipelineError::ObjectMismatch {
-                    key: placement_url,
-                    what: format!(
-                        "placement of artifact {}, the manifest's is {fingerprint}",
-                        parsed.fingerprint
-                    ),
-                });
-            }
+            check_placement(&placement_url, &placement.bytes, fingerprint)?;
             block_in_place(|| -> Result<()> {
                 write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes)?;
-                write_atomic(&artifact, MANIFEST_FILE, &body.bytes)?;
+                write_atomic(&artifact, MANIFEST_FILE, manifest)?;
                 Ok(())
             })?;
             crashpoint::hit(CrashPoint::PullManifestWritten);
@@ -314,9 +365,30 @@ impl Pipeline {
             }
             Ok(())
         })
-        .await?;
-        Ok(outcome)
+        .await
     }
+}
+
+/// `placement.json` as read from `url` must parse and be the placement of
+/// the artifact `fingerprint`.
+fn check_placement(url: &str, bytes: &[u8], fingerprint: &str) -> Result<()> {
+    let parsed: Placement =
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes))
+            .map_err(|e| PipelineError::BadRemoteManifest {
+                key: url.to_owned(),
+                at: e.path().to_string(),
+                message: format!("expected an ftpipe placement: {}", e.into_inner()),
+            })?;
+    if parsed.fingerprint != fingerprint {
+        return Err(PipelineError::ObjectMismatch {
+            key: url.to_owned(),
+            what: format!(
+                "placement of artifact {}, the manifest's is {fingerprint}",
+                parsed.fingerprint
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Every component's object: it must exist with the manifest's size (a
@@ -330,7 +402,8 @@ async fn list_objects(
     let wanted = manifest
         .components
         .iter()
-        .map(|c| (c.path.as_str(), c.size, keys.file(&c.path)));
+        .map(|c| (c.path.clone(), c.size, keys.file(&c.path)))
+        .collect();
     head_objects(s3, wanted, "the manifest").await
 }
 
@@ -338,18 +411,20 @@ async fn list_objects(
 /// each must exist with its size as `listed_in` gives it (a truncated or
 /// replaced object is refused naming its key) and have an ETag (every
 /// later request is made under it).
-pub(crate) async fn head_objects<'a>(
+pub(crate) async fn head_objects(
     s3: &S3,
-    wanted: impl Iterator<Item = (&'a str, u64, String)>,
+    wanted: Vec<(String, u64, String)>,
     listed_in: &str,
 ) -> Result<HashMap<String, S3Object>> {
-    let heads = futures_util::stream::iter(wanted.map(|(path, size, key)| async move {
-        let head = s3.head(&key).await;
-        (path, size, key, head)
-    }))
-    .buffer_unordered(HEADS_IN_FLIGHT)
-    .collect::<Vec<_>>()
-    .await;
+    // Owned items: the futures are `Send` for any borrow of `s3`.
+    let heads =
+        futures_util::stream::iter(wanted.into_iter().map(|(path, size, key)| async move {
+            let head = s3.head(&key).await;
+            (path, size, key, head)
+        }))
+        .buffer_unordered(HEADS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
     let mut objects = HashMap::new();
     for (path, size, key, head) in heads {
         let url = s3.location().url_of(&key);
@@ -368,7 +443,7 @@ pub(crate) async fn head_objects<'a>(
         let etag = head
             .etag
             .ok_or_else(|| mismatch("no ETag: every read is made under If-Match on it".into()))?;
-        objects.insert(path.to_owned(), S3Object { key, etag });
+        objects.insert(path, S3Object { key, etag });
     }
     Ok(objects)
 }

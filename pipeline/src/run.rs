@@ -23,12 +23,12 @@ use ftpipe_convert::{
     plan,
 };
 use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
-use ftpipe_hub::remote::PinnedRepo;
 use ftpipe_hub::resolve::{FetchSelection, Resolved, apply_selection};
 use ftpipe_progress::{ProgressEvent, Reporter};
 
+use crate::origin::{Origin, OriginFiles};
 use crate::state::StageState;
-use crate::{FetchParams, Origin, Pipeline, PipelineError, Result, replay};
+use crate::{FetchParams, Pipeline, PipelineError, Result, replay};
 use ftpipe_receipts::{RunId, Stage};
 
 /// What `run` reports.
@@ -84,7 +84,7 @@ impl Pipeline {
     /// HTTP Range.
     async fn plan_stage(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         opts: &ConvertOptions,
@@ -156,7 +156,7 @@ impl Pipeline {
     /// size but was not published is read from the origin.
     pub(crate) async fn plan_from_origin(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         opts: &ConvertOptions,
@@ -168,30 +168,13 @@ impl Pipeline {
             selection: FetchSelection::of(listing, &params.resolve.globs()),
             ..opts.plan_options()
         };
-        Ok(match origin {
-            Origin::Hub(client) => {
-                let remote = PinnedRepo {
-                    client,
-                    repo: &pin.repo,
-                    commit: &pin.commit,
-                };
-                let source = HeaderSource::Remote {
-                    remote: &remote,
-                    listing,
-                    published: &published,
-                };
-                plan(&source, &plan_opts).await?
-            }
-            Origin::Mirror(m) => {
-                let remote = m.files(&pin.commit);
-                let source = HeaderSource::Remote {
-                    remote: &remote,
-                    listing,
-                    published: &published,
-                };
-                plan(&source, &plan_opts).await?
-            }
-        })
+        let remote = OriginFiles { origin, pin };
+        let source = HeaderSource::Remote {
+            remote: &remote,
+            listing,
+            published: &published,
+        };
+        Ok(plan(&source, &plan_opts).await?)
     }
 
     /// The `verify` stage: the artifact checked on its own, as a receiver would.
@@ -247,20 +230,21 @@ impl Pipeline {
             return self.run_streamed(params, opts, disk_budget, reporter).await;
         }
         let origin = params.origin()?;
-        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
+        let origin = origin.as_ref();
+        let resolved = self.resolve_stage(origin, &params, &reporter).await?;
         // Offline, the plan cannot read headers of unfetched shards from the
         // hub: fetch (from the cache) first, then plan from `source/`.
         let report = if origin.is_offline() {
             let report = self
-                .fetch_stage(&origin, &params, &resolved, &reporter)
+                .fetch_stage(origin, &params, &resolved, &reporter)
                 .await?;
-            self.plan_stage(&origin, &params, &resolved, &opts, &reporter)
+            self.plan_stage(origin, &params, &resolved, &opts, &reporter)
                 .await?;
             report
         } else {
-            self.plan_stage(&origin, &params, &resolved, &opts, &reporter)
+            self.plan_stage(origin, &params, &resolved, &opts, &reporter)
                 .await?;
-            self.fetch_stage(&origin, &params, &resolved, &reporter)
+            self.fetch_stage(origin, &params, &resolved, &reporter)
                 .await?
         };
         let converted = self.convert(&opts, reporter.clone()).await?;

@@ -39,9 +39,10 @@ use ftpipe_hub::resolve::Resolved;
 use ftpipe_progress::{ProgressEvent, Reporter};
 use ftpipe_receipts::{FileRow, Stage};
 
+use crate::origin::Origin;
 use crate::plan::resident_bytes;
 use crate::run::RunOutcome;
-use crate::{FetchParams, Origin, Pipeline, PipelineError, Result};
+use crate::{FetchParams, Pipeline, PipelineError, Result};
 
 /// What the streamed fetch stage converted and retired.
 struct Streamed {
@@ -123,19 +124,20 @@ impl Pipeline {
         reporter: Arc<dyn Reporter>,
     ) -> Result<RunOutcome> {
         let origin = params.origin()?;
+        let origin = origin.as_ref();
         if origin.is_offline() {
             return Err(PipelineError::InvalidInput {
                 what: "--disk-budget",
                 message: "a budgeted run plans from the hub's headers before fetching; offline, run without --disk-budget (the cache already holds the files)".into(),
             });
         }
-        let resolved = self.resolve_stage(&origin, &params, &reporter).await?;
+        let resolved = self.resolve_stage(origin, &params, &reporter).await?;
         let setup = self
-            .streamed_plan_stage(&origin, &params, &resolved, &opts, budget, &reporter)
+            .streamed_plan_stage(origin, &params, &resolved, &opts, budget, &reporter)
             .await?;
         let (report, streamed) = self
             .streamed_fetch_stage(
-                &origin,
+                origin,
                 &params,
                 &resolved,
                 &setup,
@@ -184,7 +186,7 @@ impl Pipeline {
     /// without room for the schedule's peak, and saves the skeleton.
     async fn streamed_plan_stage(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         opts: &ConvertOptions,
@@ -247,7 +249,7 @@ impl Pipeline {
     /// verified shard and retiring what nothing unfinished needs.
     async fn streamed_fetch_stage(
         &self,
-        origin: &Origin,
+        origin: &dyn Origin,
         params: &FetchParams,
         resolved: &Resolved,
         setup: &StreamSetup,

@@ -114,9 +114,6 @@ pub fn fetch_params(
     reacquire: bool,
 ) -> anyhow::Result<(FetchParams, Session)> {
     let mirror = mirror_of_endpoint(hub)?;
-    if mirror.is_none() {
-        ftpipe_hub::client::parse_endpoint(&hub.origin.endpoint)?;
-    }
     let (token, token_source) = load_token(hub.token_file.as_deref())?;
     let cache = hf_cache(hub)?;
     let offline = hub.offline || offline_env();
@@ -140,25 +137,23 @@ pub fn fetch_params(
     Ok((params, session))
 }
 
-/// The one place `--endpoint` is told apart: the mirror in object storage
-/// it names when it is `s3://BUCKET/PREFIX` (with the store's
-/// configuration), else `None`, a hub URL, which `--s3-endpoint` does not
-/// apply to.
+/// The mirror in object storage `--endpoint` names when it is
+/// `s3://BUCKET/PREFIX` (with the store's configuration), else `None`: a
+/// hub URL (checked by [`ftpipe_pipeline::Endpoint::parse`], the one
+/// reading of `--endpoint`), which `--s3-endpoint` does not apply to.
 pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>> {
     let endpoint = &hub.origin.endpoint;
-    if !endpoint.starts_with("s3://") {
-        if hub.s3.s3_endpoint.is_some() {
-            bail!(
-                "--s3-endpoint applies only to a mirror (--endpoint s3://BUCKET/PREFIX); the endpoint is {}",
-                ftpipe_hub::client::mask_userinfo(endpoint)
-            );
-        }
-        return Ok(None);
+    match ftpipe_pipeline::Endpoint::parse(endpoint)? {
+        ftpipe_pipeline::Endpoint::Hub(_) if hub.s3.s3_endpoint.is_some() => bail!(
+            "--s3-endpoint applies only to a mirror (--endpoint s3://BUCKET/PREFIX); the endpoint is {}",
+            ftpipe_hub::client::mask_userinfo(endpoint)
+        ),
+        ftpipe_pipeline::Endpoint::Hub(_) => Ok(None),
+        ftpipe_pipeline::Endpoint::Mirror(location) => Ok(Some(MirrorParams {
+            location,
+            config: hub.s3.config()?,
+        })),
     }
-    Ok(Some(MirrorParams {
-        location: ftpipe_objstore::S3Location::parse(endpoint)?,
-        config: hub.s3.config()?,
-    }))
 }
 
 /// Non-empty environment variable.

@@ -48,18 +48,17 @@ pub struct PlanArgs {
 /// (`--remote`), or DIR/source.
 fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
     let hub = &args.hub;
-    Ok(match (args.remote, mirror_of_endpoint(hub)?) {
-        (true, Some(m)) => PlanSource::Mirror(m),
-        (true, None) => {
-            ftpipe_hub::client::parse_endpoint(&hub.origin.endpoint)?;
-            PlanSource::Remote {
-                endpoint: hub.origin.endpoint.clone(),
-                token: load_token(hub.token_file.as_deref())?.0,
-                read_timeout: secs("--read-timeout", hub.read_timeout)?,
-                offline: hub.offline || offline_env(),
-            }
-        }
-        (false, _) => PlanSource::Local,
+    if !args.remote {
+        return Ok(PlanSource::Local);
+    }
+    Ok(match mirror_of_endpoint(hub)? {
+        Some(m) => PlanSource::Mirror(m),
+        None => PlanSource::Remote {
+            endpoint: hub.origin.endpoint.clone(),
+            token: load_token(hub.token_file.as_deref())?.0,
+            read_timeout: secs("--read-timeout", hub.read_timeout)?,
+            offline: hub.offline || offline_env(),
+        },
     })
 }
 

@@ -68,6 +68,10 @@
 //! * `s3_crash`: kill storms over `publish` and over `pull`.
 //! * `s3_powercut`: power cuts during `pull` and during `publish` (the
 //!   power-cut filesystem under the node's DIR).
+//! * `conformance`: the checks every byte source passes (resume after a
+//!   kill, a short body, a `200` to a range, a changed validator), once per
+//!   implementation: the hub, a mirror and `pull` (moto behind a lying
+//!   proxy).
 //! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
 //!   (the hub's manifest), a mirror with one wrong file.
 //!
@@ -110,6 +114,7 @@ mod budgeted_powercut;
 mod budgeted_run;
 mod chain_crash;
 mod cli_docs;
+mod conformance;
 mod convert;
 mod convert_bad_input;
 mod convert_crash;

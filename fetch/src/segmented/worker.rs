@@ -22,13 +22,11 @@ use ftpipe_receipts::Attempt;
 
 use super::claim::Claim;
 use super::shared::{Shared, WRITE_BATCH};
-use crate::attempt::{
-    Pinned, RateWindow, Verdict, check, new_attempt, record_response, whole_length,
-};
+use crate::attempt::{Pinned, RateWindow, Verdict, check, new_attempt, record_reply, whole_length};
 use crate::error::{FetchError, Result};
 use crate::extent::align_down;
 use crate::part::consume_front;
-use crate::source::{Ask, SourceResponse, Span};
+use crate::source::{Ask, Body, Reply, Span};
 
 /// How long a quiet body may go unobserved before the rate rule is checked.
 pub(super) const BODY_TICK: Duration = Duration::from_secs(1);
@@ -172,13 +170,14 @@ impl RangeWorker {
             span: Span::Range { from, end },
             validator: validator.as_deref(),
         };
-        let Some(mut resp) = self.request(&ask).await? else {
+        let Some(reply) = self.request(&ask).await? else {
             return Ok(Ended::Cancelled);
         };
-        if let Some(ended) = self.judge(&ask, &resp, from, end)? {
-            return Ok(ended);
-        }
-        self.receive(&mut resp, from, end).await
+        let mut body = match self.judge(&ask, reply, from, end)? {
+            Ok(body) => body,
+            Err(ended) => return Ok(ended),
+        };
+        self.receive(&mut body, from, end).await
     }
 
     /// Where the range's unwritten bytes start and where it ends; `None`
@@ -192,7 +191,7 @@ impl RangeWorker {
 
     /// Sends `ask` while the claim commits; `None` when the file was
     /// cancelled before an answer came.
-    async fn request(&mut self, ask: &Ask<'_>) -> Result<Option<SourceResponse>> {
+    async fn request(&mut self, ask: &Ask<'_>) -> Result<Option<Reply>> {
         let shared = self.shared.clone();
         let ctx = &shared.ctx;
         let path = shared.path.as_str();
@@ -211,7 +210,7 @@ impl RangeWorker {
         );
         let (id, answer) = tokio::join!(claimed, async {
             tokio::select! {
-                b = ctx.source.get(path, *ask) => Some(b),
+                b = ctx.source.read(path, *ask) => Some(b),
                 _ = cancel.wait_for(|c| *c) => None,
             }
         });
@@ -230,22 +229,22 @@ impl RangeWorker {
         let Some(answer) = answer else {
             return Ok(None);
         };
-        let resp = answer?;
-        record_response(&mut self.attempt, &resp);
-        Ok(Some(resp))
+        let reply = answer?;
+        record_reply(&mut self.attempt, &reply);
+        Ok(Some(reply))
     }
 
     /// The one response check ([`crate::attempt::check`]) and what it means
-    /// for a range: the first validator is learned; a `200` is the whole
-    /// file as one stream when nothing was known of it, else the end of the
-    /// range (`Some`).
+    /// for a range: the first validator is learned; the whole file is read
+    /// as one stream when nothing was known of it, else it ends the range
+    /// (`Ok(Err(..))`). `Ok(Ok(body))`: the body to receive.
     fn judge(
         &mut self,
         ask: &Ask<'_>,
-        resp: &SourceResponse,
+        reply: Reply,
         from: u64,
         end: u64,
-    ) -> Result<Option<Ended>> {
+    ) -> Result<std::result::Result<Body, Ended>> {
         let shared = self.shared.clone();
         let size = shared.size;
         let pinned = Pinned {
@@ -254,24 +253,29 @@ impl RangeWorker {
             commit: &shared.ctx.pin.commit,
             lfs_sha256: shared.lfs_sha256.as_deref(),
         };
-        match check(&pinned, ask, resp)? {
-            Verdict::Accepted { validator: now } => {
+        match check(&pinned, ask, reply)? {
+            Verdict::Accepted {
+                validator: now,
+                body,
+            } => {
                 if ask.validator.is_none() {
                     self.learn_validator(now)?;
                 }
-                Ok(None)
+                Ok(Ok(body))
             }
-            Verdict::RangeIgnored { validator: now }
-                if from == 0 && end == size && ask.validator.is_none() =>
-            {
+            Verdict::RangeIgnored {
+                validator: now,
+                length,
+                body,
+            } if from == 0 && end == size && ask.validator.is_none() => {
                 // Ranges ignored on a file with nothing yet: one stream.
                 shared.splittable.store(false, Ordering::SeqCst);
                 self.learn_validator(now)?;
-                whole_length(&shared.path, resp, size)?;
-                Ok(None)
+                whole_length(&shared.path, length, size)?;
+                Ok(Ok(body))
             }
-            Verdict::RangeIgnored { validator: now } => {
-                Ok(Some(Ended::RangeNotHonoured { validator: now }))
+            Verdict::RangeIgnored { validator: now, .. } => {
+                Ok(Err(Ended::RangeNotHonoured { validator: now }))
             }
             Verdict::Refused { retry_after, error } => {
                 self.retry_after = retry_after;
@@ -282,7 +286,7 @@ impl RangeWorker {
 
     /// Reads the body into the buffer, writing whole batches, until the
     /// range (which may shrink by a split meanwhile) is complete.
-    async fn receive(&mut self, resp: &mut SourceResponse, from: u64, end: u64) -> Result<Ended> {
+    async fn receive(&mut self, body: &mut Body, from: u64, end: u64) -> Result<Ended> {
         let shared = self.shared.clone();
         let path = shared.path.as_str();
         let mut cancel = shared.cancel.clone();
@@ -292,7 +296,7 @@ impl RangeWorker {
         let mut handled = Duration::ZERO;
         loop {
             let next = tokio::select! {
-                n = tokio::time::timeout(BODY_TICK, resp.chunk()) => n,
+                n = tokio::time::timeout(BODY_TICK, body.chunk()) => n,
                 _ = cancel.wait_for(|c| *c) => return Ok(Ended::Cancelled),
             };
             let Ok(next) = next else {

@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
+pub mod lying_proxy;
 pub mod s3;
 
 pub const REPO: &str = "acme/tiny";

@@ -1,0 +1,271 @@
+//! Where a repo's pin, listing and bytes come from: the [`Origin`] seam,
+//! held as `Arc<dyn Origin>`. The hub's HTTP ([`HubOrigin`]) and a mirror
+//! in object storage (`crate::mirror::Mirror`) implement it; every stage
+//! that needs a repo's files (resolve, plan, fetch) goes through it and
+//! never asks which one it holds.
+//!
+//! [`Endpoint::parse`] is the one reading of `--endpoint`: `s3://` names
+//! a mirror, anything else must be a hub URL; `open_origin` builds the
+//! origin the command line names.
+//!
+//! Adding a source: implement [`ftpipe_fetch::ByteSource`] for its bytes
+//! (mapping its protocol onto the typed outcomes, in one place), implement
+//! [`Origin`] for its listing and header reads, and give [`Endpoint`] the
+//! form that names it.
+
+use std::future::Future;
+use std::pin::Pin as Pinned;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ftpipe_fetch::{ByteSource, FetchCtx, HubSource};
+use ftpipe_hub::HubError;
+use ftpipe_hub::client::{HubClient, Token};
+use ftpipe_hub::hfcache::HfCache;
+use ftpipe_hub::remote::{PinnedRepo, RemoteFiles};
+use ftpipe_hub::resolve::{ResolveRequest, Resolved, list_tree, resolve, revision_commit};
+use ftpipe_objstore::S3Location;
+use ftpipe_progress::Reporter;
+use ftpipe_receipts::{FileRow, Pin, Store};
+
+use crate::error::Result;
+use crate::mirror::{Mirror, MirrorParams};
+
+/// A future an [`Origin`] returns (object-safe).
+pub(crate) type OriginFuture<'a, T> = Pinned<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where a repo's pin, listing and bytes come from.
+pub(crate) trait Origin: Send + Sync {
+    /// No network for file bodies (the hub when offline).
+    fn is_offline(&self) -> bool {
+        false
+    }
+
+    /// The resolve stage: the pin and listing, saved in `store`.
+    fn resolve<'a>(
+        &'a self,
+        store: &'a Store,
+        req: &'a ResolveRequest,
+        reporter: &'a dyn Reporter,
+    ) -> OriginFuture<'a, Result<Resolved>>;
+
+    /// The commit `revision` of `repo` names and its listing, read-only
+    /// (the `plan` command).
+    fn listing<'a>(
+        &'a self,
+        repo: &'a str,
+        revision: &'a str,
+    ) -> OriginFuture<'a, Result<(String, Vec<FileRow>)>>;
+
+    /// Whether a read-only plan takes the commit and listing from a stored
+    /// pin of the same repo and revision instead of [`Origin::listing`].
+    fn plan_reuses_stored_pin(&self) -> bool {
+        true
+    }
+
+    /// The byte source of `todo` (the files still to fetch) at `pin`.
+    fn byte_source<'a>(
+        &'a self,
+        pin: &'a Pin,
+        todo: &'a [FileRow],
+    ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>>;
+
+    /// `ctx` with what this origin adds before the network (the hub: a
+    /// Hugging Face cache, offline mode).
+    fn with_cache(&self, ctx: FetchCtx) -> FetchCtx {
+        ctx
+    }
+
+    /// The whole of `path` at `pin` (`size` bytes), for the planner.
+    fn read_whole<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>>;
+
+    /// Bytes `first..=last` of the `size`-byte `path` at `pin`.
+    fn read_range<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        span: (u64, u64),
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>>;
+}
+
+/// A pinned revision's files through an origin: what the planner reads.
+pub(crate) struct OriginFiles<'a> {
+    /// The origin.
+    pub origin: &'a dyn Origin,
+    /// The pin its files are read at.
+    pub pin: &'a Pin,
+}
+
+impl RemoteFiles for OriginFiles<'_> {
+    async fn read_whole(&self, path: &str, size: u64) -> Result<Vec<u8>, HubError> {
+        self.origin.read_whole(self.pin, path, size).await
+    }
+
+    async fn read_range(
+        &self,
+        path: &str,
+        first: u64,
+        last: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, HubError> {
+        self.origin
+            .read_range(self.pin, path, (first, last), size)
+            .await
+    }
+}
+
+/// The hub's HTTP, with what a fetch may take before it.
+pub(crate) struct HubOrigin {
+    /// The client (refusing every request when offline).
+    pub client: HubClient,
+    /// A Hugging Face cache to take pinned files from first.
+    pub hf_cache: Option<HfCache>,
+    /// No network at all.
+    pub offline: bool,
+}
+
+impl HubOrigin {
+    fn files<'a>(&'a self, pin: &'a Pin) -> PinnedRepo<'a> {
+        PinnedRepo {
+            client: &self.client,
+            repo: &pin.repo,
+            commit: &pin.commit,
+        }
+    }
+}
+
+impl Origin for HubOrigin {
+    fn is_offline(&self) -> bool {
+        self.client.is_offline()
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        store: &'a Store,
+        req: &'a ResolveRequest,
+        reporter: &'a dyn Reporter,
+    ) -> OriginFuture<'a, Result<Resolved>> {
+        Box::pin(async move { Ok(resolve(&self.client, store, req, reporter).await?) })
+    }
+
+    fn listing<'a>(
+        &'a self,
+        repo: &'a str,
+        revision: &'a str,
+    ) -> OriginFuture<'a, Result<(String, Vec<FileRow>)>> {
+        Box::pin(async move {
+            let commit = revision_commit(&self.client, repo, revision).await?;
+            let listing = list_tree(&self.client, repo, &commit).await?;
+            Ok((commit, listing))
+        })
+    }
+
+    fn byte_source<'a>(
+        &'a self,
+        pin: &'a Pin,
+        _todo: &'a [FileRow],
+    ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
+        let source: Arc<dyn ByteSource> = Arc::new(HubSource {
+            client: self.client.clone(),
+            repo: pin.repo.clone(),
+            commit: pin.commit.clone(),
+        });
+        Box::pin(async move { Ok(source) })
+    }
+
+    fn with_cache(&self, ctx: FetchCtx) -> FetchCtx {
+        ctx.with_cache(self.hf_cache.clone(), self.offline)
+    }
+
+    fn read_whole<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>> {
+        Box::pin(async move { self.files(pin).read_whole(path, size).await })
+    }
+
+    fn read_range<'a>(
+        &'a self,
+        pin: &'a Pin,
+        path: &'a str,
+        (first, last): (u64, u64),
+        size: u64,
+    ) -> OriginFuture<'a, Result<Vec<u8>, HubError>> {
+        Box::pin(async move { self.files(pin).read_range(path, first, last, size).await })
+    }
+}
+
+/// What `--endpoint` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A hub's URL (checked).
+    Hub(String),
+    /// A mirror in object storage, `s3://BUCKET/PREFIX`.
+    Mirror(S3Location),
+}
+
+impl Endpoint {
+    /// The one reading of `--endpoint`: `s3://BUCKET/PREFIX` is a mirror,
+    /// anything else must be a hub URL.
+    pub fn parse(endpoint: &str) -> Result<Endpoint> {
+        if endpoint.starts_with("s3://") {
+            return Ok(Endpoint::Mirror(S3Location::parse(endpoint)?));
+        }
+        ftpipe_hub::client::parse_endpoint(endpoint)?;
+        Ok(Endpoint::Hub(endpoint.to_owned()))
+    }
+}
+
+/// The one place an origin is built: the mirror when one is given, else
+/// the hub at `endpoint` (refusing every request when `offline`, taking
+/// files from `hf_cache` first).
+pub(crate) fn open_origin(
+    mirror: Option<&MirrorParams>,
+    endpoint: &str,
+    token: Option<Token>,
+    read_timeout: Duration,
+    hf_cache: Option<HfCache>,
+    offline: bool,
+) -> Result<Arc<dyn Origin>> {
+    if let Some(m) = mirror {
+        return Ok(Arc::new(Mirror::open(m)?));
+    }
+    let client = HubClient::new(endpoint, token, read_timeout)?;
+    let client = if offline {
+        client.into_offline()
+    } else {
+        client
+    };
+    Ok(Arc::new(HubOrigin {
+        client,
+        hf_cache,
+        offline,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_is_a_mirror_by_its_scheme_and_a_hub_url_otherwise() {
+        assert!(matches!(
+            Endpoint::parse("s3://models/mirror"),
+            Ok(Endpoint::Mirror(_))
+        ));
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:9").ok(),
+            Some(Endpoint::Hub("http://127.0.0.1:9".into()))
+        );
+        assert!(Endpoint::parse("s3://").is_err());
+        assert!(Endpoint::parse("not a url").is_err());
+    }
+}

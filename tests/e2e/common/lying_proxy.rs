@@ -1,0 +1,202 @@
+//! A lying HTTP proxy on loopback in front of a real server (moto): every
+//! request is passed through unchanged, except the next GETs of an object
+//! a [`Lie`] was armed for. It speaks plain HTTP/1.1, one request per
+//! connection (it answers `Connection: close`), which every client the
+//! tests drive handles.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the proxy does to one GET.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lie {
+    /// Answers a ranged GET with `200` and the whole object: the request
+    /// goes upstream without its `Range`.
+    IgnoreRange,
+    /// Sends the answer's head (its full `Content-Length`) and `after`
+    /// body bytes, then closes the connection.
+    ShortBody {
+        /// Body bytes sent before the close.
+        after: usize,
+    },
+}
+
+/// One request as the proxy saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// `GET`, `HEAD`, ...
+    pub method: String,
+    /// The request target.
+    pub target: String,
+    /// Its `Range`, if any.
+    pub range: Option<String>,
+}
+
+#[derive(Default)]
+struct Book {
+    /// Armed lies: (suffix of the request path, lie), in arming order.
+    lies: Vec<(String, Lie)>,
+    seen: Vec<Seen>,
+}
+
+/// The proxy; stops accepting when dropped (its thread ends with the
+/// test process).
+pub struct LyingProxy {
+    addr: SocketAddr,
+    book: Arc<Mutex<Book>>,
+}
+
+impl LyingProxy {
+    /// A proxy in front of `upstream` (`http://HOST:PORT`).
+    pub fn start(upstream: &str) -> LyingProxy {
+        let upstream: SocketAddr = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("upstream as http://IP:PORT");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().unwrap();
+        let book = Arc::new(Mutex::new(Book::default()));
+        let shared = book.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let book = shared.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(conn, upstream, &book);
+                });
+            }
+        });
+        LyingProxy { addr, book }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Tells `lie` to the next `times` GETs whose path ends with
+    /// `/suffix` ([`Lie::IgnoreRange`]: the next ranged ones).
+    pub fn lie(&self, suffix: &str, lie: Lie, times: usize) {
+        let mut book = self.book.lock().unwrap();
+        for _ in 0..times {
+            book.lies.push((format!("/{suffix}"), lie));
+        }
+    }
+
+    /// Every request seen so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.book.lock().unwrap().seen.clone()
+    }
+}
+
+/// One request: read, passed upstream (lied about if armed), answered.
+fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push(line.trim_end().to_owned());
+    }
+    let Some(request_line) = head.first().cloned() else {
+        return Ok(());
+    };
+    let mut parts = request_line.split_whitespace();
+    let method = parts.next().unwrap_or_default().to_owned();
+    let target = parts.next().unwrap_or_default().to_owned();
+    let header = |name: &str| {
+        head.iter().skip(1).find_map(|h| {
+            let (k, v) = h.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    };
+    let range = header("range");
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let lie = take_lie(book, &method, &target, range.is_some());
+    book.lock().unwrap().seen.push(Seen {
+        method,
+        target,
+        range: range.clone(),
+    });
+    let mut up = format!("{request_line}\r\n");
+    for h in head.iter().skip(1) {
+        let name = h.split(':').next().unwrap_or_default().trim();
+        let drop_range = lie == Some(Lie::IgnoreRange) && name.eq_ignore_ascii_case("range");
+        if drop_range || name.eq_ignore_ascii_case("connection") {
+            continue;
+        }
+        up.push_str(h);
+        up.push_str("\r\n");
+    }
+    up.push_str("Connection: close\r\n\r\n");
+    let mut server = TcpStream::connect(upstream)?;
+    server.set_read_timeout(Some(Duration::from_secs(60)))?;
+    server.write_all(up.as_bytes())?;
+    server.write_all(&body)?;
+    let mut answer = Vec::new();
+    server.read_to_end(&mut answer)?;
+    let mut conn = conn;
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(answer.len(), |p| p + 4);
+    let (answer_head, answer_body) = answer.split_at(end);
+    conn.write_all(&closing(answer_head))?;
+    match lie {
+        Some(Lie::ShortBody { after }) => {
+            conn.write_all(&answer_body[..after.min(answer_body.len())])?;
+        }
+        _ => conn.write_all(answer_body)?,
+    }
+    conn.flush()?;
+    conn.shutdown(Shutdown::Both)
+}
+
+/// The first lie armed for a GET of `target`, disarmed (a lie about a
+/// range only for a ranged GET).
+fn take_lie(book: &Mutex<Book>, method: &str, target: &str, ranged: bool) -> Option<Lie> {
+    if method != "GET" {
+        return None;
+    }
+    let path = target.split('?').next().unwrap_or_default();
+    let mut book = book.lock().unwrap();
+    let i = book
+        .lies
+        .iter()
+        .position(|(s, l)| path.ends_with(s.as_str()) && (ranged || *l != Lie::IgnoreRange))?;
+    Some(book.lies.remove(i).1)
+}
+
+/// The answer's head with `Connection: close` instead of any other.
+fn closing(head: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        if line
+            .split(':')
+            .next()
+            .is_some_and(|k| k.trim().eq_ignore_ascii_case("connection"))
+        {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    out.into_bytes()
+}

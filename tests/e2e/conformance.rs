@@ -1,0 +1,412 @@
+//! The conformance suite of the byte sources: the same end-to-end checks,
+//! once per implementation of the fetch's source seam, the way
+//! `object_store`'s integration tests run against every backend. A new
+//! source is held to them by one line in the `conformance!` list at the
+//! end (and a [`Source`] implementation saying how to reach it, how to lie
+//! to it and how to replace a file in it).
+//!
+//! The implementations: the hub's HTTP (the fixture hub, which injects the
+//! faults), a mirror in object storage (`fetch --endpoint s3://…`, moto
+//! behind the lying proxy of `common::lying_proxy`) and `pull` of a
+//! published artifact (the same). Each check drives the real binary with
+//! one connection, so the file under test is read as one stream:
+//!
+//! - `resume_after_a_kill`: killed after a checkpoint, the re-run asks
+//!   from the durable watermark under the kept bytes' validator;
+//! - `a_short_body_resumes`: a body that ends early is resumed from what
+//!   arrived (by the client's own retry or by ftpipe's);
+//! - `a_200_to_a_range_restarts_from_byte_0`: a server that answers every
+//!   ranged request with the whole object: the kept prefix is dropped (a
+//!   recorded `range_not_honoured` discard) and the file taken from 0 (a
+//!   pull gave up after four attempts before, issue 35);
+//! - `a_changed_validator_restarts_from_byte_0`: the file replaced by the
+//!   same bytes under a new validator between a kill and the re-run: the
+//!   prefix is dropped, never spliced with the new object's bytes.
+//!
+//! Every check ends with the file's bytes verified and a clean audit
+//! (`transferred = committed + discarded`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::lying_proxy::{Lie, LyingProxy};
+use crate::common::s3::*;
+use crate::common::*;
+use crate::s3::{built, publish};
+use ftpipe_fixtures::{Fault, FaultRule, RunningHub};
+
+/// What a check needs of one implementation.
+trait Source {
+    /// The command that takes every file into `out` (with `extra`).
+    fn command(&self, out: &Path, extra: &[&str]) -> Command;
+    /// The largest file: its path and size.
+    fn largest(&self) -> (String, u64);
+    /// Tells `lie` to the next `times` body requests of `path`.
+    fn lie(&self, path: &str, lie: Lie, times: usize);
+    /// Puts the same bytes of `path` back under a new validator.
+    fn replace(&self, path: &str);
+    /// The `Range` of every body request of `path` so far.
+    fn ranges(&self, path: &str) -> Vec<Option<String>>;
+    /// Checks `out` holds every file, verified.
+    fn verify(&self, out: &Path);
+}
+
+/// One stream per file, a checkpoint every 64 KiB.
+const ONE_STREAM: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "1",
+    "--checkpoint-bytes",
+    "65536",
+];
+
+/// The hub's HTTP: the fixture hub and its faults.
+struct Hub {
+    hub: RunningHub,
+    files: Vec<ftpipe_fixtures::RepoFile>,
+}
+
+fn hub(_tmp: &Path) -> Box<dyn Source> {
+    let (hub, files) = hub_with_repo(61, 2 * 1024 * 1024);
+    Box::new(Hub { hub, files })
+}
+
+impl Source for Hub {
+    fn command(&self, out: &Path, extra: &[&str]) -> Command {
+        fetch_cmd(&self.hub.endpoint(), out, extra)
+    }
+
+    fn largest(&self) -> (String, u64) {
+        let f = lfs_file(&self.files);
+        (f.path.clone(), content_len(f))
+    }
+
+    fn lie(&self, path: &str, lie: Lie, times: usize) {
+        let fault = match lie {
+            Lie::IgnoreRange => Fault::IgnoreRange,
+            Lie::ShortBody { after } => Fault::ShortBody {
+                after: after as u64,
+            },
+        };
+        let times = u32::try_from(times).unwrap();
+        self.hub.inject(FaultRule::new(path, fault).times(times));
+    }
+
+    fn replace(&self, path: &str) {
+        self.hub.inject(FaultRule::new(path, Fault::ChangeEtag));
+    }
+
+    fn ranges(&self, path: &str) -> Vec<Option<String>> {
+        body_gets(&self.hub, path)
+            .into_iter()
+            .map(|r| r.range)
+            .collect()
+    }
+
+    fn verify(&self, out: &Path) {
+        assert_files_match(out, &self.files);
+        assert_clean_audit(out);
+    }
+}
+
+/// Object storage behind the lying proxy: a mirror or a pull.
+struct Stored {
+    moto: Moto,
+    proxy: LyingProxy,
+    home: PathBuf,
+    /// The `s3://` location and the key prefix of the files under it.
+    location: String,
+    files_prefix: String,
+    /// `Some`: a pull, with the artifact it must reproduce.
+    pulled: Option<PathBuf>,
+    /// A mirror: the fetched DIR it was written from.
+    mirrored: Option<(RunningHub, Vec<ftpipe_fixtures::RepoFile>)>,
+    largest: (String, u64),
+}
+
+fn mirror(tmp: &Path) -> Box<dyn Source> {
+    let (hub, files) = hub_with_repo(62, 2 * 1024 * 1024);
+    let src = tmp.join("mirrored");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &src, &[]));
+    let moto = Moto::start();
+    let location = "s3://models/mirror".to_owned();
+    run_ok(
+        moto.ftpipe(tmp)
+            .arg("mirror")
+            .arg(&src)
+            .arg(&location)
+            .args(["--part-size", PART_SIZE]),
+    );
+    let commit = query(&src, "SELECT commit_sha FROM pin").remove(0);
+    let f = lfs_file(&files);
+    let largest = (f.path.clone(), content_len(f));
+    let proxy = LyingProxy::start(&moto.endpoint());
+    Box::new(Stored {
+        moto,
+        proxy,
+        home: tmp.to_owned(),
+        location,
+        files_prefix: format!("mirror/{commit}"),
+        pulled: None,
+        mirrored: Some((hub, files)),
+        largest,
+    })
+}
+
+fn pull(tmp: &Path) -> Box<dyn Source> {
+    let src = built(tmp, 63);
+    let moto = Moto::start();
+    let location = "s3://models/published".to_owned();
+    let o = publish(&moto, tmp, &src, &location);
+    assert!(o.status.success(), "publish: {}", stderr(&o));
+    let manifest = manifest_json(&src);
+    let fingerprint = manifest["fingerprint"].as_str().unwrap().to_owned();
+    let largest = manifest["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let path = c["path"].as_str().unwrap().to_owned();
+            (path, c["size"].as_u64().unwrap())
+        })
+        .max_by_key(|(_, size)| *size)
+        .unwrap();
+    let proxy = LyingProxy::start(&moto.endpoint());
+    Box::new(Stored {
+        moto,
+        proxy,
+        home: tmp.to_owned(),
+        location,
+        files_prefix: format!("published/{fingerprint}"),
+        pulled: Some(src.join("artifact")),
+        mirrored: None,
+        largest,
+    })
+}
+
+impl Source for Stored {
+    fn command(&self, out: &Path, extra: &[&str]) -> Command {
+        let mut cmd = self.moto.ftpipe(&self.home);
+        cmd.env("AWS_ENDPOINT_URL", self.proxy.endpoint());
+        match self.pulled {
+            Some(_) => cmd.args(["pull", &self.location]),
+            None => cmd.args(["fetch", REPO, "--endpoint", &self.location]),
+        };
+        cmd.arg("--out")
+            .arg(out)
+            .args(["--retry-base-ms", "20"])
+            .args(extra);
+        cmd
+    }
+
+    fn largest(&self) -> (String, u64) {
+        self.largest.clone()
+    }
+
+    fn lie(&self, path: &str, lie: Lie, times: usize) {
+        self.proxy.lie(path, lie, times);
+    }
+
+    fn replace(&self, path: &str) {
+        // One put of the bytes a multipart upload wrote: a new ETag.
+        let key = format!("{}/{path}", self.files_prefix);
+        let bytes = self.moto.get_object(&key).unwrap();
+        self.moto.put_object(&key, &bytes);
+    }
+
+    fn ranges(&self, path: &str) -> Vec<Option<String>> {
+        let suffix = format!("/{path}");
+        self.proxy
+            .seen()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.target.split('?').next().unwrap().ends_with(&suffix))
+            .map(|r| r.range)
+            .collect()
+    }
+
+    fn verify(&self, out: &Path) {
+        match (&self.pulled, &self.mirrored) {
+            (Some(artifact), _) => {
+                assert_eq!(manifest_sha(out), manifest_sha_in(artifact));
+                run_ok(
+                    ftpipe()
+                        .arg("verify")
+                        .arg(out.join("artifact"))
+                        .arg("--deep"),
+                );
+            }
+            (None, Some((_, files))) => {
+                assert_files_match(out, files);
+                assert_clean_audit(out);
+            }
+            (None, None) => unreachable!("a stored source is a pull or a mirror"),
+        }
+    }
+}
+
+/// The first byte a `Range` asks for.
+fn range_start(range: &str) -> Option<u64> {
+    range
+        .strip_prefix("bytes=")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn succeeded(o: &std::process::Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what}: exit {:?}\n{}",
+        o.status.code(),
+        stderr(o)
+    );
+}
+
+fn discards_of(out: &Path, path: &str) -> Vec<String> {
+    query(
+        out,
+        &format!(
+            "SELECT reason FROM discards WHERE path = {} ORDER BY id",
+            sql_str(path)
+        ),
+    )
+}
+
+/// Killed at the second durable checkpoint: the path partly fetched.
+fn killed_mid_file(s: &dyn Source, out: &Path) -> String {
+    let o = run(s
+        .command(out, ONE_STREAM)
+        .env("FTPIPE_CRASH_AT", "checkpoint-synced#2"));
+    assert_eq!(o.status.code(), None, "not killed: {}", stderr(&o));
+    let mut partial = query(
+        out,
+        "SELECT path FROM ledger WHERE committed_bytes > 0 AND path NOT IN (SELECT path FROM receipts)",
+    );
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    partial.remove(0)
+}
+
+fn resume_after_a_kill(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let path = killed_mid_file(s, &out);
+    let committed: u64 = query(
+        &out,
+        &format!(
+            "SELECT committed_bytes FROM ledger WHERE path = {}",
+            sql_str(&path)
+        ),
+    )[0]
+    .parse()
+    .unwrap();
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    s.verify(&out);
+    let resumed = query(
+        &out,
+        &format!(
+            "SELECT range_start FROM attempts WHERE path = {} AND if_range IS NOT NULL ORDER BY id",
+            sql_str(&path)
+        ),
+    );
+    assert_eq!(
+        resumed,
+        [committed.to_string()],
+        "resumed from the watermark"
+    );
+    assert!(
+        !discards_of(&out, &path).contains(&"range_not_honoured".to_owned()),
+        "the kept prefix was dropped"
+    );
+}
+
+fn a_short_body_resumes(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let (path, size) = s.largest();
+    let after = usize::try_from(size / 3).unwrap();
+    s.lie(&path, Lie::ShortBody { after }, 1);
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "fetch");
+    s.verify(&out);
+    let ranges = s.ranges(&path);
+    assert!(
+        ranges
+            .iter()
+            .flatten()
+            .filter_map(|r| range_start(r))
+            .any(|n| n > 0 && n <= after as u64),
+        "no request resumed within what arrived: {ranges:?}"
+    );
+}
+
+fn a_200_to_a_range_restarts_from_byte_0(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let path = killed_mid_file(s, &out);
+    // Every ranged request from here on answered with the whole file.
+    s.lie(&path, Lie::IgnoreRange, 50);
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    s.verify(&out);
+    let reasons = discards_of(&out, &path);
+    assert!(
+        reasons.contains(&"range_not_honoured".to_owned()),
+        "{reasons:?}"
+    );
+}
+
+fn a_changed_validator_restarts_from_byte_0(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let path = killed_mid_file(s, &out);
+    s.replace(&path);
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    s.verify(&out);
+    let reasons = discards_of(&out, &path);
+    assert!(
+        reasons.contains(&"range_not_honoured".to_owned()),
+        "{reasons:?}"
+    );
+    let asked = query(
+        &out,
+        &format!(
+            "SELECT IFNULL(if_range, '') || ' ' || IFNULL(etag, '') FROM attempts WHERE path = {} ORDER BY id",
+            sql_str(&path)
+        ),
+    );
+    let last = asked.last().unwrap();
+    let (sent, got) = last.split_once(' ').unwrap();
+    assert!(
+        !sent.is_empty() && sent != got,
+        "resumed under the old validator, answered under the new: {asked:?}"
+    );
+}
+
+/// Runs `check` against a fresh instance of `source`.
+fn conform(source: fn(&Path) -> Box<dyn Source>, check: fn(&dyn Source, &Path)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = source(tmp.path());
+    check(s.as_ref(), tmp.path());
+}
+
+/// One module per implementation, one test per check.
+macro_rules! conformance {
+    ($($source:ident),* $(,)?) => {$(
+        mod $source {
+            #[test]
+            fn resume_after_a_kill() {
+                super::conform(super::$source, super::resume_after_a_kill);
+            }
+            #[test]
+            fn a_short_body_resumes() {
+                super::conform(super::$source, super::a_short_body_resumes);
+            }
+            #[test]
+            fn a_200_to_a_range_restarts_from_byte_0() {
+                super::conform(super::$source, super::a_200_to_a_range_restarts_from_byte_0);
+            }
+            #[test]
+            fn a_changed_validator_restarts_from_byte_0() {
+                super::conform(super::$source, super::a_changed_validator_restarts_from_byte_0);
+            }
+        }
+    )*};
+}
+
+conformance!(hub, mirror, pull);
