@@ -23,8 +23,9 @@
 //! - `lock`: one ftpipe per output directory.
 //! - `plan`: the read-only `plan` command.
 //! - `origin`: where a repo's pin, listing and bytes come from (the
-//!   `Origin` seam, held as `Arc<dyn Origin>`: the hub, a mirror), and
-//!   [`Endpoint`], the one reading of `--endpoint`; `mirror`: a hub
+//!   `Origin` seam, held as `Arc<dyn Origin>`: the hub, a mirror);
+//!   `endpoint`: [`Endpoint`], the one reading of `--endpoint`, and the one
+//!   place the origin it names is built; `mirror`: a hub
 //!   checkpoint in object storage, written (`mirror`) and read back (an
 //!   origin); `s3source`: object storage behind the fetch's byte-source
 //!   seam (mirrors and `pull`).
@@ -39,6 +40,7 @@
 
 pub mod audit;
 pub mod bundle;
+mod endpoint;
 mod error;
 mod lock;
 mod mirror;
@@ -71,11 +73,11 @@ use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 
+pub use endpoint::Endpoint;
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
 pub use lock::DirLock;
 pub use mirror::{MirrorOutcome, MirrorParams};
-pub use origin::Endpoint;
 use origin::Origin;
 pub use plan::{PlanReport, PlanSource, plan};
 pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
@@ -110,7 +112,7 @@ pub struct FetchParams {
 impl FetchParams {
     /// The origin these name: the mirror when one is given, else the hub.
     pub(crate) fn origin(&self) -> Result<Arc<dyn Origin>> {
-        origin::open_origin(
+        endpoint::open_origin(
             self.mirror.as_ref(),
             &self.endpoint,
             self.token.clone(),

@@ -15,8 +15,9 @@ use ftpipe_hub::resolve::{FetchSelection, apply_selection, stored_selection};
 use ftpipe_receipts::{FileRow, Pin, SelectionGlobs};
 use serde::Serialize;
 
+use crate::endpoint::open_origin;
 use crate::error::{PipelineError, Result};
-use crate::origin::{Origin, OriginFiles, open_origin};
+use crate::origin::{Origin, OriginFiles};
 use crate::{Layout, open_existing};
 
 /// Where the plan reads its sources from.

@@ -37,11 +37,10 @@ impl std::fmt::Display for StageState {
             StageState::Pending => f.write_str("pending"),
             StageState::Running { run } => write!(
                 f,
-                "running since run {} (or that run was interrupted: the same command resumes it)",
-                run
+                "running since run {run} (or that run was interrupted: the same command resumes it)"
             ),
-            StageState::Completed { run } => write!(f, "completed in run {}", run),
-            StageState::Failed { run } => write!(f, "failed in run {}", run),
+            StageState::Completed { run } => write!(f, "completed in run {run}"),
+            StageState::Failed { run } => write!(f, "failed in run {run}"),
         }
     }
 }
