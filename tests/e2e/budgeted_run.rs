@@ -370,11 +370,11 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
 #[derive(Debug, Clone, Copy)]
 enum Resume {
     /// Without `--disk-budget`.
-    NoBudget,
+    Unbudgeted,
     /// With the budget it was begun with.
-    SameBudget,
+    Same,
     /// With twice that budget.
-    LargerBudget,
+    Larger,
 }
 
 /// A budgeted run killed, then resumed without `--disk-budget`, was
@@ -416,7 +416,7 @@ fn a_killed_budgeted_run_resumes_with_no_budget_the_same_or_a_larger_one() {
         &budgeted,
     ));
     let ms = (t.elapsed().as_millis() as u64).max(20);
-    let modes = [Resume::NoBudget, Resume::SameBudget, Resume::LargerBudget];
+    let modes = [Resume::Unbudgeted, Resume::Same, Resume::Larger];
     let (mut after_retirement, mut attempts) = (0usize, 0usize);
     while after_retirement < 21 {
         attempts += 1;
@@ -460,9 +460,9 @@ fn a_killed_budgeted_run_resumes_with_no_budget_the_same_or_a_larger_one() {
             .map(|s| s.to_string())
             .collect();
         match mode {
-            Resume::NoBudget => {}
-            Resume::SameBudget => args.extend(["--disk-budget".into(), minimum.to_string()]),
-            Resume::LargerBudget => {
+            Resume::Unbudgeted => {}
+            Resume::Same => args.extend(["--disk-budget".into(), minimum.to_string()]),
+            Resume::Larger => {
                 args.extend(["--disk-budget".into(), (2 * minimum).to_string()]);
             }
         }
@@ -492,7 +492,7 @@ fn a_killed_budgeted_run_resumes_with_no_budget_the_same_or_a_larger_one() {
             .collect();
         assert!(refetched.is_empty(), "{label}: fetched again {refetched:?}");
         let finished_before = String::from_utf8_lossy(&o.stdout).contains("nothing to do");
-        if matches!(mode, Resume::NoBudget) {
+        if matches!(mode, Resume::Unbudgeted) {
             // Killed after the last stage completed: nothing left to say.
             assert!(
                 finished_before || err.contains("without one"),
