@@ -29,6 +29,7 @@ use ftpipe_artifact::manifest::{
 };
 use ftpipe_artifact::verify::{
     MAX_ARTIFACT_ENTRIES, MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES, verify_artifact,
+    verify_artifact_with_manifest,
 };
 use ftpipe_fetch::{ByteSource, FetchCtx, FetchOptions, fetch, reconcile};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
@@ -327,9 +328,10 @@ impl Pipeline {
         .await
     }
 
-    /// The verify stage of a pull: the placement read and checked, the
-    /// placement and then the manifest written (the bytes read from the
-    /// store, unchanged), the artifact verified as `ftpipe verify` would.
+    /// The verify stage of a pull: the placement read, checked and written,
+    /// the artifact verified as `ftpipe verify` would under the manifest's
+    /// bytes (read from the store, unchanged), and only then the manifest
+    /// written: a rejected artifact never gets a `manifest.json`.
     async fn pull_verify_stage(
         &self,
         s3: &S3,
@@ -350,19 +352,19 @@ impl Pipeline {
                     what: "missing; the manifest's artifact has a placement".into(),
                 })?;
             check_placement(&placement_url, &placement.bytes, fingerprint)?;
-            block_in_place(|| -> Result<()> {
-                write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes)?;
-                write_atomic(&artifact, MANIFEST_FILE, manifest)?;
-                Ok(())
-            })?;
-            crashpoint::hit(CrashPoint::PullManifestWritten);
-            let report = block_in_place(|| verify_artifact(&artifact, false))?;
+            block_in_place(|| write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes))?;
+            // `manifest.json` is what a runtime waits for: it reaches its
+            // final name only once the artifact it describes has passed.
+            let report =
+                block_in_place(|| verify_artifact_with_manifest(&artifact, manifest, false))?;
             if !report.ok {
                 return Err(PipelineError::VerifyFailed {
                     artifact: artifact.clone(),
                     problems: crate::verify_problems(&report),
                 });
             }
+            block_in_place(|| write_atomic(&artifact, MANIFEST_FILE, manifest))?;
+            crashpoint::hit(CrashPoint::PullManifestWritten);
             Ok(())
         })
         .await

@@ -68,6 +68,8 @@
 //! * `s3_crash`: kill storms over `publish` and over `pull`.
 //! * `s3_powercut`: power cuts during `pull` and during `publish` (the
 //!   power-cut filesystem under the node's DIR).
+//! * `s3_pull_verify`: a pulled artifact that fails `verify` gets no
+//!   `manifest.json`.
 //! * `conformance`: the checks every byte source passes (resume after a
 //!   kill, a short body, a `200` to a range, a changed validator), once per
 //!   implementation: the hub, a mirror and `pull` (moto behind a lying
@@ -143,6 +145,7 @@ mod s3;
 mod s3_crash;
 mod s3_mirror;
 mod s3_powercut;
+mod s3_pull_verify;
 mod security;
 mod segmented;
 mod symlinks;

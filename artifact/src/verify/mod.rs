@@ -187,6 +187,27 @@ impl Findings {
 /// Returns `Err` only when verification cannot start (no such directory,
 /// not a directory, root not listable); every failed check is in the report.
 pub fn verify_artifact(dir: &Path, deep: bool) -> Result<VerifyReport, ArtifactError> {
+    verify_with(dir, deep, None)
+}
+
+/// Verifies the artifact in `dir` as if `manifest` (its bytes) were its
+/// `manifest.json`, before they are written there: a receiver (`pull`)
+/// publishes the manifest, the signal a runtime waits for, only once the
+/// artifact it describes has passed. A `manifest.json` already in `dir` is
+/// not read.
+pub fn verify_artifact_with_manifest(
+    dir: &Path,
+    manifest: &[u8],
+    deep: bool,
+) -> Result<VerifyReport, ArtifactError> {
+    verify_with(dir, deep, Some(manifest))
+}
+
+fn verify_with(
+    dir: &Path,
+    deep: bool,
+    given_manifest: Option<&[u8]>,
+) -> Result<VerifyReport, ArtifactError> {
     let meta = std::fs::metadata(dir).map_err(|e| ArtifactError::io("open artifact", dir, e))?;
     if !meta.is_dir() {
         return Err(ArtifactError::NotADirectory {
@@ -213,7 +234,11 @@ pub fn verify_artifact(dir: &Path, deep: bool) -> Result<VerifyReport, ArtifactE
     let mut found = Findings::default();
     found.0.extend(listing.failures.iter().cloned());
 
-    let manifest = match load_json::<Manifest>(dir, MANIFEST_FILE, MAX_MANIFEST_BYTES) {
+    let loaded = match given_manifest {
+        Some(bytes) => parse_json::<Manifest>(MANIFEST_FILE, bytes),
+        None => load_json::<Manifest>(dir, MANIFEST_FILE, MAX_MANIFEST_BYTES),
+    };
+    let manifest = match loaded {
         Ok(m) => Some(m),
         Err(message) => {
             found.fail(Some(MANIFEST_FILE), check::MANIFEST, message);
@@ -476,5 +501,10 @@ fn load_json<T: DeserializeOwned>(dir: &Path, name: &str, limit: u64) -> Result<
     if bytes.len() as u64 > limit {
         return Err(format!("{name} grew past the limit of {limit} bytes"));
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("{name} does not parse: {e}"))
+    parse_json(name, &bytes)
+}
+
+/// `bytes` of the file `name`, parsed.
+fn parse_json<T: DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("{name} does not parse: {e}"))
 }
