@@ -360,16 +360,22 @@ fn read_opened(path: &Path, file: File, limit: u64) -> Result<Vec<u8>, BoundedRe
 mod tests {
     use super::*;
 
-    #[test]
-    fn refuses_special_files_without_blocking_and_names_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("fifo");
+    /// A new FIFO `fifo` in `dir`.
+    fn fifo_in(dir: &Path) -> PathBuf {
+        let fifo = dir.join("fifo");
         rustix::fs::mkfifoat(
             rustix::fs::CWD,
             &fifo,
             rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
         )
         .unwrap();
+        fifo
+    }
+
+    #[test]
+    fn refuses_special_files_without_blocking_and_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = fifo_in(dir.path());
         let err = read_bounded(&fifo, 10).unwrap_err();
         assert!(err.to_string().contains("FIFO"), "{err}");
         assert!(err.to_string().contains("fifo"), "{err}");
@@ -387,13 +393,7 @@ mod tests {
     #[test]
     fn a_pipe_is_read_until_its_writer_closes_it_within_the_deadline() {
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("fifo");
-        rustix::fs::mkfifoat(
-            rustix::fs::CWD,
-            &fifo,
-            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-        )
-        .unwrap();
+        let fifo = fifo_in(dir.path());
         let wait = std::time::Duration::from_secs(5);
         let writer = {
             let fifo = fifo.clone();
