@@ -154,24 +154,24 @@ fn parse_listing(url: &str, bytes: &[u8]) -> Result<(Listing, Vec<FileRow>)> {
     let mut seen = std::collections::HashSet::new();
     let mut rows = Vec::with_capacity(listing.files.len());
     for (i, f) in listing.files.iter().enumerate() {
-        let row = listed_row(url, i, f)?;
+        let at_path = || format!("files[{i}].path");
+        validate_repo_path(&f.path).map_err(|e| bad_listing(url, at_path(), e.to_string()))?;
         if !seen.insert(f.path.as_str()) {
             return Err(bad_listing(
                 url,
-                format!("files[{i}].path"),
+                at_path(),
                 format!("{:?} listed twice", f.path),
             ));
         }
-        rows.push(row);
+        rows.push(listed_row(url, i, f)?);
     }
     Ok((listing, rows))
 }
 
-/// File `i` of a listing read from `url` as a listing row: a safe path and
-/// well-formed identities, else an error naming the field.
+/// File `i` of a listing read from `url`, its path already checked, as a
+/// listing row: well-formed identities, else an error naming the field.
 fn listed_row(url: &str, i: usize, f: &ListedFile) -> Result<FileRow> {
     let at = |field: &str| format!("files[{i}].{field}");
-    validate_repo_path(&f.path).map_err(|e| bad_listing(url, at("path"), e.to_string()))?;
     if GitOid::parse(&f.git_oid).is_none() {
         return Err(bad_listing(
             url,
