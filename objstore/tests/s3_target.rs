@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ftpipe_objstore::{
-    Env, ObjStoreError, OutputTarget, PartRequest, Put, PutMode, S3, S3Config, S3Location,
-    SharedTarget,
+    Env, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
 };
 
 const BUCKET: &str = "models";
