@@ -333,6 +333,27 @@ impl S3 {
         }
     }
 
+    /// The objects under `prefix` (a key prefix, compared by path segment),
+    /// with their sizes, in the server's order; at most `max` of them (more
+    /// is an error naming the prefix, not a silent cut).
+    pub async fn list(&self, prefix: &str, max: usize) -> Result<Vec<(String, u64)>> {
+        let path = ObjPath::from(prefix);
+        let mut listing = self.store.list(Some(&path));
+        let mut out = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta =
+                meta.map_err(|source| ObjStoreError::request("list", self.url(prefix), source))?;
+            if out.len() >= max {
+                return Err(ObjStoreError::TooManyObjects {
+                    prefix: self.url(prefix),
+                    max,
+                });
+            }
+            out.push((meta.location.to_string(), meta.size));
+        }
+        Ok(out)
+    }
+
     /// A ranged get of `key` under `if_match` (`range` `None`: the whole
     /// object). `Ok(Err(..))` is the server's refusal of the precondition
     /// (`412`: the object is no longer the one `if_match` names).

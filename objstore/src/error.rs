@@ -80,6 +80,14 @@ pub enum ObjStoreError {
         /// The limit.
         max: u64,
     },
+    /// A listing holds more objects than the most that are read of it.
+    #[error("S3 prefix {prefix} holds more than {max} objects; at most {max} are listed")]
+    TooManyObjects {
+        /// The prefix listed, `s3://BUCKET/PREFIX`.
+        prefix: String,
+        /// The limit.
+        max: usize,
+    },
     /// A create-only put found an object already there.
     #[error("S3 object {key} already exists")]
     AlreadyExists {

@@ -11,11 +11,19 @@
 //!   `AWS_PROFILE` in the shared credentials and config files), every
 //!   secret registered with the redaction point as it is read.
 //! - `client`: [`S3`], the requests (head, bounded get, ranged get under
-//!   `If-Match`, put with metadata, create-only put, multipart upload).
+//!   `If-Match`, list, put with metadata, create-only put, multipart upload).
+//! - `target`: [`OutputTarget`], the seam `publish` and `mirror` write
+//!   through (create-only put with checksum metadata, multipart sessions
+//!   whose handle and part receipts the caller keeps durable, head, bounded
+//!   get, list), held as [`SharedTarget`]. A new kind of target is one new
+//!   module implementing it.
+//! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
+//!   upload, a receipt a part's ETag).
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`].
 //!
 //! Imports run one way: `error` and `location` are leaves, `credentials`
-//! builds on them, `client` on all three.
+//! builds on them, `client` on all three; `target` names `client`'s answer
+//! types, and `s3target` joins `client` to `target`.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
@@ -26,6 +34,8 @@ mod client;
 mod credentials;
 mod error;
 mod location;
+mod s3target;
+mod target;
 
 pub use client::{
     Head, MAX_PART_NUMBER, MIN_PART_SIZE, ObjectBody, Precondition, Put, RangeGet, S3,
@@ -33,5 +43,8 @@ pub use client::{
 };
 pub use credentials::{Env, S3Config, register_credentials_from_env};
 pub use error::{ObjStoreError, Result};
-pub use location::{ArtifactKeys, S3Location};
+pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
+pub use target::{
+    Listed, OutputTarget, PartRequest, PartRules, PutMode, SharedTarget, TargetFuture,
+};

@@ -126,6 +126,15 @@ impl std::fmt::Display for S3Location {
     }
 }
 
+/// The manifest's name under the prefix: the commit point of a publish.
+pub const MANIFEST_KEY: &str = "manifest.json";
+
+/// The name under the prefix of `path` (a component, or `placement.json`)
+/// of the artifact with `fingerprint`.
+pub fn artifact_file_key(fingerprint: &str, path: &str) -> String {
+    format!("{fingerprint}/{path}")
+}
+
 /// The keys of one artifact under a location.
 #[derive(Debug, Clone)]
 pub struct ArtifactKeys {
@@ -136,12 +145,13 @@ pub struct ArtifactKeys {
 impl ArtifactKeys {
     /// `PREFIX/manifest.json`.
     pub fn manifest(&self) -> String {
-        self.location.key("manifest.json")
+        self.location.key(MANIFEST_KEY)
     }
 
     /// `PREFIX/<fingerprint>/<path>` of a component (or `placement.json`).
     pub fn file(&self, path: &str) -> String {
-        self.location.key(&format!("{}/{path}", self.fingerprint))
+        self.location
+            .key(&artifact_file_key(&self.fingerprint, path))
     }
 }
 

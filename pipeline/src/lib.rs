@@ -26,11 +26,14 @@
 //!   `Origin` seam, held as `Arc<dyn Origin>`: the hub, a mirror);
 //!   `endpoint`: [`Endpoint`], the one reading of `--endpoint`, and the one
 //!   place the origin it names is built; `mirror`: a hub
-//!   checkpoint in object storage, written (`mirror`) and read back (an
-//!   origin); `s3source`: object storage behind the fetch's byte-source
-//!   seam (mirrors and `pull`).
-//! - `publish`: an artifact into object storage (`publish`); `pull`: a
-//!   published artifact through the fetch machinery (`pull`).
+//!   checkpoint in object storage, written through an output target
+//!   (`mirror`, `mirror_to`) and read back (an origin); `s3source`: object
+//!   storage behind the fetch's byte-source seam (mirrors and `pull`).
+//! - `publish`: an artifact into an output target (`publish`,
+//!   `publish_to`), every request through [`ftpipe_objstore::OutputTarget`]
+//!   and recorded in the target-neutral upload records (mirror's uploads
+//!   too); `pull`: a published artifact through the fetch machinery
+//!   (`pull`).
 //! - `error`: [`PipelineError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.

@@ -18,28 +18,27 @@
 //! pins the same repo and commit with the same file identities as a run
 //! from the hub, so it builds the same manifest.
 
-use bytes::Bytes;
+use std::sync::Arc;
+
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::task::block_in_place;
 
 use ftpipe_artifact::manifest::sha256_hex;
-use std::sync::Arc;
-
 use ftpipe_fetch::ByteSource;
 use ftpipe_fs::paths::{safe_join, validate_repo_path};
 use ftpipe_hub::HubError;
 use ftpipe_hub::identity::{Expected, GitOid, LfsSha256, expected_identity, git_blob_and_sha256};
 use ftpipe_hub::remote::RemoteFiles;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
-use ftpipe_objstore::{GetRange, Put, S3, S3Config, S3Location};
+use ftpipe_objstore::{GetRange, Put, S3, S3Config, S3Location, SharedTarget, artifact_file_key};
 use ftpipe_progress::Reporter;
-use ftpipe_receipts::{FileRow, Pin, Store};
+use ftpipe_receipts::{FileRow, Pin, PublicationOutcome, Store};
 
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
 use crate::origin::{Origin, OriginFuture};
-use crate::publish::{Ctx, Item, PublishParams, record, upload_file};
+use crate::publish::{Ctx, Item, Tally, record, unreadable_commit_point, upload_file};
 use crate::s3source::S3Source;
 
 /// The listing's `schema`.
@@ -117,6 +116,97 @@ fn bad_listing(key: &str, at: String, message: String) -> PipelineError {
     }
 }
 
+/// A listing's bytes (read from `url`), checked: schema, a 40-hex commit,
+/// safe paths, well-formed identities (an error names the key and the JSON
+/// path); with the files as listing rows.
+fn parse_listing(url: &str, bytes: &[u8]) -> Result<(Listing, Vec<FileRow>)> {
+    // Paths and hashes are stored and paths become file names: a listing
+    // holding a credential this process sent is refused, never recorded.
+    if ftpipe_hub::json_keys::holds_secret(bytes) {
+        return Err(bad_listing(
+            url,
+            String::new(),
+            "the listing holds a credential this process sent".into(),
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let listing: Listing = serde_path_to_error::deserialize(de).map_err(|e| {
+        bad_listing(
+            url,
+            e.path().to_string(),
+            format!("expected an ftpipe mirror listing: {}", e.into_inner()),
+        )
+    })?;
+    if listing.schema != MIRROR_SCHEMA {
+        return Err(bad_listing(
+            url,
+            "schema".into(),
+            format!("{:?}, expected {MIRROR_SCHEMA:?}", listing.schema),
+        ));
+    }
+    if ftpipe_hub::identity::CommitId::parse(&listing.commit).is_none() {
+        return Err(bad_listing(
+            url,
+            "commit".into(),
+            format!("{:?}: expected 40 hex digits", listing.commit),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut rows = Vec::with_capacity(listing.files.len());
+    for (i, f) in listing.files.iter().enumerate() {
+        let at_path = || format!("files[{i}].path");
+        validate_repo_path(&f.path).map_err(|e| bad_listing(url, at_path(), e.to_string()))?;
+        if !seen.insert(f.path.as_str()) {
+            return Err(bad_listing(
+                url,
+                at_path(),
+                format!("{:?} listed twice", f.path),
+            ));
+        }
+        rows.push(listed_row(url, i, f)?);
+    }
+    Ok((listing, rows))
+}
+
+/// File `i` of a listing read from `url`, its path already checked, as a
+/// listing row: well-formed identities, else an error naming the field.
+fn listed_row(url: &str, i: usize, f: &ListedFile) -> Result<FileRow> {
+    let at = |field: &str| format!("files[{i}].{field}");
+    if GitOid::parse(&f.git_oid).is_none() {
+        return Err(bad_listing(
+            url,
+            at("git_oid"),
+            "expected 40 hex digits".into(),
+        ));
+    }
+    if let Some(sha) = &f.lfs_sha256
+        && LfsSha256::parse(sha).is_none()
+    {
+        return Err(bad_listing(
+            url,
+            at("lfs_sha256"),
+            "expected 64 hex digits".into(),
+        ));
+    }
+    if let Some(x) = &f.xet_hash
+        && ftpipe_hub::identity::XetHash::parse(x).is_none()
+    {
+        return Err(bad_listing(
+            url,
+            at("xet_hash"),
+            "expected 64 hex digits".into(),
+        ));
+    }
+    Ok(FileRow {
+        path: f.path.clone(),
+        size: f.size,
+        git_oid: f.git_oid.to_ascii_lowercase(),
+        lfs_sha256: f.lfs_sha256.as_ref().map(|s| s.to_ascii_lowercase()),
+        xet_hash: f.xet_hash.clone(),
+        selected: true,
+    })
+}
+
 impl Mirror {
     /// A client for the mirror at `p.location` (no request yet).
     pub fn open(p: &MirrorParams) -> Result<Mirror> {
@@ -130,9 +220,7 @@ impl Mirror {
         self.location.artifact(commit).file(path)
     }
 
-    /// The listing, read bounded and checked: schema, a 40-hex commit,
-    /// safe paths, well-formed identities (an error names the key and the
-    /// JSON path); with the files as listing rows.
+    /// The listing, read bounded and checked ([`parse_listing`]).
     async fn read_listing(&self) -> Result<(Listing, Vec<FileRow>)> {
         let key = self.location.key(LISTING_FILE);
         let url = self.location.url_of(&key);
@@ -144,86 +232,7 @@ impl Mirror {
                 dest: self.location.to_string(),
                 key: url.clone(),
             })?;
-        // Paths and hashes are stored and paths become file names: a
-        // listing holding a credential this process sent is refused,
-        // never recorded.
-        if ftpipe_hub::json_keys::holds_secret(&body.bytes) {
-            return Err(bad_listing(
-                &url,
-                String::new(),
-                "the listing holds a credential this process sent".into(),
-            ));
-        }
-        let de = &mut serde_json::Deserializer::from_slice(&body.bytes);
-        let listing: Listing = serde_path_to_error::deserialize(de).map_err(|e| {
-            bad_listing(
-                &url,
-                e.path().to_string(),
-                format!("expected an ftpipe mirror listing: {}", e.into_inner()),
-            )
-        })?;
-        if listing.schema != MIRROR_SCHEMA {
-            return Err(bad_listing(
-                &url,
-                "schema".into(),
-                format!("{:?}, expected {MIRROR_SCHEMA:?}", listing.schema),
-            ));
-        }
-        if ftpipe_hub::identity::CommitId::parse(&listing.commit).is_none() {
-            return Err(bad_listing(
-                &url,
-                "commit".into(),
-                format!("{:?}: expected 40 hex digits", listing.commit),
-            ));
-        }
-        let mut seen = std::collections::HashSet::new();
-        let mut rows = Vec::with_capacity(listing.files.len());
-        for (i, f) in listing.files.iter().enumerate() {
-            let at = |field: &str| format!("files[{i}].{field}");
-            validate_repo_path(&f.path)
-                .map_err(|e| bad_listing(&url, at("path"), e.to_string()))?;
-            if !seen.insert(f.path.as_str()) {
-                return Err(bad_listing(
-                    &url,
-                    at("path"),
-                    format!("{:?} listed twice", f.path),
-                ));
-            }
-            if GitOid::parse(&f.git_oid).is_none() {
-                return Err(bad_listing(
-                    &url,
-                    at("git_oid"),
-                    "expected 40 hex digits".into(),
-                ));
-            }
-            if let Some(sha) = &f.lfs_sha256
-                && LfsSha256::parse(sha).is_none()
-            {
-                return Err(bad_listing(
-                    &url,
-                    at("lfs_sha256"),
-                    "expected 64 hex digits".into(),
-                ));
-            }
-            if let Some(x) = &f.xet_hash
-                && ftpipe_hub::identity::XetHash::parse(x).is_none()
-            {
-                return Err(bad_listing(
-                    &url,
-                    at("xet_hash"),
-                    "expected 64 hex digits".into(),
-                ));
-            }
-            rows.push(FileRow {
-                path: f.path.clone(),
-                size: f.size,
-                git_oid: f.git_oid.to_ascii_lowercase(),
-                lfs_sha256: f.lfs_sha256.as_ref().map(|s| s.to_ascii_lowercase()),
-                xet_hash: f.xet_hash.clone(),
-                selected: true,
-            });
-        }
-        Ok((listing, rows))
+        parse_listing(&url, &body.bytes)
     }
 
     /// The listing of the mirror when it holds `repo` at `revision` (its
@@ -430,16 +439,64 @@ impl RemoteFiles for MirrorFiles<'_> {
 }
 
 impl Pipeline {
-    /// Mirrors the pinned, fully fetched `DIR/source` to `p.location`
-    /// (see the module doc): every file of the listing, re-hashed against
-    /// its identity as it is read, then `listing.json` create-only. The
-    /// same commit already there is a no-op; another is refused naming both.
+    /// Mirrors the pinned, fully fetched `DIR/source` to the S3 location of
+    /// `p` (see the module doc and [`Pipeline::mirror_to`]).
     pub async fn mirror(
         &self,
         p: &MirrorParams,
         part_size: u64,
         concurrency: usize,
     ) -> Result<MirrorOutcome> {
+        let target: SharedTarget = Arc::new(S3::open(&p.config, p.location.clone())?);
+        self.mirror_to(target, part_size, concurrency).await
+    }
+
+    /// Mirrors the pinned, fully fetched `DIR/source` to `target`: every
+    /// file of the listing, re-hashed against its identity as it is read,
+    /// then `listing.json` create-only. The same commit already there is a
+    /// no-op; another is refused naming both.
+    pub async fn mirror_to(
+        &self,
+        target: SharedTarget,
+        part_size: u64,
+        concurrency: usize,
+    ) -> Result<MirrorOutcome> {
+        let (pin, files) = self.fetched_listing().await?;
+        let listing_bytes = listing_bytes(&pin, &files)?;
+        let listing_sha = sha256_hex(&listing_bytes);
+        let ctx = Ctx::new(target, self, part_size, concurrency);
+        let mut outcome = MirrorOutcome {
+            dest: ctx.dest.clone(),
+            repo: pin.repo.clone(),
+            commit: pin.commit.clone(),
+            files: files.len(),
+            uploaded: 0,
+            reused: 0,
+            bytes_sent: 0,
+            already_mirrored: false,
+        };
+        if mirrored_here(&ctx, &pin).await? {
+            outcome.already_mirrored = true;
+            let already = PublicationOutcome::AlreadyPublished;
+            record(&ctx, &pin.commit, &listing_sha, already).await?;
+            return Ok(outcome);
+        }
+        let tally = self.mirror_files(&ctx, &pin.commit, &files).await?;
+        (outcome.uploaded, outcome.reused) = (tally.uploaded, tally.reused);
+        outcome.bytes_sent = tally.bytes_sent;
+        let key = ctx.target.key(LISTING_FILE);
+        let put = ctx.put_commit(&key, listing_bytes, &listing_sha).await?;
+        if put == Put::Exists && !mirrored_here(&ctx, &pin).await? {
+            return Err(unreadable_commit_point(&ctx, &key));
+        }
+        let published = PublicationOutcome::Published;
+        record(&ctx, &pin.commit, &listing_sha, published).await?;
+        Ok(outcome)
+    }
+
+    /// The pin and its whole listing, every file of which has a download
+    /// receipt (a mirror holds the whole listing).
+    async fn fetched_listing(&self) -> Result<(Pin, Vec<FileRow>)> {
         let pin = self
             .store
             .pin()
@@ -460,7 +517,7 @@ impl Pipeline {
                 message: format!(
                     "{} holds {} of the {} files of {}@{}; not fetched: {} (a mirror holds the whole listing: fetch without --include/--exclude first)",
                     self.layout.dir().display(),
-                    files.len() - missing.len(),
+                    files.len().saturating_sub(missing.len()),
                     files.len(),
                     pin.repo,
                     pin.commit,
@@ -468,126 +525,90 @@ impl Pipeline {
                 ),
             });
         }
-        let listing = Listing {
-            schema: MIRROR_SCHEMA.to_owned(),
-            repo: pin.repo.clone(),
-            revision: pin.revision.clone(),
-            commit: pin.commit.clone(),
-            files: files
-                .iter()
-                .map(|f| ListedFile {
-                    path: f.path.clone(),
-                    size: f.size,
-                    git_oid: f.git_oid.clone(),
-                    lfs_sha256: f.lfs_sha256.clone(),
-                    xet_hash: f.xet_hash.clone(),
-                })
-                .collect(),
-        };
-        let mut listing_bytes = serde_json::to_vec_pretty(&listing)
-            .map_err(|e| PipelineError::internal_from("serializing the mirror listing", e))?;
-        listing_bytes.push(b'\n');
-        let listing_sha = sha256_hex(&listing_bytes);
-        let mirror = Mirror::open(p)?;
-        let ctx = Ctx {
-            s3: mirror.s3.clone(),
-            store: self.store.clone(),
-            run: self.run,
-            dest: p.location.to_string(),
-        };
-        let mut outcome = MirrorOutcome {
-            dest: ctx.dest.clone(),
-            repo: pin.repo.clone(),
-            commit: pin.commit.clone(),
-            files: files.len(),
-            uploaded: 0,
-            reused: 0,
-            bytes_sent: 0,
-            already_mirrored: false,
-        };
-        if self.mirrored_here(&mirror, &pin).await? {
-            outcome.already_mirrored = true;
-            record(&ctx, &pin.commit, &listing_sha, "already_published").await?;
-            return Ok(outcome);
-        }
-        let params = PublishParams {
-            location: p.location.clone(),
-            config: p.config.clone(),
-            part_size,
-            concurrency,
-        };
-        let keys = p.location.artifact(&pin.commit);
-        let source = self.layout.source().to_owned();
-        for f in &files {
-            // The bytes are the pinned ones: the hub identity, re-hashed.
-            let path = safe_join(&source, &f.path)?;
-            let expected = expected_identity(f)?;
-            let sha256 = match &expected {
-                Expected::Sha256(s) => s.as_str().to_owned(),
-                Expected::GitBlob(oid) => {
-                    let io = |e| PipelineError::io("hash", &path, e);
-                    let (got, sha256) =
-                        block_in_place(|| git_blob_and_sha256(&path, f.size)).map_err(io)?;
-                    if got != oid.as_str() {
-                        return Err(PipelineError::ObjectMismatch {
-                            key: path.display().to_string(),
-                            what: format!(
-                                "git blob id {got}, the pin lists {} (changed since it was fetched)",
-                                oid.as_str()
-                            ),
-                        });
-                    }
-                    sha256
-                }
-            };
-            let item = Item {
-                path: f.path.clone(),
-                size: f.size,
-                sha256,
-            };
-            match upload_file(&ctx, &source, &keys, &item, &params).await? {
-                Some(bytes) => {
-                    outcome.uploaded += 1;
-                    outcome.bytes_sent += bytes;
-                }
-                None => outcome.reused += 1,
-            }
-        }
-        let key = p.location.key(LISTING_FILE);
-        let put = ctx
-            .attempt(
-                &key,
-                "manifest_put",
-                None,
-                listing_bytes.len() as u64,
-                ctx.s3
-                    .put(&key, Bytes::from(listing_bytes), &listing_sha, true),
-            )
-            .await?;
-        if put == Put::Exists && !self.mirrored_here(&mirror, &pin).await? {
-            return Err(PipelineError::internal(format!(
-                "{} exists but could not be read back",
-                p.location.url_of(&key)
-            )));
-        }
-        record(&ctx, &pin.commit, &listing_sha, "published").await?;
-        Ok(outcome)
+        Ok((pin, files))
     }
 
-    /// Whether the mirror already holds this pin; an error naming both when
-    /// it holds another.
-    async fn mirrored_here(&self, mirror: &Mirror, pin: &Pin) -> Result<bool> {
-        match mirror.read_listing().await {
-            Ok((listing, _)) if listing.repo == pin.repo && listing.commit == pin.commit => {
-                Ok(true)
-            }
-            Ok((listing, _)) => Err(PipelineError::PrefixHoldsAnother {
-                dest: mirror.location.to_string(),
-                theirs: format!("{}@{}", listing.repo, listing.commit),
-                ours: format!("{}@{}", pin.repo, pin.commit),
-            }),
-            Err(PipelineError::NothingPublished { .. }) => Ok(false),
-            Err(e) => Err(e),
+    /// Uploads every file of `files` from `DIR/source` under `commit`.
+    async fn mirror_files(&self, ctx: &Ctx, commit: &str, files: &[FileRow]) -> Result<Tally> {
+        let source = self.layout.source().to_owned();
+        let mut tally = Tally::default();
+        for f in files {
+            let item = pinned_item(&source, f)?;
+            let key = ctx.target.key(&artifact_file_key(commit, &f.path));
+            tally.add(upload_file(ctx, &source, &key, &item).await?);
         }
+        Ok(tally)
     }
+}
+
+/// `listing.json` of `pin` and `files`, as it is written.
+fn listing_bytes(pin: &Pin, files: &[FileRow]) -> Result<Vec<u8>> {
+    let listing = Listing {
+        schema: MIRROR_SCHEMA.to_owned(),
+        repo: pin.repo.clone(),
+        revision: pin.revision.clone(),
+        commit: pin.commit.clone(),
+        files: files
+            .iter()
+            .map(|f| ListedFile {
+                path: f.path.clone(),
+                size: f.size,
+                git_oid: f.git_oid.clone(),
+                lfs_sha256: f.lfs_sha256.clone(),
+                xet_hash: f.xet_hash.clone(),
+            })
+            .collect(),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&listing)
+        .map_err(|e| PipelineError::internal_from("serializing the mirror listing", e))?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// The upload of pinned file `f` under `source`, with its SHA-256: the
+/// LFS one, or for a git-stored file the one read with its blob id, which
+/// must be the pinned one (the bytes are the pinned ones, re-hashed).
+fn pinned_item(source: &std::path::Path, f: &FileRow) -> Result<Item> {
+    let path = safe_join(source, &f.path)?;
+    let sha256 = match expected_identity(f)? {
+        Expected::Sha256(s) => s.as_str().to_owned(),
+        Expected::GitBlob(oid) => {
+            let io = |e| PipelineError::io("hash", &path, e);
+            let (got, sha256) =
+                block_in_place(|| git_blob_and_sha256(&path, f.size)).map_err(io)?;
+            if got != oid.as_str() {
+                return Err(PipelineError::ObjectMismatch {
+                    key: path.display().to_string(),
+                    what: format!(
+                        "git blob id {got}, the pin lists {} (changed since it was fetched)",
+                        oid.as_str()
+                    ),
+                });
+            }
+            sha256
+        }
+    };
+    Ok(Item {
+        path: f.path.clone(),
+        size: f.size,
+        sha256,
+    })
+}
+
+/// Whether the mirror at `ctx`'s target already holds this pin; an error
+/// naming both when it holds another.
+async fn mirrored_here(ctx: &Ctx, pin: &Pin) -> Result<bool> {
+    let key = ctx.target.key(LISTING_FILE);
+    let Some(body) = ctx.target.get_bounded(&key, MAX_LISTING_BYTES).await? else {
+        return Ok(false);
+    };
+    let (listing, _) = parse_listing(&ctx.url(&key), &body.bytes)?;
+    if listing.repo == pin.repo && listing.commit == pin.commit {
+        return Ok(true);
+    }
+    Err(PipelineError::PrefixHoldsAnother {
+        dest: ctx.dest.clone(),
+        theirs: format!("{}@{}", listing.repo, listing.commit),
+        ours: format!("{}@{}", pin.repo, pin.commit),
+    })
 }

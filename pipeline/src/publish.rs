@@ -9,14 +9,18 @@
 //! disjoint component keys and meet only at the manifest, where exactly one
 //! create succeeds; the other is refused naming both fingerprints.
 //!
-//! Each file is sent in one put (up to the part size) or as a multipart
-//! upload whose id and acknowledged parts are durable in `state.db`
-//! (`upload_store`): a killed publish resumes the upload and sends only the
-//! parts without a row. Every byte sent is read from `DIR/artifact` and
-//! hashed on the way; a file whose SHA-256 is not the manifest's is not
-//! completed. After completion a `HEAD` must show the size and the
-//! `ftpipe-sha256` metadata before the upload receipt is written.
-//! Every request is an upload attempt row, before and after.
+//! Every request goes through the output target
+//! ([`ftpipe_objstore::OutputTarget`], held as a [`SharedTarget`]; S3 is
+//! the one `publish` opens), so this module knows sessions, parts and
+//! receipts, not S3. Each file is sent in one put (up to the part size) or
+//! as a multipart session whose handle and acknowledged parts are durable
+//! in `state.db` (`upload_store`): a killed publish resumes the session and
+//! sends only the parts without a row. Every byte sent is read from
+//! `DIR/artifact` and hashed on the way; a file whose SHA-256 is not the
+//! manifest's is not completed. After completion a head must show the size
+//! and the SHA-256 metadata before the upload receipt is written. Every
+//! request is an upload attempt row, before and after. `mirror` uploads
+//! its files with the same machinery ([`upload_file`]).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -32,12 +36,14 @@ use ftpipe_artifact::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES, verify_ar
 use ftpipe_fs::bounded::{Links, open_regular, read_bounded_nofollow};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::paths::safe_join;
-use ftpipe_hub::identity::{Expected, LfsSha256};
+use ftpipe_hub::identity::{Expected, IdentityHasher, LfsSha256};
 use ftpipe_objstore::{
-    ArtifactKeys, MAX_PART_NUMBER, ObjStoreError, Put, S3, S3Config, S3Location,
+    MANIFEST_KEY, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
+    artifact_file_key,
 };
 use ftpipe_receipts::{
-    Publication, RunId, Store, UploadAttempt, UploadPart, UploadRow, UploadState,
+    Publication, PublicationOutcome, RunId, Store, UploadAttempt, UploadOp, UploadOutcome,
+    UploadPart, UploadRow, UploadState,
 };
 
 use crate::Pipeline;
@@ -91,21 +97,73 @@ pub(crate) struct Item {
     pub(crate) sha256: String,
 }
 
-/// What the tasks of one publish share.
+/// What the uploads of one publish or mirror added up to.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tally {
+    /// Files sent by this run.
+    pub(crate) uploaded: usize,
+    /// Files found complete and checked.
+    pub(crate) reused: usize,
+    /// Body bytes sent.
+    pub(crate) bytes_sent: u64,
+}
+
+impl Tally {
+    /// Counts one file's [`upload_file`] answer.
+    pub(crate) fn add(&mut self, sent: Option<u64>) {
+        match sent {
+            Some(bytes) => {
+                self.uploaded = self.uploaded.saturating_add(1);
+                self.bytes_sent = self.bytes_sent.saturating_add(bytes);
+            }
+            None => self.reused = self.reused.saturating_add(1),
+        }
+    }
+}
+
+/// What the tasks of one publish (or mirror) share.
 #[derive(Clone)]
 pub(crate) struct Ctx {
-    pub(crate) s3: S3,
+    pub(crate) target: SharedTarget,
     pub(crate) store: Arc<Store>,
     pub(crate) run: RunId,
+    /// The destination, as the target names it.
     pub(crate) dest: String,
+    /// Part size of multipart sessions (at least 1); files up to it go in
+    /// one put.
+    pub(crate) part_size: u64,
+    /// Parts in flight at once (at least 1; exactly 1 for a target whose
+    /// parts arrive in order).
+    pub(crate) concurrency: usize,
 }
 
 impl Ctx {
+    pub(crate) fn new(
+        target: SharedTarget,
+        pipeline: &Pipeline,
+        part_size: u64,
+        concurrency: usize,
+    ) -> Ctx {
+        let concurrency = if target.part_rules().in_order {
+            1
+        } else {
+            concurrency.max(1)
+        };
+        Ctx {
+            dest: target.dest(),
+            target,
+            store: pipeline.store.clone(),
+            run: pipeline.run,
+            part_size: part_size.max(1),
+            concurrency,
+        }
+    }
+
     /// Runs one request between an `in_flight` attempt row and its end.
     pub(crate) async fn attempt<T>(
         &self,
         key: &str,
-        op: &'static str,
+        op: UploadOp,
         part_number: Option<u64>,
         bytes: u64,
         fut: impl Future<Output = ftpipe_objstore::Result<T>>,
@@ -116,12 +174,12 @@ impl Ctx {
                 self.run,
                 &UploadAttempt {
                     id: 0,
-                    key: self.s3.location().url_of(key),
+                    key: self.url(key),
                     op,
                     part_number,
-                    host: self.s3.host().to_owned(),
+                    host: self.target.host().to_owned(),
                     bytes,
-                    outcome: String::new(),
+                    outcome: UploadOutcome::InFlight,
                     error: None,
                     started_at: String::new(),
                 },
@@ -133,128 +191,151 @@ impl Ctx {
         Ok(r?)
     }
 
-    fn url(&self, key: &str) -> String {
-        self.s3.location().url_of(key)
+    /// Puts the commit point (`manifest.json`, `listing.json`) at `key`,
+    /// create-only: [`Put::Exists`] when another put won.
+    pub(crate) async fn put_commit(&self, key: &str, bytes: Vec<u8>, sha256: &str) -> Result<Put> {
+        let len = bytes.len() as u64;
+        let put = self
+            .target
+            .put(key, Bytes::from(bytes), sha256, PutMode::CreateOnly);
+        self.attempt(key, UploadOp::PutCommit, None, len, put).await
+    }
+
+    pub(crate) fn url(&self, key: &str) -> String {
+        self.target.url_of(key)
     }
 }
 
 impl Pipeline {
-    /// Publishes `DIR/artifact` (see the module doc).
+    /// Publishes `DIR/artifact` to the S3 location of `p` (see the module
+    /// doc).
     pub async fn publish(&self, p: &PublishParams) -> Result<PublishOutcome> {
+        let target: SharedTarget = Arc::new(S3::open(&p.config, p.location.clone())?);
+        self.publish_to(target, p.part_size, p.concurrency).await
+    }
+
+    /// Publishes `DIR/artifact` to `target`: every component and the
+    /// placement, then the manifest create-only.
+    pub async fn publish_to(
+        &self,
+        target: SharedTarget,
+        part_size: u64,
+        concurrency: usize,
+    ) -> Result<PublishOutcome> {
         let artifact = self.layout.artifact().to_owned();
-        let report = block_in_place(|| verify_artifact(&artifact, false))?;
-        if !report.ok {
-            return Err(PipelineError::VerifyFailed {
-                artifact,
-                problems: crate::verify_problems(&report),
-            });
-        }
-        let manifest_path = artifact.join(MANIFEST_FILE);
-        let manifest_bytes =
-            block_in_place(|| read_bounded_nofollow(&manifest_path, MAX_MANIFEST_BYTES))
-                .map_err(|e| PipelineError::io("read", &manifest_path, std::io::Error::other(e)))?;
-        let manifest: Manifest =
-            serde_json::from_slice(&manifest_bytes).map_err(|e| PipelineError::InvalidInput {
-                what: "manifest",
-                message: format!("{}: {e}", manifest_path.display()),
-            })?;
+        let (manifest, manifest_bytes) = read_verified_manifest(&artifact)?;
         let fingerprint = manifest.fingerprint.clone();
         let manifest_sha256 = sha256_hex(&manifest_bytes);
-        let ctx = Ctx {
-            s3: S3::open(&p.config, p.location.clone())?,
-            store: self.store.clone(),
-            run: self.run,
-            dest: p.location.to_string(),
-        };
-        let keys = p.location.artifact(&fingerprint);
+        let ctx = Ctx::new(target, self, part_size, concurrency);
         let mut outcome = PublishOutcome {
             dest: ctx.dest.clone(),
             fingerprint: fingerprint.clone(),
             manifest_sha256: manifest_sha256.clone(),
-            objects: manifest.components.len() + 1,
+            objects: manifest.components.len().saturating_add(1),
             uploaded: 0,
             reused: 0,
             bytes_sent: 0,
             already_published: false,
         };
-        if published_here(&ctx, &keys, &fingerprint).await? {
+        if published_here(&ctx, &fingerprint).await? {
             outcome.already_published = true;
-            record(&ctx, &fingerprint, &manifest_sha256, "already_published").await?;
+            let already = PublicationOutcome::AlreadyPublished;
+            record(&ctx, &fingerprint, &manifest_sha256, already).await?;
             return Ok(outcome);
         }
-
-        let placement_path = artifact.join(PLACEMENT_FILE);
-        let placement =
-            block_in_place(|| read_bounded_nofollow(&placement_path, MAX_PLACEMENT_BYTES))
-                .map_err(|e| {
-                    PipelineError::io("read", &placement_path, std::io::Error::other(e))
-                })?;
-        let mut items: Vec<Item> = manifest
-            .components
-            .iter()
-            .map(|c| Item {
-                path: c.path.clone(),
-                size: c.size,
-                sha256: c.sha256.clone(),
-            })
-            .collect();
-        items.push(Item {
-            path: PLACEMENT_FILE.to_owned(),
-            size: placement.len() as u64,
-            sha256: sha256_hex(&placement),
-        });
-        for item in &items {
-            let sent = upload_file(&ctx, &artifact, &keys, item, p).await?;
-            match sent {
-                Some(bytes) => {
-                    outcome.uploaded += 1;
-                    outcome.bytes_sent += bytes;
-                }
-                None => outcome.reused += 1,
-            }
+        let mut tally = Tally::default();
+        for item in &artifact_items(&artifact, &manifest)? {
+            let key = ctx.target.key(&artifact_file_key(&fingerprint, &item.path));
+            tally.add(upload_file(&ctx, &artifact, &key, item).await?);
             crashpoint::hit(CrashPoint::UploadVerified);
         }
         crashpoint::hit(CrashPoint::PublishComponentsDone);
-
-        let key = keys.manifest();
-        let put = ctx
-            .attempt(
-                &key,
-                "manifest_put",
-                None,
-                manifest_bytes.len() as u64,
-                ctx.s3
-                    .put(&key, Bytes::from(manifest_bytes), &manifest_sha256, true),
-            )
-            .await?;
-        match put {
+        (outcome.uploaded, outcome.reused) = (tally.uploaded, tally.reused);
+        outcome.bytes_sent = tally.bytes_sent;
+        let key = ctx.target.key(MANIFEST_KEY);
+        let recorded = match ctx
+            .put_commit(&key, manifest_bytes, &manifest_sha256)
+            .await?
+        {
             Put::Written { .. } => {
                 crashpoint::hit(CrashPoint::PublishManifestPut);
-                record(&ctx, &fingerprint, &manifest_sha256, "published").await?;
+                PublicationOutcome::Published
             }
             // Lost the create to another publisher (or to this one before a
             // kill): the same artifact is a no-op, another a refusal.
             Put::Exists => {
-                if !published_here(&ctx, &keys, &fingerprint).await? {
-                    return Err(PipelineError::internal(format!(
-                        "{} exists but could not be read back",
-                        ctx.url(&key)
-                    )));
+                if !published_here(&ctx, &fingerprint).await? {
+                    return Err(unreadable_commit_point(&ctx, &key));
                 }
                 outcome.already_published = outcome.uploaded == 0;
-                record(&ctx, &fingerprint, &manifest_sha256, "already_published").await?;
+                PublicationOutcome::AlreadyPublished
             }
-        }
+        };
+        record(&ctx, &fingerprint, &manifest_sha256, recorded).await?;
         Ok(outcome)
     }
+}
+
+/// A commit point a create-only put found there, which then could not be
+/// read back.
+pub(crate) fn unreadable_commit_point(ctx: &Ctx, key: &str) -> PipelineError {
+    PipelineError::internal(format!(
+        "{} exists but could not be read back",
+        ctx.url(key)
+    ))
+}
+
+/// `DIR/artifact` verified, and its manifest: parsed, and its bytes as
+/// they will be published.
+fn read_verified_manifest(artifact: &Path) -> Result<(Manifest, Vec<u8>)> {
+    let report = block_in_place(|| verify_artifact(artifact, false))?;
+    if !report.ok {
+        return Err(PipelineError::VerifyFailed {
+            artifact: artifact.to_owned(),
+            problems: crate::verify_problems(&report),
+        });
+    }
+    let manifest_path = artifact.join(MANIFEST_FILE);
+    let manifest_bytes =
+        block_in_place(|| read_bounded_nofollow(&manifest_path, MAX_MANIFEST_BYTES))
+            .map_err(|e| PipelineError::io("read", &manifest_path, std::io::Error::other(e)))?;
+    let manifest: Manifest =
+        serde_json::from_slice(&manifest_bytes).map_err(|e| PipelineError::InvalidInput {
+            what: "manifest",
+            message: format!("{}: {e}", manifest_path.display()),
+        })?;
+    Ok((manifest, manifest_bytes))
+}
+
+/// The files a publish sends: every component the manifest lists, then
+/// `placement.json` (hashed as it is now).
+fn artifact_items(artifact: &Path, manifest: &Manifest) -> Result<Vec<Item>> {
+    let placement_path = artifact.join(PLACEMENT_FILE);
+    let placement = block_in_place(|| read_bounded_nofollow(&placement_path, MAX_PLACEMENT_BYTES))
+        .map_err(|e| PipelineError::io("read", &placement_path, std::io::Error::other(e)))?;
+    let mut items: Vec<Item> = manifest
+        .components
+        .iter()
+        .map(|c| Item {
+            path: c.path.clone(),
+            size: c.size,
+            sha256: c.sha256.clone(),
+        })
+        .collect();
+    items.push(Item {
+        path: PLACEMENT_FILE.to_owned(),
+        size: placement.len() as u64,
+        sha256: sha256_hex(&placement),
+    });
+    Ok(items)
 }
 
 /// Whether `PREFIX/manifest.json` already names this artifact; an error
 /// naming both fingerprints when it names another (or cannot be read as a
 /// manifest).
-async fn published_here(ctx: &Ctx, keys: &ArtifactKeys, fingerprint: &str) -> Result<bool> {
-    let key = keys.manifest();
-    let Some(body) = ctx.s3.get_bounded(&key, MAX_MANIFEST_BYTES).await? else {
+async fn published_here(ctx: &Ctx, fingerprint: &str) -> Result<bool> {
+    let key = ctx.target.key(MANIFEST_KEY);
+    let Some(body) = ctx.target.get_bounded(&key, MAX_MANIFEST_BYTES).await? else {
         return Ok(false);
     };
     let theirs = serde_json::from_slice::<serde_json::Value>(&body.bytes)
@@ -279,7 +360,7 @@ pub(crate) async fn record(
     ctx: &Ctx,
     fingerprint: &str,
     manifest_sha256: &str,
-    outcome: &str,
+    outcome: PublicationOutcome,
 ) -> Result<()> {
     Ok(ctx
         .store
@@ -288,20 +369,20 @@ pub(crate) async fn record(
             dest: ctx.dest.clone(),
             fingerprint: fingerprint.to_owned(),
             manifest_sha256: manifest_sha256.to_owned(),
-            outcome: outcome.to_owned(),
+            outcome,
             at: String::new(),
         })
         .await?)
 }
 
-/// The upload row of `item` at `key` (id and upload id filled by the caller).
+/// The upload row of `item` at `key` (id filled by the store).
 fn row(
     ctx: &Ctx,
     key: &str,
     item: &Item,
     part_size: u64,
-    upload_id: Option<String>,
-    etag: Option<String>,
+    session: Option<String>,
+    version: Option<String>,
 ) -> UploadRow {
     UploadRow {
         id: 0,
@@ -312,48 +393,31 @@ fn row(
         size: item.size,
         sha256: item.sha256.clone(),
         part_size,
-        upload_id,
+        session,
         state: UploadState::Verified,
-        etag,
+        version,
         started_at: String::new(),
         finished_at: None,
     }
 }
 
-/// Uploads one file unless its object is already complete; the bytes sent
-/// (`None`: found complete and checked, nothing sent).
+/// Uploads one file (`item`, under `root`) to `key` unless its object is
+/// already complete; the bytes sent (`None`: found complete and checked,
+/// nothing sent).
 pub(crate) async fn upload_file(
     ctx: &Ctx,
-    artifact: &Path,
-    keys: &ArtifactKeys,
+    root: &Path,
+    key: &str,
     item: &Item,
-    p: &PublishParams,
 ) -> Result<Option<u64>> {
-    let key = keys.file(&item.path);
-    let url = ctx.url(&key);
-    let live = ctx.store.upload_in_progress(&ctx.dest, &url).await?;
-    let head = ctx
-        .attempt(&key, "head", None, 0, ctx.s3.head(&key))
+    let live = ctx
+        .store
+        .upload_in_progress(&ctx.dest, &ctx.url(key))
         .await?;
-    if let Some(h) = &head
-        && h.size == item.size
-        && h.sha256.as_deref() == Some(item.sha256.as_str())
-    {
-        match &live {
-            Some(l) => {
-                ctx.store
-                    .finish_upload(l.id, UploadState::Verified, h.etag.as_deref())
-                    .await?;
-            }
-            None => {
-                ctx.store
-                    .put_verified_upload(ctx.run, &row(ctx, &key, item, 0, None, h.etag.clone()))
-                    .await?;
-            }
-        }
+    if already_complete(ctx, key, item, live.as_ref()).await? {
         return Ok(None);
     }
-    let path = safe_join(artifact, &item.path)?;
+    let path = safe_join(root, &item.path)?;
     let expected = LfsSha256::parse(&item.sha256)
         .map(Expected::Sha256)
         .ok_or_else(|| PipelineError::InvalidInput {
@@ -363,36 +427,14 @@ pub(crate) async fn upload_file(
                 item.path, item.sha256
             ),
         })?;
-    let part_size = p.part_size.max(1);
-    if item.size <= part_size && live.is_none() {
-        let bytes = block_in_place(|| read_at(&path, 0, item.size))?;
-        let mut hasher = expected.hasher(item.size);
-        hasher.update(&bytes);
-        check_digest(&item.path, &path, &item.sha256, hasher.finish_hex())?;
-        let put = ctx
-            .attempt(
-                &key,
-                "put",
-                None,
-                item.size,
-                ctx.s3.put(&key, bytes, &item.sha256, false),
-            )
-            .await?;
-        let etag = match put {
-            Put::Written { etag } => etag,
-            Put::Exists => None,
-        };
-        let etag = check_object(ctx, &key, item, etag.as_deref()).await?;
-        ctx.store
-            .put_verified_upload(ctx.run, &row(ctx, &key, item, 0, None, etag))
-            .await?;
-        return Ok(Some(item.size));
+    if item.size <= ctx.part_size && live.is_none() {
+        return put_whole(ctx, key, &path, item, &expected).await.map(Some);
     }
-    match upload_multipart(ctx, &key, &path, item, &expected, live, p).await {
-        // The server no longer knows the upload (expired, aborted): its
-        // row is abandoned; one new upload.
+    match upload_multipart(ctx, key, &path, item, &expected, live).await {
+        // The target no longer knows the session (expired, aborted): its
+        // row is abandoned; one new session.
         Err(PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) => {
-            upload_multipart(ctx, &key, &path, item, &expected, None, p)
+            upload_multipart(ctx, key, &path, item, &expected, None)
                 .await
                 .map(Some)
         }
@@ -400,7 +442,79 @@ pub(crate) async fn upload_file(
     }
 }
 
-/// One file as a multipart upload, resumed from `live` when it is this
+/// Whether the object at `key` is already `item` (size and SHA-256
+/// metadata): then its receipt is written (ending `live`, the session in
+/// progress, if any).
+async fn already_complete(
+    ctx: &Ctx,
+    key: &str,
+    item: &Item,
+    live: Option<&UploadRow>,
+) -> Result<bool> {
+    let head = ctx
+        .attempt(key, UploadOp::Head, None, 0, ctx.target.head(key))
+        .await?;
+    let Some(h) =
+        head.filter(|h| h.size == item.size && h.sha256.as_deref() == Some(item.sha256.as_str()))
+    else {
+        return Ok(false);
+    };
+    match live {
+        Some(l) => {
+            ctx.store
+                .finish_upload(l.id, UploadState::Verified, h.etag.as_deref())
+                .await?;
+        }
+        None => {
+            let receipt = row(ctx, key, item, 0, None, h.etag);
+            ctx.store.put_verified_upload(ctx.run, &receipt).await?;
+        }
+    }
+    Ok(true)
+}
+
+/// One file in one put, hashed before it is sent and checked after; its
+/// receipt written. The bytes sent.
+async fn put_whole(
+    ctx: &Ctx,
+    key: &str,
+    path: &Path,
+    item: &Item,
+    expected: &Expected,
+) -> Result<u64> {
+    let bytes = block_in_place(|| read_at(path, 0, item.size))?;
+    let mut hasher = expected.hasher(item.size);
+    hasher.update(&bytes);
+    check_digest(&item.path, path, &item.sha256, hasher.finish_hex())?;
+    let put = ctx.target.put(key, bytes, &item.sha256, PutMode::Replace);
+    let version = match ctx
+        .attempt(key, UploadOp::Put, None, item.size, put)
+        .await?
+    {
+        Put::Written { etag } => etag,
+        Put::Exists => None,
+    };
+    let version = check_object(ctx, key, item, version.as_deref()).await?;
+    let receipt = row(ctx, key, item, 0, None, version);
+    ctx.store.put_verified_upload(ctx.run, &receipt).await?;
+    Ok(item.size)
+}
+
+/// A multipart session as its `uploads` row holds it.
+struct Session {
+    row_id: i64,
+    handle: Arc<str>,
+    part_size: u64,
+}
+
+impl Session {
+    /// The parts of `item` at this session's part size.
+    fn parts(&self, item: &Item) -> u64 {
+        item.size.div_ceil(self.part_size).max(1)
+    }
+}
+
+/// One file as a multipart session, resumed from `live` when it is this
 /// file's; the bytes sent.
 async fn upload_multipart(
     ctx: &Ctx,
@@ -409,196 +523,237 @@ async fn upload_multipart(
     item: &Item,
     expected: &Expected,
     live: Option<UploadRow>,
-    p: &PublishParams,
 ) -> Result<u64> {
-    let url = ctx.url(key);
-    let live = match live {
-        Some(l) if l.sha256 == item.sha256 && l.size == item.size && l.part_size > 0 => Some(l),
-        Some(l) => {
-            // Another version of the file was being sent: its parts are
-            // not this file's.
-            if let Some(id) = &l.upload_id {
-                ctx.s3.abort_multipart(key, id).await?;
-            }
-            ctx.store
-                .finish_upload(l.id, UploadState::Abandoned, None)
-                .await?;
-            None
-        }
-        None => None,
-    };
-    let (row_id, upload_id, part_size) = match live {
-        Some(l) => (l.id, l.upload_id.unwrap_or_default(), l.part_size),
-        None => {
-            // At least enough bytes per part to stay within S3's part count.
-            let part_size = p.part_size.max(item.size.div_ceil(MAX_PART_NUMBER)).max(1);
-            let id = ctx
-                .attempt(
-                    key,
-                    "create_multipart",
-                    None,
-                    0,
-                    ctx.s3.create_multipart(key, &item.sha256),
-                )
-                .await?;
-            crashpoint::hit(CrashPoint::UploadCreated);
-            let r = row(ctx, key, item, part_size, Some(id.clone()), None);
-            let row_id = ctx
-                .store
-                .begin_upload(
-                    ctx.run,
-                    &UploadRow {
-                        state: UploadState::Uploading,
-                        ..r
-                    },
-                )
-                .await?;
-            (row_id, id, part_size)
-        }
-    };
-    let done: BTreeMap<u64, UploadPart> = ctx
-        .store
-        .upload_parts(row_id)
-        .await?
-        .into_iter()
-        .map(|p| (p.part_number, p))
-        .collect();
-    let parts = item.size.div_ceil(part_size).max(1);
+    let session = open_session(ctx, key, item, live).await?;
     let mut hasher = expected.hasher(item.size);
-    let upload_id = Arc::<str>::from(upload_id);
-    let key_arc = Arc::<str>::from(key);
-    let sending = async {
-        let mut set: JoinSet<Result<u64>> = JoinSet::new();
-        let mut sent = 0u64;
-        for n in 1..=parts {
-            let off = (n - 1) * part_size;
-            let len = part_size.min(item.size - off);
-            // Every byte is read and hashed in order, sent or not: the digest
-            // of what the completed object holds is the one checked.
-            let bytes = block_in_place(|| read_at(path, off, len))?;
-            hasher.update(&bytes);
-            if done.get(&n).is_some_and(|d| d.size == len) {
-                continue;
-            }
-            while set.len() >= p.concurrency.max(1) {
-                sent += joined(set.join_next().await)?;
-            }
-            let ctx = ctx.clone();
-            let (upload_id, key) = (upload_id.clone(), key_arc.clone());
-            set.spawn(async move {
-                let etag = ctx
-                    .attempt(
-                        &key,
-                        "upload_part",
-                        Some(n),
-                        len,
-                        ctx.s3.put_part(&key, &upload_id, n, bytes),
-                    )
-                    .await?;
-                crashpoint::hit(CrashPoint::UploadPartSent);
-                ctx.store
-                    .record_part(
-                        ctx.run,
-                        row_id,
-                        &UploadPart {
-                            part_number: n,
-                            etag,
-                            size: len,
-                        },
-                    )
-                    .await?;
-                crashpoint::hit(CrashPoint::UploadPartRecorded);
-                Ok(len)
-            });
-        }
-        while !set.is_empty() {
-            sent += joined(set.join_next().await)?;
-        }
-        Ok::<u64, PipelineError>(sent)
-    };
-    let sent = match sending.await {
+    let sent = match send_parts(ctx, key, path, item, &session, &mut hasher).await {
         Ok(sent) => sent,
         Err(e) => {
             if matches!(e, PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) {
-                ctx.store
-                    .finish_upload(row_id, UploadState::Abandoned, None)
-                    .await?;
+                abandon(ctx, &session).await?;
             }
             return Err(e);
         }
     };
     if let Err(e) = check_digest(&item.path, path, &item.sha256, hasher.finish_hex()) {
-        ctx.s3.abort_multipart(key, &upload_id).await?;
-        ctx.store
-            .finish_upload(row_id, UploadState::Abandoned, None)
-            .await?;
+        ctx.target.abort_upload(key, &session.handle).await?;
+        abandon(ctx, &session).await?;
         return Err(e);
     }
-    let etags: Vec<String> = ctx
-        .store
-        .upload_parts(row_id)
-        .await?
-        .into_iter()
-        .filter(|p| p.part_number <= parts)
-        .map(|p| p.etag)
-        .collect();
-    if etags.len() as u64 != parts {
-        return Err(PipelineError::internal(format!(
-            "{url}: {} of {parts} parts recorded after sending them all",
-            etags.len()
-        )));
-    }
-    let completed = ctx
-        .attempt(
-            key,
-            "complete",
-            None,
-            0,
-            ctx.s3.complete_multipart(key, &upload_id, etags),
-        )
-        .await;
-    let etag = match completed {
-        Ok(etag) => etag,
-        // Completed before a kill, or expired: the object decides.
-        Err(PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) => None,
-        Err(e) => return Err(e),
-    };
+    let version = complete_session(ctx, key, item, &session).await?;
     crashpoint::hit(CrashPoint::UploadCompleted);
-    match check_object(ctx, key, item, etag.as_deref()).await {
-        Ok(etag) => {
+    match check_object(ctx, key, item, version.as_deref()).await {
+        Ok(version) => {
             ctx.store
-                .finish_upload(row_id, UploadState::Verified, etag.as_deref())
+                .finish_upload(session.row_id, UploadState::Verified, version.as_deref())
                 .await?;
             Ok(sent)
         }
         Err(e) => {
-            ctx.store
-                .finish_upload(row_id, UploadState::Abandoned, None)
-                .await?;
+            abandon(ctx, &session).await?;
             Err(e)
         }
     }
 }
 
-fn joined(r: Option<std::result::Result<Result<u64>, tokio::task::JoinError>>) -> Result<u64> {
+async fn abandon(ctx: &Ctx, session: &Session) -> Result<()> {
+    Ok(ctx
+        .store
+        .finish_upload(session.row_id, UploadState::Abandoned, None)
+        .await?)
+}
+
+/// The session `live` holds when it is this version of the file's; else
+/// (after aborting and abandoning another version's) a new one, recorded
+/// before any part is sent.
+async fn open_session(
+    ctx: &Ctx,
+    key: &str,
+    item: &Item,
+    live: Option<UploadRow>,
+) -> Result<Session> {
+    if let Some(l) = live {
+        if l.sha256 == item.sha256 && l.size == item.size && l.part_size > 0 {
+            return Ok(Session {
+                row_id: l.id,
+                handle: Arc::from(l.session.unwrap_or_default()),
+                part_size: l.part_size,
+            });
+        }
+        // Another version of the file was being sent: its parts are not
+        // this file's.
+        if let Some(handle) = &l.session {
+            ctx.target.abort_upload(key, handle).await?;
+        }
+        ctx.store
+            .finish_upload(l.id, UploadState::Abandoned, None)
+            .await?;
+    }
+    // At least enough bytes per part to stay within the target's part count.
+    let max_parts = ctx.target.part_rules().max_parts.max(1);
+    let part_size = ctx.part_size.max(item.size.div_ceil(max_parts)).max(1);
+    let begin = ctx.target.begin_upload(key, &item.sha256);
+    let handle = ctx
+        .attempt(key, UploadOp::BeginUpload, None, 0, begin)
+        .await?;
+    crashpoint::hit(CrashPoint::UploadCreated);
+    let uploading = UploadRow {
+        state: UploadState::Uploading,
+        ..row(ctx, key, item, part_size, Some(handle.clone()), None)
+    };
+    let row_id = ctx.store.begin_upload(ctx.run, &uploading).await?;
+    Ok(Session {
+        row_id,
+        handle: Arc::from(handle),
+        part_size,
+    })
+}
+
+/// Sends every part of `item` without a recorded acknowledgement,
+/// `ctx.concurrency` at a time; the bytes sent. Every byte is read and
+/// hashed into `hasher` in order, sent or not: the digest of what the
+/// completed object holds is the one checked.
+async fn send_parts(
+    ctx: &Ctx,
+    key: &str,
+    path: &Path,
+    item: &Item,
+    session: &Session,
+    hasher: &mut IdentityHasher,
+) -> Result<u64> {
+    let done: BTreeMap<u64, UploadPart> = ctx
+        .store
+        .upload_parts(session.row_id)
+        .await?
+        .into_iter()
+        .map(|p| (p.part_number, p))
+        .collect();
+    let in_order = ctx.target.part_rules().in_order;
+    let key = Arc::<str>::from(key);
+    let mut set: JoinSet<Result<(u64, String)>> = JoinSet::new();
+    let (mut sent, mut previous) = (0u64, None::<String>);
+    for number in 1..=session.parts(item) {
+        let offset = (number - 1).saturating_mul(session.part_size);
+        let len = session.part_size.min(item.size.saturating_sub(offset));
+        let bytes = block_in_place(|| read_at(path, offset, len))?;
+        hasher.update(&bytes);
+        if let Some(d) = done.get(&number).filter(|d| d.size == len) {
+            previous = Some(d.receipt.clone());
+            continue;
+        }
+        while set.len() >= ctx.concurrency {
+            let (len, receipt) = joined(set.join_next().await)?;
+            (sent, previous) = (sent.saturating_add(len), Some(receipt));
+        }
+        let previous = if in_order { previous.take() } else { None };
+        let part = PartRequest {
+            number,
+            offset,
+            bytes,
+            previous,
+        };
+        spawn_part(&mut set, ctx, key.clone(), session, part);
+    }
+    while !set.is_empty() {
+        let (len, _) = joined(set.join_next().await)?;
+        sent = sent.saturating_add(len);
+    }
+    Ok(sent)
+}
+
+/// Sends `part` in a task of `set`: the request between its attempt rows,
+/// then its receipt recorded (after the target's answer, never before).
+/// The task answers the part's size and receipt.
+fn spawn_part(
+    set: &mut JoinSet<Result<(u64, String)>>,
+    ctx: &Ctx,
+    key: Arc<str>,
+    session: &Session,
+    part: PartRequest,
+) {
+    let ctx = ctx.clone();
+    let (handle, row_id) = (session.handle.clone(), session.row_id);
+    set.spawn(async move {
+        let (number, len) = (part.number, part.bytes.len() as u64);
+        let send = ctx.target.send_part(&key, &handle, part);
+        let receipt = ctx
+            .attempt(&key, UploadOp::SendPart, Some(number), len, send)
+            .await?;
+        crashpoint::hit(CrashPoint::UploadPartSent);
+        let acknowledged = UploadPart {
+            part_number: number,
+            receipt: receipt.clone(),
+            size: len,
+        };
+        ctx.store
+            .record_part(ctx.run, row_id, &acknowledged)
+            .await?;
+        crashpoint::hit(CrashPoint::UploadPartRecorded);
+        Ok((len, receipt))
+    });
+}
+
+/// Completes `session` from its recorded receipts (every part must have
+/// one); the object's version tag when the target answered one.
+async fn complete_session(
+    ctx: &Ctx,
+    key: &str,
+    item: &Item,
+    session: &Session,
+) -> Result<Option<String>> {
+    let parts = session.parts(item);
+    let receipts: Vec<String> = ctx
+        .store
+        .upload_parts(session.row_id)
+        .await?
+        .into_iter()
+        .filter(|p| p.part_number <= parts)
+        .map(|p| p.receipt)
+        .collect();
+    if receipts.len() as u64 != parts {
+        return Err(PipelineError::internal(format!(
+            "{}: {} of {parts} parts recorded after sending them all",
+            ctx.url(key),
+            receipts.len()
+        )));
+    }
+    let complete = ctx
+        .target
+        .complete_upload(key, &session.handle, receipts, &item.sha256);
+    match ctx
+        .attempt(key, UploadOp::CompleteUpload, None, 0, complete)
+        .await
+    {
+        Ok(version) => Ok(version),
+        // Completed before a kill, or expired: the object decides.
+        Err(PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn joined<T>(r: Option<std::result::Result<Result<T>, tokio::task::JoinError>>) -> Result<T> {
     match r {
-        None => Ok(0),
+        None => Err(PipelineError::internal(
+            "an upload task was awaited with none running",
+        )),
         Some(Ok(r)) => r,
         Some(Err(e)) => Err(PipelineError::internal_from("upload task", e)),
     }
 }
 
 /// The object at `key` after its upload: its size and SHA-256 metadata
-/// must be the file's (and its ETag the one the upload answered with, when
-/// known); its ETag.
+/// must be the file's (and its version tag the one the upload answered
+/// with, when known); its version tag.
 async fn check_object(
     ctx: &Ctx,
     key: &str,
     item: &Item,
-    etag: Option<&str>,
+    version: Option<&str>,
 ) -> Result<Option<String>> {
     let url = ctx.url(key);
-    let head = ctx.attempt(key, "head", None, 0, ctx.s3.head(key)).await?;
+    let head = ctx
+        .attempt(key, UploadOp::Head, None, 0, ctx.target.head(key))
+        .await?;
     let mismatch = |what: String| PipelineError::ObjectMismatch {
         key: url.clone(),
         what,
@@ -619,7 +774,7 @@ async fn check_object(
         )));
     }
     // Quoted or not, as the answer spelled it.
-    if let (Some(sent), Some(now)) = (etag, h.etag.as_deref())
+    if let (Some(sent), Some(now)) = (version, h.etag.as_deref())
         && sent.trim_matches('"') != now.trim_matches('"')
     {
         return Err(mismatch(format!(

@@ -1,6 +1,7 @@
 //! The typed values the state database stores as text: run ids, stage
 //! names, the events of the append-only logs, attempt outcomes, discard
-//! reasons and the cache-candidate log's kinds, outcomes and placements.
+//! reasons, the cache-candidate log's kinds, outcomes and placements, and
+//! the upload records' states, ops, outcomes and publication outcomes.
 //! Each enum's stored name is fixed data (a migration's `CHECK` lists the
 //! same names; `tests` below holds each enum to its `CHECK` list); a name
 //! the code does not know is [`StoreError::UnknownValue`], never a silent
@@ -246,6 +247,63 @@ stored_enum! {
     }
 }
 
+stored_enum! {
+    /// Where an upload to an output target stands (`uploads.state`).
+    UploadState, "uploads.state" {
+        /// A multipart upload the target created (its session recorded),
+        /// parts being sent.
+        Uploading = "uploading",
+        /// Completed and checked (size, SHA-256 metadata): the upload receipt.
+        Verified = "verified",
+        /// Given up (the target lost the session, or the file changed).
+        Abandoned = "abandoned",
+    }
+}
+
+stored_enum! {
+    /// What one request of a publish or mirror asked of the output target
+    /// (`upload_attempts.op`). Target-neutral: S3's multipart upload is a
+    /// session with parts, as a registry's chunked blob upload is.
+    UploadOp, "upload_attempts.op" {
+        /// The object's size and checksum metadata, or its absence.
+        Head = "head",
+        /// A whole object in one request.
+        Put = "put",
+        /// A multipart session created (S3: create multipart upload).
+        BeginUpload = "begin_upload",
+        /// One part of a session sent (S3: upload part).
+        SendPart = "send_part",
+        /// A session completed from its acknowledged parts.
+        CompleteUpload = "complete_upload",
+        /// The create-only put of the commit point (`manifest.json`,
+        /// `listing.json`), written last.
+        PutCommit = "put_commit",
+    }
+}
+
+stored_enum! {
+    /// How one request to an output target ended (`upload_attempts.outcome`).
+    UploadOutcome, "upload_attempts.outcome" {
+        /// Started and not yet finished; left so by a kill.
+        InFlight = "in_flight",
+        /// The target answered as asked.
+        Ok = "ok",
+        /// The request failed (the row holds the error).
+        Failed = "failed",
+    }
+}
+
+stored_enum! {
+    /// What a publish or mirror found at its commit point
+    /// (`publications.outcome`).
+    PublicationOutcome, "publications.outcome" {
+        /// This run put the manifest (or listing).
+        Published = "published",
+        /// The same artifact (or pin) was already there.
+        AlreadyPublished = "already_published",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +322,15 @@ mod tests {
         for e in ArtifactEvent::ALL {
             assert_eq!(ArtifactEvent::parse(e.as_str()).unwrap(), *e);
         }
+        for e in UploadOp::ALL {
+            assert_eq!(UploadOp::parse(e.as_str()).unwrap(), *e);
+        }
+        // The S3-shaped names before migration 0012 are no longer stored:
+        // one read back is an error, never a default op.
+        let err = UploadOp::parse("manifest_put").unwrap_err();
+        assert!(err.to_string().contains("upload_attempts.op"), "{err}");
+        let err = UploadState::parse("done").unwrap_err();
+        assert!(err.to_string().contains("uploads.state"), "{err}");
         let err = Stage::parse("Fetch").unwrap_err();
         assert!(err.to_string().contains("stage_events.stage"), "{err}");
     }
@@ -298,6 +365,8 @@ mod tests {
         let cache = include_str!("../../migrations/0004_hf_cache.sql");
         let typed = include_str!("../../migrations/0008_typed_records.sql");
         let stages = include_str!("../../migrations/0013_stage_event_checks.sql");
+        let uploads = include_str!("../../migrations/0009_uploads.sql");
+        let neutral = include_str!("../../migrations/0012_upload_records.sql");
         let cases = [
             (
                 names(Stage::ALL, Stage::as_str),
@@ -334,6 +403,22 @@ mod tests {
             (
                 names(ArtifactEvent::ALL, ArtifactEvent::as_str),
                 check_list(convert, "artifacts", "event"),
+            ),
+            (
+                names(UploadState::ALL, UploadState::as_str),
+                check_list(uploads, "uploads", "state"),
+            ),
+            (
+                names(PublicationOutcome::ALL, PublicationOutcome::as_str),
+                check_list(uploads, "publications", "outcome"),
+            ),
+            (
+                names(UploadOp::ALL, UploadOp::as_str),
+                check_list(neutral, "upload_attempts_neutral", "op"),
+            ),
+            (
+                names(UploadOutcome::ALL, UploadOutcome::as_str),
+                check_list(neutral, "upload_attempts_neutral", "outcome"),
             ),
         ];
         for (variants, check) in cases {

@@ -15,13 +15,14 @@
 //! - `ranges`: durable watermarks of a file fetched in segments.
 //! - `convert_store`: component receipts, span claims of components
 //!   written span by span, the retirement log and the artifact log.
-//! - `upload_store`: publish records: uploads (a `verified` row is the
-//!   upload receipt), acknowledged parts of multipart uploads, every
-//!   request, publications.
+//! - `upload_store`: the target-neutral records of publish and mirror:
+//!   uploads (a `verified` row is the upload receipt), acknowledged parts of
+//!   multipart sessions, every request, publications.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
-//!   [`Placement`]).
+//!   [`Placement`], [`UploadState`], [`UploadOp`], [`UploadOutcome`],
+//!   [`PublicationOutcome`]).
 //! - `model`: the plain row types; `error`: [`StoreError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -41,7 +42,8 @@ pub use convert_store::{
 pub use error::{Result, StoreError};
 pub use events::{
     ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,
-    RetirementEvent, RunId, Stage, StageEvent,
+    PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp, UploadOutcome,
+    UploadState,
 };
 pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,
@@ -49,4 +51,4 @@ pub use model::{
 };
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
-pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow, UploadState};
+pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};

@@ -1,47 +1,22 @@
-//! Publish records: uploads (the upload receipt is a `verified` row), the
-//! parts of multipart uploads, every request made, and publications.
+//! Publish records: uploads to an output target (the upload receipt is a
+//! `verified` row), the acknowledged parts of multipart sessions, every
+//! request made, and publications. Target-neutral since migration 0012: a
+//! session handle, part receipts and version tags are whatever the target
+//! answered (S3: upload id, part ETags, object ETag), stored as text.
 //!
 //! The rule of the download ledger, turned around: a part's row is written
-//! only after the server acknowledged the part with its ETag, so the rows
-//! never claim a byte the server does not hold; a kill between the answer
-//! and the row costs that part's bytes once more, never a wrong part.
+//! only after the target acknowledged the part, so the rows never claim a
+//! byte the target does not hold; a kill between the answer and the row
+//! costs that part's bytes once more, never a wrong part. Ops, outcomes and
+//! states are the typed enums of `events`; a stored name this version does
+//! not know is an error, never a default.
 
 use serde::Serialize;
 use sqlx::{Connection, Row};
 
 use crate::error::{QueryContext, Result};
-use crate::events::RunId;
+use crate::events::{PublicationOutcome, RunId, UploadOp, UploadOutcome, UploadState};
 use crate::store::{Store, clean as stored_text, to_i64, to_u64};
-
-/// Where an upload stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UploadState {
-    /// A multipart upload created on the server, parts being sent.
-    Uploading,
-    /// Completed and checked (size, SHA-256 metadata): the upload receipt.
-    Verified,
-    /// Given up (the server lost the upload id, or the file changed).
-    Abandoned,
-}
-
-impl UploadState {
-    fn as_str(self) -> &'static str {
-        match self {
-            UploadState::Uploading => "uploading",
-            UploadState::Verified => "verified",
-            UploadState::Abandoned => "abandoned",
-        }
-    }
-
-    fn parse(s: &str) -> UploadState {
-        match s {
-            "uploading" => UploadState::Uploading,
-            "verified" => UploadState::Verified,
-            _ => UploadState::Abandoned,
-        }
-    }
-}
 
 /// One upload of one file to one object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,9 +25,10 @@ pub struct UploadRow {
     pub id: i64,
     /// The run that started it.
     pub run_id: RunId,
-    /// `s3://BUCKET/PREFIX` published to.
+    /// The destination published to, as its target names it
+    /// (`s3://BUCKET/PREFIX`).
     pub dest: String,
-    /// The object key (`s3://BUCKET/KEY`).
+    /// The object, as its target names it (`s3://BUCKET/KEY`).
     pub key: String,
     /// The artifact-relative path of the file.
     pub path: String,
@@ -62,27 +38,29 @@ pub struct UploadRow {
     pub sha256: String,
     /// Part size of a multipart upload (0: one put).
     pub part_size: u64,
-    /// The multipart upload id, stored redacted like every server string
-    /// (an id holding a credential no longer matches: the server answers
-    /// that it does not know it, and a new upload starts).
-    pub upload_id: Option<String>,
+    /// The target's handle of the multipart session (S3: the upload id),
+    /// stored redacted like every server string (a handle holding a
+    /// credential no longer matches: the target answers that it does not
+    /// know it, and a new session starts).
+    pub session: Option<String>,
     /// Where it stands.
     pub state: UploadState,
-    /// The object's ETag once verified.
-    pub etag: Option<String>,
+    /// The object's version tag once verified (S3: its ETag).
+    pub version: Option<String>,
     /// When it started.
     pub started_at: String,
     /// When it was verified or abandoned.
     pub finished_at: Option<String>,
 }
 
-/// A part the server acknowledged.
+/// A part the target acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UploadPart {
     /// 1-based part number.
     pub part_number: u64,
-    /// The ETag the server answered with.
-    pub etag: String,
+    /// The target's acknowledgement, what completing the session needs
+    /// (S3: the part's ETag).
+    pub receipt: String,
     /// Its size.
     pub size: u64,
 }
@@ -92,19 +70,18 @@ pub struct UploadPart {
 pub struct UploadAttempt {
     /// Database id (0 until inserted).
     pub id: i64,
-    /// The object key (`s3://BUCKET/KEY`).
+    /// The object, as its target names it (`s3://BUCKET/KEY`).
     pub key: String,
-    /// `put`, `create_multipart`, `upload_part`, `complete`, `head`,
-    /// `manifest_put`.
-    pub op: &'static str,
-    /// The part, for `upload_part`.
+    /// What was asked.
+    pub op: UploadOp,
+    /// The part, for `send_part`.
     pub part_number: Option<u64>,
-    /// The server's host.
+    /// The target's host.
     pub host: String,
     /// Body bytes sent.
     pub bytes: u64,
-    /// `in_flight`, `ok`, `failed`.
-    pub outcome: String,
+    /// How it ended (`in_flight` until it does).
+    pub outcome: UploadOutcome,
     /// Why it failed.
     pub error: Option<String>,
     /// When it started.
@@ -116,14 +93,14 @@ pub struct UploadAttempt {
 pub struct Publication {
     /// The run.
     pub run_id: RunId,
-    /// `s3://BUCKET/PREFIX`.
+    /// The destination, as its target names it (`s3://BUCKET/PREFIX`).
     pub dest: String,
-    /// The artifact's fingerprint.
+    /// The artifact's fingerprint (a mirror: the pinned commit).
     pub fingerprint: String,
-    /// SHA-256 of the manifest's bytes.
+    /// SHA-256 of the manifest's (a mirror: the listing's) bytes.
     pub manifest_sha256: String,
-    /// `published` or `already_published`.
-    pub outcome: String,
+    /// What the commit point held.
+    pub outcome: PublicationOutcome,
     /// When.
     pub at: String,
 }
@@ -131,7 +108,7 @@ pub struct Publication {
 /// The columns [`upload_row`] reads, in its order.
 macro_rules! upload_columns {
     () => {
-        "id, run_id, dest, key, path, size, sha256, part_size, upload_id, state, etag, started_at, finished_at"
+        "id, run_id, dest, key, path, size, sha256, part_size, session, state, version, started_at, finished_at"
     };
 }
 
@@ -145,9 +122,9 @@ fn upload_row(r: &sqlx::sqlite::SqliteRow) -> Result<UploadRow> {
         size: to_u64(&key, "uploads.size", r.get(5))?,
         sha256: r.get(6),
         part_size: to_u64(&key, "uploads.part_size", r.get(7))?,
-        upload_id: r.get(8),
-        state: UploadState::parse(&r.get::<String, _>(9)),
-        etag: r.get(10),
+        session: r.get(8),
+        state: UploadState::parse(&r.get::<String, _>(9))?,
+        version: r.get(10),
         started_at: r.get(11),
         finished_at: r.get(12),
         key,
@@ -161,8 +138,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let id = sqlx::query(
-            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, upload_id, state)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'uploading')",
+            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(run)
         .bind(&u.dest)
@@ -171,7 +148,8 @@ impl Store {
         .bind(to_i64(&u.key, u.size)?)
         .bind(&u.sha256)
         .bind(to_i64(&u.key, u.part_size)?)
-        .bind(stored_text(u.upload_id.as_deref()))
+        .bind(stored_text(u.session.as_deref()))
+        .bind(UploadState::Uploading.as_str())
         .execute(&mut *tx)
         .await
         .ctx("insert upload")?
@@ -186,21 +164,22 @@ impl Store {
         let row = sqlx::query(concat!(
             "SELECT ",
             upload_columns!(),
-            " FROM uploads WHERE dest = ? AND key = ? AND state = 'uploading'"
+            " FROM uploads WHERE dest = ? AND key = ? AND state = ?"
         ))
         .bind(dest)
         .bind(key)
+        .bind(UploadState::Uploading.as_str())
         .fetch_optional(&mut *conn)
         .await
         .ctx("select upload in progress")?;
         row.as_ref().map(upload_row).transpose()
     }
 
-    /// The parts of upload `upload` the server acknowledged, by number.
+    /// The parts of upload `upload` the target acknowledged, by number.
     pub async fn upload_parts(&self, upload: i64) -> Result<Vec<UploadPart>> {
         let mut conn = self.conn.lock().await;
         let rows = sqlx::query(
-            "SELECT part_number, etag, size FROM upload_parts WHERE upload = ? ORDER BY part_number",
+            "SELECT part_number, receipt, size FROM upload_parts WHERE upload = ? ORDER BY part_number",
         )
         .bind(upload)
         .fetch_all(&mut *conn)
@@ -210,27 +189,27 @@ impl Store {
             .map(|r| {
                 Ok(UploadPart {
                     part_number: to_u64("upload part", "upload_parts.part_number", r.get(0))?,
-                    etag: r.get(1),
+                    receipt: r.get(1),
                     size: to_u64("upload part", "upload_parts.size", r.get(2))?,
                 })
             })
             .collect()
     }
 
-    /// Claims a part the server acknowledged (a re-sent part replaces its
-    /// row, as the server replaces the part).
+    /// Claims a part the target acknowledged (a re-sent part replaces its
+    /// row, as the target replaces the part).
     pub async fn record_part(&self, run: RunId, upload: i64, part: &UploadPart) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
-            "INSERT INTO upload_parts (upload, part_number, etag, size, run_id) VALUES (?, ?, ?, ?, ?)
-             ON CONFLICT(upload, part_number) DO UPDATE SET etag = excluded.etag,
+            "INSERT INTO upload_parts (upload, part_number, receipt, size, run_id) VALUES (?, ?, ?, ?, ?)
+             ON CONFLICT(upload, part_number) DO UPDATE SET receipt = excluded.receipt,
                size = excluded.size, run_id = excluded.run_id,
                at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
         )
         .bind(upload)
         .bind(to_i64("upload part", part.part_number)?)
-        .bind(stored_text(Some(&part.etag)))
+        .bind(stored_text(Some(&part.receipt)))
         .bind(to_i64("upload part", part.size)?)
         .bind(run)
         .execute(&mut *tx)
@@ -239,22 +218,22 @@ impl Store {
         tx.commit().await.ctx("commit upload part")
     }
 
-    /// Ends upload `upload` as verified (with the object's ETag) or
+    /// Ends upload `upload` as verified (with the object's version tag) or
     /// abandoned.
     pub async fn finish_upload(
         &self,
         upload: i64,
         state: UploadState,
-        etag: Option<&str>,
+        version: Option<&str>,
     ) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
-            "UPDATE uploads SET state = ?, etag = ?, finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+            "UPDATE uploads SET state = ?, version = ?, finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
              WHERE id = ?",
         )
         .bind(state.as_str())
-        .bind(stored_text(etag))
+        .bind(stored_text(version))
         .bind(upload)
         .execute(&mut *tx)
         .await
@@ -268,8 +247,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
-            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, upload_id, state, etag, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'verified', ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, version, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
         )
         .bind(run)
         .bind(&u.dest)
@@ -278,8 +257,9 @@ impl Store {
         .bind(to_i64(&u.key, u.size)?)
         .bind(&u.sha256)
         .bind(to_i64(&u.key, u.part_size)?)
-        .bind(stored_text(u.upload_id.as_deref()))
-        .bind(stored_text(u.etag.as_deref()))
+        .bind(stored_text(u.session.as_deref()))
+        .bind(UploadState::Verified.as_str())
+        .bind(stored_text(u.version.as_deref()))
         .execute(&mut *tx)
         .await
         .ctx("insert verified upload")?;
@@ -306,14 +286,15 @@ impl Store {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let id = sqlx::query(
             "INSERT INTO upload_attempts (run_id, key, op, part_number, host, bytes, outcome)
-             VALUES (?, ?, ?, ?, ?, ?, 'in_flight')",
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(run)
         .bind(&a.key)
-        .bind(a.op)
+        .bind(a.op.as_str())
         .bind(a.part_number.map(|n| to_i64(&a.key, n)).transpose()?)
         .bind(stored_text(Some(&a.host)))
         .bind(to_i64(&a.key, a.bytes)?)
+        .bind(UploadOutcome::InFlight.as_str())
         .execute(&mut *tx)
         .await
         .ctx("insert upload attempt")?
@@ -330,7 +311,10 @@ impl Store {
             "UPDATE upload_attempts SET outcome = ?, error = ?,
                finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
         )
-        .bind(if error.is_some() { "failed" } else { "ok" })
+        .bind(match error {
+            Some(_) => UploadOutcome::Failed.as_str(),
+            None => UploadOutcome::Ok.as_str(),
+        })
         .bind(stored_text(error))
         .bind(id)
         .execute(&mut *tx)
@@ -352,24 +336,16 @@ impl Store {
         rows.iter()
             .map(|r| {
                 let key: String = r.get(1);
-                let op: String = r.get(2);
                 Ok(UploadAttempt {
                     id: r.get(0),
-                    op: match op.as_str() {
-                        "put" => "put",
-                        "create_multipart" => "create_multipart",
-                        "upload_part" => "upload_part",
-                        "complete" => "complete",
-                        "head" => "head",
-                        _ => "manifest_put",
-                    },
+                    op: UploadOp::parse(&r.get::<String, _>(2))?,
                     part_number: r
                         .get::<Option<i64>, _>(3)
                         .map(|n| to_u64(&key, "upload_attempts.part_number", n))
                         .transpose()?,
                     host: r.get(4),
                     bytes: to_u64(&key, "upload_attempts.bytes", r.get(5))?,
-                    outcome: r.get(6),
+                    outcome: UploadOutcome::parse(&r.get::<String, _>(6))?,
                     error: r.get(7),
                     started_at: r.get(8),
                     key,
@@ -390,7 +366,7 @@ impl Store {
         .bind(&p.dest)
         .bind(&p.fingerprint)
         .bind(&p.manifest_sha256)
-        .bind(&p.outcome)
+        .bind(p.outcome.as_str())
         .execute(&mut *tx)
         .await
         .ctx("insert publication")?;
@@ -406,17 +382,18 @@ impl Store {
         .fetch_all(&mut *conn)
         .await
         .ctx("select publications")?;
-        Ok(rows
-            .iter()
-            .map(|r| Publication {
-                run_id: r.get(0),
-                dest: r.get(1),
-                fingerprint: r.get(2),
-                manifest_sha256: r.get(3),
-                outcome: r.get(4),
-                at: r.get(5),
+        rows.iter()
+            .map(|r| {
+                Ok(Publication {
+                    run_id: r.get(0),
+                    dest: r.get(1),
+                    fingerprint: r.get(2),
+                    manifest_sha256: r.get(3),
+                    outcome: PublicationOutcome::parse(&r.get::<String, _>(4))?,
+                    at: r.get(5),
+                })
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -438,9 +415,9 @@ mod tests {
             size: 10,
             sha256: "0".repeat(64),
             part_size: 5,
-            upload_id: Some("up-1".into()),
+            session: Some("up-1".into()),
             state: UploadState::Uploading,
-            etag: None,
+            version: None,
             started_at: String::new(),
             finished_at: None,
         };
@@ -449,7 +426,7 @@ mod tests {
         assert!(store.begin_upload(run, &u).await.is_err());
         let part = UploadPart {
             part_number: 1,
-            etag: "\"e1\"".into(),
+            receipt: "\"e1\"".into(),
             size: 5,
         };
         store.record_part(run, id, &part).await.unwrap();
@@ -459,7 +436,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(live.upload_id.as_deref(), Some("up-1"));
+        assert_eq!(live.session.as_deref(), Some("up-1"));
         assert_eq!(store.upload_parts(id).await.unwrap(), vec![part]);
         store
             .finish_upload(id, UploadState::Verified, Some("\"e-2\""))
@@ -480,11 +457,11 @@ mod tests {
                 &UploadAttempt {
                     id: 0,
                     key: u.key.clone(),
-                    op: "upload_part",
+                    op: UploadOp::SendPart,
                     part_number: Some(2),
                     host: "127.0.0.1:1".into(),
                     bytes: 5,
-                    outcome: String::new(),
+                    outcome: UploadOutcome::InFlight,
                     error: None,
                     started_at: String::new(),
                 },
@@ -493,7 +470,106 @@ mod tests {
             .unwrap();
         store.finish_upload_attempt(a, Some("boom")).await.unwrap();
         let attempts = store.upload_attempts().await.unwrap();
-        assert_eq!(attempts[0].outcome, "failed");
-        assert_eq!(attempts[0].op, "upload_part");
+        assert_eq!(attempts[0].outcome, UploadOutcome::Failed);
+        assert_eq!(attempts[0].op, UploadOp::SendPart);
+    }
+
+    /// Guards migration 0012: upload records written before it (S3-shaped:
+    /// upload ids, part ETags, the old op names) migrate with their rows and
+    /// ids, read back under the target-neutral names and typed, and the new
+    /// CHECKs hold afterwards (an unknown op, a part number on a request
+    /// that is not a part, an unknown outcome are refused).
+    #[tokio::test]
+    async fn upload_records_from_before_0012_migrate_and_read_typed() {
+        use sqlx::sqlite::{
+            SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous,
+        };
+        let migrator = sqlx::migrate!("../migrations");
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        {
+            let options = SqliteConnectOptions::new()
+                .filename(&db)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Full)
+                .foreign_keys(true);
+            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+            migrator.run_to(11, &mut conn).await.unwrap();
+            sqlx::raw_sql(
+                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('publish', 1, '0.0');
+                 INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, upload_id, state)
+                 VALUES (1, 's3://b/p', 's3://b/p/f/a', 'a', 10, 'x', 5, 'up-1', 'uploading');
+                 INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, state, etag, finished_at)
+                 VALUES (1, 's3://b/p', 's3://b/p/f/b', 'b', 3, 'y', 0, 'verified', '\"e-b\"', 'now');
+                 INSERT INTO upload_parts (upload, part_number, etag, size, run_id)
+                 VALUES (1, 1, '\"e1\"', 5, 1), (1, 2, '\"e2\"', 5, 1);
+                 INSERT INTO upload_attempts (run_id, key, op, part_number, host, bytes, outcome, error)
+                 VALUES (1, 'k', 'head', NULL, 'h', 0, 'ok', NULL),
+                        (1, 'k', 'create_multipart', NULL, 'h', 0, 'ok', NULL),
+                        (1, 'k', 'upload_part', 2, 'h', 5, 'failed', 'boom'),
+                        (1, 'k', 'complete', NULL, 'h', 0, 'in_flight', NULL),
+                        (1, 'k', 'put', NULL, 'h', 3, 'ok', NULL),
+                        (1, 'k', 'manifest_put', NULL, 'h', 9, 'ok', NULL);",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&db).await.unwrap();
+        let live = store
+            .upload_in_progress("s3://b/p", "s3://b/p/f/a")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((live.id, live.session.as_deref()), (1, Some("up-1")));
+        let uploads = store.uploads().await.unwrap();
+        assert_eq!(uploads[1].state, UploadState::Verified);
+        assert_eq!(uploads[1].version.as_deref(), Some("\"e-b\""));
+        let receipts: Vec<_> = store
+            .upload_parts(1)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.part_number, p.receipt))
+            .collect();
+        assert_eq!(receipts, [(1, "\"e1\"".into()), (2, "\"e2\"".into())]);
+        let attempts: Vec<_> = store
+            .upload_attempts()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.id, a.op, a.part_number, a.outcome))
+            .collect();
+        assert_eq!(
+            attempts,
+            [
+                (1, UploadOp::Head, None, UploadOutcome::Ok),
+                (2, UploadOp::BeginUpload, None, UploadOutcome::Ok),
+                (3, UploadOp::SendPart, Some(2), UploadOutcome::Failed),
+                (4, UploadOp::CompleteUpload, None, UploadOutcome::InFlight),
+                (5, UploadOp::Put, None, UploadOutcome::Ok),
+                (6, UploadOp::PutCommit, None, UploadOutcome::Ok),
+            ]
+        );
+        let mut conn = store.conn.lock().await;
+        for sql in [
+            "INSERT INTO upload_attempts (run_id, key, op, host, outcome) VALUES (1, 'k', 'upload_part', 'h', 'ok')",
+            "INSERT INTO upload_attempts (run_id, key, op, part_number, host, outcome) VALUES (1, 'k', 'head', 1, 'h', 'ok')",
+            "INSERT INTO upload_attempts (run_id, key, op, host, outcome) VALUES (1, 'k', 'head', 'h', 'retry')",
+            "INSERT INTO upload_parts (upload, part_number, receipt, size, run_id) VALUES (1, 0, 'r', 1, 1)",
+        ] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.unwrap_err();
+            assert!(err.to_string().contains("CHECK"), "{sql}: {err}");
+        }
+        // Past S3's 10,000 parts: the target's limit, not the table's.
+        sqlx::query(
+            "INSERT INTO upload_parts (upload, part_number, receipt, size, run_id) VALUES (1, 10001, 'r', 1, 1)",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        drop(conn);
+        store.integrity_check().await.unwrap();
     }
 }

@@ -292,7 +292,7 @@ fn every_named_crash_point_of_publish_and_pull_resumes() {
                 &src,
                 &format!(
                     "SELECT COUNT(*) FROM (SELECT key, part_number FROM upload_attempts
-                     WHERE op = 'upload_part' AND outcome = 'ok' AND key LIKE 's3://models/point-{n}/%'
+                     WHERE op = 'send_part' AND outcome = 'ok' AND key LIKE 's3://models/point-{n}/%'
                      GROUP BY key, part_number HAVING COUNT(*) > 1)"
                 ),
             );

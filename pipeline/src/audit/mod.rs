@@ -306,25 +306,18 @@ fn last_budget(
 }
 
 async fn upload_summary(store: &Store) -> Result<UploadSummary> {
-    use ftpipe_receipts::UploadState;
+    use ftpipe_receipts::{UploadOutcome, UploadState};
     let uploads = store.uploads().await?;
     let attempts = store.upload_attempts().await?;
+    let uploads_in = |state| uploads.iter().filter(|u| u.state == state).count();
+    let attempts_ended = |outcome| attempts.iter().filter(|a| a.outcome == outcome).count();
     let mut s = UploadSummary {
-        verified: uploads
-            .iter()
-            .filter(|u| u.state == UploadState::Verified)
-            .count(),
-        in_progress: uploads
-            .iter()
-            .filter(|u| u.state == UploadState::Uploading)
-            .count(),
-        abandoned: uploads
-            .iter()
-            .filter(|u| u.state == UploadState::Abandoned)
-            .count(),
+        verified: uploads_in(UploadState::Verified),
+        in_progress: uploads_in(UploadState::Uploading),
+        abandoned: uploads_in(UploadState::Abandoned),
         requests: attempts.len(),
-        failed_requests: attempts.iter().filter(|a| a.outcome == "failed").count(),
-        interrupted_requests: attempts.iter().filter(|a| a.outcome == "in_flight").count(),
+        failed_requests: attempts_ended(UploadOutcome::Failed),
+        interrupted_requests: attempts_ended(UploadOutcome::InFlight),
         sent_bytes: attempts.iter().map(|a| a.bytes).sum(),
         ..UploadSummary::default()
     };
@@ -335,6 +328,83 @@ async fn upload_summary(store: &Store) -> Result<UploadSummary> {
         }
     }
     Ok(s)
+}
+
+/// The two halves of the audit for `pin`: a pulled artifact's components
+/// are its listing, fetched into `artifact/` (its manifest the publisher's,
+/// checked by verify); otherwise the sources under `source_root` and the
+/// artifact built from them.
+async fn audit_halves(
+    store: &Store,
+    pin: &ftpipe_receipts::Pin,
+    source_root: &Path,
+    artifact_root: &Path,
+    deep: bool,
+) -> Result<(sources::SourcePart, artifact::ArtifactPart)> {
+    if crate::pull::is_pull_pin(pin) {
+        let mut src = sources::audit_sources(store, artifact_root, deep).await?;
+        src.orphans.retain(|o| {
+            o != ftpipe_artifact::manifest::MANIFEST_FILE
+                && o != ftpipe_artifact::manifest::PLACEMENT_FILE
+        });
+        return Ok((src, artifact::audit_pulled(artifact_root, deep)?));
+    }
+    let src = sources::audit_sources(store, source_root, deep).await?;
+    let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
+    let art = artifact::audit_artifact(
+        &store.components().await?,
+        &store.artifact_log().await?,
+        artifact_root,
+        plan_path.as_deref(),
+        deep,
+    )?;
+    Ok((src, art))
+}
+
+/// What the attempts of every fetch recorded: the ones that did not end
+/// `ok`, as recorded, and how many failed and how many a kill left
+/// `in_flight`.
+struct AttemptsSeen {
+    unsuccessful: Vec<AttemptLine>,
+    failed: usize,
+    interrupted: usize,
+}
+
+async fn attempts_seen(store: &Store) -> Result<AttemptsSeen> {
+    let attempts = store.attempts().await?;
+    let unsuccessful = attempts
+        .iter()
+        .filter(|a| a.outcome != AttemptOutcome::Ok)
+        .map(|a| AttemptLine {
+            path: a.path.clone(),
+            outcome: a.outcome,
+            status: a.status,
+            range_start: a.range_start,
+            body_bytes: a.body_bytes,
+            error: a.error.clone(),
+            started_at: a.started_at.clone(),
+        })
+        .collect();
+    Ok(AttemptsSeen {
+        unsuccessful,
+        failed: attempts
+            .iter()
+            .filter(|a| !matches!(a.outcome, AttemptOutcome::Ok | AttemptOutcome::InFlight))
+            .count(),
+        interrupted: attempts
+            .iter()
+            .filter(|a| a.outcome == AttemptOutcome::InFlight)
+            .count(),
+    })
+}
+
+async fn waste_by_reason(store: &Store) -> Result<BTreeMap<DiscardReason, u64>> {
+    let mut waste = BTreeMap::new();
+    for d in store.discards().await? {
+        let total = waste.entry(d.reason).or_insert(0u64);
+        *total = total.saturating_add(d.bytes);
+    }
+    Ok(waste)
 }
 
 /// Audits the state of one output directory: sources under `source_root`
@@ -355,45 +425,8 @@ pub async fn audit(
             .unwrap_or_default(),
     })?;
     store.integrity_check().await?;
-    // A pulled artifact's components are the listing, fetched into
-    // `artifact/`; its manifest is the publisher's, checked by verify.
-    let (src, art) = if crate::pull::is_pull_pin(&pin) {
-        let mut src = sources::audit_sources(store, artifact_root, deep).await?;
-        src.orphans.retain(|o| {
-            o != ftpipe_artifact::manifest::MANIFEST_FILE
-                && o != ftpipe_artifact::manifest::PLACEMENT_FILE
-        });
-        (src, artifact::audit_pulled(artifact_root, deep)?)
-    } else {
-        let src = sources::audit_sources(store, source_root, deep).await?;
-        let plan_path = store.path().parent().map(|d| d.join(PLAN_FILE));
-        let art = artifact::audit_artifact(
-            &store.components().await?,
-            &store.artifact_log().await?,
-            artifact_root,
-            plan_path.as_deref(),
-            deep,
-        )?;
-        (src, art)
-    };
-    let mut waste_by_reason = BTreeMap::new();
-    for d in store.discards().await? {
-        *waste_by_reason.entry(d.reason).or_insert(0u64) += d.bytes;
-    }
-    let attempts = store.attempts().await?;
-    let unsuccessful_attempts: Vec<AttemptLine> = attempts
-        .iter()
-        .filter(|a| a.outcome != AttemptOutcome::Ok)
-        .map(|a| AttemptLine {
-            path: a.path.clone(),
-            outcome: a.outcome,
-            status: a.status,
-            range_start: a.range_start,
-            body_bytes: a.body_bytes,
-            error: a.error.clone(),
-            started_at: a.started_at.clone(),
-        })
-        .collect();
+    let (src, art) = audit_halves(store, &pin, source_root, artifact_root, deep).await?;
+    let attempts = attempts_seen(store).await?;
     let lines = src.lines;
     let sources_ok = src.error == 0
         && lines.iter().all(|l| l.verified)
@@ -418,7 +451,7 @@ pub async fn audit(
         transferred_bytes: sum(|l| l.transferred_bytes),
         adopted_bytes: sum(|l| l.adopted_bytes),
         cache_bytes: sum(|l| l.cache_bytes),
-        waste_by_reason,
+        waste_by_reason: waste_by_reason(store).await?,
         metadata_sources: src.metadata,
         weight_sources: src.weight,
         retirement: src.retirement,
@@ -434,16 +467,10 @@ pub async fn audit(
         not_fetched_bytes: art.not_fetched.1,
         pending_components: art.pending,
         component_problems: art.problems,
-        reconciliation_error: src.error + art.error,
-        failed_attempts: attempts
-            .iter()
-            .filter(|a| !matches!(a.outcome, AttemptOutcome::Ok | AttemptOutcome::InFlight))
-            .count(),
-        interrupted_attempts: attempts
-            .iter()
-            .filter(|a| a.outcome == AttemptOutcome::InFlight)
-            .count(),
-        unsuccessful_attempts,
+        reconciliation_error: src.error.saturating_add(art.error),
+        failed_attempts: attempts.failed,
+        interrupted_attempts: attempts.interrupted,
+        unsuccessful_attempts: attempts.unsuccessful,
         cache_candidates: store.cache_candidates().await?,
         uploads: upload_summary(store).await?,
         publications: store.publications().await?,

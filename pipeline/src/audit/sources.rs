@@ -7,12 +7,12 @@
 //! conversion, its receipt kept as history — is the one case where a
 //! receipt without its file is correct.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::Store;
+use ftpipe_receipts::{FileRow, LedgerRow, Receipt, Store};
 
 use super::{FileAudit, Retirement, SourceTotals, walk};
 use crate::error::{PipelineError, Result};
@@ -38,6 +38,14 @@ pub(crate) fn is_weight(path: &str) -> bool {
     path.ends_with(".safetensors")
 }
 
+/// What the store claims of the sources, read once.
+struct Claims {
+    ledger: HashMap<String, LedgerRow>,
+    receipts: BTreeMap<String, Receipt>,
+    retired: BTreeSet<String>,
+    attempt_bytes: HashMap<String, u64>,
+}
+
 /// Audits every selected source file against its ledger row, its receipt
 /// and the disk.
 pub(super) async fn audit_sources(
@@ -46,15 +54,17 @@ pub(super) async fn audit_sources(
     deep: bool,
 ) -> Result<SourcePart> {
     let files = store.files().await?;
-    let ledger: HashMap<String, _> = store
-        .ledger()
-        .await?
-        .into_iter()
-        .map(|l| (l.path.clone(), l))
-        .collect();
-    let receipts = store.receipts_by_path().await?;
-    let retired: BTreeSet<String> = store.retired().await?;
-    let attempt_bytes = store.attempt_bytes().await?;
+    let claims = Claims {
+        ledger: store
+            .ledger()
+            .await?
+            .into_iter()
+            .map(|l| (l.path.clone(), l))
+            .collect(),
+        receipts: store.receipts_by_path().await?,
+        retired: store.retired().await?,
+        attempt_bytes: store.attempt_bytes().await?,
+    };
     let mut out = SourcePart {
         lines: Vec::new(),
         error: 0,
@@ -74,122 +84,175 @@ pub(super) async fn audit_sources(
         };
         totals.files += 1;
         totals.bytes += f.size;
-        let mut line = FileAudit {
-            path: f.path.clone(),
-            expected_bytes: f.size,
-            committed_bytes: 0,
-            transferred_bytes: 0,
-            attempt_bytes: attempt_bytes.get(&f.path).copied().unwrap_or(0),
-            discarded_bytes: 0,
-            adopted_bytes: 0,
-            cache_bytes: 0,
-            verified: false,
-            retired: false,
-            problem: None,
-        };
-        let Some(l) = ledger.get(&f.path) else {
-            line.problem = Some("no ledger row".into());
-            out.error += f.size;
-            out.lines.push(line);
-            continue;
-        };
-        line.committed_bytes = l.committed;
-        line.transferred_bytes = l.transferred;
-        line.discarded_bytes = l.discarded;
-        line.adopted_bytes = l.adopted;
-        line.cache_bytes = l.cache;
-        // Bytes in come from the network or the cache; each is committed
-        // or discarded.
-        out.error += (l.transferred + l.cache).abs_diff(l.committed + l.discarded);
-        if line.attempt_bytes != l.transferred {
-            line.problem = Some(format!(
-                "attempts received {} bytes, the ledger says {} transferred",
-                line.attempt_bytes, l.transferred
-            ));
-            out.error += line.attempt_bytes.abs_diff(l.transferred);
-        }
-        if l.expected != f.size {
-            line.problem = Some(format!(
-                "ledger expects {} bytes, listing says {}",
-                l.expected, f.size
-            ));
-            out.error += l.expected.abs_diff(f.size);
-        }
-        let final_path = safe_join(source_root, &f.path)?;
-        let on_disk = std::fs::metadata(&final_path);
-        let Some(r) = receipts.get(&f.path) else {
-            line.problem.get_or_insert_with(|| "not published".into());
-            if on_disk.is_ok() {
-                out.files_without_receipts
-                    .push(format!("source/{}", f.path));
-            }
-            out.lines.push(line);
-            continue;
-        };
-        out.error += f.size.abs_diff(l.committed + l.adopted);
-        if l.committed + l.adopted != f.size {
-            line.problem.get_or_insert_with(|| {
-                format!(
-                    "published, but the ledger holds {} committed + {} adopted of {} bytes",
-                    l.committed, l.adopted, f.size
-                )
-            });
-        }
-        line.verified = match on_disk {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && retired.contains(&f.path) => {
-                line.retired = true;
-                out.retirement.retired_files += 1;
-                out.retirement.retired_bytes += f.size;
-                if r.size != f.size {
-                    line.problem = Some(format!(
-                        "retired; receipt says {} bytes, expected {}",
-                        r.size, f.size
-                    ));
-                    out.error += r.size.abs_diff(f.size);
-                }
-                line.problem.is_none()
-            }
-            Err(_) => {
-                line.problem = Some("receipt without its file".into());
-                out.receipts_without_files
-                    .push(format!("source/{}", f.path));
-                out.error += f.size;
-                false
-            }
-            Ok(m) => {
-                out.retirement.retained_files += 1;
-                out.retirement.retained_bytes += m.len();
-                if m.len() != f.size || r.size != f.size {
-                    line.problem = Some(format!(
-                        "size {} on disk, receipt {}, expected {}",
-                        m.len(),
-                        r.size,
-                        f.size
-                    ));
-                    out.error += m.len().abs_diff(f.size).max(r.size.abs_diff(f.size));
-                    false
-                } else if deep {
-                    let expected = expected_identity(f)?;
-                    let digest = block_in_place(|| hash_file(&final_path, &expected, f.size))
-                        .map_err(|e| PipelineError::io("hash", &final_path, e))?;
-                    if digest != expected.hex() || digest != r.digest {
-                        line.problem = Some(format!(
-                            "{} on disk is {digest}, expected {}",
-                            expected.kind(),
-                            expected.hex()
-                        ));
-                        out.error += f.size;
-                        false
-                    } else {
-                        line.problem.is_none()
-                    }
-                } else {
-                    line.problem.is_none()
-                }
-            }
-        };
+        let line = audit_file(&claims, f, source_root, deep, &mut out)?;
         out.lines.push(line);
     }
+    sweep_disk(source_root, &files, &claims.receipts, &mut out)?;
+    Ok(out)
+}
+
+/// One selected file's line: its ledger row reconciled (`transferred =
+/// committed + discarded`, `= Σ attempt bytes`, the listing's size), then
+/// with a receipt the file on disk ([`check_on_disk`]). Unaccounted bytes
+/// go to `out.error`, paths to `out`'s lists.
+fn audit_file(
+    claims: &Claims,
+    f: &FileRow,
+    source_root: &Path,
+    deep: bool,
+    out: &mut SourcePart,
+) -> Result<FileAudit> {
+    let mut line = FileAudit {
+        path: f.path.clone(),
+        expected_bytes: f.size,
+        committed_bytes: 0,
+        transferred_bytes: 0,
+        attempt_bytes: claims.attempt_bytes.get(&f.path).copied().unwrap_or(0),
+        discarded_bytes: 0,
+        adopted_bytes: 0,
+        cache_bytes: 0,
+        verified: false,
+        retired: false,
+        problem: None,
+    };
+    let Some(l) = claims.ledger.get(&f.path) else {
+        line.problem = Some("no ledger row".into());
+        out.error += f.size;
+        return Ok(line);
+    };
+    line.committed_bytes = l.committed;
+    line.transferred_bytes = l.transferred;
+    line.discarded_bytes = l.discarded;
+    line.adopted_bytes = l.adopted;
+    line.cache_bytes = l.cache;
+    // Bytes in come from the network or the cache; each is committed
+    // or discarded.
+    out.error += (l.transferred + l.cache).abs_diff(l.committed + l.discarded);
+    if line.attempt_bytes != l.transferred {
+        line.problem = Some(format!(
+            "attempts received {} bytes, the ledger says {} transferred",
+            line.attempt_bytes, l.transferred
+        ));
+        out.error += line.attempt_bytes.abs_diff(l.transferred);
+    }
+    if l.expected != f.size {
+        line.problem = Some(format!(
+            "ledger expects {} bytes, listing says {}",
+            l.expected, f.size
+        ));
+        out.error += l.expected.abs_diff(f.size);
+    }
+    let final_path = safe_join(source_root, &f.path)?;
+    let on_disk = std::fs::metadata(&final_path);
+    let Some(r) = claims.receipts.get(&f.path) else {
+        line.problem.get_or_insert_with(|| "not published".into());
+        if on_disk.is_ok() {
+            out.files_without_receipts
+                .push(format!("source/{}", f.path));
+        }
+        return Ok(line);
+    };
+    out.error += f.size.abs_diff(l.committed + l.adopted);
+    if l.committed + l.adopted != f.size {
+        line.problem.get_or_insert_with(|| {
+            format!(
+                "published, but the ledger holds {} committed + {} adopted of {} bytes",
+                l.committed, l.adopted, f.size
+            )
+        });
+    }
+    let published = Published {
+        file: f,
+        receipt: r,
+        path: &final_path,
+        retired: claims.retired.contains(&f.path),
+    };
+    line.verified = check_on_disk(&published, on_disk, deep, &mut line, out)?;
+    Ok(line)
+}
+
+/// A published source: its listing row, its receipt, where it is.
+struct Published<'a> {
+    file: &'a FileRow,
+    receipt: &'a Receipt,
+    path: &'a Path,
+    /// `convert --retire-sources` deleted it on purpose.
+    retired: bool,
+}
+
+/// Whether a published source is as its receipt says: retired and absent,
+/// or present with the listed size (and digest with `deep`). Problems go
+/// to `line`, unaccounted bytes to `out.error`.
+fn check_on_disk(
+    p: &Published<'_>,
+    on_disk: std::io::Result<std::fs::Metadata>,
+    deep: bool,
+    line: &mut FileAudit,
+    out: &mut SourcePart,
+) -> Result<bool> {
+    let (f, r) = (p.file, p.receipt);
+    let m = match on_disk {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && p.retired => {
+            line.retired = true;
+            out.retirement.retired_files += 1;
+            out.retirement.retired_bytes += f.size;
+            if r.size != f.size {
+                line.problem = Some(format!(
+                    "retired; receipt says {} bytes, expected {}",
+                    r.size, f.size
+                ));
+                out.error += r.size.abs_diff(f.size);
+            }
+            return Ok(line.problem.is_none());
+        }
+        Err(_) => {
+            line.problem = Some("receipt without its file".into());
+            out.receipts_without_files
+                .push(format!("source/{}", f.path));
+            out.error += f.size;
+            return Ok(false);
+        }
+        Ok(m) => m,
+    };
+    out.retirement.retained_files += 1;
+    out.retirement.retained_bytes += m.len();
+    if m.len() != f.size || r.size != f.size {
+        line.problem = Some(format!(
+            "size {} on disk, receipt {}, expected {}",
+            m.len(),
+            r.size,
+            f.size
+        ));
+        out.error += m.len().abs_diff(f.size).max(r.size.abs_diff(f.size));
+        return Ok(false);
+    }
+    if !deep {
+        return Ok(line.problem.is_none());
+    }
+    let expected = expected_identity(f)?;
+    let digest = block_in_place(|| hash_file(p.path, &expected, f.size))
+        .map_err(|e| PipelineError::io("hash", p.path, e))?;
+    if digest != expected.hex() || digest != r.digest {
+        line.problem = Some(format!(
+            "{} on disk is {digest}, expected {}",
+            expected.kind(),
+            expected.hex()
+        ));
+        out.error += f.size;
+        return Ok(false);
+    }
+    Ok(line.problem.is_none())
+}
+
+/// Every file under `source_root` that is not a listed file: a `.part` of
+/// an unpublished listed file is expected; other `.part` and cache temp
+/// files are stale; the rest are orphans.
+fn sweep_disk(
+    source_root: &Path,
+    files: &[FileRow],
+    receipts: &BTreeMap<String, Receipt>,
+    out: &mut SourcePart,
+) -> Result<()> {
     let mut on_disk = Vec::new();
     walk(source_root, source_root, &mut on_disk)
         .map_err(|e| PipelineError::io("list", source_root, e))?;
@@ -205,5 +268,5 @@ pub(super) async fn audit_sources(
             None => out.orphans.push(rel),
         }
     }
-    Ok(out)
+    Ok(())
 }
