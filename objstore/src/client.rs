@@ -41,8 +41,6 @@ const RETRIES: usize = 3;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Connect timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// No byte for this long ends a request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What a `head` says of an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +112,11 @@ impl S3 {
                 ClientOptions::new()
                     .with_allow_http(config.allow_http)
                     .with_connect_timeout(CONNECT_TIMEOUT)
-                    .with_timeout(REQUEST_TIMEOUT),
+                    // A stall ends a request at the read timeout, not a
+                    // request's whole length: a large object takes as long
+                    // as its bytes keep coming.
+                    .with_read_timeout(config.read_timeout)
+                    .with_timeout_disabled(),
             );
         if let Some(t) = &config.session_token {
             b = b.with_token(t);

@@ -93,7 +93,15 @@ pub struct S3Config {
     pub allow_http: bool,
     /// Where the keys came from (`environment`, or the profile and file).
     pub credentials_from: String,
+    /// No byte for this long (waiting for an answer's head or inside its
+    /// body) ends a request: the stall rule every source keeps
+    /// (`--read-timeout`; [`DEFAULT_READ_TIMEOUT`] until a command sets it).
+    pub read_timeout: std::time::Duration,
 }
+
+/// The read timeout of a configuration nobody set one for: the hub
+/// fetch's default.
+pub const DEFAULT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl fmt::Debug for S3Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -102,6 +110,7 @@ impl fmt::Debug for S3Config {
             .field("region", &self.region)
             .field("credentials_from", &self.credentials_from)
             .field("allow_http", &self.allow_http)
+            .field("read_timeout", &self.read_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -366,6 +375,12 @@ fn resolve_endpoint(
 }
 
 impl S3Config {
+    /// This configuration with `read_timeout` as its stall rule.
+    pub fn with_read_timeout(mut self, read_timeout: std::time::Duration) -> S3Config {
+        self.read_timeout = read_timeout;
+        self
+    }
+
     /// Resolves credentials, region and endpoint from `env` (see the module
     /// doc); `endpoint` is `--s3-endpoint`. Every secret found is
     /// registered with the redaction point.
@@ -398,6 +413,7 @@ impl S3Config {
             session_token,
             allow_http,
             credentials_from: from,
+            read_timeout: DEFAULT_READ_TIMEOUT,
         })
     }
 }

@@ -41,7 +41,7 @@ pub use client::{
     Head, MAX_PART_NUMBER, MIN_PART_SIZE, ObjectBody, Precondition, Put, RangeGet, S3,
     SHA256_METADATA,
 };
-pub use credentials::{Env, S3Config, register_credentials_from_env};
+pub use credentials::{DEFAULT_READ_TIMEOUT, Env, S3Config, register_credentials_from_env};
 pub use error::{ObjStoreError, Result};
 pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;

@@ -80,9 +80,32 @@ pub struct HubArgs {
     /// (also HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
-    /// Per-read stall timeout in seconds (0.1 to 3600).
+    #[command(flatten)]
+    pub stall: StallArgs,
+}
+
+/// The stall rule every source keeps (the hub, a mirror, object storage).
+#[derive(Args, Clone, Copy)]
+pub struct StallArgs {
+    /// No byte for this many seconds (waiting for an answer or inside its
+    /// body) ends the attempt, which is then retried (0.1 to 3600).
     #[arg(long, default_value_t = DEFAULT_READ_TIMEOUT_SECS, value_parser = secs_in(0.1, 3600.0))]
     pub read_timeout: f64,
+}
+
+impl Default for StallArgs {
+    fn default() -> Self {
+        StallArgs {
+            read_timeout: DEFAULT_READ_TIMEOUT_SECS,
+        }
+    }
+}
+
+impl StallArgs {
+    /// `--read-timeout` as a duration.
+    pub fn duration(self) -> anyhow::Result<Duration> {
+        secs("--read-timeout", self.read_timeout)
+    }
 }
 
 impl HubArgs {
@@ -104,7 +127,7 @@ impl HubArgs {
             hf_cache: None,
             no_hf_cache: false,
             offline: false,
-            read_timeout: DEFAULT_READ_TIMEOUT_SECS,
+            stall: StallArgs::default(),
         }
     }
 
@@ -141,12 +164,14 @@ pub struct S3Args {
 
 impl S3Args {
     /// Credentials, region and endpoint the AWS way (every secret
-    /// registered with the redaction point as it is read).
-    pub fn config(&self) -> anyhow::Result<ftpipe_objstore::S3Config> {
-        Ok(ftpipe_objstore::S3Config::resolve(
+    /// registered with the redaction point as it is read), with `stall`'s
+    /// read timeout.
+    pub fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
+        let config = ftpipe_objstore::S3Config::resolve(
             &ftpipe_objstore::Env::from_process(),
             self.s3_endpoint.as_deref(),
-        )?)
+        )?;
+        Ok(config.with_read_timeout(stall.duration()?))
     }
 }
 
@@ -305,6 +330,8 @@ pub struct UploadArgs {
     /// A JSON summary.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub stall: StallArgs,
 }
 
 impl UploadArgs {

@@ -16,7 +16,6 @@ use ftpipe_pipeline::{FetchParams, MirrorParams, Pipeline};
 
 use super::args::{
     DEFAULT_FETCH_JOBS, HubArgs, ProgressArgs, ResumeArgs, TimingArgs, TransferArgs, fetch_options,
-    secs,
 };
 use super::summary::{Jobs, Session, print_summary};
 use crate::table;
@@ -126,7 +125,7 @@ pub fn fetch_params(
     let params = FetchParams {
         endpoint: hub.origin.endpoint.clone(),
         token,
-        read_timeout: secs("--read-timeout", hub.read_timeout)?,
+        read_timeout: hub.stall.duration()?,
         resolve,
         options,
         reacquire,
@@ -151,7 +150,7 @@ pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>>
         ftpipe_pipeline::Endpoint::Hub(_) => Ok(None),
         ftpipe_pipeline::Endpoint::Mirror(location) => Ok(Some(MirrorParams {
             location,
-            config: hub.s3.config()?,
+            config: hub.s3.config(hub.stall)?,
         })),
     }
 }

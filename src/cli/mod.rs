@@ -153,7 +153,7 @@ mod tests {
         };
         assert_eq!(format!("{options:?}"), format!("{defaults:?}"));
         assert_eq!(
-            args.hub.read_timeout,
+            args.hub.stall.read_timeout,
             args::DEFAULT_READ_TIMEOUT_SECS,
             "mirror's HubArgs::for_repo"
         );

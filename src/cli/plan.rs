@@ -9,7 +9,7 @@ use ftpipe_artifact::manifest::Partition;
 use ftpipe_hub::token::load_token;
 use ftpipe_pipeline::PlanSource;
 
-use super::args::{HubArgs, secs};
+use super::args::HubArgs;
 use super::fetch::{mirror_of_endpoint, offline_env};
 use crate::size;
 
@@ -56,7 +56,7 @@ fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
         None => PlanSource::Remote {
             endpoint: hub.origin.endpoint.clone(),
             token: load_token(hub.token_file.as_deref())?.0,
-            read_timeout: secs("--read-timeout", hub.read_timeout)?,
+            read_timeout: hub.stall.duration()?,
             offline: hub.offline || offline_env(),
         },
     })

@@ -10,7 +10,7 @@ use clap::{Arg, Args};
 use ftpipe_pipeline::Pipeline;
 
 use super::args::{
-    DEFAULT_FETCH_JOBS, ProgressArgs, ResumeArgs, S3Args, TransferArgs, fetch_options,
+    DEFAULT_FETCH_JOBS, ProgressArgs, ResumeArgs, S3Args, StallArgs, TransferArgs, fetch_options,
 };
 use super::summary::{S3Session, print_s3_summary};
 
@@ -27,6 +27,8 @@ pub struct PullArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub s3: S3Args,
+    #[command(flatten)]
+    pub stall: StallArgs,
     /// Files transferred in parallel (1 to 64).
     #[arg(long, default_value_t = DEFAULT_FETCH_JOBS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub jobs: usize,
@@ -72,7 +74,7 @@ fn in_pull_words(arg: Arg) -> Arg {
 /// Pulls a published artifact into DIR/artifact.
 pub async fn run(args: PullArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.source)?;
-    let config = args.s3.config()?;
+    let config = args.s3.config(args.stall)?;
     let session = S3Session::of(&config);
     let options = fetch_options(
         args.jobs.min(args.transfer.connections),

@@ -21,7 +21,11 @@
 //!   pull gave up after four attempts before, issue 35);
 //! - `a_changed_validator_restarts_from_byte_0`: the file replaced by the
 //!   same bytes under a new validator between a kill and the re-run: the
-//!   prefix is dropped, never spliced with the new object's bytes.
+//!   prefix is dropped, never spliced with the new object's bytes;
+//! - `a_stalled_body_ends_at_the_read_timeout`: a body that stops after a
+//!   third of the file, the connection held open, ends at `--read-timeout`
+//!   and is retried (object storage waited 300 s, then 300 s more, and
+//!   ignored `--read-timeout`, issue 35).
 //!
 //! Every check ends with the file's bytes verified and a clean audit
 //! (`transferred = committed + discarded`).
@@ -87,6 +91,10 @@ impl Source for Hub {
             Lie::IgnoreRange => Fault::IgnoreRange,
             Lie::ShortBody { after } => Fault::ShortBody {
                 after: after as u64,
+            },
+            Lie::Stall { after, hold } => Fault::Stall {
+                after: after as u64,
+                for_ms: u64::try_from(hold.as_millis()).unwrap(),
             },
         };
         let times = u32::try_from(times).unwrap();
@@ -378,6 +386,34 @@ fn a_changed_validator_restarts_from_byte_0(s: &dyn Source, tmp: &Path) {
     );
 }
 
+/// How long a stalled body is held open: far past the read timeout the
+/// check gives (2 s), so only the timeout can end it in time.
+const STALL_HOLD: std::time::Duration = std::time::Duration::from_secs(90);
+
+fn a_stalled_body_ends_at_the_read_timeout(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let (path, size) = s.largest();
+    let after = usize::try_from(size / 3).unwrap();
+    s.lie(
+        &path,
+        Lie::Stall {
+            after,
+            hold: STALL_HOLD,
+        },
+        1,
+    );
+    let mut args = ONE_STREAM.to_vec();
+    args.extend(["--read-timeout", "2"]);
+    let started = std::time::Instant::now();
+    succeeded(&run(&mut s.command(&out, &args)), "fetch");
+    let took = started.elapsed();
+    assert!(
+        took < STALL_HOLD / 2,
+        "the stall was waited out: {took:?} with --read-timeout 2"
+    );
+    s.verify(&out);
+}
+
 /// Runs `check` against a fresh instance of `source`.
 fn conform(source: fn(&Path) -> Box<dyn Source>, check: fn(&dyn Source, &Path)) {
     let tmp = tempfile::tempdir().unwrap();
@@ -404,6 +440,10 @@ macro_rules! conformance {
             #[test]
             fn a_changed_validator_restarts_from_byte_0() {
                 super::conform(super::$source, super::a_changed_validator_restarts_from_byte_0);
+            }
+            #[test]
+            fn a_stalled_body_ends_at_the_read_timeout() {
+                super::conform(super::$source, super::a_stalled_body_ends_at_the_read_timeout);
             }
         }
     )*};

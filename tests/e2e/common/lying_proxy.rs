@@ -21,6 +21,14 @@ pub enum Lie {
         /// Body bytes sent before the close.
         after: usize,
     },
+    /// Sends the answer's head and `after` body bytes, then nothing for
+    /// `hold` (the connection open), then the rest.
+    Stall {
+        /// Body bytes sent before the stall.
+        after: usize,
+        /// How long nothing is sent.
+        hold: Duration,
+    },
 }
 
 /// One request as the proxy saw it.
@@ -160,6 +168,13 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     match lie {
         Some(Lie::ShortBody { after }) => {
             conn.write_all(&answer_body[..after.min(answer_body.len())])?;
+        }
+        Some(Lie::Stall { after, hold }) => {
+            let (first, rest) = answer_body.split_at(after.min(answer_body.len()));
+            conn.write_all(first)?;
+            conn.flush()?;
+            std::thread::sleep(hold);
+            conn.write_all(rest)?;
         }
         _ => conn.write_all(answer_body)?,
     }

@@ -47,7 +47,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l s3-endpoint -d '
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l include -d 'Only files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l exclude -d 'Skip files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
@@ -86,7 +86,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l s3-endpoint -d 'S
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l recipe -d 'Plan with this declarative TOML recipe instead of a built-in profile' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l include -d 'Plan for a fetch of only the files matching these globs (default: the selection DIR was pinned with)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l exclude -d 'Plan for a fetch that skips the files matching these globs' -r
@@ -114,7 +114,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l s3-endpoint -d 'S3
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'Per-read stall timeout in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l include -d 'Only files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l exclude -d 'Skip files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
@@ -150,11 +150,13 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -s h -l help -d 'Prin
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l json -d 'A JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l out -d 'DIR: the artifact is pulled into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l jobs -d 'Files transferred in parallel (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l connections -d 'Requests in flight at once over all files (1 to 64): free ones split large objects into ranges' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l segment-threshold -d 'Objects at least this large may be fetched as several ranges' -r
@@ -176,6 +178,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l token-file -d '
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http only for a loopback host. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from AWS_REGION, else the profile, else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l json -d 'A JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -s h -l help -d 'Print help'
