@@ -22,6 +22,8 @@
 //! - `a_changed_validator_restarts_from_byte_0`: the file replaced by the
 //!   same bytes under a new validator between a kill and the re-run: the
 //!   prefix is dropped, never spliced with the new object's bytes;
+//! - `a_refused_range_is_retried_from_the_watermark`: a `416` to the
+//!   resumed range is a failed attempt, retried; nothing kept is dropped;
 //! - `a_stalled_body_ends_at_the_read_timeout`: a body that stops after a
 //!   third of the file, the connection held open, ends at `--read-timeout`
 //!   and is retried (object storage waited 300 s, then 300 s more, and
@@ -92,6 +94,7 @@ impl Source for Hub {
             Lie::ShortBody { after } => Fault::ShortBody {
                 after: after as u64,
             },
+            Lie::RefuseRange => Fault::RangeNotSatisfiable,
             Lie::Stall { after, hold } => Fault::Stall {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
@@ -386,6 +389,36 @@ fn a_changed_validator_restarts_from_byte_0(s: &dyn Source, tmp: &Path) {
     );
 }
 
+fn a_refused_range_is_retried_from_the_watermark(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let path = killed_mid_file(s, &out);
+    s.lie(&path, Lie::RefuseRange, 1);
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    s.verify(&out);
+    // The refused attempt failed, and the next one asked the same range:
+    // the watermark, not byte 0 (a 416 says nothing about the kept bytes).
+    let resumed = query(
+        &out,
+        &format!(
+            "SELECT outcome || ' ' || range_start FROM attempts \
+             WHERE path = {} AND range_start > 0 ORDER BY id",
+            sql_str(&path)
+        ),
+    );
+    let [refused, retried, ..] = resumed.as_slice() else {
+        panic!("no retry after the refusal: {resumed:?}");
+    };
+    let (outcome, from) = refused.split_once(' ').unwrap();
+    assert_ne!(outcome, "ok", "{resumed:?}");
+    assert_eq!(retried.split_once(' ').unwrap().1, from, "{resumed:?}");
+    let reasons = discards_of(&out, &path);
+    assert!(
+        !reasons.contains(&"range_not_honoured".to_owned())
+            && !reasons.contains(&"validator_changed".to_owned()),
+        "kept bytes were dropped for a refused range: {reasons:?}"
+    );
+}
+
 /// How long a stalled body is held open: far past the read timeout the
 /// check gives (2 s), so only the timeout can end it in time.
 const STALL_HOLD: std::time::Duration = std::time::Duration::from_secs(90);
@@ -440,6 +473,10 @@ macro_rules! conformance {
             #[test]
             fn a_changed_validator_restarts_from_byte_0() {
                 super::conform(super::$source, super::a_changed_validator_restarts_from_byte_0);
+            }
+            #[test]
+            fn a_refused_range_is_retried_from_the_watermark() {
+                super::conform(super::$source, super::a_refused_range_is_retried_from_the_watermark);
             }
             #[test]
             fn a_stalled_body_ends_at_the_read_timeout() {

@@ -21,6 +21,9 @@ pub enum Lie {
         /// Body bytes sent before the close.
         after: usize,
     },
+    /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
+    /// bytes */SIZE` of the object upstream), whatever was asked.
+    RefuseRange,
     /// Sends the answer's head and `after` body bytes, then nothing for
     /// `hold` (the connection open), then the rest.
     Stall {
@@ -164,6 +167,16 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         .position(|w| w == b"\r\n\r\n")
         .map_or(answer.len(), |p| p + 4);
     let (answer_head, answer_body) = answer.split_at(end);
+    if lie == Some(Lie::RefuseRange) {
+        let size = total_size(answer_head).unwrap_or(0);
+        let refusal = format!(
+            "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Range: bytes */{size}\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        conn.write_all(refusal.as_bytes())?;
+        conn.flush()?;
+        return conn.shutdown(Shutdown::Both);
+    }
     conn.write_all(&closing(answer_head))?;
     match lie {
         Some(Lie::ShortBody { after }) => {
@@ -182,6 +195,19 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     conn.shutdown(Shutdown::Both)
 }
 
+/// The object's total size from an upstream answer's head
+/// (`Content-Range: bytes a-b/SIZE`).
+fn total_size(head: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(head);
+    text.split("\r\n").find_map(|line| {
+        let (k, v) = line.split_once(':')?;
+        if !k.trim().eq_ignore_ascii_case("content-range") {
+            return None;
+        }
+        v.rsplit('/').next()?.trim().parse().ok()
+    })
+}
+
 /// The first lie armed for a GET of `target`, disarmed (a lie about a
 /// range only for a ranged GET).
 fn take_lie(book: &Mutex<Book>, method: &str, target: &str, ranged: bool) -> Option<Lie> {
@@ -190,10 +216,10 @@ fn take_lie(book: &Mutex<Book>, method: &str, target: &str, ranged: bool) -> Opt
     }
     let path = target.split('?').next().unwrap_or_default();
     let mut book = book.lock().unwrap();
-    let i = book
-        .lies
-        .iter()
-        .position(|(s, l)| path.ends_with(s.as_str()) && (ranged || *l != Lie::IgnoreRange))?;
+    let i = book.lies.iter().position(|(s, l)| {
+        let about_a_range = matches!(l, Lie::IgnoreRange | Lie::RefuseRange);
+        path.ends_with(s.as_str()) && (ranged || !about_a_range)
+    })?;
     Some(book.lies.remove(i).1)
 }
 
