@@ -24,6 +24,9 @@
 //!   prefix is dropped, never spliced with the new object's bytes;
 //! - `a_refused_range_is_retried_from_the_watermark`: a `416` to the
 //!   resumed range is a failed attempt, retried; nothing kept is dropped;
+//! - `an_endless_body_is_bounded`: a body that never ends is cut (at the
+//!   file's size, or refused), the fetch finishes with the file verified
+//!   and the ledger adds up, within a bound;
 //! - `a_stalled_body_ends_at_the_read_timeout`: a body that stops after a
 //!   third of the file, the connection held open, ends at `--read-timeout`
 //!   and is retried (object storage waited 300 s, then 300 s more, and
@@ -95,6 +98,7 @@ impl Source for Hub {
                 after: after as u64,
             },
             Lie::RefuseRange => Fault::RangeNotSatisfiable,
+            Lie::Endless => Fault::EndlessBody,
             Lie::Stall { after, hold } => Fault::Stall {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
@@ -419,6 +423,30 @@ fn a_refused_range_is_retried_from_the_watermark(s: &dyn Source, tmp: &Path) {
     );
 }
 
+fn an_endless_body_is_bounded(s: &dyn Source, tmp: &Path) {
+    let out = tmp.join("out");
+    let (path, size) = s.largest();
+    s.lie(&path, Lie::Endless, 1);
+    let started = std::time::Instant::now();
+    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "fetch");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "an endless body held the fetch for {:?}",
+        started.elapsed()
+    );
+    s.verify(&out);
+    let committed: u64 = query(
+        &out,
+        &format!(
+            "SELECT committed_bytes FROM ledger WHERE path = {}",
+            sql_str(&path)
+        ),
+    )[0]
+    .parse()
+    .unwrap();
+    assert_eq!(committed, size, "more than the file was claimed");
+}
+
 /// How long a stalled body is held open: far past the read timeout the
 /// check gives (2 s), so only the timeout can end it in time.
 const STALL_HOLD: std::time::Duration = std::time::Duration::from_secs(90);
@@ -477,6 +505,10 @@ macro_rules! conformance {
             #[test]
             fn a_refused_range_is_retried_from_the_watermark() {
                 super::conform(super::$source, super::a_refused_range_is_retried_from_the_watermark);
+            }
+            #[test]
+            fn an_endless_body_is_bounded() {
+                super::conform(super::$source, super::an_endless_body_is_bounded);
             }
             #[test]
             fn a_stalled_body_ends_at_the_read_timeout() {

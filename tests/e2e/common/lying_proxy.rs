@@ -21,6 +21,10 @@ pub enum Lie {
         /// Body bytes sent before the close.
         after: usize,
     },
+    /// Sends the answer's head chunked (no `Content-Length`), its body, and
+    /// then zeros without end (at most [`ENDLESS_CAP`] bytes, or until the
+    /// client hangs up).
+    Endless,
     /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
     /// bytes */SIZE` of the object upstream), whatever was asked.
     RefuseRange,
@@ -33,6 +37,10 @@ pub enum Lie {
         hold: Duration,
     },
 }
+
+/// The most an [`Lie::Endless`] answer sends: the proxy's own loop is
+/// bounded even if a client never hangs up.
+pub const ENDLESS_CAP: usize = 1 << 30;
 
 /// One request as the proxy saw it.
 #[derive(Debug, Clone)]
@@ -177,6 +185,9 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         conn.flush()?;
         return conn.shutdown(Shutdown::Both);
     }
+    if lie == Some(Lie::Endless) {
+        return send_endless(conn, answer_head, answer_body);
+    }
     conn.write_all(&closing(answer_head))?;
     match lie {
         Some(Lie::ShortBody { after }) => {
@@ -193,6 +204,41 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     }
     conn.flush()?;
     conn.shutdown(Shutdown::Both)
+}
+
+/// `head` re-sent chunked and `body` followed by zeros, until the client
+/// hangs up or [`ENDLESS_CAP`] bytes went out.
+fn send_endless(mut conn: TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    let text = String::from_utf8_lossy(&closing(head)).into_owned();
+    let mut out = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        let name = line.split(':').next().unwrap_or_default().trim();
+        if !name.eq_ignore_ascii_case("content-length") {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("Transfer-Encoding: chunked\r\n\r\n");
+    conn.write_all(out.as_bytes())?;
+    let zeros = vec![0u8; 64 * 1024];
+    let mut sent = 0usize;
+    let mut chunk = body;
+    while sent < ENDLESS_CAP {
+        if chunk.is_empty() {
+            chunk = &zeros;
+        }
+        if conn
+            .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+            .is_err()
+            || conn.write_all(chunk).is_err()
+            || conn.write_all(b"\r\n").is_err()
+        {
+            return Ok(());
+        }
+        sent += chunk.len();
+        chunk = &[];
+    }
+    Ok(())
 }
 
 /// The object's total size from an upstream answer's head
