@@ -71,7 +71,8 @@
 //! * `s3_pull_verify`: a pulled artifact that fails `verify` gets no
 //!   `manifest.json`.
 //! * `conformance`: the checks every byte source passes (resume after a
-//!   kill, a short body, a `200` to a range, a changed validator), once per
+//!   kill, a short body, a `200` to a range, a changed validator, a `416`
+//!   to a range, an endless body, a stalled body), once per
 //!   implementation: the hub, a mirror and `pull` (moto behind a lying
 //!   proxy).
 //! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
