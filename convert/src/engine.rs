@@ -363,6 +363,28 @@ pub async fn convert(
     })
 }
 
+/// Finishes a set-aside an earlier run began (saying so), and returns
+/// where it went with the reasons the artifact on disk may not be reused
+/// under `skel` (none: it may).
+pub(crate) async fn finish_pending_aside(
+    store: &Store,
+    paths: &Layout,
+    skel: &Skeleton,
+    reporter: &dyn Reporter,
+) -> Result<(Option<PathBuf>, Vec<String>)> {
+    let finished = aside::finish_pending(store, paths).await?;
+    if let Some(dest) = &finished {
+        reporter.report(ProgressEvent::Note {
+            message: format!(
+                "finished setting the stale artifact aside as {}",
+                dest.display()
+            ),
+        });
+    }
+    let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
+    Ok((finished, reasons))
+}
+
 /// Finishes a set-aside an earlier run began, then refuses, or sets aside
 /// (`--rebuild`), an artifact `skel` may not reuse. Returns where the
 /// artifact was set aside, if it was.
@@ -375,16 +397,7 @@ async fn settle_stale_artifact(
     plan: &Plan,
     reporter: &dyn Reporter,
 ) -> Result<Option<PathBuf>> {
-    let finished = aside::finish_pending(store, paths).await?;
-    if let Some(dest) = &finished {
-        reporter.report(ProgressEvent::Note {
-            message: format!(
-                "finished setting the stale artifact aside as {}",
-                dest.display()
-            ),
-        });
-    }
-    let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
+    let (finished, reasons) = finish_pending_aside(store, paths, skel, reporter).await?;
     if reasons.is_empty() {
         return Ok(finished);
     }

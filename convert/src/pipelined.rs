@@ -36,7 +36,9 @@ use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RunId, Store};
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
 use crate::engine::ConvertOutcome;
-use crate::engine::{COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, stale_reasons, valid_receipts};
+use crate::engine::{
+    COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, finish_pending_aside, valid_receipts,
+};
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::{Plan, Planned};
@@ -157,16 +159,7 @@ async fn set_aside_if_stale(
     (skel, plan): (&Skeleton, &Plan),
     reporter: &dyn Reporter,
 ) -> Result<Option<PathBuf>> {
-    let finished = aside::finish_pending(store, paths).await?;
-    if let Some(dest) = &finished {
-        reporter.report(ProgressEvent::Note {
-            message: format!(
-                "finished setting the stale artifact aside as {}",
-                dest.display()
-            ),
-        });
-    }
-    let reasons = stale_reasons(skel, &store.components().await?, paths.artifact());
+    let (finished, reasons) = finish_pending_aside(store, paths, skel, reporter).await?;
     if reasons.is_empty() {
         return Ok(finished);
     }
