@@ -1091,6 +1091,21 @@ async fn insert_candidate(
     Ok(())
 }
 
+/// A state database at `db` migrated to `version` only, holding the rows
+/// `sql` writes (for the tests of a later migration).
+#[cfg(test)]
+pub(crate) async fn database_at_migration(db: &std::path::Path, version: i64, sql: &'static str) {
+    let options = SqliteConnectOptions::new()
+        .filename(db)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .foreign_keys(true);
+    let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+    MIGRATOR.run_to(version, &mut conn).await.unwrap();
+    sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     //! Regression: after a power cut between lowering a watermark (with its
@@ -1212,17 +1227,10 @@ mod tests {
     async fn a_database_from_before_typed_records_migrates_and_reads_typed() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        {
-            let options = SqliteConnectOptions::new()
-                .filename(&db)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .foreign_keys(true);
-            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
-            MIGRATOR.run_to(7, &mut conn).await.unwrap();
-            sqlx::raw_sql(
-                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('fetch', 1, '0.0');
+        database_at_migration(
+            &db,
+            7,
+            "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('fetch', 1, '0.0');
                  INSERT INTO attempts (run_id, path, host, outcome, body_bytes, tail_measured)
                  VALUES (1, 'a', 'h', 'in_flight', 5, 1), (1, 'a', 'h', 'ok', 6, 0),
                         (1, 'a', 'h', 'retry', 0, 0), (1, 'a', 'h', 'failed', 0, 0),
@@ -1230,11 +1238,8 @@ mod tests {
                  INSERT INTO discards (run_id, path, reason, bytes)
                  VALUES (1, 'a', 'stale_part', 7), (1, 'a', 'uncheckpointed_tail', 8),
                         (1, 'a', 'superseded_by_repin', 9);",
-            )
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        }
+        )
+        .await;
         let store = Store::open(&db).await.unwrap();
         let attempts = store.attempts().await.unwrap();
         let outcomes: Vec<_> = attempts.iter().map(|a| (a.id, a.outcome)).collect();
@@ -1290,25 +1295,15 @@ mod tests {
     async fn stage_events_keep_their_rows_and_refuse_unknown_names() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        {
-            let options = SqliteConnectOptions::new()
-                .filename(&db)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .foreign_keys(true);
-            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
-            MIGRATOR.run_to(11, &mut conn).await.unwrap();
-            sqlx::raw_sql(
-                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('run', 1, '0.0');
+        database_at_migration(
+            &db,
+            11,
+            "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('run', 1, '0.0');
                  INSERT INTO stage_events (run_id, stage, event, detail)
                  VALUES (1, 'resolve', 'started', ''), (1, 'resolve', 'completed', 'pinned'),
                         (1, 'fetch', 'started', ''), (1, 'fetch', 'failed', 'no space');",
-            )
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        }
+        )
+        .await;
         let store = Store::open(&db).await.unwrap();
         let rows: Vec<_> = store
             .stage_events()

@@ -481,22 +481,9 @@ mod tests {
     /// that is not a part, an unknown outcome are refused).
     #[tokio::test]
     async fn upload_records_from_before_0012_migrate_and_read_typed() {
-        use sqlx::sqlite::{
-            SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteSynchronous,
-        };
-        let migrator = sqlx::migrate!("../migrations");
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        {
-            let options = SqliteConnectOptions::new()
-                .filename(&db)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .foreign_keys(true);
-            let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
-            migrator.run_to(11, &mut conn).await.unwrap();
-            sqlx::raw_sql(
+        crate::store::database_at_migration(&db, 11,
                 "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('publish', 1, '0.0');
                  INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, upload_id, state)
                  VALUES (1, 's3://b/p', 's3://b/p/f/a', 'a', 10, 'x', 5, 'up-1', 'uploading');
@@ -511,11 +498,8 @@ mod tests {
                         (1, 'k', 'complete', NULL, 'h', 0, 'in_flight', NULL),
                         (1, 'k', 'put', NULL, 'h', 3, 'ok', NULL),
                         (1, 'k', 'manifest_put', NULL, 'h', 9, 'ok', NULL);",
-            )
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        }
+        )
+        .await;
         let store = Store::open(&db).await.unwrap();
         let live = store
             .upload_in_progress("s3://b/p", "s3://b/p/f/a")
