@@ -97,6 +97,18 @@ pub struct S3 {
 impl S3 {
     /// A client for `location` with `config` (no request is made yet).
     pub fn open(config: &S3Config, location: S3Location) -> Result<S3> {
+        S3::open_with_retries(config, location, RETRIES)
+    }
+
+    /// A client whose requests are never retried by `object_store` itself:
+    /// the one a byte source reads file bodies through, so that every
+    /// retry of a stalled, cut or refused read is the fetch's own, under
+    /// its policy and recorded as an attempt.
+    pub fn open_for_transfers(config: &S3Config, location: S3Location) -> Result<S3> {
+        S3::open_with_retries(config, location, 0)
+    }
+
+    fn open_with_retries(config: &S3Config, location: S3Location, retries: usize) -> Result<S3> {
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(location.bucket())
             .with_region(&config.region)
@@ -105,7 +117,7 @@ impl S3 {
             .with_conditional_put(S3ConditionalPut::ETagMatch)
             .with_retry(RetryConfig {
                 backoff: BackoffConfig::default(),
-                max_retries: RETRIES,
+                max_retries: retries,
                 retry_timeout: RETRY_TIMEOUT,
             })
             .with_client_options(

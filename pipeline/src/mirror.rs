@@ -105,6 +105,8 @@ pub struct MirrorOutcome {
 /// An open mirror.
 pub struct Mirror {
     s3: S3,
+    /// The client file bodies are read through (no retry of its own).
+    reads: S3,
     location: S3Location,
 }
 
@@ -212,6 +214,7 @@ impl Mirror {
     pub fn open(p: &MirrorParams) -> Result<Mirror> {
         Ok(Mirror {
             s3: S3::open(&p.config, p.location.clone())?,
+            reads: S3::open_for_transfers(&p.config, p.location.clone())?,
             location: p.location.clone(),
         })
     }
@@ -292,7 +295,7 @@ impl Mirror {
             .map(|f| (f.path.clone(), f.size, self.file_key(commit, &f.path)))
             .collect();
         let objects = crate::pull::head_objects(&self.s3, wanted, "the mirror's listing").await?;
-        Ok(S3Source::new(self.s3.clone(), objects))
+        Ok(S3Source::new(self.reads.clone(), objects))
     }
 
     /// The planner's view of the mirror's files at `commit`.

@@ -255,7 +255,8 @@ impl Pipeline {
                 Ok((files, objects))
             })
             .await?;
-        let source: Arc<dyn ByteSource> = Arc::new(S3Source::new(s3.clone(), objects));
+        let reads = S3::open_for_transfers(&p.config, p.location.clone())?;
+        let source: Arc<dyn ByteSource> = Arc::new(S3Source::new(reads, objects));
         self.pull_fetch_stage(source, pin, p.options.clone(), &files, reporter)
             .await?;
         crashpoint::hit(CrashPoint::PullComponentsDone);

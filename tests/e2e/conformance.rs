@@ -473,6 +473,18 @@ fn a_stalled_body_ends_at_the_read_timeout(s: &dyn Source, tmp: &Path) {
         "the stall was waited out: {took:?} with --read-timeout 2"
     );
     s.verify(&out);
+    // The stalled read is an attempt of ftpipe's own, ended and retried.
+    let outcomes = query(
+        &out,
+        &format!(
+            "SELECT outcome FROM attempts WHERE path = {} ORDER BY id",
+            sql_str(&path)
+        ),
+    );
+    assert!(
+        outcomes.len() >= 2 && outcomes.first().is_some_and(|o| o != "ok"),
+        "the stall is not a recorded attempt: {outcomes:?}"
+    );
 }
 
 /// Runs `check` against a fresh instance of `source`.
