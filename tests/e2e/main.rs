@@ -20,8 +20,10 @@
 //!   keeps only what was fsynced.
 //! * `disk_full`: fetch and conversion on small mounts that fill up.
 //! * `nginx`: kill and resume against a real nginx.
-//! * `hf_cache`: a Hugging Face cache filled by the real `hf download`, the
-//!   hub's token conventions, offline mode.
+//! * `hf_cache`: a Hugging Face cache filled by the real `hf download` (Xet
+//!   disabled, and with its defaults through Xet against Hugging Face's
+//!   `local_cas_server`: the shared blob store), the hub's token
+//!   conventions, offline mode.
 //! * `security`: the token stays on the hub's origin and out of all state;
 //!   the pin is sticky.
 //! * `symlinks`: links, hard links and FIFOs planted in `DIR` are refused.
