@@ -11,8 +11,9 @@
 //! installs it: CI installs it, so a skip would hide a regression.
 //!
 //! Known differences of `local_cas_server` from the hub's real storage
-//! (for a Xet byte source built on this): a ranged xorb `GET` is answered
-//! `206` without `Content-Range`, and no token is checked.
+//! (for a Xet byte source built on this): a xorb `GET` is answered `206`
+//! without `Content-Range`, and no token is checked; the details are in
+//! [`ftpipe_fixtures::xet`].
 
 use std::collections::BTreeMap;
 use std::io::Read;
