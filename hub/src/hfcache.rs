@@ -3,7 +3,7 @@
 //! `snapshots/<commit>/<path>` links, interrupted downloads left as
 //! `blobs/<etag>.<id>.incomplete` or `blobs/<etag>.incomplete`.
 //!
-//! With Xet on (huggingface_hub's default since 1.x with `hf_xet`), a Xet
+//! With Xet on (huggingface_hub 2.x with `hf_xet`, its default), a Xet
 //! file's `blobs/<etag>` is instead a relative link into the cache-wide
 //! shared store, `<root>/blobs/<2 hex>/<xet hash>` (a regular, read-only
 //! file; `<root>/blobs/.huggingface-shared-blobs` marks the store), written
