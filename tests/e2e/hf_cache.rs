@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::xet::{LocalCas, xet_hub};
+use crate::common::xet::{LocalCas, hf_xet_download, xet_hub};
 use crate::common::*;
 use ftpipe_fixtures::checkpoint::content_bytes;
 use ftpipe_fixtures::{Fault, FaultRule, Origin, RepoFile, RunningHub};
@@ -608,6 +608,13 @@ fn a_default_xet_cache_is_adopted_from_the_shared_store() {
         let entry = std::fs::symlink_metadata(shared_blob(&hf_home, xet)).unwrap();
         assert!(entry.is_file(), "{path}: {entry:?}");
     }
+    // hf_xet's own refresher, given only the read-token route, reads the
+    // CAS URL and token from its JSON body.
+    let (path, sha) = &lfs[0];
+    let want = files.iter().find(|f| &f.path == path).unwrap();
+    let got = tmp.path().join("refresher.bin");
+    hf_xet_download(&hub, "main", &hashes[sha], content_len(want), &got);
+    assert!(std::fs::read(&got).unwrap() == content_bytes(want).unwrap().as_ref());
     hub.clear_requests();
     let out = tmp.path().join("out");
     let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);

@@ -161,6 +161,33 @@ impl Drop for LocalCas {
     }
 }
 
+/// Downloads the Xet file `xet_hash` of `size` bytes to `out` with hf_xet
+/// given only the hub's read-token route for `REPO` at `rev`
+/// (`fixtures/scripts/xet_download.py`): hf_xet's refresher takes the CAS
+/// URL and token from the route's JSON body.
+pub fn hf_xet_download(hub: &RunningHub, rev: &str, xet_hash: &str, size: u64, out: &Path) {
+    let route = format!(
+        "{}/api/models/{}/xet-read-token/{rev}",
+        hub.endpoint(),
+        super::REPO
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/scripts/xet_download.py");
+    let o = Command::new("python3")
+        .arg(&script)
+        .arg(&route)
+        .arg("hf_fixture_dummy_token")
+        .arg(xet_hash)
+        .arg(size.to_string())
+        .arg(out)
+        .output()
+        .expect("spawn python3 (needed for hf_xet)");
+    assert!(
+        o.status.success(),
+        "xet_download.py failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 /// Serves every LFS file of `files` from `hub` through `cas` (uploaded
 /// there first): the hub then answers the Xet headers and read-token route.
 /// Returns the Xet hashes keyed by SHA-256.
