@@ -640,3 +640,29 @@ fn sha256_attributes(sha256: &str) -> Attributes {
     );
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checksum_header_reads_as_whole_or_over_parts() {
+        let d = [7u8; 32];
+        let b64 = BASE64.encode(d);
+        let whole = StoreChecksum::Sha256(d);
+        let parts = |n| StoreChecksum::OfParts { digest: d, parts: n };
+        // S3's composite: the suffix is the part count.
+        assert_eq!(store_checksum(&format!("{b64}-3"), None, None), Ok(parts(3)));
+        // A single put's object.
+        assert_eq!(store_checksum(&b64, None, Some("\"abc\"")), Ok(whole));
+        // moto's HEAD leaves out the suffix; the multipart ETag counts.
+        assert_eq!(store_checksum(&b64, None, Some("\"abc-2\"")), Ok(parts(2)));
+        assert_eq!(
+            store_checksum(&b64, Some("FULL_OBJECT"), Some("\"abc-2\"")),
+            Ok(whole)
+        );
+        assert!(store_checksum("bm90IDMyIGJ5dGVz", None, None).is_err());
+        assert!(store_checksum(&format!("{b64}-0"), None, None).is_err());
+        assert!(store_checksum(&format!("{b64}-x"), None, None).is_err());
+    }
+}
