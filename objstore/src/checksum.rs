@@ -69,6 +69,19 @@ impl StoreChecksum {
     }
 }
 
+impl std::fmt::Display for StoreChecksum {
+    /// `sha256 HEX`, or `sha256 HEX over N parts`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex = |d: &Sha256Digest| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        match self {
+            StoreChecksum::Sha256(d) => write!(f, "sha256 {}", hex(d)),
+            StoreChecksum::OfParts { digest, parts } => {
+                write!(f, "sha256 {} over {parts} parts", hex(digest))
+            }
+        }
+    }
+}
+
 /// The SHA-256 of one part's bytes.
 pub fn sha256_of(bytes: &[u8]) -> Sha256Digest {
     Sha256::digest(bytes).into()
