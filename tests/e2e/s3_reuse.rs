@@ -243,6 +243,12 @@ fn planted_objects_the_store_checksum_does_not_prove_are_uploaded_again() {
     for (path, bytes) in [(&plain, &plain_bytes), (&multi, &multi_bytes)] {
         assert_eq!(m.get_object(&key(path)).as_ref(), Some(bytes), "{path}");
     }
+    let uploads = &audit_json(&src, false)["uploads"];
+    assert_eq!(
+        (&uploads["replaced_unproven"], &uploads["reused_proven"]),
+        (&3.into(), &0.into()),
+        "{uploads}"
+    );
     pull_and_verify(&m, home, &src, &tmp.path().join("node"));
 }
 
@@ -283,6 +289,8 @@ fn objects_the_store_checksum_proves_are_reused_without_a_write() {
     );
     let found = found_by_path(&src);
     assert!(found.iter().all(|f| f.ends_with("=proven")), "{found:?}");
+    let uploads = &audit_json(&src, false)["uploads"];
+    assert_eq!(uploads["reused_proven"], objects, "{uploads}");
 
     let again = publish_ok(&m, home, &src, &[]);
     assert_eq!(again["already_published"], true, "{again}");
