@@ -650,9 +650,15 @@ mod tests {
         let d = [7u8; 32];
         let b64 = BASE64.encode(d);
         let whole = StoreChecksum::Sha256(d);
-        let parts = |n| StoreChecksum::OfParts { digest: d, parts: n };
+        let parts = |n| StoreChecksum::OfParts {
+            digest: d,
+            parts: n,
+        };
         // S3's composite: the suffix is the part count.
-        assert_eq!(store_checksum(&format!("{b64}-3"), None, None), Ok(parts(3)));
+        assert_eq!(
+            store_checksum(&format!("{b64}-3"), None, None),
+            Ok(parts(3))
+        );
         // A single put's object.
         assert_eq!(store_checksum(&b64, None, Some("\"abc\"")), Ok(whole));
         // moto's HEAD leaves out the suffix; the multipart ETag counts.

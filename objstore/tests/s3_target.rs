@@ -227,7 +227,10 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
         .unwrap();
     assert!(matches!(put, Put::Written { .. }));
     let head = t.head(&one).await.unwrap().unwrap();
-    assert_eq!(head.checksum, Some(StoreChecksum::Sha256(sha256_of(b"one"))));
+    assert_eq!(
+        head.checksum,
+        Some(StoreChecksum::Sha256(sha256_of(b"one")))
+    );
     let checksum = head.checksum.unwrap();
     assert!(checksum.proves_whole(&sha256_of(b"one")));
     assert!(!checksum.proves_whole(&sha256_of(b"two")));
@@ -261,7 +264,14 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
     // other bytes: stored without a checksum, the head reports none.
     let claim = format!("x-amz-meta-ftpipe-sha256: {}\r\n", hex_sha256(b"one"));
     let placed = t.key("placed");
-    let status = raw_with(m.addr, "PUT", &format!("/{BUCKET}/{placed}"), &claim, b"bad").unwrap();
+    let status = raw_with(
+        m.addr,
+        "PUT",
+        &format!("/{BUCKET}/{placed}"),
+        &claim,
+        b"bad",
+    )
+    .unwrap();
     assert_eq!(status, 200);
     let head = t.head(&placed).await.unwrap().unwrap();
     assert_eq!(head.sha256.as_deref(), Some(hex_sha256(b"one").as_str()));
@@ -270,7 +280,14 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
     // The same claim with a checksum the store computed from the bytes it
     // received: it proves those bytes, not the claimed ones.
     let computed = format!("{claim}x-amz-sdk-checksum-algorithm: SHA256\r\n");
-    let status = raw_with(m.addr, "PUT", &format!("/{BUCKET}/{placed}"), &computed, b"bad").unwrap();
+    let status = raw_with(
+        m.addr,
+        "PUT",
+        &format!("/{BUCKET}/{placed}"),
+        &computed,
+        b"bad",
+    )
+    .unwrap();
     assert_eq!(status, 200);
     let checksum = t.head(&placed).await.unwrap().unwrap().checksum.unwrap();
     assert!(checksum.proves_whole(&sha256_of(b"bad")));
@@ -278,5 +295,8 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
 }
 
 fn hex_sha256(bytes: &[u8]) -> String {
-    sha256_of(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    sha256_of(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -551,7 +551,11 @@ fn part_digests(file: &Local<'_>, part_size: u64) -> Result<Option<Vec<Sha256Dig
     let mut parts = Vec::new();
     for number in 0..size.div_ceil(part_size).max(1) {
         let offset = number.saturating_mul(part_size);
-        let bytes = read_at(file.path, offset, part_size.min(size.saturating_sub(offset)))?;
+        let bytes = read_at(
+            file.path,
+            offset,
+            part_size.min(size.saturating_sub(offset)),
+        )?;
         whole.update(&bytes);
         parts.push(sha256_of(&bytes));
     }

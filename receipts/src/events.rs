@@ -393,7 +393,9 @@ mod tests {
     #[test]
     fn found_object_equals_its_check_list() {
         let sql = include_str!("../../migrations/0015_upload_found.sql");
-        let alter = &sql[sql.find("ALTER TABLE uploads ADD COLUMN found").expect("the ALTER")..];
+        let alter = &sql[sql
+            .find("ALTER TABLE uploads ADD COLUMN found")
+            .expect("the ALTER")..];
         let list = &alter[alter.find("found IN (").expect("the IN list") + "found IN (".len()..];
         let list: Vec<String> = list[..list.find(')').expect("end of the IN list")]
             .split(',')

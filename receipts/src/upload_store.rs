@@ -15,9 +15,7 @@ use serde::Serialize;
 use sqlx::{Connection, Row};
 
 use crate::error::{QueryContext, Result};
-use crate::events::{
-    FoundObject, PublicationOutcome, RunId, UploadOp, UploadOutcome, UploadState,
-};
+use crate::events::{FoundObject, PublicationOutcome, RunId, UploadOp, UploadOutcome, UploadState};
 use crate::store::{Store, clean as stored_text, to_i64, to_u64};
 
 /// One upload of one file to one object.

@@ -200,8 +200,10 @@ fn planted_objects_the_store_checksum_does_not_prove_are_uploaded_again() {
     let src = built(tmp.path(), 351);
     let m = Moto::start();
     let fp = fingerprint(&src);
-    let [(plain, plain_sha, plain_bytes), (multi, multi_sha, multi_bytes)] =
-        two_multipart_components(&src);
+    let [
+        (plain, plain_sha, plain_bytes),
+        (multi, multi_sha, multi_bytes),
+    ] = two_multipart_components(&src);
 
     let key = |path: &str| format!("{PREFIX}/{fp}/{path}");
     put_raw(
@@ -308,7 +310,10 @@ fn objects_the_store_checksum_proves_are_reused_without_a_write() {
     assert_eq!(outcome["reused"], one_put, "{outcome}");
     assert_eq!(outcome["uploaded"], multipart, "{outcome}");
     let found = found_by_path(&src);
-    assert!(found.contains(&"placement.json=proven".to_owned()), "{found:?}");
+    assert!(
+        found.contains(&"placement.json=proven".to_owned()),
+        "{found:?}"
+    );
     assert_eq!(
         found.iter().filter(|f| f.ends_with("=not_proven")).count(),
         multipart,
