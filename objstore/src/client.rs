@@ -368,7 +368,9 @@ impl S3 {
             })
     }
 
-    /// Uploads part `number` (1-based) of `upload_id`; its ETag.
+    /// Uploads part `number` (1-based) of `upload_id` with its SHA-256
+    /// checksum; its receipt (`object_store`'s part id: the ETag and the
+    /// checksum the server answered).
     pub async fn put_part(
         &self,
         key: &str,
@@ -392,7 +394,8 @@ impl S3 {
         }
     }
 
-    /// Completes `upload_id` from its parts' ETags in part order; the
+    /// Completes `upload_id` from its parts' receipts (each an ETag with
+    /// the part's checksum, or a plain ETag) in part order; the
     /// object's ETag.
     pub async fn complete_multipart(
         &self,

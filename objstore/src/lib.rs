@@ -21,7 +21,7 @@
 //!   get, list), held as [`SharedTarget`]. A new kind of target is one new
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
-//!   upload, a receipt a part's ETag).
+//!   upload, a receipt a part's ETag with its checksum).
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`].
 //!
 //! Imports run one way: `error`, `location` and `checksum` are leaves,

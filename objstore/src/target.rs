@@ -20,7 +20,7 @@
 //!   before sending any part. Each part the target takes is answered with a
 //!   *receipt* ([`OutputTarget::send_part`]) the caller stores after the
 //!   answer; completing the session takes the receipts in part order. S3:
-//!   the upload id and the parts' ETags, any order, several at once. A
+//!   the upload id and the parts' ETags (with their checksums), any order, several at once. A
 //!   registry's chunked blob upload: the upload location, and for each
 //!   chunk the location and acknowledged range it answered, in order
 //!   ([`PartRules::in_order`]: each part is sent with the receipt of the

@@ -63,7 +63,7 @@ pub struct UploadPart {
     /// 1-based part number.
     pub part_number: u64,
     /// The target's acknowledgement, what completing the session needs
-    /// (S3: the part's ETag).
+    /// (S3: the part's ETag with its SHA-256 checksum).
     pub receipt: String,
     /// Its size.
     pub size: u64,
