@@ -92,8 +92,9 @@ pub struct PublishOutcome {
     pub objects: usize,
     /// Objects uploaded by this run.
     pub uploaded: usize,
-    /// Objects found complete and checked (an earlier run's, or another
-    /// publisher's of the same artifact).
+    /// Objects found at their key whose store checksum proved their bytes
+    /// (an earlier run's, or another publisher's of the same artifact):
+    /// nothing sent.
     pub reused: usize,
     /// Body bytes this run sent (parts re-sent after a kill included).
     pub bytes_sent: u64,
@@ -113,7 +114,7 @@ pub(crate) struct Item {
 pub(crate) struct Tally {
     /// Files sent by this run.
     pub(crate) uploaded: usize,
-    /// Files found complete and checked.
+    /// Files found at their key, proven by the store's checksum.
     pub(crate) reused: usize,
     /// Body bytes sent.
     pub(crate) bytes_sent: u64,
