@@ -231,7 +231,7 @@ impl S3 {
             match self.head_checked_once(key).await {
                 Err(e) if e.is_transient() && retries > 0 => {
                     retries -= 1;
-                    tokio_sleep(backoff).await;
+                    tokio::time::sleep(backoff).await;
                     backoff = backoff.saturating_mul(2);
                 }
                 r => return r,
@@ -548,10 +548,6 @@ fn endpoint_host(config: &S3Config) -> String {
             .unwrap_or_default(),
         None => format!("s3.{}.amazonaws.com", config.region),
     }
-}
-
-async fn tokio_sleep(d: Duration) {
-    tokio::time::sleep(d).await;
 }
 
 /// What a HEAD's headers say of the object; what is wrong with them.
