@@ -83,7 +83,7 @@ pub async fn run(args: MirrorArgs) -> anyhow::Result<bool> {
         || {
             format!(
                 "{} {}@{} at {}
-files            {} ({} uploaded, {} already there)
+files            {} ({} uploaded, {} already there, proven by the store's checksum)
 bytes sent       {}
 ",
                 if outcome.already_mirrored {

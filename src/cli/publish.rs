@@ -60,7 +60,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
                 "{}
 fingerprint      {}
 manifest sha256  {}
-objects          {} ({} uploaded, {} already there)
+objects          {} ({} uploaded, {} already there, proven by the store's checksum)
 bytes sent       {}
 ",
                 if outcome.already_published {

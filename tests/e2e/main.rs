@@ -72,6 +72,10 @@
 //!   power-cut filesystem under the node's DIR).
 //! * `s3_pull_verify`: a pulled artifact that fails `verify` gets no
 //!   `manifest.json`.
+//! * `s3_reuse`: publish reuses an object already at a key only when the
+//!   store's own checksum proves its bytes (planted objects claiming the
+//!   SHA-256 in metadata are uploaded again; a previous publish's are
+//!   reused without a write).
 //! * `conformance`: the checks every byte source passes (resume after a
 //!   kill, a short body, a `200` to a range, a changed validator, a `416`
 //!   to a range, an endless body, a stalled body), once per
@@ -149,6 +153,7 @@ mod s3_crash;
 mod s3_mirror;
 mod s3_powercut;
 mod s3_pull_verify;
+mod s3_reuse;
 mod security;
 mod segmented;
 mod symlinks;
