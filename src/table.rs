@@ -159,12 +159,23 @@ pub fn render(a: &AuditReport) -> String {
         ));
     }
     problem_lists(&mut out, a);
-    out.push_str(if a.ok {
-        "status                      OK\n"
-    } else {
-        "status                      NOT OK\n"
-    });
+    out.push_str(&status_line(a));
     out
+}
+
+/// The verdict: OK, NOT OK, or in progress while a run holds DIR's lock
+/// (its unfinished work is no failure).
+fn status_line(a: &AuditReport) -> String {
+    match (&a.live_run, a.ok) {
+        (Some(live), _) => format!(
+            "status                      IN PROGRESS (a run, pid {}, holds {}; audit again once \
+             it ends)\n",
+            live.pid,
+            live.lock.display()
+        ),
+        (None, true) => "status                      OK\n".to_owned(),
+        (None, false) => "status                      NOT OK\n".to_owned(),
+    }
 }
 
 /// The rows about sources, the ledger, waste, retirement and uploads.
@@ -450,6 +461,7 @@ mod tests {
     fn report() -> AuditReport {
         AuditReport {
             ok: true,
+            live_run: None,
             sources_ok: true,
             artifact_ok: true,
             repo: "acme/tiny".into(),
