@@ -91,7 +91,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Mirror(args) => cli::mirror::run(args).await,
         Command::Inspect(args) => cli::examine::inspect(&args),
         Command::Verify(args) => cli::examine::verify(&args),
-        Command::Demo { out } => demo::run(out).await,
+        Command::Demo { out, serve: false } => demo::run(out).await,
+        Command::Demo { out, serve: true } => demo::serve(out).await,
         Command::Completions { shell } => cli_docs::print_completions(shell),
         Command::Man { command, dir } => cli_docs::man(command.as_deref(), dir.as_deref()),
     }
