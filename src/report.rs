@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
+use indicatif::{
+    MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle, TermLike,
+};
 
 use ftpipe_progress::{Phase, ProgressEvent, Reporter};
 
@@ -226,6 +228,98 @@ fn advance(bar: &ProgressBar, by: u64) {
     bar.set_position(bar.position().saturating_add(by).min(len));
 }
 
+/// How often the bars redraw at most (indicatif's own rate for stderr).
+const DRAWS_PER_SEC: u8 = 20;
+
+/// Stderr as the bars' terminal, with one change: indicatif pads each line
+/// with spaces to the terminal's width and lets the terminal wrap to the
+/// next line, so after a draw the cursor waits at the right edge. A Ctrl-C
+/// typed then is echoed as `^C` on a new line, one below where indicatif
+/// believes the cursor is, and its clearing then left the top bar on
+/// screen. Here the padding is an erase to the end of the line and the
+/// line break a `\r\n` written only when the next line starts: the cursor
+/// stays right after the last line's text.
+#[derive(Debug)]
+struct EdgeFreeTerm {
+    term: console::Term,
+    /// A line was padded: the next text starts on the next line.
+    newline_pending: AtomicBool,
+}
+
+impl EdgeFreeTerm {
+    fn stderr() -> EdgeFreeTerm {
+        EdgeFreeTerm {
+            term: console::Term::buffered_stderr(),
+            newline_pending: AtomicBool::new(false),
+        }
+    }
+
+    /// A cursor move or a clear: the pending line break is not needed.
+    fn moved(&self) {
+        self.newline_pending.store(false, Ordering::SeqCst);
+    }
+}
+
+impl TermLike for EdgeFreeTerm {
+    fn width(&self) -> u16 {
+        self.term.size().1
+    }
+
+    fn height(&self) -> u16 {
+        self.term.size().0
+    }
+
+    fn move_cursor_up(&self, n: usize) -> std::io::Result<()> {
+        self.moved();
+        self.term.move_cursor_up(n)
+    }
+
+    fn move_cursor_down(&self, n: usize) -> std::io::Result<()> {
+        self.moved();
+        self.term.move_cursor_down(n)
+    }
+
+    fn move_cursor_right(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_right(n)
+    }
+
+    fn move_cursor_left(&self, n: usize) -> std::io::Result<()> {
+        self.term.move_cursor_left(n)
+    }
+
+    fn write_line(&self, s: &str) -> std::io::Result<()> {
+        self.write_str(s)?;
+        self.newline_pending.store(false, Ordering::SeqCst);
+        self.term.write_str("\n")
+    }
+
+    /// A non-empty run of spaces is a line's padding (indicatif writes the
+    /// text and its padding apart): erased to the line's end instead, the
+    /// break kept for the next text.
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        if !s.is_empty() && s.bytes().all(|b| b == b' ') {
+            self.newline_pending.store(true, Ordering::SeqCst);
+            return self.term.write_str("\x1b[K");
+        }
+        if s.is_empty() {
+            return Ok(());
+        }
+        if self.newline_pending.swap(false, Ordering::SeqCst) {
+            self.term.write_str("\r\n")?;
+        }
+        self.term.write_str(s)
+    }
+
+    fn clear_line(&self) -> std::io::Result<()> {
+        self.moved();
+        self.term.clear_line()
+    }
+
+    fn flush(&self) -> std::io::Result<()> {
+        self.term.flush()
+    }
+}
+
 /// The bars alive in this process, so an interrupt can clear them.
 static LIVE: Mutex<Vec<Weak<Bars>>> = Mutex::new(Vec::new());
 
@@ -250,7 +344,10 @@ impl Bars {
     }
 
     fn new() -> Bars {
-        let multi = MultiProgress::new();
+        let multi = MultiProgress::with_draw_target(ProgressDrawTarget::term_like_with_hz(
+            Box::new(EdgeFreeTerm::stderr()),
+            DRAWS_PER_SEC,
+        ));
         let total = multi.add(ProgressBar::new_spinner());
         total.set_style(phase_style());
         total.set_prefix("total");
@@ -396,10 +493,12 @@ impl Bars {
 
 impl Reporter for Bars {
     fn report(&self, event: ProgressEvent) {
+        // Checked under the state lock `finish` sets it under: no event
+        // draws after the bars are cleared.
+        let mut s = lock(&self.state);
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
-        let mut s = lock(&self.state);
         match event {
             ProgressEvent::FetchPlanned {
                 files,
@@ -460,8 +559,8 @@ impl Reporter for Bars {
     }
 
     fn finish(&self) {
-        self.closed.store(true, Ordering::SeqCst);
         let mut s = lock(&self.state);
+        self.closed.store(true, Ordering::SeqCst);
         for (_, b) in s.files.drain() {
             b.finish_and_clear();
             self.multi.remove(&b);
@@ -472,12 +571,15 @@ impl Reporter for Bars {
         }
         self.total.finish_and_clear();
         self.convert.finish_and_clear();
+        let _ = self.multi.clear();
     }
 }
 
+/// Bars dropped unfinished (a command future dropped by an interrupt
+/// before anything called `finish`) would be left on screen: cleared too.
 impl Drop for Bars {
     fn drop(&mut self) {
-        self.total.finish_and_clear();
+        self.finish();
     }
 }
 
