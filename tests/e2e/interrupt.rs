@@ -70,10 +70,17 @@ fn wait_for_frame(tmux: &Tmux, what: &str, frame_ok: impl Fn(&str) -> bool) -> S
     }
 }
 
-/// No ledger row claims more bytes than its file holds on disk.
-fn assert_claims_on_disk(out: &Path) {
+/// No ledger row claims more bytes than its file holds on disk, under
+/// `DIR/<tree>` (`source` for a fetch, `artifact` for a pull): its `.part`
+/// while in flight, else the file.
+fn assert_claims_on_disk(out: &Path, tree: &str) {
     for row in ledger_snapshot(out) {
-        let on_disk = on_disk_len(out, &row.path);
+        let file = out.join(tree).join(&row.path);
+        let mut part = file.clone().into_os_string();
+        part.push(".part");
+        let on_disk = std::fs::metadata(&part)
+            .or_else(|_| std::fs::metadata(&file))
+            .map_or(0, |m| m.len());
         assert!(
             row.committed <= on_disk,
             "{}: {} bytes claimed, {on_disk} on disk",
@@ -135,7 +142,7 @@ fn sigint_during_a_fetch_clears_the_bars_says_what_is_durable_and_resumes() {
         "the line does not say what is durable:\n{last}"
     );
     drop(tmux);
-    assert_claims_on_disk(&out);
+    assert_claims_on_disk(&out, "source");
     let durable = durable_bytes(&out);
     assert!(durable >= 1 << 20, "durable bytes lost: {durable}");
 
@@ -267,7 +274,7 @@ fn sigint_then_sigterm_during_a_pull_stop_it_tidily_and_it_resumes() {
     let frames = tmux.frames_until_exit(Duration::from_secs(30));
     assert_stopped(frames.last().unwrap(), "SIGINT", 130, &out);
     drop(tmux);
-    assert_claims_on_disk(&out);
+    assert_claims_on_disk(&out, "artifact");
 
     // SIGTERM, as `kill` or a scheduler sends it, to the resumed pull.
     p.hold_largest();
@@ -282,7 +289,7 @@ fn sigint_then_sigterm_during_a_pull_stop_it_tidily_and_it_resumes() {
     let frames = tmux.frames_until_exit(Duration::from_secs(30));
     assert_stopped(frames.last().unwrap(), "SIGTERM", 143, &out);
     drop(tmux);
-    assert_claims_on_disk(&out);
+    assert_claims_on_disk(&out, "artifact");
 
     // The same command finishes: the published manifest, verified.
     let o = run(p
