@@ -386,8 +386,11 @@ impl Bars {
             s.planned = true;
             self.total.set_style(total_style(&self.shared));
         }
-        self.total.set_length(total);
         self.total.set_position(done.min(total));
+        self.total.set_length(total);
+        // With its steady tick a bar draws a new position only at the next
+        // tick: the durable bytes show from the first frame.
+        self.total.force_draw();
     }
 
     /// A bar for `path` above the total (once), at `resumed_from`.
@@ -765,5 +768,26 @@ fn waiting_note(retry_after_secs: Option<u64>) -> String {
             ftpipe_hub::limits::MAX_RETRY_AFTER.as_secs()
         ),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_bytes_are_done_from_the_plan_on() {
+        let bars = Bars::new();
+        bars.report(ProgressEvent::Phase {
+            phase: Phase::Fetching,
+        });
+        bars.report(ProgressEvent::FetchPlanned {
+            files: 7,
+            done_files: 4,
+            total_bytes: 100,
+            done_bytes: 26,
+        });
+        assert_eq!(bars.total.length(), Some(100));
+        assert_eq!(bars.total.position(), 26);
     }
 }
