@@ -98,3 +98,27 @@ fn holder_pid(file: &mut File) -> String {
         .unwrap_or("unknown")
         .to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `audit` tells a live run from a finished one by the lock alone: the
+    /// probe sees the holder while the lock is held (by another open file,
+    /// as another process would), nothing once it is released or when the
+    /// lock file does not exist, and takes nothing a run needs.
+    #[test]
+    fn the_holder_is_seen_only_while_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        assert!(DirLock::holder(&path).unwrap().is_none(), "no lock file");
+        let held = DirLock::acquire(&path).unwrap();
+        let live = DirLock::holder(&path).unwrap().expect("held");
+        assert_eq!(live.pid, std::process::id().to_string());
+        assert_eq!(live.lock, path);
+        drop(held);
+        assert!(DirLock::holder(&path).unwrap().is_none(), "released");
+        // The probe left the lock free for the next run.
+        let _again = DirLock::acquire(&path).unwrap();
+    }
+}
