@@ -219,6 +219,8 @@ fn short_cause(error: &str) -> String {
         .find(|part| !part.is_empty())
         .unwrap_or("");
     let cause = if last.is_empty() { text.trim() } else { last };
+    // `URL answered HTTP 503 ...` without its URL.
+    let cause = cause.strip_prefix("answered ").unwrap_or(cause);
     cause.chars().take(MAX_CAUSE_CHARS).collect()
 }
 
@@ -789,5 +791,16 @@ mod tests {
         });
         assert_eq!(bars.total.length(), Some(100));
         assert_eq!(bars.total.position(), 26);
+    }
+
+    #[test]
+    fn a_retry_cause_is_short_and_has_no_url() {
+        let refused = "request to http://127.0.0.1:9/api/x failed: error sending request for url \
+             (http://127.0.0.1:9/api/x): client error (Connect): tcp connect error: Connection \
+             refused (os error 111)";
+        assert_eq!(short_cause(refused), "Connection refused (os error 111)");
+        let status = "http://127.0.0.1:9/lfs/ab answered HTTP 503 (fetching a.safetensors)";
+        assert_eq!(short_cause(status), "HTTP 503 (fetching a.safetensors)");
+        assert!(short_cause(&"x".repeat(500)).chars().count() <= MAX_CAUSE_CHARS);
     }
 }
