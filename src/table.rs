@@ -557,6 +557,26 @@ mod tests {
         assert!(!t.contains(" ! "), "{t}");
     }
 
+    /// A run holding DIR's lock makes the verdict "in progress", whatever
+    /// its unfinished work looks like.
+    #[test]
+    fn a_live_run_is_in_progress_not_a_verdict() {
+        let mut a = report();
+        a.ok = false;
+        a.live_run = Some(ftpipe_pipeline::LiveRun {
+            pid: "4242".into(),
+            lock: "d/.ftpipe/lock".into(),
+        });
+        let t = super::render(&a);
+        let status = t.lines().last().unwrap();
+        assert!(
+            status.starts_with("status                      IN PROGRESS (a run, pid 4242")
+                && status.contains("d/.ftpipe/lock"),
+            "{t}"
+        );
+        assert!(!t.contains("NOT OK"), "{t}");
+    }
+
     #[test]
     fn problems_are_listed_by_kind() {
         let mut a = report();
