@@ -20,6 +20,9 @@
 //!    first one's components are written while the artifact cannot be
 //!    finished.
 //!
+//! `ftpipe demo --serve` only serves the same checkpoint (no fault) until
+//! Ctrl-C and prints the commands to try against it.
+//!
 //! The second child resumes both downloads with ranged requests; this
 //! process then resumes (reusing the durable components), verifies the
 //! artifact deeply and prints the audit table.
@@ -90,6 +93,51 @@ pub async fn run(out: Option<PathBuf>) -> anyhow::Result<bool> {
     println!("  ftpipe verify {} --deep", artifact.display());
     println!("demo took {:.1} s", started.elapsed().as_secs_f64());
     Ok(verify.ok && audit.ok)
+}
+
+/// `demo --serve`: the generated checkpoint on loopback until SIGINT or
+/// SIGTERM, with the commands that fetch, run, publish and pull it (their
+/// directories under `out`, default a new temp dir's path; nothing is
+/// created here).
+pub async fn serve(out: Option<PathBuf>) -> anyhow::Result<bool> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let base = out.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ftpipe-demo-{}", std::process::id()))
+    });
+    let mut int = signal(SignalKind::interrupt()).context("handle SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
+    let shape = ReleaseShape::demo();
+    let files = generate_release_repo(SEED, &shape);
+    describe(&shape, &files)?;
+    let hub = HubBuilder::new().repo(REPO, files).start().await?;
+    let endpoint = hub.endpoint();
+    print_serve_commands(&endpoint, &base);
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    println!("stopped serving {REPO}");
+    Ok(true)
+}
+
+/// What to try against the served checkpoint, each command on a line of
+/// its own (`ftpipe ...`).
+fn print_serve_commands(endpoint: &str, base: &Path) {
+    let dir = |name: &str| base.join(name).display().to_string();
+    let (fetched, ran, pulled) = (dir("fetched"), dir("run"), dir("pulled"));
+    println!("\nserving {REPO} at {endpoint} until Ctrl-C; from another shell:\n");
+    println!("  ftpipe fetch {REPO} --endpoint {endpoint} --out {fetched}");
+    println!("  ftpipe run {REPO} --endpoint {endpoint} --out {ran}");
+    println!("  ftpipe publish {ran} s3://BUCKET/demo --s3-endpoint URL");
+    println!("  ftpipe pull s3://BUCKET/demo --out {pulled} --s3-endpoint URL");
+    println!(
+        "\npublish and pull need an S3-compatible store: BUCKET is a bucket you can write, URL \
+         its endpoint (or leave --s3-endpoint out for AWS), credentials in AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY (or AWS_PROFILE). A local store to try them: \
+         `python3 -m moto.server -p 5000`, a bucket made with \
+         `curl -X PUT http://127.0.0.1:5000/BUCKET`, then \
+         --s3-endpoint http://127.0.0.1:5000 and any non-empty credentials."
+    );
 }
 
 /// Resumes in this process and prints what the resume found and did.

@@ -5,7 +5,8 @@
 //! - `cli`: the clap tree and one module per command (its flags and its
 //!   handler), the argument groups they share, the summary they print.
 //! - `cli_docs`: `completions` and `man`, rendered from the clap tree.
-//! - `demo`: `ftpipe demo`.
+//! - `demo`: `ftpipe demo` (and `demo --serve`).
+//! - `interrupt`: SIGINT/SIGTERM during a command that writes DIR.
 //! - `output`: every print, through the redaction point.
 //! - `report`: progress display (bars, log lines, JSON lines, nothing).
 //! - `table`, `verify_view`: the audit and inspection tables, the verify
@@ -38,6 +39,7 @@ macro_rules! eprintln {
 mod cli;
 mod cli_docs;
 mod demo;
+mod interrupt;
 mod output;
 mod report;
 mod size;
@@ -56,7 +58,7 @@ use ftpipe_hub::HubError;
 use ftpipe_hub::token::load_token;
 use ftpipe_pipeline::PipelineError;
 
-use cli::examine::VerifyFailed;
+use cli::examine::{AuditInProgress, VerifyFailed};
 use cli::{Cli, Command};
 
 /// Exit codes (also listed in the README).
@@ -89,7 +91,8 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Mirror(args) => cli::mirror::run(args).await,
         Command::Inspect(args) => cli::examine::inspect(&args),
         Command::Verify(args) => cli::examine::verify(&args),
-        Command::Demo { out } => demo::run(out).await,
+        Command::Demo { out, serve: false } => demo::run(out).await,
+        Command::Demo { out, serve: true } => demo::serve(out).await,
         Command::Completions { shell } => cli_docs::print_completions(shell),
         Command::Man { command, dir } => cli_docs::man(command.as_deref(), dir.as_deref()),
     }
@@ -143,6 +146,9 @@ fn class_of(cause: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
     }
     if cause.downcast_ref::<VerifyFailed>().is_some() {
         return Some(ErrorClass::Verification);
+    }
+    if cause.downcast_ref::<AuditInProgress>().is_some() {
+        return Some(ErrorClass::Locked);
     }
     None
 }
@@ -222,7 +228,12 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILURE);
         }
     };
-    match runtime.block_on(run(cli)) {
+    let work_dir = interrupt::work_dir(&cli.command);
+    let result = match runtime.block_on(interrupt::until_signal(work_dir, run(cli))) {
+        interrupt::Ended::Done(result) => result,
+        interrupt::Ended::Interrupted(stopped) => return interrupt::stop(runtime, &stopped),
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!(

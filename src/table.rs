@@ -159,12 +159,23 @@ pub fn render(a: &AuditReport) -> String {
         ));
     }
     problem_lists(&mut out, a);
-    out.push_str(if a.ok {
-        "status                      OK\n"
-    } else {
-        "status                      NOT OK\n"
-    });
+    out.push_str(&status_line(a));
     out
+}
+
+/// The verdict: OK, NOT OK, or in progress while a run holds DIR's lock
+/// (its unfinished work is no failure).
+fn status_line(a: &AuditReport) -> String {
+    match (&a.live_run, a.ok) {
+        (Some(live), _) => format!(
+            "status                      IN PROGRESS (a run, pid {}, holds {}; audit again once \
+             it ends)\n",
+            live.pid,
+            live.lock.display()
+        ),
+        (None, true) => "status                      OK\n".to_owned(),
+        (None, false) => "status                      NOT OK\n".to_owned(),
+    }
 }
 
 /// The rows about sources, the ledger, waste, retirement and uploads.
@@ -455,6 +466,7 @@ mod tests {
     fn report() -> AuditReport {
         AuditReport {
             ok: true,
+            live_run: None,
             sources_ok: true,
             artifact_ok: true,
             repo: "acme/tiny".into(),
@@ -548,6 +560,26 @@ mod tests {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }
         assert!(!t.contains(" ! "), "{t}");
+    }
+
+    /// A run holding DIR's lock makes the verdict "in progress", whatever
+    /// its unfinished work looks like.
+    #[test]
+    fn a_live_run_is_in_progress_not_a_verdict() {
+        let mut a = report();
+        a.ok = false;
+        a.live_run = Some(ftpipe_pipeline::LiveRun {
+            pid: "4242".into(),
+            lock: "d/.ftpipe/lock".into(),
+        });
+        let t = super::render(&a);
+        let status = t.lines().last().unwrap();
+        assert!(
+            status.starts_with("status                      IN PROGRESS (a run, pid 4242")
+                && status.contains("d/.ftpipe/lock"),
+            "{t}"
+        );
+        assert!(!t.contains("NOT OK"), "{t}");
     }
 
     #[test]

@@ -148,8 +148,10 @@ pub async fn begin(ctx: &FetchCtx, files: &[FileRow]) -> Result<u64> {
     let store = &ctx.store;
     let total: u64 = files.iter().map(|f| f.size).sum();
     let needed = bytes_still_needed(store, files).await?;
+    let receipts = store.published_paths().await?;
     ctx.reporter.report(ProgressEvent::FetchPlanned {
         files: files.len(),
+        done_files: files.iter().filter(|f| receipts.contains(&f.path)).count(),
         total_bytes: total,
         done_bytes: total - needed.min(total),
     });

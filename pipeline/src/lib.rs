@@ -73,13 +73,13 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
-use ftpipe_progress::Reporter;
+use ftpipe_progress::{Phase, ProgressEvent, Reporter};
 use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
 
 pub use endpoint::Endpoint;
 pub use error::{PipelineError, Result};
 pub use ftpipe_receipts::SelectionGlobs;
-pub use lock::DirLock;
+pub use lock::{DirLock, LiveRun};
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
 pub use plan::{PlanReport, PlanSource, plan};
@@ -145,6 +145,9 @@ pub struct Pipeline {
     store: Arc<Store>,
     run: RunId,
     states: Mutex<BTreeMap<Stage, StageState>>,
+    /// Told of each stage as it starts: the reporter of the first command
+    /// this pipeline runs (`fetch`, `run`, `convert`, `pull` set it).
+    phases: std::sync::OnceLock<Arc<dyn Reporter>>,
     _lock: DirLock,
 }
 
@@ -211,6 +214,7 @@ impl Pipeline {
             store: Arc::new(store),
             run,
             states: Mutex::new(states),
+            phases: std::sync::OnceLock::new(),
             _lock: lock,
         })
     }
@@ -223,6 +227,12 @@ impl Pipeline {
     /// The store.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
+    }
+
+    /// Reports each stage's start to `reporter` from now on (a second call
+    /// keeps the first reporter: `run` and the stages it calls share one).
+    pub(crate) fn report_phases_to(&self, reporter: &Arc<dyn Reporter>) {
+        let _ = self.phases.set(reporter.clone());
     }
 
     async fn record(&self, stage: Stage, event: StageEvent, detail: &str) -> Result<()> {
@@ -242,6 +252,11 @@ impl Pipeline {
         F: std::future::Future<Output = Result<T>>,
     {
         self.record(name, StageEvent::Started, "").await?;
+        if let Some(reporter) = self.phases.get() {
+            reporter.report(ProgressEvent::Phase {
+                phase: phase_of(name),
+            });
+        }
         match fut.await {
             Ok(v) => {
                 // The stage's work is durable; its completion is not logged.
@@ -269,6 +284,7 @@ impl Pipeline {
         params: FetchParams,
         reporter: Arc<dyn Reporter>,
     ) -> Result<FetchOutcome> {
+        self.report_phases_to(&reporter);
         let origin = params.origin()?;
         let resolved = self
             .resolve_stage(origin.as_ref(), &params, &reporter)
@@ -444,7 +460,8 @@ pub async fn audit_dir(out: &Path, deep: bool) -> Result<AuditReport> {
     Ok(audit_with_bundle(out, deep, None).await?.0)
 }
 
-/// Audit of `out`, and with `bundle` the zstd evidence bundle written there
+/// Audit of `out` (marked as of a run in progress when another process
+/// holds its lock), and with `bundle` the zstd evidence bundle written there
 /// (receipts, ledger, attempts, stage events, manifest, plan, audit report;
 /// never a token).
 pub async fn audit_with_bundle(
@@ -453,7 +470,9 @@ pub async fn audit_with_bundle(
     bundle: Option<&Path>,
 ) -> Result<(AuditReport, Option<BundleSummary>)> {
     let (layout, store) = open_existing(out).await?;
-    let report = audit(&store, layout.source(), layout.artifact(), deep).await?;
+    let live_run = DirLock::holder(&layout.lock())?;
+    let mut report = audit(&store, layout.source(), layout.artifact(), deep).await?;
+    report.live_run = live_run;
     let summary = match bundle {
         Some(dest) => Some(write_bundle(&store, layout.dir(), &report, dest).await?),
         None => None,
@@ -471,6 +490,17 @@ pub(crate) fn verify_problems(report: &ftpipe_artifact::verify::VerifyReport) ->
             None => format!("{}: {}", f.check, f.message),
         })
         .collect()
+}
+
+/// How the progress display names `stage`.
+fn phase_of(stage: Stage) -> Phase {
+    match stage {
+        Stage::Resolve => Phase::Resolving,
+        Stage::Plan => Phase::Planning,
+        Stage::Fetch => Phase::Fetching,
+        Stage::Convert => Phase::Converting,
+        Stage::Verify => Phase::Verifying,
+    }
 }
 
 /// The crash point after `stage`'s work is durable, before its completion

@@ -219,6 +219,7 @@ impl Pipeline {
     /// Pulls the artifact published at `p.location` into `DIR/artifact`
     /// (see the module doc).
     pub async fn pull(&self, p: &PullParams, reporter: Arc<dyn Reporter>) -> Result<PullOutcome> {
+        self.report_phases_to(&reporter);
         let s3 = S3::open(&p.config, p.location.clone())?;
         let remote = read_manifest(&s3, &p.location).await?;
         let manifest = &remote.manifest;

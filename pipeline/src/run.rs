@@ -72,6 +72,7 @@ impl Pipeline {
         opts: &ConvertOptions,
         reporter: Arc<dyn Reporter>,
     ) -> Result<ConvertOutcome> {
+        self.report_phases_to(&reporter);
         let paths = self.layout.clone();
         self.stage(Stage::Convert, async {
             Ok(convert(&self.store, self.run, &paths, opts, reporter.as_ref()).await?)
@@ -203,6 +204,7 @@ impl Pipeline {
         disk_budget: Option<u64>,
         reporter: Arc<dyn Reporter>,
     ) -> Result<RunOutcome> {
+        self.report_phases_to(&reporter);
         if let Some(outcome) = self.finished(&params, &opts).await? {
             return Ok(outcome);
         }

@@ -13,6 +13,8 @@ pub enum ProgressEvent {
     FetchPlanned {
         /// Files selected for the fetch.
         files: usize,
+        /// Of them, files already published (a receipt) before it starts.
+        done_files: usize,
         /// Bytes of all selected files.
         total_bytes: u64,
         /// Bytes of them already committed.
@@ -127,11 +129,46 @@ pub enum ProgressEvent {
         /// The component's size in bytes.
         size: u64,
     },
+    /// A stage of the pipeline starts: what the command is doing while
+    /// no byte total is known yet (resolving, planning) and after.
+    Phase {
+        /// The stage that started.
+        phase: Phase,
+    },
     /// A free-form note (e.g. the branch moved).
     Note {
         /// The note's text.
         message: String,
     },
+}
+
+/// The stage a command is in, as the progress display names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Pinning the revision and reading the listing.
+    Resolving,
+    /// Predicting every output component (reading source headers).
+    Planning,
+    /// Downloading the selected files.
+    Fetching,
+    /// Writing the artifact's components.
+    Converting,
+    /// Checking the artifact against its manifest.
+    Verifying,
+}
+
+impl Phase {
+    /// The label shown beside the bars.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Resolving => "resolving",
+            Phase::Planning => "planning",
+            Phase::Fetching => "fetching",
+            Phase::Converting => "converting",
+            Phase::Verifying => "verifying",
+        }
+    }
 }
 
 mod millis {

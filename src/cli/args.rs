@@ -309,7 +309,7 @@ impl ProgressArgs {
         } else if !std::io::stderr().is_terminal() {
             Arc::new(report::LogLines::new())
         } else {
-            Arc::new(report::Bars::new())
+            report::Bars::live()
         }
     }
 }

@@ -81,6 +81,28 @@ impl std::fmt::Display for VerifyFailed {
 
 impl std::error::Error for VerifyFailed {}
 
+/// `audit` found a run in progress in DIR (its report, a snapshot, is
+/// already printed): exit code 3, as for any command meeting the lock.
+#[derive(Debug)]
+pub struct AuditInProgress {
+    /// What holds the lock.
+    pub live: ftpipe_pipeline::LiveRun,
+}
+
+impl std::fmt::Display for AuditInProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a run is in progress (pid {} holds {}): the audit shows its unfinished work, not a \
+             failure; audit again once it ends",
+            self.live.pid,
+            self.live.lock.display()
+        )
+    }
+}
+
+impl std::error::Error for AuditInProgress {}
+
 /// Prints DIR's pin, stage states and byte counts.
 pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let s = ftpipe_pipeline::status(&args.out).await?;
@@ -137,6 +159,9 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<bool> {
             b.entries,
             b.bytes
         );
+    }
+    if let Some(live) = a.live_run {
+        return Err(AuditInProgress { live }.into());
     }
     Ok(a.ok)
 }

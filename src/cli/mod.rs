@@ -69,10 +69,18 @@ pub enum Command {
     Verify(examine::VerifyArgs),
     /// Serve a generated checkpoint locally, run the whole pipeline with a crash
     /// during download and one during conversion, resume, verify and audit.
+    ///
+    /// With --serve: only serve the checkpoint on loopback, until Ctrl-C,
+    /// and print the commands that fetch, run, publish and pull it.
     Demo {
-        /// Where to leave the result (default: a new temp dir).
+        /// Where to leave the result (default: a new temp dir); with
+        /// --serve, where the printed commands put theirs.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Keep the checkpoint served on loopback until Ctrl-C (nothing is
+        /// run): try the commands it prints from another shell.
+        #[arg(long)]
+        serve: bool,
     },
     /// Print the completion script of a shell.
     ///

@@ -84,3 +84,64 @@ fn demo_crashes_twice_resumes_verifies_and_audits_clean() {
     assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
     assert!(stderr(&again).contains("not empty"), "{}", stderr(&again));
 }
+
+/// Issue 36: there was no way to try ftpipe without a hub but the demo's
+/// own scripted run. `demo --serve` keeps the generated checkpoint served
+/// on loopback until Ctrl-C and prints the commands to try: its fetch
+/// command, run as printed, fetches a checkpoint that audits clean, and
+/// SIGINT ends the demo (exit 0, it says so).
+#[test]
+fn demo_serve_serves_until_sigint_and_its_fetch_command_works() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("try");
+    let mut demo = ftpipe()
+        .args(["demo", "--serve", "--out"])
+        .arg(&base)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(demo.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    let fetch = loop {
+        let line = lines
+            .next()
+            .unwrap_or_else(|| panic!("demo --serve ended: {printed:?}"))
+            .unwrap();
+        printed.push(line.clone());
+        if let Some(cmd) = line.trim().strip_prefix("ftpipe fetch ") {
+            break cmd.to_owned();
+        }
+    };
+    for command in ["ftpipe run ", "ftpipe publish ", "ftpipe pull "] {
+        let line = lines.next().unwrap().unwrap();
+        assert!(
+            line.trim().starts_with(command),
+            "{line:?} after {printed:?}"
+        );
+    }
+    let args: Vec<&str> = fetch.split_whitespace().collect();
+    let o = run_ok(ftpipe().arg("fetch").args(&args).arg("--quiet"));
+    assert!(o.status.success());
+    let out = base.join("fetched");
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--out", out.to_str().unwrap()]),
+        "the fetch does not go under --out: {fetch}"
+    );
+    assert_clean_audit(&out);
+
+    let st = std::process::Command::new("kill")
+        .args(["-INT", &demo.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = demo.wait().unwrap();
+    assert!(status.success(), "demo --serve after SIGINT: {status}");
+    assert!(
+        rest.iter().any(|l| l.contains("stopped serving")),
+        "{rest:?}"
+    );
+}

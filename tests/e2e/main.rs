@@ -33,6 +33,10 @@
 //!   disk end in a clear error.
 //! * `limits`: everything read from outside is bounded (listing, manifest).
 //! * `tty_progress`: the progress bars in a real terminal (tmux).
+//! * `interrupt`: issue 36 in a real terminal: Ctrl-C and SIGTERM during a
+//!   fetch and a pull (bars cleared, one line, exit 130/143, the same
+//!   command resumes), a hub outage as one status line, the stage named
+//!   until sizes are known, `audit` of a live run.
 //! * `plan`: `ftpipe plan`, remote (headers over HTTP Range) and local.
 //! * `plan_real_geometry`: planning the released Qwen4-Exp geometry from
 //!   sparse files.
@@ -61,7 +65,8 @@
 //! * `hardening`: hostile inputs of issue 27: FIFOs and devices where a
 //!   token or recipe is read, bad tokens, selections leaving out what
 //!   conversion reads, the placement's read queue depth.
-//! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean.
+//! * `demo`: `ftpipe demo` crashes twice, resumes, verifies and audits clean;
+//!   `demo --serve` serves until SIGINT and its printed fetch command works.
 //! * `disk_budget`: `plan --remote --disk-budget`: the schedule's predicted
 //!   peak and minimum feasible budget from headers, a budget below it refused.
 //! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
@@ -141,6 +146,7 @@ mod fetch_basic;
 mod hardening;
 mod hf_cache;
 mod inspect;
+mod interrupt;
 mod limits;
 mod nginx;
 mod no_progress;

@@ -17,12 +17,12 @@ use crate::common::*;
 use ftpipe_fixtures::{Fault, FaultRule, RepoFile, RunningHub};
 
 /// Trickle: 16 KiB every 50 ms per file (320 KiB/s).
-const TRICKLE: Fault = Fault::Trickle {
+pub(crate) const TRICKLE: Fault = Fault::Trickle {
     bytes: 16 << 10,
     every_ms: 50,
 };
 
-fn tmux_available() -> bool {
+pub(crate) fn tmux_available() -> bool {
     Command::new("tmux")
         .arg("-V")
         .output()
@@ -30,12 +30,21 @@ fn tmux_available() -> bool {
 }
 
 /// A tmux server of our own (`-L`), killed on drop.
-struct Tmux {
+pub(crate) struct Tmux {
     socket: String,
 }
 
 impl Tmux {
-    fn start(name: &str, shell_cmd: &str) -> Tmux {
+    /// Sends `keys` to the pane as typed (`C-c`: Ctrl-C).
+    pub(crate) fn send_keys(&self, keys: &str) {
+        let st = Command::new("tmux")
+            .args(["-L", &self.socket, "send-keys", "-t", "t", keys])
+            .status()
+            .unwrap();
+        assert!(st.success(), "tmux send-keys failed");
+    }
+
+    pub(crate) fn start(name: &str, shell_cmd: &str) -> Tmux {
         let socket = format!("ftpipe-tty-{}-{name}", std::process::id());
         let st = Command::new("tmux")
             .args([
@@ -57,7 +66,7 @@ impl Tmux {
         Tmux { socket }
     }
 
-    fn capture(&self) -> String {
+    pub(crate) fn capture(&self) -> String {
         let o = Command::new("tmux")
             .args(["-L", &self.socket, "capture-pane", "-p", "-t", "t"])
             .output()
@@ -66,7 +75,7 @@ impl Tmux {
     }
 
     /// Frames until the command printed its exit status (at most `limit`).
-    fn frames_until_exit(&self, limit: Duration) -> Vec<String> {
+    pub(crate) fn frames_until_exit(&self, limit: Duration) -> Vec<String> {
         let deadline = Instant::now() + limit;
         let mut frames = Vec::new();
         loop {
@@ -96,7 +105,7 @@ impl Drop for Tmux {
 
 /// The shell command running ftpipe with the hermetic environment of
 /// `common::ftpipe` (the pane's shell does not inherit `Command` settings).
-fn shell(args: &[&str]) -> String {
+pub(crate) fn shell(args: &[&str]) -> String {
     let mut s = format!(
         "env -u HF_TOKEN -u HF_ENDPOINT -u HF_HUB_CACHE -u HF_TOKEN_PATH -u HF_HUB_OFFLINE HF_HOME={NO_HF_HOME} {}",
         env!("CARGO_BIN_EXE_ftpipe")
@@ -109,10 +118,10 @@ fn shell(args: &[&str]) -> String {
 }
 
 /// One bar line: the percentage and, for the total, the rate in bytes/s.
-struct Bar {
-    total: bool,
-    percent: u32,
-    rate: Option<f64>,
+pub(crate) struct Bar {
+    pub(crate) total: bool,
+    pub(crate) percent: u32,
+    pub(crate) rate: Option<f64>,
 }
 
 fn parse_bytes(num: &str, unit: &str) -> f64 {
@@ -127,7 +136,7 @@ fn parse_bytes(num: &str, unit: &str) -> f64 {
     v * mul
 }
 
-fn bars(frame: &str) -> Vec<Bar> {
+pub(crate) fn bars(frame: &str) -> Vec<Bar> {
     let mut out = Vec::new();
     for line in frame.lines() {
         let Some(close) = line.find("] ") else {
@@ -171,7 +180,7 @@ fn slow_hub(seed: u64, bytes: u64) -> (RunningHub, Vec<RepoFile>) {
     (hub, files)
 }
 
-fn durable_bytes(out: &Path) -> u64 {
+pub(crate) fn durable_bytes(out: &Path) -> u64 {
     try_ledger_snapshot(out)
         .unwrap_or_default()
         .iter()

@@ -155,6 +155,11 @@ pub struct AuditReport {
     /// True when the reconciliation error is 0 and nothing is missing or
     /// inconsistent (`sources_ok && artifact_ok`).
     pub ok: bool,
+    /// Set when another process held DIR's lock as the audit began: a run
+    /// in progress, so the report is a snapshot of unfinished work, not a
+    /// verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live_run: Option<crate::lock::LiveRun>,
     /// Every selected source verified (or retired), no orphans or stale
     /// `.part` files, source ledger reconciles.
     pub sources_ok: bool,
@@ -456,6 +461,7 @@ pub async fn audit(
     files_without_receipts.extend(art.files_without_receipts);
     Ok(AuditReport {
         ok: sources_ok && artifact_ok,
+        live_run: None,
         sources_ok,
         artifact_ok,
         repo: pin.repo,

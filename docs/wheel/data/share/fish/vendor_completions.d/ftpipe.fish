@@ -187,8 +187,9 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d '
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l deep -d 'Also re-hash every component'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l json -d 'Print the report as one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -s h -l help -d 'Print help'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l out -d 'Where to leave the result (default: a new temp dir)' -r -F
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l out -d 'Where to leave the result (default: a new temp dir); with --serve, where the printed commands put theirs' -r -F
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l serve -d 'Keep the checkpoint served on loopback until Ctrl-C (nothing is run): try the commands it prints from another shell'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -l dir -d 'Write ftpipe.1 and ftpipe-COMMAND.1 for every command into DIR' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand man" -s h -l help -d 'Print help (see more with \'--help\')'
