@@ -112,8 +112,7 @@ impl S3 {
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(location.bucket())
             .with_region(&config.region)
-            .with_access_key_id(&config.access_key_id)
-            .with_secret_access_key(&config.secret_access_key)
+            .with_credentials(config.credentials.clone())
             .with_conditional_put(S3ConditionalPut::ETagMatch)
             .with_retry(RetryConfig {
                 backoff: BackoffConfig::default(),
@@ -122,7 +121,7 @@ impl S3 {
             })
             .with_client_options(
                 ClientOptions::new()
-                    .with_allow_http(config.allow_http)
+                    .with_allow_http(config.allow_http())
                     .with_connect_timeout(CONNECT_TIMEOUT)
                     // A stall ends a request at the read timeout, not a
                     // request's whole length: a large object takes as long
@@ -130,9 +129,6 @@ impl S3 {
                     .with_read_timeout(config.read_timeout)
                     .with_timeout_disabled(),
             );
-        if let Some(t) = &config.session_token {
-            b = b.with_token(t);
-        }
         let host = match &config.endpoint {
             Some(e) => {
                 b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
@@ -175,6 +171,21 @@ impl S3 {
         self.location.url_of(key)
     }
 
+    /// `Ok(None)` when `source` says the object is missing; a missing
+    /// bucket (`NoSuchBucket`, also a 404) and every other failure is the
+    /// request's error.
+    fn absent<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        source: object_store::Error,
+    ) -> Result<Option<T>> {
+        match ObjStoreError::request(op, self.url(key), source) {
+            ObjStoreError::NotFound { .. } => Ok(None),
+            e => Err(e),
+        }
+    }
+
     /// The object's size, ETag and SHA-256 metadata; `None` when it does
     /// not exist.
     pub async fn head(&self, key: &str) -> Result<Option<Head>> {
@@ -191,8 +202,7 @@ impl S3 {
                     .get(&Attribute::Metadata(SHA256_METADATA.into()))
                     .map(|v| v.as_ref().to_owned()),
             })),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(ObjStoreError::request("head", self.url(key), source)),
+            Err(source) => self.absent("head", key, source),
         }
     }
 
@@ -206,8 +216,7 @@ impl S3 {
             .await
         {
             Ok(r) => r,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(source) => return Err(ObjStoreError::request("get", self.url(key), source)),
+            Err(source) => return self.absent("get", key, source),
         };
         let too_large = |size| ObjStoreError::TooLarge {
             key: self.url(key),

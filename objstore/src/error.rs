@@ -3,8 +3,6 @@
 //! expected; none carries a credential (they are registered with the
 //! redaction point, and no variant holds one).
 
-use std::path::PathBuf;
-
 use ftpipe_fs::ErrorClass;
 
 /// A `Result` with [`ObjStoreError`].
@@ -35,14 +33,11 @@ pub enum ObjStoreError {
         /// What is missing or wrong (never a value).
         reason: String,
     },
-    /// A shared credentials or config file could not be read.
-    #[error("S3 credentials: reading {}: {source}", path.display())]
-    CredentialsFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: ftpipe_fs::bounded::BoundedReadError,
+    /// No source of the AWS default chain had credentials.
+    #[error("S3 credentials: none found; tried, in order: {}", tried.join("; "))]
+    NoCredentials {
+        /// Each source of the chain and what of it is set.
+        tried: Vec<String>,
     },
     /// The client could not be built from the configuration.
     #[error("S3 client for bucket {bucket}: {source}")]
@@ -63,6 +58,23 @@ pub enum ObjStoreError {
         /// Why.
         #[source]
         source: object_store::Error,
+    },
+    /// The server refused a request with one of the common S3 errors: one
+    /// sentence with the fix, then the server's answer (code, message,
+    /// request id; never its raw XML).
+    #[error("S3 {op} of {key}: {}: {answer}", refusal.sentence(bucket))]
+    Refused {
+        /// The request.
+        op: &'static str,
+        /// The object key, `s3://BUCKET/KEY`.
+        key: String,
+        /// The bucket.
+        bucket: String,
+        /// What the server's error code means.
+        refusal: S3Refusal,
+        /// What the server answered.
+        #[source]
+        answer: ServerAnswer,
     },
     /// The object does not exist.
     #[error("S3 object {key} does not exist")]
@@ -121,10 +133,7 @@ impl ObjStoreError {
     /// What kind of failure this is: all of them are the user's to fix
     /// (a location, credentials, a server) or a re-run's to retry.
     pub fn class(&self) -> ErrorClass {
-        match self {
-            ObjStoreError::CredentialsFile { source, .. } => ErrorClass::of_chain(source),
-            _ => ErrorClass::Failure,
-        }
+        ErrorClass::Failure
     }
 
     /// Whether retrying the same request may help: what `object_store`
@@ -138,6 +147,7 @@ impl ObjStoreError {
                 object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }
             ),
+            ObjStoreError::Refused { refusal, .. } => *refusal == S3Refusal::SlowDown,
             _ => false,
         }
     }
@@ -164,14 +174,175 @@ impl ObjStoreError {
     }
 
     /// A request's error, with its key, sorted into the variants a caller
-    /// decides on (missing, already there, upload gone).
+    /// decides on (refused with a known S3 error, missing, already there,
+    /// upload gone).
     pub(crate) fn request(op: &'static str, key: String, source: object_store::Error) -> Self {
+        if let Some(e) = ObjStoreError::refused(op, &key, &source) {
+            return e;
+        }
         match source {
             object_store::Error::NotFound { .. } => ObjStoreError::NotFound { key },
             object_store::Error::AlreadyExists { .. } => ObjStoreError::AlreadyExists { key },
             source => ObjStoreError::Request { op, key, source },
         }
     }
+
+    /// `source` as [`ObjStoreError::Refused`] when the server's answer
+    /// carries one of the error codes of [`S3Refusal`].
+    pub(crate) fn refused(
+        op: &'static str,
+        key: &str,
+        source: &object_store::Error,
+    ) -> Option<Self> {
+        let answer = ServerAnswer::of(source)?;
+        let refusal = S3Refusal::from_code(&answer.code)?;
+        let bucket = key
+            .strip_prefix("s3://")
+            .and_then(|k| k.split('/').next())
+            .unwrap_or_default()
+            .to_owned();
+        Some(ObjStoreError::Refused {
+            op,
+            key: key.to_owned(),
+            bucket,
+            refusal,
+            answer,
+        })
+    }
+}
+
+/// The common S3 errors, each with a sentence saying what to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum S3Refusal {
+    /// `NoSuchBucket`: the bucket itself is missing (not the object).
+    NoSuchBucket,
+    /// `AccessDenied`: the credentials are known, their policy refuses.
+    AccessDenied,
+    /// `InvalidAccessKeyId`: the server knows no such access key.
+    InvalidAccessKeyId,
+    /// `SignatureDoesNotMatch`: the secret is not the access key's.
+    SignatureDoesNotMatch,
+    /// `SlowDown`: the server sheds load (a 503), still after retries.
+    SlowDown,
+}
+
+impl S3Refusal {
+    /// The refusal an S3 error code names, `None` for other codes.
+    pub fn from_code(code: &str) -> Option<S3Refusal> {
+        Some(match code {
+            "NoSuchBucket" => S3Refusal::NoSuchBucket,
+            "AccessDenied" => S3Refusal::AccessDenied,
+            "InvalidAccessKeyId" => S3Refusal::InvalidAccessKeyId,
+            "SignatureDoesNotMatch" => S3Refusal::SignatureDoesNotMatch,
+            "SlowDown" => S3Refusal::SlowDown,
+            _ => return None,
+        })
+    }
+
+    /// What went wrong and what to fix, naming `bucket` where it helps.
+    pub fn sentence(self, bucket: &str) -> String {
+        match self {
+            S3Refusal::NoSuchBucket => format!(
+                "the bucket {bucket} does not exist on this endpoint (the bucket, not only the \
+                 object): check the bucket name in the s3:// location, the endpoint and the region"
+            ),
+            S3Refusal::AccessDenied => format!(
+                "access denied: the server knows these credentials but their policy does not \
+                 allow this request; grant them access to bucket {bucket}, or use credentials \
+                 that have it (see credentials_from in --json)"
+            ),
+            S3Refusal::InvalidAccessKeyId => "the server knows no such access key id: the key \
+                 is mistyped, deleted, or for another endpoint or account; check which \
+                 credentials are used (AWS_ACCESS_KEY_ID, AWS_PROFILE; credentials_from in --json)"
+                .to_owned(),
+            S3Refusal::SignatureDoesNotMatch => "the request signature does not match: the \
+                 secret access key is not the one of this access key id (or a proxy changed the \
+                 request); check AWS_SECRET_ACCESS_KEY or the profile's aws_secret_access_key"
+                .to_owned(),
+            S3Refusal::SlowDown => "the server asked to slow down (SlowDown) and still did \
+                 after retries: run again later, or with fewer --connections"
+                .to_owned(),
+        }
+    }
+}
+
+/// Longest text kept of one field of a server's error answer.
+const MAX_ANSWER_FIELD: usize = 256;
+
+/// What an S3 server answered to a refused request: its HTTP status and
+/// error code, its message and request id (each bounded, control
+/// characters dropped, secrets redacted), never its raw XML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAnswer {
+    /// The HTTP status.
+    pub status: Option<u16>,
+    /// The `<Code>`.
+    pub code: String,
+    /// The `<Message>`, when given.
+    pub message: Option<String>,
+    /// The `<RequestId>`, when given.
+    pub request_id: Option<String>,
+}
+
+impl std::fmt::Display for ServerAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the server answered")?;
+        if let Some(s) = self.status {
+            write!(f, " HTTP {s}")?;
+        }
+        write!(f, " {}", self.code)?;
+        if let Some(m) = &self.message {
+            write!(f, " ({m})")?;
+        }
+        if let Some(r) = &self.request_id {
+            write!(f, ", request id {r}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ServerAnswer {}
+
+impl ServerAnswer {
+    /// The answer inside `e`'s chain: `object_store` keeps the server's
+    /// body only in its error text (its retry error type is private), so
+    /// the status and the XML elements are read from that text.
+    pub fn of(e: &object_store::Error) -> Option<ServerAnswer> {
+        let mut text = String::new();
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(c) = cur {
+            text.push_str(&c.to_string());
+            text.push('\n');
+            cur = c.source();
+        }
+        let code = xml_element(&text, "Code")?;
+        let status = text
+            .split_once("status code: ")
+            .and_then(|(_, rest)| rest.get(..3))
+            .and_then(|s| s.parse().ok());
+        Some(ServerAnswer {
+            status,
+            code,
+            message: xml_element(&text, "Message"),
+            request_id: xml_element(&text, "RequestId"),
+        })
+    }
+}
+
+/// The text of the first `<NAME>` element of `text`, bounded, without
+/// control characters, secrets redacted; `None` when absent or empty.
+fn xml_element(text: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let close = format!("</{name}>");
+    let start = text.find(&open)? + open.len();
+    let len = text[start..].find(&close)?;
+    let value: String = text[start..start + len]
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_ANSWER_FIELD)
+        .collect();
+    let value = ftpipe_secrets::redact(value.trim()).into_owned();
+    (!value.is_empty()).then_some(value)
 }
 
 #[cfg(test)]

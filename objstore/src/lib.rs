@@ -7,9 +7,11 @@
 //! Modules:
 //! - `location`: [`S3Location`] (`s3://BUCKET/PREFIX`) and the object keys
 //!   of a published artifact under it ([`ArtifactKeys`]).
-//! - `credentials`: [`S3Config`], resolved the AWS way (environment, then
-//!   `AWS_PROFILE` in the shared credentials and config files), every
-//!   secret registered with the redaction point as it is read.
+//! - `credentials`: [`S3Config`], resolved by the AWS SDK's default chain
+//!   (environment, profiles with keys, `credential_process`, SSO or roles,
+//!   web identity, container and instance credentials), adapted to
+//!   `object_store`'s credential provider; every secret registered with the
+//!   redaction point as it is obtained.
 //! - `client`: [`S3`], the requests (head, bounded get, ranged get under
 //!   `If-Match`, list, put with metadata, create-only put, multipart upload).
 //! - `target`: [`OutputTarget`], the seam `publish` and `mirror` write
@@ -41,8 +43,8 @@ pub use client::{
     Head, MAX_PART_NUMBER, MIN_PART_SIZE, ObjectBody, Precondition, Put, RangeGet, S3,
     SHA256_METADATA,
 };
-pub use credentials::{DEFAULT_READ_TIMEOUT, Env, S3Config, register_credentials_from_env};
-pub use error::{ObjStoreError, Result};
+pub use credentials::{DEFAULT_READ_TIMEOUT, S3Config, Transport, register_credentials_from_env};
+pub use error::{ObjStoreError, Result, S3Refusal, ServerAnswer};
 pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
 pub use target::{

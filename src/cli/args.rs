@@ -166,11 +166,11 @@ impl S3Args {
     /// Credentials, region and endpoint the AWS way (every secret
     /// registered with the redaction point as it is read), with `stall`'s
     /// read timeout.
-    pub fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
-        let config = ftpipe_objstore::S3Config::resolve(
-            &ftpipe_objstore::Env::from_process(),
-            self.s3_endpoint.as_deref(),
-        )?;
+    pub async fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
+        let config = ftpipe_objstore::S3Config::resolve(self.s3_endpoint.as_deref()).await?;
+        if let Some(w) = config.unencrypted_warning() {
+            eprintln!("warning: {w}");
+        }
         Ok(config.with_read_timeout(stall.duration()?))
     }
 }

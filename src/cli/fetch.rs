@@ -150,7 +150,7 @@ pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>>
         ftpipe_pipeline::Endpoint::Hub(_) => Ok(None),
         ftpipe_pipeline::Endpoint::Mirror(location) => Ok(Some(MirrorParams {
             location,
-            config: hub.s3.config(hub.stall)?,
+            config: hub.s3.config(hub.stall).await?,
         })),
     }
 }

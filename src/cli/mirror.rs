@@ -58,7 +58,7 @@ fn for_a_repo(arg: Arg) -> Arg {
 pub async fn run(args: MirrorArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
     args.upload.check()?;
-    let config = args.s3.config(args.upload.stall)?;
+    let config = args.s3.config(args.upload.stall).await?;
     let dir = mirror_source_dir(&args).await?;
     if !ftpipe_pipeline::Layout::new(&dir).db().is_file() {
         bail!(
