@@ -144,7 +144,7 @@ async fn fetch_repo(args: &MirrorArgs, out: &Path) -> anyhow::Result<()> {
         jobs: DEFAULT_FETCH_JOBS,
         ..FetchOptions::default()
     };
-    let (params, session) = fetch_params(&hub, resolve, options, false)?;
+    let (params, session) = fetch_params(&hub, resolve, options, false).await?;
     let progress = ProgressArgs {
         quiet: args.upload.quiet || args.upload.json,
         json: false,
