@@ -303,47 +303,54 @@ fn source_of(c: &Credentials) -> String {
 /// Each source of the default chain, in its order, and what of it this
 /// process's environment sets: the message of "none found".
 fn sources_tried() -> Vec<String> {
-    let set = |k: &str| env_var(k).is_some();
-    let state = |keys: &[&str]| {
-        let missing: Vec<&str> = keys.iter().copied().filter(|k| !set(k)).collect();
-        if missing.is_empty() {
-            "set".to_owned()
-        } else {
-            format!("{} not set", missing.join(", "))
-        }
+    let unset = |keys: &[&str]| -> Vec<String> {
+        keys.iter()
+            .filter(|k| env_var(k).is_none())
+            .map(|k| (*k).to_owned())
+            .collect()
+    };
+    let state = |keys: &[&str]| match unset(keys) {
+        u if u.is_empty() => "set, but gave no credentials".to_owned(),
+        u => format!("{} not set", u.join(" and ")),
     };
     let profile = env_var("AWS_PROFILE").unwrap_or_else(|| "default".to_owned());
     let home = env_var("HOME").unwrap_or_else(|| "~".to_owned());
     let creds_file = env_var("AWS_SHARED_CREDENTIALS_FILE")
         .unwrap_or_else(|| format!("{home}/.aws/credentials"));
     let config_file = env_var("AWS_CONFIG_FILE").unwrap_or_else(|| format!("{home}/.aws/config"));
-    let container = if set("AWS_CONTAINER_CREDENTIALS_FULL_URI")
-        || set("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
-    {
-        "set"
+    let container = [
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    ];
+    let container = if unset(&container).len() == container.len() {
+        "neither AWS_CONTAINER_CREDENTIALS_FULL_URI nor AWS_CONTAINER_CREDENTIALS_RELATIVE_URI set"
+            .to_owned()
     } else {
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI and AWS_CONTAINER_CREDENTIALS_RELATIVE_URI not set"
+        "set, but gave no credentials".to_owned()
     };
-    let imds =
-        if env_var("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
-            "disabled by AWS_EC2_METADATA_DISABLED"
-        } else {
-            "no answer"
-        };
+    let imds_disabled =
+        env_var("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
     vec![
         format!(
-            "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: {})",
+            "environment: {}",
             state(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
         ),
         format!(
-            "profile {profile} in {creds_file} and {config_file} (keys, credential_process, sso, role_arn: none usable)"
+            "profile {profile} in {creds_file} and {config_file}: no keys, credential_process, sso or role_arn"
         ),
         format!(
-            "web identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN: {})",
+            "web identity: {}",
             state(&["AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"])
         ),
-        format!("container credentials ({container})"),
-        format!("instance profile (IMDSv2: {imds})"),
+        format!("container credentials: {container}"),
+        format!(
+            "instance profile (IMDSv2): {}",
+            if imds_disabled {
+                "disabled by AWS_EC2_METADATA_DISABLED"
+            } else {
+                "no answer from the instance metadata service"
+            }
+        ),
     ]
 }
 

@@ -380,4 +380,52 @@ mod tests {
         let gone = ObjStoreError::NotFound { key: "k".into() };
         assert!(!gone.is_transient() && !gone.is_range_ignored());
     }
+
+    #[test]
+    fn a_known_s3_code_is_one_sentence_and_the_answer_without_xml() {
+        let body = "Server returned non-2xx status code: 404 Not Found: <?xml version=\"1.0\"?>\
+            <Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message>\
+            <BucketName>nope</BucketName><RequestId>REQ1</RequestId></Error>";
+        let e = ObjStoreError::request(
+            "get",
+            "s3://nope/p/manifest.json".into(),
+            object_store::Error::NotFound {
+                path: "p/manifest.json".into(),
+                source: Box::new(std::io::Error::other(body)),
+            },
+        );
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                ObjStoreError::Refused {
+                    refusal: S3Refusal::NoSuchBucket,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("the bucket nope does not exist"), "{text}");
+        assert!(text.contains("HTTP 404 NoSuchBucket"), "{text}");
+        assert!(text.contains("request id REQ1"), "{text}");
+        assert!(!text.contains('<'), "{text}");
+        // Another code stays what object_store said (a missing object).
+        let e = ObjStoreError::request(
+            "get",
+            "s3://b/k".into(),
+            object_store::Error::NotFound {
+                path: "k".into(),
+                source: Box::new(std::io::Error::other(
+                    "<Error><Code>NoSuchKey</Code></Error>",
+                )),
+            },
+        );
+        assert!(matches!(e, ObjStoreError::NotFound { .. }), "{e}");
+        let slow = ObjStoreError::request(
+            "get",
+            "s3://b/k".into(),
+            generic("status code: 503 Slow Down: <Code>SlowDown</Code>"),
+        );
+        assert!(slow.is_transient(), "{slow}");
+    }
 }

@@ -54,6 +54,8 @@ pub struct Seen {
     pub target: String,
     /// Its `Range`, if any.
     pub range: Option<String>,
+    /// The access key id its `Authorization` header names, if any.
+    pub key_id: Option<String>,
 }
 
 #[derive(Default)]
@@ -154,6 +156,10 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         method,
         target,
         range: range.clone(),
+        key_id: header("authorization").and_then(|a| {
+            let (_, rest) = a.split_once("Credential=")?;
+            rest.split('/').next().map(str::to_owned)
+        }),
     });
     if lie == Some(Lie::SlowDown) {
         let mut conn = conn;
