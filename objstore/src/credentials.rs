@@ -129,9 +129,12 @@ impl ChainCredentials {
         }
     }
 
-    /// Asks the chain (not what is held); the answer is held and its
-    /// secrets registered.
-    async fn renew(&self) -> std::result::Result<Credentials, CredentialsError> {
+    /// Asks the chain (not what is held); the answer is held in `held` and
+    /// its secrets registered.
+    async fn renew(
+        &self,
+        held: &mut Option<Held>,
+    ) -> std::result::Result<(Credentials, Arc<AwsCredential>), CredentialsError> {
         let c = self.chain.provide_credentials().await?;
         for v in [c.access_key_id(), c.secret_access_key()]
             .into_iter()
@@ -139,15 +142,22 @@ impl ChainCredentials {
         {
             ftpipe_secrets::register(v);
         }
-        *self.held.lock().await = Some(Held {
-            credential: Arc::new(AwsCredential {
-                key_id: c.access_key_id().to_owned(),
-                secret_key: c.secret_access_key().to_owned(),
-                token: c.session_token().map(str::to_owned),
-            }),
+        let credential = Arc::new(AwsCredential {
+            key_id: c.access_key_id().to_owned(),
+            secret_key: c.secret_access_key().to_owned(),
+            token: c.session_token().map(str::to_owned),
+        });
+        *held = Some(Held {
+            credential: Arc::clone(&credential),
             expires: c.expiry(),
         });
-        Ok(c)
+        Ok((c, credential))
+    }
+
+    /// Asks the chain now (when the command starts).
+    async fn first(&self) -> std::result::Result<Credentials, CredentialsError> {
+        let mut held = self.held.lock().await;
+        self.renew(&mut held).await.map(|(c, _)| c)
     }
 }
 
@@ -155,28 +165,23 @@ impl ChainCredentials {
 impl CredentialProvider for ChainCredentials {
     type Credential = AwsCredential;
 
+    /// What is held while it is fresh; else the chain's answer. The lock
+    /// is held while the chain is asked, so the requests in flight when
+    /// credentials near their expiry make one renewal, not one each.
     async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
-        {
-            let held = self.held.lock().await;
-            if let Some(h) = held.as_ref().filter(|h| h.fresh()) {
-                return Ok(Arc::clone(&h.credential));
-            }
+        let mut held = self.held.lock().await;
+        if let Some(h) = held.as_ref().filter(|h| h.fresh()) {
+            return Ok(Arc::clone(&h.credential));
         }
-        self.renew()
+        self.renew(&mut held)
             .await
+            .map(|(_, credential)| credential)
             .map_err(|e| object_store::Error::Unauthenticated {
                 path: String::new(),
                 source: Box::new(std::io::Error::other(format!(
                     "renewing S3 credentials: {}",
                     error_chain(&e)
                 ))),
-            })?;
-        let held = self.held.lock().await;
-        held.as_ref()
-            .map(|h| Arc::clone(&h.credential))
-            .ok_or_else(|| object_store::Error::Unauthenticated {
-                path: String::new(),
-                source: "renewed S3 credentials are gone".into(),
             })
     }
 }
@@ -274,7 +279,7 @@ fn source_of(c: &Credentials) -> String {
         .unwrap_or_default();
     let has = |f: &AwsCredentialFeature| marks.contains(f);
     use AwsCredentialFeature as F;
-    let what = if has(&F::CredentialsEnvVars) {
+    if has(&F::CredentialsEnvVars) {
         "environment".to_owned()
     } else if has(&F::CredentialsProfileStsWebIdToken) || has(&F::CredentialsStsAssumeRoleWebId) {
         if env_var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() {
@@ -296,8 +301,7 @@ fn source_of(c: &Credentials) -> String {
         "instance profile (IMDSv2)".to_owned()
     } else {
         "the AWS default credential chain".to_owned()
-    };
-    what
+    }
 }
 
 /// Each source of the default chain, in its order, and what of it this
@@ -400,13 +404,39 @@ impl S3Config {
                 tried: sources_tried(),
             })?;
         let credentials = ChainCredentials::new(chain);
-        let first = credentials.renew().await.map_err(|e| chain_error(&e))?;
+        let first = credentials.first().await.map_err(|e| chain_error(&e))?;
         Ok(S3Config {
             endpoint,
             region,
             credentials: Arc::new(credentials),
             transport,
             credentials_from: source_of(&first),
+            read_timeout: DEFAULT_READ_TIMEOUT,
+        })
+    }
+
+    /// A configuration with fixed keys (no chain: for a caller that holds
+    /// them itself), `endpoint` checked as `--s3-endpoint` is; the keys are
+    /// registered with the redaction point.
+    pub fn from_keys(
+        endpoint: Option<&str>,
+        region: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Result<S3Config> {
+        ftpipe_secrets::register(access_key_id);
+        ftpipe_secrets::register(secret_access_key);
+        let (endpoint, transport) = match endpoint.map(check_endpoint).transpose()? {
+            Some((e, t)) => (Some(e), t),
+            None => (None, Transport::Https),
+        };
+        let keys = Credentials::new(access_key_id, secret_access_key, None, None, "ftpipe");
+        Ok(S3Config {
+            endpoint,
+            region: checked_region(Some(region))?,
+            credentials: Arc::new(ChainCredentials::new(SharedCredentialsProvider::new(keys))),
+            transport,
+            credentials_from: "given keys".to_owned(),
             read_timeout: DEFAULT_READ_TIMEOUT,
         })
     }
@@ -527,6 +557,48 @@ mod tests {
         let (_, t) = check_endpoint("https://s3.example.com").unwrap();
         assert_eq!(t, Transport::Https);
         assert!(check_endpoint("ftp://s3.example.com").is_err());
+    }
+
+    /// A chain answering credentials valid for `valid`, counting its calls.
+    fn counting_chain(valid: Duration) -> (ChainCredentials, Arc<std::sync::atomic::AtomicUsize>) {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let chain = aws_credential_types::credential_fn::provide_credentials_fn(move || {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                Ok(Credentials::new(
+                    "AKIACHAINTEST0000001",
+                    format!("chain-secret-{n}-0000000001"),
+                    None,
+                    Some(SystemTime::now() + valid),
+                    "test",
+                ))
+            }
+        });
+        (
+            ChainCredentials::new(SharedCredentialsProvider::new(chain)),
+            calls,
+        )
+    }
+
+    #[tokio::test]
+    async fn credentials_are_held_until_near_expiry_and_registered() {
+        let (c, calls) = counting_chain(Duration::from_secs(3600));
+        c.first().await.unwrap();
+        for _ in 0..3 {
+            let got = c.get_credential().await.unwrap();
+            assert_eq!(got.secret_key, "chain-secret-0-0000000001");
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(ftpipe_secrets::contains_secret(
+            b"x chain-secret-0-0000000001 y"
+        ));
+        // Within the renewal margin: every use asks the chain again.
+        let (c, calls) = counting_chain(REFRESH_BEFORE_EXPIRY / 2);
+        c.first().await.unwrap();
+        let got = c.get_credential().await.unwrap();
+        assert_eq!(got.secret_key, "chain-secret-1-0000000001");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub enum ObjStoreError {
         refusal: S3Refusal,
         /// What the server answered.
         #[source]
-        answer: ServerAnswer,
+        answer: Box<ServerAnswer>,
     },
     /// The object does not exist.
     #[error("S3 object {key} does not exist")]
@@ -206,7 +206,7 @@ impl ObjStoreError {
             key: key.to_owned(),
             bucket,
             refusal,
-            answer,
+            answer: Box::new(answer),
         })
     }
 }
