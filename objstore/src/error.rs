@@ -147,7 +147,13 @@ impl ObjStoreError {
                 object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }
             ),
-            ObjStoreError::Refused { refusal, .. } => *refusal == S3Refusal::SlowDown,
+            ObjStoreError::Refused {
+                refusal, answer, ..
+            } => match refusal {
+                S3Refusal::SlowDown => true,
+                S3Refusal::Other => !matches!(answer.status, Some(401 | 403)),
+                _ => false,
+            },
             _ => false,
         }
     }
@@ -187,15 +193,28 @@ impl ObjStoreError {
         }
     }
 
-    /// `source` as [`ObjStoreError::Refused`] when the server's answer
-    /// carries one of the error codes of [`S3Refusal`].
+    /// `source` as [`ObjStoreError::Refused`] when the server answered
+    /// with an S3 error document: always for the codes [`S3Refusal`]
+    /// names, for any other code unless `object_store` sorted the answer
+    /// into a kind a caller decides on (missing, already there,
+    /// precondition).
     pub(crate) fn refused(
         op: &'static str,
         key: &str,
         source: &object_store::Error,
     ) -> Option<Self> {
         let answer = ServerAnswer::of(source)?;
-        let refusal = S3Refusal::from_code(&answer.code)?;
+        let refusal = S3Refusal::from_code(&answer.code);
+        let sorted = matches!(
+            source,
+            object_store::Error::NotFound { .. }
+                | object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. }
+                | object_store::Error::NotModified { .. }
+        );
+        if refusal == S3Refusal::Other && sorted {
+            return None;
+        }
         let bucket = key
             .strip_prefix("s3://")
             .and_then(|k| k.split('/').next())
@@ -224,19 +243,21 @@ pub enum S3Refusal {
     SignatureDoesNotMatch,
     /// `SlowDown`: the server sheds load (a 503), still after retries.
     SlowDown,
+    /// Another error code: the server's answer says what it is.
+    Other,
 }
 
 impl S3Refusal {
-    /// The refusal an S3 error code names, `None` for other codes.
-    pub fn from_code(code: &str) -> Option<S3Refusal> {
-        Some(match code {
+    /// The refusal an S3 error code names.
+    pub fn from_code(code: &str) -> S3Refusal {
+        match code {
             "NoSuchBucket" => S3Refusal::NoSuchBucket,
             "AccessDenied" => S3Refusal::AccessDenied,
             "InvalidAccessKeyId" => S3Refusal::InvalidAccessKeyId,
             "SignatureDoesNotMatch" => S3Refusal::SignatureDoesNotMatch,
             "SlowDown" => S3Refusal::SlowDown,
-            _ => return None,
-        })
+            _ => S3Refusal::Other,
+        }
     }
 
     /// What went wrong and what to fix, naming `bucket` where it helps.
@@ -262,6 +283,7 @@ impl S3Refusal {
             S3Refusal::SlowDown => "the server asked to slow down (SlowDown) and still did \
                  after retries: run again later, or with fewer --connections"
                 .to_owned(),
+            S3Refusal::Other => "the server refused the request".to_owned(),
         }
     }
 }
@@ -421,6 +443,16 @@ mod tests {
             },
         );
         assert!(matches!(e, ObjStoreError::NotFound { .. }), "{e}");
+        // Any other code: the answer without its XML.
+        let e = ObjStoreError::request(
+            "get",
+            "s3://b/k".into(),
+            generic(
+                "status code: 400 Bad Request: <?xml?><Error><Code>InvalidToken</Code></Error>",
+            ),
+        );
+        assert!(e.to_string().contains("HTTP 400 InvalidToken"), "{e}");
+        assert!(!e.to_string().contains('<'), "{e}");
         let slow = ObjStoreError::request(
             "get",
             "s3://b/k".into(),

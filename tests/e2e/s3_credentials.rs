@@ -4,9 +4,10 @@
 //! * The credentials stopped at static keys and profiles: a profile with
 //!   `credential_process`, and `AWS_WEB_IDENTITY_TOKEN_FILE` +
 //!   `AWS_ROLE_ARN` (how EKS pods get credentials) ended in "none found".
-//!   Both now pull, with no static key in the environment, from a moto
-//!   that enforces IAM authentication (so only the credentials the chain
-//!   obtained can work); none found lists the sources tried.
+//!   Both now pull with no static key in the environment, as do
+//!   container credentials (ECS, EKS Pod Identity), from a moto that
+//!   enforces IAM authentication where it can (so only the credentials the
+//!   chain obtained work); none found lists the sources tried.
 //! * An `http://` endpoint that is not loopback (in-cluster object
 //!   storage) was refused with no way round it: it is accepted, with one
 //!   warning line on stderr (moto bound to this machine's own non-loopback
@@ -169,6 +170,74 @@ fn a_credential_process_profile_pulls_with_no_static_keys() {
         from.as_str()
             .unwrap()
             .contains("profile proc (credential_process)"),
+        "{from}"
+    );
+    verify_deep(&out.join("artifact"));
+    let mut both = o.stdout.clone();
+    both.extend_from_slice(&o.stderr);
+    assert_absent(&secret, &both, &out);
+}
+
+/// A container credentials endpoint (ECS, EKS Pod Identity) on loopback
+/// answering every request with `key_id` and `secret`; its URL.
+fn container_endpoint(key_id: &str, secret: &str, token: &str) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/credentials", listener.local_addr().unwrap());
+    let body = format!(
+        r#"{{"AccessKeyId":"{key_id}","SecretAccessKey":"{secret}","Token":"{token}","Expiration":"2099-01-01T00:00:00Z"}}"#
+    );
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = [0u8; 4096];
+            let _ = std::io::Read::read(&mut conn, &mut head);
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = std::io::Write::write_all(&mut conn, answer.as_bytes());
+        }
+    });
+    url
+}
+
+#[test]
+fn container_credentials_pull_with_no_static_keys() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let m = Moto::start();
+    let src = built(tmp.path(), 364);
+    ok(publish(&m, &home, &src, "s3://models/pod"), "publish");
+    // What the agent hands out: a role's temporary credentials.
+    let role = m.iam_role("pod");
+    let sts = m.query(
+        "sts",
+        &[
+            ("Action", "AssumeRole"),
+            ("RoleArn", &role),
+            ("RoleSessionName", "pod"),
+            ("Version", "2011-06-15"),
+        ],
+    );
+    let field = |name| xml_text(&sts, name).unwrap_or_else(|| panic!("AssumeRole: {name}"));
+    let (key_id, secret, token) = (
+        field("AccessKeyId"),
+        field("SecretAccessKey"),
+        field("SessionToken"),
+    );
+    m.enforce_auth();
+    let url = container_endpoint(&key_id, &secret, &token);
+    let out = tmp.path().join("node");
+    let o = pull_with(
+        &mut keyless(&m, &home, &[("AWS_CONTAINER_CREDENTIALS_FULL_URI", &url)]),
+        "s3://models/pod",
+        &out,
+    );
+    let o = ok(o, "pull with container credentials");
+    let from = summary(&o)["session"]["credentials_from"].clone();
+    assert!(
+        from.as_str().unwrap().contains("container credentials"),
         "{from}"
     );
     verify_deep(&out.join("artifact"));
