@@ -21,7 +21,9 @@
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
 //!   upload, a receipt a part's ETag).
-//! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`].
+//! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`]; a
+//!   server's S3 error document read into [`ServerAnswer`] and
+//!   [`S3Refusal`] (one sentence with the fix per common code, no XML).
 //!
 //! Imports run one way: `error` and `location` are leaves, `credentials`
 //! builds on them, `client` on all three; `target` names `client`'s answer
