@@ -92,6 +92,8 @@ pub struct S3 {
     store: Arc<AmazonS3>,
     location: S3Location,
     host: String,
+    /// [`S3Config::credentials_from`], for the refusals' sentences.
+    credentials_from: String,
 }
 
 impl S3 {
@@ -154,6 +156,7 @@ impl S3 {
             store: Arc::new(store),
             location,
             host,
+            credentials_from: config.credentials_from.clone(),
         })
     }
 
@@ -171,6 +174,12 @@ impl S3 {
         self.location.url_of(key)
     }
 
+    /// A request's error ([`ObjStoreError::request`]), naming where the
+    /// credentials it was signed with came from.
+    fn failed(&self, op: &'static str, key: String, source: object_store::Error) -> ObjStoreError {
+        ObjStoreError::request(op, key, source).signed_with(&self.credentials_from)
+    }
+
     /// `Ok(None)` when `source` says the object is missing; a missing
     /// bucket (`NoSuchBucket`, also a 404) and every other failure is the
     /// request's error.
@@ -180,7 +189,7 @@ impl S3 {
         key: &str,
         source: object_store::Error,
     ) -> Result<Option<T>> {
-        match ObjStoreError::request(op, self.url(key), source) {
+        match self.failed(op, self.url(key), source) {
             ObjStoreError::NotFound { .. } => Ok(None),
             e => Err(e),
         }
@@ -230,8 +239,7 @@ impl S3 {
         let mut body = r.into_stream();
         let mut buf = BytesMut::new();
         while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|source| ObjStoreError::request("get", self.url(key), source))?;
+            let chunk = chunk.map_err(|source| self.failed("get", self.url(key), source))?;
             let len = (buf.len() as u64).saturating_add(chunk.len() as u64);
             if len > max {
                 return Err(too_large(len));
@@ -269,7 +277,7 @@ impl S3 {
         {
             Ok(r) => Ok(Put::Written { etag: r.e_tag }),
             Err(object_store::Error::AlreadyExists { .. }) if create_only => Ok(Put::Exists),
-            Err(source) => Err(ObjStoreError::request("put", self.url(key), source)),
+            Err(source) => Err(self.failed("put", self.url(key), source)),
         }
     }
 
@@ -283,9 +291,7 @@ impl S3 {
         self.store
             .create_multipart_opts(&ObjPath::from(key), opts)
             .await
-            .map_err(|source| {
-                ObjStoreError::request("create multipart upload", self.url(key), source)
-            })
+            .map_err(|source| self.failed("create multipart upload", self.url(key), source))
     }
 
     /// Uploads part `number` (1-based) of `upload_id`; its ETag.
@@ -308,7 +314,7 @@ impl S3 {
                 key: self.url(key),
                 source,
             }),
-            Err(source) => Err(ObjStoreError::request("upload part", self.url(key), source)),
+            Err(source) => Err(self.failed("upload part", self.url(key), source)),
         }
     }
 
@@ -335,11 +341,7 @@ impl S3 {
                 key: self.url(key),
                 source,
             }),
-            Err(source) => Err(ObjStoreError::request(
-                "complete multipart upload",
-                self.url(key),
-                source,
-            )),
+            Err(source) => Err(self.failed("complete multipart upload", self.url(key), source)),
         }
     }
 
@@ -348,11 +350,7 @@ impl S3 {
         let id = upload_id.to_owned();
         match self.store.abort_multipart(&ObjPath::from(key), &id).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(source) => Err(ObjStoreError::request(
-                "abort multipart upload",
-                self.url(key),
-                source,
-            )),
+            Err(source) => Err(self.failed("abort multipart upload", self.url(key), source)),
         }
     }
 
@@ -364,8 +362,7 @@ impl S3 {
         let mut listing = self.store.list(Some(&path));
         let mut out = Vec::new();
         while let Some(meta) = listing.next().await {
-            let meta =
-                meta.map_err(|source| ObjStoreError::request("list", self.url(prefix), source))?;
+            let meta = meta.map_err(|source| self.failed("list", self.url(prefix), source))?;
             if out.len() >= max {
                 return Err(ObjStoreError::TooManyObjects {
                     prefix: self.url(prefix),
@@ -404,7 +401,7 @@ impl S3 {
                 }))
             }
             Err(object_store::Error::Precondition { .. }) => Ok(Err(Precondition)),
-            Err(source) => Err(ObjStoreError::request("get", self.url(key), source)),
+            Err(source) => Err(self.failed("get", self.url(key), source)),
         }
     }
 }

@@ -62,7 +62,7 @@ pub enum ObjStoreError {
     /// The server refused a request with one of the common S3 errors: one
     /// sentence with the fix, then the server's answer (code, message,
     /// request id; never its raw XML).
-    #[error("S3 {op} of {key}: {}: {answer}", refusal.sentence(bucket))]
+    #[error("S3 {op} of {key}: {}: {answer}", refusal.sentence(bucket, credentials_from))]
     Refused {
         /// The request.
         op: &'static str,
@@ -72,6 +72,9 @@ pub enum ObjStoreError {
         bucket: String,
         /// What the server's error code means.
         refusal: S3Refusal,
+        /// Where the credentials the request was signed with came from
+        /// (`S3Config::credentials_from`; empty when not known).
+        credentials_from: String,
         /// What the server answered.
         #[source]
         answer: Box<ServerAnswer>,
@@ -179,6 +182,17 @@ impl ObjStoreError {
         }
     }
 
+    /// This error, told where the credentials of its request came from.
+    pub(crate) fn signed_with(mut self, from: &str) -> Self {
+        if let ObjStoreError::Refused {
+            credentials_from, ..
+        } = &mut self
+        {
+            from.clone_into(credentials_from);
+        }
+        self
+    }
+
     /// A request's error, with its key, sorted into the variants a caller
     /// decides on (refused with a known S3 error, missing, already there,
     /// upload gone).
@@ -225,6 +239,7 @@ impl ObjStoreError {
             key: key.to_owned(),
             bucket,
             refusal,
+            credentials_from: String::new(),
             answer: Box::new(answer),
         })
     }
@@ -260,26 +275,34 @@ impl S3Refusal {
         }
     }
 
-    /// What went wrong and what to fix, naming `bucket` where it helps.
-    pub fn sentence(self, bucket: &str) -> String {
+    /// What went wrong and what to fix, naming `bucket` and where the
+    /// credentials came from (`credentials_from`, when known) where it
+    /// helps.
+    pub fn sentence(self, bucket: &str, credentials_from: &str) -> String {
+        let these = if credentials_from.is_empty() {
+            "these credentials".to_owned()
+        } else {
+            format!("the credentials from {credentials_from}")
+        };
         match self {
             S3Refusal::NoSuchBucket => format!(
                 "the bucket {bucket} does not exist on this endpoint (the bucket, not only the \
                  object): check the bucket name in the s3:// location, the endpoint and the region"
             ),
             S3Refusal::AccessDenied => format!(
-                "access denied: the server knows these credentials but their policy does not \
-                 allow this request; grant them access to bucket {bucket}, or use credentials \
-                 that have it (see credentials_from in --json)"
+                "access denied: the server knows {these} but their policy does not allow this \
+                 request; grant them access to bucket {bucket}, or use credentials that have it"
             ),
-            S3Refusal::InvalidAccessKeyId => "the server knows no such access key id: the key \
-                 is mistyped, deleted, or for another endpoint or account; check which \
-                 credentials are used (AWS_ACCESS_KEY_ID, AWS_PROFILE; credentials_from in --json)"
-                .to_owned(),
-            S3Refusal::SignatureDoesNotMatch => "the request signature does not match: the \
-                 secret access key is not the one of this access key id (or a proxy changed the \
-                 request); check AWS_SECRET_ACCESS_KEY or the profile's aws_secret_access_key"
-                .to_owned(),
+            S3Refusal::InvalidAccessKeyId => format!(
+                "the server knows no such access key id ({these}): the key is mistyped, \
+                 deleted, or for another endpoint or account; check AWS_ACCESS_KEY_ID or \
+                 AWS_PROFILE"
+            ),
+            S3Refusal::SignatureDoesNotMatch => format!(
+                "the request signature does not match ({these}): the secret access key is not \
+                 the one of this access key id (or a proxy changed the request); check \
+                 AWS_SECRET_ACCESS_KEY or the profile's aws_secret_access_key"
+            ),
             S3Refusal::SlowDown => "the server asked to slow down (SlowDown) and still did \
                  after retries: run again later, or with fewer --connections"
                 .to_owned(),

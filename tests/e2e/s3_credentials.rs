@@ -402,7 +402,10 @@ fn common_s3_failures_get_one_sentence_with_the_fix() {
     );
     assert_names(
         &stderr(&o),
-        &["knows no such access key id", "InvalidAccessKeyId"],
+        &[
+            "knows no such access key id (the credentials from environment)",
+            "InvalidAccessKeyId",
+        ],
     );
 
     let o = refused_pull(
