@@ -131,6 +131,8 @@ pub struct S3 {
     http: reqwest::Client,
     location: S3Location,
     host: String,
+    /// [`S3Config::credentials_from`], for the refusals' sentences.
+    credentials_from: String,
 }
 
 impl S3 {
@@ -181,6 +183,7 @@ impl S3 {
             http,
             host: endpoint_host(config),
             location,
+            credentials_from: config.credentials_from.clone(),
         })
     }
 
@@ -196,6 +199,27 @@ impl S3 {
 
     fn url(&self, key: &str) -> String {
         self.location.url_of(key)
+    }
+
+    /// A request's error ([`ObjStoreError::request`]), naming where the
+    /// credentials it was signed with came from.
+    fn failed(&self, op: &'static str, key: String, source: object_store::Error) -> ObjStoreError {
+        ObjStoreError::request(op, key, source).signed_with(&self.credentials_from)
+    }
+
+    /// `Ok(None)` when `source` says the object is missing; a missing
+    /// bucket (`NoSuchBucket`, also a 404) and every other failure is the
+    /// request's error.
+    fn absent<T>(
+        &self,
+        op: &'static str,
+        key: &str,
+        source: object_store::Error,
+    ) -> Result<Option<T>> {
+        match self.failed(op, self.url(key), source) {
+            ObjStoreError::NotFound { .. } => Ok(None),
+            e => Err(e),
+        }
     }
 
     /// The object's size, ETag and SHA-256 metadata; `None` when it does
@@ -215,8 +239,7 @@ impl S3 {
                     .map(|v| v.as_ref().to_owned()),
                 checksum: None,
             })),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(ObjStoreError::request("head", self.url(key), source)),
+            Err(source) => self.absent("head", key, source),
         }
     }
 
@@ -295,8 +318,7 @@ impl S3 {
             .await
         {
             Ok(r) => r,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(source) => return Err(ObjStoreError::request("get", self.url(key), source)),
+            Err(source) => return self.absent("get", key, source),
         };
         let too_large = |size| ObjStoreError::TooLarge {
             key: self.url(key),
@@ -310,8 +332,7 @@ impl S3 {
         let mut body = r.into_stream();
         let mut buf = BytesMut::new();
         while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|source| ObjStoreError::request("get", self.url(key), source))?;
+            let chunk = chunk.map_err(|source| self.failed("get", self.url(key), source))?;
             let len = (buf.len() as u64).saturating_add(chunk.len() as u64);
             if len > max {
                 return Err(too_large(len));
@@ -349,7 +370,7 @@ impl S3 {
         {
             Ok(r) => Ok(Put::Written { etag: r.e_tag }),
             Err(object_store::Error::AlreadyExists { .. }) if create_only => Ok(Put::Exists),
-            Err(source) => Err(ObjStoreError::request("put", self.url(key), source)),
+            Err(source) => Err(self.failed("put", self.url(key), source)),
         }
     }
 
@@ -363,9 +384,7 @@ impl S3 {
         self.store
             .create_multipart_opts(&ObjPath::from(key), opts)
             .await
-            .map_err(|source| {
-                ObjStoreError::request("create multipart upload", self.url(key), source)
-            })
+            .map_err(|source| self.failed("create multipart upload", self.url(key), source))
     }
 
     /// Uploads part `number` (1-based) of `upload_id` with its SHA-256
@@ -390,7 +409,7 @@ impl S3 {
                 key: self.url(key),
                 source,
             }),
-            Err(source) => Err(ObjStoreError::request("upload part", self.url(key), source)),
+            Err(source) => Err(self.failed("upload part", self.url(key), source)),
         }
     }
 
@@ -418,11 +437,7 @@ impl S3 {
                 key: self.url(key),
                 source,
             }),
-            Err(source) => Err(ObjStoreError::request(
-                "complete multipart upload",
-                self.url(key),
-                source,
-            )),
+            Err(source) => Err(self.failed("complete multipart upload", self.url(key), source)),
         }
     }
 
@@ -431,11 +446,7 @@ impl S3 {
         let id = upload_id.to_owned();
         match self.store.abort_multipart(&ObjPath::from(key), &id).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(source) => Err(ObjStoreError::request(
-                "abort multipart upload",
-                self.url(key),
-                source,
-            )),
+            Err(source) => Err(self.failed("abort multipart upload", self.url(key), source)),
         }
     }
 
@@ -447,8 +458,7 @@ impl S3 {
         let mut listing = self.store.list(Some(&path));
         let mut out = Vec::new();
         while let Some(meta) = listing.next().await {
-            let meta =
-                meta.map_err(|source| ObjStoreError::request("list", self.url(prefix), source))?;
+            let meta = meta.map_err(|source| self.failed("list", self.url(prefix), source))?;
             if out.len() >= max {
                 return Err(ObjStoreError::TooManyObjects {
                     prefix: self.url(prefix),
@@ -487,7 +497,7 @@ impl S3 {
                 }))
             }
             Err(object_store::Error::Precondition { .. }) => Ok(Err(Precondition)),
-            Err(source) => Err(ObjStoreError::request("get", self.url(key), source)),
+            Err(source) => Err(self.failed("get", self.url(key), source)),
         }
     }
 }
@@ -504,8 +514,7 @@ fn builder(
     let mut b = AmazonS3Builder::new()
         .with_bucket_name(location.bucket())
         .with_region(&config.region)
-        .with_access_key_id(&config.access_key_id)
-        .with_secret_access_key(&config.secret_access_key)
+        .with_credentials(config.credentials.clone())
         .with_conditional_put(S3ConditionalPut::ETagMatch)
         .with_checksum_algorithm(Checksum::SHA256)
         .with_retry(RetryConfig {
@@ -515,7 +524,7 @@ fn builder(
         })
         .with_client_options(
             options
-                .with_allow_http(config.allow_http)
+                .with_allow_http(config.allow_http())
                 .with_connect_timeout(CONNECT_TIMEOUT)
                 // A stall ends a request at the read timeout, not a
                 // request's whole length: a large object takes as long
@@ -523,9 +532,6 @@ fn builder(
                 .with_read_timeout(config.read_timeout)
                 .with_timeout_disabled(),
         );
-    if let Some(t) = &config.session_token {
-        b = b.with_token(t);
-    }
     if let Some(e) = &config.endpoint {
         b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
     }

@@ -1,81 +1,63 @@
-//! Credentials, region and endpoint, resolved as the AWS tools resolve
-//! them, so a node that runs `aws s3 cp` runs `ftpipe pull` unchanged:
+//! Credentials, region and endpoint, resolved by the AWS SDK's own default
+//! chain (`aws-config`), so a node or pod that runs `aws s3 cp` runs
+//! `ftpipe pull` unchanged:
 //!
-//! 1. keys: `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+
-//!    `AWS_SESSION_TOKEN`) from the environment; else the profile
-//!    `AWS_PROFILE` (default `default`) of the shared credentials file
-//!    (`AWS_SHARED_CREDENTIALS_FILE`, default `~/.aws/credentials`), then
-//!    of the config file (`AWS_CONFIG_FILE`, default `~/.aws/config`,
-//!    section `[profile NAME]` or `[default]`);
-//! 2. region: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`
-//!    in the config file, else `us-east-1`;
+//! 1. credentials, the first source that has them: the environment
+//!    (`AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` [+
+//!    `AWS_SESSION_TOKEN`]); the profile `AWS_PROFILE` (default `default`)
+//!    of the shared credentials and config files (static keys,
+//!    `credential_process`, SSO, `role_arn` with a source profile or web
+//!    identity); web identity (`AWS_WEB_IDENTITY_TOKEN_FILE` +
+//!    `AWS_ROLE_ARN`, exchanged at STS: how EKS pods get credentials);
+//!    container credentials (ECS, EKS Pod Identity); the instance profile
+//!    (IMDSv2). Temporary credentials are refreshed before they expire.
+//! 2. region: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`,
+//!    the instance's, else `us-east-1`;
 //! 3. endpoint: `--s3-endpoint`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`,
-//!    the profile's `endpoint_url`, else AWS itself.
+//!    the profile's `services` section or `endpoint_url`, else AWS itself.
 //!
-//! Every secret is registered with the redaction point
-//! ([`ftpipe_secrets::register`]) the moment it is read, before it can
-//! reach any error, record or output. A credentials file is read bounded
-//! ([`MAX_AWS_FILE_BYTES`]); a malformed line is named by file and line
-//! number, never by its text (it may hold a key). An endpoint carrying
-//! credentials in its userinfo is refused; plain `http` only for loopback.
+//! `object_store` still makes every S3 request: [`ChainCredentials`]
+//! adapts the chain to its `CredentialProvider`. Every credential is
+//! registered with the redaction point ([`ftpipe_secrets::register`]) the
+//! moment it is obtained, before it can reach any error, record or output.
+//! An endpoint carrying credentials in its userinfo is refused; plain `http`
+//! is accepted (to any host: in-cluster object storage), and
+//! [`S3Config::unencrypted_warning`] says when the traffic leaves the
+//! machine unencrypted.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use aws_config::BehaviorVersion;
+use aws_credential_types::Credentials;
+use aws_credential_types::credential_feature::AwsCredentialFeature;
+use aws_credential_types::provider::error::CredentialsError;
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_types::service_config::ServiceConfigKey;
+use object_store::CredentialProvider;
+use object_store::aws::AwsCredential;
 
 use crate::error::{ObjStoreError, Result};
 
-/// Largest shared credentials or config file read.
-pub const MAX_AWS_FILE_BYTES: u64 = 1024 * 1024;
 /// Region used when nothing names one (as the AWS CLI for S3).
 const DEFAULT_REGION: &str = "us-east-1";
 /// Longest region name accepted.
 const MAX_REGION_LEN: usize = 64;
+/// Temporary credentials are renewed this long before they expire (a
+/// request signed with them must still be valid when the server reads it).
+const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(5 * 60);
 
-/// The environment credentials are resolved from (the process's, or a
-/// test's).
-#[derive(Debug, Clone, Default)]
-pub struct Env {
-    vars: BTreeMap<String, String>,
-}
-
-impl Env {
-    /// The process environment (only the variables this module reads).
-    pub fn from_process() -> Env {
-        Env::from_vars(
-            [
-                "AWS_ACCESS_KEY_ID",
-                "AWS_SECRET_ACCESS_KEY",
-                "AWS_SESSION_TOKEN",
-                "AWS_PROFILE",
-                "AWS_DEFAULT_PROFILE",
-                "AWS_REGION",
-                "AWS_DEFAULT_REGION",
-                "AWS_ENDPOINT_URL",
-                "AWS_ENDPOINT_URL_S3",
-                "AWS_SHARED_CREDENTIALS_FILE",
-                "AWS_CONFIG_FILE",
-                "HOME",
-            ]
-            .into_iter()
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_owned(), v))),
-        )
-    }
-
-    /// An environment of exactly `vars`.
-    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Env {
-        Env {
-            vars: vars.into_iter().collect(),
-        }
-    }
-
-    /// A variable's value, when set and not empty.
-    fn get(&self, key: &str) -> Option<&str> {
-        self.vars
-            .get(key)
-            .map(String::as_str)
-            .filter(|v| !v.is_empty())
-    }
+/// How the endpoint is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// `https`.
+    Https,
+    /// Plain `http` to this machine (loopback): nothing crosses a network.
+    LoopbackHttp,
+    /// Plain `http` to another host: requests (signed, not encrypted) and
+    /// bodies cross the network in the clear.
+    RemoteHttp,
 }
 
 /// Everything needed to talk to one S3-compatible server. Its `Debug`
@@ -86,22 +68,21 @@ pub struct S3Config {
     pub endpoint: Option<String>,
     /// Region.
     pub region: String,
-    pub(crate) access_key_id: String,
-    pub(crate) secret_access_key: String,
-    pub(crate) session_token: Option<String>,
-    /// Plain `http` allowed (a loopback endpoint).
-    pub allow_http: bool,
-    /// Where the keys came from (`environment`, or the profile and file).
+    pub(crate) credentials: Arc<ChainCredentials>,
+    /// How the endpoint is reached (plain `http` or not).
+    pub transport: Transport,
+    /// Where the credentials came from (`environment`, `profile NAME`,
+    /// `web identity`, ...).
     pub credentials_from: String,
     /// No byte for this long (waiting for an answer's head or inside its
     /// body) ends a request: the stall rule every source keeps
     /// (`--read-timeout`; [`DEFAULT_READ_TIMEOUT`] until a command sets it).
-    pub read_timeout: std::time::Duration,
+    pub read_timeout: Duration,
 }
 
 /// The read timeout of a configuration nobody set one for: the hub
 /// fetch's default.
-pub const DEFAULT_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for S3Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -109,312 +90,371 @@ impl fmt::Debug for S3Config {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("credentials_from", &self.credentials_from)
-            .field("allow_http", &self.allow_http)
+            .field("transport", &self.transport)
             .field("read_timeout", &self.read_timeout)
             .finish_non_exhaustive()
     }
 }
 
-/// One INI-style file: section name → key → value.
-type Sections = BTreeMap<String, BTreeMap<String, String>>;
-
-fn cred_err(reason: impl Into<String>) -> ObjStoreError {
-    ObjStoreError::Credentials {
-        reason: reason.into(),
-    }
+/// The AWS default credential chain as `object_store`'s credential
+/// provider: asks the chain when it holds nothing or what it holds is about
+/// to expire, registers every credential with the redaction point.
+#[derive(Debug)]
+pub(crate) struct ChainCredentials {
+    chain: SharedCredentialsProvider,
+    held: tokio::sync::Mutex<Option<Held>>,
 }
 
-/// Reads and parses an AWS shared file; `None` when it does not exist.
-fn read_sections(path: &Path) -> Result<Option<Sections>> {
-    let bytes = match ftpipe_fs::bounded::read_bounded(path, MAX_AWS_FILE_BYTES) {
-        Ok(b) => b,
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(source) => {
-            return Err(ObjStoreError::CredentialsFile {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    let text = String::from_utf8(bytes)
-        .map_err(|_| cred_err(format!("{} is not UTF-8 text", path.display())))?;
-    let mut sections = Sections::new();
-    let mut current: Option<String> = None;
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            let name = name.trim().to_owned();
-            sections.entry(name.clone()).or_default();
-            current = Some(name);
-            continue;
-        }
-        // Never quote the line: it may hold a key.
-        let malformed = || {
-            cred_err(format!(
-                "{} line {}: expected `[section]` or `key = value`",
-                path.display(),
-                n + 1
-            ))
-        };
-        let (k, v) = line.split_once('=').ok_or_else(malformed)?;
-        let section = current.as_ref().ok_or_else(malformed)?;
-        let (k, v) = (k.trim(), v.trim());
-        if k.starts_with("aws_") && k.contains("secret") || k == "aws_session_token" {
-            ftpipe_secrets::register(v);
-        }
-        sections
-            .entry(section.clone())
-            .or_default()
-            .insert(k.to_owned(), v.to_owned());
-    }
-    Ok(Some(sections))
+/// Credentials obtained from the chain, and when they stop working.
+#[derive(Debug)]
+struct Held {
+    credential: Arc<AwsCredential>,
+    expires: Option<SystemTime>,
 }
 
-/// The profile's keys in `sections` under `section`, when it has both.
-fn keys_in(sections: &Sections, section: &str) -> Result<Option<(String, String, Option<String>)>> {
-    let Some(s) = sections.get(section) else {
-        return Ok(None);
-    };
-    let id = s.get("aws_access_key_id").filter(|v| !v.is_empty());
-    let secret = s.get("aws_secret_access_key").filter(|v| !v.is_empty());
-    match (id, secret) {
-        (Some(id), Some(secret)) => Ok(Some((
-            id.clone(),
-            secret.clone(),
-            s.get("aws_session_token")
-                .filter(|v| !v.is_empty())
-                .cloned(),
-        ))),
-        (None, None) => Ok(None),
-        (Some(_), None) => Err(cred_err(format!(
-            "section [{section}] has aws_access_key_id but no aws_secret_access_key"
-        ))),
-        (None, Some(_)) => Err(cred_err(format!(
-            "section [{section}] has aws_secret_access_key but no aws_access_key_id"
-        ))),
-    }
-}
-
-/// An access key id, its secret access key and a session token.
-type Keys = (String, String, Option<String>);
-
-/// The AWS shared files of a profile: where they are and what they hold.
-struct SharedFiles<'a> {
-    /// `AWS_PROFILE` or, else, `AWS_DEFAULT_PROFILE`, when set.
-    explicit_profile: Option<&'a str>,
-    /// The explicit profile, else `default`.
-    profile: &'a str,
-    /// The profile's section in the config file: `[profile NAME]`, or
-    /// `[default]`.
-    config_section: String,
-    creds_path: Option<PathBuf>,
-    config_path: Option<PathBuf>,
-    /// The credentials file's sections, `None` when it does not exist.
-    creds_file: Option<Sections>,
-    /// The config file's sections, `None` when it does not exist.
-    config_file: Option<Sections>,
-}
-
-impl<'a> SharedFiles<'a> {
-    /// Finds and reads the credentials file, then the config file, of the
-    /// profile `env` names.
-    fn read(env: &'a Env) -> Result<SharedFiles<'a>> {
-        let home = env.get("HOME").map(PathBuf::from);
-        let in_home = |rel: &str| home.as_ref().map(|h| h.join(rel));
-        let creds_path = env
-            .get("AWS_SHARED_CREDENTIALS_FILE")
-            .map(PathBuf::from)
-            .or_else(|| in_home(".aws/credentials"));
-        let config_path = env
-            .get("AWS_CONFIG_FILE")
-            .map(PathBuf::from)
-            .or_else(|| in_home(".aws/config"));
-        let explicit_profile = env
-            .get("AWS_PROFILE")
-            .or_else(|| env.get("AWS_DEFAULT_PROFILE"));
-        let profile = explicit_profile.unwrap_or("default");
-        let config_section = if profile == "default" {
-            "default".to_owned()
-        } else {
-            format!("profile {profile}")
-        };
-        let creds_file = match &creds_path {
-            Some(p) => read_sections(p)?,
-            None => None,
-        };
-        let config_file = match &config_path {
-            Some(p) => read_sections(p)?,
-            None => None,
-        };
-        Ok(SharedFiles {
-            explicit_profile,
-            profile,
-            config_section,
-            creds_path,
-            config_path,
-            creds_file,
-            config_file,
+impl Held {
+    fn fresh(&self) -> bool {
+        self.expires.is_none_or(|t| {
+            t.duration_since(SystemTime::now())
+                .is_ok_and(|left| left > REFRESH_BEFORE_EXPIRY)
         })
     }
+}
 
-    /// The profile's `key` in the config file, when set and not empty.
-    fn config_value(&self, key: &str) -> Option<String> {
-        self.config_file
-            .as_ref()
-            .and_then(|c| c.get(&self.config_section))
-            .and_then(|s| s.get(key))
-            .filter(|v| !v.is_empty())
-            .cloned()
+impl ChainCredentials {
+    fn new(chain: SharedCredentialsProvider) -> ChainCredentials {
+        ChainCredentials {
+            chain,
+            held: tokio::sync::Mutex::new(None),
+        }
     }
 
-    /// The keys to use and where they came from: `env_keys`, else the
-    /// profile's in the credentials file, else in the config file; none is
-    /// an error naming both files.
-    fn choose_keys(&self, env_keys: Option<Keys>) -> Result<(Keys, String)> {
-        let profile = self.profile;
-        let (creds, config) = (
-            show_path(self.creds_path.as_deref()),
-            show_path(self.config_path.as_deref()),
-        );
-        if let Some(k) = env_keys {
-            return Ok((k, "environment".to_owned()));
-        }
-        if let Some(c) = &self.creds_file
-            && let Some(k) = keys_in(c, profile)?
+    /// Asks the chain (not what is held); the answer is held in `held` and
+    /// its secrets registered.
+    async fn renew(
+        &self,
+        held: &mut Option<Held>,
+    ) -> std::result::Result<(Credentials, Arc<AwsCredential>), CredentialsError> {
+        let c = self.chain.provide_credentials().await?;
+        for v in [c.access_key_id(), c.secret_access_key()]
+            .into_iter()
+            .chain(c.session_token())
         {
-            return Ok((k, format!("profile {profile} in {creds}")));
+            ftpipe_secrets::register(v);
         }
-        if let Some(c) = &self.config_file
-            && let Some(k) = keys_in(c, &self.config_section)?
-        {
-            return Ok((k, format!("profile {profile} in {config}")));
-        }
-        Err(cred_err(match self.explicit_profile {
-            Some(p) => format!(
-                "profile {p} (AWS_PROFILE) has no aws_access_key_id and aws_secret_access_key in {creds} or {config}"
-            ),
-            None => format!(
-                "none found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with keys in {creds} or {config}"
-            ),
-        }))
+        let credential = Arc::new(AwsCredential {
+            key_id: c.access_key_id().to_owned(),
+            secret_key: c.secret_access_key().to_owned(),
+            token: c.session_token().map(str::to_owned),
+        });
+        *held = Some(Held {
+            credential: Arc::clone(&credential),
+            expires: c.expiry(),
+        });
+        Ok((c, credential))
+    }
+
+    /// Asks the chain now (when the command starts).
+    async fn first(&self) -> std::result::Result<Credentials, CredentialsError> {
+        let mut held = self.held.lock().await;
+        self.renew(&mut held).await.map(|(c, _)| c)
     }
 }
 
-/// A shared file's path for messages.
-fn show_path(p: Option<&Path>) -> String {
-    p.map_or_else(|| "(no HOME)".to_owned(), |p| p.display().to_string())
+#[async_trait::async_trait]
+impl CredentialProvider for ChainCredentials {
+    type Credential = AwsCredential;
+
+    /// What is held while it is fresh; else the chain's answer. The lock
+    /// is held while the chain is asked, so the requests in flight when
+    /// credentials near their expiry make one renewal, not one each.
+    async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
+        let mut held = self.held.lock().await;
+        if let Some(h) = held.as_ref().filter(|h| h.fresh()) {
+            return Ok(Arc::clone(&h.credential));
+        }
+        self.renew(&mut held)
+            .await
+            .map(|(_, credential)| credential)
+            .map_err(|e| object_store::Error::Unauthenticated {
+                path: String::new(),
+                source: Box::new(std::io::Error::other(format!(
+                    "renewing S3 credentials: {}",
+                    error_chain(&e)
+                ))),
+            })
+    }
 }
 
-/// The keys in `env`, when both the id and the secret are set; one
-/// without the other is an error.
-fn env_keys(env: &Env) -> Result<Option<Keys>> {
+/// An error and its causes, `: `-separated, with every registered secret
+/// redacted.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !out.ends_with(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        cur = e.source();
+    }
+    ftpipe_secrets::redact(&out).into_owned()
+}
+
+/// A process environment variable, when set and not empty.
+fn env_var(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.is_empty())
+}
+
+/// Registers the secrets of the environment with the redaction point and
+/// refuses a half pair of keys (the SDK's chain would pass over it
+/// silently to the next source).
+fn check_environment_keys() -> Result<()> {
+    for k in [
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_ACCESS_KEY_ID",
+    ] {
+        if let Some(v) = env_var(k) {
+            ftpipe_secrets::register(&v);
+        }
+    }
     match (
-        env.get("AWS_ACCESS_KEY_ID"),
-        env.get("AWS_SECRET_ACCESS_KEY"),
+        env_var("AWS_ACCESS_KEY_ID"),
+        env_var("AWS_SECRET_ACCESS_KEY"),
     ) {
-        (Some(id), Some(secret)) => Ok(Some((
-            id.to_owned(),
-            secret.to_owned(),
-            env.get("AWS_SESSION_TOKEN").map(str::to_owned),
-        ))),
-        (Some(_), None) => Err(cred_err(
-            "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not",
-        )),
-        (None, Some(_)) => Err(cred_err(
-            "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not",
-        )),
-        (None, None) => Ok(None),
+        (Some(_), None) => Err(ObjStoreError::Credentials {
+            reason: "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not".into(),
+        }),
+        (None, Some(_)) => Err(ObjStoreError::Credentials {
+            reason: "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not".into(),
+        }),
+        _ => Ok(()),
     }
 }
 
-/// The region: `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's
-/// `region`, else [`DEFAULT_REGION`]; checked to be a region name.
-fn resolve_region(env: &Env, files: &SharedFiles<'_>) -> Result<String> {
-    let region = env
-        .get("AWS_REGION")
-        .or_else(|| env.get("AWS_DEFAULT_REGION"))
-        .map(str::to_owned)
-        .or_else(|| files.config_value("region"))
-        .unwrap_or_else(|| DEFAULT_REGION.to_owned());
+/// The region the chain found, else [`DEFAULT_REGION`]; checked to be a
+/// region name.
+fn checked_region(found: Option<&str>) -> Result<String> {
+    let region = found.unwrap_or(DEFAULT_REGION).to_owned();
     if region.is_empty()
         || region.len() > MAX_REGION_LEN
         || !region
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
-        return Err(cred_err(format!(
-            "region {region:?}: expected letters, digits and '-' (e.g. us-east-1)"
-        )));
+        return Err(ObjStoreError::Credentials {
+            reason: format!("region {region:?}: expected letters, digits and '-' (e.g. us-east-1)"),
+        });
     }
     Ok(region)
 }
 
-/// The endpoint (`given`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the
-/// profile's `endpoint_url`, else `None`: AWS itself), checked, and
-/// whether it is plain `http`.
-fn resolve_endpoint(
-    env: &Env,
-    given: Option<&str>,
-    files: &SharedFiles<'_>,
-) -> Result<(Option<String>, bool)> {
-    let endpoint = given
-        .map(str::to_owned)
-        .or_else(|| env.get("AWS_ENDPOINT_URL_S3").map(str::to_owned))
-        .or_else(|| env.get("AWS_ENDPOINT_URL").map(str::to_owned))
-        .or_else(|| files.config_value("endpoint_url"));
-    match endpoint {
-        Some(e) => {
-            let (e, http) = check_endpoint(&e)?;
-            Ok((Some(e), http))
+/// The S3 endpoint the AWS configuration names (`AWS_ENDPOINT_URL_S3`,
+/// `AWS_ENDPOINT_URL`, the profile's `services` section, its
+/// `endpoint_url`), as the SDK's S3 client would find it.
+fn configured_endpoint(sdk: &aws_types::SdkConfig) -> Option<String> {
+    let key = ServiceConfigKey::builder()
+        .service_id("S3")
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .ok()?;
+    sdk.service_config()
+        .and_then(|c| c.load_config(key))
+        .or_else(|| sdk.endpoint_url().map(str::to_owned))
+        .filter(|e| !e.is_empty())
+}
+
+/// The source of `c`, from the marks the SDK's providers leave on what
+/// they return.
+fn source_of(c: &Credentials) -> String {
+    let profile = env_var("AWS_PROFILE").unwrap_or_else(|| "default".to_owned());
+    let marks = c
+        .get_property::<Vec<AwsCredentialFeature>>()
+        .cloned()
+        .unwrap_or_default();
+    let has = |f: &AwsCredentialFeature| marks.contains(f);
+    use AwsCredentialFeature as F;
+    if has(&F::CredentialsEnvVars) {
+        "environment".to_owned()
+    } else if has(&F::CredentialsProfileStsWebIdToken) || has(&F::CredentialsStsAssumeRoleWebId) {
+        if env_var("AWS_WEB_IDENTITY_TOKEN_FILE").is_some() {
+            "web identity (AWS_WEB_IDENTITY_TOKEN_FILE, AWS_ROLE_ARN)".to_owned()
+        } else {
+            format!("profile {profile} (web identity)")
         }
-        None => Ok((None, false)),
+    } else if has(&F::CredentialsProfileProcess) || has(&F::CredentialsProcess) {
+        format!("profile {profile} (credential_process)")
+    } else if has(&F::CredentialsSso) || has(&F::CredentialsProfileSso) {
+        format!("profile {profile} (sso)")
+    } else if has(&F::CredentialsStsAssumeRole) {
+        format!("profile {profile} (role_arn)")
+    } else if has(&F::CredentialsProfile) {
+        format!("profile {profile}")
+    } else if has(&F::CredentialsHttp) {
+        "container credentials".to_owned()
+    } else if has(&F::CredentialsImds) {
+        "instance profile (IMDSv2)".to_owned()
+    } else {
+        "the AWS default credential chain".to_owned()
+    }
+}
+
+/// Each source of the default chain, in its order, and what of it this
+/// process's environment sets: the message of "none found".
+fn sources_tried() -> Vec<String> {
+    let unset = |keys: &[&str]| -> Vec<String> {
+        keys.iter()
+            .filter(|k| env_var(k).is_none())
+            .map(|k| (*k).to_owned())
+            .collect()
+    };
+    let state = |keys: &[&str]| match unset(keys) {
+        u if u.is_empty() => "set, but gave no credentials".to_owned(),
+        u => format!("{} not set", u.join(" and ")),
+    };
+    let profile = env_var("AWS_PROFILE").unwrap_or_else(|| "default".to_owned());
+    let home = env_var("HOME").unwrap_or_else(|| "~".to_owned());
+    let creds_file = env_var("AWS_SHARED_CREDENTIALS_FILE")
+        .unwrap_or_else(|| format!("{home}/.aws/credentials"));
+    let config_file = env_var("AWS_CONFIG_FILE").unwrap_or_else(|| format!("{home}/.aws/config"));
+    let container = [
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    ];
+    let container = if unset(&container).len() == container.len() {
+        "neither AWS_CONTAINER_CREDENTIALS_FULL_URI nor AWS_CONTAINER_CREDENTIALS_RELATIVE_URI set"
+            .to_owned()
+    } else {
+        "set, but gave no credentials".to_owned()
+    };
+    let imds_disabled =
+        env_var("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    vec![
+        format!(
+            "environment: {}",
+            state(&["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+        ),
+        format!(
+            "profile {profile} in {creds_file} and {config_file}: no keys, credential_process, sso or role_arn"
+        ),
+        format!(
+            "web identity: {}",
+            state(&["AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"])
+        ),
+        format!("container credentials: {container}"),
+        format!(
+            "instance profile (IMDSv2): {}",
+            if imds_disabled {
+                "disabled by AWS_EC2_METADATA_DISABLED"
+            } else {
+                "no answer from the instance metadata service"
+            }
+        ),
+    ]
+}
+
+/// The error of a chain that gave no credentials: the sources it tried
+/// when none had any, else the one that failed and why.
+fn chain_error(e: &CredentialsError) -> ObjStoreError {
+    match e {
+        CredentialsError::CredentialsNotLoaded(_) => ObjStoreError::NoCredentials {
+            tried: sources_tried(),
+        },
+        e => ObjStoreError::Credentials {
+            reason: error_chain(e),
+        },
     }
 }
 
 impl S3Config {
     /// This configuration with `read_timeout` as its stall rule.
-    pub fn with_read_timeout(mut self, read_timeout: std::time::Duration) -> S3Config {
+    pub fn with_read_timeout(mut self, read_timeout: Duration) -> S3Config {
         self.read_timeout = read_timeout;
         self
     }
 
-    /// Resolves credentials, region and endpoint from `env` (see the module
-    /// doc); `endpoint` is `--s3-endpoint`. Every secret found is
-    /// registered with the redaction point.
-    pub fn resolve(env: &Env, endpoint: Option<&str>) -> Result<S3Config> {
-        for k in [
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_ACCESS_KEY_ID",
-        ] {
-            if let Some(v) = env.get(k) {
-                ftpipe_secrets::register(v);
-            }
-        }
-        let files = SharedFiles::read(env)?;
-        let (keys, from) = files.choose_keys(env_keys(env)?)?;
-        let (access_key_id, secret_access_key, session_token) = keys;
-        for v in [&access_key_id, &secret_access_key]
-            .into_iter()
-            .chain(session_token.as_ref())
-        {
-            ftpipe_secrets::register(v);
-        }
-        let region = resolve_region(env, &files)?;
-        let (endpoint, allow_http) = resolve_endpoint(env, endpoint, &files)?;
+    /// Resolves credentials, region and endpoint the AWS way (see the
+    /// module doc); `endpoint` is `--s3-endpoint`. The credentials are
+    /// obtained once here, so that none found is an error before any
+    /// request; every secret found is registered with the redaction point.
+    pub async fn resolve(endpoint: Option<&str>) -> Result<S3Config> {
+        // A given endpoint is checked before anything is read or asked.
+        let given = endpoint.map(check_endpoint).transpose()?;
+        check_environment_keys()?;
+        let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let region = checked_region(sdk.region().map(|r| r.as_ref()))?;
+        let (endpoint, transport) = match given {
+            Some((e, t)) => (Some(e), t),
+            None => match configured_endpoint(&sdk) {
+                Some(e) => {
+                    let (e, t) = check_endpoint(&e)?;
+                    (Some(e), t)
+                }
+                None => (None, Transport::Https),
+            },
+        };
+        let chain = sdk
+            .credentials_provider()
+            .ok_or_else(|| ObjStoreError::NoCredentials {
+                tried: sources_tried(),
+            })?;
+        let credentials = ChainCredentials::new(chain);
+        let first = credentials.first().await.map_err(|e| chain_error(&e))?;
         Ok(S3Config {
             endpoint,
             region,
-            access_key_id,
-            secret_access_key,
-            session_token,
-            allow_http,
-            credentials_from: from,
+            credentials: Arc::new(credentials),
+            transport,
+            credentials_from: source_of(&first),
             read_timeout: DEFAULT_READ_TIMEOUT,
         })
+    }
+
+    /// A configuration with fixed keys (no chain: for a caller that holds
+    /// them itself), `endpoint` checked as `--s3-endpoint` is; the keys are
+    /// registered with the redaction point.
+    pub fn from_keys(
+        endpoint: Option<&str>,
+        region: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+    ) -> Result<S3Config> {
+        ftpipe_secrets::register(access_key_id);
+        ftpipe_secrets::register(secret_access_key);
+        let (endpoint, transport) = match endpoint.map(check_endpoint).transpose()? {
+            Some((e, t)) => (Some(e), t),
+            None => (None, Transport::Https),
+        };
+        let keys = Credentials::new(access_key_id, secret_access_key, None, None, "ftpipe");
+        Ok(S3Config {
+            endpoint,
+            region: checked_region(Some(region))?,
+            credentials: Arc::new(ChainCredentials::new(SharedCredentialsProvider::new(keys))),
+            transport,
+            credentials_from: "given keys".to_owned(),
+            read_timeout: DEFAULT_READ_TIMEOUT,
+        })
+    }
+
+    /// Whether requests may go over plain `http`.
+    pub fn allow_http(&self) -> bool {
+        self.transport != Transport::Https
+    }
+
+    /// The warning to show when the endpoint is plain `http` to another
+    /// host, `None` otherwise.
+    pub fn unencrypted_warning(&self) -> Option<String> {
+        match (&self.endpoint, self.transport) {
+            (Some(e), Transport::RemoteHttp) => Some(format!(
+                "S3 endpoint {e} is plain http: requests and object bytes cross the network unencrypted (use https where the server offers it)"
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -422,11 +462,10 @@ impl S3Config {
 const CREDENTIALS_IN_URL: &str = "credentials in the endpoint URL are refused (and not \
      shown); use AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE";
 
-/// The endpoint without a trailing `/`, and whether it is plain `http`
-/// (allowed only for a loopback host). Credentials in the userinfo are
-/// refused, not stripped: they would be sent nowhere and the user would not
-/// learn which keys were used.
-fn check_endpoint(given: &str) -> Result<(String, bool)> {
+/// The endpoint without a trailing `/`, and how it is reached. Credentials
+/// in the userinfo are refused, not stripped: they would be sent nowhere
+/// and the user would not learn which keys were used.
+fn check_endpoint(given: &str) -> Result<(String, Transport)> {
     let bad = |reason: &str| ObjStoreError::BadEndpoint {
         endpoint: ftpipe_secrets::redact(given).into_owned(),
         reason: reason.to_owned(),
@@ -434,7 +473,10 @@ fn check_endpoint(given: &str) -> Result<(String, bool)> {
     // Before the URL is parsed: a URL that does not parse (a bad port) must
     // not echo its userinfo either.
     if ftpipe_secrets::has_userinfo(given) {
-        return Err(bad(CREDENTIALS_IN_URL));
+        return Err(ObjStoreError::BadEndpoint {
+            endpoint: ftpipe_secrets::strip_userinfo(given).into_owned(),
+            reason: CREDENTIALS_IN_URL.into(),
+        });
     }
     let url = url::Url::parse(given).map_err(|e| bad(&format!("not a URL: {e}")))?;
     if !url.username().is_empty() || url.password().is_some() {
@@ -455,135 +497,114 @@ fn check_endpoint(given: &str) -> Result<(String, bool)> {
         url::Host::Ipv4(a) => a.is_loopback(),
         url::Host::Ipv6(a) => a.is_loopback(),
     };
-    let http = match url.scheme() {
-        "https" => false,
-        "http" if loopback => true,
-        "http" => {
-            return Err(bad(
-                "plain http is allowed only for a loopback host (127.0.0.1, ::1, localhost); use https",
-            ));
-        }
+    let transport = match url.scheme() {
+        "https" => Transport::Https,
+        "http" if loopback => Transport::LoopbackHttp,
+        "http" => Transport::RemoteHttp,
         _ => return Err(bad("expected an http(s) URL")),
     };
-    Ok((given.trim_end_matches('/').to_owned(), http))
+    Ok((given.trim_end_matches('/').to_owned(), transport))
 }
 
-/// Resolves the credentials of the process environment only to register
-/// them with the redaction point (for the bundle guard of `audit`); a
-/// failure to resolve is not an error here.
-pub fn register_credentials_from_env() {
-    let _ = S3Config::resolve(&Env::from_process(), None);
+/// Registers with the redaction point the credentials the environment and
+/// every profile of the shared files hold as plain values (for the bundle
+/// guard of `audit`), without asking any server or process for them; a
+/// file that cannot be read or parsed registers nothing.
+pub async fn register_credentials_from_env() {
+    let _ = check_environment_keys();
+    let Ok(profiles) = aws_config::profile::load(
+        &aws_types::os_shim_internal::Fs::real(),
+        &aws_types::os_shim_internal::Env::real(),
+        &aws_runtime::env_config::file::EnvConfigFiles::default(),
+        None,
+    )
+    .await
+    else {
+        return;
+    };
+    for name in profiles.profiles() {
+        let Some(p) = profiles.get_profile(name) else {
+            continue;
+        };
+        for key in [
+            "aws_access_key_id",
+            "aws_secret_access_key",
+            "aws_session_token",
+        ] {
+            if let Some(v) = p.get(key).filter(|v| !v.is_empty()) {
+                ftpipe_secrets::register(v);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Env {
-        Env::from_vars(
-            pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        )
-    }
-
     #[test]
-    fn environment_keys_win_and_are_registered() {
-        let c = S3Config::resolve(
-            &env(&[
-                ("AWS_ACCESS_KEY_ID", "AKIAENVKEYID0000001"),
-                ("AWS_SECRET_ACCESS_KEY", "env-secret-value-0001"),
-                ("AWS_REGION", "eu-west-1"),
-            ]),
-            Some("http://127.0.0.1:9000/"),
-        )
-        .unwrap();
-        assert_eq!(c.region, "eu-west-1");
-        assert_eq!(c.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
-        assert!(c.allow_http);
-        assert!(ftpipe_secrets::contains_secret(
-            b"x env-secret-value-0001 y"
-        ));
-        assert!(!format!("{c:?}").contains("env-secret-value-0001"));
-    }
-
-    #[test]
-    fn a_profile_from_the_shared_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let creds = dir.path().join("credentials");
-        let config = dir.path().join("config");
-        std::fs::write(
-            &creds,
-            "[default]\naws_access_key_id = AKIADEFAULT000000001\naws_secret_access_key = default-secret-0001\n\n[ci]\naws_access_key_id=AKIACI00000000000001\naws_secret_access_key=ci-profile-secret-0001\naws_session_token=ci-session-token-0001\n",
-        )
-        .unwrap();
-        std::fs::write(
-            &config,
-            "[profile ci]\nregion = ap-south-1\nendpoint_url = http://localhost:4566\n",
-        )
-        .unwrap();
-        let c = S3Config::resolve(
-            &env(&[
-                ("AWS_PROFILE", "ci"),
-                ("AWS_SHARED_CREDENTIALS_FILE", creds.to_str().unwrap()),
-                ("AWS_CONFIG_FILE", config.to_str().unwrap()),
-            ]),
-            None,
-        )
-        .unwrap();
-        assert_eq!(c.region, "ap-south-1");
-        assert_eq!(c.access_key_id, "AKIACI00000000000001");
-        assert_eq!(c.session_token.as_deref(), Some("ci-session-token-0001"));
-        assert_eq!(c.endpoint.as_deref(), Some("http://localhost:4566"));
-        assert!(ftpipe_secrets::contains_secret(b"ci-profile-secret-0001"));
-        assert!(ftpipe_secrets::contains_secret(b"ci-session-token-0001"));
-    }
-
-    #[test]
-    fn missing_or_half_credentials_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let home = dir.path().to_str().unwrap();
-        let e = S3Config::resolve(&env(&[("HOME", home)]), None).unwrap_err();
-        assert!(e.to_string().contains("AWS_ACCESS_KEY_ID"), "{e}");
-        let e = S3Config::resolve(
-            &env(&[("HOME", home), ("AWS_ACCESS_KEY_ID", "AKIAX")]),
-            None,
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("AWS_SECRET_ACCESS_KEY is not"),
-            "{e}"
-        );
-        let e =
-            S3Config::resolve(&env(&[("HOME", home), ("AWS_PROFILE", "nope")]), None).unwrap_err();
-        assert!(e.to_string().contains("profile nope"), "{e}");
-        let bad = dir.path().join("bad");
-        std::fs::write(&bad, "[default]\nthis line holds a-secret-like-value\n").unwrap();
-        let e = S3Config::resolve(
-            &env(&[("AWS_SHARED_CREDENTIALS_FILE", bad.to_str().unwrap())]),
-            None,
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("line 2"), "{e}");
-        assert!(!e.to_string().contains("a-secret-like-value"), "{e}");
-    }
-
-    #[test]
-    fn endpoints_with_credentials_or_remote_http_are_refused() {
-        let keys = [
-            ("AWS_ACCESS_KEY_ID", "AKIAENDPOINT00000001"),
-            ("AWS_SECRET_ACCESS_KEY", "endpoint-secret-0001"),
-        ];
-        let e = S3Config::resolve(
-            &env(&keys),
-            Some("http://user:pass-word-0001@127.0.0.1:9000"),
-        )
-        .unwrap_err();
+    fn endpoints_with_credentials_are_refused_and_remote_http_is_warned_of() {
+        let e = check_endpoint("http://user:pass-word-0001@127.0.0.1:9000").unwrap_err();
         assert!(!e.to_string().contains("pass-word-0001"), "{e}");
         assert!(e.to_string().contains("credentials in the endpoint"), "{e}");
-        let e = S3Config::resolve(&env(&keys), Some("http://s3.example.com")).unwrap_err();
-        assert!(e.to_string().contains("loopback"), "{e}");
-        let c = S3Config::resolve(&env(&keys), Some("https://s3.example.com")).unwrap();
-        assert!(!c.allow_http);
+        let (e, t) = check_endpoint("http://minio.internal:9000/").unwrap();
+        assert_eq!(
+            (e.as_str(), t),
+            ("http://minio.internal:9000", Transport::RemoteHttp)
+        );
+        let (_, t) = check_endpoint("http://127.0.0.1:9000").unwrap();
+        assert_eq!(t, Transport::LoopbackHttp);
+        let (_, t) = check_endpoint("https://s3.example.com").unwrap();
+        assert_eq!(t, Transport::Https);
+        assert!(check_endpoint("ftp://s3.example.com").is_err());
+    }
+
+    /// A chain answering credentials valid for `valid`, counting its calls.
+    fn counting_chain(valid: Duration) -> (ChainCredentials, Arc<std::sync::atomic::AtomicUsize>) {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&calls);
+        let chain = aws_credential_types::credential_fn::provide_credentials_fn(move || {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                Ok(Credentials::new(
+                    "AKIACHAINTEST0000001",
+                    format!("chain-secret-{n}-0000000001"),
+                    None,
+                    Some(SystemTime::now() + valid),
+                    "test",
+                ))
+            }
+        });
+        (
+            ChainCredentials::new(SharedCredentialsProvider::new(chain)),
+            calls,
+        )
+    }
+
+    #[tokio::test]
+    async fn credentials_are_held_until_near_expiry_and_registered() {
+        let (c, calls) = counting_chain(Duration::from_secs(3600));
+        c.first().await.unwrap();
+        for _ in 0..3 {
+            let got = c.get_credential().await.unwrap();
+            assert_eq!(got.secret_key, "chain-secret-0-0000000001");
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(ftpipe_secrets::contains_secret(
+            b"x chain-secret-0-0000000001 y"
+        ));
+        // Within the renewal margin: every use asks the chain again.
+        let (c, calls) = counting_chain(REFRESH_BEFORE_EXPIRY / 2);
+        c.first().await.unwrap();
+        let got = c.get_credential().await.unwrap();
+        assert_eq!(got.secret_key, "chain-secret-1-0000000001");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn regions_are_checked() {
+        assert_eq!(checked_region(None).unwrap(), "us-east-1");
+        assert_eq!(checked_region(Some("eu-west-1")).unwrap(), "eu-west-1");
+        assert!(checked_region(Some("eu west")).is_err());
     }
 }

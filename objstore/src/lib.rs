@@ -7,9 +7,11 @@
 //! Modules:
 //! - `location`: [`S3Location`] (`s3://BUCKET/PREFIX`) and the object keys
 //!   of a published artifact under it ([`ArtifactKeys`]).
-//! - `credentials`: [`S3Config`], resolved the AWS way (environment, then
-//!   `AWS_PROFILE` in the shared credentials and config files), every
-//!   secret registered with the redaction point as it is read.
+//! - `credentials`: [`S3Config`], resolved by the AWS SDK's default chain
+//!   (environment, profiles with keys, `credential_process`, SSO or roles,
+//!   web identity, container and instance credentials), adapted to
+//!   `object_store`'s credential provider; every secret registered with the
+//!   redaction point as it is obtained.
 //! - `checksum`: [`StoreChecksum`], the checksum a store computed itself
 //!   from an object's bytes (whole, or over its parts), and what it proves.
 //! - `client`: [`S3`], the requests (head, head with the store checksum,
@@ -22,7 +24,9 @@
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
 //!   upload, a receipt a part's ETag with its checksum).
-//! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`].
+//! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`]; a
+//!   server's S3 error document read into [`ServerAnswer`] and
+//!   [`S3Refusal`] (one sentence with the fix per common code, no XML).
 //!
 //! Imports run one way: `error`, `location` and `checksum` are leaves,
 //! `credentials` builds on them, `client` on all of them; `target` names `client`'s answer
@@ -46,8 +50,8 @@ pub use client::{
     Head, MAX_PART_NUMBER, MIN_PART_SIZE, ObjectBody, Precondition, Put, RangeGet, S3,
     SHA256_METADATA,
 };
-pub use credentials::{DEFAULT_READ_TIMEOUT, Env, S3Config, register_credentials_from_env};
-pub use error::{ObjStoreError, Result};
+pub use credentials::{DEFAULT_READ_TIMEOUT, S3Config, Transport, register_credentials_from_env};
+pub use error::{ObjStoreError, Result, S3Refusal, ServerAnswer};
 pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
 pub use target::{

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ftpipe_objstore::{
-    Env, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
+    ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
     StoreChecksum, sha256_of,
 };
 
@@ -104,16 +104,14 @@ fn start_moto() -> Moto {
 }
 
 fn target(m: &Moto, prefix: &str) -> SharedTarget {
-    let env = Env::from_vars([
-        ("AWS_ACCESS_KEY_ID".into(), "AKIAFTPIPETESTKEY001".into()),
-        (
-            "AWS_SECRET_ACCESS_KEY".into(),
-            "ftpipe-test-secret-access-key-0001".into(),
-        ),
-        ("AWS_REGION".into(), "us-east-1".into()),
-    ]);
     let endpoint = format!("http://{}", m.addr);
-    let config = S3Config::resolve(&env, Some(&endpoint)).unwrap();
+    let config = S3Config::from_keys(
+        Some(&endpoint),
+        "us-east-1",
+        "AKIAFTPIPETESTKEY001",
+        "ftpipe-test-secret-access-key-0001",
+    )
+    .unwrap();
     let location = S3Location::parse(&format!("s3://{BUCKET}/{prefix}")).unwrap();
     Arc::new(S3::open(&config, location).unwrap())
 }

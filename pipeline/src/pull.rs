@@ -33,7 +33,7 @@ use ftpipe_artifact::verify::{
 };
 use ftpipe_fetch::{ByteSource, FetchCtx, FetchOptions, fetch, reconcile};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_fs::durable::write_atomic;
+use ftpipe_fs::durable::{remove_temp_files, write_atomic};
 use ftpipe_fs::paths::validate_repo_path;
 use ftpipe_objstore::{S3, S3Config, S3Location};
 use ftpipe_progress::Reporter;
@@ -354,6 +354,11 @@ impl Pipeline {
                     what: "missing; the manifest's artifact has a placement".into(),
                 })?;
             check_placement(&placement_url, &placement.bytes, fingerprint)?;
+            // A pull killed while writing `placement.json` or
+            // `manifest.json` left its temp file; every component is
+            // durable by now and this pull holds DIR's lock, so any temp
+            // file in the artifact is stale (verify would refuse it).
+            block_in_place(|| remove_temp_files(&artifact))?;
             block_in_place(|| write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes))?;
             // `manifest.json` is what a runtime waits for: it reaches its
             // final name only once the artifact it describes has passed.

@@ -154,10 +154,12 @@ impl HubArgs {
 pub struct S3Args {
     /// S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else
     /// AWS_ENDPOINT_URL, else the profile's endpoint_url, else AWS). Plain
-    /// http only for a loopback host. Credentials come from
-    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, else
-    /// AWS_PROFILE in ~/.aws/credentials and ~/.aws/config; the region from
-    /// AWS_REGION, else the profile, else us-east-1.
+    /// http is accepted, with a warning unless the host is loopback.
+    /// Credentials and region come from the AWS default chain: the
+    /// environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config
+    /// (keys, credential_process, sso, role_arn), web identity
+    /// (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials,
+    /// the instance profile; the region else us-east-1.
     #[arg(long, value_name = "URL")]
     pub s3_endpoint: Option<String>,
 }
@@ -166,11 +168,11 @@ impl S3Args {
     /// Credentials, region and endpoint the AWS way (every secret
     /// registered with the redaction point as it is read), with `stall`'s
     /// read timeout.
-    pub fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
-        let config = ftpipe_objstore::S3Config::resolve(
-            &ftpipe_objstore::Env::from_process(),
-            self.s3_endpoint.as_deref(),
-        )?;
+    pub async fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
+        let config = ftpipe_objstore::S3Config::resolve(self.s3_endpoint.as_deref()).await?;
+        if let Some(w) = config.unencrypted_warning() {
+            eprintln!("warning: {w}");
+        }
         Ok(config.with_read_timeout(stall.duration()?))
     }
 }

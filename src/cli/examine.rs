@@ -143,7 +143,7 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<bool> {
         // the bundle guard scans for.
         load_token(args.token_file.as_deref())?;
         // The object-store credentials too (publish and pull hold them).
-        ftpipe_objstore::register_credentials_from_env();
+        ftpipe_objstore::register_credentials_from_env().await;
     }
     let (a, b) =
         ftpipe_pipeline::audit_with_bundle(&args.out, args.deep, args.bundle.as_deref()).await?;

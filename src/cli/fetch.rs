@@ -57,7 +57,7 @@ pub struct FetchArgs {
 
 impl FetchArgs {
     /// The fetch these flags ask for, `jobs` files at once.
-    pub fn params(&self, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
+    pub async fn params(&self, jobs: usize) -> anyhow::Result<(FetchParams, Session)> {
         let options = fetch_options(
             jobs,
             &self.transfer,
@@ -68,14 +68,14 @@ impl FetchArgs {
         let resolve =
             self.hub
                 .resolve_request(self.repin, self.include.clone(), self.exclude.clone());
-        fetch_params(&self.hub, resolve, options, self.reacquire)
+        fetch_params(&self.hub, resolve, options, self.reacquire).await
     }
 }
 
 /// Runs a fetch and returns whether everything verified.
 pub async fn run(args: FetchArgs) -> anyhow::Result<bool> {
     let jobs = args.jobs.unwrap_or(DEFAULT_FETCH_JOBS);
-    let (params, session) = args.params(jobs)?;
+    let (params, session) = args.params(jobs).await?;
     fetch_into(&args.hub.out, params, &session, args.progress).await
 }
 
@@ -106,13 +106,13 @@ pub async fn fetch_into(
 /// The one builder of [`FetchParams`]: `resolve` from the hub or the
 /// mirror `hub` names, with its token, cache and offline choice, and
 /// `options`.
-pub fn fetch_params(
+pub async fn fetch_params(
     hub: &HubArgs,
     resolve: ResolveRequest,
     options: FetchOptions,
     reacquire: bool,
 ) -> anyhow::Result<(FetchParams, Session)> {
-    let mirror = mirror_of_endpoint(hub)?;
+    let mirror = mirror_of_endpoint(hub).await?;
     let (token, token_source) = load_token(hub.token_file.as_deref())?;
     let cache = hf_cache(hub)?;
     let offline = hub.offline || offline_env();
@@ -140,7 +140,7 @@ pub fn fetch_params(
 /// `s3://BUCKET/PREFIX` (with the store's configuration), else `None`: a
 /// hub URL (checked by [`ftpipe_pipeline::Endpoint::parse`], the one
 /// reading of `--endpoint`), which `--s3-endpoint` does not apply to.
-pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>> {
+pub async fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>> {
     let endpoint = &hub.origin.endpoint;
     match ftpipe_pipeline::Endpoint::parse(endpoint)? {
         ftpipe_pipeline::Endpoint::Hub(_) if hub.s3.s3_endpoint.is_some() => bail!(
@@ -150,7 +150,7 @@ pub fn mirror_of_endpoint(hub: &HubArgs) -> anyhow::Result<Option<MirrorParams>>
         ftpipe_pipeline::Endpoint::Hub(_) => Ok(None),
         ftpipe_pipeline::Endpoint::Mirror(location) => Ok(Some(MirrorParams {
             location,
-            config: hub.s3.config(hub.stall)?,
+            config: hub.s3.config(hub.stall).await?,
         })),
     }
 }

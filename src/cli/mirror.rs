@@ -58,7 +58,7 @@ fn for_a_repo(arg: Arg) -> Arg {
 pub async fn run(args: MirrorArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
     args.upload.check()?;
-    let config = args.s3.config(args.upload.stall)?;
+    let config = args.s3.config(args.upload.stall).await?;
     let dir = mirror_source_dir(&args).await?;
     if !ftpipe_pipeline::Layout::new(&dir).db().is_file() {
         bail!(
@@ -144,7 +144,7 @@ async fn fetch_repo(args: &MirrorArgs, out: &Path) -> anyhow::Result<()> {
         jobs: DEFAULT_FETCH_JOBS,
         ..FetchOptions::default()
     };
-    let (params, session) = fetch_params(&hub, resolve, options, false)?;
+    let (params, session) = fetch_params(&hub, resolve, options, false).await?;
     let progress = ProgressArgs {
         quiet: args.upload.quiet || args.upload.json,
         json: false,

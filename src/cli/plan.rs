@@ -46,12 +46,12 @@ pub struct PlanArgs {
 
 /// Where the plan reads headers: the mirror `--endpoint` names, the hub
 /// (`--remote`), or DIR/source.
-fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
+async fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
     let hub = &args.hub;
     if !args.remote {
         return Ok(PlanSource::Local);
     }
-    Ok(match mirror_of_endpoint(hub)? {
+    Ok(match mirror_of_endpoint(hub).await? {
         Some(m) => PlanSource::Mirror(m),
         None => PlanSource::Remote {
             endpoint: hub.origin.endpoint.clone(),
@@ -65,7 +65,7 @@ fn plan_source(args: &PlanArgs) -> anyhow::Result<PlanSource> {
 /// Plans the conversion (remote: headers over HTTP Range at the pinned or
 /// freshly resolved commit; local: DIR/source) and prints it.
 pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
-    let source = plan_source(&args)?;
+    let source = plan_source(&args).await?;
     let opts = ftpipe_convert::PlanOptions {
         protect: Vec::new(),
         recipe: match &args.recipe {

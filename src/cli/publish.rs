@@ -39,7 +39,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
             artifact.display()
         );
     }
-    let config = args.s3.config(args.upload.stall)?;
+    let config = args.s3.config(args.upload.stall).await?;
     let session = S3Session::of(&config);
     let pipeline = Pipeline::open(&args.dir, "publish").await?;
     let outcome = pipeline

@@ -74,7 +74,7 @@ fn in_pull_words(arg: Arg) -> Arg {
 /// Pulls a published artifact into DIR/artifact.
 pub async fn run(args: PullArgs) -> anyhow::Result<bool> {
     let location = ftpipe_objstore::S3Location::parse(&args.source)?;
-    let config = args.s3.config(args.stall)?;
+    let config = args.s3.config(args.stall).await?;
     let session = S3Session::of(&config);
     let options = fetch_options(
         args.jobs.min(args.transfer.connections),

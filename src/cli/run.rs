@@ -56,7 +56,7 @@ impl RunArgs {
 
 /// The whole chain; a finished run is a no-op that says so.
 pub async fn run(args: RunArgs) -> anyhow::Result<bool> {
-    let (params, session) = args.fetch.params(args.fetch_jobs())?;
+    let (params, session) = args.fetch.params(args.fetch_jobs()).await?;
     let opts = args
         .tuning
         .options(args.convert_jobs(), !args.fetch.no_preflight)?;

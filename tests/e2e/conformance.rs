@@ -99,6 +99,11 @@ impl Source for Hub {
             },
             Lie::RefuseRange => Fault::RangeNotSatisfiable,
             Lie::Endless => Fault::EndlessBody,
+            // The hub's load shedding: a 503 (no S3 error document).
+            Lie::SlowDown => Fault::RetryAfter {
+                status: 503,
+                secs: 1,
+            },
             Lie::Stall { after, hold } => Fault::Stall {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),

@@ -72,6 +72,10 @@
 //! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
 //!   identical verified artifacts, no-op re-runs, hostile manifests, a
 //!   truncated or replaced object, racing publishers, credentials.
+//! * `s3_credentials`: the AWS default chain (web identity through STS, a
+//!   `credential_process` profile, none found listing what was tried), a
+//!   plain-http endpoint on another host, one sentence per common S3
+//!   failure (moto enforcing IAM authentication).
 //! * `s3_crash`: kill storms over `publish` and over `pull`.
 //! * `s3_powercut`: power cuts during `pull` and during `publish` (the
 //!   power-cut filesystem under the node's DIR).
@@ -156,6 +160,7 @@ mod powercut;
 mod recipe;
 mod s3;
 mod s3_crash;
+mod s3_credentials;
 mod s3_mirror;
 mod s3_powercut;
 mod s3_pull_verify;

@@ -60,7 +60,7 @@ pub fn summary(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no summary:\n{}", stderr(o)))
 }
 
-fn ok(o: Output, what: &str) -> Output {
+pub fn ok(o: Output, what: &str) -> Output {
     assert!(
         o.status.success(),
         "{what} failed ({:?}):\n{}\n{}",

@@ -37,3 +37,40 @@ fn a_pulled_artifact_that_fails_verify_gets_no_manifest() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(manifest_sha(&out), manifest_sha(&src));
 }
+
+/// A pull killed while writing `manifest.json` (or `placement.json`) left
+/// `manifest.json.ftpipe-tmp` in the artifact, and every later pull of that
+/// DIR failed verification on the stale temp file (exit 6, seen in
+/// `s3_crash::kill_storm_over_pull`). The pull now removes the artifact's
+/// stale temp files before it verifies (it holds DIR's lock, and every
+/// component is durable by then).
+#[test]
+fn a_pull_killed_while_writing_the_manifest_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 312);
+    let m = Moto::start();
+    let dest = "s3://models/killed-at-manifest";
+    let o = publish(&m, home, &src, dest);
+    assert!(o.status.success(), "publish: {}", stderr(&o));
+    let out = tmp.path().join("pulled");
+    let o = pull(&m, home, dest, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // What a SIGKILL inside the manifest's write leaves: its temp file
+    // (half written), not yet renamed; the placement's likewise.
+    let artifact = out.join("artifact");
+    let manifest = std::fs::read(artifact.join("manifest.json")).unwrap();
+    std::fs::remove_file(artifact.join("manifest.json")).unwrap();
+    std::fs::write(
+        artifact.join("manifest.json.ftpipe-tmp"),
+        &manifest[..manifest.len() / 2],
+    )
+    .unwrap();
+    std::fs::write(artifact.join("placement.json.ftpipe-tmp"), b"{").unwrap();
+    let o = pull(&m, home, dest, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(manifest_sha(&out), manifest_sha(&src));
+    assert!(!artifact.join("manifest.json.ftpipe-tmp").exists());
+    assert!(!artifact.join("placement.json.ftpipe-tmp").exists());
+    run_ok(ftpipe().arg("verify").arg(&artifact).arg("--deep"));
+}

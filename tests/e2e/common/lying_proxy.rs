@@ -28,6 +28,9 @@ pub enum Lie {
     /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
     /// bytes */SIZE` of the object upstream), whatever was asked.
     RefuseRange,
+    /// Answers `503 Slow Down` with S3's `SlowDown` error document, as S3
+    /// does when it sheds load; nothing goes upstream.
+    SlowDown,
     /// Sends the answer's head and `after` body bytes, then nothing for
     /// `hold` (the connection open), then the rest.
     Stall {
@@ -51,6 +54,8 @@ pub struct Seen {
     pub target: String,
     /// Its `Range`, if any.
     pub range: Option<String>,
+    /// The access key id its `Authorization` header names, if any.
+    pub key_id: Option<String>,
 }
 
 #[derive(Default)]
@@ -151,7 +156,17 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         method,
         target,
         range: range.clone(),
+        key_id: header("authorization").and_then(|a| {
+            let (_, rest) = a.split_once("Credential=")?;
+            rest.split('/').next().map(str::to_owned)
+        }),
     });
+    if lie == Some(Lie::SlowDown) {
+        let mut conn = conn;
+        conn.write_all(SLOW_DOWN.as_bytes())?;
+        conn.flush()?;
+        return conn.shutdown(Shutdown::Both);
+    }
     let mut up = format!("{request_line}\r\n");
     for h in head.iter().skip(1) {
         let name = h.split(':').next().unwrap_or_default().trim();
@@ -205,6 +220,12 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     conn.flush()?;
     conn.shutdown(Shutdown::Both)
 }
+
+/// What S3 answers when it sheds load.
+const SLOW_DOWN: &str = "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n\
+    Content-Length: 163\r\nConnection: close\r\n\r\n\
+    <?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
+    <Message>Please reduce your request rate.</Message><RequestId>LYINGPROXY0001</RequestId></Error>";
 
 /// `head` re-sent chunked and `body` followed by zeros, until the client
 /// hangs up or [`ENDLESS_CAP`] bytes went out.

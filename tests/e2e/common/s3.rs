@@ -9,7 +9,7 @@
 //! would: moto accepts unsigned requests.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -47,25 +47,32 @@ pub struct Moto {
     _log: tempfile::NamedTempFile,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+fn free_port(ip: IpAddr) -> u16 {
+    TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
         .expect("bind a free loopback port")
         .port()
 }
 
 impl Moto {
-    /// Starts a server with bucket [`BUCKET`] and waits until it answers.
+    /// Starts a server on loopback with bucket [`BUCKET`] and waits until
+    /// it answers.
     pub fn start() -> Moto {
+        Moto::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Starts a server listening on `ip` (an address of this machine) with
+    /// bucket [`BUCKET`] and waits until it answers.
+    pub fn start_on(ip: IpAddr) -> Moto {
         for _ in 0..5 {
-            let port = free_port();
+            let port = free_port(ip);
             let log = tempfile::NamedTempFile::new().unwrap();
             let child = Command::new("python3")
                 .args([
                     "-m",
                     "moto.server",
                     "-H",
-                    "127.0.0.1",
+                    &ip.to_string(),
                     "-p",
                     &port.to_string(),
                 ])
@@ -79,7 +86,7 @@ impl Moto {
                 .expect("spawn python3 (needed for moto)");
             let mut m = Moto {
                 child,
-                addr: SocketAddr::from(([127, 0, 0, 1], port)),
+                addr: SocketAddr::new(ip, port),
                 _log: log,
             };
             let t = Instant::now();
@@ -110,13 +117,117 @@ impl Moto {
             let _ = m.child.kill();
         }
         panic!(
-            "moto server did not start on loopback (python3 -m moto.server; install: python3 -m pip install 'moto[server]==5.2.1')"
+            "moto server did not start on {ip} (python3 -m moto.server; install: python3 -m pip install 'moto[server]==5.2.1')"
         );
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://IP:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// A request of moto's query API (IAM, STS) with `params` as its form
+    /// body, unsigned (accepted until [`Moto::enforce_auth`]); its answer's
+    /// body, which must be a `200`.
+    pub fn query(&self, service: &str, params: &[(&str, &str)]) -> String {
+        let body: Vec<String> = params
+            .iter()
+            .map(|(k, v)| format!("{}={}", form_encode(k), form_encode(v)))
+            .collect();
+        let body = body.join("&");
+        let scope = format!(
+            "AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, Signature=00"
+        );
+        let (status, _, answer) = self
+            .request(
+                "POST",
+                "/",
+                &scope,
+                &[("Content-Type", "application/x-www-form-urlencoded")],
+                body.as_bytes(),
+            )
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        assert_eq!(status, 200, "{service} {params:?}: {text}");
+        text
+    }
+
+    /// An IAM user with an access key, allowed every S3 action when
+    /// `s3_allowed`; its access key id and secret access key.
+    pub fn iam_user(&self, name: &str, s3_allowed: bool) -> (String, String) {
+        self.query(
+            "iam",
+            &[
+                ("Action", "CreateUser"),
+                ("UserName", name),
+                ("Version", "2010-05-08"),
+            ],
+        );
+        if s3_allowed {
+            self.query(
+                "iam",
+                &[
+                    ("Action", "PutUserPolicy"),
+                    ("UserName", name),
+                    ("PolicyName", "s3"),
+                    ("PolicyDocument", ALLOW_S3),
+                    ("Version", "2010-05-08"),
+                ],
+            );
+        }
+        let key = self.query(
+            "iam",
+            &[
+                ("Action", "CreateAccessKey"),
+                ("UserName", name),
+                ("Version", "2010-05-08"),
+            ],
+        );
+        (
+            xml_text(&key, "AccessKeyId").expect("CreateAccessKey: AccessKeyId"),
+            xml_text(&key, "SecretAccessKey").expect("CreateAccessKey: SecretAccessKey"),
+        )
+    }
+
+    /// An IAM role any web identity may assume, allowed every S3 action;
+    /// its ARN.
+    pub fn iam_role(&self, name: &str) -> String {
+        let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Federated":"*"},"Action":"sts:AssumeRoleWithWebIdentity"}]}"#;
+        let role = self.query(
+            "iam",
+            &[
+                ("Action", "CreateRole"),
+                ("RoleName", name),
+                ("AssumeRolePolicyDocument", trust),
+                ("Version", "2010-05-08"),
+            ],
+        );
+        self.query(
+            "iam",
+            &[
+                ("Action", "PutRolePolicy"),
+                ("RoleName", name),
+                ("PolicyName", "s3"),
+                ("PolicyDocument", ALLOW_S3),
+                ("Version", "2010-05-08"),
+            ],
+        );
+        xml_text(&role, "Arn").expect("CreateRole: Arn")
+    }
+
+    /// From now on every request must be signed by a key moto's IAM knows
+    /// and be allowed by its policies (moto's `reset-auth`); the unsigned
+    /// raw helpers stop working.
+    pub fn enforce_auth(&self) {
+        let (status, _, body) = self
+            .request("POST", "/moto-api/reset-auth", "", &[], b"0")
+            .unwrap();
+        assert_eq!(
+            status,
+            200,
+            "reset-auth: {}",
+            String::from_utf8_lossy(&body)
+        );
     }
 
     /// One unsigned HTTP/1.1 request; the status and body.
@@ -140,17 +251,35 @@ impl Moto {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> std::io::Result<(u16, String, Vec<u8>)> {
-        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(60)))?;
         // moto checks no signature, but takes the key id from the
         // Authorization header for its ACLs: the objects ftpipe wrote are
         // this key's, and an anonymous request is refused them.
+        let auth = format!(
+            "AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"
+        );
+        self.request(method, path, &auth, headers, body)
+    }
+
+    /// One HTTP/1.1 request with `authorization` (none when empty); the
+    /// status, the response head and the body.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<(u16, String, Vec<u8>)> {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
-             Authorization: AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
             self.addr,
             body.len()
         );
+        if !authorization.is_empty() {
+            req.push_str(&format!("Authorization: {authorization}\r\n"));
+        }
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -276,4 +405,29 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&b[start..(start + size).min(b.len())]);
         b = &b[(start + size + 2).min(b.len())..];
     }
+}
+
+/// A policy allowing every S3 action on every resource.
+const ALLOW_S3: &str =
+    r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"s3:*","Resource":"*"}]}"#;
+
+/// `v` percent-encoded for a form body (every byte but the unreserved).
+fn form_encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// The text of the first `<NAME>` element of `xml`.
+pub fn xml_text(xml: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let start = xml.find(&open)? + open.len();
+    let len = xml[start..].find(&format!("</{name}>"))?;
+    Some(xml[start..start + len].to_owned())
 }
