@@ -97,48 +97,9 @@ fn root_page(root: &clap::Command, source: &str) -> Vec<u8> {
         man.render_extra_section(&mut roff)
             .expect("rendering into memory cannot fail");
     }
-    roff.extend_from_slice(exit_status_section().as_bytes());
+    roff.extend_from_slice(crate::exit::roff_section().as_bytes());
     man.render_version_section(&mut roff)
         .expect("rendering into memory cannot fail");
-    roff
-}
-
-/// The EXIT STATUS section in roff: the codes of `crate::exit` (the
-/// README's table says more).
-fn exit_status_section() -> String {
-    use crate::exit;
-    let codes = [
-        (0, "done, and everything verified and reconciles"),
-        (
-            exit::FAILURE,
-            "an error (network, bad source, stale artifact, conflict on disk, ...); the message names the file, tensor or header and what was expected",
-        ),
-        (2, "bad command line"),
-        (
-            exit::LOCKED,
-            "another ftpipe holds the lock on DIR (its PID is printed)",
-        ),
-        (
-            exit::AUDIT_FAILED,
-            "finished, but the audit is not clean (unverified files, mismatching components, reconciliation error)",
-        ),
-        (
-            exit::NO_SPACE,
-            "not enough space on the target volume (found by a preflight or by a write that met a full disk); free space and re-run to resume",
-        ),
-        (
-            exit::VERIFY_FAILED,
-            "the artifact failed verification (each problem is listed)",
-        ),
-        (
-            exit::INTERNAL,
-            "an internal error: a broken invariant or a task that panicked (a bug; durable state is kept, so a re-run resumes)",
-        ),
-    ];
-    let mut roff = String::from(".SH \"EXIT STATUS\"\n");
-    for (code, meaning) in codes {
-        roff.push_str(&format!(".TP\n{code}\n{}\n", meaning.replace('-', "\\-")));
-    }
     roff
 }
 

@@ -29,6 +29,8 @@
 //!   401's message) or an endpoint holding credentials leaks it nowhere.
 //! * `bad_input`: hostile or inconsistent listings, JSON, sizes and files on
 //!   disk end in a clear error.
+//! * `error_advice`: a hub's 401/403/404, an endpoint that does not answer
+//!   and an `--out` that is a file each say what to do in one sentence.
 //! * `limits`: everything read from outside is bounded (listing, manifest).
 //! * `tty_progress`: the progress bars in a real terminal (tmux).
 //! * `plan`: `ftpipe plan`, remote (headers over HTTP Range) and local.
@@ -130,6 +132,7 @@ mod crash;
 mod demo;
 mod disk_budget;
 mod disk_full;
+mod error_advice;
 mod faults;
 mod fetch_basic;
 mod hardening;
