@@ -51,8 +51,6 @@ mod verify_view;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use ftpipe_artifact::ArtifactError;
 use ftpipe_convert::ConvertError;
 use ftpipe_fetch::FetchError;
@@ -193,7 +191,7 @@ fn main() -> ExitCode {
         )
         .with_writer(output::LogWriter::default)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let facts = advice::Facts::of(&cli.command);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -228,6 +226,8 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
     #[test]

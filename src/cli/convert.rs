@@ -8,12 +8,13 @@ use clap::builder::RangedU64ValueParser;
 use ftpipe_convert::ConvertOptions;
 use ftpipe_pipeline::Pipeline;
 
-use super::args::{DEFAULT_CONVERT_JOBS, ProgressArgs};
+use super::args::{DEFAULT_CONVERT_JOBS, ProgressArgs, heading};
 use super::summary::{Jobs, print_summary};
 use crate::size;
 
 /// Conversion choices shared by `convert` and `run`.
 #[derive(Args)]
+#[command(next_help_heading = heading::CONVERSION)]
 pub struct ConvertTuning {
     /// Delete each source shard once every component reading it is durable.
     #[arg(long)]

@@ -56,7 +56,9 @@ pub struct InspectArgs {
 /// `ftpipe verify`'s flags.
 #[derive(Args)]
 pub struct VerifyArgs {
-    /// The artifact directory (DIR/artifact, or a copy of it).
+    /// The artifact directory (DIR/artifact, or a copy of it), or the
+    /// DIR given as --out to the other commands (its artifact/ is checked).
+    #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// Also re-hash every component.
     #[arg(long)]
@@ -64,6 +66,18 @@ pub struct VerifyArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The artifact `dir` names: `dir` itself when it holds a manifest or
+/// holds no `artifact/` with one, else the `--out` DIR's `artifact/`.
+fn artifact_dir(dir: &Path) -> PathBuf {
+    let inner = ftpipe_pipeline::Layout::new(dir).artifact().to_owned();
+    let holds_manifest = |d: &Path| d.join(ftpipe_artifact::manifest::MANIFEST_FILE).is_file();
+    if !holds_manifest(dir) && holds_manifest(&inner) {
+        inner
+    } else {
+        dir.to_owned()
+    }
 }
 
 /// `verify` found problems (already listed on stdout).
@@ -154,9 +168,9 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<bool> {
 
 /// Verifies an artifact directory on its own; a failure is [`VerifyFailed`].
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
-    let r = tokio::task::block_in_place(|| {
-        ftpipe_artifact::verify::verify_artifact(&args.dir, args.deep)
-    })?;
+    let dir = artifact_dir(&args.dir);
+    let r =
+        tokio::task::block_in_place(|| ftpipe_artifact::verify::verify_artifact(&dir, args.deep))?;
     if args.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -9,7 +9,7 @@ use ftpipe_artifact::manifest::Partition;
 use ftpipe_hub::token::load_token;
 use ftpipe_pipeline::PlanSource;
 
-use super::args::HubArgs;
+use super::args::{HubArgs, heading};
 use super::fetch::{mirror_of_endpoint, offline_env};
 use crate::size;
 
@@ -20,27 +20,27 @@ pub struct PlanArgs {
     pub hub: HubArgs,
     /// Read only the safetensors headers from the hub (HTTP Range), no weights.
     /// Without it, plan from the sources in DIR/source/.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::HUB)]
     pub remote: bool,
     /// Print one JSON object.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub json: bool,
     /// Plan with this declarative TOML recipe instead of a built-in profile.
-    #[arg(long, value_name = "FILE.toml")]
+    #[arg(long, value_name = "FILE.toml", help_heading = heading::CONVERSION)]
     pub recipe: Option<PathBuf>,
     /// Plan for a fetch of only the files matching these globs (default:
     /// the selection DIR was pinned with).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub include: Vec<String>,
     /// Plan for a fetch that skips the files matching these globs.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub exclude: Vec<String>,
     /// Also schedule fetch, conversion and retirement so that the source
     /// bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes,
     /// 100GiB = 100·2^30): prints the predicted peak disk against an
     /// unbudgeted run, and the minimum feasible budget (a smaller SIZE is
     /// refused, naming it).
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, help_heading = heading::CONVERSION)]
     pub disk_budget: Option<u64>,
 }
 
