@@ -181,7 +181,7 @@ mod tests {
     /// empty help line.
     #[test]
     fn every_argument_of_every_command_has_help() {
-        let mut root = command();
+        let mut root = crate::cli::command();
         root.build();
         let mut checked = 0;
         for cmd in std::iter::once(&root).chain(root.get_subcommands()) {
@@ -210,7 +210,7 @@ mod tests {
     /// the object-storage ones AWS's.
     #[test]
     fn every_help_has_examples_and_environment() {
-        let mut root = command();
+        let mut root = crate::cli::command();
         root.build();
         for cmd in std::iter::once(&root).chain(root.get_subcommands()) {
             if cmd.get_name() == "help" {
@@ -243,7 +243,7 @@ mod tests {
     /// general list.
     #[test]
     fn run_groups_its_options_under_headings() {
-        let mut root = command();
+        let mut root = crate::cli::command();
         root.build();
         let run = root.find_subcommand("run").expect("run");
         let options: Vec<&clap::Arg> = run
