@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use ftpipe_progress::{ProgressEvent, Reporter};
+use ftpipe_progress::{ProgressEvent, Reporter, human};
 
 /// `--quiet`: no progress at all.
 pub struct Silent;
@@ -105,7 +105,7 @@ impl Bars {
         #[expect(clippy::cast_sign_loss, reason = "a non-negative rate; `as` saturates")]
         let rate = rate as u64;
         self.total
-            .set_message(format!("{}/s {eta}", indicatif::HumanBytes(rate)));
+            .set_message(format!("{}/s {eta}", human::bytes(rate)));
     }
 
     /// A bar for `path` above the total (once), at `resumed_from`.
@@ -311,9 +311,10 @@ impl Reporter for LogLines {
                 "{path}: retry {attempt} in {delay:.1?}{}: {error}",
                 waiting_note(retry_after_secs)
             )),
-            ProgressEvent::FilePublished { path, size, .. } => {
-                Some(format!("{path}: verified and published ({size} bytes)"))
-            }
+            ProgressEvent::FilePublished { path, size, .. } => Some(format!(
+                "{path}: verified and published ({})",
+                human::bytes(size)
+            )),
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),
             ProgressEvent::CacheRejected {
                 path,
@@ -349,7 +350,9 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
                 done: done_bytes,
             };
             Some(format!(
-                "fetch: {files} files, {total_bytes} bytes, {done_bytes} already durable"
+                "fetch: {files} files, {}, {} already durable",
+                human::bytes(total_bytes),
+                human::bytes(done_bytes)
             ))
         }
         ProgressEvent::FileBytes { bytes, .. } => {
@@ -359,8 +362,9 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
             }
             s.last = Instant::now();
             Some(format!(
-                "progress: {}/{} bytes",
-                s.fetch.done, s.fetch.total
+                "progress: {} of {}",
+                human::bytes(s.fetch.done),
+                human::bytes(s.fetch.total)
             ))
         }
         ProgressEvent::FileAdopted {
@@ -370,7 +374,8 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
         } => {
             s.fetch.done = s.fetch.done.saturating_add(size);
             Some(format!(
-                "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
+                "{path}: adopted from the Hugging Face cache ({placement}, {})",
+                human::bytes(size)
             ))
         }
         ProgressEvent::FileResumedFromCache { path, bytes } => {
@@ -397,14 +402,18 @@ fn convert_tally_line(tally: &mut Tally, event: ProgressEvent) -> Option<String>
                 done: done_bytes,
             };
             Some(format!(
-                "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
+                "convert: {components} components, {}, {} already durable",
+                human::bytes(total_bytes),
+                human::bytes(done_bytes)
             ))
         }
         ProgressEvent::ComponentWritten { path, kind, size } => {
             tally.done = tally.done.saturating_add(size);
             Some(format!(
-                "{path}: {kind} written and durable ({size} bytes; {}/{})",
-                tally.done, tally.total
+                "{path}: {kind} written and durable ({}; {} of {})",
+                human::bytes(size),
+                human::bytes(tally.done),
+                human::bytes(tally.total)
             ))
         }
         // Not a conversion tally event: `LogLines::report` prints it.

@@ -44,7 +44,10 @@ impl IoError {
 /// [`crate::require_space`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "not enough free space on {volume}: {available} bytes available, {needed} bytes still needed"
+    "not enough free space on {volume}: {available} bytes available ({}), {needed} bytes still \
+     needed ({})",
+    ftpipe_progress::human::bytes(*available),
+    ftpipe_progress::human::bytes(*needed)
 )]
 pub struct InsufficientSpace {
     /// A path on the volume.

@@ -74,11 +74,11 @@ use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_progress::Reporter;
-use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
+use ftpipe_receipts::{Pin, RetirementEvent, RunId, StageEvent, Store};
 
 pub use endpoint::Endpoint;
 pub use error::{PipelineError, Result};
-pub use ftpipe_receipts::SelectionGlobs;
+pub use ftpipe_receipts::{SelectionGlobs, Stage};
 pub use lock::DirLock;
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;

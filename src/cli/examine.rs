@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use ftpipe_hub::token::load_token;
+use ftpipe_pipeline::Stage;
+use ftpipe_progress::human;
 
 use crate::{table, verify_view};
 
@@ -112,7 +114,13 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
         None => println!("pin          none"),
     }
+    // A pulled DIR is read, fetched and verified: it never plans or
+    // converts, so those stages are not shown as pending.
+    let pulled = s.pin.as_ref().is_some_and(ftpipe_pipeline::is_pull_pin);
     for (stage, state) in &s.stages {
+        if pulled && matches!(stage, Stage::Plan | Stage::Convert) {
+            continue;
+        }
         println!("stage        {stage:<10} {state}");
     }
     println!(
@@ -120,11 +128,9 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         s.files, s.published, s.partial
     );
     println!(
-        "bytes        {} durable of {} expected ({} of {} bytes)",
-        indicatif::HumanBytes(s.durable_bytes),
-        indicatif::HumanBytes(s.expected_bytes),
-        s.durable_bytes,
-        s.expected_bytes
+        "bytes        {} durable of {} expected",
+        human::bytes(s.durable_bytes),
+        human::bytes(s.expected_bytes),
     );
 }
 
@@ -146,10 +152,10 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<bool> {
     }
     if let Some(b) = b {
         eprintln!(
-            "evidence bundle: {} ({} entries, {} bytes)",
+            "evidence bundle: {} ({} entries, {})",
             b.path.display(),
             b.entries,
-            b.bytes
+            human::bytes(b.bytes)
         );
     }
     Ok(a.ok)

@@ -12,6 +12,7 @@ use ftpipe_pipeline::PlanSource;
 use super::args::{HubArgs, heading};
 use super::fetch::{mirror_of_endpoint, offline_env};
 use crate::size;
+use ftpipe_progress::human;
 
 /// `ftpipe plan`'s flags.
 #[derive(Args)]
@@ -102,15 +103,15 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
 /// The plan as a fixed-width table: one line per component, then the total.
 fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let mut out = format!(
-        "profile {} (model_type {}), {} source files, {} bytes\n",
+        "profile {} (model_type {}), {} source files, {}\n",
         plan.profile,
         plan.model_type,
         plan.sources.len(),
-        plan.source_bytes
+        human::bytes(plan.source_bytes)
     );
     out.push_str(&format!(
         "{:<40} {:<16} {:>10} {:>16}\n",
-        "component", "kind", "items", "bytes"
+        "component", "kind", "items", "size"
     ));
     for c in &plan.components {
         out.push_str(&format!(
@@ -118,14 +119,15 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
             c.name,
             c.kind.as_str(),
             c.items,
-            c.predicted_bytes
+            human::bytes(c.predicted_bytes)
         ));
     }
     out.push_str(&format!(
-        "{:<40} {:<16} {:>10} {:>16}\n",
+        "{:<40} {:<16} {:>10} {:>16} ({} bytes; exact sizes: --json)\n",
         "total",
         "",
         plan.components.len(),
+        human::bytes(plan.total_bytes),
         plan.total_bytes
     ));
     let count = |p: Partition, fetched: bool| {
@@ -137,7 +139,8 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let (n, bytes) = plan.omitted_totals();
     if n > 0 {
         out.push_str(&format!(
-            "omitted: {n} source tensors, {bytes} bytes, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            "omitted: {n} source tensors, {}, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            human::bytes(bytes),
             count(Partition::Vision, true),
             count(Partition::Mtp, true)
         ));
@@ -145,15 +148,19 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let (n, bytes) = plan.not_fetched_totals();
     if n > 0 {
         out.push_str(&format!(
-            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {bytes} bytes left out of the fetch:\n",
+            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {} left out of the fetch:\n",
             count(Partition::Vision, false),
             count(Partition::Mtp, false),
-            plan.excluded_sources.len()
+            plan.excluded_sources.len(),
+            human::bytes(bytes)
         ));
         for s in &plan.excluded_sources {
             out.push_str(&format!(
-                "  {} ({} tensors, {} bytes; {})\n",
-                s.file, s.tensors, s.bytes, s.by
+                "  {} ({} tensors, {}; {})\n",
+                s.file,
+                s.tensors,
+                human::bytes(s.bytes),
+                s.by
             ));
         }
     }

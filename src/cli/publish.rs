@@ -9,7 +9,8 @@ use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_pipeline::{Layout, Pipeline};
 
 use super::args::{S3Args, UploadArgs};
-use super::summary::{S3Session, print_s3_summary};
+use super::summary::{S3Session, print_s3_summary, upload_counts};
+use ftpipe_progress::human;
 
 /// `ftpipe publish`'s flags.
 #[derive(Args)]
@@ -89,7 +90,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
                 "{}
 fingerprint      {}
 manifest sha256  {}
-objects          {} ({} uploaded, {} already there)
+objects          {}
 bytes sent       {}
 ",
                 if outcome.already_published {
@@ -99,10 +100,8 @@ bytes sent       {}
                 },
                 outcome.fingerprint,
                 outcome.manifest_sha256,
-                outcome.objects,
-                outcome.uploaded,
-                outcome.reused,
-                outcome.bytes_sent
+                upload_counts(outcome.objects, outcome.uploaded),
+                human::bytes(outcome.bytes_sent)
             )
         },
     );
