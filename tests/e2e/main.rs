@@ -31,6 +31,8 @@
 //!   disk end in a clear error.
 //! * `error_advice`: a hub's 401/403/404, an endpoint that does not answer
 //!   and an `--out` that is a file each say what to do in one sentence.
+//! * `human_output`: sizes with units, counts instead of lists, a pulled
+//!   DIR described as one; `verify` and `publish` take either directory.
 //! * `limits`: everything read from outside is bounded (listing, manifest).
 //! * `tty_progress`: the progress bars in a real terminal (tmux).
 //! * `plan`: `ftpipe plan`, remote (headers over HTTP Range) and local.
@@ -137,6 +139,7 @@ mod faults;
 mod fetch_basic;
 mod hardening;
 mod hf_cache;
+mod human_output;
 mod inspect;
 mod limits;
 mod nginx;
