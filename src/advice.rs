@@ -11,7 +11,7 @@
 use ftpipe_convert::ConvertError;
 use ftpipe_fetch::FetchError;
 use ftpipe_hub::says::HubErrorCode;
-use ftpipe_hub::token::{TokenSource, load_token};
+use ftpipe_hub::token::{TokenSource, token_source};
 use ftpipe_hub::{HubError, Unreachable};
 use ftpipe_pipeline::PipelineError;
 
@@ -25,9 +25,8 @@ pub struct Facts {
 }
 
 impl Facts {
-    /// The repo, revision and token source `command` worked with. The
-    /// token source is read again as the command read it (same flags and
-    /// environment); a source that cannot be read counts as none.
+    /// The repo, revision and token source `command` works with, taken
+    /// before it runs and without reading the token (a pipe is read once).
     pub fn of(command: &Command) -> Facts {
         let (repo, origin, token_file) = match command {
             Command::Fetch(a) => (Some(&a.hub.repo), Some(&a.hub.origin), &a.hub.token_file),
@@ -40,7 +39,7 @@ impl Facts {
             Command::Mirror(a) => (Some(&a.source), Some(&a.origin), &a.token_file),
             _ => (None, None, &None),
         };
-        let token = load_token(token_file.as_deref()).map_or(TokenSource::None, |(_, s)| s);
+        let token = token_source(token_file.as_deref());
         Facts {
             repo: repo.cloned(),
             revision: origin.map(|o| o.revision.clone()),
