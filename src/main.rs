@@ -156,6 +156,29 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     exit::class_code(error_class(err))
 }
 
+/// Prints a failure: the sentence with the fix when there is one, then the
+/// exact error (stderr); with `--json` also one `error` event on stdout
+/// holding both and the exit code. Returns the exit code.
+fn report_error(err: &anyhow::Error, facts: &advice::Facts, json: bool) -> u8 {
+    let code = exit_code(err);
+    let details = describe(err);
+    let fix = advice::advice(err, facts);
+    if json {
+        let event = serde_json::json!({
+            "event": "error",
+            "exit_code": code,
+            "error": details,
+            "advice": fix,
+        });
+        let _ = output::json_line(&event);
+    }
+    match fix {
+        Some(fix) => eprintln!("ftpipe: {fix}\nftpipe: details: {details}"),
+        None => eprintln!("ftpipe: {details}"),
+    }
+    code
+}
+
 /// Threads the runtime may start beyond its workers when no conversion
 /// runs: a worker entering `block_in_place` (file writes, fsync, hashing)
 /// hands its core to one of these.
@@ -193,6 +216,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse_args();
     let facts = advice::Facts::of(&cli.command);
+    let json = cli.command.json();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(blocking_threads(&cli.command))
@@ -214,13 +238,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::AUDIT_FAILED)
         }
-        Err(e) => {
-            match advice::advice(&e, &facts) {
-                Some(fix) => eprintln!("ftpipe: {fix}\nftpipe: details: {}", describe(&e)),
-                None => eprintln!("ftpipe: {}", describe(&e)),
-            }
-            ExitCode::from(exit_code(&e))
-        }
+        Err(e) => ExitCode::from(report_error(&e, &facts, json)),
     }
 }
 

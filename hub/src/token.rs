@@ -260,7 +260,11 @@ mod tests {
     fn the_token_source_is_found_without_reading_the_token() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("tok");
-        assert_eq!(token_source(Some(&p)), TokenSource::TokenFile, "not even opened");
+        assert_eq!(
+            token_source(Some(&p)),
+            TokenSource::TokenFile,
+            "not even opened"
+        );
     }
 
     #[test]

@@ -114,6 +114,24 @@ impl Cli {
 }
 
 impl Command {
+    /// Whether the command was asked for JSON output (`--json`).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Fetch(a) => a.progress.json,
+            Command::Run(a) => a.fetch.progress.json,
+            Command::Convert(a) => a.progress.json,
+            Command::Pull(a) => a.progress.json,
+            Command::Publish(a) => a.upload.json,
+            Command::Mirror(a) => a.upload.json,
+            Command::Plan(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::Audit(a) => a.json,
+            Command::Inspect(a) => a.json,
+            Command::Verify(a) => a.json,
+            Command::Demo { .. } | Command::Completions { .. } | Command::Man { .. } => false,
+        }
+    }
+
     /// Components this command converts at once (0: it converts nothing).
     pub fn parallel_conversions(&self) -> usize {
         match self {

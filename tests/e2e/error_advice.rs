@@ -6,7 +6,8 @@
 //! what to do (naming where the token came from, or that none was found;
 //! the repo or the revision the hub says is missing; the endpoint that
 //! does not answer), and keeps the exact error (URL, status, the hub's
-//! `X-Error-Code` / `X-Error-Message`, bounded and redacted) below it.
+//! `X-Error-Code` / `X-Error-Message`, bounded and redacted) below it and,
+//! with `--json`, in an `error` event.
 
 use std::process::Output;
 
@@ -145,6 +146,27 @@ fn missing_repo_and_missing_revision_are_told_apart() {
     ));
     assert_fails_with(&o, &["acme/tiny has no revision v9", "check --revision"]);
     assert!(stderr(&o).contains("(RevisionNotFound)"), "{}", stderr(&o));
+
+    // --json: one error event with the advice, the exact error and the code.
+    let rev = dir.path().join("json");
+    let o = run(&mut fetch_cmd(
+        &endpoint,
+        &rev,
+        &["--revision", "v9", "--json"],
+    ));
+    let events = json_events(&o, "error");
+    assert_eq!(events.len(), 1, "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(events[0]["exit_code"], 1);
+    let advice = events[0]["advice"].as_str().unwrap();
+    assert!(
+        advice.starts_with("acme/tiny has no revision v9"),
+        "{advice}"
+    );
+    let error = events[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("answered HTTP 404: Invalid rev id: v9 (RevisionNotFound)"),
+        "{error}"
+    );
 }
 
 /// A closed loopback port: the sentence names the endpoint, HF_ENDPOINT
