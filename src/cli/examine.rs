@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_hub::token::load_token;
 use ftpipe_pipeline::Stage;
 use ftpipe_progress::human;
@@ -74,7 +75,7 @@ pub struct VerifyArgs {
 /// holds no `artifact/` with one, else the `--out` DIR's `artifact/`.
 fn artifact_dir(dir: &Path) -> PathBuf {
     let inner = ftpipe_pipeline::Layout::new(dir).artifact().to_owned();
-    let holds_manifest = |d: &Path| d.join(ftpipe_artifact::manifest::MANIFEST_FILE).is_file();
+    let holds_manifest = |d: &Path| d.join(MANIFEST_FILE).is_file();
     if !holds_manifest(dir) && holds_manifest(&inner) {
         inner
     } else {
@@ -175,6 +176,15 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<bool> {
 /// Verifies an artifact directory on its own; a failure is [`VerifyFailed`].
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
     let dir = artifact_dir(&args.dir);
+    let layout = ftpipe_pipeline::Layout::new(&args.dir);
+    if dir == args.dir && layout.state_dir().is_dir() && !dir.join(MANIFEST_FILE).is_file() {
+        anyhow::bail!(
+            "{} is a DIR of ftpipe with no artifact yet ({} has no {MANIFEST_FILE}): `ftpipe \
+             convert --out DIR` or `ftpipe run` builds it",
+            args.dir.display(),
+            layout.artifact().display()
+        );
+    }
     let r =
         tokio::task::block_in_place(|| ftpipe_artifact::verify::verify_artifact(&dir, args.deep))?;
     if args.json {

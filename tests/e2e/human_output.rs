@@ -119,6 +119,16 @@ fn verify_and_publish_take_either_dir_and_a_pulled_dir_is_described_as_one() {
         line(&v, "artifact").ends_with(&src.join("artifact").display().to_string()),
         "{v}"
     );
+    // A DIR with state but no artifact yet says how one is built.
+    let fetched = tmp.path().join("fetched");
+    std::fs::create_dir_all(fetched.join(".ftpipe")).unwrap();
+    let o = run(ftpipe().arg("verify").arg(&fetched));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("no artifact yet") && err.contains("ftpipe run"),
+        "{err}"
+    );
 
     let m = Moto::start();
     let dest = "s3://models/words/exp";
