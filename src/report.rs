@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressState, ProgressStyle};
 
 use ftpipe_progress::{ProgressEvent, Reporter, human};
 
@@ -41,9 +41,20 @@ struct BarState {
 /// How often the total bar's rate text is recomputed.
 const RATE_REFRESH: Duration = Duration::from_millis(200);
 
+/// A bar style from `template`, whose `{size}` and `{total_size}` are
+/// the bar's position and length in the one formatter of sizes.
 fn bar_style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key("size", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&human::bytes(s.pos()));
+        })
+        .with_key(
+            "total_size",
+            |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&human::bytes(s.len().unwrap_or(0)));
+            },
+        )
         .progress_chars("=> ")
 }
 
@@ -58,12 +69,12 @@ impl Bars {
         let multi = MultiProgress::new();
         let total = multi.add(ProgressBar::new(0));
         total.set_style(bar_style(
-            "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
+            "{prefix:>8} [{bar:40}] {percent:>3}% {size}/{total_size} {msg}",
         ));
         total.set_prefix("total");
         let convert = ProgressBar::hidden();
         convert.set_style(bar_style(
-            "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
+            "{prefix:>8} [{bar:40}] {percent:>3}% {size}/{total_size} {msg}",
         ));
         convert.set_prefix("convert");
         Bars {
@@ -115,7 +126,7 @@ impl Bars {
                 .multi
                 .insert_before(&self.total, ProgressBar::new(size));
             b.set_style(bar_style(
-                "  {msg:40!} [{bar:30}] {percent:>3}% {bytes}/{total_bytes}",
+                "  {msg:40!} [{bar:30}] {percent:>3}% {size}/{total_size}",
             ));
             b.set_message(path);
             b
