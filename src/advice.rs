@@ -167,3 +167,69 @@ fn refused(status: u16, code: Option<&HubErrorCode>, facts: &Facts) -> Option<St
         _ => return None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(token: TokenSource) -> Facts {
+        Facts {
+            repo: Some("acme/tiny".into()),
+            revision: Some("v2".into()),
+            token,
+        }
+    }
+
+    fn status(status: u16, code: Option<HubErrorCode>) -> anyhow::Error {
+        let hub = ftpipe_hub::says::HubSays {
+            code,
+            message: None,
+        };
+        let err = HubError::Status {
+            url: "http://hub/api/models/acme/tiny/revision/v2".into(),
+            status,
+            detail: String::new(),
+            hub,
+        };
+        anyhow::Error::from(PipelineError::Fetch(FetchError::Hub(err)))
+    }
+
+    #[test]
+    fn each_refusal_gets_its_sentence() {
+        let say = |s, c, t| advice(&status(s, c), &facts(t)).unwrap_or_default();
+        let denied = say(401, None, TokenSource::None);
+        assert!(
+            denied.contains("without a token (no token was found in --token-file"),
+            "{denied}"
+        );
+        let denied = say(403, None, TokenSource::HfHome);
+        assert!(
+            denied.contains("the token `hf auth login` saved"),
+            "{denied}"
+        );
+        let gated = say(403, Some(HubErrorCode::GatedRepo), TokenSource::TokenPath);
+        assert!(
+            gated.contains("HF_TOKEN_PATH") && gated.contains("accept its terms"),
+            "{gated}"
+        );
+        let unknown = say(404, None, TokenSource::None);
+        assert!(
+            unknown.contains("repository acme/tiny or the revision v2"),
+            "{unknown}"
+        );
+        assert_eq!(
+            say(404, Some(HubErrorCode::EntryNotFound), TokenSource::None),
+            ""
+        );
+        assert_eq!(say(500, None, TokenSource::None), "");
+    }
+
+    #[test]
+    fn the_endpoint_is_named_without_its_path() {
+        assert_eq!(
+            origin_of("http://127.0.0.1:9/api/models/a/b"),
+            "http://127.0.0.1:9"
+        );
+        assert_eq!(origin_of("https://hub.example"), "https://hub.example");
+    }
+}
