@@ -258,6 +258,11 @@ fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
             &u.in_progress.to_string(),
         );
         t.pair(
+            "found at key (reused proven/sent again)",
+            &u.reused_proven.to_string(),
+            &u.replaced_unproven.to_string(),
+        );
+        t.pair(
             "upload parts (acked/size)",
             &u.parts.to_string(),
             &human::bytes(u.part_bytes),

@@ -3,11 +3,19 @@
 //! `snapshots/<commit>/<path>` links, interrupted downloads left as
 //! `blobs/<etag>.<id>.incomplete` or `blobs/<etag>.incomplete`.
 //!
+//! With Xet on (huggingface_hub 2.x with `hf_xet`, its default), a Xet
+//! file's `blobs/<etag>` is instead a relative link into the cache-wide
+//! shared store, `<root>/blobs/<2 hex>/<xet hash>` (a regular, read-only
+//! file; `<root>/blobs/.huggingface-shared-blobs` marks the store), written
+//! as `../../blobs/<2 hex>/<xet hash>`.
+//!
 //! Everything under the cache is untrusted input: a name is only ever
-//! looked up by the pinned identity, a link is followed only when its
-//! target stays inside the repo's `blobs/` directory, only regular files of
-//! the pinned size (a prefix no longer than it) are considered, and a
-//! candidate is adopted only after its copy hashes to the pinned identity.
+//! looked up by the pinned identity, a snapshot link is followed only when
+//! its target stays inside the repo's `blobs/` directory, a repo blob link
+//! only when it is exactly one relative link into this cache's shared store
+//! (see [`shared_store_target`]), only regular files of the pinned size (a
+//! prefix no longer than it) are considered, and a candidate is adopted only
+//! after its copy hashes to the pinned identity.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -132,7 +140,19 @@ impl HfCache {
                     return Lookup::Absent;
                 };
                 let path = blobs_real.join(sha.as_str());
-                check_regular(&path, file.size, LookupKind::Blob)
+                match std::fs::symlink_metadata(&path) {
+                    Ok(m) if m.file_type().is_symlink() => {
+                        match shared_store_target(&self.root, &path, file.xet_hash.as_deref()) {
+                            Ok(target) => check_regular(&target, file.size, LookupKind::Blob),
+                            Err(reason) => Lookup::Refused {
+                                path,
+                                reason: reason.to_string(),
+                                bytes: 0,
+                            },
+                        }
+                    }
+                    _ => check_regular(&path, file.size, LookupKind::Blob),
+                }
             }
             None => {
                 if CommitId::parse(commit).is_none() || validate_repo_path(&file.path).is_err() {
@@ -195,6 +215,130 @@ impl HfCache {
 fn real_dir(dir: &Path) -> Option<PathBuf> {
     let real = std::fs::canonicalize(dir).ok()?;
     std::fs::metadata(&real).ok()?.is_dir().then_some(real)
+}
+
+/// Why a repo blob link is not followed into the shared store. The
+/// messages are the reasons recorded for a refused cache candidate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SharedLinkRefusal {
+    /// The link could not be read.
+    #[error("cannot read the link: {0}")]
+    Unreadable(String),
+    /// An absolute target (huggingface_hub writes relative ones).
+    #[error("links to the absolute path {0}, not relative into the cache's shared store")]
+    Absolute(PathBuf),
+    /// A `.`/`..` after a name, or anything else that is not `../`s then names.
+    #[error("links to {0}, not `../`s followed by names")]
+    NotPlain(PathBuf),
+    /// More `..` than there are directories up to the filesystem root.
+    #[error("links to {0}, above the filesystem root")]
+    AboveRoot(PathBuf),
+    /// A target outside `<cache>/blobs/<2 hex>/<64 hex>`.
+    #[error("links to {target}, outside the cache's shared store {store}/<2 hex>/<xet hash>")]
+    OutsideStore {
+        /// Where the link leads (lexically, from the link's real directory).
+        target: PathBuf,
+        /// The cache's shared store.
+        store: PathBuf,
+    },
+    /// The store's name is not the Xet hash the pin lists.
+    #[error("links to the shared blob of Xet hash {found}, the pinned listing's is {pinned}")]
+    OtherXetHash {
+        /// The hash the link names.
+        found: String,
+        /// The hash the pinned listing gives.
+        pinned: String,
+    },
+    /// The store directory or its prefix directory is not a real directory.
+    #[error("{0} is not a directory (a link or missing)")]
+    NotADirectory(PathBuf),
+    /// The store entry is itself a link.
+    #[error("its shared blob {0} is a link (a second level of links)")]
+    SecondLink(PathBuf),
+    /// The store entry is a directory, FIFO, socket or device.
+    #[error("its shared blob {0} is not a regular file")]
+    NotRegular(PathBuf),
+    /// Nothing at the store entry.
+    #[error("its shared blob {0} is missing: {1}")]
+    Missing(PathBuf, String),
+}
+
+/// The shared store entry the repo blob link `link` names: exactly one
+/// relative link (`../`s then names, read once, never followed by the
+/// kernel) from the link's real directory to `<real root>/blobs/<2 hex>/
+/// <64 hex>` with the prefix being the hash's first two digits and, when
+/// the listing gives one, the hash being `pinned_xet`. The store directory
+/// and the prefix directory must be real directories (`lstat`) and the
+/// entry a regular file (`lstat`: no second link); it is later opened with
+/// `O_NOFOLLOW` and hashed as placed, so a swap after this check cannot
+/// publish other bytes.
+pub fn shared_store_target(
+    root: &Path,
+    link: &Path,
+    pinned_xet: Option<&str>,
+) -> std::result::Result<PathBuf, SharedLinkRefusal> {
+    use std::path::Component;
+    let raw = std::fs::read_link(link).map_err(|e| SharedLinkRefusal::Unreadable(e.to_string()))?;
+    if raw.is_absolute() {
+        return Err(SharedLinkRefusal::Absolute(raw));
+    }
+    // `link`'s directory is canonical (`real_dir`), so applying `..`
+    // lexically is what the kernel would do.
+    let mut target = link
+        .parent()
+        .ok_or_else(|| SharedLinkRefusal::NotPlain(raw.clone()))?
+        .to_path_buf();
+    let mut names = false;
+    for c in raw.components() {
+        match c {
+            Component::ParentDir if !names => {
+                if !target.pop() {
+                    return Err(SharedLinkRefusal::AboveRoot(raw));
+                }
+            }
+            Component::Normal(n) => {
+                names = true;
+                target.push(n);
+            }
+            _ => return Err(SharedLinkRefusal::NotPlain(raw)),
+        }
+    }
+    let store = std::fs::canonicalize(root)
+        .unwrap_or_else(|_| root.to_path_buf())
+        .join("blobs");
+    let outside = || SharedLinkRefusal::OutsideStore {
+        target: target.clone(),
+        store: store.clone(),
+    };
+    let rel = target.strip_prefix(&store).map_err(|_| outside())?;
+    let parts: Option<Vec<&str>> = rel.iter().map(|p| p.to_str()).collect();
+    let Some([prefix, hash]) = parts.as_deref() else {
+        return Err(outside());
+    };
+    let (prefix, hash) = (*prefix, *hash);
+    let lower_hex = |s: &str| s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if hash.len() != 64 || !lower_hex(hash) || prefix.len() != 2 || !hash.starts_with(prefix) {
+        return Err(outside());
+    }
+    if let Some(pinned) = pinned_xet
+        && !pinned.eq_ignore_ascii_case(hash)
+    {
+        return Err(SharedLinkRefusal::OtherXetHash {
+            found: hash.to_owned(),
+            pinned: pinned.to_owned(),
+        });
+    }
+    for dir in [store.clone(), store.join(prefix)] {
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return Err(SharedLinkRefusal::NotADirectory(dir));
+        }
+    }
+    match std::fs::symlink_metadata(&target) {
+        Err(e) => Err(SharedLinkRefusal::Missing(target, e.to_string())),
+        Ok(m) if m.file_type().is_symlink() => Err(SharedLinkRefusal::SecondLink(target)),
+        Ok(m) if !m.is_file() => Err(SharedLinkRefusal::NotRegular(target)),
+        Ok(_) => Ok(target),
+    }
 }
 
 /// Follows the link at `link` (and any chain, relative or absolute) and
@@ -353,6 +497,93 @@ mod tests {
             cache.lookup("acme/tiny", &commit, &row("missing.json", 6, None)),
             Lookup::Absent
         );
+    }
+
+    /// A cache laid out as huggingface_hub 2.4 with Xet writes it: the repo
+    /// blob `blobs/<sha256>` links to `../../blobs/<2 hex>/<xet hash>`.
+    fn xet_cache(tmp: &Path, bytes: &[u8]) -> (HfCache, PathBuf, PathBuf, String) {
+        let cache = HfCache::at(tmp.join("hub"));
+        let blobs = cache.repo_dir("acme/tiny").join("blobs");
+        std::fs::create_dir_all(&blobs).unwrap();
+        let xet = "ab".repeat(32);
+        let store = cache.root.join("blobs/ab");
+        std::fs::create_dir_all(&store).unwrap();
+        std::fs::write(store.join(&xet), bytes).unwrap();
+        let link = blobs.join("c".repeat(64));
+        std::os::unix::fs::symlink(format!("../../blobs/ab/{xet}"), &link).unwrap();
+        (cache, link, store.join(&xet), xet)
+    }
+
+    fn refusal(found: Lookup) -> String {
+        match found {
+            Lookup::Refused { reason, .. } => reason,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_repo_blob_link_into_the_shared_store_is_a_candidate() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cache, _, entry, xet) = xet_cache(tmp.path(), b"weights");
+        let sha = "c".repeat(64);
+        let mut file = row("m.safetensors", 7, Some(&sha));
+        let Lookup::Found(c) = cache.lookup("acme/tiny", &"a".repeat(40), &file) else {
+            panic!("not found");
+        };
+        assert_eq!(c.blob, std::fs::canonicalize(&entry).unwrap());
+        file.xet_hash = Some(xet);
+        assert!(matches!(
+            cache.lookup("acme/tiny", &"a".repeat(40), &file),
+            Lookup::Found(_)
+        ));
+        file.xet_hash = Some("cd".repeat(32));
+        let why = refusal(cache.lookup("acme/tiny", &"a".repeat(40), &file));
+        assert!(why.contains("pinned listing"), "{why}");
+    }
+
+    #[test]
+    fn repo_blob_links_anywhere_else_are_refused_with_their_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (cache, link, entry, xet) = xet_cache(tmp.path(), b"weights");
+        let sha = "c".repeat(64);
+        let file = row("m.safetensors", 7, Some(&sha));
+        let commit = "a".repeat(40);
+        let relink = |target: &str| {
+            std::fs::remove_file(&link).unwrap();
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            refusal(cache.lookup("acme/tiny", &commit, &file))
+        };
+        let outside = tmp.path().join(&xet);
+        std::fs::write(&outside, b"weights").unwrap();
+        assert!(relink(outside.to_str().unwrap()).contains("absolute"));
+        let escaping = relink(&format!("../../../{xet}"));
+        assert!(
+            escaping.contains("outside the cache's shared store"),
+            "{escaping}"
+        );
+        let dotted = relink(&format!("../../blobs/ab/../ab/{xet}"));
+        assert!(dotted.contains("not `../`s followed by names"), "{dotted}");
+        let wrong_prefix = relink(&format!("../../blobs/cd/{xet}"));
+        assert!(wrong_prefix.contains("outside"), "{wrong_prefix}");
+        // The store entry itself a link: a second level.
+        std::fs::remove_file(&entry).unwrap();
+        std::os::unix::fs::symlink(&outside, &entry).unwrap();
+        let second = relink(&format!("../../blobs/ab/{xet}"));
+        assert!(second.contains("second level"), "{second}");
+        // A directory where the blob should be.
+        std::fs::remove_file(&entry).unwrap();
+        std::fs::create_dir(&entry).unwrap();
+        let dir = refusal(cache.lookup("acme/tiny", &commit, &file));
+        assert!(dir.contains("not a regular file"), "{dir}");
+        // The prefix directory a link to elsewhere.
+        std::fs::remove_dir(&entry).unwrap();
+        let prefix = cache.root.join("blobs/ab");
+        std::fs::remove_dir(&prefix).unwrap();
+        std::fs::create_dir(tmp.path().join("elsewhere")).unwrap();
+        std::fs::write(tmp.path().join("elsewhere").join(&xet), b"weights").unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("elsewhere"), &prefix).unwrap();
+        let linked_dir = refusal(cache.lookup("acme/tiny", &commit, &file));
+        assert!(linked_dir.contains("is not a directory"), "{linked_dir}");
     }
 
     #[test]

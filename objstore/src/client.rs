@@ -7,6 +7,16 @@
 //! ([`RETRIES`], within [`RETRY_TIMEOUT`]); what fails after that is the
 //! caller's to record and retry (the fetch machinery's attempts and
 //! backoff for `pull`, a re-run for `publish`).
+//!
+//! Store checksums: every put and part is sent with its SHA-256 as an S3
+//! additional checksum (`x-amz-checksum-sha256`; a multipart upload is
+//! created with `x-amz-checksum-algorithm: SHA256`), which the store checks
+//! against the bytes it receives and keeps. `object_store`'s head does not
+//! expose the checksum headers, so [`S3::head_checked`] asks for them
+//! (`x-amz-checksum-mode: ENABLED`) in a HEAD to a URL `object_store`
+//! presigns (the header signed with it), sent with its own client: no
+//! redirect followed, the read timeout as every request's, the URL (which
+//! holds a signature and any session token) in no error.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -23,6 +33,13 @@ use object_store::{
     PutMode, PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
 };
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use object_store::aws::Checksum;
+use object_store::signer::{SignedUrlOptions, Signer};
+use reqwest::header::{CONTENT_LENGTH, ETAG, HeaderMap, HeaderName, HeaderValue};
+
+use crate::checksum::StoreChecksum;
 use crate::credentials::S3Config;
 use crate::error::{ObjStoreError, Result};
 use crate::location::S3Location;
@@ -41,6 +58,19 @@ const RETRIES: usize = 3;
 const RETRY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Connect timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a presigned checksum HEAD's URL is valid (it is sent at once).
+const PRESIGNED_FOR: Duration = Duration::from_secs(300);
+/// The header asking a HEAD for the object's store checksum.
+const CHECKSUM_MODE: &str = "x-amz-checksum-mode";
+/// The store's SHA-256 checksum of an object (or of its parts).
+const CHECKSUM_SHA256: &str = "x-amz-checksum-sha256";
+/// Whether the checksum is of the whole object (`FULL_OBJECT`) or of its
+/// parts (`COMPOSITE`).
+const CHECKSUM_TYPE: &str = "x-amz-checksum-type";
+/// Names the algorithm of the checksum header a put carries, as the AWS
+/// SDKs send it; S3 needs only the checksum header, S3-compatible servers
+/// (moto) keep the checksum only when it is there.
+const SDK_CHECKSUM_ALGORITHM: &str = "x-amz-sdk-checksum-algorithm";
 
 /// What a `head` says of an object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,8 +79,11 @@ pub struct Head {
     pub size: u64,
     /// Its ETag, as the server spells it (quoted).
     pub etag: Option<String>,
-    /// The `x-amz-meta-ftpipe-sha256` metadata, when set.
+    /// The `x-amz-meta-ftpipe-sha256` metadata, when set (a claim).
     pub sha256: Option<String>,
+    /// The store's own checksum of the object's bytes, when it keeps one
+    /// and was asked ([`S3::head_checked`]; `None` from [`S3::head`]).
+    pub checksum: Option<StoreChecksum>,
 }
 
 /// A whole small object, read within a limit.
@@ -90,6 +123,12 @@ pub struct RangeGet {
 #[derive(Debug, Clone)]
 pub struct S3 {
     store: Arc<AmazonS3>,
+    /// The client whole-object puts go through: `store` naming the
+    /// checksum's algorithm on every request ([`SDK_CHECKSUM_ALGORITHM`]),
+    /// which S3 refuses on a request without a checksum header.
+    putter: Arc<AmazonS3>,
+    /// Sends the presigned checksum HEAD.
+    http: reqwest::Client,
     location: S3Location,
     host: String,
 }
@@ -109,55 +148,39 @@ impl S3 {
     }
 
     fn open_with_retries(config: &S3Config, location: S3Location, retries: usize) -> Result<S3> {
-        let mut b = AmazonS3Builder::new()
-            .with_bucket_name(location.bucket())
-            .with_region(&config.region)
-            .with_access_key_id(&config.access_key_id)
-            .with_secret_access_key(&config.secret_access_key)
-            .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig::default(),
-                max_retries: retries,
-                retry_timeout: RETRY_TIMEOUT,
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_allow_http(config.allow_http)
-                    .with_connect_timeout(CONNECT_TIMEOUT)
-                    // A stall ends a request at the read timeout, not a
-                    // request's whole length: a large object takes as long
-                    // as its bytes keep coming.
-                    .with_read_timeout(config.read_timeout)
-                    .with_timeout_disabled(),
-            );
-        if let Some(t) = &config.session_token {
-            b = b.with_token(t);
-        }
-        let host = match &config.endpoint {
-            Some(e) => {
-                b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
-                url::Url::parse(e)
-                    .ok()
-                    .and_then(|u| {
-                        u.host_str().map(|h| {
-                            format!(
-                                "{h}{}",
-                                u.port().map(|p| format!(":{p}")).unwrap_or_default()
-                            )
-                        })
-                    })
-                    .unwrap_or_default()
-            }
-            None => format!("s3.{}.amazonaws.com", config.region),
-        };
-        let store = b.build().map_err(|source| ObjStoreError::Client {
+        let client_error = |source| ObjStoreError::Client {
             bucket: location.bucket().to_owned(),
             source,
-        })?;
+        };
+        let store = builder(config, &location, retries, ClientOptions::new())
+            .build()
+            .map_err(client_error)?;
+        let mut sdk = HeaderMap::new();
+        sdk.insert(SDK_CHECKSUM_ALGORITHM, HeaderValue::from_static("SHA256"));
+        let putter = builder(
+            config,
+            &location,
+            retries,
+            ClientOptions::new().with_default_headers(sdk),
+        )
+        .build()
+        .map_err(client_error)?;
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(config.read_timeout)
+            .build()
+            .map_err(|e| ObjStoreError::Http {
+                op: "client setup",
+                key: location.to_string(),
+                source: e.without_url(),
+            })?;
         Ok(S3 {
             store: Arc::new(store),
+            putter: Arc::new(putter),
+            http,
+            host: endpoint_host(config),
             location,
-            host,
         })
     }
 
@@ -190,10 +213,76 @@ impl S3 {
                     .attributes
                     .get(&Attribute::Metadata(SHA256_METADATA.into()))
                     .map(|v| v.as_ref().to_owned()),
+                checksum: None,
             })),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(source) => Err(ObjStoreError::request("head", self.url(key), source)),
         }
+    }
+
+    /// The object's size, ETag, SHA-256 metadata and store checksum (see
+    /// the module doc); `None` when it does not exist. Retried as
+    /// `object_store` retries a request: [`RETRIES`] more times after a
+    /// failure that may pass.
+    pub async fn head_checked(&self, key: &str) -> Result<Option<Head>> {
+        let mut retries = RETRIES;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.head_checked_once(key).await {
+                Err(e) if e.is_transient() && retries > 0 => {
+                    retries -= 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn head_checked_once(&self, key: &str) -> Result<Option<Head>> {
+        const OP: &str = "head";
+        let options = SignedUrlOptions::default().with_signed_header(
+            HeaderName::from_static(CHECKSUM_MODE),
+            HeaderValue::from_static("ENABLED"),
+        );
+        let url = self
+            .store
+            .signed_url_opts(
+                reqwest::Method::HEAD,
+                &ObjPath::from(key),
+                PRESIGNED_FOR,
+                &options,
+            )
+            .await
+            .map_err(|source| ObjStoreError::request(OP, self.url(key), source))?;
+        let answer = self
+            .http
+            .head(url)
+            .header(CHECKSUM_MODE, "ENABLED")
+            .send()
+            .await
+            .map_err(|e| ObjStoreError::Http {
+                op: OP,
+                key: self.url(key),
+                source: e.without_url(),
+            })?;
+        let status = answer.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(ObjStoreError::Status {
+                op: OP,
+                key: self.url(key),
+                status: status.as_u16(),
+            });
+        }
+        let bad = |what: String| ObjStoreError::BadAnswer {
+            op: OP,
+            key: self.url(key),
+            what,
+        };
+        head_from_headers(answer.headers()).map(Some).map_err(bad)
     }
 
     /// The whole object when it has at most `max` bytes (the limit holds
@@ -254,7 +343,7 @@ impl S3 {
             ..PutOptions::default()
         };
         match self
-            .store
+            .putter
             .put_opts(&ObjPath::from(key), PutPayload::from_bytes(bytes), opts)
             .await
         {
@@ -279,7 +368,9 @@ impl S3 {
             })
     }
 
-    /// Uploads part `number` (1-based) of `upload_id`; its ETag.
+    /// Uploads part `number` (1-based) of `upload_id` with its SHA-256
+    /// checksum; its receipt (`object_store`'s part id: the ETag and the
+    /// checksum the server answered).
     pub async fn put_part(
         &self,
         key: &str,
@@ -303,7 +394,8 @@ impl S3 {
         }
     }
 
-    /// Completes `upload_id` from its parts' ETags in part order; the
+    /// Completes `upload_id` from its parts' receipts (each an ETag with
+    /// the part's checksum, or a plain ETag) in part order; the
     /// object's ETag.
     pub async fn complete_multipart(
         &self,
@@ -400,6 +492,141 @@ impl S3 {
     }
 }
 
+/// An `object_store` S3 builder for `location` with `config`, retrying
+/// `retries` times, its client options `options` with the timeouts added.
+/// Every put and part carries its SHA-256 as an S3 additional checksum.
+fn builder(
+    config: &S3Config,
+    location: &S3Location,
+    retries: usize,
+    options: ClientOptions,
+) -> AmazonS3Builder {
+    let mut b = AmazonS3Builder::new()
+        .with_bucket_name(location.bucket())
+        .with_region(&config.region)
+        .with_access_key_id(&config.access_key_id)
+        .with_secret_access_key(&config.secret_access_key)
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .with_checksum_algorithm(Checksum::SHA256)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: retries,
+            retry_timeout: RETRY_TIMEOUT,
+        })
+        .with_client_options(
+            options
+                .with_allow_http(config.allow_http)
+                .with_connect_timeout(CONNECT_TIMEOUT)
+                // A stall ends a request at the read timeout, not a
+                // request's whole length: a large object takes as long
+                // as its bytes keep coming.
+                .with_read_timeout(config.read_timeout)
+                .with_timeout_disabled(),
+        );
+    if let Some(t) = &config.session_token {
+        b = b.with_token(t);
+    }
+    if let Some(e) = &config.endpoint {
+        b = b.with_endpoint(e).with_virtual_hosted_style_request(false);
+    }
+    b
+}
+
+/// The server's host (and port) as attempts record it.
+fn endpoint_host(config: &S3Config) -> String {
+    match &config.endpoint {
+        Some(e) => url::Url::parse(e)
+            .ok()
+            .and_then(|u| {
+                u.host_str().map(|h| {
+                    format!(
+                        "{h}{}",
+                        u.port().map(|p| format!(":{p}")).unwrap_or_default()
+                    )
+                })
+            })
+            .unwrap_or_default(),
+        None => format!("s3.{}.amazonaws.com", config.region),
+    }
+}
+
+/// What a HEAD's headers say of the object; what is wrong with them.
+fn head_from_headers(h: &HeaderMap) -> std::result::Result<Head, String> {
+    let text = |name: &str| -> std::result::Result<Option<String>, String> {
+        h.get(name)
+            .map(|v| {
+                v.to_str()
+                    .map(str::to_owned)
+                    .map_err(|_| format!("header {name} is not visible ASCII"))
+            })
+            .transpose()
+    };
+    let size = text(CONTENT_LENGTH.as_str())?
+        .ok_or("no Content-Length")?
+        .parse::<u64>()
+        .map_err(|e| format!("Content-Length: {e}"))?;
+    let etag = text(ETAG.as_str())?;
+    let sha256 = text(&format!("x-amz-meta-{SHA256_METADATA}"))?;
+    let checksum = match text(CHECKSUM_SHA256)? {
+        Some(v) => Some(store_checksum(
+            &v,
+            text(CHECKSUM_TYPE)?.as_deref(),
+            etag.as_deref(),
+        )?),
+        None => None,
+    };
+    Ok(Head {
+        size,
+        etag,
+        sha256,
+        checksum,
+    })
+}
+
+/// The store checksum `x-amz-checksum-sha256: value` describes.
+///
+/// `BASE64-N` is over the `N` parts of a multipart object (S3's
+/// `COMPOSITE`). A value without the suffix is over the whole object,
+/// unless the object is a multipart one (`x-amz-checksum-type: COMPOSITE`,
+/// or its ETag ending in `-N`, S3's mark of an object assembled from `N`
+/// parts) and not said to be `FULL_OBJECT`: moto's HEAD leaves out the
+/// suffix and the type. Which reading is taken only decides what the
+/// digest is compared with; it proves bytes only when it is the digest of
+/// the local file read that way.
+fn store_checksum(
+    value: &str,
+    kind: Option<&str>,
+    etag: Option<&str>,
+) -> std::result::Result<StoreChecksum, String> {
+    let (b64, suffix) = match value.rsplit_once('-') {
+        Some((b64, n)) => (b64, Some(n)),
+        None => (value, None),
+    };
+    let digest: [u8; 32] = BASE64
+        .decode(b64)
+        .ok()
+        .and_then(|d| d.try_into().ok())
+        .ok_or_else(|| format!("{CHECKSUM_SHA256} {value:?} is not the base64 of 32 bytes"))?;
+    let count = |n: &str| {
+        n.parse::<u64>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("{CHECKSUM_SHA256} {value:?}: part count {n:?}"))
+    };
+    let etag_parts = etag
+        .and_then(|e| e.trim_matches('"').rsplit_once('-'))
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .filter(|n| *n >= 1);
+    Ok(match (suffix, kind, etag_parts) {
+        (Some(n), _, _) => StoreChecksum::OfParts {
+            digest,
+            parts: count(n)?,
+        },
+        (None, Some("FULL_OBJECT"), _) | (None, _, None) => StoreChecksum::Sha256(digest),
+        (None, _, Some(parts)) => StoreChecksum::OfParts { digest, parts },
+    })
+}
+
 /// A `412 Precondition Failed`: the object's ETag is not the one asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Precondition;
@@ -411,4 +638,36 @@ fn sha256_attributes(sha256: &str) -> Attributes {
         sha256.to_owned().into(),
     );
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checksum_header_reads_as_whole_or_over_parts() {
+        let d = [7u8; 32];
+        let b64 = BASE64.encode(d);
+        let whole = StoreChecksum::Sha256(d);
+        let parts = |n| StoreChecksum::OfParts {
+            digest: d,
+            parts: n,
+        };
+        // S3's composite: the suffix is the part count.
+        assert_eq!(
+            store_checksum(&format!("{b64}-3"), None, None),
+            Ok(parts(3))
+        );
+        // A single put's object.
+        assert_eq!(store_checksum(&b64, None, Some("\"abc\"")), Ok(whole));
+        // moto's HEAD leaves out the suffix; the multipart ETag counts.
+        assert_eq!(store_checksum(&b64, None, Some("\"abc-2\"")), Ok(parts(2)));
+        assert_eq!(
+            store_checksum(&b64, Some("FULL_OBJECT"), Some("\"abc-2\"")),
+            Ok(whole)
+        );
+        assert!(store_checksum("bm90IDMyIGJ5dGVz", None, None).is_err());
+        assert!(store_checksum(&format!("{b64}-0"), None, None).is_err());
+        assert!(store_checksum(&format!("{b64}-x"), None, None).is_err());
+    }
 }

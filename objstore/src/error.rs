@@ -64,6 +64,29 @@ pub enum ObjStoreError {
         #[source]
         source: object_store::Error,
     },
+    /// A request made with the client of its own (the checksum HEAD)
+    /// failed before an answer (network, timeout); the URL is left out (it
+    /// holds the signature).
+    #[error("S3 {op} of {key}: {source}")]
+    Http {
+        /// What was asked.
+        op: &'static str,
+        /// The object key, `s3://BUCKET/KEY`.
+        key: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A request made with the client of its own was refused.
+    #[error("S3 {op} of {key}: the server answered HTTP {status}")]
+    Status {
+        /// What was asked.
+        op: &'static str,
+        /// The object key, `s3://BUCKET/KEY`.
+        key: String,
+        /// The status.
+        status: u16,
+    },
     /// The object does not exist.
     #[error("S3 object {key} does not exist")]
     NotFound {
@@ -138,6 +161,8 @@ impl ObjStoreError {
                 object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }
             ),
+            ObjStoreError::Http { .. } => true,
+            ObjStoreError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
             _ => false,
         }
     }

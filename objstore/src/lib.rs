@@ -10,19 +10,22 @@
 //! - `credentials`: [`S3Config`], resolved the AWS way (environment, then
 //!   `AWS_PROFILE` in the shared credentials and config files), every
 //!   secret registered with the redaction point as it is read.
-//! - `client`: [`S3`], the requests (head, bounded get, ranged get under
-//!   `If-Match`, list, put with metadata, create-only put, multipart upload).
+//! - `checksum`: [`StoreChecksum`], the checksum a store computed itself
+//!   from an object's bytes (whole, or over its parts), and what it proves.
+//! - `client`: [`S3`], the requests (head, head with the store checksum,
+//!   bounded get, ranged get under `If-Match`, list, put with metadata and
+//!   checksum, create-only put, multipart upload).
 //! - `target`: [`OutputTarget`], the seam `publish` and `mirror` write
 //!   through (create-only put with checksum metadata, multipart sessions
 //!   whose handle and part receipts the caller keeps durable, head, bounded
 //!   get, list), held as [`SharedTarget`]. A new kind of target is one new
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
-//!   upload, a receipt a part's ETag).
+//!   upload, a receipt a part's ETag with its checksum).
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`].
 //!
-//! Imports run one way: `error` and `location` are leaves, `credentials`
-//! builds on them, `client` on all three; `target` names `client`'s answer
+//! Imports run one way: `error`, `location` and `checksum` are leaves,
+//! `credentials` builds on them, `client` on all of them; `target` names `client`'s answer
 //! types, and `s3target` joins `client` to `target`.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -30,6 +33,7 @@
 // Unit tests build their inputs with plain `std::fs` calls (clippy.toml).
 #![cfg_attr(test, allow(clippy::disallowed_methods))]
 
+mod checksum;
 mod client;
 mod credentials;
 mod error;
@@ -37,6 +41,7 @@ mod location;
 mod s3target;
 mod target;
 
+pub use checksum::{Sha256Digest, StoreChecksum, digest_of_parts, sha256_of};
 pub use client::{
     Head, MAX_PART_NUMBER, MIN_PART_SIZE, ObjectBody, Precondition, Put, RangeGet, S3,
     SHA256_METADATA,

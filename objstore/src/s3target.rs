@@ -1,8 +1,11 @@
 //! S3 as an [`OutputTarget`]: each term of the seam is one request of
 //! [`S3`]. A session is a multipart upload (its handle the upload id), a
 //! part's receipt its ETag, a version tag the object's ETag, the checksum
-//! metadata `x-amz-meta-ftpipe-sha256`; parts go in any order, several at
-//! once, within S3's limits ([`MIN_PART_SIZE`], [`MAX_PART_NUMBER`]).
+//! metadata `x-amz-meta-ftpipe-sha256`, the store checksum S3's
+//! additional checksum (SHA-256; a multipart object's is `COMPOSITE`, over
+//! its parts), read back by [`S3::head_checked`]; parts go in any order,
+//! several at once, within S3's limits ([`MIN_PART_SIZE`],
+//! [`MAX_PART_NUMBER`]).
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -36,7 +39,7 @@ impl OutputTarget for S3 {
     }
 
     fn head<'a>(&'a self, key: &'a str) -> TargetFuture<'a, Option<Head>> {
-        S3::head(self, key).boxed()
+        S3::head_checked(self, key).boxed()
     }
 
     fn get_bounded<'a>(&'a self, key: &'a str, max: u64) -> TargetFuture<'a, Option<ObjectBody>> {

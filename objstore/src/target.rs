@@ -10,21 +10,29 @@
 //!   [`OutputTarget::key`]; [`OutputTarget::url_of`] is how records and
 //!   messages name it (`s3://BUCKET/KEY`).
 //! - A *put* writes a whole object with its SHA-256 as checksum metadata,
-//!   [`PutMode::CreateOnly`] for a commit point (`manifest.json`,
-//!   `listing.json`): exactly one of two racing creates wins.
+//!   and as the checksum the target checks the bytes it receives against
+//!   and keeps ([`crate::StoreChecksum`]); [`PutMode::CreateOnly`] for a commit
+//!   point (`manifest.json`, `listing.json`): exactly one of two racing
+//!   creates wins. Each part of a session is sent the same way, and the
+//!   completed object's checksum is over its parts.
 //! - A *session* is a multipart upload in progress, named by a handle the
 //!   target gives ([`OutputTarget::begin_upload`]) and the caller stores
 //!   before sending any part. Each part the target takes is answered with a
 //!   *receipt* ([`OutputTarget::send_part`]) the caller stores after the
 //!   answer; completing the session takes the receipts in part order. S3:
-//!   the upload id and the parts' ETags, any order, several at once. A
+//!   the upload id and the parts' ETags (with their checksums), any order, several at once. A
 //!   registry's chunked blob upload: the upload location, and for each
 //!   chunk the location and acknowledged range it answered, in order
 //!   ([`PartRules::in_order`]: each part is sent with the receipt of the
 //!   one before it).
-//! - A *head* says whether an object is there with its size, version tag
-//!   and SHA-256 metadata: the check made before an upload (already
-//!   complete?) and after it (the object is the one sent).
+//! - A *head* says whether an object is there with its size, version tag,
+//!   SHA-256 metadata and the target's own checksum of its bytes: the check
+//!   made before an upload (already complete?) and after it (the object is
+//!   the one sent). The metadata is a claim anyone with write access can
+//!   make; only the target's checksum proves bytes, so an object found
+//!   there is reused only when its checksum is the local file's
+//!   ([`crate::StoreChecksum::proves_whole`], [`crate::StoreChecksum::proves_parts`]),
+//!   and one without a checksum is written again.
 //! - A *bounded get* reads a small whole object (a commit point) within a
 //!   limit; a *list* names the objects under a prefix, within a limit.
 //!
@@ -113,8 +121,9 @@ pub trait OutputTarget: std::fmt::Debug + Send + Sync {
     /// How this target takes the parts of a session.
     fn part_rules(&self) -> PartRules;
 
-    /// The object's size, version tag and SHA-256 metadata; `None` when it
-    /// is not there.
+    /// The object's size, version tag, SHA-256 metadata and the target's
+    /// own checksum of its bytes (`None` in [`Head::checksum`]: the target
+    /// keeps none for it); `None` when it is not there.
     fn head<'a>(&'a self, key: &'a str) -> TargetFuture<'a, Option<Head>>;
 
     /// The whole object when it has at most `max` bytes (the limit holds
@@ -125,7 +134,8 @@ pub trait OutputTarget: std::fmt::Debug + Send + Sync {
     /// [`crate::ObjStoreError::TooManyObjects`]).
     fn list<'a>(&'a self, prefix: &'a str, max: usize) -> TargetFuture<'a, Vec<Listed>>;
 
-    /// Writes `bytes` at `key` with `sha256` as its checksum metadata.
+    /// Writes `bytes` at `key` with `sha256` as its checksum metadata; the
+    /// target keeps its own checksum of the bytes it received.
     fn put<'a>(
         &'a self,
         key: &'a str,
@@ -134,8 +144,8 @@ pub trait OutputTarget: std::fmt::Debug + Send + Sync {
         mode: PutMode,
     ) -> TargetFuture<'a, Put>;
 
-    /// Starts a session for `key`, whose object will carry `sha256`; its
-    /// handle.
+    /// Starts a session for `key`, whose object will carry `sha256`, and
+    /// whose parts the target checksums as they arrive; its handle.
     fn begin_upload<'a>(&'a self, key: &'a str, sha256: &'a str) -> TargetFuture<'a, String>;
 
     /// Sends one part of `session`; the target's receipt for it.

@@ -3,7 +3,8 @@
 //! missing moto fails the test with the command that installs it). Holds
 //! the S3 implementation to what `OutputTarget` promises publish and
 //! mirror: create-only puts, sessions whose receipts complete the object,
-//! aborts, bounded gets and lists.
+//! aborts, bounded gets and lists, and a head whose store checksum proves
+//! exactly the bytes the store holds (reuse only what it proves).
 
 // A test crate sees every dependency of the library.
 #![allow(unused_crate_dependencies)]
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ftpipe_objstore::{
     Env, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
+    StoreChecksum, sha256_of,
 };
 
 const BUCKET: &str = "models";
@@ -36,13 +38,27 @@ impl Drop for Moto {
 
 /// One unsigned HTTP/1.1 request to `addr`; its status.
 fn raw(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<u16> {
+    raw_with(addr, method, path, "", b"")
+}
+
+/// One unsigned HTTP/1.1 request to `addr` with `headers` (each ending in
+/// CRLF) and `body`; its status. Places objects as another tool would.
+fn raw_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> std::io::Result<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\
-         Authorization: AWS4-HMAC-SHA256 Credential=AKIAFTPIPETESTKEY001/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\
+         Authorization: AWS4-HMAC-SHA256 Credential=AKIAFTPIPETESTKEY001/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00\r\n\r\n",
+        body.len()
     )?;
+    s.write_all(body)?;
     let mut resp = Vec::new();
     s.read_to_end(&mut resp)?;
     let head = String::from_utf8_lossy(&resp);
@@ -191,4 +207,96 @@ async fn s3_keeps_the_promises_of_the_output_target() {
         matches!(err, ObjStoreError::TooManyObjects { max: 1, .. }),
         "{err}"
     );
+}
+
+/// The promise publish's reuse rests on: a head reports the store's own
+/// checksum of the bytes it holds (computed by the store, not the claim in
+/// the `ftpipe-sha256` metadata), which proves the bytes a put or a
+/// session sent, proves nothing for other bytes under the same metadata,
+/// and is absent for an object stored without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_reuses_only_what_the_store_checksum_proves() {
+    let m = start_moto();
+    let t = target(&m, "q");
+
+    // A put: the checksum is the whole object's SHA-256.
+    let one = t.key("one");
+    let put = t
+        .put(&one, Bytes::from_static(b"one"), &sha(1), PutMode::Replace)
+        .await
+        .unwrap();
+    assert!(matches!(put, Put::Written { .. }));
+    let head = t.head(&one).await.unwrap().unwrap();
+    assert_eq!(
+        head.checksum,
+        Some(StoreChecksum::Sha256(sha256_of(b"one")))
+    );
+    let checksum = head.checksum.unwrap();
+    assert!(checksum.proves_whole(&sha256_of(b"one")));
+    assert!(!checksum.proves_whole(&sha256_of(b"two")));
+
+    // A session: the checksum is over its parts, with their count.
+    let big = t.key("big");
+    let session = t.begin_upload(&big, &sha(2)).await.unwrap();
+    let (a, b) = (vec![b'a'; PART], vec![b'b'; 100]);
+    let mut receipts = Vec::new();
+    for (number, bytes) in [(1u64, &a), (2, &b)] {
+        let part = PartRequest {
+            number,
+            offset: (number - 1) * PART as u64,
+            bytes: Bytes::from(bytes.clone()),
+            previous: None,
+        };
+        receipts.push(t.send_part(&big, &session, part).await.unwrap());
+    }
+    t.complete_upload(&big, &session, receipts, &sha(2))
+        .await
+        .unwrap();
+    let checksum = t.head(&big).await.unwrap().unwrap().checksum.unwrap();
+    assert_eq!(checksum.parts(), Some(2), "{checksum:?}");
+    assert!(checksum.proves_parts(&[sha256_of(&a), sha256_of(&b)]));
+    assert!(!checksum.proves_parts(&[sha256_of(&b), sha256_of(&a)]));
+    let mut whole = a.clone();
+    whole.extend_from_slice(&b);
+    assert!(!checksum.proves_whole(&sha256_of(&whole)));
+
+    // Another tool's object claiming `one`'s SHA-256 in the metadata, with
+    // other bytes: stored without a checksum, the head reports none.
+    let claim = format!("x-amz-meta-ftpipe-sha256: {}\r\n", hex_sha256(b"one"));
+    let placed = t.key("placed");
+    let status = raw_with(
+        m.addr,
+        "PUT",
+        &format!("/{BUCKET}/{placed}"),
+        &claim,
+        b"bad",
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let head = t.head(&placed).await.unwrap().unwrap();
+    assert_eq!(head.sha256.as_deref(), Some(hex_sha256(b"one").as_str()));
+    assert_eq!(head.checksum, None);
+
+    // The same claim with a checksum the store computed from the bytes it
+    // received: it proves those bytes, not the claimed ones.
+    let computed = format!("{claim}x-amz-sdk-checksum-algorithm: SHA256\r\n");
+    let status = raw_with(
+        m.addr,
+        "PUT",
+        &format!("/{BUCKET}/{placed}"),
+        &computed,
+        b"bad",
+    )
+    .unwrap();
+    assert_eq!(status, 200);
+    let checksum = t.head(&placed).await.unwrap().unwrap().checksum.unwrap();
+    assert!(checksum.proves_whole(&sha256_of(b"bad")));
+    assert!(!checksum.proves_whole(&sha256_of(b"one")));
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    sha256_of(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

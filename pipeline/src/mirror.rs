@@ -94,7 +94,7 @@ pub struct MirrorOutcome {
     pub files: usize,
     /// Files uploaded by this run.
     pub uploaded: usize,
-    /// Files found complete and checked.
+    /// Files found at their key whose store checksum proved their bytes.
     pub reused: usize,
     /// Body bytes sent.
     pub bytes_sent: u64,

@@ -18,9 +18,20 @@
 //! sends only the parts without a row. Every byte sent is read from
 //! `DIR/artifact` and hashed on the way; a file whose SHA-256 is not the
 //! manifest's is not completed. After completion a head must show the size
-//! and the SHA-256 metadata before the upload receipt is written. Every
-//! request is an upload attempt row, before and after. `mirror` uploads
-//! its files with the same machinery ([`upload_file`]).
+//! and the SHA-256 metadata, and the target's own checksum (when it keeps
+//! one) must prove the bytes sent, before the upload receipt is written.
+//! Every request is an upload attempt row, before and after. `mirror`
+//! uploads its files with the same machinery ([`upload_file`]).
+//!
+//! Reuse: an object already at a file's key (an earlier run's, another
+//! publisher's, or anyone's with write access) is taken as the file only
+//! when the target's checksum of its bytes proves it
+//! ([`ftpipe_objstore::StoreChecksum`]): a whole object's checksum must be
+//! the manifest's SHA-256; one over parts must be the digest of the local
+//! file's parts at the part size this publish would send it with, read
+//! from `DIR/artifact` (and the file must still be the manifest's).
+//! Metadata claiming the SHA-256 proves nothing. Anything else is uploaded
+//! again over it; the upload row's `found` says which it was.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -38,12 +49,12 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::paths::safe_join;
 use ftpipe_hub::identity::{Expected, IdentityHasher, LfsSha256};
 use ftpipe_objstore::{
-    MANIFEST_KEY, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location, SharedTarget,
-    artifact_file_key,
+    Head, MANIFEST_KEY, ObjStoreError, PartRequest, Put, PutMode, S3, S3Config, S3Location,
+    Sha256Digest, SharedTarget, artifact_file_key, sha256_of,
 };
 use ftpipe_receipts::{
-    Publication, PublicationOutcome, RunId, Store, UploadAttempt, UploadOp, UploadOutcome,
-    UploadPart, UploadRow, UploadState,
+    FoundObject, Publication, PublicationOutcome, RunId, Store, UploadAttempt, UploadOp,
+    UploadOutcome, UploadPart, UploadRow, UploadState,
 };
 
 use crate::Pipeline;
@@ -81,8 +92,9 @@ pub struct PublishOutcome {
     pub objects: usize,
     /// Objects uploaded by this run.
     pub uploaded: usize,
-    /// Objects found complete and checked (an earlier run's, or another
-    /// publisher's of the same artifact).
+    /// Objects found at their key whose store checksum proved their bytes
+    /// (an earlier run's, or another publisher's of the same artifact):
+    /// nothing sent.
     pub reused: usize,
     /// Body bytes this run sent (parts re-sent after a kill included).
     pub bytes_sent: u64,
@@ -102,7 +114,7 @@ pub(crate) struct Item {
 pub(crate) struct Tally {
     /// Files sent by this run.
     pub(crate) uploaded: usize,
-    /// Files found complete and checked.
+    /// Files found at their key, proven by the store's checksum.
     pub(crate) reused: usize,
     /// Body bytes sent.
     pub(crate) bytes_sent: u64,
@@ -375,11 +387,13 @@ pub(crate) async fn record(
         .await?)
 }
 
-/// The upload row of `item` at `key` (id filled by the store).
+/// The upload row of `item` at `key` (id filled by the store), after the
+/// head before it found `found` there.
 fn row(
     ctx: &Ctx,
     key: &str,
     item: &Item,
+    found: FoundObject,
     part_size: u64,
     session: Option<String>,
     version: Option<String>,
@@ -396,14 +410,15 @@ fn row(
         session,
         state: UploadState::Verified,
         version,
+        found: Some(found),
         started_at: String::new(),
         finished_at: None,
     }
 }
 
 /// Uploads one file (`item`, under `root`) to `key` unless its object is
-/// already complete; the bytes sent (`None`: found complete and checked,
-/// nothing sent).
+/// already there, proven by the target's checksum; the bytes sent (`None`:
+/// found proven, nothing sent).
 pub(crate) async fn upload_file(
     ctx: &Ctx,
     root: &Path,
@@ -414,9 +429,6 @@ pub(crate) async fn upload_file(
         .store
         .upload_in_progress(&ctx.dest, &ctx.url(key))
         .await?;
-    if already_complete(ctx, key, item, live.as_ref()).await? {
-        return Ok(None);
-    }
     let path = safe_join(root, &item.path)?;
     let expected = LfsSha256::parse(&item.sha256)
         .map(Expected::Sha256)
@@ -427,14 +439,23 @@ pub(crate) async fn upload_file(
                 item.path, item.sha256
             ),
         })?;
-    if item.size <= ctx.part_size && live.is_none() {
-        return put_whole(ctx, key, &path, item, &expected).await.map(Some);
+    let file = Local {
+        path: &path,
+        item,
+        expected: &expected,
+    };
+    let found = examine(ctx, key, &file, live.as_ref()).await?;
+    if found == FoundObject::Proven {
+        return Ok(None);
     }
-    match upload_multipart(ctx, key, &path, item, &expected, live).await {
+    if item.size <= ctx.part_size && live.is_none() {
+        return put_whole(ctx, key, &file, found).await.map(Some);
+    }
+    match upload_multipart(ctx, key, &file, live, found).await {
         // The target no longer knows the session (expired, aborted): its
         // row is abandoned; one new session.
         Err(PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) => {
-            upload_multipart(ctx, key, &path, item, &expected, None)
+            upload_multipart(ctx, key, &file, None, found)
                 .await
                 .map(Some)
         }
@@ -442,48 +463,120 @@ pub(crate) async fn upload_file(
     }
 }
 
-/// Whether the object at `key` is already `item` (size and SHA-256
-/// metadata): then its receipt is written (ending `live`, the session in
-/// progress, if any).
-async fn already_complete(
+/// One file of a publish as it is on disk: where it is, what the manifest
+/// says of it, and its expected identity.
+struct Local<'a> {
+    path: &'a Path,
+    item: &'a Item,
+    expected: &'a Expected,
+}
+
+/// What the head finds at `key` for `file`. An object there whose
+/// target checksum proves its bytes are the file's is reused: its receipt
+/// is written (ending `live`, the session in progress, if any).
+async fn examine(
     ctx: &Ctx,
     key: &str,
-    item: &Item,
+    file: &Local<'_>,
     live: Option<&UploadRow>,
-) -> Result<bool> {
+) -> Result<FoundObject> {
     let head = ctx
         .attempt(key, UploadOp::Head, None, 0, ctx.target.head(key))
         .await?;
-    let Some(h) =
-        head.filter(|h| h.size == item.size && h.sha256.as_deref() == Some(item.sha256.as_str()))
-    else {
-        return Ok(false);
+    let Some(h) = head else {
+        return Ok(FoundObject::Nothing);
     };
+    // A session in progress of this file decides the part size its object
+    // would have been completed with.
+    let part_size = live
+        .filter(|l| l.sha256 == file.item.sha256 && l.part_size > 0)
+        .map_or_else(|| session_part_size(ctx, file.item), |l| l.part_size);
+    let found = proof(&h, file, part_size)?;
+    if found != FoundObject::Proven {
+        return Ok(found);
+    }
     match live {
         Some(l) => {
             ctx.store
-                .finish_upload(l.id, UploadState::Verified, h.etag.as_deref())
+                .finish_upload_reused(l.id, h.etag.as_deref())
                 .await?;
         }
         None => {
-            let receipt = row(ctx, key, item, 0, None, h.etag);
+            let receipt = row(ctx, key, file.item, found, 0, None, h.etag);
             ctx.store.put_verified_upload(ctx.run, &receipt).await?;
         }
     }
-    Ok(true)
+    Ok(found)
+}
+
+/// Whether the target's checksum in `h` proves the object holds `file`'s
+/// bytes: a whole-object checksum against the manifest's SHA-256, one over
+/// parts against the file's parts at `part_size` (read from disk; the file
+/// must also still be the manifest's).
+fn proof(h: &Head, file: &Local<'_>, part_size: u64) -> Result<FoundObject> {
+    let Some(checksum) = h.checksum else {
+        return Ok(FoundObject::NoChecksum);
+    };
+    let item = file.item;
+    let proven = h.size == item.size
+        && match checksum.parts() {
+            None => checksum.proves_whole(&manifest_digest(item)?),
+            Some(n) if item.size.div_ceil(part_size).max(1) == n => {
+                block_in_place(|| part_digests(file, part_size))?
+                    .is_some_and(|parts| checksum.proves_parts(&parts))
+            }
+            Some(_) => false,
+        };
+    Ok(if proven {
+        FoundObject::Proven
+    } else {
+        FoundObject::NotProven
+    })
+}
+
+/// The manifest's SHA-256 of `item`, as bytes.
+fn manifest_digest(item: &Item) -> Result<Sha256Digest> {
+    let mut d = [0u8; 32];
+    hex::decode_to_slice(&item.sha256, &mut d).map_err(|e| PipelineError::InvalidInput {
+        what: "manifest",
+        message: format!("{}: sha256 {:?}: {e}", item.path, item.sha256),
+    })?;
+    Ok(d)
+}
+
+/// The SHA-256s of `file`'s parts at `part_size`, in order; `None` when
+/// the file's bytes are no longer the manifest's.
+fn part_digests(file: &Local<'_>, part_size: u64) -> Result<Option<Vec<Sha256Digest>>> {
+    let size = file.item.size;
+    let mut whole = file.expected.hasher(size);
+    let mut parts = Vec::new();
+    for number in 0..size.div_ceil(part_size).max(1) {
+        let offset = number.saturating_mul(part_size);
+        let bytes = read_at(
+            file.path,
+            offset,
+            part_size.min(size.saturating_sub(offset)),
+        )?;
+        whole.update(&bytes);
+        parts.push(sha256_of(&bytes));
+    }
+    Ok((whole.finish_hex() == file.item.sha256).then_some(parts))
+}
+
+/// The part size a new session of `item` uses: the publish's, or enough
+/// bytes per part to stay within the target's part count.
+fn session_part_size(ctx: &Ctx, item: &Item) -> u64 {
+    let max_parts = ctx.target.part_rules().max_parts.max(1);
+    ctx.part_size.max(item.size.div_ceil(max_parts)).max(1)
 }
 
 /// One file in one put, hashed before it is sent and checked after; its
-/// receipt written. The bytes sent.
-async fn put_whole(
-    ctx: &Ctx,
-    key: &str,
-    path: &Path,
-    item: &Item,
-    expected: &Expected,
-) -> Result<u64> {
+/// receipt written (after the head before it found `found`). The bytes
+/// sent.
+async fn put_whole(ctx: &Ctx, key: &str, file: &Local<'_>, found: FoundObject) -> Result<u64> {
+    let (path, item) = (file.path, file.item);
     let bytes = block_in_place(|| read_at(path, 0, item.size))?;
-    let mut hasher = expected.hasher(item.size);
+    let mut hasher = file.expected.hasher(item.size);
     hasher.update(&bytes);
     check_digest(&item.path, path, &item.sha256, hasher.finish_hex())?;
     let put = ctx.target.put(key, bytes, &item.sha256, PutMode::Replace);
@@ -494,8 +587,9 @@ async fn put_whole(
         Put::Written { etag } => etag,
         Put::Exists => None,
     };
-    let version = check_object(ctx, key, item, version.as_deref()).await?;
-    let receipt = row(ctx, key, item, 0, None, version);
+    let sent = Sent::Whole(manifest_digest(item)?);
+    let version = check_object(ctx, key, item, &sent, version.as_deref()).await?;
+    let receipt = row(ctx, key, item, found, 0, None, version);
     ctx.store.put_verified_upload(ctx.run, &receipt).await?;
     Ok(item.size)
 }
@@ -515,18 +609,19 @@ impl Session {
 }
 
 /// One file as a multipart session, resumed from `live` when it is this
-/// file's; the bytes sent.
+/// file's (a new session's row says the head before it found `found`);
+/// the bytes sent.
 async fn upload_multipart(
     ctx: &Ctx,
     key: &str,
-    path: &Path,
-    item: &Item,
-    expected: &Expected,
+    file: &Local<'_>,
     live: Option<UploadRow>,
+    found: FoundObject,
 ) -> Result<u64> {
-    let session = open_session(ctx, key, item, live).await?;
-    let mut hasher = expected.hasher(item.size);
-    let sent = match send_parts(ctx, key, path, item, &session, &mut hasher).await {
+    let (path, item) = (file.path, file.item);
+    let session = open_session(ctx, key, item, live, found).await?;
+    let mut hasher = file.expected.hasher(item.size);
+    let (sent, digests) = match send_parts(ctx, key, path, item, &session, &mut hasher).await {
         Ok(sent) => sent,
         Err(e) => {
             if matches!(e, PipelineError::ObjStore(ObjStoreError::UploadGone { .. })) {
@@ -542,7 +637,8 @@ async fn upload_multipart(
     }
     let version = complete_session(ctx, key, item, &session).await?;
     crashpoint::hit(CrashPoint::UploadCompleted);
-    match check_object(ctx, key, item, version.as_deref()).await {
+    let sent_parts = Sent::Parts(digests);
+    match check_object(ctx, key, item, &sent_parts, version.as_deref()).await {
         Ok(version) => {
             ctx.store
                 .finish_upload(session.row_id, UploadState::Verified, version.as_deref())
@@ -571,6 +667,7 @@ async fn open_session(
     key: &str,
     item: &Item,
     live: Option<UploadRow>,
+    found: FoundObject,
 ) -> Result<Session> {
     if let Some(l) = live {
         if l.sha256 == item.sha256 && l.size == item.size && l.part_size > 0 {
@@ -589,9 +686,7 @@ async fn open_session(
             .finish_upload(l.id, UploadState::Abandoned, None)
             .await?;
     }
-    // At least enough bytes per part to stay within the target's part count.
-    let max_parts = ctx.target.part_rules().max_parts.max(1);
-    let part_size = ctx.part_size.max(item.size.div_ceil(max_parts)).max(1);
+    let part_size = session_part_size(ctx, item);
     let begin = ctx.target.begin_upload(key, &item.sha256);
     let handle = ctx
         .attempt(key, UploadOp::BeginUpload, None, 0, begin)
@@ -599,7 +694,7 @@ async fn open_session(
     crashpoint::hit(CrashPoint::UploadCreated);
     let uploading = UploadRow {
         state: UploadState::Uploading,
-        ..row(ctx, key, item, part_size, Some(handle.clone()), None)
+        ..row(ctx, key, item, found, part_size, Some(handle.clone()), None)
     };
     let row_id = ctx.store.begin_upload(ctx.run, &uploading).await?;
     Ok(Session {
@@ -610,9 +705,10 @@ async fn open_session(
 }
 
 /// Sends every part of `item` without a recorded acknowledgement,
-/// `ctx.concurrency` at a time; the bytes sent. Every byte is read and
-/// hashed into `hasher` in order, sent or not: the digest of what the
-/// completed object holds is the one checked.
+/// `ctx.concurrency` at a time; the bytes sent, and every part's SHA-256.
+/// Every byte is read and hashed into `hasher` in order, sent or not: the
+/// digest of what the completed object holds is the one checked, and the
+/// part digests are what the target's checksum of it must be over.
 async fn send_parts(
     ctx: &Ctx,
     key: &str,
@@ -620,7 +716,7 @@ async fn send_parts(
     item: &Item,
     session: &Session,
     hasher: &mut IdentityHasher,
-) -> Result<u64> {
+) -> Result<(u64, Vec<Sha256Digest>)> {
     let done: BTreeMap<u64, UploadPart> = ctx
         .store
         .upload_parts(session.row_id)
@@ -632,11 +728,13 @@ async fn send_parts(
     let key = Arc::<str>::from(key);
     let mut set: JoinSet<Result<(u64, String)>> = JoinSet::new();
     let (mut sent, mut previous) = (0u64, None::<String>);
+    let mut digests = Vec::new();
     for number in 1..=session.parts(item) {
         let offset = (number - 1).saturating_mul(session.part_size);
         let len = session.part_size.min(item.size.saturating_sub(offset));
         let bytes = block_in_place(|| read_at(path, offset, len))?;
         hasher.update(&bytes);
+        digests.push(sha256_of(&bytes));
         if let Some(d) = done.get(&number).filter(|d| d.size == len) {
             previous = Some(d.receipt.clone());
             continue;
@@ -658,7 +756,7 @@ async fn send_parts(
         let (len, _) = joined(set.join_next().await)?;
         sent = sent.saturating_add(len);
     }
-    Ok(sent)
+    Ok((sent, digests))
 }
 
 /// Sends `part` in a task of `set`: the request between its attempt rows,
@@ -741,13 +839,24 @@ fn joined<T>(r: Option<std::result::Result<Result<T>, tokio::task::JoinError>>) 
     }
 }
 
+/// What an upload sent, as the target's checksum of the object must prove
+/// it.
+enum Sent {
+    /// One put: the file's SHA-256.
+    Whole(Sha256Digest),
+    /// A session: its parts' SHA-256s, in order.
+    Parts(Vec<Sha256Digest>),
+}
+
 /// The object at `key` after its upload: its size and SHA-256 metadata
-/// must be the file's (and its version tag the one the upload answered
-/// with, when known); its version tag.
+/// must be the file's, the target's checksum (when it keeps one) must
+/// prove the bytes `sent`, and its version tag must be the one the upload
+/// answered with, when known; its version tag.
 async fn check_object(
     ctx: &Ctx,
     key: &str,
     item: &Item,
+    sent: &Sent,
     version: Option<&str>,
 ) -> Result<Option<String>> {
     let url = ctx.url(key);
@@ -772,6 +881,20 @@ async fn check_object(
             "metadata ftpipe-sha256 {:?} after upload, expected {}",
             h.sha256, item.sha256
         )));
+    }
+    // A target keeping no checksum checked none on arrival; one that keeps
+    // one must hold the bytes sent (S3 refuses a put or part whose bytes
+    // are not its checksum's, so this catches a lying server).
+    if let Some(c) = h.checksum {
+        let proven = match sent {
+            Sent::Whole(d) => c.proves_whole(d),
+            Sent::Parts(parts) => c.proves_parts(parts),
+        };
+        if !proven {
+            return Err(mismatch(format!(
+                "the store's checksum ({c}) after upload does not prove the bytes sent"
+            )));
+        }
     }
     // Quoted or not, as the answer spelled it.
     if let (Some(sent), Some(now)) = (version, h.etag.as_deref())

@@ -261,6 +261,39 @@ stored_enum! {
 }
 
 stored_enum! {
+    /// What the head before an upload found at the object's key
+    /// (`uploads.found`, since migration 0015): whether an object there was
+    /// reused, and why one was not.
+    FoundObject, "uploads.found" {
+        /// No object there: uploaded.
+        Nothing = "nothing",
+        /// An object whose store checksum proves its bytes are the file's:
+        /// reused, nothing sent.
+        Proven = "proven",
+        /// An object whose store checksum did not prove its bytes (other
+        /// bytes, another size or part count): uploaded again.
+        NotProven = "not_proven",
+        /// An object without a store checksum (an older ftpipe's, another
+        /// tool's): not trusted, uploaded again.
+        NoChecksum = "no_checksum",
+    }
+}
+
+impl FoundObject {
+    /// What it meant for the object, as reports say it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            FoundObject::Nothing => "nothing there, uploaded",
+            FoundObject::Proven => "reused, proven by store checksum",
+            FoundObject::NotProven => {
+                "reused object's checksum did not prove its bytes, uploaded again"
+            }
+            FoundObject::NoChecksum => "object had no store checksum, uploaded again",
+        }
+    }
+}
+
+stored_enum! {
     /// What one request of a publish or mirror asked of the output target
     /// (`upload_attempts.op`). Target-neutral: S3's multipart upload is a
     /// session with parts, as a registry's chunked blob upload is.
@@ -325,6 +358,9 @@ mod tests {
         for e in UploadOp::ALL {
             assert_eq!(UploadOp::parse(e.as_str()).unwrap(), *e);
         }
+        for e in FoundObject::ALL {
+            assert_eq!(FoundObject::parse(e.as_str()).unwrap(), *e);
+        }
         // The S3-shaped names before migration 0012 are no longer stored:
         // one read back is an error, never a default op.
         let err = UploadOp::parse("manifest_put").unwrap_err();
@@ -350,6 +386,22 @@ mod tests {
         list.split(',')
             .map(|v| v.trim().trim_matches('\'').to_owned())
             .collect()
+    }
+
+    /// Guards `uploads.found`'s list (migration 0015 adds the column with
+    /// `ALTER TABLE`, so it is read from there, not from a `CREATE TABLE`).
+    #[test]
+    fn found_object_equals_its_check_list() {
+        let sql = include_str!("../../migrations/0015_upload_found.sql");
+        let alter = &sql[sql
+            .find("ALTER TABLE uploads ADD COLUMN found")
+            .expect("the ALTER")..];
+        let list = &alter[alter.find("found IN (").expect("the IN list") + "found IN (".len()..];
+        let list: Vec<String> = list[..list.find(')').expect("end of the IN list")]
+            .split(',')
+            .map(|v| v.trim().trim_matches('\'').to_owned())
+            .collect();
+        assert_eq!(names(FoundObject::ALL, FoundObject::as_str), list);
     }
 
     fn names<T: Copy>(all: &[T], as_str: fn(T) -> &'static str) -> Vec<String> {

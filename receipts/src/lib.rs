@@ -41,7 +41,7 @@ pub use convert_store::{
 };
 pub use error::{Result, StoreError};
 pub use events::{
-    ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,
+    ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, FoundObject, Placement,
     PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp, UploadOutcome,
     UploadState,
 };

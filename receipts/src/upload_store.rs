@@ -15,7 +15,7 @@ use serde::Serialize;
 use sqlx::{Connection, Row};
 
 use crate::error::{QueryContext, Result};
-use crate::events::{PublicationOutcome, RunId, UploadOp, UploadOutcome, UploadState};
+use crate::events::{FoundObject, PublicationOutcome, RunId, UploadOp, UploadOutcome, UploadState};
 use crate::store::{Store, clean as stored_text, to_i64, to_u64};
 
 /// One upload of one file to one object.
@@ -47,6 +47,10 @@ pub struct UploadRow {
     pub state: UploadState,
     /// The object's version tag once verified (S3: its ETag).
     pub version: Option<String>,
+    /// What the head before it found at the key: an object reused (its
+    /// store checksum proved its bytes), or why none was (`None`: written
+    /// before migration 0015, when this was not recorded).
+    pub found: Option<FoundObject>,
     /// When it started.
     pub started_at: String,
     /// When it was verified or abandoned.
@@ -59,7 +63,7 @@ pub struct UploadPart {
     /// 1-based part number.
     pub part_number: u64,
     /// The target's acknowledgement, what completing the session needs
-    /// (S3: the part's ETag).
+    /// (S3: the part's ETag with its SHA-256 checksum).
     pub receipt: String,
     /// Its size.
     pub size: u64,
@@ -108,7 +112,7 @@ pub struct Publication {
 /// The columns [`upload_row`] reads, in its order.
 macro_rules! upload_columns {
     () => {
-        "id, run_id, dest, key, path, size, sha256, part_size, session, state, version, started_at, finished_at"
+        "id, run_id, dest, key, path, size, sha256, part_size, session, state, version, started_at, finished_at, found"
     };
 }
 
@@ -127,6 +131,11 @@ fn upload_row(r: &sqlx::sqlite::SqliteRow) -> Result<UploadRow> {
         version: r.get(10),
         started_at: r.get(11),
         finished_at: r.get(12),
+        found: r
+            .get::<Option<String>, _>(13)
+            .as_deref()
+            .map(FoundObject::parse)
+            .transpose()?,
         key,
     })
 }
@@ -138,8 +147,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let id = sqlx::query(
-            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, found)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(run)
         .bind(&u.dest)
@@ -150,6 +159,7 @@ impl Store {
         .bind(to_i64(&u.key, u.part_size)?)
         .bind(stored_text(u.session.as_deref()))
         .bind(UploadState::Uploading.as_str())
+        .bind(u.found.map(FoundObject::as_str))
         .execute(&mut *tx)
         .await
         .ctx("insert upload")?
@@ -241,14 +251,35 @@ impl Store {
         tx.commit().await.ctx("commit finished upload")
     }
 
+    /// Ends upload `upload` (a session in progress) as verified by an
+    /// object found complete at its key, whose store checksum proved its
+    /// bytes: nothing more is sent.
+    pub async fn finish_upload_reused(&self, upload: i64, version: Option<&str>) -> Result<()> {
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query(
+            "UPDATE uploads SET state = ?, version = ?, found = ?,
+               finished_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
+             WHERE id = ?",
+        )
+        .bind(UploadState::Verified.as_str())
+        .bind(stored_text(version))
+        .bind(FoundObject::Proven.as_str())
+        .bind(upload)
+        .execute(&mut *tx)
+        .await
+        .ctx("finish reused upload")?;
+        tx.commit().await.ctx("commit reused upload")
+    }
+
     /// Records an object verified without a multipart upload in progress
     /// (one put, or an object found complete and checked): its receipt.
     pub async fn put_verified_upload(&self, run: RunId, u: &UploadRow) -> Result<()> {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
-            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, version, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, version, found, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
         )
         .bind(run)
         .bind(&u.dest)
@@ -260,6 +291,7 @@ impl Store {
         .bind(stored_text(u.session.as_deref()))
         .bind(UploadState::Verified.as_str())
         .bind(stored_text(u.version.as_deref()))
+        .bind(u.found.map(FoundObject::as_str))
         .execute(&mut *tx)
         .await
         .ctx("insert verified upload")?;
@@ -418,6 +450,7 @@ mod tests {
             session: Some("up-1".into()),
             state: UploadState::Uploading,
             version: None,
+            found: Some(FoundObject::NoChecksum),
             started_at: String::new(),
             finished_at: None,
         };
@@ -437,6 +470,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(live.session.as_deref(), Some("up-1"));
+        assert_eq!(live.found, Some(FoundObject::NoChecksum));
         assert_eq!(store.upload_parts(id).await.unwrap(), vec![part]);
         store
             .finish_upload(id, UploadState::Verified, Some("\"e-2\""))
@@ -472,6 +506,42 @@ mod tests {
         let attempts = store.upload_attempts().await.unwrap();
         assert_eq!(attempts[0].outcome, UploadOutcome::Failed);
         assert_eq!(attempts[0].op, UploadOp::SendPart);
+    }
+
+    /// Guards migration 0015: an upload row written before it keeps its
+    /// row and reads back with `found` unknown (`None`, never a default
+    /// reason); rows written after it carry what the head found, and a
+    /// reason this version does not know is refused by the CHECK.
+    #[tokio::test]
+    async fn upload_rows_from_before_0015_read_back_with_found_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        crate::store::database_at_migration(&db, 13,
+                "INSERT INTO runs (command, pid, ftpipe_version) VALUES ('publish', 1, '0.0');
+                 INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, state, version, finished_at)
+                 VALUES (1, 's3://b/p', 's3://b/p/f/b', 'b', 3, 'y', 0, 'verified', '\"e-b\"', 'now');",
+        )
+        .await;
+        let store = Store::open(&db).await.unwrap();
+        let old = &store.uploads().await.unwrap()[0];
+        assert_eq!((old.id, old.found), (1, None));
+        let run = store.begin_run("publish", "test").await.unwrap();
+        let reused = UploadRow {
+            found: Some(FoundObject::Proven),
+            id: 0,
+            run_id: run,
+            ..old.clone()
+        };
+        store.put_verified_upload(run, &reused).await.unwrap();
+        assert_eq!(
+            store.uploads().await.unwrap()[1].found,
+            Some(FoundObject::Proven)
+        );
+        let mut conn = store.writer().await.unwrap();
+        let refused = sqlx::query("UPDATE uploads SET found = 'trusted' WHERE id = 1")
+            .execute(&mut *conn)
+            .await;
+        assert!(refused.is_err(), "an unknown reason was stored");
     }
 
     /// Guards migration 0012: upload records written before it (S3-shaped:

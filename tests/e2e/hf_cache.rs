@@ -6,11 +6,19 @@
 //! temporary `HF_HOME`, then runs `ftpipe` with that `HF_HOME` and checks
 //! the hub's request log: what the cache holds (and verifies) must not be
 //! requested again. Skipped locally without `hf`; a failure under `CI`.
+//!
+//! The Xet tests let `hf download` run with huggingface_hub's defaults (Xet
+//! on, `hf_xet` installed) against a fixture hub serving the LFS files
+//! through Hugging Face's `local_cas_server` (`common::xet`): the cache then
+//! has the layout huggingface_hub 2.4 writes, every repo `blobs/<sha256>` a
+//! relative link `../../blobs/<2 hex>/<xet hash>` into the cache-wide shared
+//! store.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::xet::{LocalCas, hf_xet_download, xet_hub};
 use crate::common::*;
 use ftpipe_fixtures::checkpoint::content_bytes;
 use ftpipe_fixtures::{Fault, FaultRule, Origin, RepoFile, RunningHub};
@@ -33,8 +41,17 @@ fn require_hf() -> bool {
     false
 }
 
-/// `hf download REPO [--revision REV]` into the cache of `hf_home`.
+/// `hf download REPO [--revision REV]` into the cache of `hf_home`, Xet
+/// disabled (`HF_HUB_DISABLE_XET=1`: plain HTTP, regular blob files).
 fn hf_download(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Command {
+    let mut cmd = hf_download_with_defaults(endpoint, hf_home, revision);
+    cmd.env("HF_HUB_DISABLE_XET", "1");
+    cmd
+}
+
+/// `hf download REPO [--revision REV]` with huggingface_hub's defaults (Xet
+/// on when the hub serves it).
+fn hf_download_with_defaults(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Command {
     let mut cmd = Command::new("hf");
     cmd.args(["download", REPO]);
     if let Some(rev) = revision {
@@ -43,8 +60,9 @@ fn hf_download(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Comman
     cmd.env("HF_ENDPOINT", endpoint)
         .env("HF_HOME", hf_home)
         .env("HF_HUB_DISABLE_TELEMETRY", "1")
-        .env("HF_HUB_DISABLE_XET", "1")
         .env("HF_TOKEN", "hf_fixture_dummy_token")
+        .env_remove("HF_HUB_DISABLE_XET")
+        .env_remove("HF_HUB_DISABLE_SHARED_BLOBS")
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_HUB_OFFLINE")
         .stdout(Stdio::null())
@@ -528,4 +546,227 @@ fn a_blob_rewritten_in_place_after_adoption_never_reaches_the_artifact() {
     let fresh = tmp.path().join("fresh");
     run_ok(&mut run_cmd(&hub.endpoint(), &fresh, &["--no-hf-cache"]));
     assert_eq!(manifest_sha(&out), manifest_sha(&fresh));
+}
+
+/// The LFS files of `hub`'s `REPO` at `main`, with their SHA-256.
+fn lfs_files(hub: &RunningHub) -> Vec<(String, String)> {
+    hub.listing(REPO, "main")
+        .unwrap()
+        .into_iter()
+        .filter_map(|l| Some((l.path, l.sha256?)))
+        .collect()
+}
+
+/// `<cache>/blobs/<2 hex>/<xet hash>`: huggingface_hub's shared store entry.
+fn shared_blob(hf_home: &Path, xet: &str) -> PathBuf {
+    hf_home.join("hub/blobs").join(&xet[..2]).join(xet)
+}
+
+/// Regression (issue 35, item 9): huggingface_hub 2.x with Xet (its
+/// default) keeps a Xet file in the cache-wide shared store
+/// `<cache>/blobs/<2 hex>/<xet hash>` and makes the repo's `blobs/<sha256>`
+/// a relative link into it. ftpipe refused every such link as "not a
+/// regular file" and downloaded everything again (the other cache tests
+/// passed only because they set `HF_HUB_DISABLE_XET=1`). A repo blob link
+/// into the same cache's shared store is now followed (one relative link,
+/// to a regular file) and its bytes adopted after the usual verification.
+/// The same Xet-serving hub still serves the bytes to a client without Xet,
+/// whose cache (regular blobs) is adopted too.
+#[test]
+fn a_default_xet_cache_is_adopted_from_the_shared_store() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let cas = LocalCas::start();
+    let files = ftpipe_fixtures::qwen4::generate_qwen4_repo(37, Default::default());
+    let hub = hub_serving(files.clone());
+    let hashes = xet_hub(&hub, &cas, &files);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    let o = hf_download_with_defaults(&hub.endpoint(), &hf_home, None)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "hf download failed: {}", stderr(&o));
+    // hf went through Xet: a read token asked for, no LFS body from the hub.
+    let reqs = hub.requests();
+    assert!(
+        reqs.iter().any(|r| r.path.contains("/xet-read-token/")),
+        "{reqs:#?}"
+    );
+    let lfs = lfs_files(&hub);
+    for (path, sha) in &lfs {
+        assert!(body_requests(&hub, path).is_empty(), "{path}: {reqs:#?}");
+        // The layout huggingface_hub 2.4 writes, checked on disk.
+        let xet = &hashes[sha];
+        let link = blobs_dir(&hf_home).join(sha);
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            Path::new("../../blobs").join(&xet[..2]).join(xet),
+            "{path}"
+        );
+        let entry = std::fs::symlink_metadata(shared_blob(&hf_home, xet)).unwrap();
+        assert!(entry.is_file(), "{path}: {entry:?}");
+    }
+    // hf_xet's own refresher, given only the read-token route, reads the
+    // CAS URL and token from its JSON body.
+    let (path, sha) = &lfs[0];
+    let want = files.iter().find(|f| &f.path == path).unwrap();
+    let got = tmp.path().join("refresher.bin");
+    hf_xet_download(&hub, "main", &hashes[sha], content_len(want), &got);
+    assert!(std::fs::read(&got).unwrap() == content_bytes(want).unwrap().as_ref());
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(body_bytes_served(&hub), 0, "{:#?}", hub.requests());
+    assert!(events(&lines, "cache_rejected").is_empty(), "{lines:#?}");
+    assert_eq!(
+        events(&lines, "file_adopted").len(),
+        files.len(),
+        "{lines:#?}"
+    );
+    let a = assert_clean_audit(&out);
+    assert_eq!(a["transferred_bytes"], 0, "{a:#}");
+    let candidates = a["cache_candidates"].as_array().unwrap();
+    for (path, sha) in &lfs {
+        let c = candidates
+            .iter()
+            .find(|c| c["path"] == path.as_str())
+            .unwrap_or_else(|| panic!("no candidate row for {path}: {a:#}"));
+        assert_eq!(c["outcome"], "adopted", "{c}");
+        let store = std::fs::canonicalize(shared_blob(&hf_home, &hashes[sha])).unwrap();
+        assert_eq!(c["cache_path"], store.to_str().unwrap(), "{c}");
+    }
+    // The artifact is the one a run that never saw the cache builds.
+    run_ok(run_cmd(&hub.endpoint(), &out, &[]).env("HF_HOME", &hf_home));
+    let fresh = tmp.path().join("fresh");
+    run_ok(&mut run_cmd(&hub.endpoint(), &fresh, &["--no-hf-cache"]));
+    assert_eq!(manifest_sha(&out), manifest_sha(&fresh));
+    // Xet disabled against the same hub: resolve serves the bytes, the
+    // blobs are regular files, and they are adopted as before.
+    let plain_home = tmp.path().join("plain-home");
+    hub.clear_requests();
+    hf_download_ok(&hub.endpoint(), &plain_home, None);
+    assert!(
+        hub.requests()
+            .iter()
+            .all(|r| !r.path.contains("/xet-read-token/")),
+        "{:#?}",
+        hub.requests()
+    );
+    for (path, sha) in &lfs {
+        let meta = std::fs::symlink_metadata(blobs_dir(&plain_home).join(sha)).unwrap();
+        assert!(meta.is_file(), "{path}: {meta:?}");
+    }
+    hub.clear_requests();
+    let out2 = tmp.path().join("out2");
+    let (o, lines) = fetch_json(&hub, &out2, &plain_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(body_bytes_served(&hub), 0, "{:#?}", hub.requests());
+    assert_eq!(
+        events(&lines, "file_adopted").len(),
+        files.len(),
+        "{lines:#?}"
+    );
+    assert_files_match(&out2, &files);
+}
+
+/// A repo blob link is followed only into the same cache's shared store,
+/// one relative link to a regular file. A link escaping the cache (to a
+/// file holding the right bytes), a store entry that is itself a link (to
+/// the right bytes) and one that is a FIFO are each refused with a reason
+/// naming what is wrong, recorded, and the file is fetched instead; the
+/// untouched files are still adopted.
+#[test]
+fn shared_store_links_leading_elsewhere_are_refused_and_fetched() {
+    let _heavy = heavy();
+    if !require_hf() {
+        return;
+    }
+    let cas = LocalCas::start();
+    let (hub, files) = hub_with_repo(38, 9 << 20);
+    let hashes = xet_hub(&hub, &cas, &files);
+    let tmp = tempfile::tempdir().unwrap();
+    let hf_home = tmp.path().join("hf-home");
+    let o = hf_download_with_defaults(&hub.endpoint(), &hf_home, None)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "hf download failed: {}", stderr(&o));
+    let lfs = lfs_files(&hub);
+    assert!(lfs.len() >= 3, "{lfs:?}");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let copy_outside = |xet: &str| {
+        let p = outside.join(xet);
+        std::fs::copy(shared_blob(&hf_home, xet), &p).unwrap();
+        p
+    };
+    // 1: the repo link leaves the cache (relative, `..` past its root).
+    let (escape_path, escape_sha) = &lfs[0];
+    let xet = &hashes[escape_sha];
+    copy_outside(xet);
+    let link = blobs_dir(&hf_home).join(escape_sha);
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(format!("../../../../outside/{xet}"), &link).unwrap();
+    assert!(
+        link.is_file(),
+        "the planted link must reach the right bytes"
+    );
+    // 2: the store entry is a link (a second level).
+    let (second_path, second_sha) = &lfs[1];
+    let xet = &hashes[second_sha];
+    let target = copy_outside(xet);
+    let entry = shared_blob(&hf_home, xet);
+    std::fs::remove_file(&entry).unwrap();
+    std::os::unix::fs::symlink(&target, &entry).unwrap();
+    // 3: the store entry is a FIFO.
+    let (fifo_path, fifo_sha) = &lfs[2];
+    let entry = shared_blob(&hf_home, &hashes[fifo_sha]);
+    std::fs::remove_file(&entry).unwrap();
+    let mk = Command::new("mkfifo").arg(&entry).status().unwrap();
+    assert!(mk.success());
+    hub.clear_requests();
+    let out = tmp.path().join("out");
+    let (o, lines) = fetch_json(&hub, &out, &hf_home, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let rejected = events(&lines, "cache_rejected");
+    let reason = |path: &str| {
+        let found: Vec<_> = rejected.iter().filter(|e| e["path"] == path).collect();
+        assert_eq!(found.len(), 1, "{path}: {lines:#?}");
+        found[0]["reason"].as_str().unwrap().to_owned()
+    };
+    let why = reason(escape_path);
+    assert!(why.contains("outside the cache's shared store"), "{why}");
+    let why = reason(second_path);
+    assert!(why.contains("second level"), "{why}");
+    let why = reason(fifo_path);
+    assert!(why.contains("not a regular file"), "{why}");
+    assert_eq!(rejected.len(), 3, "{lines:#?}");
+    let victims = [escape_path, second_path, fifo_path];
+    let victim_bytes: u64 = files
+        .iter()
+        .filter(|f| victims.contains(&&f.path))
+        .map(content_len)
+        .sum();
+    assert_eq!(
+        body_bytes_served(&hub),
+        victim_bytes,
+        "{:#?}",
+        hub.requests()
+    );
+    for v in victims {
+        assert!(!body_requests(&hub, v).is_empty(), "{v} not fetched");
+    }
+    let adopted = events(&lines, "file_adopted");
+    assert_eq!(adopted.len(), files.len() - 3, "{lines:#?}");
+    let a = assert_clean_audit(&out);
+    let rows: Vec<_> = a["cache_candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["outcome"] == "rejected")
+        .collect();
+    assert_eq!(rows.len(), 3, "{a:#}");
 }

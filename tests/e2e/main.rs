@@ -20,8 +20,10 @@
 //!   keeps only what was fsynced.
 //! * `disk_full`: fetch and conversion on small mounts that fill up.
 //! * `nginx`: kill and resume against a real nginx.
-//! * `hf_cache`: a Hugging Face cache filled by the real `hf download`, the
-//!   hub's token conventions, offline mode.
+//! * `hf_cache`: a Hugging Face cache filled by the real `hf download` (Xet
+//!   disabled, and with its defaults through Xet against Hugging Face's
+//!   `local_cas_server`: the shared blob store), the hub's token
+//!   conventions, offline mode.
 //! * `security`: the token stays on the hub's origin and out of all state;
 //!   the pin is sticky.
 //! * `symlinks`: links, hard links and FIFOs planted in `DIR` are refused.
@@ -74,6 +76,10 @@
 //!   power-cut filesystem under the node's DIR).
 //! * `s3_pull_verify`: a pulled artifact that fails `verify` gets no
 //!   `manifest.json`.
+//! * `s3_reuse`: publish reuses an object already at a key only when the
+//!   store's own checksum proves its bytes (planted objects claiming the
+//!   SHA-256 in metadata are uploaded again; a previous publish's are
+//!   reused without a write).
 //! * `conformance`: the checks every byte source passes (resume after a
 //!   kill, a short body, a `200` to a range, a changed validator, a `416`
 //!   to a range, an endless body, a stalled body), once per
@@ -153,6 +159,7 @@ mod s3_crash;
 mod s3_mirror;
 mod s3_powercut;
 mod s3_pull_verify;
+mod s3_reuse;
 mod security;
 mod segmented;
 mod symlinks;

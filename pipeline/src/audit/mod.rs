@@ -287,6 +287,12 @@ pub struct UploadSummary {
     pub in_progress: usize,
     /// Uploads given up.
     pub abandoned: usize,
+    /// Objects found at their key and reused: the store's checksum proved
+    /// their bytes (receipts, nothing sent).
+    pub reused_proven: usize,
+    /// Objects found at their key and uploaded again over: their store
+    /// checksum did not prove their bytes, or they had none.
+    pub replaced_unproven: usize,
     /// Parts the server acknowledged.
     pub parts: usize,
     /// Bytes of the acknowledged parts.
@@ -314,15 +320,23 @@ fn last_budget(
 }
 
 async fn upload_summary(store: &Store) -> Result<UploadSummary> {
-    use ftpipe_receipts::{UploadOutcome, UploadState};
+    use ftpipe_receipts::{FoundObject, UploadOutcome, UploadState};
     let uploads = store.uploads().await?;
     let attempts = store.upload_attempts().await?;
     let uploads_in = |state| uploads.iter().filter(|u| u.state == state).count();
     let attempts_ended = |outcome| attempts.iter().filter(|a| a.outcome == outcome).count();
+    let found = |f: &[FoundObject]| {
+        uploads
+            .iter()
+            .filter(|u| u.found.is_some_and(|x| f.contains(&x)))
+            .count()
+    };
     let mut s = UploadSummary {
         verified: uploads_in(UploadState::Verified),
         in_progress: uploads_in(UploadState::Uploading),
         abandoned: uploads_in(UploadState::Abandoned),
+        reused_proven: found(&[FoundObject::Proven]),
+        replaced_unproven: found(&[FoundObject::NotProven, FoundObject::NoChecksum]),
         requests: attempts.len(),
         failed_requests: attempts_ended(UploadOutcome::Failed),
         interrupted_requests: attempts_ended(UploadOutcome::InFlight),

@@ -9,6 +9,7 @@ use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
 pub mod lying_proxy;
 pub mod s3;
+pub mod xet;
 
 pub const REPO: &str = "acme/tiny";
 

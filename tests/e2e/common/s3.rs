@@ -127,6 +127,19 @@ impl Moto {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> std::io::Result<(u16, Vec<u8>)> {
+        self.raw_with_head(method, path, headers, body)
+            .map(|(status, _, body)| (status, body))
+    }
+
+    /// One unsigned HTTP/1.1 request; the status, the response head (status
+    /// line and headers, as text) and the body.
+    pub fn raw_with_head(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<(u16, String, Vec<u8>)> {
         let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(60)))?;
         // moto checks no signature, but takes the key id from the
@@ -163,7 +176,7 @@ impl Moto {
         {
             body = dechunk(&body);
         }
-        Ok((status, body))
+        Ok((status, head, body))
     }
 
     /// Puts `bytes` at `key` of [`BUCKET`] (as a third party would).
