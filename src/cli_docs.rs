@@ -17,7 +17,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use clap::CommandFactory;
 use clap_complete::Shell;
 
 /// The name the scripts complete and the pages document.
@@ -26,7 +25,7 @@ const BIN: &str = "ftpipe";
 /// The completion script of `shell` for the whole command line.
 pub fn completions(shell: Shell) -> Vec<u8> {
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut crate::cli::Cli::command(), BIN, &mut script);
+    clap_complete::generate(shell, &mut crate::cli::command(), BIN, &mut script);
     script
 }
 
@@ -40,104 +39,60 @@ pub struct ManPage {
 }
 
 /// The man page of `ftpipe` (its commands listed as `ftpipe-<command>(1)`,
-/// then the exit status) followed by one page per command, each with all
-/// of its options.
+/// then its examples, environment and exit status) followed by one page
+/// per command, each with all of its options, its examples and the
+/// environment it reads.
 pub fn man_pages() -> Vec<ManPage> {
     // As clap_mangen::generate_to: no page for the `help` pseudo-command.
-    let mut root = crate::cli::Cli::command().disable_help_subcommand(true);
+    let mut root = crate::cli::command().disable_help_subcommand(true);
     root.build();
     let source = format!("{BIN} {}", root.get_version().unwrap_or_default());
     let mut pages = vec![ManPage {
         file_name: format!("{BIN}.1"),
-        roff: root_page(&root, &source),
+        roff: page(&root, None, &source),
     }];
-    push_command_pages(&root, &source, &mut pages);
-    pages
-}
-
-/// Pushes the page of every visible subcommand of `cmd`, recursively.
-fn push_command_pages(cmd: &clap::Command, source: &str, pages: &mut Vec<ManPage>) {
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        let man = clap_mangen::Man::new(sub.clone()).source(source);
-        let mut roff = Vec::new();
-        man.render(&mut roff)
-            .expect("rendering into memory cannot fail");
+    for sub in root.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let man = clap_mangen::Man::new(sub.clone()).source(source.as_str());
         pages.push(ManPage {
             file_name: man.get_filename(),
-            roff,
+            roff: page(sub, Some(sub.get_name()), &source),
         });
-        push_command_pages(sub, source, pages);
     }
+    pages
 }
 
 /// A clap_mangen renderer of one section of a page.
 type RenderSection = fn(&clap_mangen::Man, &mut dyn Write) -> std::io::Result<()>;
 
-/// `ftpipe.1`: the sections clap_mangen renders for the top command
-/// (`Man::render`'s, in its order), with EXIT STATUS before VERSION.
-fn root_page(root: &clap::Command, source: &str) -> Vec<u8> {
-    let man = clap_mangen::Man::new(root.clone()).source(source);
+/// One page: the sections clap_mangen renders (`Man::render`'s, in its
+/// order) with EXAMPLES and ENVIRONMENT (`cli::help`) in place of its
+/// EXTRA section (the same text as `--help`'s end, unformatted), and on
+/// ftpipe's own page EXIT STATUS (`crate::exit`) before VERSION.
+fn page(cmd: &clap::Command, name: Option<&str>, source: &str) -> Vec<u8> {
+    let man = clap_mangen::Man::new(cmd.clone()).source(source.to_owned());
     let mut roff = Vec::new();
-    let sections: [RenderSection; 6] = [
+    let mut sections: Vec<RenderSection> = vec![
         clap_mangen::Man::render_title,
         clap_mangen::Man::render_name_section,
         clap_mangen::Man::render_synopsis_section,
         clap_mangen::Man::render_description_section,
-        clap_mangen::Man::render_options_section,
-        clap_mangen::Man::render_subcommands_section,
     ];
+    if cmd.get_arguments().any(|a| !a.is_hide_set()) {
+        sections.push(clap_mangen::Man::render_options_section);
+    }
+    if cmd.has_subcommands() {
+        sections.push(clap_mangen::Man::render_subcommands_section);
+    }
     for render in sections {
         render(&man, &mut roff).expect("rendering into memory cannot fail");
     }
-    if root
-        .get_after_long_help()
-        .or(root.get_after_help())
-        .is_some()
-    {
-        man.render_extra_section(&mut roff)
-            .expect("rendering into memory cannot fail");
+    roff.extend_from_slice(crate::cli::help::roff_sections(name).as_bytes());
+    if name.is_none() {
+        roff.extend_from_slice(crate::exit::roff_section().as_bytes());
     }
-    roff.extend_from_slice(exit_status_section().as_bytes());
-    man.render_version_section(&mut roff)
-        .expect("rendering into memory cannot fail");
-    roff
-}
-
-/// The EXIT STATUS section in roff: the codes of `crate::exit` (the
-/// README's table says more).
-fn exit_status_section() -> String {
-    use crate::exit;
-    let codes = [
-        (0, "done, and everything verified and reconciles"),
-        (
-            exit::FAILURE,
-            "an error (network, bad source, stale artifact, conflict on disk, ...); the message names the file, tensor or header and what was expected",
-        ),
-        (2, "bad command line"),
-        (
-            exit::LOCKED,
-            "another ftpipe holds the lock on DIR (its PID is printed)",
-        ),
-        (
-            exit::AUDIT_FAILED,
-            "finished, but the audit is not clean (unverified files, mismatching components, reconciliation error)",
-        ),
-        (
-            exit::NO_SPACE,
-            "not enough space on the target volume (found by a preflight or by a write that met a full disk); free space and re-run to resume",
-        ),
-        (
-            exit::VERIFY_FAILED,
-            "the artifact failed verification (each problem is listed)",
-        ),
-        (
-            exit::INTERNAL,
-            "an internal error: a broken invariant or a task that panicked (a bug; durable state is kept, so a re-run resumes)",
-        ),
-    ];
-    let mut roff = String::from(".SH \"EXIT STATUS\"\n");
-    for (code, meaning) in codes {
-        roff.push_str(&format!(".TP\n{code}\n{}\n", meaning.replace('-', "\\-")));
+    if cmd.get_version().is_some() {
+        man.render_version_section(&mut roff)
+            .expect("rendering into memory cannot fail");
     }
     roff
 }
@@ -231,7 +186,7 @@ mod tests {
     /// Every command of the clap tree (`None`: `ftpipe` itself; not `help`)
     /// with its visible long options.
     fn commands_and_long_options() -> Vec<(Option<String>, Vec<String>)> {
-        let mut root = crate::cli::Cli::command().disable_help_subcommand(true);
+        let mut root = crate::cli::command().disable_help_subcommand(true);
         root.build();
         let longs = |cmd: &clap::Command| -> Vec<String> {
             cmd.get_arguments()

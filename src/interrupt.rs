@@ -38,8 +38,8 @@ impl Signal {
     /// 128 + the signal's number.
     pub fn exit_code(self) -> u8 {
         match self {
-            Signal::Interrupt => 130,
-            Signal::Terminate => 143,
+            Signal::Interrupt => crate::exit::INTERRUPTED,
+            Signal::Terminate => crate::exit::TERMINATED,
         }
     }
 }

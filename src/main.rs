@@ -12,9 +12,12 @@
 //! - `table`, `verify_view`: the audit and inspection tables, the verify
 //!   block.
 //! - `size`: the parser of every size flag.
+//! - `exit`: the table of exit codes (README and man page are made from
+//!   it) and the map from error classes to codes.
+//! - `advice`: the one sentence with the fix for common failures.
 //!
 //! This file: `main` (parse, start the runtime, dispatch) and the one map
-//! from errors to exit codes.
+//! from errors to their class (and so, through `exit`, their code).
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
@@ -36,9 +39,11 @@ macro_rules! eprintln {
     ($($arg:tt)*) => { $crate::output::stderr(&format!("{}\n", format_args!($($arg)*))) };
 }
 
+mod advice;
 mod cli;
 mod cli_docs;
 mod demo;
+mod exit;
 mod interrupt;
 mod output;
 mod report;
@@ -47,8 +52,6 @@ mod table;
 mod verify_view;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 use ftpipe_artifact::ArtifactError;
 use ftpipe_convert::ConvertError;
@@ -60,16 +63,6 @@ use ftpipe_pipeline::PipelineError;
 
 use cli::examine::{AuditInProgress, VerifyFailed};
 use cli::{Cli, Command};
-
-/// Exit codes (also listed in the README).
-mod exit {
-    pub const FAILURE: u8 = 1;
-    pub const LOCKED: u8 = 3;
-    pub const AUDIT_FAILED: u8 = 4;
-    pub const NO_SPACE: u8 = 5;
-    pub const VERIFY_FAILED: u8 = 6;
-    pub const INTERNAL: u8 = 7;
-}
 
 /// Runs `cli`'s command: `Ok(false)` is an audit that is not clean.
 async fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -165,20 +158,31 @@ fn error_class(err: &anyhow::Error) -> ErrorClass {
     )
 }
 
-/// The exit code of each class: the one place they meet (README, Exit
-/// codes). Code 4, an audit that is not clean, is no error and is not here.
-fn class_exit_code(class: ErrorClass) -> u8 {
-    match class {
-        ErrorClass::Failure => exit::FAILURE,
-        ErrorClass::Verification => exit::VERIFY_FAILED,
-        ErrorClass::Locked => exit::LOCKED,
-        ErrorClass::NoSpace => exit::NO_SPACE,
-        ErrorClass::Internal => exit::INTERNAL,
-    }
+fn exit_code(err: &anyhow::Error) -> u8 {
+    exit::class_code(error_class(err))
 }
 
-fn exit_code(err: &anyhow::Error) -> u8 {
-    class_exit_code(error_class(err))
+/// Prints a failure: the sentence with the fix when there is one, then the
+/// exact error (stderr); with `--json` also one `error` event on stdout
+/// holding both and the exit code. Returns the exit code.
+fn report_error(err: &anyhow::Error, facts: &advice::Facts, json: bool) -> u8 {
+    let code = exit_code(err);
+    let details = describe(err);
+    let fix = advice::advice(err, facts);
+    if json {
+        let event = serde_json::json!({
+            "event": "error",
+            "exit_code": code,
+            "error": details,
+            "advice": fix,
+        });
+        let _ = output::json_line(&event);
+    }
+    match fix {
+        Some(fix) => eprintln!("ftpipe: {fix}\nftpipe: details: {details}"),
+        None => eprintln!("ftpipe: {details}"),
+    }
+    code
 }
 
 /// Threads the runtime may start beyond its workers when no conversion
@@ -216,7 +220,9 @@ fn main() -> ExitCode {
         )
         .with_writer(output::LogWriter::default)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
+    let facts = advice::Facts::of(&cli.command);
+    let json = cli.command.json();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(blocking_threads(&cli.command))
@@ -243,15 +249,14 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::AUDIT_FAILED)
         }
-        Err(e) => {
-            eprintln!("ftpipe: {}", describe(&e));
-            ExitCode::from(exit_code(&e))
-        }
+        Err(e) => ExitCode::from(report_error(&e, &facts, json)),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
     #[test]
@@ -305,11 +310,11 @@ mod tests {
 
     #[test]
     fn each_class_has_its_documented_exit_code() {
-        assert_eq!(class_exit_code(ErrorClass::Failure), 1);
-        assert_eq!(class_exit_code(ErrorClass::Locked), 3);
-        assert_eq!(class_exit_code(ErrorClass::NoSpace), 5);
-        assert_eq!(class_exit_code(ErrorClass::Verification), 6);
-        assert_eq!(class_exit_code(ErrorClass::Internal), 7);
+        assert_eq!(exit::class_code(ErrorClass::Failure), 1);
+        assert_eq!(exit::class_code(ErrorClass::Locked), 3);
+        assert_eq!(exit::class_code(ErrorClass::NoSpace), 5);
+        assert_eq!(exit::class_code(ErrorClass::Verification), 6);
+        assert_eq!(exit::class_code(ErrorClass::Internal), 7);
         let locked = anyhow::Error::from(PipelineError::Locked {
             lock: "d/.ftpipe/lock".into(),
             pid: "1".into(),

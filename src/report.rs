@@ -13,7 +13,7 @@ use indicatif::{
     MultiProgress, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle, TermLike,
 };
 
-use ftpipe_progress::{Phase, ProgressEvent, Reporter};
+use ftpipe_progress::{Phase, ProgressEvent, Reporter, human};
 
 /// `--quiet`: no progress at all.
 pub struct Silent;
@@ -84,9 +84,20 @@ const TICK: Duration = Duration::from_millis(250);
 /// Longest retry cause shown on the status line.
 const MAX_CAUSE_CHARS: usize = 80;
 
+/// A bar style from `template`, whose `{size}` and `{total_size}` are
+/// the bar's position and length in the one formatter of sizes.
 fn bar_style(template: &str) -> ProgressStyle {
     ProgressStyle::with_template(template)
         .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .with_key("size", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&human::bytes(s.pos()));
+        })
+        .with_key(
+            "total_size",
+            |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = w.write_str(&human::bytes(s.len().unwrap_or(0)));
+            },
+        )
         .progress_chars("=> ")
 }
 
@@ -96,7 +107,7 @@ fn total_style(shared: &Arc<Mutex<Shared>>) -> ProgressStyle {
     let files = shared.clone();
     let rate = shared.clone();
     bar_style(
-        "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {files} files {rate} \
+        "{prefix:>8} [{bar:40}] {percent:>3}% {size}/{total_size} {files} files {rate} \
          {elapsed_precise}",
     )
     .with_key("files", move |_: &ProgressState, w: &mut dyn fmt::Write| {
@@ -185,7 +196,7 @@ impl Shared {
         };
         #[expect(clippy::cast_sign_loss, reason = "a non-negative rate; `as` saturates")]
         let rate = rate as u64;
-        format!("{}/s {eta}", indicatif::HumanBytes(rate))
+        format!("{}/s {eta}", human::bytes(rate))
     }
 
     /// The outage line: the latest cause, the files waiting, the next retry.
@@ -357,7 +368,7 @@ impl Bars {
         total.enable_steady_tick(TICK);
         let convert = ProgressBar::hidden();
         convert.set_style(bar_style(
-            "{prefix:>8} [{bar:40}] {percent:>3}% {bytes}/{total_bytes} {msg}",
+            "{prefix:>8} [{bar:40}] {percent:>3}% {size}/{total_size} {msg}",
         ));
         convert.set_prefix("convert");
         Bars {
@@ -402,7 +413,7 @@ impl Bars {
                 .multi
                 .insert_before(&self.total, ProgressBar::new(size));
             b.set_style(bar_style(
-                "  {msg:40!} [{bar:30}] {percent:>3}% {bytes}/{total_bytes}",
+                "  {msg:40!} [{bar:30}] {percent:>3}% {size}/{total_size}",
             ));
             b.set_message(path);
             b
@@ -644,9 +655,10 @@ impl Reporter for LogLines {
                 "{path}: retry {attempt} in {delay:.1?}{}: {error}",
                 waiting_note(retry_after_secs)
             )),
-            ProgressEvent::FilePublished { path, size, .. } => {
-                Some(format!("{path}: verified and published ({size} bytes)"))
-            }
+            ProgressEvent::FilePublished { path, size, .. } => Some(format!(
+                "{path}: verified and published ({})",
+                human::bytes(size)
+            )),
             ProgressEvent::FileFailed { path, error } => Some(format!("{path}: failed: {error}")),
             ProgressEvent::CacheRejected {
                 path,
@@ -685,7 +697,9 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
                 done: done_bytes,
             };
             Some(format!(
-                "fetch: {files} files, {total_bytes} bytes, {done_bytes} already durable"
+                "fetch: {files} files, {}, {} already durable",
+                human::bytes(total_bytes),
+                human::bytes(done_bytes)
             ))
         }
         ProgressEvent::FileBytes { bytes, .. } => {
@@ -695,8 +709,9 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
             }
             s.last = Instant::now();
             Some(format!(
-                "progress: {}/{} bytes",
-                s.fetch.done, s.fetch.total
+                "progress: {} of {}",
+                human::bytes(s.fetch.done),
+                human::bytes(s.fetch.total)
             ))
         }
         ProgressEvent::FileAdopted {
@@ -706,7 +721,8 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
         } => {
             s.fetch.done = s.fetch.done.saturating_add(size);
             Some(format!(
-                "{path}: adopted from the Hugging Face cache ({placement}, {size} bytes)"
+                "{path}: adopted from the Hugging Face cache ({placement}, {})",
+                human::bytes(size)
             ))
         }
         ProgressEvent::FileResumedFromCache { path, bytes } => {
@@ -733,14 +749,18 @@ fn convert_tally_line(tally: &mut Tally, event: ProgressEvent) -> Option<String>
                 done: done_bytes,
             };
             Some(format!(
-                "convert: {components} components, {total_bytes} bytes, {done_bytes} already durable"
+                "convert: {components} components, {}, {} already durable",
+                human::bytes(total_bytes),
+                human::bytes(done_bytes)
             ))
         }
         ProgressEvent::ComponentWritten { path, kind, size } => {
             tally.done = tally.done.saturating_add(size);
             Some(format!(
-                "{path}: {kind} written and durable ({size} bytes; {}/{})",
-                tally.done, tally.total
+                "{path}: {kind} written and durable ({}; {} of {})",
+                human::bytes(size),
+                human::bytes(tally.done),
+                human::bytes(tally.total)
             ))
         }
         // Not a conversion tally event: `LogLines::report` prints it.

@@ -14,6 +14,7 @@
 use comfy_table::{CellAlignment, ColumnConstraint, Table, Width};
 
 use ftpipe_pipeline::audit::{AuditReport, CacheOutcome};
+use ftpipe_progress::human;
 
 /// `1234567` → `1,234,567`.
 pub(crate) fn n(v: u64) -> String {
@@ -187,11 +188,25 @@ fn source_rows(a: &AuditReport) -> Ledger {
         &verified.to_string(),
         &a.files.len().to_string(),
     );
-    for (k, s) in [
-        ("metadata sources (files/B)", a.metadata_sources),
-        ("weight sources (files/B)", a.weight_sources),
-    ] {
-        t.pair(k, &s.files.to_string(), &n(s.bytes));
+    if a.pulled() {
+        // A pulled DIR's files are the artifact's components, fetched
+        // into DIR/artifact: there are no sources.
+        let (files, bytes) = (
+            a.metadata_sources.files + a.weight_sources.files,
+            a.metadata_sources.bytes + a.weight_sources.bytes,
+        );
+        t.pair(
+            "artifact files (n/size)",
+            &files.to_string(),
+            &human::bytes(bytes),
+        );
+    } else {
+        for (k, s) in [
+            ("metadata sources (n/size)", a.metadata_sources),
+            ("weight sources (n/size)", a.weight_sources),
+        ] {
+            t.pair(k, &s.files.to_string(), &human::bytes(s.bytes));
+        }
     }
     t.pair(
         "ledger (committed/expected)",
@@ -226,21 +241,23 @@ fn source_rows(a: &AuditReport) -> Ledger {
 /// uploads.
 fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
     let r = &a.retirement;
-    t.pair(
-        "retained sources (files/B)",
-        &r.retained_files.to_string(),
-        &n(r.retained_bytes),
-    );
-    t.pair(
-        "retired sources (files/B)",
-        &r.retired_files.to_string(),
-        &n(r.retired_bytes),
-    );
+    if !a.pulled() {
+        t.pair(
+            "retained sources (n/size)",
+            &r.retained_files.to_string(),
+            &human::bytes(r.retained_bytes),
+        );
+        t.pair(
+            "retired sources (n/size)",
+            &r.retired_files.to_string(),
+            &human::bytes(r.retired_bytes),
+        );
+    }
     if let Some(b) = &a.disk_budget {
         t.pair(
             "disk budget (budget/peak held)",
-            &n(b.budget),
-            &n(b.peak_held),
+            &human::bytes(b.budget),
+            &human::bytes(b.peak_held),
         );
     }
     t.row("failed attempts", &a.failed_attempts.to_string());
@@ -257,16 +274,16 @@ fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
             &u.replaced_unproven.to_string(),
         );
         t.pair(
-            "upload parts (acked/B)",
+            "upload parts (acked/size)",
             &u.parts.to_string(),
-            &n(u.part_bytes),
+            &human::bytes(u.part_bytes),
         );
         t.pair(
             "upload requests (all/failed)",
             &u.requests.to_string(),
             &u.failed_requests.to_string(),
         );
-        t.row("upload bytes sent", &n(u.sent_bytes));
+        t.row("upload bytes sent", &human::bytes(u.sent_bytes));
     }
 }
 
@@ -300,24 +317,24 @@ fn total_rows(a: &AuditReport) -> Ledger {
     let mut t = Ledger::default();
     if a.omitted_tensors > 0 {
         t.pair(
-            "omitted tensors (n/B)",
+            "omitted tensors (n/size)",
             &a.omitted_tensors.to_string(),
-            &n(a.omitted_bytes),
+            &human::bytes(a.omitted_bytes),
         );
     }
     if a.not_fetched_tensors > 0 {
         t.pair(
-            "omitted, not fetched (n/B)",
+            "omitted, not fetched (n/size)",
             &a.not_fetched_tensors.to_string(),
-            &n(a.not_fetched_bytes),
+            &human::bytes(a.not_fetched_bytes),
         );
     }
     if !a.pending_components.is_empty() {
         let pending: u64 = a.pending_components.iter().map(|p| p.predicted_bytes).sum();
         t.pair(
-            "pending components (n/B)",
+            "pending components (n/size)",
             &a.pending_components.len().to_string(),
-            &n(pending),
+            &human::bytes(pending),
         );
     }
     t.row(
@@ -545,13 +562,13 @@ mod tests {
         let t = super::render(&report());
         for line in [
             "files (verified/selected)                          1 / 1",
-            "metadata sources (files/B)                         1 / 26",
-            "weight sources (files/B)                           1 / 10,000",
+            "metadata sources (n/size)                          1 / 26 B",
+            "weight sources (n/size)                            1 / 10.0 kB",
             "ledger (committed/expected)                   10,026 / 10,026",
             "transferred bytes                             12,026",
             "  stale_part                                   2,000",
-            "retained sources (files/B)                         1 / 26",
-            "retired sources (files/B)                          1 / 10,000",
+            "retained sources (n/size)                          1 / 26 B",
+            "retired sources (n/size)                           1 / 10.0 kB",
             "  ftexpert                 3               1,234,567               1,234,567",
             "known target total (plan)                  1,234,567",
             "reconciliation error                               0",

@@ -597,6 +597,14 @@ impl ConvertError {
         ConvertError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
+    /// The hub's error this one is (a remote plan's read), if any.
+    pub fn hub(&self) -> Option<&ftpipe_hub::HubError> {
+        match self {
+            ConvertError::Hub(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// This error's [`ErrorClass`]: a bug is [`ErrorClass::Internal`]; a
     /// full disk (a failed preflight, the store's `SQLITE_FULL`, an I/O
     /// error's `ENOSPC` anywhere in the chain) [`ErrorClass::NoSpace`];

@@ -143,20 +143,8 @@ fn saturating_sum(sizes: impl Iterator<Item = u64>) -> u64 {
     sizes.fold(0, u64::saturating_add)
 }
 
-/// `bytes` in decimal units with one decimal (`102.5 GB`, `11.6 MB`,
-/// `500 B`), for messages; the exact byte count goes beside it.
-pub fn shown(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1_000_000_000_000, "TB"),
-        (1_000_000_000, "GB"),
-        (1_000_000, "MB"),
-        (1_000, "kB"),
-    ];
-    match UNITS.iter().find(|(scale, _)| bytes >= *scale) {
-        Some((scale, unit)) => format!("{:.1} {unit}", bytes as f64 / *scale as f64),
-        None => format!("{bytes} B"),
-    }
-}
+/// `bytes` for people: the one formatter, [`ftpipe_progress::human::bytes`].
+pub use ftpipe_progress::human::bytes as shown;
 
 impl Workload {
     /// The workload of `plan`, with `resident` bytes of other files held

@@ -252,6 +252,17 @@ impl FetchError {
         }
     }
 
+    /// The hub's error this one is or carries (through a retried file's
+    /// last attempt, or the most severe of several files), if any.
+    pub fn hub(&self) -> Option<&ftpipe_hub::HubError> {
+        match self {
+            FetchError::Hub(e) => Some(e),
+            FetchError::RetriesExhausted { last, .. } => last.hub(),
+            FetchError::Several { worst, .. } => worst.hub(),
+            _ => None,
+        }
+    }
+
     /// Whether retrying the same request can help.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -127,6 +127,7 @@ fn refused(path: &str, resp: &reqwest::Response, status: StatusCode, span: Span)
             url: redact(resp.url()),
             status: status.as_u16(),
             detail,
+            hub: ftpipe_hub::says::HubSays::from_headers(resp.headers()),
         }),
     }
 }

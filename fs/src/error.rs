@@ -44,7 +44,10 @@ impl IoError {
 /// [`crate::require_space`]).
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "not enough free space on {volume}: {available} bytes available, {needed} bytes still needed"
+    "not enough free space on {volume}: {available} bytes available ({}), {needed} bytes still \
+     needed ({})",
+    ftpipe_progress::human::bytes(*available),
+    ftpipe_progress::human::bytes(*needed)
 )]
 pub struct InsufficientSpace {
     /// A path on the volume.
@@ -120,7 +123,8 @@ mod tests {
     use super::*;
 
     /// The text users see (and e2e tests match) is the one each crate's
-    /// enum printed before it wrapped these.
+    /// enum printed before it wrapped these (the preflight's sizes for
+    /// people added beside its exact bytes).
     #[test]
     fn the_shared_errors_print_what_the_enums_printed() {
         let io = IoError::new(
@@ -133,12 +137,13 @@ mod tests {
         assert!(source.downcast_ref::<std::io::Error>().is_some());
         let space = InsufficientSpace {
             volume: "DIR".into(),
-            available: 1,
-            needed: 2,
+            available: 1_500_000,
+            needed: 2_000_000,
         };
         assert_eq!(
             space.to_string(),
-            "not enough free space on DIR: 1 bytes available, 2 bytes still needed"
+            "not enough free space on DIR: 1500000 bytes available (1.5 MB), 2000000 bytes \
+             still needed (2.0 MB)"
         );
         assert_eq!(
             InternalError::new("a task vanished").to_string(),

@@ -10,6 +10,7 @@ use url::Url;
 
 use crate::error::{HubError, Result};
 use crate::limits::{MAX_JSON_BYTES, MAX_REDIRECTS};
+use crate::says::HubSays;
 
 /// A secret bearer token. Its `Debug` never prints the value.
 #[derive(Clone)]
@@ -196,14 +197,11 @@ impl HubClient {
         let status = resp.status();
         if !status.is_success() {
             // The hub's explanation is optional: none adds nothing.
-            let detail = header_str(resp.headers(), "x-error-message")
-                .or_else(|| header_str(resp.headers(), "x-error-code"))
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default();
             return Err(HubError::Status {
                 url: url.to_string(),
                 status: status.as_u16(),
-                detail,
+                detail: String::new(),
+                hub: HubSays::from_headers(resp.headers()),
             });
         }
         if let Some(len) = resp.content_length()

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use crate::says::HubSays;
+
 use ftpipe_fs::ErrorClass;
 
 /// Everything talking to the hub (or reading a pinned file's bytes through
@@ -32,7 +34,7 @@ pub enum HubError {
         source: reqwest::Error,
     },
     /// The server answered with a status we cannot use.
-    #[error("{url} answered HTTP {status}{detail}")]
+    #[error("{url} answered HTTP {status}{detail}{hub}")]
     Status {
         /// The URL requested (redacted when it may carry credentials).
         url: String,
@@ -40,6 +42,8 @@ pub enum HubError {
         status: u16,
         /// Extra context appended to the message (starts with its separator, or empty).
         detail: String,
+        /// The hub's `X-Error-Code` / `X-Error-Message` (bounded, redacted).
+        hub: HubSays,
     },
     /// A JSON response exceeded its size limit.
     #[error("response from {url} exceeds the limit of {limit} bytes")]
@@ -205,6 +209,20 @@ impl HubError {
         }
     }
 
+    /// Why a request got no answer at all, when this is such a failure.
+    pub fn unreachable(&self) -> Option<Unreachable> {
+        let HubError::Http { source, .. } = self else {
+            return None;
+        };
+        if source.is_timeout() {
+            return Some(Unreachable::Timeout);
+        }
+        if !source.is_connect() {
+            return None;
+        }
+        Some(unreachable_kind(source))
+    }
+
     /// Whether retrying the same request can help.
     pub fn is_transient(&self) -> bool {
         match self {
@@ -227,6 +245,38 @@ impl HubError {
             _ => false,
         }
     }
+}
+
+/// Why a request to the hub got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreachable {
+    /// Nothing listens at the endpoint's address (connection refused).
+    Refused,
+    /// The endpoint's host name does not resolve.
+    NameNotResolved,
+    /// No connection or no answer within the timeout.
+    Timeout,
+    /// The connection failed otherwise (TLS, unreachable network, reset).
+    Other,
+}
+
+/// Tells a refused connection and an unresolvable name apart from other
+/// connect failures. The resolver's error is private to the HTTP stack and
+/// says `dns error` in its text; a refusal is an io error of its kind.
+fn unreachable_kind(err: &reqwest::Error) -> Unreachable {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return Unreachable::Refused;
+        }
+        if c.to_string().starts_with("dns error") {
+            return Unreachable::NameNotResolved;
+        }
+        cause = c.source();
+    }
+    Unreachable::Other
 }
 
 impl From<ftpipe_fs::FsError> for HubError {
@@ -269,6 +319,7 @@ mod tests {
             url: "u".into(),
             status: 404,
             detail: String::new(),
+            hub: HubSays::default(),
         };
         assert_eq!(status.class(), ErrorClass::Failure);
     }

@@ -20,7 +20,10 @@
 //! - [`paths`]: validation of repo ids and revisions; [`limits`]: named
 //!   limits on what a server may claim; [`json_keys`]: duplicate-key
 //!   detection in JSON.
-//! - `error`: [`HubError`], naming the URL, header or entry at fault.
+//! - [`says`]: the hub's `X-Error-Code` / `X-Error-Message`, bounded and
+//!   redacted as they are read.
+//! - `error`: [`HubError`], naming the URL, header or entry at fault;
+//!   [`Unreachable`] tells why a request got no answer.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
@@ -37,7 +40,8 @@ pub mod limits;
 pub mod paths;
 pub mod remote;
 pub mod resolve;
+pub mod says;
 pub mod token;
 
 pub use client::{HubClient, Token};
-pub use error::{HubError, Result};
+pub use error::{HubError, Result, Unreachable};

@@ -16,6 +16,7 @@ use reqwest::header::{HeaderMap, HeaderValue, RANGE};
 use crate::client::{HubClient, redact};
 use crate::error::{HubError, Result};
 use crate::headers::parse_content_range;
+use crate::says::HubSays;
 
 /// Byte reads of the files of one pinned revision.
 pub trait RemoteFiles: Sync {
@@ -56,6 +57,7 @@ impl RemoteFiles for PinnedRepo<'_> {
                 url: redact(&url),
                 status: r.response.status().as_u16(),
                 detail: String::new(),
+                hub: HubSays::from_headers(r.response.headers()),
             });
         }
         read_body(path, r.response, size).await
@@ -95,6 +97,7 @@ async fn get_range(
             url: redact(&url),
             status: resp.status().as_u16(),
             detail: format!(" to {range} (expected 206 Partial Content)"),
+            hub: HubSays::from_headers(resp.headers()),
         });
     }
     // A missing or non-ASCII header is "", which the check below refuses

@@ -203,6 +203,33 @@ pub fn load_token(token_file: Option<&Path>) -> Result<(Option<Token>, TokenSour
     }
 }
 
+/// Where [`load_token`] takes the token from, found without reading it
+/// (a pipe given as `--token-file` can be read once only): the first of
+/// `--token-file`, a non-empty `HF_TOKEN` (or `HUGGING_FACE_HUB_TOKEN`),
+/// a non-empty file at `HF_TOKEN_PATH`, a non-empty `$HF_HOME/token`.
+pub fn token_source(token_file: Option<&Path>) -> TokenSource {
+    if token_file.is_some() {
+        return TokenSource::TokenFile;
+    }
+    if ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
+        .iter()
+        .any(|v| env_var(v).is_some())
+    {
+        return TokenSource::Env;
+    }
+    let (path, source) = match env_var("HF_TOKEN_PATH") {
+        Some(p) => (PathBuf::from(p), TokenSource::TokenPath),
+        None => match hf_home() {
+            Some(h) => (h.join("token"), TokenSource::HfHome),
+            None => return TokenSource::None,
+        },
+    };
+    match std::fs::metadata(&path) {
+        Ok(m) if m.len() > 0 => source,
+        _ => TokenSource::None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +254,17 @@ mod tests {
             assert!(err.contains(what), "{err}");
             assert!(!err.contains("hf_se") && !err.contains("cret"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_token_source_is_found_without_reading_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tok");
+        assert_eq!(
+            token_source(Some(&p)),
+            TokenSource::TokenFile,
+            "not even opened"
+        );
     }
 
     #[test]

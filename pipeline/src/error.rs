@@ -35,6 +35,18 @@ pub enum PipelineError {
     /// A path from the state database is unsafe, or a link lies on its way.
     #[error(transparent)]
     UnsafePath(#[from] ftpipe_fs::paths::PathError),
+    /// `--out` names a file, or a path through a file: DIR must be a
+    /// directory (a missing one is created).
+    #[error(
+        "--out {out}: {blocker} is not a directory; give a directory for the pin, state, \
+         sources and artifact (a missing one is created)"
+    )]
+    OutNotDirectory {
+        /// The `--out` given.
+        out: PathBuf,
+        /// The first existing path on the way to it that is no directory.
+        blocker: PathBuf,
+    },
     /// No pin yet.
     #[error("{dir} has no pinned revision yet; run `ftpipe fetch` first")]
     NotPinned {
@@ -137,6 +149,17 @@ impl PipelineError {
         PipelineError::Io(ftpipe_fs::IoError::new(op, path, source))
     }
 
+    /// The hub's error this one is or carries (resolving, fetching, or a
+    /// remote plan's read), if any: what the binary words its advice on.
+    pub fn hub(&self) -> Option<&ftpipe_hub::HubError> {
+        match self {
+            PipelineError::Hub(e) => Some(e),
+            PipelineError::Fetch(e) => e.hub(),
+            PipelineError::Convert(e) => e.hub(),
+            _ => None,
+        }
+    }
+
     /// This error's [`ErrorClass`]: the lock held elsewhere is
     /// [`ErrorClass::Locked`], a failed final verification
     /// [`ErrorClass::Verification`], a bug [`ErrorClass::Internal`], a
@@ -163,6 +186,7 @@ impl PipelineError {
             PipelineError::Io(_)
             | PipelineError::UnsafePath(_)
             | PipelineError::NotPinned { .. }
+            | PipelineError::OutNotDirectory { .. }
             | PipelineError::InvalidInput { .. }
             | PipelineError::IllegalTransition(_)
             | PipelineError::NoState { .. } => ErrorClass::of_chain(self),

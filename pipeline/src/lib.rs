@@ -74,11 +74,11 @@ use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_progress::{Phase, ProgressEvent, Reporter};
-use ftpipe_receipts::{Pin, RetirementEvent, RunId, Stage, StageEvent, Store};
+use ftpipe_receipts::{Pin, RetirementEvent, RunId, StageEvent, Store};
 
 pub use endpoint::Endpoint;
 pub use error::{PipelineError, Result};
-pub use ftpipe_receipts::SelectionGlobs;
+pub use ftpipe_receipts::{SelectionGlobs, Stage};
 pub use lock::{DirLock, LiveRun};
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
@@ -187,10 +187,31 @@ fn check_no_links(layout: &Layout) -> Result<()> {
     Ok(())
 }
 
+/// Refuses an `out` that is, or lies under, something other than a
+/// directory (a link to a directory is one): the deepest existing path on
+/// the way must be a directory for `.ftpipe/` to be created there.
+pub fn check_out_dir(out: &Path) -> Result<()> {
+    let mut at = Some(out);
+    while let Some(path) = at {
+        if let Ok(meta) = std::fs::metadata(path) {
+            if meta.is_dir() {
+                return Ok(());
+            }
+            return Err(PipelineError::OutNotDirectory {
+                out: out.to_owned(),
+                blocker: path.to_owned(),
+            });
+        }
+        at = path.parent().filter(|p| !p.as_os_str().is_empty());
+    }
+    Ok(())
+}
+
 impl Pipeline {
     /// Opens `out` for writing: creates the layout, takes the lock, opens the
     /// store and records a new run.
     pub async fn open(out: &Path, command: &str) -> Result<Pipeline> {
+        check_out_dir(out)?;
         let layout = Layout::new(out);
         // `.ftpipe/` (and every directory this run creates on the way to
         // it) must be durable entries before the database claims anything:

@@ -76,7 +76,12 @@ pub struct PullOutcome {
 
 /// Whether a pin is a pull's (its repo is an `s3://` location).
 pub fn is_pull_pin(pin: &Pin) -> bool {
-    pin.repo.starts_with("s3://")
+    is_pull_repo(&pin.repo)
+}
+
+/// Whether a pinned repo is a pull's: an `s3://` location.
+pub fn is_pull_repo(repo: &str) -> bool {
+    repo.starts_with("s3://")
 }
 
 /// Parses and checks a manifest read from `key` (see the module doc).

@@ -24,7 +24,7 @@ use ftpipe_convert::{
 };
 use ftpipe_fetch::{ReconcileReport, bytes_still_needed};
 use ftpipe_hub::resolve::{FetchSelection, Resolved, apply_selection};
-use ftpipe_progress::{ProgressEvent, Reporter};
+use ftpipe_progress::{ProgressEvent, Reporter, human};
 
 use crate::origin::{Origin, OriginFiles};
 use crate::state::StageState;
@@ -54,8 +54,11 @@ impl RunOutcome {
         RunOutcome {
             noop: false,
             summary: format!(
-                "{} components ({} written, {} reused), {} bytes",
-                converted.components, converted.written, converted.reused, converted.total_bytes
+                "{} components ({} written, {} reused), {}",
+                converted.components,
+                converted.written,
+                converted.reused,
+                human::bytes(converted.total_bytes)
             ),
             reconcile: Some(report),
             manifest_sha256: converted.manifest_sha256.clone(),
@@ -130,18 +133,29 @@ impl Pipeline {
                 .iter()
                 .map(|s| (s.file.clone(), s.bytes))
                 .collect();
-            let artifact =
-                artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
+            let artifact = artifact_peak(&plan, &done, &shards, opts.retire_sources, opts.jobs);
             let needed = sources_needed.saturating_add(artifact);
-            std::fs::create_dir_all(self.layout.dir()).map_err(|e| PipelineError::io("create", self.layout.dir(), e))?;
+            std::fs::create_dir_all(self.layout.dir())
+                .map_err(|e| PipelineError::io("create", self.layout.dir(), e))?;
             let checked = ftpipe_fs::require_space(self.layout.dir(), needed);
-            if let Ok(available) | Err(ftpipe_fs::FsError::InsufficientSpace(ftpipe_fs::InsufficientSpace { available, .. })) =
-                &checked
+            if let Ok(available)
+            | Err(ftpipe_fs::FsError::InsufficientSpace(ftpipe_fs::InsufficientSpace {
+                available,
+                ..
+            })) = &checked
             {
                 reporter.report(ProgressEvent::Note {
                     message: format!(
-                        "preflight: {needed} bytes still needed ({sources_needed} sources + {artifact} artifact{}), {available} available",
-                        if opts.retire_sources { " at peak with retirement" } else { "" }
+                        "preflight: {} still needed ({} sources + {} artifact{}), {} available",
+                        human::bytes(needed),
+                        human::bytes(sources_needed),
+                        human::bytes(artifact),
+                        if opts.retire_sources {
+                            " at peak with retirement"
+                        } else {
+                            ""
+                        },
+                        human::bytes(*available)
                     ),
                 });
             }
@@ -302,8 +316,11 @@ impl Pipeline {
         Ok(Some(RunOutcome {
             noop: true,
             summary: format!(
-                "nothing to do: {}@{} is converted and verified ({} components, {} bytes)",
-                pin.repo, pin.commit, current.components, current.bytes
+                "nothing to do: {}@{} is converted and verified ({} components, {})",
+                pin.repo,
+                pin.commit,
+                current.components,
+                human::bytes(current.bytes)
             ),
             reconcile: None,
             convert: None,

@@ -36,7 +36,7 @@ use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, prepare_s
 use ftpipe_convert::{ConvertError, ConvertOptions, ConvertOutcome, convert};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
 use ftpipe_hub::resolve::Resolved;
-use ftpipe_progress::{ProgressEvent, Reporter};
+use ftpipe_progress::{ProgressEvent, Reporter, human};
 use ftpipe_receipts::{FileRow, Stage};
 
 use crate::origin::Origin;
@@ -237,7 +237,12 @@ impl Pipeline {
         {
             reporter.report(ProgressEvent::Note {
                 message: format!(
-                    "preflight: {needed} bytes still needed (peak {peak} of sources held + artifact, {present} on disk), {available} available"
+                    "preflight: {} still needed (peak {} of sources held + artifact, {} on disk), {} \
+                     available",
+                    human::bytes(needed),
+                    human::bytes(peak),
+                    human::bytes(present),
+                    human::bytes(*available)
                 ),
             });
         }

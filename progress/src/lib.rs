@@ -1,5 +1,9 @@
 //! Progress events. Stages emit them through [`Reporter`]; only the binary
 //! decides how to show them (bars, log lines, JSON).
+//!
+//! - [`human`]: the one formatter of byte counts for people.
+
+pub mod human;
 
 use std::time::Duration;
 

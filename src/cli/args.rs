@@ -23,6 +23,24 @@ use ftpipe_progress::Reporter;
 
 use crate::{report, size};
 
+/// The headings `--help` groups options under (`run` has ~45).
+pub mod heading {
+    /// Where the repo comes from and how to reach it.
+    pub const HUB: &str = "Hub and mirror";
+    /// Which files.
+    pub const SELECTION: &str = "Selection";
+    /// How bytes are moved.
+    pub const TRANSFER: &str = "Transfer";
+    /// Retries, stalls and durable checkpoints.
+    pub const RESUME: &str = "Retries, timeouts and checkpoints";
+    /// The conversion.
+    pub const CONVERSION: &str = "Conversion";
+    /// Object storage.
+    pub const S3: &str = "Object storage";
+    /// What is printed.
+    pub const OUTPUT: &str = "Output";
+}
+
 /// Files transferred in parallel when neither `--jobs` nor `--fetch-jobs`
 /// says otherwise.
 pub const DEFAULT_FETCH_JOBS: usize = 4;
@@ -35,6 +53,7 @@ pub const DEFAULT_READ_TIMEOUT_SECS: f64 = 30.0;
 
 /// Which revision of a repo, read from which hub or mirror.
 #[derive(Args, Clone)]
+#[command(next_help_heading = heading::HUB)]
 pub struct OriginArgs {
     /// The branch, tag or commit to pin.
     #[arg(long, default_value = "main", value_parser = parse_revision)]
@@ -57,28 +76,30 @@ pub struct HubArgs {
     /// Repository id, e.g. `Qwen/Qwen4-Exp`.
     #[arg(value_parser = parse_repo_id)]
     pub repo: String,
+    /// DIR: where the pin, the state, the sources and the artifact live.
+    #[arg(long)]
+    pub out: PathBuf,
+    // Each field below a flattened group names its heading: a group's
+    // heading carries over to the fields after it.
     #[command(flatten)]
     pub origin: OriginArgs,
     #[command(flatten)]
     pub s3: S3Args,
-    /// DIR: where the pin, the state, the sources and the artifact live.
-    #[arg(long)]
-    pub out: PathBuf,
     /// Read the token from this file (else HF_TOKEN, else the file at
     /// HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::HUB)]
     pub token_file: Option<PathBuf>,
     /// Take pinned files from this Hugging Face hub cache (default:
     /// HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub,
     /// when it exists).
-    #[arg(long, value_name = "DIR", conflicts_with = "no_hf_cache")]
+    #[arg(long, value_name = "DIR", conflicts_with = "no_hf_cache", help_heading = heading::HUB)]
     pub hf_cache: Option<PathBuf>,
     /// Never look in a Hugging Face cache.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::HUB)]
     pub no_hf_cache: bool,
     /// No network: work from DIR's durable state and the cache only
     /// (also HF_HUB_OFFLINE=1).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::HUB)]
     pub offline: bool,
     #[command(flatten)]
     pub stall: StallArgs,
@@ -86,6 +107,7 @@ pub struct HubArgs {
 
 /// The stall rule every source keeps (the hub, a mirror, object storage).
 #[derive(Args, Clone, Copy)]
+#[command(next_help_heading = heading::RESUME)]
 pub struct StallArgs {
     /// No byte for this many seconds (waiting for an answer or inside its
     /// body) ends the attempt, which is then retried (0.1 to 3600).
@@ -151,6 +173,7 @@ impl HubArgs {
 
 /// Where the object store is and how to reach it.
 #[derive(Args)]
+#[command(next_help_heading = heading::S3)]
 pub struct S3Args {
     /// S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else
     /// AWS_ENDPOINT_URL, else the profile's endpoint_url, else AWS). Plain
@@ -180,6 +203,7 @@ impl S3Args {
 /// How files are split over connections and written (`fetch`, `run`,
 /// `pull`).
 #[derive(Args)]
+#[command(next_help_heading = heading::TRANSFER)]
 pub struct TransferArgs {
     /// HTTP requests in flight at once over all files (1 to 64): each file
     /// takes one, free ones split large files into ranges.
@@ -211,6 +235,7 @@ pub struct TransferArgs {
 /// How often a transfer makes its progress durable, and how it retries a
 /// transient failure (`fetch`, `run`, `pull`).
 #[derive(Args)]
+#[command(next_help_heading = heading::RESUME)]
 pub struct ResumeArgs {
     /// Durable checkpoint interval in bytes (at least 1).
     #[arg(long, default_value_t = 64 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
@@ -226,6 +251,7 @@ pub struct ResumeArgs {
 /// The time rules of a transfer from a hub (`fetch`, `run`): the
 /// checkpoint interval and when a slow body is a stall.
 #[derive(Args)]
+#[command(next_help_heading = heading::RESUME)]
 pub struct TimingArgs {
     /// Durable checkpoint interval in seconds (0.01 to 3600).
     #[arg(long, default_value_t = 2.0, value_parser = secs_in(0.01, 3600.0))]
@@ -290,6 +316,7 @@ pub fn fetch_options(
 
 /// What a long-running command prints while it works and when it is done.
 #[derive(Args, Clone, Copy)]
+#[command(next_help_heading = heading::OUTPUT)]
 pub struct ProgressArgs {
     /// Print nothing on success (errors still go to stderr).
     #[arg(long)]
@@ -321,16 +348,16 @@ impl ProgressArgs {
 pub struct UploadArgs {
     /// Part size of multipart uploads; smaller files go in one put (at
     /// least 64KiB; S3 itself needs 5MiB).
-    #[arg(long, default_value = "8MiB", value_parser = size::parse_size)]
+    #[arg(long, default_value = "8MiB", value_parser = size::parse_size, help_heading = heading::S3)]
     pub part_size: u64,
     /// Parts in flight at once (1 to 64).
-    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::S3)]
     pub concurrency: usize,
     /// Print nothing on success (errors still go to stderr).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub quiet: bool,
     /// A JSON summary.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub json: bool,
     #[command(flatten)]
     pub stall: StallArgs,

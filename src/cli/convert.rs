@@ -7,13 +7,15 @@ use clap::builder::RangedU64ValueParser;
 
 use ftpipe_convert::ConvertOptions;
 use ftpipe_pipeline::Pipeline;
+use ftpipe_progress::human;
 
-use super::args::{DEFAULT_CONVERT_JOBS, ProgressArgs};
+use super::args::{DEFAULT_CONVERT_JOBS, ProgressArgs, heading};
 use super::summary::{Jobs, print_summary};
 use crate::size;
 
 /// Conversion choices shared by `convert` and `run`.
 #[derive(Args)]
+#[command(next_help_heading = heading::CONVERSION)]
 pub struct ConvertTuning {
     /// Delete each source shard once every component reading it is durable.
     #[arg(long)]
@@ -106,7 +108,7 @@ pub fn render(o: &ftpipe_convert::ConvertOutcome) -> String {
         o.components,
         o.written,
         o.reused,
-        o.total_bytes,
+        human::bytes(o.total_bytes),
         o.fingerprint,
         o.manifest_sha256,
         o.placement.resident_layers.len(),
@@ -114,18 +116,25 @@ pub fn render(o: &ftpipe_convert::ConvertOutcome) -> String {
         o.placement.read_queue_depth
     ));
     if !o.retired.is_empty() {
-        out.push_str(&format!("retired sources  {}\n", o.retired.join(", ")));
+        // The names: --json, or the log at FTPIPE_LOG=debug.
+        tracing::debug!(retired = ?o.retired, "retired sources");
+        out.push_str(&format!(
+            "retired sources  {} files (deleted once converted; names with --json or FTPIPE_LOG=debug)\n",
+            o.retired.len()
+        ));
     }
     if o.omitted.0 > 0 {
         out.push_str(&format!(
-            "omitted          {} source tensors, {} bytes (vision, mtp; listed in manifest.json)\n",
-            o.omitted.0, o.omitted.1
+            "omitted          {} source tensors, {} (vision, mtp; listed in manifest.json)\n",
+            o.omitted.0,
+            human::bytes(o.omitted.1)
         ));
     }
     if o.not_fetched.0 > 0 {
         out.push_str(&format!(
-            "not fetched      {} omitted source tensors in files of {} bytes left out by --exclude (listed in manifest.json, \"fetched\": false)\n",
-            o.not_fetched.0, o.not_fetched.1
+            "not fetched      {} omitted source tensors in files of {} left out by --exclude (listed in manifest.json, \"fetched\": false)\n",
+            o.not_fetched.0,
+            human::bytes(o.not_fetched.1)
         ));
     }
     out

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_hub::token::load_token;
+use ftpipe_pipeline::Stage;
+use ftpipe_progress::human;
 
 use crate::{table, verify_view};
 
@@ -56,7 +59,9 @@ pub struct InspectArgs {
 /// `ftpipe verify`'s flags.
 #[derive(Args)]
 pub struct VerifyArgs {
-    /// The artifact directory (DIR/artifact, or a copy of it).
+    /// The artifact directory (DIR/artifact, or a copy of it), or the
+    /// DIR given as --out to the other commands (its artifact/ is checked).
+    #[arg(value_name = "DIR")]
     pub dir: PathBuf,
     /// Also re-hash every component.
     #[arg(long)]
@@ -64,6 +69,18 @@ pub struct VerifyArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The artifact `dir` names: `dir` itself when it holds a manifest or
+/// holds no `artifact/` with one, else the `--out` DIR's `artifact/`.
+fn artifact_dir(dir: &Path) -> PathBuf {
+    let inner = ftpipe_pipeline::Layout::new(dir).artifact().to_owned();
+    let holds_manifest = |d: &Path| d.join(MANIFEST_FILE).is_file();
+    if !holds_manifest(dir) && holds_manifest(&inner) {
+        inner
+    } else {
+        dir.to_owned()
+    }
 }
 
 /// `verify` found problems (already listed on stdout).
@@ -120,7 +137,13 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         Some(p) => println!("pin          {} {} -> {}", p.repo, p.revision, p.commit),
         None => println!("pin          none"),
     }
+    // A pulled DIR is read, fetched and verified: it never plans or
+    // converts, so those stages are not shown as pending.
+    let pulled = s.pin.as_ref().is_some_and(ftpipe_pipeline::is_pull_pin);
     for (stage, state) in &s.stages {
+        if pulled && matches!(stage, Stage::Plan | Stage::Convert) {
+            continue;
+        }
         println!("stage        {stage:<10} {state}");
     }
     println!(
@@ -128,11 +151,9 @@ fn print_status(out: &Path, s: &ftpipe_pipeline::StatusReport) {
         s.files, s.published, s.partial
     );
     println!(
-        "bytes        {} durable of {} expected ({} of {} bytes)",
-        indicatif::HumanBytes(s.durable_bytes),
-        indicatif::HumanBytes(s.expected_bytes),
-        s.durable_bytes,
-        s.expected_bytes
+        "bytes        {} durable of {} expected",
+        human::bytes(s.durable_bytes),
+        human::bytes(s.expected_bytes),
     );
 }
 
@@ -154,10 +175,10 @@ pub async fn audit(args: AuditArgs) -> anyhow::Result<bool> {
     }
     if let Some(b) = b {
         eprintln!(
-            "evidence bundle: {} ({} entries, {} bytes)",
+            "evidence bundle: {} ({} entries, {})",
             b.path.display(),
             b.entries,
-            b.bytes
+            human::bytes(b.bytes)
         );
     }
     if let Some(live) = a.live_run {
@@ -179,9 +200,18 @@ pub fn inspect(args: &InspectArgs) -> anyhow::Result<bool> {
 
 /// Verifies an artifact directory on its own; a failure is [`VerifyFailed`].
 pub fn verify(args: &VerifyArgs) -> anyhow::Result<bool> {
-    let r = tokio::task::block_in_place(|| {
-        ftpipe_artifact::verify::verify_artifact(&args.dir, args.deep)
-    })?;
+    let dir = artifact_dir(&args.dir);
+    let layout = ftpipe_pipeline::Layout::new(&args.dir);
+    if dir == args.dir && layout.state_dir().is_dir() && !dir.join(MANIFEST_FILE).is_file() {
+        anyhow::bail!(
+            "{} is a DIR of ftpipe with no artifact yet ({} has no {MANIFEST_FILE}): `ftpipe \
+             convert --out DIR` or `ftpipe run` builds it",
+            args.dir.display(),
+            layout.artifact().display()
+        );
+    }
+    let r =
+        tokio::task::block_in_place(|| ftpipe_artifact::verify::verify_artifact(&dir, args.deep))?;
     if args.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {

@@ -16,6 +16,7 @@ use ftpipe_pipeline::{FetchParams, MirrorParams, Pipeline};
 
 use super::args::{
     DEFAULT_FETCH_JOBS, HubArgs, ProgressArgs, ResumeArgs, TimingArgs, TransferArgs, fetch_options,
+    heading,
 };
 use super::summary::{Jobs, Session, print_summary};
 use crate::table;
@@ -26,32 +27,32 @@ pub struct FetchArgs {
     #[command(flatten)]
     pub hub: HubArgs,
     /// Only files matching these globs.
-    #[arg(long)]
+    #[arg(long, value_name = "GLOB", help_heading = heading::SELECTION)]
     pub include: Vec<String>,
     /// Skip files matching these globs.
-    #[arg(long)]
+    #[arg(long, value_name = "GLOB", help_heading = heading::SELECTION)]
     pub exclude: Vec<String>,
     /// Files transferred in parallel (1 to 64, default 4; at most
     /// --connections at once). For `run`: the default of both
     /// --fetch-jobs and --convert-jobs.
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::TRANSFER)]
     pub jobs: Option<usize>,
     #[command(flatten)]
     pub transfer: TransferArgs,
     #[command(flatten)]
     pub progress: ProgressArgs,
     /// Follow a moved branch instead of keeping the pin.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub repin: bool,
     #[command(flatten)]
     pub resume: ResumeArgs,
     #[command(flatten)]
     pub timing: TimingArgs,
     /// Skip the free-space check before starting.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::TRANSFER)]
     pub no_preflight: bool,
     /// Fetch again the sources `convert --retire-sources` deleted.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub reacquire: bool,
 }
 

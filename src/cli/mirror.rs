@@ -14,7 +14,8 @@ use super::args::{
     DEFAULT_FETCH_JOBS, HubArgs, OriginArgs, ProgressArgs, S3Args, UploadArgs, parse_repo_id,
 };
 use super::fetch::{fetch_into, fetch_params};
-use super::summary::{S3Session, print_s3_summary};
+use super::summary::{S3Session, print_s3_summary, upload_counts};
+use ftpipe_progress::human;
 
 /// `ftpipe mirror`'s flags; `--revision`, `--endpoint` and `--token-file`
 /// apply to a hub REPO only, and their help says so ([`for_a_repo`]).
@@ -83,7 +84,7 @@ pub async fn run(args: MirrorArgs) -> anyhow::Result<bool> {
         || {
             format!(
                 "{} {}@{} at {}
-files            {} ({} uploaded, {} already there, proven by the store's checksum)
+files            {}
 bytes sent       {}
 ",
                 if outcome.already_mirrored {
@@ -94,10 +95,8 @@ bytes sent       {}
                 outcome.repo,
                 outcome.commit,
                 outcome.dest,
-                outcome.files,
-                outcome.uploaded,
-                outcome.reused,
-                outcome.bytes_sent
+                upload_counts(outcome.files, outcome.uploaded),
+                human::bytes(outcome.bytes_sent)
             )
         },
     );

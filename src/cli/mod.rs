@@ -12,11 +12,13 @@
 //! - `publish`, `pull`, `mirror`: the object-store commands.
 //! - `examine`: `status`, `audit`, `inspect`, `verify`.
 //! - `summary`: the final JSON summary line or text of a command.
+//! - `help`: the examples and environment of `--help` and the man pages.
 
 pub mod args;
 pub mod convert;
 pub mod examine;
 pub mod fetch;
+pub mod help;
 pub mod mirror;
 pub mod plan;
 pub mod publish;
@@ -26,7 +28,7 @@ pub mod summary;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -104,7 +106,40 @@ pub enum Command {
     },
 }
 
+/// ftpipe's clap tree as `--help`, the man pages and the completions show
+/// it: [`Cli`]'s, with each command's examples and environment.
+pub fn command() -> clap::Command {
+    help::decorate(Cli::command())
+}
+
+impl Cli {
+    /// Parses the process's arguments against [`command`] (exits with
+    /// clap's message and code 2 on a bad command line, 0 for `--help`).
+    pub fn parse_args() -> Cli {
+        let matches = command().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
 impl Command {
+    /// Whether the command was asked for JSON output (`--json`).
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Fetch(a) => a.progress.json,
+            Command::Run(a) => a.fetch.progress.json,
+            Command::Convert(a) => a.progress.json,
+            Command::Pull(a) => a.progress.json,
+            Command::Publish(a) => a.upload.json,
+            Command::Mirror(a) => a.upload.json,
+            Command::Plan(a) => a.json,
+            Command::Status(a) => a.json,
+            Command::Audit(a) => a.json,
+            Command::Inspect(a) => a.json,
+            Command::Verify(a) => a.json,
+            Command::Demo { .. } | Command::Completions { .. } | Command::Man { .. } => false,
+        }
+    }
+
     /// Components this command converts at once (0: it converts nothing).
     pub fn parallel_conversions(&self) -> usize {
         match self {
@@ -165,6 +200,93 @@ mod tests {
             args::DEFAULT_READ_TIMEOUT_SECS,
             "mirror's HubArgs::for_repo"
         );
+    }
+
+    /// Every argument of every command (the help and version flags
+    /// aside) says what it is for: `--out` and `--revision` once had an
+    /// empty help line.
+    #[test]
+    fn every_argument_of_every_command_has_help() {
+        let mut root = crate::cli::command();
+        root.build();
+        let mut checked = 0;
+        for cmd in std::iter::once(&root).chain(root.get_subcommands()) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg
+                    .get_long_help()
+                    .or(arg.get_help())
+                    .map(ToString::to_string);
+                assert!(
+                    help.is_some_and(|h| !h.trim().is_empty()),
+                    "`ftpipe {}` argument {id} has no help",
+                    cmd.get_name()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "only {checked} arguments walked");
+    }
+
+    /// `--help` of ftpipe and of every command ends with examples and the
+    /// environment it reads; the hub commands list the hub's variables,
+    /// the object-storage ones AWS's.
+    #[test]
+    fn every_help_has_examples_and_environment() {
+        let mut root = crate::cli::command();
+        root.build();
+        for cmd in std::iter::once(&root).chain(root.get_subcommands()) {
+            if cmd.get_name() == "help" {
+                continue;
+            }
+            let after = cmd
+                .get_after_long_help()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(
+                after.contains("Examples:\n  $ ftpipe") && after.contains("\nEnvironment:\n  "),
+                "`ftpipe {}`: {after}",
+                cmd.get_name()
+            );
+            assert!(after.contains("FTPIPE_LOG"), "{after}");
+            let name = cmd.get_name();
+            if ["fetch", "run", "plan", "mirror", "ftpipe"].contains(&name) {
+                assert!(
+                    after.contains("HF_TOKEN") && after.contains("HF_ENDPOINT"),
+                    "{after}"
+                );
+            }
+            if ["publish", "pull", "mirror", "ftpipe"].contains(&name) {
+                assert!(after.contains("AWS_ACCESS_KEY_ID"), "{after}");
+            }
+        }
+    }
+
+    /// `run`'s ~45 options come under headings, a handful left in the
+    /// general list.
+    #[test]
+    fn run_groups_its_options_under_headings() {
+        let mut root = crate::cli::command();
+        root.build();
+        let run = root.find_subcommand("run").expect("run");
+        let options: Vec<&clap::Arg> = run
+            .get_arguments()
+            .filter(|a| a.get_long().is_some())
+            .collect();
+        let headings: std::collections::BTreeSet<&str> = options
+            .iter()
+            .filter_map(|a| a.get_help_heading())
+            .collect();
+        assert!(headings.len() >= 6, "{headings:?}");
+        let plain: Vec<&str> = options
+            .iter()
+            .filter(|a| a.get_help_heading().is_none())
+            .filter_map(|a| a.get_long())
+            .collect();
+        assert!(plain.len() <= 4, "options without a heading: {plain:?}");
     }
 
     /// `pull` keeps its own help and default where it differs from `fetch`.

@@ -9,9 +9,10 @@ use ftpipe_artifact::manifest::Partition;
 use ftpipe_hub::token::load_token;
 use ftpipe_pipeline::PlanSource;
 
-use super::args::HubArgs;
+use super::args::{HubArgs, heading};
 use super::fetch::{mirror_of_endpoint, offline_env};
 use crate::size;
+use ftpipe_progress::human;
 
 /// `ftpipe plan`'s flags.
 #[derive(Args)]
@@ -20,27 +21,27 @@ pub struct PlanArgs {
     pub hub: HubArgs,
     /// Read only the safetensors headers from the hub (HTTP Range), no weights.
     /// Without it, plan from the sources in DIR/source/.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::HUB)]
     pub remote: bool,
     /// Print one JSON object.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::OUTPUT)]
     pub json: bool,
     /// Plan with this declarative TOML recipe instead of a built-in profile.
-    #[arg(long, value_name = "FILE.toml")]
+    #[arg(long, value_name = "FILE.toml", help_heading = heading::CONVERSION)]
     pub recipe: Option<PathBuf>,
     /// Plan for a fetch of only the files matching these globs (default:
     /// the selection DIR was pinned with).
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub include: Vec<String>,
     /// Plan for a fetch that skips the files matching these globs.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::SELECTION)]
     pub exclude: Vec<String>,
     /// Also schedule fetch, conversion and retirement so that the source
     /// bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes,
     /// 100GiB = 100·2^30): prints the predicted peak disk against an
     /// unbudgeted run, and the minimum feasible budget (a smaller SIZE is
     /// refused, naming it).
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, help_heading = heading::CONVERSION)]
     pub disk_budget: Option<u64>,
 }
 
@@ -102,15 +103,15 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
 /// The plan as a fixed-width table: one line per component, then the total.
 fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let mut out = format!(
-        "profile {} (model_type {}), {} source files, {} bytes\n",
+        "profile {} (model_type {}), {} source files, {}\n",
         plan.profile,
         plan.model_type,
         plan.sources.len(),
-        plan.source_bytes
+        human::bytes(plan.source_bytes)
     );
     out.push_str(&format!(
         "{:<40} {:<16} {:>10} {:>16}\n",
-        "component", "kind", "items", "bytes"
+        "component", "kind", "items", "size"
     ));
     for c in &plan.components {
         out.push_str(&format!(
@@ -118,14 +119,15 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
             c.name,
             c.kind.as_str(),
             c.items,
-            c.predicted_bytes
+            human::bytes(c.predicted_bytes)
         ));
     }
     out.push_str(&format!(
-        "{:<40} {:<16} {:>10} {:>16}\n",
+        "{:<40} {:<16} {:>10} {:>16} ({} bytes; exact sizes: --json)\n",
         "total",
         "",
         plan.components.len(),
+        human::bytes(plan.total_bytes),
         plan.total_bytes
     ));
     let count = |p: Partition, fetched: bool| {
@@ -137,7 +139,8 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let (n, bytes) = plan.omitted_totals();
     if n > 0 {
         out.push_str(&format!(
-            "omitted: {n} source tensors, {bytes} bytes, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            "omitted: {n} source tensors, {}, not part of the text artifact (vision {}, mtp {}); still fetched and verified\n",
+            human::bytes(bytes),
             count(Partition::Vision, true),
             count(Partition::Mtp, true)
         ));
@@ -145,15 +148,19 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
     let (n, bytes) = plan.not_fetched_totals();
     if n > 0 {
         out.push_str(&format!(
-            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {bytes} bytes left out of the fetch:\n",
+            "not fetched: {n} omitted source tensors (vision {}, mtp {}) in {} files of {} left out of the fetch:\n",
             count(Partition::Vision, false),
             count(Partition::Mtp, false),
-            plan.excluded_sources.len()
+            plan.excluded_sources.len(),
+            human::bytes(bytes)
         ));
         for s in &plan.excluded_sources {
             out.push_str(&format!(
-                "  {} ({} tensors, {} bytes; {})\n",
-                s.file, s.tensors, s.bytes, s.by
+                "  {} ({} tensors, {}; {})\n",
+                s.file,
+                s.tensors,
+                human::bytes(s.bytes),
+                s.by
             ));
         }
     }

@@ -1,14 +1,16 @@
 //! `ftpipe publish`: DIR's verified artifact to s3://BUCKET/PREFIX.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::Args;
 
-use ftpipe_pipeline::Pipeline;
+use ftpipe_artifact::manifest::MANIFEST_FILE;
+use ftpipe_pipeline::{Layout, Pipeline};
 
 use super::args::{S3Args, UploadArgs};
-use super::summary::{S3Session, print_s3_summary};
+use super::summary::{S3Session, print_s3_summary, upload_counts};
+use ftpipe_progress::human;
 
 /// `ftpipe publish`'s flags.
 #[derive(Args)]
@@ -25,23 +27,51 @@ pub struct PublishArgs {
     pub upload: UploadArgs,
 }
 
-/// Publishes DIR/artifact.
-pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
-    let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
-    args.upload.check()?;
-    // Nothing to publish is no reason to create DIR's state.
-    let artifact = ftpipe_pipeline::Layout::new(&args.dir)
-        .artifact()
-        .to_owned();
-    if !artifact.is_dir() {
+/// The DIR whose artifact is published: `dir`, or the DIR around it when
+/// `dir` is that DIR's `artifact/` (DIR holds the receipts publish
+/// checks). Anything else without an `artifact/` is refused before DIR's
+/// state is created, saying which directory publish wants.
+fn published_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    let artifact = Layout::new(dir).artifact().to_owned();
+    if artifact.is_dir() {
+        return Ok(dir.to_owned());
+    }
+    if !dir.join(MANIFEST_FILE).is_file() {
         bail!(
             "{} does not exist: nothing to publish (`ftpipe run` or `ftpipe convert` makes it)",
             artifact.display()
         );
     }
+    let around = dir.parent().map(|p| {
+        if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        }
+    });
+    if let Some(around) = around
+        && Layout::new(around).artifact().file_name() == dir.file_name()
+        && Layout::new(around).state_dir().is_dir()
+    {
+        return Ok(around.to_owned());
+    }
+    bail!(
+        "{} is an artifact, not a DIR that holds one: publish takes the DIR `run` or `convert` \
+         was given as --out (its artifact/ and the receipts in its .ftpipe/); did you mean the \
+         directory that held this artifact when it was built?",
+        dir.display()
+    )
+}
+
+/// Publishes DIR/artifact.
+pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
+    let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
+    args.upload.check()?;
+    // Nothing to publish is no reason to create DIR's state.
+    let dir = published_dir(&args.dir)?;
     let config = args.s3.config(args.upload.stall).await?;
     let session = S3Session::of(&config);
-    let pipeline = Pipeline::open(&args.dir, "publish").await?;
+    let pipeline = Pipeline::open(&dir, "publish").await?;
     let outcome = pipeline
         .publish(&ftpipe_pipeline::PublishParams {
             location,
@@ -60,7 +90,7 @@ pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
                 "{}
 fingerprint      {}
 manifest sha256  {}
-objects          {} ({} uploaded, {} already there, proven by the store's checksum)
+objects          {}
 bytes sent       {}
 ",
                 if outcome.already_published {
@@ -70,10 +100,8 @@ bytes sent       {}
                 },
                 outcome.fingerprint,
                 outcome.manifest_sha256,
-                outcome.objects,
-                outcome.uploaded,
-                outcome.reused,
-                outcome.bytes_sent
+                upload_counts(outcome.objects, outcome.uploaded),
+                human::bytes(outcome.bytes_sent)
             )
         },
     );

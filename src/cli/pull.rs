@@ -11,6 +11,7 @@ use ftpipe_pipeline::Pipeline;
 
 use super::args::{
     DEFAULT_FETCH_JOBS, ProgressArgs, ResumeArgs, S3Args, StallArgs, TransferArgs, fetch_options,
+    heading,
 };
 use super::summary::{S3Session, print_s3_summary};
 
@@ -30,14 +31,14 @@ pub struct PullArgs {
     #[command(flatten)]
     pub stall: StallArgs,
     /// Files transferred in parallel (1 to 64).
-    #[arg(long, default_value_t = DEFAULT_FETCH_JOBS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, default_value_t = DEFAULT_FETCH_JOBS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::TRANSFER)]
     pub jobs: usize,
     #[command(flatten)]
     pub transfer: TransferArgs,
     #[command(flatten)]
     pub resume: ResumeArgs,
     /// Skip the free-space check before starting.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::TRANSFER)]
     pub no_preflight: bool,
     #[command(flatten)]
     pub progress: ProgressArgs,

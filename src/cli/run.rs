@@ -6,7 +6,7 @@ use clap::builder::RangedU64ValueParser;
 
 use ftpipe_pipeline::Pipeline;
 
-use super::args::{DEFAULT_CONVERT_JOBS, DEFAULT_FETCH_JOBS};
+use super::args::{DEFAULT_CONVERT_JOBS, DEFAULT_FETCH_JOBS, heading};
 use super::convert::{self, ConvertTuning};
 use super::fetch::FetchArgs;
 use super::summary::{Jobs, print_summary};
@@ -19,11 +19,11 @@ pub struct RunArgs {
     pub fetch: FetchArgs,
     /// Files the fetch stage transfers in parallel (1 to 64; default
     /// --jobs, else 4, as `fetch`).
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::TRANSFER)]
     pub fetch_jobs: Option<usize>,
     /// Components the convert stage converts in parallel (1 to 64; default
     /// --jobs, else 2, as `convert`).
-    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::CONVERSION)]
     pub convert_jobs: Option<usize>,
     #[command(flatten)]
     pub tuning: ConvertTuning,
@@ -34,7 +34,7 @@ pub struct RunArgs {
     /// deleted once nothing unfinished needs it. A SIZE below the minimum
     /// `plan --remote --disk-budget` reports is refused before any shard
     /// is fetched.
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, conflicts_with = "reacquire")]
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, conflicts_with = "reacquire", help_heading = heading::CONVERSION)]
     pub disk_budget: Option<u64>,
 }
 

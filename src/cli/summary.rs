@@ -58,6 +58,22 @@ pub fn print_summary<T: serde::Serialize>(
     }
 }
 
+/// `total` objects or files of which `uploaded` were sent, for people:
+/// `11 uploaded`, `11 already there`, or `11 (3 uploaded, 8 already
+/// there, proven by the store's checksum)`. What was not sent was there
+/// already (reused on the store's checksum, or a prefix already
+/// published, where nothing is counted).
+pub fn upload_counts(total: usize, uploaded: usize) -> String {
+    let there = total.saturating_sub(uploaded);
+    match (uploaded, there) {
+        (_, 0) => format!("{total} uploaded"),
+        (0, _) => format!("{total} already there"),
+        _ => format!(
+            "{total} ({uploaded} uploaded, {there} already there, proven by the store's checksum)"
+        ),
+    }
+}
+
 /// What an object-store command reports beside its outcome (never a key).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct S3Session {

@@ -158,3 +158,60 @@ fn man_pages_are_the_shipped_pages_and_document_every_option() {
     assert_eq!(unknown.status.code(), Some(1));
     assert_names(&stderr(&unknown), &["\"nope\"", "one of: fetch, "]);
 }
+
+/// Regression (issue 36, item 8): `--out` and `--revision` had empty help,
+/// and no `--help` or man page had examples or the environment it reads.
+/// Every option line of every command's `--help` is followed by its
+/// description; each help ends with Examples and Environment, and so does
+/// each man page (EXAMPLES, ENVIRONMENT); `ftpipe.1` has the exit-code
+/// table the README has.
+#[test]
+fn every_help_describes_every_option_and_ends_with_examples_and_environment() {
+    for command in commands_in_help() {
+        let help = stdout_of(&[&command, "--help"]);
+        let lines: Vec<&str> = help.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            let indent = l.len() - l.trim_start().len();
+            let starts_option = indent <= 6 && l.trim_start().starts_with('-');
+            let starts_argument = indent == 2 && l.trim_start().starts_with('<');
+            if !(starts_option || starts_argument) {
+                continue;
+            }
+            let next = lines.get(i + 1).copied().unwrap_or_default();
+            let described =
+                next.len() - next.trim_start().len() > indent + 2 && !next.trim().is_empty();
+            assert!(
+                described,
+                "`ftpipe {command} --help`: {l:?} has no description:\n{help}"
+            );
+        }
+        let examples = help
+            .find("\nExamples:\n  $ ftpipe ")
+            .unwrap_or_else(|| panic!("{help}"));
+        let environment = help
+            .find("\nEnvironment:\n")
+            .unwrap_or_else(|| panic!("{help}"));
+        assert!(
+            examples < environment && help[environment..].contains("FTPIPE_LOG"),
+            "{help}"
+        );
+        let page = stdout_of(&["man", &command]);
+        assert!(
+            page.contains(".SH EXAMPLES\n") && page.contains(".SH ENVIRONMENT\n"),
+            "{page}"
+        );
+    }
+    let root = stdout_of(&["man"]);
+    for code in 0..=7 {
+        assert!(
+            root.contains(&format!(".TP\n{code}\n")),
+            "exit code {code} missing:\n{root}"
+        );
+    }
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    assert!(
+        readme.contains("| 5 | not enough space on the target volume"),
+        "README lost its table"
+    );
+}

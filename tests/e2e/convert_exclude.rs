@@ -107,7 +107,7 @@ fn excluded_run(shape: &ReleaseShape) {
     let table =
         String::from_utf8_lossy(&run_ok(ftpipe().args(["audit", "--out"]).arg(&out)).stdout)
             .into_owned();
-    assert!(table.contains("omitted, not fetched (n/B)"), "{table}");
+    assert!(table.contains("omitted, not fetched (n/size)"), "{table}");
 
     // The plan of the pinned DIR keeps the stored selection.
     let p = run_ok(ftpipe().args(["plan", REPO, "--out"]).arg(&out).args([

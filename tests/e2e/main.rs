@@ -31,6 +31,10 @@
 //!   401's message) or an endpoint holding credentials leaks it nowhere.
 //! * `bad_input`: hostile or inconsistent listings, JSON, sizes and files on
 //!   disk end in a clear error.
+//! * `error_advice`: a hub's 401/403/404, an endpoint that does not answer
+//!   and an `--out` that is a file each say what to do in one sentence.
+//! * `human_output`: sizes with units, counts instead of lists, a pulled
+//!   DIR described as one; `verify` and `publish` take either directory.
 //! * `limits`: everything read from outside is bounded (listing, manifest).
 //! * `tty_progress`: the progress bars in a real terminal (tmux).
 //! * `interrupt`: issue 36 in a real terminal: Ctrl-C and SIGTERM during a
@@ -145,10 +149,12 @@ mod crash;
 mod demo;
 mod disk_budget;
 mod disk_full;
+mod error_advice;
 mod faults;
 mod fetch_basic;
 mod hardening;
 mod hf_cache;
+mod human_output;
 mod inspect;
 mod interrupt;
 mod limits;

@@ -128,6 +128,10 @@ fn parse_bytes(num: &str, unit: &str) -> f64 {
     let v: f64 = num.parse().unwrap_or_else(|_| panic!("rate {num:?}"));
     let mul = match unit {
         "B" => 1.0,
+        // The rate is written by the one formatter of sizes (decimal).
+        "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
         "KiB" => 1024.0,
         "MiB" => 1024.0 * 1024.0,
         "GiB" => 1024.0 * 1024.0 * 1024.0,

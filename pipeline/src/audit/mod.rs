@@ -254,6 +254,14 @@ pub struct AuditReport {
     pub files_without_receipts: Vec<String>,
 }
 
+impl AuditReport {
+    /// Whether the audited DIR was pulled (its files are the artifact's
+    /// components, and it has no sources, plan or conversion).
+    pub fn pulled(&self) -> bool {
+        crate::pull::is_pull_repo(&self.repo)
+    }
+}
+
 /// Lists every non-directory entry under `dir`, relative to `root`, with
 /// `/` separators; a missing `dir` is empty.
 pub(crate) fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) -> std::io::Result<()> {

@@ -24,7 +24,7 @@ function __fish_ftpipe_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c ftpipe -n "__fish_ftpipe_needs_command" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -s V -l version -d 'Print version'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "fetch" -d 'Download a pinned repo into DIR/source with strict Range resume'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "status" -d 'Show the pin, stage states and byte counts of DIR'
@@ -41,10 +41,10 @@ complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "demo" -d 'Serve a gen
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "completions" -d 'Print the completion script of a shell'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "man" -d 'Print the man page of ftpipe or of one command, or write them all'
 complete -c ftpipe -n "__fish_ftpipe_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http is accepted, with a warning unless the host is loopback. Credentials and region come from the AWS default chain: the environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config (keys, credential_process, sso, role_arn), web identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, the instance profile; the region else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
@@ -70,20 +70,20 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l json -d 'Newline
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l repin -d 'Follow a moved branch instead of keeping the pin'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-preflight -d 'Skip the free-space check before starting'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l reacquire -d 'Fetch again the sources `convert --retire-sources` deleted'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l out -d 'DIR: the directory whose state is shown' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -l json -d 'Print one JSON object'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l out -d 'DIR: the directory audited' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l bundle -d 'Also write a zstd-compressed evidence bundle (tar) to this file; it is refused if any entry holds the token (resolved as the fetching commands do, so `--token-file` here names the same file)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l token-file -d 'The token file the fetching commands were given, so the bundle guard knows that token too' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l deep -d 'Re-hash every source and component'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -l json -d 'Print the report as one JSON object'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand audit" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http is accepted, with a warning unless the host is loopback. Credentials and region come from the AWS default chain: the environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config (keys, credential_process, sso, role_arn), web identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, the instance profile; the region else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
@@ -95,7 +95,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-hf-cache -d 'N
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l json -d 'Print one JSON object'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l out -d 'DIR: its sources (DIR/source) are converted into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l jobs -d 'Components converted in parallel (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l protect -d 'Also keep tensors matching this glob BF16 and mark them protected (repeatable; part of the converter identity)' -r
@@ -107,11 +107,11 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l rebuild -d 'Se
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l no-preflight -d 'Skip the free-space check before starting'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l json -d 'Newline-delimited JSON events and a JSON summary'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l revision -d 'The branch, tag or commit to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l endpoint -d 'Hub endpoint (else HF_ENDPOINT, else https://huggingface.co), or a mirror in object storage, s3://BUCKET/PREFIX (`ftpipe mirror` writes one)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http is accepted, with a warning unless the host is loopback. Credentials and region come from the AWS default chain: the environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config (keys, credential_process, sso, role_arn), web identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, the instance profile; the region else us-east-1' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l out -d 'DIR: where the pin, the state, the sources and the artifact live' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l token-file -d 'Read the token from this file (else HF_TOKEN, else the file at HF_TOKEN_PATH, default $HF_HOME/token, as `hf auth login` leaves it)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l hf-cache -d 'Take pinned files from this Hugging Face hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub, when it exists)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
@@ -146,14 +146,14 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l no-preflight -d 'S
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reacquire -d 'Fetch again the sources `convert --retire-sources` deleted'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retire-sources -d 'Delete each source shard once every component reading it is durable'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l rebuild -d 'Set a stale artifact aside (kept as evidence) and rebuild it'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http is accepted, with a warning unless the host is loopback. Credentials and region come from the AWS default chain: the environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config (keys, credential_process, sso, role_arn), web identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, the instance profile; the region else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l json -d 'A JSON summary'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l out -d 'DIR: the artifact is pulled into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l s3-endpoint -d 'S3-compatible endpoint URL (else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile\'s endpoint_url, else AWS). Plain http is accepted, with a warning unless the host is loopback. Credentials and region come from the AWS default chain: the environment, AWS_PROFILE in ~/.aws/credentials and ~/.aws/config (keys, credential_process, sso, role_arn), web identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN), container credentials, the instance profile; the region else us-east-1' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
@@ -170,7 +170,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l buffered-io -d 'W
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l no-preflight -d 'Skip the free-space check before starting'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l json -d 'Newline-delimited JSON events and a JSON summary'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l out -d 'With a REPO: the directory its sources are fetched into first' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l revision -d 'With a REPO: the revision to pin' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l endpoint -d 'With a REPO: the hub endpoint (else HF_ENDPOINT, else https://huggingface.co)' -r
@@ -181,12 +181,12 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l concurrency -d 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -l json -d 'A JSON summary'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand mirror" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -l json -d 'Print one JSON object'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand inspect" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l deep -d 'Also re-hash every component'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -l json -d 'Print the report as one JSON object'
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -s h -l help -d 'Print help'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand verify" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l out -d 'Where to leave the result (default: a new temp dir); with --serve, where the printed commands put theirs' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -l serve -d 'Keep the checkpoint served on loopback until Ctrl-C (nothing is run): try the commands it prints from another shell'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand demo" -s h -l help -d 'Print help (see more with \'--help\')'
