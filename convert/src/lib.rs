@@ -25,6 +25,8 @@
 //!   manifest and placement); `batch`: parallel component writes; [`write`]:
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - [`keep`]: what a budgeted run keeps of a converted PLE file (its
+//!   PLE spans; holes punched over the rest).
 //! - [`schedule`]: the order of fetch, conversion and retirement under a
 //!   disk budget, and its predicted peak.
 //! - [`stream`]: the convert side of a budgeted, pipelined build: a
@@ -57,6 +59,7 @@ pub mod placed;
 pub mod plan;
 pub mod profile;
 pub mod recipe;
+pub mod keep;
 mod retire;
 pub mod safetensors;
 pub mod schedule;

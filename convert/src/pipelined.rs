@@ -36,6 +36,7 @@ use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RunId, Store};
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
 use crate::engine::ConvertOutcome;
+use crate::keep::Release;
 use crate::engine::{
     COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, finish_pending_aside, valid_receipts,
 };
@@ -118,7 +119,7 @@ pub async fn prepare_stream(
         config,
         mut headers,
     } = planned;
-    let workload = Workload::of_plan(&plan, resident);
+    let workload = Workload::of_plan(&plan, resident, Release::probe(paths.dir()));
     let schedule = budget.map(|b| workload.simulate(b)).transpose()?;
     let pin = store.pin().await?.ok_or_else(|| ConvertError::NotFetched {
         file: crate::profile::CONFIG_FILE.into(),
