@@ -225,6 +225,13 @@ fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
         &r.retired_files.to_string(),
         &n(r.retired_bytes),
     );
+    if r.punched_files > 0 {
+        t.pair(
+            "punched to PLE spans (files/B out)",
+            &r.punched_files.to_string(),
+            &n(r.punched_bytes),
+        );
+    }
     if let Some(b) = &a.disk_budget {
         t.pair(
             "disk budget (budget/peak held)",
@@ -473,6 +480,8 @@ mod tests {
                 retained_bytes: 26,
                 retired_files: 1,
                 retired_bytes: 10_000,
+                punched_files: 0,
+                punched_bytes: 0,
             },
             disk_budget: None,
             components: BTreeMap::from([(
@@ -514,6 +523,8 @@ mod tests {
                 cache_bytes: 0,
                 verified: true,
                 retired: false,
+                punched_bytes: 0,
+                punched: None,
                 problem: None,
             }],
             orphans: vec![],

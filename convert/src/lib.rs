@@ -26,7 +26,7 @@
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
 //! - [`keep`]: what a budgeted run keeps of a converted PLE file (its
-//!   PLE spans; holes punched over the rest); `punched`: the punch,
+//!   PLE spans; holes punched over the rest); [`punched`]: the punch,
 //!   logged first, and its resumption.
 //! - [`schedule`]: the order of fetch, conversion and retirement under a
 //!   disk budget, and its predicted peak.
@@ -61,7 +61,7 @@ pub mod plan;
 pub mod profile;
 pub mod recipe;
 pub mod keep;
-mod punched;
+pub mod punched;
 mod retire;
 pub mod safetensors;
 pub mod schedule;

@@ -55,7 +55,7 @@ fn hash_ranges(path: &Path, kept: &[Range]) -> Result<Vec<KeptRange>> {
 /// Punches source `file` under `root` (the version with receipt digest
 /// `digest`, `size` bytes, verified and converted) down to `kept`:
 /// hashed, logged, punched, synced. Returns the record logged.
-pub async fn punch(
+pub(crate) async fn punch(
     store: &Store,
     run: RunId,
     root: &Path,
@@ -90,6 +90,13 @@ fn punch_holes(path: &Path, record: &PunchRecord) -> Result<()> {
 pub fn resume(root: &Path, record: &PunchRecord) -> Result<()> {
     let path = ftpipe_fs::paths::safe_join(root, &record.path)?;
     punch_holes(&path, record)?;
+    check_kept(root, record)
+}
+
+/// Checks every range `record` keeps of its file under `root` against its
+/// digest (the audit's deep check of a punched source).
+pub fn check_kept(root: &Path, record: &PunchRecord) -> Result<()> {
+    let path = ftpipe_fs::paths::safe_join(root, &record.path)?;
     block_in_place(|| {
         let file =
             ftpipe_fs::nofollow::open_read(&path).map_err(|e| ConvertError::io("open", &path, e))?;
