@@ -35,6 +35,14 @@ pub enum Release {
 }
 
 impl Release {
+    /// The allocation unit (1 for whole files: no rounding).
+    pub fn unit(self) -> u64 {
+        match self {
+            Release::WholeFiles => 1,
+            Release::Spans { unit } => unit,
+        }
+    }
+
     /// What the volume holding `dir` allows ([`ftpipe_fs::punch::probe`]),
     /// probed in `dir` or, when it does not exist yet, its nearest existing
     /// ancestor (a scratch file, removed at once).
@@ -137,6 +145,26 @@ pub fn holes(kept: &[Range], len: u64) -> Vec<Range> {
     out
 }
 
+/// The bytes a `len`-byte file punched down to `kept` (unit-aligned but
+/// for the end at `len`) is counted as holding on disk: every allocation
+/// unit a range touches, whole (the last partial unit is a whole block
+/// too), plus [`METADATA_UNITS`] for the filesystem's own record of the
+/// holes, at most `len`. A file found holding more once punched is
+/// counted at what it holds.
+pub fn held_bytes(kept: &[Range], len: u64, unit: u64) -> u64 {
+    let unit = unit.max(1);
+    kept.iter()
+        .map(|(_, n)| n.div_ceil(unit).saturating_mul(unit))
+        .fold(METADATA_UNITS.saturating_mul(unit), u64::saturating_add)
+        .min(len)
+}
+
+/// Allocation units allowed per punched file for the filesystem's extent
+/// records: splitting a file's extents at its holes can take a block of
+/// them (ext4 keeps four extents in the inode, more in a tree block that
+/// counts in the file's blocks).
+pub const METADATA_UNITS: u64 = 1;
+
 /// Σ lengths of `ranges`.
 pub fn total(ranges: &[Range]) -> u64 {
     ranges.iter().map(|(_, n)| *n).fold(0, u64::saturating_add)
@@ -154,6 +182,9 @@ mod tests {
         assert_eq!(kept, [(0, 12_288), (16_384, 3616)]);
         assert_eq!(holes(&kept, 20_000), [(12_288, 4096)]);
         assert_eq!(total(&kept), 12_288 + 3616);
+        // The last partial unit takes a whole block.
+        assert_eq!(held_bytes(&kept, 20_000, 4096), 20_000);
+        assert_eq!(held_bytes(&kept, 40_000, 4096), 16_384 + 4096);
         // A file smaller than a unit is kept whole.
         assert_eq!(kept_ranges(&[(10, 5)], 8, 300, 4096), [(0, 300)]);
         assert!(holes(&[(0, 300)], 300).is_empty());

@@ -424,12 +424,14 @@ impl<'s> Streaming<'s> {
     /// from). The punch is finished and every kept range checked by its
     /// digest; its PLE values are read again; no unfinished component may
     /// need another span of it.
-    pub fn punched_before(&mut self, file: &str, record: &PunchRecord) -> Result<()> {
-        punched::resume(self.paths.source(), record)?;
+    /// Returns the bytes it holds.
+    pub fn punched_before(&mut self, file: &str, record: &PunchRecord) -> Result<u64> {
+        let held = punched::resume(self.paths.source(), record)?;
         self.conv.punched(file)?;
         self.on_disk.insert(file.to_owned());
-        self.punched.insert(file.to_owned(), record.kept_bytes);
-        self.check_ple_values(file)
+        self.punched.insert(file.to_owned(), held);
+        self.check_ple_values(file)?;
+        Ok(held)
     }
 
     /// Whether `record` is a punch of the version of its file the
@@ -454,7 +456,8 @@ impl<'s> Streaming<'s> {
     }
 
     /// Punches shard `file` (`size` bytes) down to its kept ranges: hashed,
-    /// logged, punched, synced. Returns the bytes it still holds.
+    /// logged, punched, synced. Returns the bytes it still holds (as
+    /// counted, or as the filesystem says when that is more).
     pub async fn punch(&mut self, store: &Store, file: &str, size: u64) -> Result<u64> {
         let kept = self.setup.workload.kept.get(file).ok_or_else(|| {
             ConvertError::internal(format!("{file} has no kept ranges to punch down to"))
@@ -467,9 +470,12 @@ impl<'s> Streaming<'s> {
             .map(|h| h.digest.clone())
             .ok_or_else(|| ConvertError::internal(format!("{file} has no planned header")))?;
         let root = self.paths.source().to_owned();
-        let record = punched::punch(store, self.run, &root, (file, &digest, size), kept).await?;
-        self.punched.insert(file.to_owned(), record.kept_bytes);
-        Ok(record.kept_bytes)
+        let unit = self.setup.workload.release.unit();
+        let record =
+            punched::punch(store, self.run, &root, (file, &digest, size), (kept, unit)).await?;
+        let held = punched::held_after(&ftpipe_fs::paths::safe_join(&root, file)?, &record)?;
+        self.punched.insert(file.to_owned(), held);
+        Ok(held)
     }
 
     /// Verified shards on disk that nothing unfinished needs any more.

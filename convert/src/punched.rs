@@ -19,7 +19,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_receipts::{KeptRange, PunchRecord, RunId, Store};
 
 use crate::error::{ConvertError, Result};
-use crate::keep::{Range, holes, total};
+use crate::keep::{Range, held_bytes, holes};
 
 /// The SHA-256 (hex) of `len` bytes at `offset` of `file`.
 fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
@@ -53,14 +53,15 @@ fn hash_ranges(path: &Path, kept: &[Range]) -> Result<Vec<KeptRange>> {
 }
 
 /// Punches source `file` under `root` (the version with receipt digest
-/// `digest`, `size` bytes, verified and converted) down to `kept`:
-/// hashed, logged, punched, synced. Returns the record logged.
+/// `digest`, `size` bytes, verified and converted) down to `kept`, in
+/// allocation units of `unit` bytes: hashed, logged, punched, synced.
+/// Returns the record logged.
 pub(crate) async fn punch(
     store: &Store,
     run: RunId,
     root: &Path,
     (file, digest, size): (&str, &str, u64),
-    kept: &[Range],
+    (kept, unit): (&[Range], u64),
 ) -> Result<PunchRecord> {
     let path = ftpipe_fs::paths::safe_join(root, file)?;
     let record = PunchRecord {
@@ -68,7 +69,7 @@ pub(crate) async fn punch(
         path: file.to_owned(),
         digest: digest.to_owned(),
         size,
-        kept_bytes: total(kept),
+        kept_bytes: held_bytes(kept, size, unit),
         kept: block_in_place(|| hash_ranges(&path, kept))?,
     };
     store.log_punch(&record).await?;
@@ -86,11 +87,20 @@ fn punch_holes(path: &Path, record: &PunchRecord) -> Result<()> {
 
 /// After a restart: finishes the logged punch of `record.path` under
 /// `root` (punching again is a no-op where the holes are) and checks each
-/// kept range against its digest.
-pub fn resume(root: &Path, record: &PunchRecord) -> Result<()> {
+/// kept range against its digest. Returns the bytes it holds
+/// ([`held_after`]).
+pub fn resume(root: &Path, record: &PunchRecord) -> Result<u64> {
     let path = ftpipe_fs::paths::safe_join(root, &record.path)?;
     punch_holes(&path, record)?;
-    check_kept(root, record)
+    check_kept(root, record)?;
+    held_after(&path, record)
+}
+
+/// The bytes punched file `path` holds: `record.kept_bytes`, or what the
+/// filesystem says it holds when that is more.
+pub(crate) fn held_after(path: &Path, record: &PunchRecord) -> Result<u64> {
+    let held = ftpipe_fs::punch::held_bytes(path).map_err(|e| ConvertError::io("stat", path, e))?;
+    Ok(held.max(record.kept_bytes))
 }
 
 /// Checks every range `record` keeps of its file under `root` against its

@@ -63,7 +63,7 @@ use serde::Serialize;
 
 use crate::component::{ComponentContent, SourceSpan};
 use crate::error::{ConvertError, Result};
-use crate::keep::{Release, kept_of_plan, total};
+use crate::keep::{Release, held_bytes, kept_of_plan};
 use crate::plan::Plan;
 
 /// One source file as the schedule sees it.
@@ -221,7 +221,9 @@ impl Workload {
             file: s.file.clone(),
             bytes: s.bytes,
             ple: ple.contains(s.file.as_str()),
-            kept: kept.get(&s.file).map_or(s.bytes, |r| total(r).min(s.bytes)),
+            kept: kept
+                .get(&s.file)
+                .map_or(s.bytes, |r| held_bytes(r, s.bytes, release.unit())),
             artifact_bytes: attributed.get(s.file.as_str()).copied().unwrap_or(0),
         };
         let (mut files, others): (Vec<_>, Vec<_>) =

@@ -347,8 +347,8 @@ impl Pipeline {
             let punch = punches.get(s).filter(|p| streaming.punch_applies(p));
             if let (true, Some(p)) = (published.contains(s), punch) {
                 // Converted and punched down to its PLE spans before.
-                streaming.punched_before(s, p)?;
-                held.count(s, p.kept_bytes);
+                let kept = streaming.punched_before(s, p)?;
+                held.count(s, kept);
             } else if published.contains(s) {
                 held.count(s, f.size);
                 ready.push_back(s.to_owned());

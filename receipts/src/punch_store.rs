@@ -36,7 +36,8 @@ pub struct PunchRecord {
     pub digest: String,
     /// Its length (kept: holes are punched without changing it).
     pub size: u64,
-    /// Σ kept range lengths: the bytes it still holds on disk.
+    /// The bytes it still holds on disk: every allocation unit a kept
+    /// range touches, whole, at most `size`.
     pub kept_bytes: u64,
     /// The kept ranges, in offset order.
     pub kept: Vec<KeptRange>,

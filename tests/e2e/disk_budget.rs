@@ -69,8 +69,9 @@ pub(crate) fn ple_ranges(f: &RepoFile) -> (Vec<(u64, u64)>, u64) {
     (ranges, 8 + n)
 }
 
-/// Bytes a PLE file keeps once punched: its header, PLE ranges and last
-/// partial unit, each widened to whole units, merged.
+/// Bytes a PLE file is counted as holding once punched: every allocation
+/// unit its header, PLE ranges or last partial unit touch, whole, and one
+/// unit for the filesystem's extent records, at most its length.
 pub(crate) fn kept_bytes(f: &RepoFile, unit: u64) -> u64 {
     let len = content_len(f);
     let (ranges, header_end) = ple_ranges(f);
@@ -85,10 +86,7 @@ pub(crate) fn kept_bytes(f: &RepoFile, unit: u64) -> u64 {
         cover(o, o + l);
     }
     cover(len - len % unit, len);
-    units
-        .into_iter()
-        .map(|u| (u * unit + unit).min(len) - u * unit)
-        .sum()
+    ((units.len() as u64 + 1) * unit).min(len)
 }
 
 /// The floor of the module doc, from the files themselves: `(minimum,
