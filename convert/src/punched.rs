@@ -89,12 +89,20 @@ fn punch_holes(path: &Path, record: &PunchRecord) -> Result<()> {
 /// `root` (punching again is a no-op where the holes are) and checks each
 /// kept range against its digest. Returns the bytes it holds
 /// ([`held_after`]).
+/// A file punched on a volume that cannot punch holes (copied there since)
+/// keeps its zeros on disk and is counted at what it holds.
 pub fn resume(root: &Path, record: &PunchRecord) -> Result<u64> {
     let path = ftpipe_fs::paths::safe_join(root, &record.path)?;
-    punch_holes(&path, record)?;
+    match punch_holes(&path, record) {
+        Err(ConvertError::Io(e)) if ftpipe_fs::punch::is_unsupported(&e.source) => {
+            tracing::warn!(file = %record.path, "this volume cannot punch holes: the punched file is held whole");
+        }
+        other => other?,
+    }
     check_kept(root, record)?;
     held_after(&path, record)
 }
+
 
 /// The bytes punched file `path` holds: `record.kept_bytes`, or what the
 /// filesystem says it holds when that is more.

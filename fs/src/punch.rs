@@ -70,6 +70,11 @@ pub fn punch_holes(path: &Path, holes: &[(u64, u64)]) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// Whether `e` says the filesystem cannot punch holes (`EOPNOTSUPP`).
+pub fn is_unsupported(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error())
+}
+
 /// Bytes of the file at `path` that hold blocks on disk (at most its
 /// length): what a punched file still takes.
 pub fn held_bytes(path: &Path) -> std::io::Result<u64> {

@@ -89,6 +89,26 @@ pub(crate) fn kept_bytes(f: &RepoFile, unit: u64) -> u64 {
     ((units.len() as u64 + 1) * unit).min(len)
 }
 
+/// The whole-file floor (a volume that cannot punch holes): resident
+/// files + max(Σ PLE files, largest other file).
+pub(crate) fn expected_whole_file_minimum(files: &[RepoFile]) -> u64 {
+    let (mut resident, mut ple, mut other) = (0u64, 0u64, 0u64);
+    for f in files {
+        let len = content_len(f);
+        if !f.path.ends_with(".safetensors") {
+            resident += len;
+        } else if tensor_names(f)
+            .iter()
+            .any(|t| t.contains("ngram_embedding"))
+        {
+            ple += len;
+        } else {
+            other = other.max(len);
+        }
+    }
+    resident + ple.max(other)
+}
+
 /// The floor of the module doc, from the files themselves: `(minimum,
 /// PLE files)`.
 pub(crate) fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
