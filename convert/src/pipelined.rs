@@ -36,11 +36,11 @@ use ftpipe_receipts::{ComponentReceipt, FileRow, PunchRecord, Receipt, RunId, St
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
 use crate::engine::ConvertOutcome;
-use crate::keep::Release;
 use crate::engine::{
     COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, finish_pending_aside, valid_receipts,
 };
 use crate::error::{ConvertError, Result};
+use crate::keep::Release;
 use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::{Plan, Planned};
 use crate::punched;

@@ -38,11 +38,12 @@ fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<
 
 /// Hashes `kept` of the file at `path`.
 fn hash_ranges(path: &Path, kept: &[Range]) -> Result<Vec<KeptRange>> {
-    let file = ftpipe_fs::nofollow::open_read(path).map_err(|e| ConvertError::io("open", path, e))?;
+    let file =
+        ftpipe_fs::nofollow::open_read(path).map_err(|e| ConvertError::io("open", path, e))?;
     kept.iter()
         .map(|&(offset, len)| {
-            let sha256 = range_sha256(&file, offset, len)
-                .map_err(|e| ConvertError::io("read", path, e))?;
+            let sha256 =
+                range_sha256(&file, offset, len).map_err(|e| ConvertError::io("read", path, e))?;
             Ok(KeptRange {
                 offset,
                 len,
@@ -103,7 +104,6 @@ pub fn resume(root: &Path, record: &PunchRecord) -> Result<u64> {
     held_after(&path, record)
 }
 
-
 /// The bytes punched file `path` holds: `record.kept_bytes`, or what the
 /// filesystem says it holds when that is more.
 pub(crate) fn held_after(path: &Path, record: &PunchRecord) -> Result<u64> {
@@ -116,8 +116,8 @@ pub(crate) fn held_after(path: &Path, record: &PunchRecord) -> Result<u64> {
 pub fn check_kept(root: &Path, record: &PunchRecord) -> Result<()> {
     let path = ftpipe_fs::paths::safe_join(root, &record.path)?;
     block_in_place(|| {
-        let file =
-            ftpipe_fs::nofollow::open_read(&path).map_err(|e| ConvertError::io("open", &path, e))?;
+        let file = ftpipe_fs::nofollow::open_read(&path)
+            .map_err(|e| ConvertError::io("open", &path, e))?;
         for k in &record.kept {
             let found = range_sha256(&file, k.offset, k.len)
                 .map_err(|e| ConvertError::io("read", &path, e))?;
@@ -134,4 +134,3 @@ pub fn check_kept(root: &Path, record: &PunchRecord) -> Result<()> {
         Ok(())
     })
 }
-

@@ -35,8 +35,7 @@ fn probe_file(path: &Path, unit: u64) -> bool {
     let Ok(len) = usize::try_from(unit * 2) else {
         return false;
     };
-    if std::io::Write::write_all(&mut &file, &vec![1u8; len]).is_err() || file.sync_all().is_err()
-    {
+    if std::io::Write::write_all(&mut &file, &vec![1u8; len]).is_err() || file.sync_all().is_err() {
         return false;
     }
     let before = allocated(&file);
@@ -45,7 +44,8 @@ fn probe_file(path: &Path, unit: u64) -> bool {
 
 /// Bytes the filesystem allocates to `file`.
 fn allocated(file: &File) -> u64 {
-    file.metadata().map_or(0, |m| m.blocks().saturating_mul(512))
+    file.metadata()
+        .map_or(0, |m| m.blocks().saturating_mul(512))
 }
 
 fn punch(file: &File, offset: u64, len: u64) -> std::io::Result<()> {

@@ -43,7 +43,6 @@ pub use convert_store::{
     ArtifactRow, ComponentReceipt, DiskBudgetRecord, RetirementRow, SpanClaim,
 };
 pub use error::{Result, StoreError};
-pub use punch_store::{KeptRange, PunchRecord};
 pub use events::{
     ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, Placement,
     PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp, UploadOutcome,
@@ -53,6 +52,7 @@ pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,
     StageEventRow,
 };
+pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};

@@ -114,7 +114,10 @@ impl Store {
                 }
             }
         }
-        Ok(out.into_values().map(|(_, p)| (p.path.clone(), p)).collect())
+        Ok(out
+            .into_values()
+            .map(|(_, p)| (p.path.clone(), p))
+            .collect())
     }
 }
 

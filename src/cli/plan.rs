@@ -185,7 +185,11 @@ fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
         b.budget,
         shown(b.minimum_budget),
         b.minimum_budget,
-        if b.release == "spans" { "spans" } else { "whole files" },
+        if b.release == "spans" {
+            "spans"
+        } else {
+            "whole files"
+        },
         shown(b.predicted_peak),
         b.predicted_peak,
         shown(b.predicted_peak_sources),

@@ -82,11 +82,17 @@ fn a_ple_table_in_every_file_needs_its_spans_not_every_file() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(manifest_sha(&out), want);
     assert!(samples > 10 && seen > 0, "{samples} samples, {seen}");
-    assert!(seen <= minimum, "the sampler saw {seen} bytes, budget {minimum}");
+    assert!(
+        seen <= minimum,
+        "the sampler saw {seen} bytes, budget {minimum}"
+    );
     // Every PLE file but the last converted was punched, then retired.
     let punches = query(&out, "SELECT COUNT(*) FROM source_punches");
     let ended = query(&out, "SELECT COUNT(*) FROM source_punches WHERE ended = 1");
-    assert_eq!((punches, ended), (vec!["4".to_owned()], vec!["4".to_owned()]));
+    assert_eq!(
+        (punches, ended),
+        (vec!["4".to_owned()], vec!["4".to_owned()])
+    );
     let a = assert_clean_audit(&out);
     let peak = a["disk_budget"]["peak_held"].as_u64().unwrap();
     assert!(peak <= minimum && peak >= seen, "{:#}", a["disk_budget"]);
@@ -94,7 +100,11 @@ fn a_ple_table_in_every_file_needs_its_spans_not_every_file() {
 
     let below = tmp.path().join("below");
     crate::disk_budget::refused_below_minimum(&hub, &files, minimum, || {
-        run(&mut run_cmd(&ep, &below, &args_of(&budget_args(minimum - 1))))
+        run(&mut run_cmd(
+            &ep,
+            &below,
+            &args_of(&budget_args(minimum - 1)),
+        ))
     });
 }
 
@@ -130,7 +140,14 @@ fn every_punch_crash_point_resumes_to_the_reference() {
         for hit in [1, 3] {
             for unbudgeted in [false, true] {
                 let at = format!("{point}#{hit}");
-                let label = format!("{at}, resumed {}", if unbudgeted { "without a budget" } else { "with it" });
+                let label = format!(
+                    "{at}, resumed {}",
+                    if unbudgeted {
+                        "without a budget"
+                    } else {
+                        "with it"
+                    }
+                );
                 let out = tmp.path().join(format!("out-{point}-{hit}-{unbudgeted}"));
                 let o = run(run_cmd(&ep, &out, &budgeted).env("FTPIPE_CRASH_AT", &at));
                 assert!(
@@ -214,7 +231,11 @@ fn a_changed_kept_range_is_refused_on_resume() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_names(
         &stderr(&o),
-        &[path, &format!("offset {offset} ({len} bytes)"), "--reacquire"],
+        &[
+            path,
+            &format!("offset {offset} ({len} bytes)"),
+            "--reacquire",
+        ],
     );
     assert!(!out.join("artifact/manifest.json").exists());
 }

@@ -55,8 +55,7 @@ pub(crate) fn allocation_unit() -> u64 {
 pub(crate) fn ple_ranges(f: &RepoFile) -> (Vec<(u64, u64)>, u64) {
     let b = content_bytes(f).unwrap();
     let n = u64::from_le_bytes(b[..8].try_into().unwrap());
-    let h: serde_json::Map<String, Value> =
-        serde_json::from_slice(&b[8..8 + n as usize]).unwrap();
+    let h: serde_json::Map<String, Value> = serde_json::from_slice(&b[8..8 + n as usize]).unwrap();
     let ranges = h
         .iter()
         .filter(|(k, _)| k.contains("ngram_embedding"))

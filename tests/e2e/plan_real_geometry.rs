@@ -248,7 +248,10 @@ fn check_schedule(plan: &ftpipe_convert::Plan, resident: u64, nvfp4: bool) {
         "minimum: {min} span by span, {} whole files; PLE tensors {ple} + two largest files {two}",
         whole.minimum_budget()
     );
-    assert!(min <= resident + ple + two, "{min} > {resident} + {ple} + {two}");
+    assert!(
+        min <= resident + ple + two,
+        "{min} > {resident} + {ple} + {two}"
+    );
     assert!(min <= whole.minimum_budget());
     assert_eq!(w.artifact_bytes(), plan.total_bytes);
     let bound = if nvfp4 {

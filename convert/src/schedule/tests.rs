@@ -363,7 +363,15 @@ fn converted_ple_files_keep_only_their_spans() {
     };
     let whole = Workload {
         release: Release::WholeFiles,
-        ..spans(5, files().into_iter().map(|f| file(&f.file, f.bytes, true, 5)).collect(), 9, 0)
+        ..spans(
+            5,
+            files()
+                .into_iter()
+                .map(|f| file(&f.file, f.bytes, true, 5))
+                .collect(),
+            9,
+            0,
+        )
     };
     assert_eq!(whole.minimum_budget(), 5 + 600);
     // Fetch order p2 (280 to punch), p3 (170), p1 (90): 300, 20 + 200,
@@ -396,6 +404,9 @@ fn converted_ple_files_keep_only_their_spans() {
         ]
     );
     let err = w.simulate(304).unwrap_err().to_string();
-    assert!(err.contains("minimum feasible budget of 305 bytes"), "{err}");
+    assert!(
+        err.contains("minimum feasible budget of 305 bytes"),
+        "{err}"
+    );
     assert!(err.contains("p2 (300 B) is fetched whole"), "{err}");
 }
