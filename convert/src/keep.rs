@@ -109,7 +109,7 @@ pub fn kept_of_plan(plan: &Plan, release: Release) -> Option<BTreeMap<String, Ve
 pub fn kept_ranges(spans: &[Range], header_end: u64, len: u64, unit: u64) -> Vec<Range> {
     let unit = unit.max(1);
     let down = |x: u64| x - x % unit;
-    let up = |x: u64| down(x).saturating_add(if x % unit == 0 { 0 } else { unit });
+    let up = |x: u64| down(x).saturating_add(if x.is_multiple_of(unit) { 0 } else { unit });
     let mut wide: Vec<(u64, u64)> = spans
         .iter()
         .filter(|(_, n)| *n > 0)

@@ -137,7 +137,7 @@ fn every_punch_crash_point_resumes_to_the_reference() {
     let budgeted = budget_args(minimum);
     let budgeted = args_of(&budgeted);
     for point in ["punch-logged", "punch-done"] {
-        for hit in [1, 3] {
+        for hit in [1usize, 3] {
             for unbudgeted in [false, true] {
                 let at = format!("{point}#{hit}");
                 let label = format!(
@@ -175,7 +175,7 @@ fn every_punch_crash_point_resumes_to_the_reference() {
                 let lines = punched_lines(&out);
                 if unbudgeted {
                     // Punched before the kill, kept since: explained.
-                    assert_eq!(lines.len(), hit as usize, "{label}: {lines:?}");
+                    assert_eq!(lines.len(), hit, "{label}: {lines:?}");
                     for l in &lines {
                         let why = l["punched"].as_str().unwrap_or_default();
                         assert!(why.contains("--disk-budget") && why.contains("PLE"), "{l}");

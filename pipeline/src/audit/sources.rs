@@ -238,7 +238,7 @@ fn check_on_disk(
         return Ok(false);
     }
     if let Some(punch) = p.punch {
-        return check_punched(p, punch, deep, line, out);
+        return Ok(check_punched(p, punch, deep, line, out));
     }
     if !deep {
         return Ok(line.problem.is_none());
@@ -267,7 +267,7 @@ fn check_punched(
     deep: bool,
     line: &mut FileAudit,
     out: &mut SourcePart,
-) -> Result<bool> {
+) -> bool {
     let punched = punch.size.saturating_sub(punch.kept_bytes);
     line.punched_bytes = punched;
     line.punched = Some(format!(
@@ -278,14 +278,12 @@ fn check_punched(
     ));
     out.retirement.punched_files += 1;
     out.retirement.punched_bytes += punched;
-    if deep {
-        if let Err(e) = ftpipe_convert::punched::check_kept(p.root, punch) {
-            line.problem = Some(e.to_string());
-            out.error += punch.kept_bytes;
-            return Ok(false);
-        }
+    if deep && let Err(e) = ftpipe_convert::punched::check_kept(p.root, punch) {
+        line.problem = Some(e.to_string());
+        out.error += punch.kept_bytes;
+        return false;
     }
-    Ok(line.problem.is_none())
+    line.problem.is_none()
 }
 
 /// Every file under `source_root` that is not a listed file: a `.part` of
