@@ -58,7 +58,8 @@ impl Release {
 /// A byte range of a file: `(offset, len)`.
 pub type Range = (u64, u64);
 
-/// Every span of a Q3 component (segments and FP8 scales), by file.
+/// Every span of a Q3 component (segments and FP8 scales), by file, in
+/// offset order, each once.
 pub fn ple_spans(plan: &Plan) -> BTreeMap<&str, Vec<Range>> {
     let mut out: BTreeMap<&str, Vec<Range>> = BTreeMap::new();
     fn add(s: &SourceSpan) -> (&str, Range) {
@@ -79,6 +80,11 @@ pub fn ple_spans(plan: &Plan) -> BTreeMap<&str, Vec<Range>> {
     }
     for (file, range) in spans {
         out.entry(file).or_default().push(range);
+    }
+    // A segment is named by its own component and by its table's scale.
+    for ranges in out.values_mut() {
+        ranges.sort_unstable();
+        ranges.dedup();
     }
     out
 }
