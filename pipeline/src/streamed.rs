@@ -292,6 +292,12 @@ impl Pipeline {
                 .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
                 .await?;
             let retire = budget.is_some() || opts.retire_sources;
+            if retire {
+                // A shard punched before the kill is handed over without
+                // being converted again: one the Q3 table no longer needs
+                // goes now, even when no other file is left to hand over.
+                self.retire_done(&mut streaming, &files, &mut held).await?;
+            }
             let how = (params.options.jobs, retire);
             self.drive(&ctx, &files, work, &mut streaming, &mut held, how, reporter)
                 .await?;

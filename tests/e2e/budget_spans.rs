@@ -239,3 +239,38 @@ fn a_changed_kept_range_is_refused_on_resume() {
     );
     assert!(!out.join("artifact/manifest.json").exists());
 }
+
+/// Found by the kill storm: a run killed while retiring the PLE shards
+/// after the Q3 table was written, with a punched shard still on disk and
+/// every other shard gone, resumed without converting anything (a punched
+/// shard is handed over, not converted again) and so never retired it:
+/// the run finished with the shard left in `source/`. A kill at every
+/// retirement of the spread layout now resumes to the reference with no
+/// shard left.
+#[test]
+fn a_kill_while_retiring_punched_shards_resumes_and_retires_them() {
+    let files = generate_release_repo(23, &ReleaseShape::tiny_spread());
+    let (minimum, _) = expected_minimum(&files);
+    let hub = hub_serving(files);
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    run_ok(&mut run_cmd(&ep, &plain, crate::chain_crash::ARGS));
+    let reference = manifest_sha(&plain);
+    let budgeted = budget_args(minimum);
+    let budgeted = args_of(&budgeted);
+    for hit in 1..=5 {
+        let at = format!("retirement-logged#{hit}");
+        let out = tmp.path().join(format!("out-{hit}"));
+        let o = run(run_cmd(&ep, &out, &budgeted).env("FTPIPE_CRASH_AT", &at));
+        assert!(!o.status.success(), "{at}: {}", stderr(&o));
+        let o = run(&mut run_cmd(&ep, &out, &budgeted));
+        assert!(o.status.success(), "{at}: {}", stderr(&o));
+        crate::chain_crash::check_finished(&hub, &out, &reference, &at);
+        assert_eq!(
+            bytes_under(&out.join("source")),
+            resident_on_disk(&out),
+            "{at}: a shard was left in source/"
+        );
+    }
+}

@@ -320,6 +320,8 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     }
     let (mut kill, mut chains, mut claims_seen, mut retired_seen) =
         (0usize, 0usize, 0usize, 0usize);
+    // Kills that left a shard punched down to its PLE spans.
+    let mut punched_seen = 0usize;
     let mut landed: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = tmp.path().join("chain-0");
     while kill < kills {
@@ -359,6 +361,10 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
             try_query(&out, "SELECT COUNT(*) FROM source_retirements")
                 .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
         );
+        punched_seen += usize::from(
+            try_query(&out, "SELECT COUNT(*) FROM source_punches WHERE ended = 0")
+                .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
+        );
         *landed
             .entry(crate::chain_crash::landed_in(&out))
             .or_default() += 1;
@@ -371,11 +377,14 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     assert_no_shard_left(&out, "last chain");
     eprintln!(
         "budgeted kill storm (seed {seed}): {kills} kills over {} chains; {claims_seen} left span claims, \
-         {retired_seen} after a retirement; by place: {landed:?}",
+         {retired_seen} after a retirement, {punched_seen} with a punched shard; by place: {landed:?}",
         chains + 1
     );
     assert!(
-        claims_seen > 0 && retired_seen > 0 && landed.get("fetch").is_some_and(|n| *n > 0),
+        claims_seen > 0
+            && retired_seen > 0
+            && punched_seen > 0
+            && landed.get("fetch").is_some_and(|n| *n > 0),
         "the storm missed the streamed conversion: {landed:?}"
     );
 }
