@@ -43,8 +43,21 @@ fn args_of(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
+/// False (after saying why; a failure in CI) when the volume of the
+/// tests' directories cannot punch holes: nothing here can be checked.
+fn can_punch() -> bool {
+    if crate::disk_budget::allocation_unit().is_some() {
+        return true;
+    }
+    skip_unless_ci("the volume of the temporary directory cannot punch holes");
+    false
+}
+
 #[test]
 fn a_ple_table_in_every_file_needs_its_spans_not_every_file() {
+    if !can_punch() {
+        return;
+    }
     let files = generate_release_repo(7, &ReleaseShape::tiny_spread());
     let (minimum, ple_files) = expected_minimum(&files);
     assert_eq!(ple_files.len(), 5, "every file holds a PLE shard");
@@ -126,6 +139,9 @@ fn punched_lines(out: &Path) -> Vec<Value> {
 /// whose punched bytes the deep audit explains.
 #[test]
 fn every_punch_crash_point_resumes_to_the_reference() {
+    if !can_punch() {
+        return;
+    }
     let files = generate_release_repo(11, &ReleaseShape::tiny_spread());
     let (minimum, _) = expected_minimum(&files);
     let hub = hub_serving(files);
@@ -204,6 +220,9 @@ fn resident_on_disk(out: &Path) -> u64 {
 /// and the range, before the Q3 table reads it.
 #[test]
 fn a_changed_kept_range_is_refused_on_resume() {
+    if !can_punch() {
+        return;
+    }
     let files = generate_release_repo(19, &ReleaseShape::tiny_spread());
     let (minimum, _) = expected_minimum(&files);
     let hub = hub_serving(files);
@@ -249,6 +268,9 @@ fn a_changed_kept_range_is_refused_on_resume() {
 /// shard left.
 #[test]
 fn a_kill_while_retiring_punched_shards_resumes_and_retires_them() {
+    if !can_punch() {
+        return;
+    }
     let files = generate_release_repo(23, &ReleaseShape::tiny_spread());
     let (minimum, _) = expected_minimum(&files);
     let hub = hub_serving(files);

@@ -383,7 +383,7 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     assert!(
         claims_seen > 0
             && retired_seen > 0
-            && punched_seen > 0
+            && (punched_seen > 0 || crate::disk_budget::allocation_unit().is_none())
             && landed.get("fetch").is_some_and(|n| *n > 0),
         "the storm missed the streamed conversion: {landed:?}"
     );
