@@ -252,6 +252,13 @@ fn retirement_and_upload_rows(t: &mut Ledger, a: &AuditReport) {
             &r.retired_files.to_string(),
             &human::bytes(r.retired_bytes),
         );
+        if r.punched_files > 0 {
+            t.pair(
+                "punched to PLE spans (n/size out)",
+                &r.punched_files.to_string(),
+                &human::bytes(r.punched_bytes),
+            );
+        }
     }
     if let Some(b) = &a.disk_budget {
         t.pair(
@@ -507,6 +514,8 @@ mod tests {
                 retained_bytes: 26,
                 retired_files: 1,
                 retired_bytes: 10_000,
+                punched_files: 0,
+                punched_bytes: 0,
             },
             disk_budget: None,
             components: BTreeMap::from([(
@@ -548,6 +557,8 @@ mod tests {
                 cache_bytes: 0,
                 verified: true,
                 retired: false,
+                punched_bytes: 0,
+                punched: None,
                 problem: None,
             }],
             orphans: vec![],

@@ -309,7 +309,8 @@ pub async fn convert(
         settle_stale_artifact(store, run, paths, opts, &skel, &plan, reporter).await?;
     open_artifact(store, paths, &skel, &plan).await?;
     let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
-    let (pending, blocked) = split_blocked(&plan, &done, paths.source());
+    let punched = punched_sources(store).await?;
+    let (pending, blocked) = split_blocked(&plan, &done, paths.source(), &punched);
     let total = report_planned(&skel, &plan, &pending, &blocked, reporter);
     if opts.preflight && !pending.is_empty() {
         let excluded = done
@@ -337,6 +338,13 @@ pub async fn convert(
         written += retire_rewriting_corrupt(&ctx, &plan, &mut done).await?;
     }
     if let Some(&i) = blocked.first() {
+        let c = &plan.components[i];
+        if let Some(f) = c.source_files.iter().find(|f| punched.contains(*f)) {
+            return Err(ConvertError::SourcePunched {
+                component: c.name.clone(),
+                source_file: f.clone(),
+            });
+        }
         // Everything readable was converted; this one needs a retired shard
         // (itself, or through its table's global scale).
         let (component, source_file) = needs_retired(&plan.components[i], &plan, paths.source());
@@ -504,6 +512,19 @@ async fn retire_rewriting_corrupt(
             });
             done.remove(c);
         }
+        let punched = punched_sources(ctx.store).await?;
+        let (_, blocked) = split_blocked(plan, done, ctx.paths.source(), &punched);
+        if let Some(c) = blocked
+            .iter()
+            .map(|&i| &plan.components[i])
+            .find(|c| corrupt.contains(&c.name))
+            && let Some(f) = c.source_files.iter().find(|f| punched.contains(*f))
+        {
+            return Err(ConvertError::SourcePunched {
+                component: c.name.clone(),
+                source_file: f.clone(),
+            });
+        }
         let again = (0..plan.components.len())
             .filter(|&i| corrupt.contains(&plan.components[i].name))
             .collect();
@@ -542,14 +563,29 @@ pub(crate) async fn write_manifest(
     Ok((manifest_sha256, manifest, placement))
 }
 
+/// Sources a budgeted run punched down to their PLE spans (a live punch
+/// of the version their receipt names): only Q3 components may read them.
+async fn punched_sources(store: &Store) -> Result<BTreeSet<String>> {
+    let receipts = store.receipts_by_path().await?;
+    Ok(store
+        .punches()
+        .await?
+        .into_values()
+        .filter(|p| receipts.get(&p.path).is_some_and(|r| r.digest == p.digest))
+        .map(|p| p.path)
+        .collect())
+}
+
 /// Components without a valid receipt, as indices into `plan.components`:
 /// those that can be written now, and those that cannot because a shard
-/// they read was retired — a Q3 segment also when its table's global scale
+/// they read was retired, or punched down to its PLE spans when they are
+/// not Q3 components — a Q3 segment also when its table's global scale
 /// cannot be written.
 fn split_blocked(
     plan: &Plan,
     done: &BTreeMap<String, ComponentReceipt>,
     source: &Path,
+    punched: &BTreeSet<String>,
 ) -> (Vec<usize>, Vec<usize>) {
     let (pending, mut blocked): (Vec<usize>, Vec<usize>) = plan
         .components
@@ -558,10 +594,14 @@ fn split_blocked(
         .filter(|(_, c)| !done.contains_key(&c.name))
         .map(|(i, _)| i)
         .partition(|&i| {
-            plan.components[i]
-                .source_files
+            let c = &plan.components[i];
+            let q3 = matches!(
+                c.content,
+                ComponentContent::Q3Segment { .. } | ComponentContent::Q3GlobalScale { .. }
+            );
+            c.source_files
                 .iter()
-                .all(|f| source_present(source, f))
+                .all(|f| source_present(source, f) && (q3 || !punched.contains(f)))
         });
     let blocked_scales: BTreeSet<u64> = blocked
         .iter()

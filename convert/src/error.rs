@@ -453,6 +453,34 @@ pub enum ConvertError {
         /// The run that retired the source.
         run: RetiredBy,
     },
+    /// A component must be written from a source a budgeted run punched
+    /// down to its PLE spans.
+    #[error(
+        "component {component} has no valid receipt and must be written, but a budgeted run kept only the PLE spans of its source {source_file} once its other spans were written into the components' temp files; run `ftpipe run` again (it resumes those components from their span claims), or fetch the file again with `ftpipe fetch --reacquire`"
+    )]
+    SourcePunched {
+        /// The component that must be written.
+        component: String,
+        /// The punched source file it reads (repo-relative).
+        source_file: String,
+    },
+    /// A range a punched source keeps no longer hashes to the digest
+    /// recorded before its holes were punched.
+    #[error(
+        "source {source_file} was punched down to its PLE spans by a budgeted run, and its kept range at offset {offset} ({len} bytes) now has SHA-256 {found}, recorded {expected}: the file was changed since; fetch it again with `ftpipe fetch --reacquire`"
+    )]
+    KeptRangeChanged {
+        /// The punched source file (repo-relative).
+        source_file: String,
+        /// The range's offset.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The SHA-256 recorded.
+        expected: String,
+        /// The SHA-256 read now.
+        found: String,
+    },
     /// A stale artifact cannot be rebuilt: a shard it needs was retired.
     #[error(
         "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"

@@ -25,6 +25,9 @@
 //!   manifest and placement); `batch`: parallel component writes; [`write`]:
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
+//! - [`keep`]: what a budgeted run keeps of a converted PLE file (its
+//!   PLE spans; holes punched over the rest); [`punched`]: the punch,
+//!   logged first, and its resumption.
 //! - [`schedule`]: the order of fetch, conversion and retirement under a
 //!   disk budget, and its predicted peak.
 //! - [`stream`]: the convert side of a budgeted, pipelined build: a
@@ -50,12 +53,14 @@ mod current;
 pub mod engine;
 mod error;
 pub mod inspect;
+pub mod keep;
 mod nvfp4;
 mod options;
 pub mod pipelined;
 pub mod placed;
 pub mod plan;
 pub mod profile;
+pub mod punched;
 pub mod recipe;
 mod retire;
 pub mod safetensors;

@@ -31,7 +31,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, write_atomic_json};
 use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
-use ftpipe_receipts::{ComponentReceipt, FileRow, Receipt, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, FileRow, PunchRecord, Receipt, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
@@ -40,8 +40,10 @@ use crate::engine::{
     COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, finish_pending_aside, valid_receipts,
 };
 use crate::error::{ConvertError, Result};
+use crate::keep::Release;
 use crate::options::{ConvertOptions, converter_identity};
 use crate::plan::{Plan, Planned};
+use crate::punched;
 use crate::retire::{retire_file, unlink_durably};
 use crate::schedule::{Schedule, Workload};
 use crate::skeleton::{Skeleton, files_read, source_identity};
@@ -118,7 +120,7 @@ pub async fn prepare_stream(
         config,
         mut headers,
     } = planned;
-    let workload = Workload::of_plan(&plan, resident);
+    let workload = Workload::of_plan(&plan, resident, Release::probe(paths.dir()));
     let schedule = budget.map(|b| workload.simulate(b)).transpose()?;
     let pin = store.pin().await?.ok_or_else(|| ConvertError::NotFetched {
         file: crate::profile::CONFIG_FILE.into(),
@@ -196,6 +198,9 @@ pub struct Streaming<'s> {
     on_disk: BTreeSet<String>,
     /// Shards retired by this process.
     retired: Vec<String>,
+    /// Shards punched down to their PLE spans (by this process or one
+    /// before it), with the bytes they still hold.
+    punched: BTreeMap<String, u64>,
     /// Per global-scale component: the absolute max of the segments read
     /// so far (as their files arrived) and how many.
     partial_absmax: BTreeMap<String, (f32, usize)>,
@@ -246,6 +251,7 @@ impl<'s> Streaming<'s> {
             run,
             on_disk: BTreeSet::new(),
             retired: Vec::new(),
+            punched: BTreeMap::new(),
             partial_absmax: BTreeMap::new(),
             written: 0,
         };
@@ -413,6 +419,65 @@ impl<'s> Streaming<'s> {
         self.receipts(store, finished, reporter).await
     }
 
+    /// After a restart: shard `file` was punched by an earlier process
+    /// (`record`, its live punch, for the version the skeleton planned
+    /// from). The punch is finished and every kept range checked by its
+    /// digest; its PLE values are read again; no unfinished component may
+    /// need another span of it.
+    /// Returns the bytes it holds.
+    pub fn punched_before(&mut self, file: &str, record: &PunchRecord) -> Result<u64> {
+        let held = punched::resume(self.paths.source(), record)?;
+        self.conv.punched(file)?;
+        self.on_disk.insert(file.to_owned());
+        self.punched.insert(file.to_owned(), held);
+        self.check_ple_values(file)?;
+        Ok(held)
+    }
+
+    /// Whether `record` is a punch of the version of its file the
+    /// skeleton planned from.
+    pub fn punch_applies(&self, record: &PunchRecord) -> bool {
+        self.setup
+            .skel
+            .headers
+            .get(&record.path)
+            .is_some_and(|h| h.digest == record.digest)
+    }
+
+    /// Verified PLE shards on disk that may be punched down to their kept
+    /// ranges now (none when the volume cannot punch holes).
+    pub fn punchable(&self) -> Vec<String> {
+        self.on_disk
+            .iter()
+            .filter(|f| !self.punched.contains_key(*f) && self.setup.workload.kept.contains_key(*f))
+            .filter(|f| self.conv.punchable(f))
+            .cloned()
+            .collect()
+    }
+
+    /// Punches shard `file` (`size` bytes) down to its kept ranges: hashed,
+    /// logged, punched, synced. Returns the bytes it still holds (as
+    /// counted, or as the filesystem says when that is more).
+    pub async fn punch(&mut self, store: &Store, file: &str, size: u64) -> Result<u64> {
+        let kept = self.setup.workload.kept.get(file).ok_or_else(|| {
+            ConvertError::internal(format!("{file} has no kept ranges to punch down to"))
+        })?;
+        let digest = self
+            .setup
+            .skel
+            .headers
+            .get(file)
+            .map(|h| h.digest.clone())
+            .ok_or_else(|| ConvertError::internal(format!("{file} has no planned header")))?;
+        let root = self.paths.source().to_owned();
+        let unit = self.setup.workload.release.unit();
+        let record =
+            punched::punch(store, self.run, &root, (file, &digest, size), (kept, unit)).await?;
+        let held = punched::held_after(&ftpipe_fs::paths::safe_join(&root, file)?, &record)?;
+        self.punched.insert(file.to_owned(), held);
+        Ok(held)
+    }
+
     /// Verified shards on disk that nothing unfinished needs any more.
     pub fn retirable(&self) -> Vec<String> {
         self.on_disk
@@ -429,6 +494,7 @@ impl<'s> Streaming<'s> {
         let logged = store.retired().await?.contains(file);
         retire_file(store, self.run, self.paths.source(), file, bytes, logged).await?;
         self.on_disk.remove(file);
+        self.punched.remove(file);
         self.retired.push(file.to_owned());
         Ok(())
     }

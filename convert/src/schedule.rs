@@ -13,27 +13,39 @@
 //! - Q3_PLE_32 encodes every segment under `G`, the absmax of the whole PLE
 //!   table (docs/formats.md), so no segment is written before every PLE
 //!   span was read once. A file holding any span of a Q3 component (a *PLE
-//!   file*) is therefore held until the last PLE file is verified and the
-//!   table is written. PLE files are fetched first: while they are held
-//!   the artifact is still small, and they are gone before most of it is
-//!   written.
+//!   file*) therefore keeps its PLE spans until the last PLE file is
+//!   verified and the table is written. Once a PLE file is converted, the
+//!   rest of it is punched out ([`crate::keep`]): it holds only its *kept*
+//!   bytes (header and PLE spans, in whole allocation units) until it is
+//!   retired. On a volume that cannot punch holes it is held whole.
+//!   PLE files are fetched first, those with the most bytes to punch
+//!   first: while they are held the artifact is still small, and they are
+//!   gone before most of it is written.
 //! - A file that feeds no component (only tensors the artifact omits,
 //!   such as the vision tower) is fetched, verified and retired right
 //!   after the PLE files, while the artifact is still small.
 //! - Admission is head of line in that order (PLE files, files feeding
-//!   nothing, then the others; each group in plan order): the next file
-//!   starts only while the bytes
-//!   held plus its size fit the budget. Held bytes are the *resident*
-//!   files (config, index and any other selected file that is not a shard:
-//!   never retired) plus every admitted file not yet retired, a `.part`
-//!   counted at its full size from its first byte.
+//!   nothing, then the others; the two last groups in plan order): the
+//!   next file starts only while the bytes held plus its size fit the
+//!   budget. Held bytes are the *resident* files (config, index and any
+//!   other selected file that is not a shard: never retired), every
+//!   admitted file not yet converted, a `.part` counted at its full size
+//!   from its first byte, and the kept bytes of every converted PLE file
+//!   not yet retired.
 //!
-//! The minimum feasible budget is `resident + max(Σ PLE files, largest
-//! other file)`: below it either the PLE files cannot all be held at once
-//! (no segment could be written, so no PLE file could ever retire) or the
-//! largest other file can never start. At it the schedule completes (the
-//! PLE files all fit, then every other file fits alone), so for whole-file
-//! retirement it is the floor, not an estimate.
+//! The minimum feasible budget is `resident + max(max_k (Σ_{j<k} kept_j +
+//! size_k), largest other file)` over the PLE files in fetch order: PLE
+//! file `k` is fetched whole while the files before it keep their PLE
+//! spans, and no segment can be written (so no PLE file retired) before
+//! the last one is in; the largest other file can only ever be held whole.
+//! Fetching first the files with the most bytes to punch (`size − kept`
+//! descending) makes that maximum the smallest any order gives (an
+//! exchange of two neighbours out of that order never lowers it), and it
+//! is at most the kept bytes of every PLE file plus the largest one. At it
+//! the schedule completes (each PLE file fits beside what the earlier ones
+//! keep, then every other file fits alone), so for span retirement it is
+//! the floor, not an estimate. Held whole (`kept = size`) it is the old
+//! `resident + max(Σ PLE files, largest other file)`.
 //!
 //! The predicted peak is the maximum over the schedule of held source
 //! bytes plus artifact bytes written so far. A component's bytes are
@@ -51,6 +63,7 @@ use serde::Serialize;
 
 use crate::component::{ComponentContent, SourceSpan};
 use crate::error::{ConvertError, Result};
+use crate::keep::{Release, held_bytes, kept_of_plan};
 use crate::plan::Plan;
 
 /// One source file as the schedule sees it.
@@ -60,8 +73,12 @@ pub struct ScheduledFile {
     pub file: String,
     /// Its size (what it holds on disk from its first byte to retirement).
     pub bytes: u64,
-    /// Holds a span of a Q3 component: held until the table is written.
+    /// Holds a span of a Q3 component: keeps them until the table is
+    /// written.
     pub ple: bool,
+    /// What a PLE file still holds once converted (its kept ranges, or
+    /// its size when held whole); its size for any other file.
+    pub kept: u64,
     /// Artifact bytes attributed to it: written when it is converted.
     pub artifact_bytes: u64,
 }
@@ -70,6 +87,10 @@ pub struct ScheduledFile {
 /// not belong to one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
+    /// How a converted PLE file's other bytes leave the disk.
+    pub release: Release,
+    /// The kept ranges of every PLE file (empty for whole files).
+    pub kept: BTreeMap<String, Vec<crate::keep::Range>>,
     /// Source bytes held from the start and never retired (config, index,
     /// every selected file that is not a planned shard).
     pub resident: u64,
@@ -91,6 +112,9 @@ pub enum Step {
     Fetch(usize),
     /// The file is verified and every non-Q3 span it feeds written.
     Convert(usize),
+    /// A converted PLE file's other bytes are punched out: it holds its
+    /// kept bytes only.
+    Keep(usize),
     /// Every PLE span was read: `G` is known, the Q3 components are written.
     WriteQ3,
     /// The file is deleted.
@@ -115,7 +139,8 @@ pub struct Schedule {
 pub struct BudgetReport {
     /// The budget, in bytes.
     pub budget: u64,
-    /// The smallest budget any schedule of whole-file retirement needs.
+    /// The smallest budget a schedule completes under: converted PLE
+    /// files keep their spans only (or are held whole, see `release`).
     pub minimum_budget: u64,
     /// The schedule's peak of source bytes held + artifact written so far.
     pub predicted_peak: u64,
@@ -133,6 +158,14 @@ pub struct BudgetReport {
     pub ple_bytes: u64,
     /// The largest file that holds no PLE span.
     pub largest_other_bytes: u64,
+    /// The kept bytes of the PLE files once converted (their PLE spans
+    /// and headers in whole allocation units; `ple_bytes` when held whole).
+    pub ple_kept_bytes: u64,
+    /// `spans` (the rest of a converted PLE file punched out) or
+    /// `whole_files` (the volume cannot punch holes).
+    pub release: &'static str,
+    /// The allocation unit holes are punched in (0 for whole files).
+    pub allocation_unit: u64,
     /// The shards in fetch order.
     pub fetch_order: Vec<String>,
 }
@@ -148,8 +181,8 @@ pub use ftpipe_progress::human::bytes as shown;
 
 impl Workload {
     /// The workload of `plan`, with `resident` bytes of other files held
-    /// throughout.
-    pub fn of_plan(plan: &Plan, resident: u64) -> Workload {
+    /// throughout and converted PLE files released as `release` allows.
+    pub fn of_plan(plan: &Plan, resident: u64, release: Release) -> Workload {
         let mut attributed: BTreeMap<&str, u64> = BTreeMap::new();
         let (mut q3_bytes, mut upfront_bytes) = (0u64, 0u64);
         let mut ple: BTreeSet<&str> = BTreeSet::new();
@@ -171,24 +204,52 @@ impl Workload {
                 upfront_bytes += c.predicted_bytes;
             }
         }
+        let kept = kept_of_plan(plan, release).unwrap_or_default();
         let file = |s: &crate::plan::PlannedSource| ScheduledFile {
             file: s.file.clone(),
             bytes: s.bytes,
             ple: ple.contains(s.file.as_str()),
+            kept: kept
+                .get(&s.file)
+                .map_or(s.bytes, |r| held_bytes(r, s.bytes, release.unit())),
             artifact_bytes: attributed.get(s.file.as_str()).copied().unwrap_or(0),
         };
         let (mut files, others): (Vec<_>, Vec<_>) =
             plan.sources.iter().map(file).partition(|f| f.ple);
+        // Most bytes to punch first (stable: plan order among equals).
+        files.sort_by_key(|f| std::cmp::Reverse(f.bytes - f.kept));
         let (idle, feeding): (Vec<_>, Vec<_>) =
             others.into_iter().partition(|f| f.artifact_bytes == 0);
         files.extend(idle);
         files.extend(feeding);
         Workload {
+            release,
+            kept,
             resident,
             files,
             q3_bytes,
             upfront_bytes,
         }
+    }
+
+    /// Σ kept bytes of the PLE files.
+    pub fn ple_kept_bytes(&self) -> u64 {
+        saturating_sum(self.files.iter().filter(|f| f.ple).map(|f| f.kept))
+    }
+
+    /// The most source bytes the PLE files hold at once, with the file
+    /// fetched then: `max_k (Σ_{j<k} kept_j + size_k)` in fetch order.
+    pub fn ple_peak(&self) -> (u64, Option<&ScheduledFile>) {
+        let mut before = 0u64;
+        let mut peak = (0u64, None);
+        for f in self.files.iter().filter(|f| f.ple) {
+            let at = before.saturating_add(f.bytes);
+            if at > peak.0 {
+                peak = (at, Some(f));
+            }
+            before = before.saturating_add(f.kept);
+        }
+        peak
     }
 
     /// Bytes of the PLE files.
@@ -210,7 +271,7 @@ impl Workload {
     /// documentation for why no schedule does with less).
     pub fn minimum_budget(&self) -> u64 {
         self.resident
-            .saturating_add(self.ple_bytes().max(self.largest_other()))
+            .saturating_add(self.ple_peak().0.max(self.largest_other()))
     }
 
     /// Every source and the whole artifact on disk at once: today's peak.
@@ -230,14 +291,22 @@ impl Workload {
 
     /// Why the minimum is what it is, for the refusal.
     fn minimum_reason(&self) -> String {
-        let ple = self.ple_bytes();
+        let (ple, at) = self.ple_peak();
         let other = self.largest_other();
         let what = if ple >= other {
             let n = self.files.iter().filter(|f| f.ple).count();
-            format!(
-                "the {n} file(s) holding the PLE table ({}) are all held until its global scale is known",
-                shown(ple)
-            )
+            match (self.release, at) {
+                (Release::Spans { .. }, Some(f)) => format!(
+                    "the {n} file(s) holding the PLE table keep their PLE spans until its global scale is known, and {} ({}) is fetched whole while the files before it keep {}",
+                    f.file,
+                    shown(f.bytes),
+                    shown(ple - f.bytes)
+                ),
+                _ => format!(
+                    "the {n} file(s) holding the PLE table ({}) are all held until its global scale is known (this volume cannot punch holes)",
+                    shown(ple)
+                ),
+            }
         } else {
             let name = self
                 .files
@@ -301,6 +370,15 @@ impl Workload {
             ple_files: self.files.iter().filter(|f| f.ple).count(),
             ple_bytes: self.ple_bytes(),
             largest_other_bytes: self.largest_other(),
+            ple_kept_bytes: self.ple_kept_bytes(),
+            release: match self.release {
+                Release::WholeFiles => "whole_files",
+                Release::Spans { .. } => "spans",
+            },
+            allocation_unit: match self.release {
+                Release::WholeFiles => 0,
+                Release::Spans { unit } => unit,
+            },
             fetch_order: self.files.iter().map(|f| f.file.clone()).collect(),
         })
     }
@@ -341,6 +419,8 @@ struct Simulation<'a> {
     artifact: u64,
     next: usize,
     in_flight: VecDeque<usize>,
+    /// What each file holds now.
+    holding: Vec<u64>,
     ple_left: usize,
     steps: Vec<Step>,
     peak: u64,
@@ -359,6 +439,7 @@ impl<'a> Simulation<'a> {
             artifact: w.upfront_bytes.saturating_add(q3_now),
             next: 0,
             in_flight: VecDeque::new(),
+            holding: vec![0; w.files.len()],
             ple_left,
             steps: Vec::new(),
             peak: 0,
@@ -390,6 +471,7 @@ impl<'a> Simulation<'a> {
                 return;
             }
             self.held = self.held.saturating_add(f.bytes);
+            self.holding[self.next] = f.bytes;
             self.steps.push(Step::Fetch(self.next));
             self.in_flight.push_back(self.next);
             self.next += 1;
@@ -407,6 +489,11 @@ impl<'a> Simulation<'a> {
             self.retire(i);
             return;
         }
+        if f.kept < f.bytes {
+            self.held -= f.bytes - f.kept;
+            self.holding[i] = f.kept;
+            self.steps.push(Step::Keep(i));
+        }
         self.ple_left -= 1;
         if self.ple_left > 0 {
             return;
@@ -422,7 +509,7 @@ impl<'a> Simulation<'a> {
     }
 
     fn retire(&mut self, i: usize) {
-        self.held -= self.w.files[i].bytes;
+        self.held -= std::mem::take(&mut self.holding[i]);
         self.steps.push(Step::Retire(i));
     }
 }

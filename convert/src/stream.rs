@@ -108,6 +108,31 @@ impl<'p> StreamConverter<'p> {
         Ok(())
     }
 
+    /// After a restart: `file` was verified, converted and punched down to
+    /// its PLE spans by an earlier process. Refused, naming the component,
+    /// if an unfinished component still needs a span of it (the run
+    /// punches a file only once its spans are claimed).
+    pub fn punched(&mut self, file: &str) -> Result<()> {
+        if let Some((w, _)) = self.writers.iter().find(|(w, _)| w.needs(file)) {
+            return Err(ConvertError::SourcePunched {
+                component: w.name().to_owned(),
+                source_file: file.to_owned(),
+            });
+        }
+        self.published.insert(file.to_owned());
+        Ok(())
+    }
+
+    /// `file` may be punched down to its PLE spans: it is a published PLE
+    /// file, the Q3 components are not written yet (else it is retired
+    /// instead), and no unfinished component needs any other span of it.
+    pub fn punchable(&self, file: &str) -> bool {
+        self.published.contains(file)
+            && !self.q3_written
+            && self.ple_files.contains(file)
+            && !self.writers.iter().any(|(w, _)| w.needs(file))
+    }
+
     /// Source `file` is verified: its spans are written into every
     /// unfinished component reading it; returns the components it
     /// completed (durable and renamed; their receipts are the caller's).

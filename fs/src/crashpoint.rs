@@ -106,6 +106,11 @@ crash_points! {
     SpanClaimed = "span-claimed",
     /// A source's retirement logged, the file not yet unlinked.
     RetirementLogged = "retirement-logged",
+    /// A source's punch logged (its kept ranges and their digests), the
+    /// holes not yet punched.
+    PunchLogged = "punch-logged",
+    /// A source's holes punched and synced, nothing after it done.
+    PunchDone = "punch-done",
     /// A `--rebuild` set-aside committed, the rename not done.
     SetAsideLogged = "set-aside-logged",
     /// The set-aside rename done, the marker not removed.

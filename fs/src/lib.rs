@@ -17,6 +17,8 @@
 //!   hashes it on another.
 //! - [`paths`]: untrusted relative paths checked as text and against the
 //!   tree ([`paths::safe_join`]) before they name a file.
+//! - [`punch`]: freeing ranges of a file in place (holes punched), and
+//!   whether the volume can.
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
 //! - [`error`]: the errors every crate shares: [`IoError`] (the operation
@@ -40,6 +42,7 @@ pub mod layout;
 pub mod nofollow;
 pub mod overlapped;
 pub mod paths;
+pub mod punch;
 pub mod space;
 
 pub use class::ErrorClass;

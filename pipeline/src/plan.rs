@@ -113,7 +113,8 @@ pub async fn plan(
     let disk_budget = match disk_budget {
         Some(budget) => {
             let resident = resident_bytes(&plan, &listing, &Layout::new(out));
-            Some(Workload::of_plan(&plan, resident).report(budget)?)
+            let release = ftpipe_convert::keep::Release::probe(out);
+            Some(Workload::of_plan(&plan, resident, release).report(budget)?)
         }
         None => None,
     };

@@ -100,6 +100,14 @@ impl Held {
             .is_none_or(|b| self.bytes.saturating_add(extra) <= b)
     }
 
+    /// `file` was punched down to `kept` bytes: the rest is released.
+    fn shrink(&mut self, file: &str, kept: u64) {
+        if let Some(n) = self.counted.get_mut(file) {
+            self.bytes = self.bytes.saturating_sub(n.saturating_sub(kept));
+            *n = kept.min(*n);
+        }
+    }
+
     /// `file` is gone from disk: what it counted is released.
     fn release(&mut self, file: &str) {
         if let Some(n) = self.counted.remove(file) {
@@ -289,6 +297,12 @@ impl Pipeline {
                 .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
                 .await?;
             let retire = budget.is_some() || opts.retire_sources;
+            if retire {
+                // A shard punched before the kill is handed over without
+                // being converted again: one the Q3 table no longer needs
+                // goes now, even when no other file is left to hand over.
+                self.retire_done(&mut streaming, &files, &mut held).await?;
+            }
             let how = (params.options.jobs, retire);
             self.drive(&ctx, &files, work, &mut streaming, &mut held, how, reporter)
                 .await?;
@@ -327,6 +341,7 @@ impl Pipeline {
             }
         }
         let published = self.store.published_paths().await?;
+        let punches = self.store.punches().await?;
         let row = |p: &str| files.iter().find(|f| f.path == p);
         let mut resident = Vec::new();
         for f in files.iter().filter(|f| !shards.contains(&f.path.as_str())) {
@@ -340,7 +355,12 @@ impl Pipeline {
         for &s in &shards {
             let Some(f) = row(s) else { continue };
             let on_disk = on_disk_bytes(self.layout.source(), s);
-            if published.contains(s) {
+            let punch = punches.get(s).filter(|p| streaming.punch_applies(p));
+            if let (true, Some(p)) = (published.contains(s), punch) {
+                // Converted and punched down to its PLE spans before.
+                let kept = streaming.punched_before(s, p)?;
+                held.count(s, kept);
+            } else if published.contains(s) {
                 held.count(s, f.size);
                 ready.push_back(s.to_owned());
             } else if on_disk.part.is_some() || on_disk.final_len > 0 {
@@ -400,6 +420,26 @@ impl Pipeline {
                 .ok_or_else(|| ConvertError::internal(format!("{f} is not a selected file")))?;
             streaming.retire(&self.store, &f, size).await?;
             held.release(&f);
+        }
+        Ok(())
+    }
+
+    /// Punches every converted PLE shard down to its kept ranges (its
+    /// other spans are all written), releasing the rest of what it held.
+    async fn punch_done(
+        &self,
+        streaming: &mut Streaming<'_>,
+        files: &[FileRow],
+        held: &mut Held,
+    ) -> Result<()> {
+        for f in streaming.punchable() {
+            let size = files
+                .iter()
+                .find(|r| r.path == f)
+                .map(|r| r.size)
+                .ok_or_else(|| ConvertError::internal(format!("{f} is not a selected file")))?;
+            let kept = streaming.punch(&self.store, &f, size).await?;
+            held.shrink(&f, kept);
         }
         Ok(())
     }
@@ -600,6 +640,9 @@ impl Pipeline {
         streaming
             .published(&self.store, path, reporter.as_ref())
             .await?;
+        if held.budget.is_some() {
+            self.punch_done(streaming, files, held).await?;
+        }
         if retire {
             self.retire_done(streaming, files, held).await?;
         }

@@ -352,6 +352,9 @@ impl Store {
         .execute(&mut *tx)
         .await
         .ctx("insert retirement")?;
+        // Retired or about to be fetched again: a punch no longer
+        // describes what is on disk.
+        crate::punch_store::end_punch(&mut tx, path).await?;
         tx.commit().await.ctx("commit retirement")
     }
 

@@ -15,6 +15,8 @@
 //! - `ranges`: durable watermarks of a file fetched in segments.
 //! - `convert_store`: component receipts, span claims of components
 //!   written span by span, the retirement log and the artifact log.
+//! - `punch_store`: sources punched down to their PLE spans by a budgeted
+//!   run ([`PunchRecord`]), live until retired or re-acquired.
 //! - `upload_store`: the target-neutral records of publish and mirror:
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
@@ -32,6 +34,7 @@ mod convert_store;
 mod error;
 mod events;
 mod model;
+mod punch_store;
 mod ranges;
 mod store;
 mod upload_store;
@@ -49,6 +52,7 @@ pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,
     StageEventRow,
 };
+pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};

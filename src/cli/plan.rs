@@ -168,20 +168,35 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
 }
 
 /// The schedule under `--disk-budget`: predicted peak against today's,
-/// and the minimum feasible budget.
+/// and the minimum feasible budget (computed from spans when the volume
+/// can punch holes).
 fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
     use ftpipe_convert::schedule::shown;
+    let held = if b.release == "spans" {
+        format!(
+            "each kept down to its header and PLE spans ({} in all, in units of {} bytes) once converted, until the Q3 table is written",
+            shown(b.ple_kept_bytes),
+            b.allocation_unit
+        )
+    } else {
+        "held whole until the Q3 table is written (this volume cannot punch holes)".to_owned()
+    };
     format!(
-        "disk budget      {} ({} bytes); minimum feasible {} ({} bytes)\n\
+        "disk budget      {} ({} bytes); minimum feasible {} ({} bytes), from {}\n\
          predicted peak   {} ({} bytes) of sources held + artifact written, {} of it sources\n\
          unbudgeted peak  {} ({} bytes): every source and the whole artifact\n\
          peak ratio       {:.3} (budgeted / unbudgeted)\n\
-         schedule         {} PLE file(s) of {} first, held until the Q3 table is written; \
+         schedule         {} PLE file(s) of {} first, {held}; \
          every other file retired once converted (largest {})\n",
         shown(b.budget),
         b.budget,
         shown(b.minimum_budget),
         b.minimum_budget,
+        if b.release == "spans" {
+            "spans"
+        } else {
+            "whole files"
+        },
         shown(b.predicted_peak),
         b.predicted_peak,
         shown(b.predicted_peak_sources),

@@ -18,7 +18,9 @@ use crate::disk_budget::{expected_minimum, shards};
 use ftpipe_fixtures::qwen4::release::{ReleaseShape, generate_release_repo};
 
 /// Polls a directory's regular files (recursively) and keeps the largest
-/// total of their lengths seen, until dropped.
+/// total of the bytes they hold on disk seen (each file's length, or its
+/// allocated blocks when fewer: a shard punched down to its PLE spans
+/// keeps its length), until dropped.
 pub(crate) struct Sampler {
     stop: Arc<AtomicBool>,
     max: Arc<AtomicU64>,
@@ -26,7 +28,7 @@ pub(crate) struct Sampler {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-fn bytes_under(dir: &Path) -> u64 {
+pub(crate) fn bytes_under(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -34,10 +36,17 @@ fn bytes_under(dir: &Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => bytes_under(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| held_len(&m)),
             _ => 0,
         })
         .sum()
+}
+
+/// What a file holds on disk: its length, or its allocated blocks when
+/// fewer (holes punched).
+pub(crate) fn held_len(m: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    m.len().min(m.blocks() * 512)
 }
 
 impl Sampler {
@@ -260,7 +269,8 @@ fn every_crash_point_of_a_budgeted_run_resumes_to_the_reference() {
 }
 
 /// Seeded SIGKILLs (≥ 100, `KILLS=N` for more) over budgeted runs at the
-/// minimum budget, alternating BF16 and NVFP4 releases; a completed chain
+/// minimum budget, alternating BF16, NVFP4 and BF16 with the PLE table in
+/// every file (shards punched down to their PLE spans); a completed chain
 /// starts afresh. After every kill the ledger and component invariants
 /// hold and the sources on disk are within the budget; every chain ends
 /// with the unbudgeted run's manifest, a deep verify and a clean audit.
@@ -278,7 +288,11 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     eprintln!("budgeted kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
     let tmp = tempfile::tempdir().unwrap();
-    let shapes = [ReleaseShape::tiny(), ReleaseShape::tiny_nvfp4()];
+    let shapes = [
+        ReleaseShape::tiny(),
+        ReleaseShape::tiny_nvfp4(),
+        ReleaseShape::tiny_spread(),
+    ];
     let mut setups = Vec::new();
     for (i, shape) in shapes.iter().enumerate() {
         let files = generate_release_repo(13, shape);
@@ -306,6 +320,8 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     }
     let (mut kill, mut chains, mut claims_seen, mut retired_seen) =
         (0usize, 0usize, 0usize, 0usize);
+    // Kills that left a shard punched down to its PLE spans.
+    let mut punched_seen = 0usize;
     let mut landed: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = tmp.path().join("chain-0");
     while kill < kills {
@@ -345,6 +361,10 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
             try_query(&out, "SELECT COUNT(*) FROM source_retirements")
                 .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
         );
+        punched_seen += usize::from(
+            try_query(&out, "SELECT COUNT(*) FROM source_punches WHERE ended = 0")
+                .is_ok_and(|r| r.first().is_some_and(|n| n != "0")),
+        );
         *landed
             .entry(crate::chain_crash::landed_in(&out))
             .or_default() += 1;
@@ -357,11 +377,14 @@ fn kill_storm_over_budgeted_runs_ends_with_the_unbudgeted_manifest() {
     assert_no_shard_left(&out, "last chain");
     eprintln!(
         "budgeted kill storm (seed {seed}): {kills} kills over {} chains; {claims_seen} left span claims, \
-         {retired_seen} after a retirement; by place: {landed:?}",
+         {retired_seen} after a retirement, {punched_seen} with a punched shard; by place: {landed:?}",
         chains + 1
     );
     assert!(
-        claims_seen > 0 && retired_seen > 0 && landed.get("fetch").is_some_and(|n| *n > 0),
+        claims_seen > 0
+            && retired_seen > 0
+            && (punched_seen > 0 || crate::disk_budget::allocation_unit().is_none())
+            && landed.get("fetch").is_some_and(|n| *n > 0),
         "the storm missed the streamed conversion: {landed:?}"
     );
 }

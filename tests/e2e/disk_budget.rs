@@ -2,8 +2,11 @@
 //! checkpoints (BF16 and NVFP4; PLE shards one per file among other tensors,
 //! and in files of their own). From headers alone it prints the schedule's
 //! predicted peak against an unbudgeted run and the minimum feasible budget,
-//! which equals the floor computed here from the files (resident files +
-//! max(Σ PLE files, largest other file)); a budget one byte below is
+//! which equals the floor computed here from the files' headers (resident
+//! files + max(max_k Σ_{j<k} kept_j + size_k, largest other file), a PLE
+//! file keeping its header and PLE spans in whole allocation units once
+//! converted, PLE files ordered most bytes to punch first); a budget one
+//! byte below is
 //! refused with exit 1 naming the minimum, after no request but the
 //! headers' ranges; SIZE takes exact units (GB = 10^9, GiB = 2^30) and
 //! refuses an ambiguous `G`.
@@ -39,11 +42,56 @@ fn tensor_names(f: &RepoFile) -> Vec<String> {
         .collect()
 }
 
-/// The floor of the module doc, from the files themselves: `(minimum,
-/// PLE files)`.
-pub(crate) fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
+/// The allocation unit of the volume the tests' directories are on (the
+/// unit holes are punched in); `None` when it cannot punch holes (PLE
+/// files are then held whole).
+pub(crate) fn allocation_unit() -> Option<u64> {
+    ftpipe_fs::punch::probe(&std::env::temp_dir())
+}
+
+/// `(offset, len)` of every PLE tensor (`ngram_embedding`: the n-gram
+/// shards and their scales) in the safetensors file `f`, and where its
+/// header ends.
+pub(crate) fn ple_ranges(f: &RepoFile) -> (Vec<(u64, u64)>, u64) {
+    let b = content_bytes(f).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap());
+    let h: serde_json::Map<String, Value> = serde_json::from_slice(&b[8..8 + n as usize]).unwrap();
+    let ranges = h
+        .iter()
+        .filter(|(k, _)| k.contains("ngram_embedding"))
+        .map(|(_, v)| {
+            let o = &v["data_offsets"];
+            let (a, z) = (o[0].as_u64().unwrap(), o[1].as_u64().unwrap());
+            (8 + n + a, z - a)
+        })
+        .collect();
+    (ranges, 8 + n)
+}
+
+/// Bytes a PLE file is counted as holding once punched: every allocation
+/// unit its header, PLE ranges or last partial unit touch, whole, and one
+/// unit for the filesystem's extent records, at most its length.
+pub(crate) fn kept_bytes(f: &RepoFile, unit: u64) -> u64 {
+    let len = content_len(f);
+    let (ranges, header_end) = ple_ranges(f);
+    let mut units = std::collections::BTreeSet::new();
+    let mut cover = |from: u64, to: u64| {
+        for u in from / unit..to.div_ceil(unit) {
+            units.insert(u);
+        }
+    };
+    cover(0, header_end);
+    for (o, l) in ranges {
+        cover(o, o + l);
+    }
+    cover(len - len % unit, len);
+    ((units.len() as u64 + 1) * unit).min(len)
+}
+
+/// The whole-file floor (a volume that cannot punch holes): resident
+/// files + max(Σ PLE files, largest other file).
+pub(crate) fn expected_whole_file_minimum(files: &[RepoFile]) -> u64 {
     let (mut resident, mut ple, mut other) = (0u64, 0u64, 0u64);
-    let mut ple_files = Vec::new();
     for f in files {
         let len = content_len(f);
         if !f.path.ends_with(".safetensors") {
@@ -53,12 +101,52 @@ pub(crate) fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
             .any(|t| t.contains("ngram_embedding"))
         {
             ple += len;
-            ple_files.push(f.path.clone());
         } else {
             other = other.max(len);
         }
     }
-    (resident + ple.max(other), ple_files)
+    resident + ple.max(other)
+}
+
+/// The floor of the module doc, from the files themselves: `(minimum,
+/// PLE files)`.
+pub(crate) fn expected_minimum(files: &[RepoFile]) -> (u64, Vec<String>) {
+    let Some(unit) = allocation_unit() else {
+        let mut names: Vec<String> = shards(files)
+            .filter(|f| {
+                tensor_names(f)
+                    .iter()
+                    .any(|t| t.contains("ngram_embedding"))
+            })
+            .map(|f| f.path.clone())
+            .collect();
+        names.sort();
+        return (expected_whole_file_minimum(files), names);
+    };
+    let (mut resident, mut other) = (0u64, 0u64);
+    let mut ple = Vec::new();
+    for f in files {
+        let len = content_len(f);
+        if !f.path.ends_with(".safetensors") {
+            resident += len;
+        } else if tensor_names(f)
+            .iter()
+            .any(|t| t.contains("ngram_embedding"))
+        {
+            ple.push((len, kept_bytes(f, unit), f.path.clone()));
+        } else {
+            other = other.max(len);
+        }
+    }
+    ple.sort_by_key(|(len, kept, _)| std::cmp::Reverse(len - kept));
+    let (mut before, mut peak) = (0u64, 0u64);
+    for (len, kept, _) in &ple {
+        peak = peak.max(before + len);
+        before += kept;
+    }
+    let mut names: Vec<String> = ple.into_iter().map(|(_, _, p)| p).collect();
+    names.sort();
+    (resident + peak.max(other), names)
 }
 
 fn check_shape(shape: &ReleaseShape) {
@@ -106,7 +194,15 @@ fn check_shape(shape: &ReleaseShape) {
         &text,
         &[
             "disk budget",
-            &format!("minimum feasible {} ({minimum} bytes)", shown(minimum)),
+            &format!(
+                "minimum feasible {} ({minimum} bytes), from {}",
+                shown(minimum),
+                if allocation_unit().is_some() {
+                    "spans"
+                } else {
+                    "whole files"
+                }
+            ),
             &format!("predicted peak   {} ({peak} bytes)", shown(peak)),
             "peak ratio",
         ],

@@ -73,6 +73,9 @@
 //!   `demo --serve` serves until SIGINT and its printed fetch command works.
 //! * `disk_budget`: `plan --remote --disk-budget`: the schedule's predicted
 //!   peak and minimum feasible budget from headers, a budget below it refused.
+//! * `budget_spans`: a PLE table spread over every file: converted PLE
+//!   shards punched down to their PLE spans, the span-based minimum, the
+//!   punch crash points, a changed kept range refused by digest.
 //! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
 //!   identical verified artifacts, no-op re-runs, hostile manifests, a
 //!   truncated or replaced object, racing publishers, credentials.
@@ -132,6 +135,7 @@ mod common;
 mod attempts;
 mod audit_bundle;
 mod bad_input;
+mod budget_spans;
 mod budgeted_powercut;
 mod budgeted_run;
 mod chain_crash;

@@ -229,10 +229,30 @@ fn check(nvfp4: bool, files: u64) {
 /// BF16 release, 140 GB for the NVFP4 export; unbudgeted 633 / 226 GB),
 /// and the minimum is the PLE files plus the resident ones.
 fn check_schedule(plan: &ftpipe_convert::Plan, resident: u64, nvfp4: bool) {
+    use ftpipe_convert::keep::{Release, ple_spans, total};
     use ftpipe_convert::schedule::Workload;
-    let w = Workload::of_plan(plan, resident);
+    let whole = Workload::of_plan(plan, resident, Release::WholeFiles);
+    assert_eq!(
+        whole.minimum_budget(),
+        resident + whole.ple_bytes().max(whole.largest_other())
+    );
+    // Issue 35: span by span the minimum is at most the PLE tensor bytes
+    // plus the two largest files.
+    let w = Workload::of_plan(plan, resident, Release::Spans { unit: 4096 });
     let min = w.minimum_budget();
-    assert_eq!(min, resident + w.ple_bytes().max(w.largest_other()));
+    let ple: u64 = ple_spans(plan).values().map(|s| total(s)).sum();
+    let mut sizes: Vec<u64> = plan.sources.iter().map(|s| s.bytes).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let two = sizes.iter().take(2).sum::<u64>();
+    eprintln!(
+        "minimum: {min} span by span, {} whole files; PLE tensors {ple} + two largest files {two}",
+        whole.minimum_budget()
+    );
+    assert!(
+        min <= resident + ple + two,
+        "{min} > {resident} + {ple} + {two}"
+    );
+    assert!(min <= whole.minimum_budget());
     assert_eq!(w.artifact_bytes(), plan.total_bytes);
     let bound = if nvfp4 {
         140_000_000_000

@@ -14,11 +14,28 @@ use crate::component::{Component, ComponentKind, FtwTensor, TensorSource};
 use crate::plan::PlannedSource;
 
 fn file(name: &str, bytes: u64, ple: bool, artifact: u64) -> ScheduledFile {
+    kept_file(name, bytes, ple, bytes, artifact)
+}
+
+fn kept_file(name: &str, bytes: u64, ple: bool, kept: u64, artifact: u64) -> ScheduledFile {
     ScheduledFile {
         file: name.into(),
         bytes,
         ple,
+        kept,
         artifact_bytes: artifact,
+    }
+}
+
+/// A workload of `files` (in fetch order) released span by span.
+fn spans(resident: u64, files: Vec<ScheduledFile>, q3_bytes: u64, upfront: u64) -> Workload {
+    Workload {
+        release: Release::Spans { unit: 1 },
+        kept: BTreeMap::new(),
+        resident,
+        files,
+        q3_bytes,
+        upfront_bytes: upfront,
     }
 }
 
@@ -29,6 +46,7 @@ fn check_schedule(w: &Workload, s: &Schedule) -> u64 {
     let (mut fetched, mut converted, mut retired) =
         (vec![false; n], vec![false; n], vec![false; n]);
     let (mut held, mut artifact) = (w.resident, w.upfront_bytes);
+    let mut holding = vec![0u64; n];
     let has_ple = w.files.iter().any(|f| f.ple);
     if !has_ple {
         artifact += w.q3_bytes;
@@ -40,6 +58,7 @@ fn check_schedule(w: &Workload, s: &Schedule) -> u64 {
                 assert!(!fetched[i], "file {i} fetched twice");
                 fetched[i] = true;
                 held += w.files[i].bytes;
+                holding[i] = w.files[i].bytes;
             }
             Step::Convert(i) => {
                 assert!(
@@ -48,6 +67,11 @@ fn check_schedule(w: &Workload, s: &Schedule) -> u64 {
                 );
                 converted[i] = true;
                 artifact += w.files[i].artifact_bytes;
+            }
+            Step::Keep(i) => {
+                assert!(converted[i] && w.files[i].ple && holding[i] == w.files[i].bytes);
+                held -= w.files[i].bytes - w.files[i].kept;
+                holding[i] = w.files[i].kept;
             }
             Step::WriteQ3 => {
                 assert!(!q3_written && has_ple);
@@ -63,7 +87,7 @@ fn check_schedule(w: &Workload, s: &Schedule) -> u64 {
                     "PLE file {i} retired before Q3"
                 );
                 retired[i] = true;
-                held -= w.files[i].bytes;
+                held -= holding[i];
             }
         }
         assert!(held <= s.budget, "held {held} over budget {}", s.budget);
@@ -78,7 +102,7 @@ fn check_schedule(w: &Workload, s: &Schedule) -> u64 {
 }
 
 fn workload() -> impl Strategy<Value = Workload> {
-    let f = (1u64..10_000, any::<bool>(), 0u64..10_000);
+    let f = (1u64..10_000, any::<bool>(), 0u64..=100, 0u64..10_000);
     (
         0u64..1_000,
         proptest::collection::vec(f, 0..24),
@@ -89,15 +113,13 @@ fn workload() -> impl Strategy<Value = Workload> {
             let mut files: Vec<ScheduledFile> = fs
                 .into_iter()
                 .enumerate()
-                .map(|(i, (b, p, a))| file(&format!("f{i}"), b, p, a))
+                .map(|(i, (b, p, pct, a))| {
+                    let kept = if p { b * pct / 100 } else { b };
+                    kept_file(&format!("f{i}"), b, p, kept, a)
+                })
                 .collect();
-            files.sort_by_key(|f| !f.ple);
-            Workload {
-                resident,
-                files,
-                q3_bytes: q3,
-                upfront_bytes: upfront,
-            }
+            files.sort_by_key(|f| (!f.ple, std::cmp::Reverse(f.bytes - f.kept)));
+            spans(resident, files, q3, upfront)
         })
 }
 
@@ -126,15 +148,18 @@ proptest! {
 #[test]
 fn ple_files_are_held_together_then_others_one_at_a_time() {
     let w = Workload {
-        resident: 10,
-        files: vec![
-            file("p1", 100, true, 5),
-            file("p2", 100, true, 5),
-            file("a", 150, false, 60),
-            file("b", 120, false, 50),
-        ],
-        q3_bytes: 40,
-        upfront_bytes: 0,
+        release: Release::WholeFiles,
+        ..spans(
+            10,
+            vec![
+                file("p1", 100, true, 5),
+                file("p2", 100, true, 5),
+                file("a", 150, false, 60),
+                file("b", 120, false, 50),
+            ],
+            40,
+            0,
+        )
     };
     // 10 + max(200, 150).
     assert_eq!(w.minimum_budget(), 210);
@@ -175,12 +200,12 @@ fn ple_files_are_held_together_then_others_one_at_a_time() {
 
 #[test]
 fn the_largest_other_file_can_set_the_minimum() {
-    let w = Workload {
-        resident: 0,
-        files: vec![file("p", 10, true, 1), file("big", 500, false, 1)],
-        q3_bytes: 1,
-        upfront_bytes: 0,
-    };
+    let w = spans(
+        0,
+        vec![file("p", 10, true, 1), file("big", 500, false, 1)],
+        1,
+        0,
+    );
     assert_eq!(w.minimum_budget(), 500);
     let err = w.simulate(499).unwrap_err().to_string();
     assert!(err.contains("the largest file, big, has 500 B"), "{err}");
@@ -279,7 +304,7 @@ fn a_plan_puts_ple_then_idle_files_first_and_shares_components_by_span_bytes() {
         omitted: vec![],
         excluded_sources: vec![],
     };
-    let w = Workload::of_plan(&plan, 7);
+    let w = Workload::of_plan(&plan, 7, Release::WholeFiles);
     let names: Vec<_> = w.files.iter().map(|f| f.file.as_str()).collect();
     // PLE first, then what feeds nothing, then the rest.
     assert_eq!(names, ["b.safetensors", "c.safetensors", "a.safetensors"]);
@@ -292,4 +317,96 @@ fn a_plan_puts_ple_then_idle_files_first_and_shares_components_by_span_bytes() {
     assert_eq!(r.unbudgeted_peak, 7 + 1900 + 1071);
     assert_eq!(r.ple_files, 1);
     check_schedule(&w, &w.simulate(2000).unwrap());
+}
+
+proptest! {
+    /// The fetch order of the PLE files (most bytes to punch first) gives
+    /// the smallest minimum of any order, which is at most the kept bytes
+    /// plus the largest PLE file.
+    #[test]
+    fn the_fetch_order_of_ple_files_minimises_the_minimum(w in workload()) {
+        let ple: Vec<ScheduledFile> = w.files.iter().filter(|f| f.ple).cloned().collect();
+        prop_assume!(!ple.is_empty() && ple.len() <= 6);
+        let peak_of = |order: &[ScheduledFile]| {
+            let mut before = 0;
+            order.iter().map(|f| { let at = before + f.bytes; before += f.kept; at }).max().unwrap()
+        };
+        let largest = ple.iter().map(|f| f.bytes).max().unwrap();
+        prop_assert!(w.ple_peak().0 <= w.ple_kept_bytes() + largest);
+        let mut order = ple.clone();
+        permutations(&mut order, 0, &mut |o| assert!(peak_of(o) >= w.ple_peak().0));
+    }
+}
+
+fn permutations(v: &mut [ScheduledFile], k: usize, f: &mut dyn FnMut(&[ScheduledFile])) {
+    if k == v.len() {
+        return f(v);
+    }
+    for i in k..v.len() {
+        v.swap(k, i);
+        permutations(v, k + 1, f);
+        v.swap(k, i);
+    }
+}
+
+/// Issue 35: a PLE table spread over every file among other tensors. Held
+/// whole, every file is held at once; span by span, each converted file
+/// keeps its PLE spans and the next is fetched beside them.
+#[test]
+fn converted_ple_files_keep_only_their_spans() {
+    let files = || {
+        vec![
+            kept_file("p1", 100, true, 10, 5),
+            kept_file("p2", 300, true, 20, 5),
+            kept_file("p3", 200, true, 30, 5),
+        ]
+    };
+    let whole = Workload {
+        release: Release::WholeFiles,
+        ..spans(
+            5,
+            files()
+                .into_iter()
+                .map(|f| file(&f.file, f.bytes, true, 5))
+                .collect(),
+            9,
+            0,
+        )
+    };
+    assert_eq!(whole.minimum_budget(), 5 + 600);
+    // Fetch order p2 (280 to punch), p3 (170), p1 (90): 300, 20 + 200,
+    // 20 + 30 + 100.
+    let mut fs = files();
+    fs.sort_by_key(|f| std::cmp::Reverse(f.bytes - f.kept));
+    let w = spans(5, fs, 9, 0);
+    assert_eq!(w.ple_peak().0, 300);
+    assert_eq!(w.minimum_budget(), 5 + 300);
+    assert!(w.minimum_budget() <= 5 + w.ple_kept_bytes() + 300 + 200);
+    let s = w.simulate(305).unwrap();
+    check_schedule(&w, &s);
+    use Step::*;
+    assert_eq!(
+        s.steps,
+        [
+            Fetch(0),
+            Convert(0),
+            Keep(0),
+            Fetch(1),
+            Convert(1),
+            Keep(1),
+            Fetch(2),
+            Convert(2),
+            Keep(2),
+            WriteQ3,
+            Retire(0),
+            Retire(1),
+            Retire(2),
+        ]
+    );
+    let err = w.simulate(304).unwrap_err().to_string();
+    assert!(
+        err.contains("minimum feasible budget of 305 bytes"),
+        "{err}"
+    );
+    assert!(err.contains("p2 (300 B) is fetched whole"), "{err}");
 }

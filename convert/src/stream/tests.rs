@@ -95,7 +95,7 @@ fn setup(shape: &ReleaseShape) -> (tempfile::TempDir, PathBuf, PathBuf, Plan, u6
 
 fn build(shape: &ReleaseShape, factor: (u64, u64)) {
     let (tmp, remote, src, plan, resident) = setup(shape);
-    let w = Workload::of_plan(&plan, resident);
+    let w = Workload::of_plan(&plan, resident, crate::keep::Release::WholeFiles);
     let budget = w.minimum_budget() * factor.0 / factor.1;
     reference(&plan, &remote, &tmp.path().join("reference"));
 
@@ -230,7 +230,7 @@ fn bf16_release_with_ple_only_files_and_nvfp4_with_shared_files() {
 /// finished components' bytes by name.
 fn build_with_restart(shape: &ReleaseShape, stop: usize) -> BTreeMap<String, Vec<u8>> {
     let (tmp, remote, src, plan, resident) = setup(shape);
-    let w = Workload::of_plan(&plan, resident);
+    let w = Workload::of_plan(&plan, resident, crate::keep::Release::WholeFiles);
     let artifact = tmp.path().join("artifact");
     let identity = |c: &Component| hex::encode(Sha256::digest(c.name.as_bytes()));
     let rt = tokio::runtime::Builder::new_multi_thread()

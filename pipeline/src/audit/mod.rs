@@ -67,6 +67,12 @@ pub struct FileAudit {
     pub verified: bool,
     /// The file was retired by `convert --retire-sources` and is absent.
     pub retired: bool,
+    /// Bytes a budgeted run punched out of the file once its spans other
+    /// than the PLE table's were converted (0 when not punched).
+    pub punched_bytes: u64,
+    /// Why the file holds fewer bytes than its size, when punched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub punched: Option<String>,
     /// What is wrong, if anything.
     pub problem: Option<String>,
 }
@@ -91,6 +97,11 @@ pub struct Retirement {
     pub retired_files: usize,
     /// Their bytes (from the listing).
     pub retired_bytes: u64,
+    /// Retained sources a budgeted run punched down to their PLE spans
+    /// (their kept bytes count in `retained_bytes`).
+    pub punched_files: usize,
+    /// The bytes punched out of them.
+    pub punched_bytes: u64,
 }
 
 /// Totals of one component kind.

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{FileRow, LedgerRow, Receipt, Store};
+use ftpipe_receipts::{FileRow, LedgerRow, PunchRecord, Receipt, Store};
 
 use super::{FileAudit, Retirement, SourceTotals, walk};
 use crate::error::{PipelineError, Result};
@@ -44,6 +44,8 @@ struct Claims {
     receipts: BTreeMap<String, Receipt>,
     retired: BTreeSet<String>,
     attempt_bytes: HashMap<String, u64>,
+    /// Live punches, by path.
+    punches: BTreeMap<String, PunchRecord>,
 }
 
 /// Audits every selected source file against its ledger row, its receipt
@@ -64,6 +66,7 @@ pub(super) async fn audit_sources(
         receipts: store.receipts_by_path().await?,
         retired: store.retired().await?,
         attempt_bytes: store.attempt_bytes().await?,
+        punches: store.punches().await?,
     };
     let mut out = SourcePart {
         lines: Vec::new(),
@@ -113,6 +116,8 @@ fn audit_file(
         cache_bytes: 0,
         verified: false,
         retired: false,
+        punched_bytes: 0,
+        punched: None,
         problem: None,
     };
     let Some(l) = claims.ledger.get(&f.path) else {
@@ -165,7 +170,9 @@ fn audit_file(
         file: f,
         receipt: r,
         path: &final_path,
+        root: source_root,
         retired: claims.retired.contains(&f.path),
+        punch: claims.punches.get(&f.path).filter(|p| p.digest == r.digest),
     };
     line.verified = check_on_disk(&published, on_disk, deep, &mut line, out)?;
     Ok(line)
@@ -176,8 +183,12 @@ struct Published<'a> {
     file: &'a FileRow,
     receipt: &'a Receipt,
     path: &'a Path,
+    /// `DIR/source`.
+    root: &'a Path,
     /// `convert --retire-sources` deleted it on purpose.
     retired: bool,
+    /// A budgeted run punched it down to its PLE spans (this version).
+    punch: Option<&'a PunchRecord>,
 }
 
 /// Whether a published source is as its receipt says: retired and absent,
@@ -215,7 +226,7 @@ fn check_on_disk(
         Ok(m) => m,
     };
     out.retirement.retained_files += 1;
-    out.retirement.retained_bytes += m.len();
+    out.retirement.retained_bytes += p.punch.map_or(m.len(), |k| k.kept_bytes);
     if m.len() != f.size || r.size != f.size {
         line.problem = Some(format!(
             "size {} on disk, receipt {}, expected {}",
@@ -225,6 +236,9 @@ fn check_on_disk(
         ));
         out.error += m.len().abs_diff(f.size).max(r.size.abs_diff(f.size));
         return Ok(false);
+    }
+    if let Some(punch) = p.punch {
+        return Ok(check_punched(p, punch, deep, line, out));
     }
     if !deep {
         return Ok(line.problem.is_none());
@@ -242,6 +256,34 @@ fn check_on_disk(
         return Ok(false);
     }
     Ok(line.problem.is_none())
+}
+
+/// A source punched down to its PLE spans: its punched bytes explained by
+/// the punch, and with `deep` each kept range checked by its digest (the
+/// whole file's digest no longer applies).
+fn check_punched(
+    p: &Published<'_>,
+    punch: &PunchRecord,
+    deep: bool,
+    line: &mut FileAudit,
+    out: &mut SourcePart,
+) -> bool {
+    let punched = punch.size.saturating_sub(punch.kept_bytes);
+    line.punched_bytes = punched;
+    line.punched = Some(format!(
+        "run {} punched {punched} bytes out once every span but the PLE table's was converted under --disk-budget; {} bytes kept in {} range(s) until the PLE table is written",
+        punch.run_id,
+        punch.kept_bytes,
+        punch.kept.len()
+    ));
+    out.retirement.punched_files += 1;
+    out.retirement.punched_bytes += punched;
+    if deep && let Err(e) = ftpipe_convert::punched::check_kept(p.root, punch) {
+        line.problem = Some(e.to_string());
+        out.error += punch.kept_bytes;
+        return false;
+    }
+    line.problem.is_none()
 }
 
 /// Every file under `source_root` that is not a listed file: a `.part` of

@@ -1,0 +1,110 @@
+//! Freeing the bytes of a file that are no longer needed while keeping
+//! the rest at their offsets: `fallocate(FALLOC_FL_PUNCH_HOLE |
+//! FALLOC_FL_KEEP_SIZE)`. The file keeps its length; a punched range reads
+//! back as zeros and holds no block. Used by a budgeted run to keep only
+//! the PLE spans of a converted source file (`convert::keep`).
+//!
+//! A filesystem frees whole blocks only: a range is punched from and to
+//! multiples of the volume's allocation unit ([`probe`]), so the bytes a
+//! file still holds are exactly its kept ranges widened to that unit.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use rustix::fs::{FallocateFlags, fallocate};
+
+use crate::nofollow;
+
+/// The allocation unit of the volume holding `dir` when holes can be
+/// punched in files there (checked on a scratch file: a block punched out
+/// of it must stop being allocated); `None` when they cannot (the
+/// filesystem refuses, or `dir` is not writable).
+pub fn probe(dir: &Path) -> Option<u64> {
+    let unit = std::fs::metadata(dir).ok()?.blksize().max(512);
+    let path = dir.join(format!(".ftpipe-punch-probe-{}", std::process::id()));
+    let probed = probe_file(&path, unit);
+    let _ = std::fs::remove_file(&path);
+    probed.then_some(unit)
+}
+
+fn probe_file(path: &Path, unit: u64) -> bool {
+    let Ok(file) = nofollow::create_truncated(path) else {
+        return false;
+    };
+    let Ok(len) = usize::try_from(unit * 2) else {
+        return false;
+    };
+    if std::io::Write::write_all(&mut &file, &vec![1u8; len]).is_err() || file.sync_all().is_err() {
+        return false;
+    }
+    let before = allocated(&file);
+    punch(&file, 0, unit).is_ok() && allocated(&file) < before
+}
+
+/// Bytes the filesystem allocates to `file`.
+fn allocated(file: &File) -> u64 {
+    file.metadata()
+        .map_or(0, |m| m.blocks().saturating_mul(512))
+}
+
+fn punch(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// Punches every `(offset, len)` of `holes` out of the regular file at
+/// `path` (never following a link), then syncs it. Punching a hole again
+/// is a no-op, so a punch a crash interrupted is finished by doing it
+/// again.
+pub fn punch_holes(path: &Path, holes: &[(u64, u64)]) -> std::io::Result<()> {
+    let file = nofollow::open_write(path)?;
+    for &(offset, len) in holes.iter().filter(|(_, len)| *len > 0) {
+        punch(&file, offset, len)?;
+    }
+    file.sync_all()
+}
+
+/// Whether `e` says the filesystem cannot punch holes (`EOPNOTSUPP`).
+pub fn is_unsupported(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error())
+}
+
+/// Bytes of the file at `path` that hold blocks on disk (at most its
+/// length): what a punched file still takes.
+pub fn held_bytes(path: &Path) -> std::io::Result<u64> {
+    let m = std::fs::symlink_metadata(path)?;
+    Ok(m.len().min(m.blocks().saturating_mul(512)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_punched_range_reads_zeros_and_frees_its_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(unit) = probe(dir.path()) else {
+            eprintln!("this filesystem cannot punch holes: nothing to check");
+            return;
+        };
+        let path = dir.path().join("f");
+        let len = usize::try_from(unit * 4).unwrap();
+        std::fs::write(&path, vec![7u8; len]).unwrap();
+        let before = held_bytes(&path).unwrap();
+        punch_holes(&path, &[(unit, unit * 2)]).unwrap();
+        punch_holes(&path, &[(unit, unit * 2)]).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), len, "the length is kept");
+        let u = usize::try_from(unit).unwrap();
+        assert!(bytes[..u].iter().all(|&b| b == 7));
+        assert!(bytes[u..3 * u].iter().all(|&b| b == 0));
+        assert!(bytes[3 * u..].iter().all(|&b| b == 7));
+        assert_eq!(held_bytes(&path).unwrap(), before - 2 * unit);
+    }
+}
