@@ -224,14 +224,18 @@ impl Shared {
 fn short_cause(error: &str) -> String {
     let words: Vec<&str> = error.split(' ').filter(|w| !w.contains("://")).collect();
     let text = words.join(" ");
+    // `URL answered HTTP 503 (...)[: the hub's own words]`: the status and
+    // what follows it, the hub's words included.
+    if let Some(at) = text.find("answered HTTP ") {
+        let cause = text.get(at + "answered ".len()..).unwrap_or("").trim();
+        return cause.chars().take(MAX_CAUSE_CHARS).collect();
+    }
     let last = text
         .rsplit(": ")
         .map(str::trim)
         .find(|part| !part.is_empty())
         .unwrap_or("");
     let cause = if last.is_empty() { text.trim() } else { last };
-    // `URL answered HTTP 503 ...` without its URL.
-    let cause = cause.strip_prefix("answered ").unwrap_or(cause);
     cause.chars().take(MAX_CAUSE_CHARS).collect()
 }
 
@@ -821,6 +825,11 @@ mod tests {
         assert_eq!(short_cause(refused), "Connection refused (os error 111)");
         let status = "http://127.0.0.1:9/lfs/ab answered HTTP 503 (fetching a.safetensors)";
         assert_eq!(short_cause(status), "HTTP 503 (fetching a.safetensors)");
+        let says = "https://hub/x answered HTTP 503 (fetching a.safetensors): fixture fault";
+        assert_eq!(
+            short_cause(says),
+            "HTTP 503 (fetching a.safetensors): fixture fault"
+        );
         assert!(short_cause(&"x".repeat(500)).chars().count() <= MAX_CAUSE_CHARS);
     }
 }

@@ -236,6 +236,69 @@ fn check_environment_keys() -> Result<()> {
     }
 }
 
+/// The most bytes a shared AWS credentials or config file may hold: the
+/// chain's parser reads it whole, so its size is checked first.
+pub const MAX_SHARED_FILE_BYTES: u64 = 1 << 20;
+/// The most bytes a web identity token file may hold (a projected service
+/// account token is a few kB).
+pub const MAX_WEB_IDENTITY_TOKEN_BYTES: u64 = 64 << 10;
+
+/// The files the chain will read whole, each with its limit: the shared
+/// credentials and config files (`AWS_SHARED_CREDENTIALS_FILE`,
+/// `AWS_CONFIG_FILE`, else under `~/.aws`) and the web identity token.
+fn files_the_chain_reads() -> Vec<(String, u64)> {
+    let home = env_var("HOME").unwrap_or_default();
+    let mut files = vec![
+        (
+            env_var("AWS_SHARED_CREDENTIALS_FILE")
+                .unwrap_or_else(|| format!("{home}/.aws/credentials")),
+            MAX_SHARED_FILE_BYTES,
+        ),
+        (
+            env_var("AWS_CONFIG_FILE").unwrap_or_else(|| format!("{home}/.aws/config")),
+            MAX_SHARED_FILE_BYTES,
+        ),
+    ];
+    if let Some(token) = env_var("AWS_WEB_IDENTITY_TOKEN_FILE") {
+        files.push((token, MAX_WEB_IDENTITY_TOKEN_BYTES));
+    }
+    files
+}
+
+/// Refuses, before the chain reads them, a file of
+/// [`files_the_chain_reads`] that is not a regular file (a FIFO nobody
+/// writes would block the chain's read) or holds more than its limit. The
+/// files may be links (a Kubernetes secret mount is one): the file a link
+/// names is checked. A missing file is the chain's to skip.
+fn check_files_the_chain_reads() -> Result<()> {
+    let mut problems = Vec::new();
+    for (path, max) in files_the_chain_reads() {
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                problems.push(format!("{path}: {e}"));
+                continue;
+            }
+        };
+        if !meta.is_file() {
+            problems.push(format!("{path}: not a regular file"));
+        } else if meta.len() > max {
+            problems.push(format!(
+                "{path}: {} bytes, at most {max} are read",
+                meta.len()
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ObjStoreError::Credentials {
+            reason: problems.join("; "),
+        })
+    }
+}
+
 /// The region the chain found, else [`DEFAULT_REGION`]; checked to be a
 /// region name.
 fn checked_region(found: Option<&str>) -> Result<String> {
@@ -386,6 +449,7 @@ impl S3Config {
         // A given endpoint is checked before anything is read or asked.
         let given = endpoint.map(check_endpoint).transpose()?;
         check_environment_keys()?;
+        check_files_the_chain_reads()?;
         let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
         let region = checked_region(sdk.region().map(|r| r.as_ref()))?;
         let (endpoint, transport) = match given {
@@ -512,6 +576,9 @@ fn check_endpoint(given: &str) -> Result<(String, Transport)> {
 /// file that cannot be read or parsed registers nothing.
 pub async fn register_credentials_from_env() {
     let _ = check_environment_keys();
+    if check_files_the_chain_reads().is_err() {
+        return;
+    }
     let Ok(profiles) = aws_config::profile::load(
         &aws_types::os_shim_internal::Fs::real(),
         &aws_types::os_shim_internal::Env::real(),

@@ -494,8 +494,15 @@ fn audit_of_a_dir_with_a_live_run_says_in_progress() {
     );
     let o = run(ftpipe().args(["audit", "--json", "--out"]).arg(&out));
     assert_eq!(o.status.code(), Some(3));
-    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // The audit's object, then (as for every failed command under
+    // `--json`) the error event.
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut lines = stdout.lines();
+    let json: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
     assert_eq!(json["live_run"]["pid"], live.id().to_string(), "{json:#}");
+    let error: serde_json::Value = serde_json::from_str(lines.next().unwrap()).unwrap();
+    assert_eq!(error["event"], "error", "{error:#}");
+    assert_eq!(error["exit_code"], 3, "{error:#}");
 
     // Once the run is gone, the same partial state is NOT OK (exit 4).
     live.kill().unwrap();

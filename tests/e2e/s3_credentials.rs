@@ -498,3 +498,65 @@ fn no_credentials_anywhere_lists_the_sources_tried() {
         ],
     );
 }
+
+/// The chain's parser reads the shared AWS files whole and with no limit:
+/// a config file that is a FIFO nobody writes held a pull forever, and a
+/// huge one was read into memory. Both are refused before the chain runs,
+/// naming the file; so is a web identity token file that is too large.
+#[test]
+fn shared_aws_files_that_are_not_regular_or_too_large_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = Moto::start();
+    let fifo = tmp.path().join("config-fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let started = std::time::Instant::now();
+    let o = pull_with(
+        &mut keyless(
+            &m,
+            tmp.path(),
+            &[("AWS_CONFIG_FILE", fifo.to_str().unwrap())],
+        ),
+        "s3://models/x",
+        &tmp.path().join("node"),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert_names(&stderr(&o), &[fifo.to_str().unwrap(), "not a regular file"]);
+
+    let big = tmp.path().join("credentials-big");
+    let f = std::fs::File::options()
+        .create_new(true)
+        .write(true)
+        .open(&big)
+        .unwrap();
+    f.set_len(2 << 20).unwrap();
+    let token = tmp.path().join("token-big");
+    let t = std::fs::File::options()
+        .create_new(true)
+        .write(true)
+        .open(&token)
+        .unwrap();
+    t.set_len(1 << 20).unwrap();
+    let o = pull_with(
+        &mut keyless(
+            &m,
+            tmp.path(),
+            &[
+                ("AWS_SHARED_CREDENTIALS_FILE", big.to_str().unwrap()),
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", token.to_str().unwrap()),
+                ("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/r"),
+            ],
+        ),
+        "s3://models/x",
+        &tmp.path().join("node2"),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &[
+            &format!("{}: 2097152 bytes, at most 1048576 are read", big.display()),
+            &format!("{}: 1048576 bytes, at most 65536 are read", token.display()),
+        ],
+    );
+}
