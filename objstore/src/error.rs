@@ -399,19 +399,22 @@ impl ServerAnswer {
     }
 }
 
-/// The text of the first `<NAME>` element of `text`, bounded, without
-/// control characters, secrets redacted; `None` when absent or empty.
+/// The text of the first `<NAME>` element of `text`, secrets redacted,
+/// without control characters, bounded; `None` when absent or empty.
+/// Redaction comes before the cut, so a secret straddling the cut is
+/// still found whole.
 fn xml_element(text: &str, name: &str) -> Option<String> {
     let open = format!("<{name}>");
     let close = format!("</{name}>");
     let start = text.find(&open)? + open.len();
-    let len = text[start..].find(&close)?;
-    let value: String = text[start..start + len]
+    let len = text.get(start..)?.find(&close)?;
+    let raw = text.get(start..start + len)?;
+    let value: String = ftpipe_secrets::redact(raw.trim())
         .chars()
         .filter(|c| !c.is_control())
         .take(MAX_ANSWER_FIELD)
         .collect();
-    let value = ftpipe_secrets::redact(value.trim()).into_owned();
+    let value = value.trim().to_owned();
     (!value.is_empty()).then_some(value)
 }
 
@@ -507,5 +510,19 @@ mod tests {
             generic("status code: 503 Slow Down: <Code>SlowDown</Code>"),
         );
         assert!(slow.is_transient(), "{slow}");
+    }
+
+    /// A server's message holding a secret across the field's bound: the
+    /// secret was cut first and its visible prefix escaped redaction.
+    #[test]
+    fn a_secret_across_the_answer_bound_is_redacted_whole() {
+        ftpipe_secrets::register("s3_answer_secret_value_0001");
+        let text = format!(
+            "<Message>{} s3_answer_secret_value_0001</Message>",
+            "x".repeat(MAX_ANSWER_FIELD - 20)
+        );
+        let m = xml_element(&text, "Message").unwrap();
+        assert!(m.chars().count() <= MAX_ANSWER_FIELD, "{m}");
+        assert!(!m.contains("s3_answer_secr"), "{m}");
     }
 }
