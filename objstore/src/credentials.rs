@@ -103,6 +103,10 @@ impl fmt::Debug for S3Config {
 pub(crate) struct ChainCredentials {
     chain: SharedCredentialsProvider,
     held: tokio::sync::Mutex<Option<Held>>,
+    /// How long one ask of the chain may take (an STS, container or
+    /// metadata endpoint that stalls, a `credential_process` that never
+    /// answers): the read timeout.
+    wait: Duration,
 }
 
 /// Credentials obtained from the chain, and when they stop working.
@@ -122,10 +126,11 @@ impl Held {
 }
 
 impl ChainCredentials {
-    fn new(chain: SharedCredentialsProvider) -> ChainCredentials {
+    fn new(chain: SharedCredentialsProvider, wait: Duration) -> ChainCredentials {
         ChainCredentials {
             chain,
             held: tokio::sync::Mutex::new(None),
+            wait,
         }
     }
 
@@ -135,7 +140,9 @@ impl ChainCredentials {
         &self,
         held: &mut Option<Held>,
     ) -> std::result::Result<(Credentials, Arc<AwsCredential>), CredentialsError> {
-        let c = self.chain.provide_credentials().await?;
+        let c = tokio::time::timeout(self.wait, self.chain.provide_credentials())
+            .await
+            .map_err(|_| CredentialsError::provider_timed_out(self.wait))??;
         for v in [c.access_key_id(), c.secret_access_key()]
             .into_iter()
             .chain(c.session_token())
@@ -435,22 +442,27 @@ fn chain_error(e: &CredentialsError) -> ObjStoreError {
 }
 
 impl S3Config {
-    /// This configuration with `read_timeout` as its stall rule.
-    pub fn with_read_timeout(mut self, read_timeout: Duration) -> S3Config {
-        self.read_timeout = read_timeout;
-        self
-    }
-
     /// Resolves credentials, region and endpoint the AWS way (see the
     /// module doc); `endpoint` is `--s3-endpoint`. The credentials are
     /// obtained once here, so that none found is an error before any
     /// request; every secret found is registered with the redaction point.
-    pub async fn resolve(endpoint: Option<&str>) -> Result<S3Config> {
+    /// Loading the chain and each ask of it (now and at every renewal)
+    /// ends at `read_timeout`, which is also the configuration's.
+    pub async fn resolve(endpoint: Option<&str>, read_timeout: Duration) -> Result<S3Config> {
         // A given endpoint is checked before anything is read or asked.
         let given = endpoint.map(check_endpoint).transpose()?;
         check_environment_keys()?;
         check_files_the_chain_reads()?;
-        let sdk = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let sdk = tokio::time::timeout(
+            read_timeout,
+            aws_config::defaults(BehaviorVersion::latest()).load(),
+        )
+        .await
+        .map_err(|_| ObjStoreError::Credentials {
+            reason: format!(
+                "loading the AWS configuration took longer than the read timeout ({read_timeout:?})"
+            ),
+        })?;
         let region = checked_region(sdk.region().map(|r| r.as_ref()))?;
         let (endpoint, transport) = match given {
             Some((e, t)) => (Some(e), t),
@@ -467,7 +479,7 @@ impl S3Config {
             .ok_or_else(|| ObjStoreError::NoCredentials {
                 tried: sources_tried(),
             })?;
-        let credentials = ChainCredentials::new(chain);
+        let credentials = ChainCredentials::new(chain, read_timeout);
         let first = credentials.first().await.map_err(|e| chain_error(&e))?;
         Ok(S3Config {
             endpoint,
@@ -475,7 +487,7 @@ impl S3Config {
             credentials: Arc::new(credentials),
             transport,
             credentials_from: source_of(&first),
-            read_timeout: DEFAULT_READ_TIMEOUT,
+            read_timeout,
         })
     }
 
@@ -498,7 +510,10 @@ impl S3Config {
         Ok(S3Config {
             endpoint,
             region: checked_region(Some(region))?,
-            credentials: Arc::new(ChainCredentials::new(SharedCredentialsProvider::new(keys))),
+            credentials: Arc::new(ChainCredentials::new(
+                SharedCredentialsProvider::new(keys),
+                DEFAULT_READ_TIMEOUT,
+            )),
             transport,
             credentials_from: "given keys".to_owned(),
             read_timeout: DEFAULT_READ_TIMEOUT,
@@ -643,7 +658,7 @@ mod tests {
             }
         });
         (
-            ChainCredentials::new(SharedCredentialsProvider::new(chain)),
+            ChainCredentials::new(SharedCredentialsProvider::new(chain), DEFAULT_READ_TIMEOUT),
             calls,
         )
     }

@@ -192,11 +192,13 @@ impl S3Args {
     /// registered with the redaction point as it is read), with `stall`'s
     /// read timeout.
     pub async fn config(&self, stall: StallArgs) -> anyhow::Result<ftpipe_objstore::S3Config> {
-        let config = ftpipe_objstore::S3Config::resolve(self.s3_endpoint.as_deref()).await?;
+        let config =
+            ftpipe_objstore::S3Config::resolve(self.s3_endpoint.as_deref(), stall.duration()?)
+                .await?;
         if let Some(w) = config.unencrypted_warning() {
             eprintln!("warning: {w}");
         }
-        Ok(config.with_read_timeout(stall.duration()?))
+        Ok(config)
     }
 }
 

@@ -560,3 +560,35 @@ fn shared_aws_files_that_are_not_regular_or_too_large_are_refused() {
         ],
     );
 }
+
+/// Asking the chain had no bound: a `credential_process` that never
+/// answers (or an STS, container or metadata endpoint that stalls) held
+/// the command forever. Each ask of the chain ends at `--read-timeout`,
+/// with an error saying so.
+#[test]
+fn a_credential_process_that_never_answers_ends_at_the_read_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    let m = Moto::start();
+    let script = tmp.path().join("silent.sh");
+    std::fs::write(&script, "#!/bin/sh\nexec sleep 120\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        home.join(".aws/config"),
+        format!(
+            "[profile silent]\nregion = us-east-1\ncredential_process = {}\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let o = run(keyless(&m, &home, &[("AWS_PROFILE", "silent")])
+        .args(["pull", "s3://models/x", "--read-timeout", "2", "--out"])
+        .arg(tmp.path().join("node")));
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+    assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
+}
