@@ -53,7 +53,12 @@ fn hf_download(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Comman
 /// on when the hub serves it).
 fn hf_download_with_defaults(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Command {
     let mut cmd = Command::new("hf");
-    cmd.args(["download", REPO]);
+    // One download thread: huggingface_hub 2.4 marks its shared Xet store
+    // on first use without a lock, and a thread that finds the store
+    // unmarked while another marks it refuses the store and keeps its blob
+    // repo-local, so with 8 threads which files land in the store depends
+    // on timing (seen on a loaded 2-core machine).
+    cmd.args(["download", REPO, "--max-workers", "1"]);
     if let Some(rev) = revision {
         cmd.args(["--revision", rev]);
     }
