@@ -53,12 +53,7 @@ fn hf_download(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Comman
 /// on when the hub serves it).
 fn hf_download_with_defaults(endpoint: &str, hf_home: &Path, revision: Option<&str>) -> Command {
     let mut cmd = Command::new("hf");
-    // One download thread: huggingface_hub 2.4 marks its shared Xet store
-    // on first use without a lock, and a thread that finds the store
-    // unmarked while another marks it refuses the store and keeps its blob
-    // repo-local, so with 8 threads which files land in the store depends
-    // on timing (seen on a loaded 2-core machine).
-    cmd.args(["download", REPO, "--max-workers", "1"]);
+    cmd.args(["download", REPO]);
     if let Some(rev) = revision {
         cmd.args(["--revision", rev]);
     }
@@ -72,6 +67,19 @@ fn hf_download_with_defaults(endpoint: &str, hf_home: &Path, revision: Option<&s
         .env_remove("HF_HUB_OFFLINE")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    cmd
+}
+
+/// [`hf_download_with_defaults`] with one download thread, so that every
+/// Xet file lands in the shared store. huggingface_hub 2.4 marks its shared
+/// store on first use without a lock: a thread that finds the store
+/// unmarked while another thread marks it refuses the store and keeps its
+/// blob repo-local, so with the default 8 threads which blobs are links
+/// depends on timing (it failed CI on a loaded 2-core machine; 8 threads
+/// calling `_ensure_prefix_dir` on a fresh cache refuse in most trials).
+fn hf_download_into_shared_store(endpoint: &str, hf_home: &Path) -> Command {
+    let mut cmd = hf_download_with_defaults(endpoint, hf_home, None);
+    cmd.args(["--max-workers", "1"]);
     cmd
 }
 
@@ -589,7 +597,7 @@ fn a_default_xet_cache_is_adopted_from_the_shared_store() {
     let hashes = xet_hub(&hub, &cas, &files);
     let tmp = tempfile::tempdir().unwrap();
     let hf_home = tmp.path().join("hf-home");
-    let o = hf_download_with_defaults(&hub.endpoint(), &hf_home, None)
+    let o = hf_download_into_shared_store(&hub.endpoint(), &hf_home)
         .output()
         .unwrap();
     assert!(o.status.success(), "hf download failed: {}", stderr(&o));
@@ -694,7 +702,7 @@ fn shared_store_links_leading_elsewhere_are_refused_and_fetched() {
     let hashes = xet_hub(&hub, &cas, &files);
     let tmp = tempfile::tempdir().unwrap();
     let hf_home = tmp.path().join("hf-home");
-    let o = hf_download_with_defaults(&hub.endpoint(), &hf_home, None)
+    let o = hf_download_into_shared_store(&hub.endpoint(), &hf_home)
         .output()
         .unwrap();
     assert!(o.status.success(), "hf download failed: {}", stderr(&o));
