@@ -297,6 +297,8 @@ impl S3 {
             return Err(ObjStoreError::Status {
                 op: OP,
                 key: self.url(key),
+                bucket: self.location.bucket().to_owned(),
+                credentials_from: self.credentials_from.clone(),
                 status: status.as_u16(),
             });
         }

@@ -72,13 +72,19 @@ pub enum ObjStoreError {
         #[source]
         source: reqwest::Error,
     },
-    /// A request made with the client of its own was refused.
-    #[error("S3 {op} of {key}: the server answered HTTP {status}")]
+    /// A request made with the client of its own (a HEAD: no error
+    /// document to read) was refused: what its status says to fix.
+    #[error("S3 {op} of {key}: {}", status_sentence(*status, bucket, credentials_from))]
     Status {
         /// What was asked.
         op: &'static str,
         /// The object key, `s3://BUCKET/KEY`.
         key: String,
+        /// The bucket.
+        bucket: String,
+        /// Where the credentials the request was signed with came from
+        /// (`S3Config::credentials_from`; empty when not known).
+        credentials_from: String,
         /// The status.
         status: u16,
     },
@@ -333,6 +339,29 @@ impl S3Refusal {
                 .to_owned(),
             S3Refusal::Other => "the server refused the request".to_owned(),
         }
+    }
+}
+
+/// What a refused request's status alone says (an answer to a HEAD has no
+/// error document): the refusal it most likely is, and the fix.
+fn status_sentence(status: u16, bucket: &str, credentials_from: &str) -> String {
+    let these = if credentials_from.is_empty() {
+        "these credentials".to_owned()
+    } else {
+        format!("the credentials from {credentials_from}")
+    };
+    match status {
+        403 => format!(
+            "the server answered HTTP 403 with no error document (a HEAD has none): {these} are \
+             refused for bucket {bucket}; either their policy does not allow reading objects \
+             (s3:GetObject), or the access key or its secret is not valid on this endpoint \
+             (check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or the profile)"
+        ),
+        503 => format!(
+            "HTTP 503: {}",
+            S3Refusal::SlowDown.sentence(bucket, credentials_from)
+        ),
+        _ => format!("the server answered HTTP {status}"),
     }
 }
 

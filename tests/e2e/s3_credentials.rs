@@ -592,3 +592,43 @@ fn a_credential_process_that_never_answers_ends_at_the_read_timeout() {
     assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
     assert!(stderr(&o).contains("timed out"), "{}", stderr(&o));
 }
+
+/// Regression: a publish refused at the checksum HEAD (a presigned HEAD:
+/// S3 answers a refused HEAD 403 with no error document to read) failed
+/// with only "the server answered HTTP 403", while every other refusal
+/// says what to fix. The 403 of a HEAD now says what it can be and where
+/// the credentials came from. (moto answers a HEAD its IAM policy refuses
+/// with a 500, so the lying proxy gives S3's answer.)
+#[test]
+fn a_publish_refused_at_the_checksum_head_says_what_to_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 361);
+    let m = Moto::start();
+    let proxy = LyingProxy::start(&m.endpoint());
+    proxy.lie("model.ftw", Lie::ForbidHead, 20);
+    let o = run(m
+        .ftpipe(tmp.path())
+        .env("AWS_ENDPOINT_URL", proxy.endpoint())
+        .arg("publish")
+        .arg(&src)
+        .arg("s3://models/forbidden-head"));
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        proxy
+            .seen()
+            .iter()
+            .any(|s| s.method == "HEAD" && s.target.contains("model.ftw")),
+        "{:#?}",
+        proxy.seen()
+    );
+    assert_names(
+        &err,
+        &[
+            "S3 head of s3://models/forbidden-head/",
+            "HTTP 403 with no error document",
+            "the credentials from environment are refused for bucket models",
+            "s3:GetObject",
+        ],
+    );
+}

@@ -1,6 +1,6 @@
 //! A lying HTTP proxy on loopback in front of a real server (moto): every
-//! request is passed through unchanged, except the next GETs of an object
-//! a [`Lie`] was armed for. It speaks plain HTTP/1.1, one request per
+//! request is passed through unchanged, except the next GETs (or, for
+//! [`Lie::ForbidHead`], HEADs) of an object a [`Lie`] was armed for. It speaks plain HTTP/1.1, one request per
 //! connection (it answers `Connection: close`), which every client the
 //! tests drive handles.
 
@@ -9,7 +9,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What the proxy does to one GET.
+/// What the proxy does to one GET (one HEAD for [`Lie::ForbidHead`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lie {
     /// Answers a ranged GET with `200` and the whole object: the request
@@ -31,6 +31,10 @@ pub enum Lie {
     /// Answers `503 Slow Down` with S3's `SlowDown` error document, as S3
     /// does when it sheds load; nothing goes upstream.
     SlowDown,
+    /// Answers a HEAD `403 Forbidden` with no body, as S3 answers a HEAD
+    /// its policy refuses (a HEAD never carries an error document); nothing
+    /// goes upstream.
+    ForbidHead,
     /// Sends the answer's head and `after` body bytes, then nothing for
     /// `hold` (the connection open), then the rest.
     Stall {
@@ -161,9 +165,13 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             rest.split('/').next().map(str::to_owned)
         }),
     });
-    if lie == Some(Lie::SlowDown) {
+    if let Some(canned @ (Lie::SlowDown | Lie::ForbidHead)) = lie {
         let mut conn = conn;
-        conn.write_all(SLOW_DOWN.as_bytes())?;
+        conn.write_all(if canned == Lie::SlowDown {
+            SLOW_DOWN.as_bytes()
+        } else {
+            FORBIDDEN_HEAD.as_bytes()
+        })?;
         conn.flush()?;
         return conn.shutdown(Shutdown::Both);
     }
@@ -227,6 +235,10 @@ const SLOW_DOWN: &str = "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml
     <?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
     <Message>Please reduce your request rate.</Message><RequestId>LYINGPROXY0001</RequestId></Error>";
 
+/// What S3 answers to a HEAD its policy refuses.
+const FORBIDDEN_HEAD: &str = "HTTP/1.1 403 Forbidden\r\nx-amz-request-id: LYINGPROXY0002\r\n\
+    Content-Length: 0\r\nConnection: close\r\n\r\n";
+
 /// `head` re-sent chunked and `body` followed by zeros, until the client
 /// hangs up or [`ENDLESS_CAP`] bytes went out.
 fn send_endless(mut conn: TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
@@ -275,17 +287,16 @@ fn total_size(head: &[u8]) -> Option<u64> {
     })
 }
 
-/// The first lie armed for a GET of `target`, disarmed (a lie about a
-/// range only for a ranged GET).
+/// The first lie armed for a request of `target` by `method`, disarmed (a
+/// lie about a range only for a ranged GET, [`Lie::ForbidHead`] only for a
+/// HEAD, every other lie only for a GET).
 fn take_lie(book: &Mutex<Book>, method: &str, target: &str, ranged: bool) -> Option<Lie> {
-    if method != "GET" {
-        return None;
-    }
     let path = target.split('?').next().unwrap_or_default();
     let mut book = book.lock().unwrap();
     let i = book.lies.iter().position(|(s, l)| {
         let about_a_range = matches!(l, Lie::IgnoreRange | Lie::RefuseRange);
-        path.ends_with(s.as_str()) && (ranged || !about_a_range)
+        let for_method = if *l == Lie::ForbidHead { "HEAD" } else { "GET" };
+        method == for_method && path.ends_with(s.as_str()) && (ranged || !about_a_range)
     })?;
     Some(book.lies.remove(i).1)
 }

@@ -155,6 +155,12 @@ impl Moto {
     /// An IAM user with an access key, allowed every S3 action when
     /// `s3_allowed`; its access key id and secret access key.
     pub fn iam_user(&self, name: &str, s3_allowed: bool) -> (String, String) {
+        self.iam_user_with_policy(name, s3_allowed.then_some(ALLOW_S3))
+    }
+
+    /// An IAM user with an access key and `policy` (a policy document) as
+    /// its inline policy, if any; its access key id and secret access key.
+    pub fn iam_user_with_policy(&self, name: &str, policy: Option<&str>) -> (String, String) {
         self.query(
             "iam",
             &[
@@ -163,14 +169,14 @@ impl Moto {
                 ("Version", "2010-05-08"),
             ],
         );
-        if s3_allowed {
+        if let Some(policy) = policy {
             self.query(
                 "iam",
                 &[
                     ("Action", "PutUserPolicy"),
                     ("UserName", name),
                     ("PolicyName", "s3"),
-                    ("PolicyDocument", ALLOW_S3),
+                    ("PolicyDocument", policy),
                     ("Version", "2010-05-08"),
                 ],
             );
