@@ -66,8 +66,14 @@ impl OutputTarget for OciTarget {
         format!("sha256:{rel}")
     }
 
+    /// A blob as `oci://REGISTRY/REPOSITORY@DIGEST`; any other key (a
+    /// manifest's, `manifests/TAG`) under the repository.
     fn url_of(&self, key: &str) -> String {
-        self.registry.blob_url(key)
+        if key.starts_with("sha256:") {
+            self.registry.blob_url(key)
+        } else {
+            format!("{}/{key}", self.dest())
+        }
     }
 
     fn host(&self) -> &str {
