@@ -248,3 +248,120 @@ fn a_tag_naming_another_artifact_is_refused_unless_forced() {
     assert_same_files(&artifact_of(&b), &artifact_of(&out));
     verify_deep(&artifact_of(&out));
 }
+
+/// `python3 -c SCRIPT ARGS...`, which must succeed; its stdout.
+fn python(script: &str, args: &[&str]) -> String {
+    let o = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        o.status.success(),
+        "python3 failed (the oras SDK: python3 -m pip install 'oras==0.2.38'; .ci/run does):\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `oras` pulls `TARGET` into `OUTDIR`.
+const ORAS_PULL: &str = r#"
+import sys, oras.client
+host, target, outdir = sys.argv[1:4]
+client = oras.client.OrasClient(hostname=host, insecure=True)
+client.pull(target=target, outdir=outdir)
+"#;
+
+/// `oras` pushes every file of `ARTIFACT` as a ModelPack raw layer (path
+/// in `org.cncf.model.filepath` and the title) with `CONFIG` as the
+/// ModelPack config.
+const ORAS_PUSH: &str = r#"
+import json, os, sys, tempfile, oras.client
+host, target, artifact, config = sys.argv[1:5]
+files, annotations = [], {}
+for root, dirs, names in os.walk(artifact):
+    for name in names:
+        full = os.path.join(root, name)
+        rel = os.path.relpath(full, artifact)
+        raw = "application/vnd.cncf.model.weight.v1.raw"
+        if rel in ("manifest.json", "placement.json"):
+            raw = "application/vnd.cncf.model.weight.config.v1.raw"
+        files.append(f"{full}:{raw}")
+        annotations[full] = {"org.cncf.model.filepath": rel, "org.opencontainers.image.title": rel}
+with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    json.dump(annotations, f)
+client = oras.client.OrasClient(hostname=host, insecure=True)
+client.push(
+    target=target,
+    files=files,
+    manifest_config=f"{config}:application/vnd.cncf.model.config.v1+json",
+    annotation_file=f.name,
+    disable_path_validation=True,
+)
+"#;
+
+/// The peer's way both ways: `oras` pulls what ftpipe pushed into files
+/// byte-identical to DIR/artifact; ftpipe pulls what `oras` pushed with
+/// the ModelPack media types and annotations (and it verifies).
+#[test]
+fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3805);
+    let reg = Registry::start();
+    ok(publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]), "publish");
+    let by_oras = tmp.path().join("by-oras");
+    let target = format!("{}/models/qwen:v1", reg.host());
+    python(ORAS_PULL, &[&reg.host(), &target, by_oras.to_str().unwrap()]);
+    assert_same_files(&artifact_of(&dir), &by_oras);
+
+    let config = tmp.path().join("modelpack-config.json");
+    let doc = serde_json::json!({
+        "descriptor": { "name": "qwen" },
+        "config": { "format": "ftw" },
+        "modelfs": { "type": "layers", "diffIds": ["sha256:00"] },
+    });
+    std::fs::write(&config, doc.to_string()).unwrap();
+    let target = format!("{}/peer/qwen:v1", reg.host());
+    let artifact = artifact_of(&dir);
+    python(
+        ORAS_PUSH,
+        &[&reg.host(), &target, artifact.to_str().unwrap(), config.to_str().unwrap()],
+    );
+    let out = tmp.path().join("from-oras");
+    ok(pull(tmp.path(), &reg.reference("peer/qwen:v1"), &out, &[]), "pull of oras's push");
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+}
+
+/// `skopeo copy --preserve-digests` copies what ftpipe pushed to another
+/// repository with its manifest digest kept, and ftpipe pulls the copy by
+/// that digest.
+#[test]
+fn skopeo_copy_keeps_the_manifest_digest() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3806);
+    let reg = Registry::start();
+    ok(publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]), "publish");
+    let digest = reg.manifest("models/qwen", "v1").0;
+    let o = Command::new("skopeo")
+        .args([
+            "copy",
+            "--preserve-digests",
+            "--src-tls-verify=false",
+            "--dest-tls-verify=false",
+        ])
+        .arg(format!("docker://{}/models/qwen:v1", reg.host()))
+        .arg(format!("docker://{}/copied/qwen:v1", reg.host()))
+        .env("HOME", tmp.path())
+        .output()
+        .expect("skopeo (apt-get install skopeo; .ci/run does)");
+    assert!(o.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(reg.manifest("copied/qwen", "v1").0, digest);
+    let out = tmp.path().join("pulled");
+    let src = reg.reference(&format!("copied/qwen@{digest}"));
+    ok(pull(tmp.path(), &src, &out, &[]), "pull of the copy");
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+}
