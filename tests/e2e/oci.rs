@@ -365,3 +365,134 @@ fn skopeo_copy_keeps_the_manifest_digest() {
     ok(pull(tmp.path(), &src, &out, &[]), "pull of the copy");
     assert_same_files(&artifact_of(&dir), &artifact_of(&out));
 }
+
+/// The tag, when it is there, names `dir`'s artifact and every blob its
+/// manifest names is in the repository with its size: nothing
+/// half-published is ever visible. Whether the tag is there.
+fn check_tag(reg: &Registry, repo: &str, tag: &str, dir: &Path, label: &str) -> bool {
+    let (status, _, bytes) = reg
+        .get(
+            &format!("/v2/{repo}/manifests/{tag}"),
+            Some("application/vnd.oci.image.manifest.v1+json"),
+        )
+        .unwrap();
+    if status == 404 {
+        return false;
+    }
+    assert_eq!(status, 200, "{label}");
+    let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let ours = manifest_json(dir);
+    assert_eq!(
+        m["annotations"]["dev.ftpipe.artifact.fingerprint"], ours["fingerprint"],
+        "{label}"
+    );
+    let blobs = m["layers"].as_array().unwrap().iter().chain([&m["config"]]);
+    for b in blobs {
+        let digest = b["digest"].as_str().unwrap();
+        let (status, headers, _) = reg
+            .request("HEAD", &format!("/v2/{repo}/blobs/{digest}"), None, &[])
+            .unwrap();
+        assert_eq!(status, 200, "{label}: the tag names {digest}, not there");
+        let len = headers.iter().find(|(k, _)| k == "content-length").unwrap();
+        assert_eq!(len.1, b["size"].to_string(), "{label}: {digest}");
+    }
+    true
+}
+
+/// At least 20 seeded SIGKILLs (`KILLS`, `FTPIPE_CRASH_SEED`) at moments
+/// over a calibrated publish: after each, the state database is intact
+/// and a tag, once there, names a complete artifact; every chain of
+/// killed runs ends, resumed, with the artifact published, and it pulls
+/// byte-identical.
+#[test]
+fn kill_storm_over_publish() {
+    use crate::s3_crash::{check_publish_state, kill_after, kills};
+    let _heavy = heavy();
+    let seed = crash_seed();
+    eprintln!("oci publish kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 3807);
+    let reg = Registry::start();
+    let t = std::time::Instant::now();
+    ok(publish(home, &src, &reg.reference("calibration/qwen:v1"), &[]), "calibration");
+    let ms = (t.elapsed().as_millis() as u64).max(20);
+    let (mut chain, mut kill) = (0usize, 0usize);
+    let repo = |n: usize| format!("storm{n}/qwen");
+    while kill < kills() {
+        let delay = rng.next_u64() % ms;
+        let label = format!("oci publish kill {} after {delay} ms into {}", kill + 1, repo(chain));
+        let mut cmd = ftpipe();
+        cmd.env("HOME", home)
+            .env_remove("REGISTRY_AUTH_FILE")
+            .arg("publish")
+            .arg(&src)
+            .arg(reg.reference(&format!("{}:v1", repo(chain))))
+            .args(["--plain-http", "--part-size", CHUNK]);
+        if kill_after(&mut cmd, std::time::Duration::from_millis(delay), &label) {
+            assert!(check_tag(&reg, &repo(chain), "v1", &src, &label), "{label}: no tag");
+            chain += 1;
+            continue;
+        }
+        kill += 1;
+        check_publish_state(&src, &label);
+        check_tag(&reg, &repo(chain), "v1", &src, &label);
+    }
+    let dest = reg.reference(&format!("{}:v1", repo(chain)));
+    ok(publish(home, &src, &dest, &[]), "last chain");
+    assert!(check_tag(&reg, &repo(chain), "v1", &src, "last chain"));
+    let out = tmp.path().join("node");
+    ok(pull(home, &dest, &out, &[]), "pull after the storm");
+    assert_same_files(&artifact_of(&src), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+}
+
+/// At least 20 seeded SIGKILLs over pulls with ranges: after each, the
+/// ledger claims no byte not on disk and a manifest only for an artifact
+/// that verifies; every chain ends byte-identical and audit-clean.
+#[test]
+fn kill_storm_over_pull() {
+    use crate::s3_crash::{check_pull_state, kill_after, kills};
+    let _heavy = heavy();
+    let seed = crash_seed();
+    eprintln!("oci pull kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 3808);
+    let reg = Registry::start();
+    let dest = reg.reference("models/qwen:v1");
+    ok(publish(home, &src, &dest, &[]), "publish");
+    let args = crate::common::s3::RANGED_PULL;
+    let t = std::time::Instant::now();
+    ok(pull(home, &dest, &tmp.path().join("calibration"), args), "calibration");
+    let ms = (t.elapsed().as_millis() as u64).max(20);
+    let (mut chain, mut kill) = (0usize, 0usize);
+    let dir = |n: usize| tmp.path().join(format!("node-{n}"));
+    let finished_ok = |out: &Path| {
+        assert_same_files(&artifact_of(&src), &artifact_of(out));
+        verify_deep(&artifact_of(out));
+        assert_clean_audit(out);
+    };
+    while kill < kills() {
+        let delay = rng.next_u64() % ms;
+        let label = format!("oci pull kill {} after {delay} ms into {:?}", kill + 1, dir(chain));
+        let mut cmd = ftpipe();
+        cmd.env("HOME", home)
+            .env_remove("REGISTRY_AUTH_FILE")
+            .args(["pull", &dest, "--plain-http", "--out"])
+            .arg(dir(chain))
+            .args(args)
+            .args(["--retry-base-ms", "20"]);
+        if kill_after(&mut cmd, std::time::Duration::from_millis(delay), &label) {
+            finished_ok(&dir(chain));
+            chain += 1;
+            continue;
+        }
+        kill += 1;
+        check_pull_state(&dir(chain), &label);
+    }
+    ok(pull(home, &dest, &dir(chain), args), "last chain");
+    finished_ok(&dir(chain));
+}
