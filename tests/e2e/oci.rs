@@ -496,3 +496,82 @@ fn kill_storm_over_pull() {
     ok(pull(home, &dest, &dir(chain), args), "last chain");
     finished_ok(&dir(chain));
 }
+
+fn crashed_publish(home: &Path, src: &Path, dest: &str, point: &str) {
+    let o = run(ftpipe()
+        .env("HOME", home)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env("FTPIPE_CRASH_AT", point)
+        .arg("publish")
+        .arg(src)
+        .arg(dest)
+        .args(["--plain-http", "--part-size", CHUNK]));
+    assert!(!o.status.success(), "did not crash at {point}");
+}
+
+/// The upload id in a logged upload path (`/v2/R/blobs/uploads/ID?...`).
+fn upload_id(path: &str) -> Option<&str> {
+    let rest = path.split("/blobs/uploads/").nth(1)?;
+    Some(rest.split('?').next().unwrap_or(rest)).filter(|id| !id.is_empty())
+}
+
+/// A publish killed after a chunk's location was recorded resumes the same
+/// session at that location: no chunk is sent twice (the PATCHes of the
+/// killed and the resumed run add up to those of a clean publish).
+#[test]
+fn a_killed_chunked_upload_resumes_where_the_registry_acknowledged() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3809);
+    let reg = Registry::start();
+    let patches = |reg: &Registry, repo: &str| {
+        reg.requests()
+            .into_iter()
+            .filter(|r| r.method == "PATCH" && r.path.starts_with(&format!("/v2/{repo}/")))
+            .collect::<Vec<_>>()
+    };
+    ok(publish(tmp.path(), &src, &reg.reference("clean/qwen:v1"), &[]), "clean publish");
+    let clean = patches(&reg, "clean/qwen").len();
+    let dest = reg.reference("resumed/qwen:v1");
+    crashed_publish(tmp.path(), &src, &dest, "upload-part-recorded#3");
+    let killed = patches(&reg, "resumed/qwen");
+    assert_eq!(killed.len(), 3);
+    let session = upload_id(&killed[2].path).unwrap().to_owned();
+    ok(publish(tmp.path(), &src, &dest, &[]), "resumed publish");
+    let all = patches(&reg, "resumed/qwen");
+    assert_eq!(all.len(), clean, "a chunk was sent twice");
+    assert_eq!(
+        upload_id(&all[3].path),
+        Some(session.as_str()),
+        "the resumed run did not continue the killed session"
+    );
+    assert!(check_tag(&reg, "resumed/qwen", "v1", &src, "resumed"));
+}
+
+/// A publish killed after the registry took a chunk but before its
+/// location was recorded: the registry refuses the stale location (it
+/// cancels the session: distribution 2.8 does for a resume at another
+/// offset, as for one it forgot), the session row is abandoned and one
+/// new upload sends the blob; the published artifact pulls byte-identical.
+#[test]
+fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3810);
+    let reg = Registry::start();
+    let dest = reg.reference("models/qwen:v1");
+    crashed_publish(tmp.path(), &src, &dest, "upload-part-sent#3");
+    ok(publish(tmp.path(), &src, &dest, &[]), "resumed publish");
+    let refused: Vec<_> = reg
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH" && r.status >= 400)
+        .collect();
+    assert_eq!(refused.len(), 1, "the stale location was not tried once: {refused:?}");
+    let abandoned = query(&src, "SELECT count(*) FROM uploads WHERE state = 'abandoned'");
+    assert_eq!(abandoned, ["1"]);
+    assert!(check_tag(&reg, "models/qwen", "v1", &src, "restarted"));
+    let out = tmp.path().join("pulled");
+    ok(pull(tmp.path(), &dest, &out, &[]), "pull");
+    assert_same_files(&artifact_of(&src), &artifact_of(&out));
+}
