@@ -143,7 +143,9 @@ pub enum ObjStoreError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]` argument is malformed.
-    #[error("{given:?} is not a registry reference: {reason} (expected oci://REGISTRY/REPOSITORY[:TAG|@sha256:HEX])")]
+    #[error(
+        "{given:?} is not a registry reference: {reason} (expected oci://REGISTRY/REPOSITORY[:TAG|@sha256:HEX])"
+    )]
     BadReference {
         /// What was given.
         given: String,

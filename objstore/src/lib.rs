@@ -70,7 +70,9 @@ pub use error::{ObjStoreError, Result, S3Refusal, ServerAnswer};
 pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
 pub use ocitarget::OciTarget;
-pub use reference::{DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, is_sha256_digest, is_sha256_hex};
+pub use reference::{
+    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, is_sha256_digest, is_sha256_hex,
+};
 pub use registry::{
     FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, OCI_MANIFEST_MEDIA_TYPE,
     Registry, RegistryConfig,

@@ -28,8 +28,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::header::{
-    CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, LOCATION, RANGE,
-    WWW_AUTHENTICATE,
+    CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, LOCATION, RANGE, WWW_AUTHENTICATE,
 };
 use reqwest::{RequestBuilder, Response, StatusCode};
 
@@ -94,16 +93,17 @@ impl Registry {
     /// A client of `reference`'s repository.
     pub fn open(reference: &OciReference, config: &RegistryConfig) -> Result<Registry> {
         let scheme = if config.plain_http { "http" } else { "https" };
-        let base = url::Url::parse(&format!("{scheme}://{}/", reference.registry)).map_err(|e| {
-            ObjStoreError::BadReference {
-                given: reference.to_string(),
-                reason: if e == url::ParseError::InvalidPort {
-                    "the registry's port is not a port"
-                } else {
-                    "the registry is not a host"
-                },
-            }
-        })?;
+        let base =
+            url::Url::parse(&format!("{scheme}://{}/", reference.registry)).map_err(|e| {
+                ObjStoreError::BadReference {
+                    given: reference.to_string(),
+                    reason: if e == url::ParseError::InvalidPort {
+                        "the registry's port is not a port"
+                    } else {
+                        "the registry is not a host"
+                    },
+                }
+            })?;
         let http = reqwest::Client::builder()
             .connect_timeout(config.read_timeout)
             .read_timeout(config.read_timeout)
@@ -231,7 +231,9 @@ impl Registry {
                 service,
                 scope,
             } => {
-                let token = self.ask_token(&realm, service.as_deref(), scope.as_deref()).await?;
+                let token = self
+                    .ask_token(&realm, service.as_deref(), scope.as_deref())
+                    .await?;
                 self.set_auth(Auth::Bearer(token));
                 Ok(())
             }
@@ -314,7 +316,11 @@ impl Registry {
 
     /// A `GET` of the blob, with `Range: bytes=FROM-[LAST]` when `range`
     /// is given; the answer unread (any status: the caller maps it).
-    pub async fn get_blob(&self, digest: &str, range: Option<(u64, Option<u64>)>) -> Result<Response> {
+    pub async fn get_blob(
+        &self,
+        digest: &str,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<Response> {
         let url = self.url(&self.blob_path(digest))?;
         let what = self.blob_url(digest);
         let range = range.map(|(from, last)| match last {
@@ -358,7 +364,9 @@ impl Registry {
         let what = self.blob_url(digest);
         let url = self.upload_url(location, &what)?;
         let len = bytes.len() as u64;
-        let end = offset.checked_add(len).ok_or_else(|| bad(&what, "chunk past 2^64"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| bad(&what, "chunk past 2^64"))?;
         let range = format!("{offset}-{}", end.saturating_sub(1));
         let response = self
             .send("upload chunk", &what, || {
@@ -430,7 +438,9 @@ impl Registry {
         let what = format!("{}/manifests/{pointer}", self.reference.repository_url());
         let response = self
             .send("manifest head", &what, || {
-                self.http.head(url.clone()).header("accept", OCI_MANIFEST_MEDIA_TYPE)
+                self.http
+                    .head(url.clone())
+                    .header("accept", OCI_MANIFEST_MEDIA_TYPE)
             })
             .await?;
         if response.status() == StatusCode::NOT_FOUND {
@@ -455,7 +465,9 @@ impl Registry {
         let what = format!("{}/manifests/{pointer}", self.reference.repository_url());
         let response = self
             .send("manifest get", &what, || {
-                self.http.get(url.clone()).header("accept", OCI_MANIFEST_MEDIA_TYPE)
+                self.http
+                    .get(url.clone())
+                    .header("accept", OCI_MANIFEST_MEDIA_TYPE)
             })
             .await?;
         if response.status() == StatusCode::NOT_FOUND {
@@ -636,14 +648,15 @@ pub(crate) async fn read_bounded(
         return Err(too_large(len));
     }
     let mut buf = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|source| ObjStoreError::RegistryHttp {
-            op,
-            what: what.to_owned(),
-            source: source.without_url(),
-        })?
+    while let Some(chunk) =
+        response
+            .chunk()
+            .await
+            .map_err(|source| ObjStoreError::RegistryHttp {
+                op,
+                what: what.to_owned(),
+                source: source.without_url(),
+            })?
     {
         let size = (buf.len() as u64).saturating_add(chunk.len() as u64);
         if size > max {

@@ -43,7 +43,11 @@ impl std::fmt::Debug for RegistryCredentials {
 
 /// The auth files, in the order they are asked.
 fn auth_files() -> Vec<PathBuf> {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let mut files = Vec::new();
     files.extend(env("REGISTRY_AUTH_FILE"));
     files.extend(env("XDG_RUNTIME_DIR").map(|d| d.join("containers/auth.json")));
@@ -91,7 +95,12 @@ fn credentials_in(path: &Path, registry: &str) -> Result<Option<RegistryCredenti
     let Some((key, entry)) = entry else {
         return Ok(None);
     };
-    let field = |name: &str| entry.get(name).and_then(|v| v.as_str()).filter(|v| !v.is_empty());
+    let field = |name: &str| {
+        entry
+            .get(name)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
     let (username, password) = match (field("auth"), field("username"), field("password")) {
         (Some(auth), _, _) => {
             let decoded = base64::engine::general_purpose::STANDARD
@@ -142,7 +151,9 @@ pub fn parse_challenge(
         return Ok(Challenge::Basic);
     }
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(format!("asks for the {scheme:?} scheme; Basic and Bearer are supported"));
+        return Err(format!(
+            "asks for the {scheme:?} scheme; Basic and Bearer are supported"
+        ));
     }
     let param = |name: &str| param_of(params, name);
     let realm = param("realm").ok_or_else(|| "a Bearer challenge without a realm".to_owned())?;
@@ -178,12 +189,14 @@ fn param_of(params: &str, name: &str) -> Option<String> {
 /// The token of a token endpoint's JSON answer (`token` or
 /// `access_token`), registered with the redaction point.
 pub fn token_from_answer(body: &[u8]) -> std::result::Result<String, String> {
-    let v: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|e| format!("the token answer is not JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("the token answer is not JSON: {e}"))?;
     let token = ["token", "access_token"]
         .iter()
         .find_map(|k| v.get(*k).and_then(|t| t.as_str()).filter(|t| !t.is_empty()))
-        .ok_or_else(|| "the token answer holds no token (expected \"token\" or \"access_token\")".to_owned())?;
+        .ok_or_else(|| {
+            "the token answer holds no token (expected \"token\" or \"access_token\")".to_owned()
+        })?;
     ftpipe_secrets::register(token);
     Ok(token.to_owned())
 }
@@ -220,7 +233,10 @@ mod tests {
         )
         .unwrap();
         let c = credentials_in(&path, "127.0.0.1:5000").unwrap().unwrap();
-        assert_eq!((c.username.as_str(), c.password.as_str()), ("user", "secret-pass"));
+        assert_eq!(
+            (c.username.as_str(), c.password.as_str()),
+            ("user", "secret-pass")
+        );
         assert!(credentials_in(&path, "127.0.0.1:5001").unwrap().is_none());
     }
 }

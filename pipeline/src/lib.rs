@@ -96,8 +96,8 @@ use origin::Origin;
 pub use plan::{PlanReport, PlanSource, plan};
 pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
 pub use publish_oci::{OciPublishOutcome, OciPublishParams};
-pub use pull_oci::OciPullParams;
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
+pub use pull_oci::OciPullParams;
 pub use run::RunOutcome;
 use state::StageState;
 

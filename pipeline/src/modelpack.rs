@@ -170,10 +170,16 @@ pub fn parse_model_manifest(url: &str, bytes: &[u8]) -> Result<Vec<PulledLayer>>
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let manifest: OciManifest = serde_path_to_error::deserialize(de).map_err(|e| {
         let at = e.path().to_string();
-        bad(at, format!("expected an OCI image manifest: {}", e.into_inner()))
+        bad(
+            at,
+            format!("expected an OCI image manifest: {}", e.into_inner()),
+        )
     })?;
     if manifest.schema_version != 2 {
-        return Err(bad("schemaVersion".into(), format!("{}, expected 2", manifest.schema_version)));
+        return Err(bad(
+            "schemaVersion".into(),
+            format!("{}, expected 2", manifest.schema_version),
+        ));
     }
     if manifest.layers.len() > MAX_LAYERS {
         return Err(bad(
@@ -202,12 +208,18 @@ pub fn parse_model_manifest(url: &str, bytes: &[u8]) -> Result<Vec<PulledLayer>>
             )
         })?;
         if !seen.insert(path.clone()) {
-            return Err(bad(at("annotations"), format!("path {path:?} listed twice")));
+            return Err(bad(
+                at("annotations"),
+                format!("path {path:?} listed twice"),
+            ));
         }
         if !is_sha256_digest(&l.digest) {
             return Err(bad(
                 at("digest"),
-                format!("{:?}: expected sha256: and 64 lowercase hex digits", l.digest),
+                format!(
+                    "{:?}: expected sha256: and 64 lowercase hex digits",
+                    l.digest
+                ),
             ));
         }
         layers.push(PulledLayer {

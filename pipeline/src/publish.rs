@@ -892,9 +892,7 @@ async fn check_object(
             // the whole blob: the bytes sent were hashed on the way and are
             // the manifest's (checked before completing), so that digest is
             // their proof.
-            Sent::Parts(parts) => {
-                c.proves_parts(parts) || c.proves_whole(&manifest_digest(item)?)
-            }
+            Sent::Parts(parts) => c.proves_parts(parts) || c.proves_whole(&manifest_digest(item)?),
         };
         if !proven {
             return Err(mismatch(format!(

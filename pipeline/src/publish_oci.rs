@@ -189,7 +189,11 @@ impl Pipeline {
 
 /// Blobs among `files` (two files of the same bytes are one blob).
 fn unique_blobs(files: &[LayerFile]) -> usize {
-    files.iter().map(|f| &f.sha256).collect::<HashSet<_>>().len()
+    files
+        .iter()
+        .map(|f| &f.sha256)
+        .collect::<HashSet<_>>()
+        .len()
 }
 
 /// Every layer's blob and the config blob, each skipped when the

@@ -22,7 +22,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-
 use ftpipe_artifact::manifest::{MANIFEST_FILE, Manifest, PLACEMENT_FILE, sha256_hex};
 use ftpipe_artifact::verify::{MAX_MANIFEST_BYTES, MAX_PLACEMENT_BYTES};
 use ftpipe_fetch::{ByteSource, FetchOptions};
@@ -82,7 +81,11 @@ impl Pipeline {
         let pin = Pin {
             repo: p.reference.to_string(),
             revision: digest.clone(),
-            commit: digest.trim_start_matches("sha256:").chars().take(40).collect(),
+            commit: digest
+                .trim_start_matches("sha256:")
+                .chars()
+                .take(40)
+                .collect(),
             endpoint: format!(
                 "{}://{}",
                 if p.config.plain_http { "http" } else { "https" },
@@ -109,13 +112,15 @@ impl Pipeline {
         self.pull_fetch_stage(source, pin, p.options.clone(), &files, reporter)
             .await?;
         crashpoint::hit(CrashPoint::PullComponentsDone);
-        let placement = remote.layers.get(PLACEMENT_FILE).ok_or_else(|| {
-            PipelineError::BadRemoteManifest {
-                key: registry.blob_url(&digest),
-                at: "layers".into(),
-                message: format!("no {PLACEMENT_FILE} layer; an ftpipe artifact has one"),
-            }
-        })?;
+        let placement =
+            remote
+                .layers
+                .get(PLACEMENT_FILE)
+                .ok_or_else(|| PipelineError::BadRemoteManifest {
+                    key: registry.blob_url(&digest),
+                    at: "layers".into(),
+                    message: format!("no {PLACEMENT_FILE} layer; an ftpipe artifact has one"),
+                })?;
         let placement_url = registry.blob_url(&placement.digest);
         let read = read_layer(&registry, placement, MAX_PLACEMENT_BYTES);
         self.verify_pulled(&placement_url, read, &fingerprint, &remote.manifest_bytes)
@@ -161,12 +166,14 @@ impl Pipeline {
 /// the module doc).
 async fn read_remote(registry: &Registry, digest: &str) -> Result<Remote> {
     let url = registry.blob_url(digest);
-    let fetched = registry.get_manifest(digest).await?.ok_or_else(|| {
-        PipelineError::NothingPublished {
-            dest: registry.reference().repository_url(),
-            key: url.clone(),
-        }
-    })?;
+    let fetched =
+        registry
+            .get_manifest(digest)
+            .await?
+            .ok_or_else(|| PipelineError::NothingPublished {
+                dest: registry.reference().repository_url(),
+                key: url.clone(),
+            })?;
     if fetched.digest != digest {
         return Err(PipelineError::ObjectMismatch {
             key: url,
@@ -183,7 +190,10 @@ async fn read_remote(registry: &Registry, digest: &str) -> Result<Remote> {
         message,
     };
     let layer = layers.get(MANIFEST_FILE).ok_or_else(|| {
-        bad("layers", format!("no {MANIFEST_FILE} layer; an ftpipe artifact has one"))
+        bad(
+            "layers",
+            format!("no {MANIFEST_FILE} layer; an ftpipe artifact has one"),
+        )
     })?;
     let manifest_bytes = read_layer(registry, layer, MAX_MANIFEST_BYTES).await?;
     let manifest = parse_remote_manifest(&registry.blob_url(&layer.digest), &manifest_bytes)?;

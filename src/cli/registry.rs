@@ -58,10 +58,7 @@ impl RegistrySession {
         RegistrySession {
             registry: reference.registry.clone(),
             plain_http: c.plain_http,
-            credentials_from: c
-                .credentials
-                .as_ref()
-                .map(|c| c.from.display().to_string()),
+            credentials_from: c.credentials.as_ref().map(|c| c.from.display().to_string()),
         }
     }
 }

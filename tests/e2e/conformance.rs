@@ -104,6 +104,8 @@ impl Source for Hub {
                 status: 503,
                 secs: 1,
             },
+            // The body's byte `at` of a whole answer is the file's.
+            Lie::Corrupt { at } => Fault::FlipByte { offset: at as u64 },
             Lie::Stall { after, hold } => Fault::Stall {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),

@@ -74,8 +74,14 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
     let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(m["schemaVersion"], 2);
     assert_eq!(m["mediaType"], "application/vnd.oci.image.manifest.v1+json");
-    assert_eq!(m["artifactType"], "application/vnd.cncf.model.manifest.v1+json");
-    assert_eq!(m["config"]["mediaType"], "application/vnd.cncf.model.config.v1+json");
+    assert_eq!(
+        m["artifactType"],
+        "application/vnd.cncf.model.manifest.v1+json"
+    );
+    assert_eq!(
+        m["config"]["mediaType"],
+        "application/vnd.cncf.model.config.v1+json"
+    );
     let ours: serde_json::Value =
         serde_json::from_slice(&std::fs::read(artifact.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(
@@ -92,7 +98,10 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
             .find(|l| l["annotations"]["org.cncf.model.filepath"] == path)
             .unwrap_or_else(|| panic!("no layer for {path}"));
         assert_eq!(l["mediaType"], "application/vnd.cncf.model.weight.v1.raw");
-        assert_eq!(l["digest"], format!("sha256:{}", c["sha256"].as_str().unwrap()));
+        assert_eq!(
+            l["digest"],
+            format!("sha256:{}", c["sha256"].as_str().unwrap())
+        );
         assert_eq!(l["size"], c["size"]);
         assert_eq!(l["annotations"]["org.opencontainers.image.title"], path);
     }
@@ -101,19 +110,28 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
             .iter()
             .find(|l| l["annotations"]["org.cncf.model.filepath"] == file)
             .unwrap();
-        assert_eq!(l["mediaType"], "application/vnd.cncf.model.weight.config.v1.raw");
+        assert_eq!(
+            l["mediaType"],
+            "application/vnd.cncf.model.weight.config.v1.raw"
+        );
         let bytes = std::fs::read(artifact.join(file)).unwrap();
         assert_eq!(l["digest"], format!("sha256:{}", sha256_hex(&bytes)));
     }
     let config_digest = m["config"]["digest"].as_str().unwrap();
-    let config: serde_json::Value =
-        serde_json::from_slice(&reg.blob(repo, config_digest)).unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&reg.blob(repo, config_digest)).unwrap();
     let keys: Vec<&String> = config.as_object().unwrap().keys().collect();
-    assert_eq!(keys, ["config", "descriptor", "modelfs"], "only the schema's keys");
+    assert_eq!(
+        keys,
+        ["config", "descriptor", "modelfs"],
+        "only the schema's keys"
+    );
     assert_eq!(config["modelfs"]["type"], "layers");
     let diff_ids: Vec<&serde_json::Value> = layers.iter().map(|l| &l["digest"]).collect();
-    let got: Vec<&serde_json::Value> =
-        config["modelfs"]["diffIds"].as_array().unwrap().iter().collect();
+    let got: Vec<&serde_json::Value> = config["modelfs"]["diffIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
     assert_eq!(got, diff_ids);
     digest
 }
@@ -163,7 +181,11 @@ fn publish_then_pull_round_trip() {
     let before = blob_gets(&reg);
     let o = ok(pull(tmp.path(), &dest, &out, &[]), "re-pull");
     assert_eq!(summary(&o)["outcome"]["already_pulled"], true);
-    assert_eq!(blob_gets(&reg), before + 1, "a re-pull reads only manifest.json's layer");
+    assert_eq!(
+        blob_gets(&reg),
+        before + 1,
+        "a re-pull reads only manifest.json's layer"
+    );
 }
 
 /// With htpasswd basic auth: credentials from REGISTRY_AUTH_FILE; none
@@ -237,7 +259,10 @@ fn a_tag_naming_another_artifact_is_refused_unless_forced() {
     assert!(!o.status.success(), "moved the tag without --force-tag");
     assert_names(&stderr(&o), &["--force-tag", &first]);
     assert_eq!(reg.manifest("models/qwen", "v1").0, first);
-    ok(publish(tmp.path(), &b, &dest, &["--force-tag"]), "publish b --force-tag");
+    ok(
+        publish(tmp.path(), &b, &dest, &["--force-tag"]),
+        "publish b --force-tag",
+    );
     let second = reg.manifest("models/qwen", "v1").0;
     assert_ne!(first, second);
 
@@ -310,10 +335,16 @@ fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = built(tmp.path(), 3805);
     let reg = Registry::start();
-    ok(publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]), "publish");
+    ok(
+        publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
     let by_oras = tmp.path().join("by-oras");
     let target = format!("{}/models/qwen:v1", reg.host());
-    python(ORAS_PULL, &[&reg.host(), &target, by_oras.to_str().unwrap()]);
+    python(
+        ORAS_PULL,
+        &[&reg.host(), &target, by_oras.to_str().unwrap()],
+    );
     assert_same_files(&artifact_of(&dir), &by_oras);
 
     let config = tmp.path().join("modelpack-config.json");
@@ -327,10 +358,18 @@ fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
     let artifact = artifact_of(&dir);
     python(
         ORAS_PUSH,
-        &[&reg.host(), &target, artifact.to_str().unwrap(), config.to_str().unwrap()],
+        &[
+            &reg.host(),
+            &target,
+            artifact.to_str().unwrap(),
+            config.to_str().unwrap(),
+        ],
     );
     let out = tmp.path().join("from-oras");
-    ok(pull(tmp.path(), &reg.reference("peer/qwen:v1"), &out, &[]), "pull of oras's push");
+    ok(
+        pull(tmp.path(), &reg.reference("peer/qwen:v1"), &out, &[]),
+        "pull of oras's push",
+    );
     assert_same_files(&artifact_of(&dir), &artifact_of(&out));
     verify_deep(&artifact_of(&out));
 }
@@ -344,7 +383,10 @@ fn skopeo_copy_keeps_the_manifest_digest() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = built(tmp.path(), 3806);
     let reg = Registry::start();
-    ok(publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]), "publish");
+    ok(
+        publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
     let digest = reg.manifest("models/qwen", "v1").0;
     let o = Command::new("skopeo")
         .args([
@@ -358,7 +400,11 @@ fn skopeo_copy_keeps_the_manifest_digest() {
         .env("HOME", tmp.path())
         .output()
         .expect("skopeo (apt-get install skopeo; .ci/run does)");
-    assert!(o.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "skopeo copy: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert_eq!(reg.manifest("copied/qwen", "v1").0, digest);
     let out = tmp.path().join("pulled");
     let src = reg.reference(&format!("copied/qwen@{digest}"));
@@ -416,13 +462,20 @@ fn kill_storm_over_publish() {
     let src = built(tmp.path(), 3807);
     let reg = Registry::start();
     let t = std::time::Instant::now();
-    ok(publish(home, &src, &reg.reference("calibration/qwen:v1"), &[]), "calibration");
+    ok(
+        publish(home, &src, &reg.reference("calibration/qwen:v1"), &[]),
+        "calibration",
+    );
     let ms = (t.elapsed().as_millis() as u64).max(20);
     let (mut chain, mut kill) = (0usize, 0usize);
     let repo = |n: usize| format!("storm{n}/qwen");
     while kill < kills() {
         let delay = rng.next_u64() % ms;
-        let label = format!("oci publish kill {} after {delay} ms into {}", kill + 1, repo(chain));
+        let label = format!(
+            "oci publish kill {} after {delay} ms into {}",
+            kill + 1,
+            repo(chain)
+        );
         let mut cmd = ftpipe();
         cmd.env("HOME", home)
             .env_remove("REGISTRY_AUTH_FILE")
@@ -431,7 +484,10 @@ fn kill_storm_over_publish() {
             .arg(reg.reference(&format!("{}:v1", repo(chain))))
             .args(["--plain-http", "--part-size", CHUNK]);
         if kill_after(&mut cmd, std::time::Duration::from_millis(delay), &label) {
-            assert!(check_tag(&reg, &repo(chain), "v1", &src, &label), "{label}: no tag");
+            assert!(
+                check_tag(&reg, &repo(chain), "v1", &src, &label),
+                "{label}: no tag"
+            );
             chain += 1;
             continue;
         }
@@ -466,7 +522,10 @@ fn kill_storm_over_pull() {
     ok(publish(home, &src, &dest, &[]), "publish");
     let args = crate::common::s3::RANGED_PULL;
     let t = std::time::Instant::now();
-    ok(pull(home, &dest, &tmp.path().join("calibration"), args), "calibration");
+    ok(
+        pull(home, &dest, &tmp.path().join("calibration"), args),
+        "calibration",
+    );
     let ms = (t.elapsed().as_millis() as u64).max(20);
     let (mut chain, mut kill) = (0usize, 0usize);
     let dir = |n: usize| tmp.path().join(format!("node-{n}"));
@@ -477,7 +536,11 @@ fn kill_storm_over_pull() {
     };
     while kill < kills() {
         let delay = rng.next_u64() % ms;
-        let label = format!("oci pull kill {} after {delay} ms into {:?}", kill + 1, dir(chain));
+        let label = format!(
+            "oci pull kill {} after {delay} ms into {:?}",
+            kill + 1,
+            dir(chain)
+        );
         let mut cmd = ftpipe();
         cmd.env("HOME", home)
             .env_remove("REGISTRY_AUTH_FILE")
@@ -530,7 +593,10 @@ fn a_killed_chunked_upload_resumes_where_the_registry_acknowledged() {
             .filter(|r| r.method == "PATCH" && r.path.starts_with(&format!("/v2/{repo}/")))
             .collect::<Vec<_>>()
     };
-    ok(publish(tmp.path(), &src, &reg.reference("clean/qwen:v1"), &[]), "clean publish");
+    ok(
+        publish(tmp.path(), &src, &reg.reference("clean/qwen:v1"), &[]),
+        "clean publish",
+    );
     let clean = patches(&reg, "clean/qwen").len();
     let dest = reg.reference("resumed/qwen:v1");
     crashed_publish(tmp.path(), &src, &dest, "upload-part-recorded#3");
@@ -567,11 +633,251 @@ fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
         .into_iter()
         .filter(|r| r.method == "PATCH" && r.status >= 400)
         .collect();
-    assert_eq!(refused.len(), 1, "the stale location was not tried once: {refused:?}");
-    let abandoned = query(&src, "SELECT count(*) FROM uploads WHERE state = 'abandoned'");
+    assert_eq!(
+        refused.len(),
+        1,
+        "the stale location was not tried once: {refused:?}"
+    );
+    let abandoned = query(
+        &src,
+        "SELECT count(*) FROM uploads WHERE state = 'abandoned'",
+    );
     assert_eq!(abandoned, ["1"]);
     assert!(check_tag(&reg, "models/qwen", "v1", &src, "restarted"));
     let out = tmp.path().join("pulled");
     ok(pull(tmp.path(), &dest, &out, &[]), "pull");
     assert_same_files(&artifact_of(&src), &artifact_of(&out));
+}
+
+/// An artifact published to a fresh registry, and a lying proxy in front
+/// of it: (tmp, DIR, registry, proxy, the largest component's path and
+/// blob digest).
+struct Lying {
+    tmp: tempfile::TempDir,
+    src: PathBuf,
+    _reg: Registry,
+    proxy: crate::common::lying_proxy::LyingProxy,
+    path: String,
+    digest: String,
+}
+
+fn lying(seed: u64) -> Lying {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), seed);
+    let reg = Registry::start();
+    ok(
+        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
+    let proxy = crate::common::lying_proxy::LyingProxy::start(&format!("http://{}", reg.host()));
+    let ours = manifest_json(&src);
+    let largest = ours["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|c| c["size"].as_u64().unwrap())
+        .unwrap();
+    Lying {
+        path: largest["path"].as_str().unwrap().to_owned(),
+        digest: format!("sha256:{}", largest["sha256"].as_str().unwrap()),
+        tmp,
+        src,
+        _reg: reg,
+        proxy,
+    }
+}
+
+impl Lying {
+    fn source(&self) -> String {
+        format!(
+            "oci://{}/models/qwen:v1",
+            self.proxy.endpoint().trim_start_matches("http://")
+        )
+    }
+
+    /// A pull through the proxy, which must end byte-identical and
+    /// verified, with a recorded discard of the lied-about layer.
+    fn pull_survives(&self, extra: &[&str]) {
+        let out = self.tmp.path().join("pulled");
+        ok(
+            pull(self.tmp.path(), &self.source(), &out, extra),
+            "pull through the liar",
+        );
+        assert_same_files(&artifact_of(&self.src), &artifact_of(&out));
+        verify_deep(&artifact_of(&out));
+        assert!(
+            !discards(&out, &self.path).is_empty(),
+            "no recorded discard of {}",
+            self.path
+        );
+    }
+}
+
+/// A blob whose bytes are not its digest is discarded (recorded) and
+/// fetched again; never kept.
+#[test]
+fn a_blob_whose_bytes_are_not_its_digest_is_discarded_and_fetched_again() {
+    use crate::common::lying_proxy::Lie;
+    let _g = time_bounded();
+    let l = lying(3811);
+    l.proxy
+        .lie(&format!("blobs/{}", l.digest), Lie::Corrupt { at: 1000 }, 1);
+    l.pull_survives(&[]);
+}
+
+/// A `200` (the whole blob) to a ranged blob GET is taken from byte 0: the
+/// kept bytes are a recorded discard, nothing is spliced.
+#[test]
+fn a_200_to_a_ranged_blob_get_restarts_the_blob_from_byte_0() {
+    use crate::common::lying_proxy::Lie;
+    let _g = time_bounded();
+    let l = lying(3812);
+    // The first range is taken, a later one is answered whole.
+    let blob = format!("blobs/{}", l.digest);
+    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
+    l.proxy.lie(&blob, Lie::IgnoreRange, 1);
+    l.pull_survives(crate::common::s3::RANGED_PULL);
+    assert!(
+        l.proxy
+            .seen()
+            .iter()
+            .any(|s| s.target.contains(&blob) && s.range.is_some()),
+        "no ranged blob GET"
+    );
+}
+
+/// A truncated blob (the connection closes early) is resumed by range,
+/// and the file ends byte-identical.
+#[test]
+fn a_truncated_blob_is_resumed() {
+    use crate::common::lying_proxy::Lie;
+    let _g = time_bounded();
+    let l = lying(3813);
+    let blob = format!("blobs/{}", l.digest);
+    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
+    let out = l.tmp.path().join("pulled");
+    ok(pull(l.tmp.path(), &l.source(), &out, &[]), "pull");
+    assert_same_files(&artifact_of(&l.src), &artifact_of(&out));
+    let ranged: Vec<_> = l
+        .proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.contains(&blob) && s.range.is_some())
+        .collect();
+    assert!(!ranged.is_empty(), "the rest was not asked by range");
+}
+
+/// A manifest that never ends is cut at MAX_OCI_MANIFEST_BYTES with an
+/// error naming the limit and the manifest; nothing is fetched.
+#[test]
+fn a_manifest_that_never_ends_is_refused_at_its_limit() {
+    use crate::common::lying_proxy::Lie;
+    let _g = time_bounded();
+    let l = lying(3814);
+    let digest = l._reg.manifest("models/qwen", "v1").0;
+    l.proxy.lie(&format!("manifests/{digest}"), Lie::Endless, 1);
+    let out = l.tmp.path().join("pulled");
+    let o = pull(l.tmp.path(), &l.source(), &out, &[]);
+    assert!(!o.status.success());
+    assert_names(&stderr(&o), &["4194304", "manifests/"]);
+    assert!(!artifact_of(&out).join(&l.path).exists());
+}
+
+/// Layer paths that escape the artifact (`..`, absolute) or repeat are
+/// refused before any blob is read, naming the layer.
+#[test]
+fn hostile_layer_paths_are_refused() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3815);
+    let reg = Registry::start();
+    ok(
+        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
+    let (_, bytes) = reg.manifest("models/qwen", "v1");
+    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let cases: [(&str, &dyn Fn(&mut serde_json::Value)); 3] = [
+        ("dotdot", &|m| set_path(m, 0, "../escape")),
+        ("absolute", &|m| set_path(m, 0, "/tmp/escape")),
+        ("twice", &|m| {
+            let first = m["layers"][0]["annotations"]["org.cncf.model.filepath"].clone();
+            set_path(m, 1, first.as_str().unwrap());
+        }),
+    ];
+    for (tag, edit) in cases {
+        let mut m = good.clone();
+        edit(&mut m);
+        let (status, _, body) = reg
+            .request(
+                "PUT",
+                &format!("/v2/models/qwen/manifests/{tag}"),
+                Some("application/vnd.oci.image.manifest.v1+json"),
+                m.to_string().as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        let before = reg.requests().len();
+        let out = tmp.path().join(format!("pulled-{tag}"));
+        let o = pull(
+            tmp.path(),
+            &reg.reference(&format!("models/qwen:{tag}")),
+            &out,
+            &[],
+        );
+        assert!(!o.status.success(), "{tag}: pulled");
+        assert_names(&stderr(&o), &["layers[", "annotations"]);
+        let blob_reads = reg.requests()[before..]
+            .iter()
+            .filter(|r| r.path.contains("/blobs/"))
+            .count();
+        assert_eq!(
+            blob_reads, 0,
+            "{tag}: blobs read before the manifest was checked"
+        );
+    }
+    assert!(!tmp.path().join("escape").exists());
+}
+
+fn set_path(m: &mut serde_json::Value, layer: usize, path: &str) {
+    let a = &mut m["layers"][layer]["annotations"];
+    a["org.cncf.model.filepath"] = path.into();
+    a["org.opencontainers.image.title"] = path.into();
+}
+
+/// A registry whose Bearer challenge names a realm on another host gets
+/// no token request there: the credentials stay home, and the error says
+/// why.
+#[test]
+fn a_token_realm_on_another_host_is_refused() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let elsewhere = RawServer::start(4, |_| RawResponse::new(200, r#"{"token":"stolen"}"#));
+    let port = elsewhere.endpoint.rsplit(':').next().unwrap().to_owned();
+    let realm = format!("Bearer realm=\"http://localhost:{port}/token\",service=\"r\"");
+    let registry = RawServer::start(8, move |_| {
+        RawResponse::new(401, "{}").header("WWW-Authenticate", &realm)
+    });
+    let host = registry.endpoint.trim_start_matches("http://").to_owned();
+    let auth = tmp.path().join("auth.json");
+    let doc = serde_json::json!({ "auths": { host.clone(): { "auth": "dXNlcjpwYXNzd29yZC1mb3ItdGhlLXJlZ2lzdHJ5" } } });
+    std::fs::write(&auth, doc.to_string()).unwrap();
+    let out = tmp.path().join("pulled");
+    let o = run(ftpipe()
+        .env("HOME", tmp.path())
+        .env("REGISTRY_AUTH_FILE", &auth)
+        .args([
+            "pull",
+            &format!("oci://{host}/models/qwen:v1"),
+            "--plain-http",
+            "--out",
+        ])
+        .arg(&out));
+    assert!(!o.status.success());
+    assert_names(&stderr(&o), &["realm", "another host", "localhost"]);
+    assert!(
+        elsewhere.targets().is_empty(),
+        "asked the other host: {:?}",
+        elsewhere.targets()
+    );
 }

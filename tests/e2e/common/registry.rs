@@ -186,7 +186,9 @@ impl Registry {
 
     /// A blob's bytes.
     pub fn blob(&self, repo: &str, digest: &str) -> Vec<u8> {
-        let (status, _, body) = self.get(&format!("/v2/{repo}/blobs/{digest}"), None).unwrap();
+        let (status, _, body) = self
+            .get(&format!("/v2/{repo}/blobs/{digest}"), None)
+            .unwrap();
         assert_eq!(status, 200, "blob {digest}");
         body
     }
@@ -217,44 +219,42 @@ fn raw_request(
     accept: Option<&str>,
     body: &[u8],
 ) -> std::io::Result<RawAnswer> {
-        let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: {}\r\n",
-            addr,
-            body.len()
-        );
-        if let Some(a) = accept {
-            head.push_str(&format!("Accept: {a}\r\nContent-Type: {a}\r\n"));
-        }
-        if auth {
-            let token =
-                base64_like::encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}").as_bytes());
-            head.push_str(&format!("Authorization: Basic {token}\r\n"));
-        }
-        head.push_str("\r\n");
-        s.write_all(head.as_bytes())?;
-        s.write_all(body)?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw)?;
-        let split = raw
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no header end"))?;
-        let text = String::from_utf8_lossy(&raw[..split]).into_owned();
-        let mut lines = text.lines();
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("no status"))?;
-        let headers = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-            .collect();
-        Ok((status, headers, raw[split + 4..].to_vec()))
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Length: {}\r\n",
+        addr,
+        body.len()
+    );
+    if let Some(a) = accept {
+        head.push_str(&format!("Accept: {a}\r\nContent-Type: {a}\r\n"));
     }
-
+    if auth {
+        let token = base64_like::encode(format!("{REGISTRY_USER}:{REGISTRY_PASSWORD}").as_bytes());
+        head.push_str(&format!("Authorization: Basic {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let text = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = text.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Ok((status, headers, raw[split + 4..].to_vec()))
+}
 
 fn config_yaml(dir: &Path, port: u16, auth: bool) -> String {
     let storage = dir.join("storage");
@@ -294,13 +294,16 @@ fn parse_access_line(line: &str) -> Option<Logged> {
 
 /// Standard base64 without a dependency.
 mod base64_like {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
     pub fn encode(bytes: &[u8]) -> String {
         let mut out = String::new();
         for chunk in bytes.chunks(3) {
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+            let b = [
+                chunk[0],
+                *chunk.get(1).unwrap_or(&0),
+                *chunk.get(2).unwrap_or(&0),
+            ];
             let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
             for i in 0..4 {
                 if i <= chunk.len() {
