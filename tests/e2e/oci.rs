@@ -797,7 +797,7 @@ fn hostile_layer_paths_are_refused() {
     );
     let (_, bytes) = reg.manifest("models/qwen", "v1");
     let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    let cases: [(&str, &dyn Fn(&mut serde_json::Value)); 3] = [
+    let cases: [(&str, &Edit); 3] = [
         ("dotdot", &|m| set_path(m, 0, "../escape")),
         ("absolute", &|m| set_path(m, 0, "/tmp/escape")),
         ("twice", &|m| {
@@ -838,6 +838,9 @@ fn hostile_layer_paths_are_refused() {
     }
     assert!(!tmp.path().join("escape").exists());
 }
+
+/// A change made to a good manifest.
+type Edit = dyn Fn(&mut serde_json::Value);
 
 fn set_path(m: &mut serde_json::Value, layer: usize, path: &str) {
     let a = &mut m["layers"][layer]["annotations"];

@@ -27,7 +27,8 @@ pub struct Registry {
     child: Child,
     addr: SocketAddr,
     log: PathBuf,
-    dir: tempfile::TempDir,
+    /// Storage, configuration and log; removed when the registry is.
+    _dir: tempfile::TempDir,
     auth: bool,
 }
 
@@ -102,7 +103,7 @@ impl Registry {
                         child,
                         addr,
                         log,
-                        dir,
+                        _dir: dir,
                         auth,
                     };
                 }
@@ -191,11 +192,6 @@ impl Registry {
             .unwrap();
         assert_eq!(status, 200, "blob {digest}");
         body
-    }
-
-    /// Where the registry keeps its files.
-    pub fn storage(&self) -> PathBuf {
-        self.dir.path().join("storage")
     }
 }
 
