@@ -10,7 +10,8 @@
 //!   `Range`) a [`ReadOutcome::Whole`] from byte 0 (the transfer drops
 //!   what it kept, a recorded discard, and the digest decides);
 //! - any other status is a [`ReadOutcome::Refused`], transient for a
-//!   `5xx`, `408` and `429` (with `Retry-After`);
+//!   `5xx`, `408`, `429` (with `Retry-After`) and a `416` (the blob cannot
+//!   have changed, so the range is asked again from the watermark);
 //! - a redirect to storage is followed by the client, which drops the
 //!   registry's `Authorization` when the host changes.
 
@@ -99,15 +100,25 @@ impl ByteSource for OciSource {
                     length,
                     body: body_of(response, blob_url),
                 },
-                _ => ReadOutcome::Refused {
-                    retry_after,
-                    error: failure(ObjStoreError::RegistryStatus {
+                _ => {
+                    let refused = ObjStoreError::RegistryStatus {
                         op: "blob get",
                         what: blob_url,
                         status,
                         said: String::new(),
-                    }),
-                },
+                    };
+                    // A `416` says nothing of the kept bytes (a blob never
+                    // changes under its digest): the range is asked again.
+                    let transient = refused.is_transient() || status == 416;
+                    ReadOutcome::Refused {
+                        retry_after,
+                        error: FetchError::Source(SourceFailure {
+                            transient,
+                            class: refused.class(),
+                            error: Box::new(refused),
+                        }),
+                    }
+                }
             };
             Ok(Reply {
                 host,

@@ -25,7 +25,7 @@ use crate::s3::{built, ok, summary, verify_deep};
 /// Blobs above this go as chunked uploads of several chunks.
 const CHUNK: &str = "64KiB";
 
-fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
+pub fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
     run(ftpipe()
         .env("HOME", home)
         .env_remove("REGISTRY_AUTH_FILE")
