@@ -188,7 +188,8 @@ fn publish_then_pull_round_trip() {
     );
 }
 
-/// With htpasswd basic auth: credentials from REGISTRY_AUTH_FILE; none
+/// With htpasswd basic auth: credentials from REGISTRY_AUTH_FILE (publish)
+/// and from DOCKER_CONFIG's config.json (pull); none
 /// is a clear refusal naming where credentials are read; the password
 /// reaches no output and no state database.
 #[test]
@@ -219,14 +220,24 @@ fn basic_auth_registry_takes_the_auth_file() {
     assert!(!stderr(&o).contains(REGISTRY_PASSWORD));
     assert_modelpack(&reg, "models/qwen", "v1", &artifact_of(&dir));
 
+    // The pull finds them where docker login puts them.
+    let docker = tmp.path().join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    std::fs::copy(&auth, docker.join("config.json")).unwrap();
     let out = tmp.path().join("pulled");
-    let mut cmd = ftpipe();
-    with_auth(&mut cmd);
-    let o = run(cmd
+    let o = run(ftpipe()
         .env("HOME", tmp.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("DOCKER_CONFIG", &docker)
         .args(["pull", &dest, "--plain-http", "--json", "--out"])
         .arg(&out));
-    ok(o, "pull with credentials");
+    let o = ok(o, "pull with credentials from DOCKER_CONFIG");
+    let s = summary(&o);
+    assert_eq!(
+        s["session"]["credentials_from"],
+        docker.join("config.json").display().to_string()
+    );
     assert_same_files(&artifact_of(&dir), &artifact_of(&out));
     verify_deep(&artifact_of(&out));
     for d in [&dir, &out] {
@@ -882,5 +893,71 @@ fn a_token_realm_on_another_host_is_refused() {
         elsewhere.targets().is_empty(),
         "asked the other host: {:?}",
         elsewhere.targets()
+    );
+}
+
+/// A registry asking for Bearer tokens (the distribution registry's token
+/// auth, a token server on the registry's host): `publish` and `pull` get
+/// tokens from the realm; a token that expires mid-pull (its next request
+/// answered `401`) is asked for again once and the pull goes on to a
+/// byte-identical, verified artifact. No token reaches the output or the
+/// state database.
+#[test]
+fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
+    use crate::common::lying_proxy::{Lie, LyingProxy};
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3816);
+    let reg = Registry::start_with_tokens();
+    ok(
+        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
+    assert!(
+        reg.tokens_issued()
+            .iter()
+            .any(|t| t.starts_with("repository:models/qwen:") && t.contains("push")),
+        "{:?}",
+        reg.tokens_issued()
+    );
+    let proxy = LyingProxy::start(&format!("http://{}", reg.host()));
+    // The manifest.json layer is read before any component: held past the
+    // short token's life, every component request after it carries an
+    // expired token.
+    let manifest = std::fs::read(artifact_of(&src).join("manifest.json")).unwrap();
+    let blob = format!("blobs/sha256:{}", sha256_hex(&manifest));
+    let hold = std::time::Duration::from_secs(4);
+    proxy.lie(&blob, Lie::Stall { after: 10, hold }, 1);
+    reg.next_token_short_lived();
+    let issued = reg.tokens_issued().len();
+    let host = proxy.endpoint().trim_start_matches("http://").to_owned();
+    let out = tmp.path().join("pulled");
+    let o = pull(
+        tmp.path(),
+        &format!("oci://{host}/models/qwen:v1"),
+        &out,
+        &["--jobs", "1", "--connections", "1", "--read-timeout", "30"],
+    );
+    let o = ok(o, "pull across a token's expiry");
+    assert_same_files(&artifact_of(&src), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+    let tokens = reg.tokens_issued()[issued..].to_vec();
+    assert!(tokens.len() >= 2, "no second token: {tokens:?}");
+    assert!(tokens[0].ends_with("exp=-58"), "{tokens:?}");
+    let expired: Vec<_> = reg
+        .requests()
+        .into_iter()
+        .filter(|r| r.status == 401 && r.path.contains("/blobs/"))
+        .collect();
+    assert!(
+        !expired.is_empty(),
+        "no blob request was refused for an expired token"
+    );
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(!text.contains("eyJ"), "a token in the output");
+    let db = std::fs::read(out.join(".ftpipe/state.db")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&db).contains("eyJ"),
+        "a token in the state"
     );
 }

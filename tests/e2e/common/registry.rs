@@ -30,6 +30,8 @@ pub struct Registry {
     /// Storage, configuration and log; removed when the registry is.
     _dir: tempfile::TempDir,
     auth: bool,
+    /// The token server of a registry asking for Bearer tokens.
+    token_server: Option<Child>,
 }
 
 /// One request of the access log.
@@ -62,8 +64,65 @@ impl Registry {
         Registry::start_with(true)
     }
 
-    fn start_with(auth: bool) -> Registry {
+    /// A registry asking for Bearer tokens from a token server on
+    /// loopback (Python, RS256 JWTs signed with a generated certificate
+    /// the registry trusts); anonymous tokens for any scope. After
+    /// [`Registry::next_token_short_lived`], the next token issued expires
+    /// about two seconds later (the registry allows 60 s of leeway).
+    pub fn start_with_tokens() -> Registry {
         let dir = tempfile::tempdir().unwrap();
+        let port_file = dir.path().join("token.port");
+        let server = Command::new("python3")
+            .arg("-c")
+            .arg(TOKEN_SERVER)
+            .arg(dir.path())
+            .arg(&port_file)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3 (the token server; needs the cryptography package)");
+        let t = Instant::now();
+        let port = loop {
+            if let Some(p) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.trim().parse::<u16>().ok())
+            {
+                break p;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the token server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let token = format!(
+            "auth:\n  token:\n    realm: http://127.0.0.1:{port}/token\n    service: \
+             ftpipe-test-registry\n    issuer: ftpipe-test-issuer\n    rootcertbundle: {}\n",
+            dir.path().join("token.crt").display()
+        );
+        let mut r = Registry::start_in(dir, false, Some(token));
+        r.token_server = Some(server);
+        r
+    }
+
+    /// The next token the server issues expires about two seconds later.
+    pub fn next_token_short_lived(&self) {
+        std::fs::write(self._dir.path().join("short"), b"").unwrap();
+    }
+
+    /// Scopes of the tokens issued so far, in order.
+    pub fn tokens_issued(&self) -> Vec<String> {
+        std::fs::read_to_string(self._dir.path().join("tokens.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn start_with(auth: bool) -> Registry {
+        Registry::start_in(tempfile::tempdir().unwrap(), auth, None)
+    }
+
+    fn start_in(dir: tempfile::TempDir, auth: bool, token: Option<String>) -> Registry {
         if auth {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", REGISTRY_USER, REGISTRY_PASSWORD])
@@ -74,7 +133,8 @@ impl Registry {
         }
         for _ in 0..5 {
             let port = free_port();
-            let config = config_yaml(dir.path(), port, auth);
+            let mut config = config_yaml(dir.path(), port, auth);
+            config.push_str(token.as_deref().unwrap_or_default());
             let config_path = dir.path().join("config.yml");
             std::fs::write(&config_path, config).unwrap();
             let log = dir.path().join("registry.log");
@@ -98,13 +158,15 @@ impl Registry {
                     break; // the port was taken meanwhile: try another
                 }
                 if let Ok((status, _, _)) = raw_request(addr, auth, "GET", "/v2/", None, &[]) {
-                    assert!(status == 200 || (auth && status == 401), "/v2/: {status}");
+                    let asks = auth || token.is_some();
+                    assert!(status == 200 || (asks && status == 401), "/v2/: {status}");
                     return Registry {
                         child,
                         addr,
                         log,
                         _dir: dir,
                         auth,
+                        token_server: None,
                     };
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -202,6 +264,10 @@ impl Drop for Registry {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(t) = &mut self.token_server {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
     }
 }
 
@@ -287,6 +353,72 @@ fn parse_access_line(line: &str) -> Option<Logged> {
         status,
     })
 }
+
+/// A token server: `python3 -c TOKEN_SERVER DIR PORT_FILE`. Writes
+/// `DIR/token.crt` (the certificate the registry trusts), listens on a
+/// free loopback port (written to PORT_FILE), answers `GET /token?scope=`
+/// with an RS256 JWT granting that scope (the certificate in `x5c`), one
+/// line per token in `DIR/tokens.log`; while `DIR/short` exists, the next
+/// token expires two seconds past the registry's 60 s leeway, and the file
+/// is removed.
+const TOKEN_SERVER: &str = r#"
+import base64, datetime, http.server, json, os, sys, time
+from urllib.parse import urlparse, parse_qs
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa, padding
+d, port_file = sys.argv[1], sys.argv[2]
+key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ftpipe-test-token")])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256()))
+with open(os.path.join(d, "token.crt"), "wb") as f:
+    f.write(cert.public_bytes(serialization.Encoding.PEM))
+der = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+issued = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global issued
+        scope = parse_qs(urlparse(self.path).query).get("scope", [""])[0]
+        access = []
+        if scope:
+            kind, repo, actions = scope.split(":")
+            access = [{"type": kind, "name": repo, "actions": actions.split(",")}]
+        issued += 1
+        t0 = int(time.time())
+        short = os.path.join(d, "short")
+        exp = t0 + 3600
+        if os.path.exists(short):
+            os.remove(short)
+            exp = t0 - 58
+        claims = {"iss": "ftpipe-test-issuer", "sub": "", "aud": "ftpipe-test-registry",
+                  "exp": exp, "nbf": t0 - 1, "iat": t0, "jti": str(issued), "access": access}
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [der]}
+        signing = b64(json.dumps(header).encode()) + "." + b64(json.dumps(claims).encode())
+        sig = key.sign(signing.encode(), padding.PKCS1v15(), hashes.SHA256())
+        body = json.dumps({"token": signing + "." + b64(sig)}).encode()
+        with open(os.path.join(d, "tokens.log"), "a") as f:
+            f.write(f"{scope} exp={exp - t0}\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(srv.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
+srv.serve_forever()
+"#;
 
 /// Standard base64 without a dependency.
 mod base64_like {
