@@ -93,6 +93,18 @@ impl Pipeline {
             ),
         };
         let ours = format!("{} at {digest}", pin.repo);
+        // DIR pinned to something else (a hub repo, another location or
+        // reference) is not taken over; the same reference at another
+        // digest only got here with `--repin`.
+        if let Some(old) = self.store.pin().await?
+            && old.repo != pin.repo
+        {
+            return Err(PipelineError::PullConflict {
+                dir: self.layout.dir().to_owned(),
+                theirs: format!("{} at {}", old.repo, old.revision),
+                ours,
+            });
+        }
         if self.already_pulled(&remote.manifest_bytes, ours).await? {
             outcome.already_pulled = true;
             return Ok(outcome);

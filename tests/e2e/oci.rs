@@ -961,3 +961,39 @@ fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
         "a token in the state"
     );
 }
+
+/// A DIR holding another pull (here an S3-free one: another registry
+/// reference) is not taken over by a pull of another reference: refused
+/// naming both, nothing of DIR changed.
+#[test]
+fn a_dir_pinned_to_another_reference_is_refused() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3817);
+    let reg = Registry::start();
+    ok(
+        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
+    ok(
+        publish(tmp.path(), &src, &reg.reference("other/qwen:v1"), &[]),
+        "publish other",
+    );
+    let out = tmp.path().join("pulled");
+    ok(
+        pull(tmp.path(), &reg.reference("models/qwen:v1"), &out, &[]),
+        "pull",
+    );
+    let before = std::fs::read(out.join(".ftpipe/state.db")).unwrap().len();
+    let o = pull(tmp.path(), &reg.reference("other/qwen:v1"), &out, &[]);
+    assert!(
+        !o.status.success(),
+        "took over a DIR pinned to another reference"
+    );
+    assert_names(
+        &stderr(&o),
+        &["models/qwen:v1", "other/qwen:v1", "another --out"],
+    );
+    assert!(std::fs::read(out.join(".ftpipe/state.db")).unwrap().len() >= before);
+    verify_deep(&artifact_of(&out));
+}
