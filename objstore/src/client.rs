@@ -409,7 +409,7 @@ impl S3 {
             Ok(p) => Ok(p.content_id),
             Err(source @ object_store::Error::NotFound { .. }) => Err(ObjStoreError::UploadGone {
                 key: self.url(key),
-                source,
+                source: Box::new(source),
             }),
             Err(source) => Err(self.failed("upload part", self.url(key), source)),
         }
@@ -437,7 +437,7 @@ impl S3 {
             Ok(r) => Ok(r.e_tag),
             Err(source @ object_store::Error::NotFound { .. }) => Err(ObjStoreError::UploadGone {
                 key: self.url(key),
-                source,
+                source: Box::new(source),
             }),
             Err(source) => Err(self.failed("complete multipart upload", self.url(key), source)),
         }

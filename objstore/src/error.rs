@@ -140,13 +140,55 @@ pub enum ObjStoreError {
     },
     /// A multipart upload id is no longer known to the server (completed,
     /// aborted, or expired by a lifecycle rule).
-    #[error("S3 multipart upload of {key} is no longer known to the server: {source}")]
+    #[error("upload session of {key} is no longer known to the server: {source}")]
     UploadGone {
         /// The object key.
         key: String,
         /// The server's answer.
         #[source]
-        source: object_store::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]` argument is malformed.
+    #[error(
+        "{given:?} is not a registry reference: {reason} (expected oci://REGISTRY/REPOSITORY[:TAG|@sha256:HEX])"
+    )]
+    BadReference {
+        /// What was given.
+        given: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A registry request failed before an answer (network, timeout).
+    #[error("registry {op} of {what}: {source}")]
+    RegistryHttp {
+        /// What was asked.
+        op: &'static str,
+        /// What it was asked of (`oci://REGISTRY/REPOSITORY@DIGEST`).
+        what: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A registry refused a request: its status and the error codes of its
+    /// answer (bounded, redacted).
+    #[error("registry {op} of {what}: HTTP {status}{}", if said.is_empty() { String::new() } else { format!(" ({said})") })]
+    RegistryStatus {
+        /// What was asked.
+        op: &'static str,
+        /// What it was asked of.
+        what: String,
+        /// The status.
+        status: u16,
+        /// The registry's error codes and messages, when it sent them.
+        said: String,
+    },
+    /// Authentication with a registry cannot proceed.
+    #[error("registry {registry}: {reason}")]
+    RegistryAuth {
+        /// `HOST[:PORT]`.
+        registry: String,
+        /// What is wrong (never a credential).
+        reason: String,
     },
     /// An answer contradicts what was asked (no ETag, a range that is not
     /// the one asked).
@@ -179,7 +221,10 @@ impl ObjStoreError {
                 object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }
             ),
-            ObjStoreError::Http { .. } => true,
+            ObjStoreError::Http { .. } | ObjStoreError::RegistryHttp { .. } => true,
+            ObjStoreError::RegistryStatus { status, .. } => {
+                *status >= 500 || matches!(status, 408 | 429)
+            }
             ObjStoreError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
             ObjStoreError::Refused {
                 refusal, answer, ..

@@ -24,13 +24,24 @@
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
 //!   upload, a receipt a part's ETag with its checksum).
+//! - `reference`: [`OciReference`], `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
+//! - `registry_auth`: registry credentials from the container auth files
+//!   ([`registry_credentials`]) and the `WWW-Authenticate` challenges.
+//! - `registry`: [`Registry`], the OCI distribution protocol over
+//!   `reqwest` (blob head/get/ranged get, chunked uploads, manifests; the
+//!   Basic and Bearer flows).
+//! - `ocitarget`: [`OciTarget`], a registry's blobs as an [`OutputTarget`]
+//!   (a key a digest, a session a chunked upload, a receipt the location
+//!   each chunk was answered with).
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`]; a
 //!   server's S3 error document read into [`ServerAnswer`] and
 //!   [`S3Refusal`] (one sentence with the fix per common code, no XML).
 //!
 //! Imports run one way: `error`, `location` and `checksum` are leaves,
 //! `credentials` builds on them, `client` on all of them; `target` names `client`'s answer
-//! types, and `s3target` joins `client` to `target`.
+//! types, and `s3target` joins `client` to `target`; `reference` is a
+//! leaf, `registry_auth` builds on `error`, `registry` on both, and
+//! `ocitarget` joins `registry` to `target`.
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
 #![cfg_attr(test, allow(unused_crate_dependencies))]
@@ -42,6 +53,10 @@ mod client;
 mod credentials;
 mod error;
 mod location;
+mod ocitarget;
+mod reference;
+mod registry;
+mod registry_auth;
 mod s3target;
 mod target;
 
@@ -54,6 +69,15 @@ pub use credentials::{DEFAULT_READ_TIMEOUT, S3Config, Transport, register_creden
 pub use error::{ObjStoreError, Result, S3Refusal, ServerAnswer};
 pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
+pub use ocitarget::OciTarget;
+pub use reference::{
+    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, is_sha256_digest, is_sha256_hex,
+};
+pub use registry::{
+    FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, OCI_MANIFEST_MEDIA_TYPE,
+    Registry, RegistryConfig,
+};
+pub use registry_auth::{MAX_AUTH_FILE_BYTES, RegistryCredentials, registry_credentials};
 pub use target::{
     Listed, OutputTarget, PartRequest, PartRules, PutMode, SharedTarget, TargetFuture,
 };

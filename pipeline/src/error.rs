@@ -98,6 +98,33 @@ pub enum PipelineError {
         /// The fingerprint of the artifact being published.
         ours: String,
     },
+    /// A registry tag already names another manifest.
+    #[error(
+        "{tag} already names manifest {theirs}; refusing to point it at {ours} (pass --force-tag to move it, or publish under another tag)"
+    )]
+    TagHoldsAnother {
+        /// `oci://REGISTRY/REPOSITORY:TAG`.
+        tag: String,
+        /// The manifest digest the tag names.
+        theirs: String,
+        /// The manifest digest of the artifact being published.
+        ours: String,
+    },
+    /// A pulled tag names another manifest than the one this directory
+    /// pinned.
+    #[error(
+        "{tag} moved: it named {pinned} when {dir} pinned it and names {now} now; refusing to mix two artifacts (pass --repin to start over from {now}, or pull @{pinned})"
+    )]
+    TagMoved {
+        /// `oci://REGISTRY/REPOSITORY:TAG`.
+        tag: String,
+        /// The output directory.
+        dir: PathBuf,
+        /// The digest pinned.
+        pinned: String,
+        /// The digest the tag names now.
+        now: String,
+    },
     /// An object is not what the manifest or the upload says it is.
     #[error("{key}: {what}")]
     ObjectMismatch {
@@ -180,6 +207,8 @@ impl PipelineError {
             PipelineError::ObjStore(e) => e.class(),
             PipelineError::ObjectMismatch { .. } => ErrorClass::Verification,
             PipelineError::PrefixHoldsAnother { .. }
+            | PipelineError::TagHoldsAnother { .. }
+            | PipelineError::TagMoved { .. }
             | PipelineError::NothingPublished { .. }
             | PipelineError::BadRemoteManifest { .. }
             | PipelineError::PullConflict { .. } => ErrorClass::Failure,

@@ -34,6 +34,13 @@
 //!   and recorded in the target-neutral upload records (mirror's uploads
 //!   too); `pull`: a published artifact through the fetch machinery
 //!   (`pull`).
+//! - `modelpack`: an artifact as a CNCF ModelPack manifest and config, and
+//!   a ModelPack manifest read back and checked; `publish_oci`: an
+//!   artifact into an OCI registry (`publish_oci`: blobs through the
+//!   output target, the manifest by digest, then the tag); `pull_oci`: a
+//!   ModelPack artifact from a registry (the tag pinned to its manifest
+//!   digest) through the fetch machinery, from `ocisource` (a registry's
+//!   blobs behind the byte-source seam).
 //! - `error`: [`PipelineError`].
 
 // Unit tests see every dev-dependency; the lint is for the library itself.
@@ -47,10 +54,14 @@ mod endpoint;
 mod error;
 mod lock;
 mod mirror;
+mod modelpack;
+mod ocisource;
 mod origin;
 mod plan;
 mod publish;
+mod publish_oci;
 mod pull;
+mod pull_oci;
 mod run;
 mod s3source;
 pub mod state;
@@ -84,7 +95,9 @@ pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
 pub use plan::{PlanReport, PlanSource, plan};
 pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
+pub use publish_oci::{OciPublishOutcome, OciPublishParams};
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
+pub use pull_oci::OciPullParams;
 pub use run::RunOutcome;
 use state::StageState;
 

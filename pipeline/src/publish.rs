@@ -299,7 +299,7 @@ pub(crate) fn unreadable_commit_point(ctx: &Ctx, key: &str) -> PipelineError {
 
 /// `DIR/artifact` verified, and its manifest: parsed, and its bytes as
 /// they will be published.
-fn read_verified_manifest(artifact: &Path) -> Result<(Manifest, Vec<u8>)> {
+pub(crate) fn read_verified_manifest(artifact: &Path) -> Result<(Manifest, Vec<u8>)> {
     let report = block_in_place(|| verify_artifact(artifact, false))?;
     if !report.ok {
         return Err(PipelineError::VerifyFailed {
@@ -321,7 +321,7 @@ fn read_verified_manifest(artifact: &Path) -> Result<(Manifest, Vec<u8>)> {
 
 /// The files a publish sends: every component the manifest lists, then
 /// `placement.json` (hashed as it is now).
-fn artifact_items(artifact: &Path, manifest: &Manifest) -> Result<Vec<Item>> {
+pub(crate) fn artifact_items(artifact: &Path, manifest: &Manifest) -> Result<Vec<Item>> {
     let placement_path = artifact.join(PLACEMENT_FILE);
     let placement = block_in_place(|| read_bounded_nofollow(&placement_path, MAX_PLACEMENT_BYTES))
         .map_err(|e| PipelineError::io("read", &placement_path, std::io::Error::other(e)))?;
@@ -888,7 +888,11 @@ async fn check_object(
     if let Some(c) = h.checksum {
         let proven = match sent {
             Sent::Whole(d) => c.proves_whole(d),
-            Sent::Parts(parts) => c.proves_parts(parts),
+            // A content-addressed target (a registry) keeps the digest of
+            // the whole blob: the bytes sent were hashed on the way and are
+            // the manifest's (checked before completing), so that digest is
+            // their proof.
+            Sent::Parts(parts) => c.proves_parts(parts) || c.proves_whole(&manifest_digest(item)?),
         };
         if !proven {
             return Err(mismatch(format!(

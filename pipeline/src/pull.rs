@@ -79,9 +79,10 @@ pub fn is_pull_pin(pin: &Pin) -> bool {
     is_pull_repo(&pin.repo)
 }
 
-/// Whether a pinned repo is a pull's: an `s3://` location.
+/// Whether a pinned repo is a pull's: an `s3://` location or an `oci://`
+/// reference.
 pub fn is_pull_repo(repo: &str) -> bool {
-    repo.starts_with("s3://")
+    repo.starts_with("s3://") || repo.starts_with(ftpipe_objstore::OCI_SCHEME)
 }
 
 /// Parses and checks a manifest read from `key` (see the module doc).
@@ -205,7 +206,7 @@ fn pull_pin(p: &PullParams, s3: &S3, fingerprint: &str) -> Pin {
 
 /// The manifest's components as the pin's listing (SHA-256 as the LFS
 /// identity).
-fn component_rows(manifest: &Manifest) -> Vec<FileRow> {
+pub(crate) fn component_rows(manifest: &Manifest) -> Vec<FileRow> {
     manifest
         .components
         .iter()
@@ -274,7 +275,7 @@ impl Pipeline {
     /// Whether the artifact is here already: the same manifest bytes and
     /// an artifact that verifies. Another artifact's manifest in a
     /// directory without a pin is a conflict with `ours`.
-    async fn already_pulled(&self, manifest: &[u8], ours: String) -> Result<bool> {
+    pub(crate) async fn already_pulled(&self, manifest: &[u8], ours: String) -> Result<bool> {
         let artifact = self.layout.artifact().to_owned();
         let local_manifest = artifact.join(MANIFEST_FILE);
         let Ok(local) = block_in_place(|| {
@@ -306,7 +307,7 @@ impl Pipeline {
 
     /// The fetch stage of a pull: the components into `DIR/artifact`
     /// through the fetch machinery, from `source`.
-    async fn pull_fetch_stage(
+    pub(crate) async fn pull_fetch_stage(
         &self,
         source: Arc<dyn ByteSource>,
         pin: Pin,
@@ -347,24 +348,43 @@ impl Pipeline {
         fingerprint: &str,
         manifest: &[u8],
     ) -> Result<()> {
-        let artifact = self.layout.artifact().to_owned();
-        self.stage(Stage::Verify, async {
-            let placement_key = keys.file(PLACEMENT_FILE);
-            let placement_url = p.location.url_of(&placement_key);
-            let placement = s3
-                .get_bounded(&placement_key, MAX_PLACEMENT_BYTES)
+        let placement_key = keys.file(PLACEMENT_FILE);
+        let placement_url = p.location.url_of(&placement_key);
+        let placement = async {
+            s3.get_bounded(&placement_key, MAX_PLACEMENT_BYTES)
                 .await?
+                .map(|b| b.bytes)
                 .ok_or_else(|| PipelineError::ObjectMismatch {
                     key: placement_url.clone(),
                     what: "missing; the manifest's artifact has a placement".into(),
-                })?;
-            check_placement(&placement_url, &placement.bytes, fingerprint)?;
+                })
+        };
+        self.verify_pulled(&placement_url, placement, fingerprint, manifest)
+            .await
+    }
+
+    /// The verify stage of a pull: `placement` (read from `placement_url`
+    /// within the stage) checked and written, the artifact verified as
+    /// `ftpipe verify` would under the manifest's bytes (read from the
+    /// source, unchanged), and only then the manifest written: a rejected
+    /// artifact never gets a `manifest.json`.
+    pub(crate) async fn verify_pulled(
+        &self,
+        placement_url: &str,
+        placement: impl Future<Output = Result<bytes::Bytes>>,
+        fingerprint: &str,
+        manifest: &[u8],
+    ) -> Result<()> {
+        let artifact = self.layout.artifact().to_owned();
+        self.stage(Stage::Verify, async {
+            let placement = placement.await?;
+            check_placement(placement_url, &placement, fingerprint)?;
             // A pull killed while writing `placement.json` or
             // `manifest.json` left its temp file; every component is
             // durable by now and this pull holds DIR's lock, so any temp
             // file in the artifact is stale (verify would refuse it).
             block_in_place(|| remove_temp_files(&artifact))?;
-            block_in_place(|| write_atomic(&artifact, PLACEMENT_FILE, &placement.bytes))?;
+            block_in_place(|| write_atomic(&artifact, PLACEMENT_FILE, &placement))?;
             // `manifest.json` is what a runtime waits for: it reaches its
             // final name only once the artifact it describes has passed.
             let report =

@@ -37,6 +37,8 @@ pub mod heading {
     pub const CONVERSION: &str = "Conversion";
     /// Object storage.
     pub const S3: &str = "Object storage";
+    /// OCI registries.
+    pub const REGISTRY: &str = "OCI registry";
     /// What is printed.
     pub const OUTPUT: &str = "Output";
 }

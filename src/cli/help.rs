@@ -29,10 +29,14 @@ pub enum Readers {
     /// The commands that talk to object storage (`publish`, `pull`,
     /// `mirror`, and a hub command whose `--endpoint` is s3://).
     ObjectStorage,
+    /// The commands that talk to an OCI registry (`publish`, `pull` with
+    /// oci://).
+    Registry,
 }
 
 const HUB_COMMANDS: [&str; 4] = ["fetch", "run", "plan", "mirror"];
 const S3_COMMANDS: [&str; 6] = ["publish", "pull", "mirror", "fetch", "run", "plan"];
+const REGISTRY_COMMANDS: [&str; 2] = ["publish", "pull"];
 
 impl Readers {
     fn include(self, command: Option<&str>) -> bool {
@@ -41,6 +45,7 @@ impl Readers {
             Readers::All => true,
             Readers::Hub => HUB_COMMANDS.contains(&c),
             Readers::ObjectStorage => S3_COMMANDS.contains(&c),
+            Readers::Registry => REGISTRY_COMMANDS.contains(&c),
         }
     }
 }
@@ -79,6 +84,13 @@ pub const ENVIRONMENT: &[EnvVar] = &[
         name: "HF_HUB_OFFLINE",
         means: "1, on, yes or true: no network, as --offline",
         read_by: Readers::Hub,
+    },
+    EnvVar {
+        name: "REGISTRY_AUTH_FILE",
+        means: "registry credentials for oci:// (an auth.json with `auths`), asked first; \
+                then $XDG_RUNTIME_DIR/containers/auth.json, then $DOCKER_CONFIG/config.json \
+                (default ~/.docker/config.json)",
+        read_by: Readers::Registry,
     },
     EnvVar {
         name: "AWS_ACCESS_KEY_ID",
@@ -198,17 +210,29 @@ const EXAMPLES: &[(&str, &[Example])] = &[
     ),
     (
         "publish",
-        &[(
-            "ftpipe publish /data/qwen4 s3://models/qwen4-exp",
-            "upload /data/qwen4/artifact (resumable), manifest.json last",
-        )],
+        &[
+            (
+                "ftpipe publish /data/qwen4 s3://models/qwen4-exp",
+                "upload /data/qwen4/artifact (resumable), manifest.json last",
+            ),
+            (
+                "ftpipe publish /data/qwen4 oci://registry.example/models/qwen4:v1",
+                "push it to an OCI registry as a CNCF ModelPack artifact, the tag last",
+            ),
+        ],
     ),
     (
         "pull",
-        &[(
-            "ftpipe pull s3://models/qwen4-exp --out /data/qwen4",
-            "download a published artifact into /data/qwen4/artifact and verify it",
-        )],
+        &[
+            (
+                "ftpipe pull s3://models/qwen4-exp --out /data/qwen4",
+                "download a published artifact into /data/qwen4/artifact and verify it",
+            ),
+            (
+                "ftpipe pull oci://registry.example/models/qwen4:v1 --out /data/qwen4",
+                "the same from a registry, the tag pinned to its manifest digest",
+            ),
+        ],
     ),
     (
         "mirror",

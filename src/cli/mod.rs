@@ -9,7 +9,8 @@
 //! - `convert`: `convert`, and the conversion choices `run` shares.
 //! - `run`: `run`, the whole chain.
 //! - `plan`: `plan`.
-//! - `publish`, `pull`, `mirror`: the object-store commands.
+//! - `publish`, `pull`, `mirror`: the object-store commands; `registry`:
+//!   the flags, credentials and summary of `publish`/`pull` with `oci://`.
 //! - `examine`: `status`, `audit`, `inspect`, `verify`.
 //! - `summary`: the final JSON summary line or text of a command.
 //! - `help`: the examples and environment of `--help` and the man pages.
@@ -23,6 +24,7 @@ pub mod mirror;
 pub mod plan;
 pub mod publish;
 pub mod pull;
+pub mod registry;
 pub mod run;
 pub mod summary;
 

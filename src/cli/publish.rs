@@ -1,4 +1,5 @@
-//! `ftpipe publish`: DIR's verified artifact to s3://BUCKET/PREFIX.
+//! `ftpipe publish`: DIR's verified artifact to s3://BUCKET/PREFIX, or to
+//! an OCI registry as a ModelPack artifact (oci://REGISTRY/REPOSITORY:TAG).
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +9,8 @@ use clap::Args;
 use ftpipe_artifact::manifest::MANIFEST_FILE;
 use ftpipe_pipeline::{Layout, Pipeline};
 
-use super::args::{S3Args, UploadArgs};
+use super::args::{S3Args, UploadArgs, heading};
+use super::registry::{RegistryArgs, RegistrySession, print_registry_summary};
 use super::summary::{S3Session, print_s3_summary, upload_counts};
 use ftpipe_progress::human;
 
@@ -18,11 +20,18 @@ pub struct PublishArgs {
     /// The directory whose verified artifact (DIR/artifact) is published.
     #[arg(value_name = "DIR")]
     pub dir: PathBuf,
-    /// Where: s3://BUCKET/PREFIX.
-    #[arg(value_name = "S3_URL")]
+    /// Where: s3://BUCKET/PREFIX, or oci://REGISTRY/REPOSITORY[:TAG] (a
+    /// CNCF ModelPack artifact; tag `latest` when none is given).
+    #[arg(value_name = "DEST")]
     pub dest: String,
     #[command(flatten)]
     pub s3: S3Args,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Move the tag of an oci:// destination when it names another
+    /// artifact (refused otherwise).
+    #[arg(long, help_heading = heading::REGISTRY)]
+    pub force_tag: bool,
     #[command(flatten)]
     pub upload: UploadArgs,
 }
@@ -65,6 +74,9 @@ fn published_dir(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// Publishes DIR/artifact.
 pub async fn run(args: PublishArgs) -> anyhow::Result<bool> {
+    if args.dest.starts_with(ftpipe_objstore::OCI_SCHEME) {
+        return run_oci(args).await;
+    }
     let location = ftpipe_objstore::S3Location::parse(&args.dest)?;
     args.upload.check()?;
     // Nothing to publish is no reason to create DIR's state.
@@ -105,5 +117,47 @@ bytes sent       {}
             )
         },
     );
+    Ok(true)
+}
+
+/// Publishes DIR/artifact to a registry as a ModelPack artifact.
+async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
+    let reference = ftpipe_objstore::OciReference::parse(&args.dest)?;
+    args.upload.check()?;
+    let dir = published_dir(&args.dir)?;
+    let config = args.registry.config(&reference, args.upload.stall)?;
+    let session = RegistrySession::of(&reference, &config);
+    let pipeline = Pipeline::open(&dir, "publish").await?;
+    let outcome = pipeline
+        .publish_oci(&ftpipe_pipeline::OciPublishParams {
+            reference,
+            config,
+            part_size: args.upload.part_size,
+            force_tag: args.force_tag,
+        })
+        .await?;
+    let (json, quiet) = (args.upload.json, args.upload.quiet);
+    print_registry_summary(json, quiet, &session, &outcome, || {
+        format!(
+            "{} {}
+manifest digest  {}
+fingerprint      {}
+manifest sha256  {}
+blobs            {}
+bytes sent       {}
+",
+            if outcome.already_published {
+                "already published at"
+            } else {
+                "published at"
+            },
+            outcome.dest,
+            outcome.manifest_digest,
+            outcome.fingerprint,
+            outcome.manifest_sha256,
+            upload_counts(outcome.objects, outcome.uploaded),
+            human::bytes(outcome.bytes_sent)
+        )
+    });
     Ok(true)
 }

@@ -13,6 +13,7 @@ use super::args::{
     DEFAULT_FETCH_JOBS, ProgressArgs, ResumeArgs, S3Args, StallArgs, TransferArgs, fetch_options,
     heading,
 };
+use super::registry::{RegistryArgs, RegistrySession, print_registry_summary};
 use super::summary::{S3Session, print_s3_summary};
 
 /// `ftpipe pull`'s flags. The transfer flags are `fetch`'s; their help
@@ -20,14 +21,22 @@ use super::summary::{S3Session, print_s3_summary};
 #[derive(Args)]
 #[command(mut_args(in_pull_words))]
 pub struct PullArgs {
-    /// Where the artifact is published: s3://BUCKET/PREFIX.
-    #[arg(value_name = "S3_URL")]
+    /// Where the artifact is published: s3://BUCKET/PREFIX, or
+    /// oci://REGISTRY/REPOSITORY:TAG or @sha256:HEX (a ModelPack artifact;
+    /// a tag is pinned to the manifest digest it names).
+    #[arg(value_name = "SOURCE")]
     pub source: String,
     /// DIR: the artifact is pulled into DIR/artifact.
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
     pub s3: S3Args,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// When the oci:// tag names another manifest than the one DIR pinned,
+    /// start over from the new one (refused otherwise).
+    #[arg(long, help_heading = heading::REGISTRY)]
+    pub repin: bool,
     #[command(flatten)]
     pub stall: StallArgs,
     /// Files transferred in parallel (1 to 64).
@@ -74,6 +83,9 @@ fn in_pull_words(arg: Arg) -> Arg {
 
 /// Pulls a published artifact into DIR/artifact.
 pub async fn run(args: PullArgs) -> anyhow::Result<bool> {
+    if args.source.starts_with(ftpipe_objstore::OCI_SCHEME) {
+        return run_oci(args).await;
+    }
     let location = ftpipe_objstore::S3Location::parse(&args.source)?;
     let config = args.s3.config(args.stall).await?;
     let session = S3Session::of(&config);
@@ -100,24 +112,59 @@ pub async fn run(args: PullArgs) -> anyhow::Result<bool> {
     let outcome = outcome?;
     let ProgressArgs { quiet, json } = args.progress;
     print_s3_summary(json, quiet, &session, &outcome, || {
-        format!(
-            "{} {}
+        pulled_text(&outcome, &args.out)
+    });
+    Ok(true)
+}
+
+/// The text summary of a pull.
+fn pulled_text(outcome: &ftpipe_pipeline::PullOutcome, out: &std::path::Path) -> String {
+    format!(
+        "{} {}
 fingerprint      {}
 manifest sha256  {}
 components       {} ({} bytes), verified in {}
 ",
-            if outcome.already_pulled {
-                "already pulled from"
-            } else {
-                "pulled from"
-            },
-            outcome.source,
-            outcome.fingerprint,
-            outcome.manifest_sha256,
-            outcome.components,
-            outcome.bytes,
-            ftpipe_pipeline::Layout::new(&args.out).artifact().display()
-        )
+        if outcome.already_pulled {
+            "already pulled from"
+        } else {
+            "pulled from"
+        },
+        outcome.source,
+        outcome.fingerprint,
+        outcome.manifest_sha256,
+        outcome.components,
+        outcome.bytes,
+        ftpipe_pipeline::Layout::new(out).artifact().display()
+    )
+}
+
+/// Pulls a ModelPack artifact from a registry into DIR/artifact.
+async fn run_oci(args: PullArgs) -> anyhow::Result<bool> {
+    let reference = ftpipe_objstore::OciReference::parse(&args.source)?;
+    let config = args.registry.config(&reference, args.stall)?;
+    let session = RegistrySession::of(&reference, &config);
+    let options = fetch_options(
+        args.jobs.min(args.transfer.connections),
+        &args.transfer,
+        &args.resume,
+        None,
+        !args.no_preflight,
+    )?;
+    let pipeline = Pipeline::open(&args.out, "pull").await?;
+    let rep = args.progress.reporter();
+    let params = ftpipe_pipeline::OciPullParams {
+        reference,
+        config,
+        options,
+        repin: args.repin,
+    };
+    let outcome = pipeline.pull_oci(&params, rep.clone()).await;
+    rep.finish();
+    let outcome = outcome?;
+    let ProgressArgs { quiet, json } = args.progress;
+    print_registry_summary(json, quiet, &session, &outcome, || {
+        pulled_text(&outcome, &args.out)
     });
     Ok(true)
 }

@@ -7,8 +7,10 @@
 //!
 //! The implementations: the hub's HTTP (the fixture hub, which injects the
 //! faults), a mirror in object storage (`fetch --endpoint s3://…`, moto
-//! behind the lying proxy of `common::lying_proxy`) and `pull` of a
-//! published artifact (the same). Each check drives the real binary with
+//! behind the lying proxy of `common::lying_proxy`), `pull` of a
+//! published artifact (the same), and `pull oci://…` from the distribution
+//! registry (behind the same proxy; every check but the changed validator,
+//! which a content-addressed blob cannot have). Each check drives the real binary with
 //! one connection, so the file under test is read as one stream:
 //!
 //! - `resume_after_a_kill`: killed after a checkpoint, the re-run asks
@@ -104,6 +106,8 @@ impl Source for Hub {
                 status: 503,
                 secs: 1,
             },
+            // The body's byte `at` of a whole answer is the file's.
+            Lie::Corrupt { at } => Fault::FlipByte { offset: at as u64 },
             Lie::Stall { after, hold } => Fault::Stall {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
@@ -537,3 +541,143 @@ macro_rules! conformance {
 }
 
 conformance!(hub, mirror, pull);
+
+/// The registry's blobs (`pull oci://…`, the distribution registry behind
+/// the lying proxy): a layer is asked by its digest.
+struct Oci {
+    _reg: crate::common::registry::Registry,
+    proxy: LyingProxy,
+    home: PathBuf,
+    source: String,
+    artifact: PathBuf,
+    digests: std::collections::HashMap<String, String>,
+    largest: (String, u64),
+}
+
+fn registry(tmp: &Path) -> Box<dyn Source> {
+    let src = built(tmp, 64);
+    let reg = crate::common::registry::Registry::start();
+    let o = crate::oci::publish(tmp, &src, &reg.reference("models/qwen:v1"), &[]);
+    assert!(o.status.success(), "publish: {}", stderr(&o));
+    let manifest = manifest_json(&src);
+    let components = manifest["components"].as_array().unwrap();
+    let digests = components
+        .iter()
+        .map(|c| {
+            let path = c["path"].as_str().unwrap().to_owned();
+            (path, format!("sha256:{}", c["sha256"].as_str().unwrap()))
+        })
+        .collect();
+    let largest = components
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_owned(),
+                c["size"].as_u64().unwrap(),
+            )
+        })
+        .max_by_key(|(_, size)| *size)
+        .unwrap();
+    let proxy = LyingProxy::start(&format!("http://{}", reg.host()));
+    let host = proxy.endpoint().trim_start_matches("http://").to_owned();
+    Box::new(Oci {
+        _reg: reg,
+        proxy,
+        home: tmp.to_owned(),
+        source: format!("oci://{host}/models/qwen:v1"),
+        artifact: src.join("artifact"),
+        digests,
+        largest,
+    })
+}
+
+impl Oci {
+    fn blob(&self, path: &str) -> String {
+        format!("blobs/{}", self.digests[path])
+    }
+}
+
+impl Source for Oci {
+    fn command(&self, out: &Path, extra: &[&str]) -> Command {
+        let mut cmd = ftpipe();
+        cmd.env("HOME", &self.home)
+            .env_remove("REGISTRY_AUTH_FILE")
+            .args(["pull", &self.source, "--plain-http", "--out"])
+            .arg(out)
+            .args(["--retry-base-ms", "20"])
+            .args(extra);
+        cmd
+    }
+
+    fn largest(&self) -> (String, u64) {
+        self.largest.clone()
+    }
+
+    fn lie(&self, path: &str, lie: Lie, times: usize) {
+        self.proxy.lie(&self.blob(path), lie, times);
+    }
+
+    fn replace(&self, _path: &str) {
+        unreachable!("a blob is content-addressed: its bytes cannot change under its digest")
+    }
+
+    fn ranges(&self, path: &str) -> Vec<Option<String>> {
+        let suffix = format!("/{}", self.blob(path));
+        self.proxy
+            .seen()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.target.split('?').next().unwrap().ends_with(&suffix))
+            .map(|r| r.range)
+            .collect()
+    }
+
+    fn verify(&self, out: &Path) {
+        assert_eq!(manifest_sha(out), manifest_sha_in(&self.artifact));
+        run_ok(
+            ftpipe()
+                .arg("verify")
+                .arg(out.join("artifact"))
+                .arg("--deep"),
+        );
+    }
+}
+
+/// The registry runs every check but `a_changed_validator_restarts_from_byte_0`:
+/// a blob's validator is its digest, which names its bytes; the same
+/// name can never hold other bytes (a moved tag is a new pin, refused
+/// without `--repin`: `oci::a_tag_naming_another_artifact_is_refused_unless_forced`).
+mod registry {
+    #[test]
+    fn resume_after_a_kill() {
+        super::conform(super::registry, super::resume_after_a_kill);
+    }
+    #[test]
+    fn a_short_body_resumes() {
+        super::conform(super::registry, super::a_short_body_resumes);
+    }
+    #[test]
+    fn a_200_to_a_range_restarts_from_byte_0() {
+        super::conform(
+            super::registry,
+            super::a_200_to_a_range_restarts_from_byte_0,
+        );
+    }
+    #[test]
+    fn a_refused_range_is_retried_from_the_watermark() {
+        super::conform(
+            super::registry,
+            super::a_refused_range_is_retried_from_the_watermark,
+        );
+    }
+    #[test]
+    fn an_endless_body_is_bounded() {
+        super::conform(super::registry, super::an_endless_body_is_bounded);
+    }
+    #[test]
+    fn a_stalled_body_ends_at_the_read_timeout() {
+        super::conform(
+            super::registry,
+            super::a_stalled_body_ends_at_the_read_timeout,
+        );
+    }
+}

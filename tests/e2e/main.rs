@@ -20,6 +20,9 @@
 //!   keeps only what was fsynced.
 //! * `disk_full`: fetch and conversion on small mounts that fill up.
 //! * `nginx`: kill and resume against a real nginx.
+//! * `oci`: `publish` to and `pull` from a real OCI registry (the CNCF
+//!   distribution registry) as a ModelPack artifact; `oras` and `skopeo`
+//!   as peers; moved tags, hostile manifests, lying blobs.
 //! * `hf_cache`: a Hugging Face cache filled by the real `hf download` (Xet
 //!   disabled, and with its defaults through Xet against Hugging Face's
 //!   `local_cas_server`: the shared blob store), the hub's token
@@ -164,6 +167,7 @@ mod interrupt;
 mod limits;
 mod nginx;
 mod no_progress;
+mod oci;
 mod plan;
 mod plan_real_geometry;
 mod powercut;

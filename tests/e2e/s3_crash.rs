@@ -21,7 +21,7 @@ use crate::common::s3::*;
 use crate::common::*;
 use crate::s3::{built, manifest_sha_of_prefix, publish, pull, verify_deep};
 
-fn kills() -> usize {
+pub fn kills() -> usize {
     std::env::var("KILLS")
         .ok()
         .map(|k| k.parse().expect("KILLS must be a number"))
@@ -29,7 +29,7 @@ fn kills() -> usize {
 }
 
 /// Spawns `cmd`, SIGKILLs it after `delay`; whether it finished by itself.
-fn kill_after(cmd: &mut std::process::Command, delay: Duration, label: &str) -> bool {
+pub fn kill_after(cmd: &mut std::process::Command, delay: Duration, label: &str) -> bool {
     let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -80,7 +80,7 @@ fn check_prefix(m: &Moto, prefix: &str, src: &Path, label: &str) -> bool {
 
 /// The publisher's records after a kill: intact, every part row of an
 /// upload in progress within the file.
-fn check_publish_state(src: &Path, label: &str) {
+pub fn check_publish_state(src: &Path, label: &str) {
     assert_eq!(query(src, "PRAGMA integrity_check"), ["ok"], "{label}");
     let bad = query(
         src,
@@ -91,7 +91,7 @@ fn check_publish_state(src: &Path, label: &str) {
 }
 
 /// A pulled DIR after a kill (see the module doc).
-fn check_pull_state(out: &Path, label: &str) {
+pub fn check_pull_state(out: &Path, label: &str) {
     if !out.join(".ftpipe/state.db").exists() {
         return;
     }

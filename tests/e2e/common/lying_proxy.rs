@@ -1,6 +1,7 @@
-//! A lying HTTP proxy on loopback in front of a real server (moto): every
-//! request is passed through unchanged, except the next GETs (or, for
-//! [`Lie::ForbidHead`], HEADs) of an object a [`Lie`] was armed for. It speaks plain HTTP/1.1, one request per
+//! A lying HTTP proxy on loopback in front of a real server (moto, the
+//! distribution registry): every request is passed through unchanged,
+//! except the next GETs (or, for [`Lie::ForbidHead`], HEADs) of an object
+//! a [`Lie`] was armed for. It speaks plain HTTP/1.1, one request per
 //! connection (it answers `Connection: close`), which every client the
 //! tests drive handles.
 
@@ -28,6 +29,12 @@ pub enum Lie {
     /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
     /// bytes */SIZE` of the object upstream), whatever was asked.
     RefuseRange,
+    /// Passes the answer with the body byte at `at` flipped (the bytes no
+    /// longer those of the object's digest).
+    Corrupt {
+        /// Offset in the body of the flipped byte.
+        at: usize,
+    },
     /// Answers `503 Slow Down` with S3's `SlowDown` error document, as S3
     /// does when it sheds load; nothing goes upstream.
     SlowDown,
@@ -215,6 +222,13 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     match lie {
         Some(Lie::ShortBody { after }) => {
             conn.write_all(&answer_body[..after.min(answer_body.len())])?;
+        }
+        Some(Lie::Corrupt { at }) => {
+            let mut body = answer_body.to_vec();
+            if let Some(b) = body.get_mut(at) {
+                *b ^= 0xff;
+            }
+            conn.write_all(&body)?;
         }
         Some(Lie::Stall { after, hold }) => {
             let (first, rest) = answer_body.split_at(after.min(answer_body.len()));

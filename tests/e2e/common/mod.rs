@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 use ftpipe_fixtures::{HubBuilder, RepoFile, RunningHub, checkpoint};
 
 pub mod lying_proxy;
+pub mod registry;
 pub mod s3;
 pub mod xet;
 

@@ -151,6 +151,8 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l s3-endpoint -d
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l part-size -d 'Part size of multipart uploads; smaller files go in one put (at least 64KiB; S3 itself needs 5MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l concurrency -d 'Parts in flight at once (1 to 64)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l read-timeout -d 'No byte for this many seconds (waiting for an answer or inside its body) ends the attempt, which is then retried (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l plain-http -d 'Speak plain http to the registry of an oci:// reference (a loopback or test registry; a warning for any other host). Credentials come from REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json or ~/.docker/config.json (`auths`; credential helpers are not run); a registry\'s Bearer challenge is answered with a token from its realm, which must be on the registry\'s host'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l force-tag -d 'Move the tag of an oci:// destination when it names another artifact (refused otherwise)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -l json -d 'A JSON summary'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand publish" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -166,6 +168,8 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l split-below-rate 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l plain-http -d 'Speak plain http to the registry of an oci:// reference (a loopback or test registry; a warning for any other host). Credentials come from REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json or ~/.docker/config.json (`auths`; credential helpers are not run); a registry\'s Bearer challenge is answered with a token from its realm, which must be on the registry\'s host'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l repin -d 'When the oci:// tag names another manifest than the one DIR pinned, start over from the new one (refused otherwise)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l buffered-io -d 'Write through the page cache instead of O_DIRECT'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l no-preflight -d 'Skip the free-space check before starting'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l quiet -d 'Print nothing on success (errors still go to stderr)'

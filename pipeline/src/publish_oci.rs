@@ -1,0 +1,248 @@
+//! `publish DIR oci://REGISTRY/REPOSITORY[:TAG]`: a verified artifact into
+//! an OCI registry as a ModelPack artifact ([`crate::modelpack`]).
+//!
+//! Order, and what each step proves:
+//!
+//! 1. `DIR/artifact` is verified and its `manifest.json` read: every
+//!    layer's digest is the manifest's SHA-256 (the file is hashed once
+//!    more only as its bytes are sent, which the upload already does).
+//! 2. The tag is asked for (`HEAD`): naming this artifact's manifest
+//!    digest already, the publish is a no-op that sends no write request;
+//!    naming another, it is refused unless `--force-tag`.
+//! 3. Every blob not in the repository (`HEAD`) is uploaded through the
+//!    output-target seam ([`ftpipe_objstore::OciTarget`]) with the
+//!    machinery `s3://` uses ([`crate::publish::upload_file`]): a blob
+//!    larger than the part size is a chunked upload whose location and
+//!    acknowledged chunks are durable in `state.db` before the next chunk,
+//!    so a killed publish resumes the session where the registry's last
+//!    acknowledged location says (a session the registry forgot or
+//!    cancelled is abandoned and one new upload sends the blob). The
+//!    registry checks each blob's digest when it completes.
+//! 4. The config blob, then the manifest by digest, then the tag: until
+//!    the tag is put, a puller of the tag finds the previous artifact or
+//!    nothing; once it is, every blob it names is complete.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use ftpipe_artifact::manifest::{MANIFEST_FILE, sha256_hex};
+use ftpipe_fs::crashpoint::{self, CrashPoint};
+use ftpipe_objstore::{
+    OciReference, OciTarget, Pointer, PutMode, Registry, RegistryConfig, SharedTarget,
+};
+use ftpipe_receipts::{PublicationOutcome, UploadOp};
+
+use crate::Pipeline;
+use crate::error::{PipelineError, Result};
+use crate::modelpack::{
+    Descriptor, LayerFile, MODEL_CONFIG_MEDIA_TYPE, layer_of, model_config, model_manifest,
+};
+use crate::publish::{Ctx, Tally, artifact_items, read_verified_manifest, record, upload_file};
+
+/// What `publish` to a registry needs from the command line.
+#[derive(Debug, Clone)]
+pub struct OciPublishParams {
+    /// `oci://REGISTRY/REPOSITORY:TAG`.
+    pub reference: OciReference,
+    /// How to reach the registry.
+    pub config: RegistryConfig,
+    /// Chunk size of uploads; blobs up to it go in one request.
+    pub part_size: u64,
+    /// Move the tag when it names another artifact.
+    pub force_tag: bool,
+}
+
+/// What a publish to a registry did.
+#[derive(Debug, Clone, Serialize)]
+pub struct OciPublishOutcome {
+    /// `oci://REGISTRY/REPOSITORY:TAG`.
+    pub dest: String,
+    /// The artifact's fingerprint.
+    pub fingerprint: String,
+    /// The ModelPack manifest's digest (`sha256:HEX`).
+    pub manifest_digest: String,
+    /// SHA-256 of `manifest.json`.
+    pub manifest_sha256: String,
+    /// Blobs of the artifact (layers and config).
+    pub objects: usize,
+    /// Blobs uploaded by this run.
+    pub uploaded: usize,
+    /// Blobs the repository had: nothing sent.
+    pub reused: usize,
+    /// Body bytes this run sent.
+    pub bytes_sent: u64,
+    /// The tag already named this manifest: nothing was written.
+    pub already_published: bool,
+}
+
+/// The ModelPack artifact of `DIR/artifact`, as it will be pushed.
+struct Pack {
+    fingerprint: String,
+    manifest_sha256: String,
+    files: Vec<LayerFile>,
+    config: Vec<u8>,
+    config_digest: String,
+    manifest: Vec<u8>,
+    manifest_digest: String,
+}
+
+impl Pipeline {
+    /// Publishes `DIR/artifact` to the registry (see the module doc).
+    pub async fn publish_oci(&self, p: &OciPublishParams) -> Result<OciPublishOutcome> {
+        let Pointer::Tag(tag) = &p.reference.pointer else {
+            return Err(PipelineError::InvalidInput {
+                what: "destination",
+                message: format!(
+                    "{}: publish takes a tag (oci://REGISTRY/REPOSITORY:TAG); the digest is the manifest's",
+                    p.reference
+                ),
+            });
+        };
+        let pack = self.pack()?;
+        let oci = Arc::new(OciTarget::new(Registry::open(&p.reference, &p.config)?));
+        let mut outcome = OciPublishOutcome {
+            dest: p.reference.to_string(),
+            fingerprint: pack.fingerprint.clone(),
+            manifest_digest: pack.manifest_digest.clone(),
+            manifest_sha256: pack.manifest_sha256.clone(),
+            objects: unique_blobs(&pack.files).saturating_add(1),
+            uploaded: 0,
+            reused: 0,
+            bytes_sent: 0,
+            already_published: false,
+        };
+        let target: SharedTarget = oci.clone();
+        let ctx = Ctx::new(target, self, p.part_size, 1);
+        let registry = oci.registry();
+        let key = format!("manifests/{tag}");
+        let head = ctx
+            .attempt(&key, UploadOp::Head, None, 0, registry.head_manifest(tag))
+            .await?;
+        match head {
+            Some((theirs, _)) if theirs == pack.manifest_digest => {
+                outcome.already_published = true;
+                let done = PublicationOutcome::AlreadyPublished;
+                record(&ctx, &pack.fingerprint, &pack.manifest_sha256, done).await?;
+                return Ok(outcome);
+            }
+            Some((theirs, _)) if !p.force_tag => {
+                return Err(PipelineError::TagHoldsAnother {
+                    tag: p.reference.to_string(),
+                    theirs,
+                    ours: pack.manifest_digest,
+                });
+            }
+            _ => {}
+        }
+        let tally = push_blobs(&ctx, self.layout.artifact(), &pack).await?;
+        (outcome.uploaded, outcome.reused) = (tally.uploaded, tally.reused);
+        outcome.bytes_sent = tally.bytes_sent;
+        crashpoint::hit(CrashPoint::PublishComponentsDone);
+        push_manifest(&ctx, registry, &pack, tag).await?;
+        let published = PublicationOutcome::Published;
+        record(&ctx, &pack.fingerprint, &pack.manifest_sha256, published).await?;
+        Ok(outcome)
+    }
+
+    /// The ModelPack artifact of the verified `DIR/artifact`.
+    fn pack(&self) -> Result<Pack> {
+        let artifact = self.layout.artifact();
+        let (manifest, manifest_bytes) = read_verified_manifest(artifact)?;
+        let manifest_sha256 = sha256_hex(&manifest_bytes);
+        let mut files: Vec<LayerFile> = artifact_items(artifact, &manifest)?
+            .into_iter()
+            .map(|i| LayerFile {
+                path: i.path,
+                size: i.size,
+                sha256: i.sha256,
+            })
+            .collect();
+        files.push(LayerFile {
+            path: MANIFEST_FILE.to_owned(),
+            size: manifest_bytes.len() as u64,
+            sha256: manifest_sha256.clone(),
+        });
+        let layers: Vec<Descriptor> = files.iter().map(layer_of).collect();
+        let config = model_config(&manifest, &layers)?;
+        let config_digest = format!("sha256:{}", sha256_hex(&config));
+        let config_descriptor = Descriptor {
+            media_type: MODEL_CONFIG_MEDIA_TYPE.to_owned(),
+            digest: config_digest.clone(),
+            size: config.len() as u64,
+            annotations: Default::default(),
+        };
+        let oci = model_manifest(&manifest.fingerprint, config_descriptor, layers)?;
+        Ok(Pack {
+            fingerprint: manifest.fingerprint,
+            manifest_sha256,
+            files,
+            manifest_digest: format!("sha256:{}", sha256_hex(&oci)),
+            config,
+            config_digest,
+            manifest: oci,
+        })
+    }
+}
+
+/// Blobs among `files` (two files of the same bytes are one blob).
+fn unique_blobs(files: &[LayerFile]) -> usize {
+    files
+        .iter()
+        .map(|f| &f.sha256)
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+/// Every layer's blob and the config blob, each skipped when the
+/// repository has it.
+async fn push_blobs(ctx: &Ctx, artifact: &std::path::Path, pack: &Pack) -> Result<Tally> {
+    let mut tally = Tally::default();
+    let mut seen = HashSet::new();
+    for file in &pack.files {
+        if !seen.insert(file.sha256.as_str()) {
+            continue;
+        }
+        let item = crate::publish::Item {
+            path: file.path.clone(),
+            size: file.size,
+            sha256: file.sha256.clone(),
+        };
+        let key = ctx.target.key(&file.sha256);
+        tally.add(upload_file(ctx, artifact, &key, &item).await?);
+        crashpoint::hit(CrashPoint::UploadVerified);
+    }
+    let key = pack.config_digest.clone();
+    let there = ctx
+        .attempt(&key, UploadOp::Head, None, 0, ctx.target.head(&key))
+        .await?;
+    if there.is_some() {
+        tally.add(None);
+    } else {
+        let size = pack.config.len() as u64;
+        let sha256 = key.trim_start_matches("sha256:");
+        let bytes = Bytes::from(pack.config.clone());
+        let put = ctx.target.put(&key, bytes, sha256, PutMode::Replace);
+        ctx.attempt(&key, UploadOp::Put, None, size, put).await?;
+        tally.add(Some(size));
+    }
+    Ok(tally)
+}
+
+/// The manifest by digest, then the tag.
+async fn push_manifest(ctx: &Ctx, registry: &Registry, pack: &Pack, tag: &str) -> Result<()> {
+    let bytes = Bytes::from(pack.manifest.clone());
+    let size = bytes.len() as u64;
+    let by_digest = registry.put_manifest(&pack.manifest_digest, bytes.clone());
+    let key = format!("manifests/{}", pack.manifest_digest);
+    ctx.attempt(&key, UploadOp::PutCommit, None, size, by_digest)
+        .await?;
+    crashpoint::hit(CrashPoint::PublishManifestPut);
+    let key = format!("manifests/{tag}");
+    let by_tag = registry.put_manifest(tag, bytes);
+    ctx.attempt(&key, UploadOp::PutCommit, None, size, by_tag)
+        .await?;
+    Ok(())
+}
