@@ -4,6 +4,9 @@
 //! back as zeros and holds no block. Used by a budgeted run to keep only
 //! the PLE spans of a converted source file (`convert::keep`).
 //!
+//! On a volume that cannot punch, [`copy_aside`] writes the kept ranges
+//! back to back into a copy elsewhere, durably, so the file can go whole.
+//!
 //! A filesystem frees whole blocks only: a range is punched from and to
 //! multiples of the volume's allocation unit ([`probe`]), so the bytes a
 //! file still holds are exactly its kept ranges widened to that unit.
@@ -68,6 +71,44 @@ pub fn punch_holes(path: &Path, holes: &[(u64, u64)]) -> std::io::Result<()> {
         punch(&file, offset, len)?;
     }
     file.sync_all()
+}
+
+/// Copies the `(offset, len)` ranges of the regular file at `from` (never
+/// following a link), back to back in the order given, into `to` under
+/// `root`, durably: directories created and synced up to `root`, a temp
+/// file beside `to` written, synced, renamed, its directory synced. Only
+/// then may a row claim the copy. Returns the copy's length.
+pub fn copy_aside(
+    from: &Path,
+    ranges: &[(u64, u64)],
+    root: &Path,
+    to: &Path,
+) -> crate::error::Result<u64> {
+    use crate::error::FsError;
+    use std::os::unix::fs::FileExt;
+    const CHUNK: u64 = 1 << 20;
+    let dir = to.parent().unwrap_or(root);
+    crate::durable::create_dirs_durably(root, dir).map_err(|e| FsError::io("create", dir, e))?;
+    let name = to.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(crate::durable::temp_name(&name));
+    let src = nofollow::open_read(from).map_err(|e| FsError::io("open", from, e))?;
+    let out = nofollow::create_truncated(&tmp).map_err(|e| FsError::io("create", &tmp, e))?;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut written = 0u64;
+    for &(offset, len) in ranges {
+        let mut at = 0u64;
+        while at < len {
+            let n = usize::try_from((len - at).min(CHUNK)).unwrap_or(buf.len());
+            src.read_exact_at(&mut buf[..n], offset.saturating_add(at))
+                .map_err(|e| FsError::io("read", from, e))?;
+            out.write_all_at(&buf[..n], written)
+                .map_err(|e| FsError::io("write", &tmp, e))?;
+            at += n as u64;
+            written = written.saturating_add(n as u64);
+        }
+    }
+    crate::durable::publish(&out, &tmp, to)?;
+    Ok(written)
 }
 
 /// Whether `e` says the filesystem cannot punch holes (`EOPNOTSUPP`).
