@@ -51,13 +51,18 @@ pub(crate) fn held_len(m: &std::fs::Metadata) -> u64 {
 
 impl Sampler {
     pub(crate) fn start(dir: PathBuf) -> Sampler {
+        Sampler::start_all(vec![dir])
+    }
+
+    /// Samples the sum over `dirs`.
+    pub(crate) fn start_all(dirs: Vec<PathBuf>) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let max = Arc::new(AtomicU64::new(0));
         let samples = Arc::new(AtomicU64::new(0));
         let (s, m, n) = (stop.clone(), max.clone(), samples.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                m.fetch_max(bytes_under(&dir), Ordering::SeqCst);
+                m.fetch_max(dirs.iter().map(|d| bytes_under(d)).sum(), Ordering::SeqCst);
                 n.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
