@@ -253,3 +253,48 @@ fn a_changed_copy_aside_is_refused_on_resume() {
     );
     assert!(!out.join("artifact/manifest.json").exists());
 }
+
+/// Issue 35, item 7: `run --retire-sources` alone held converted PLE
+/// shards whole until the Q3 table was written. On a volume that cannot
+/// punch holes it now copies their PLE spans aside and releases them as a
+/// budgeted run does: a kill right after the first release is reached
+/// (the shard gone, its copy holding exactly its PLE spans), and the
+/// resumed run ends with the reference manifest, no shard and no copy
+/// left.
+#[test]
+fn retire_sources_alone_copies_ple_spans_aside() {
+    let files = generate_release_repo(29, &ReleaseShape::tiny_spread());
+    let hub = hub_serving(files);
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((_mounted, root)) = no_punch_volume(tmp.path()) else {
+        return;
+    };
+    let plain = tmp.path().join("plain");
+    run_ok(&mut run_cmd(&ep, &plain, crate::chain_crash::ARGS));
+    let reference = manifest_sha(&plain);
+    let mut args = crate::chain_crash::ARGS.to_vec();
+    args.push("--retire-sources");
+    let out = root.join("out");
+    let o = run(run_cmd(&ep, &out, &args).env("FTPIPE_CRASH_AT", "copy-released#1"));
+    assert!(
+        !o.status.success() && stderr(&o).contains("FTPIPE_CRASH_AT=copy-released#1"),
+        "--retire-sources did not copy aside: {}",
+        stderr(&o)
+    );
+    let rows = query(&out, "SELECT path || ' ' || kept_bytes FROM source_punches");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (path, kept) = rows[0].split_once(' ').unwrap();
+    assert!(!out.join("source").join(path).exists(), "{path} released");
+    let copy = std::fs::metadata(out.join(".ftpipe/kept").join(path)).unwrap();
+    assert_eq!(copy.len().to_string(), kept);
+    let o = run(&mut run_cmd(&ep, &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    crate::chain_crash::check_finished(&hub, &out, &reference, "--retire-sources");
+    assert!(files_in(&out.join(".ftpipe/kept")).is_empty());
+    let shards: Vec<String> = files_in(&out.join("source"))
+        .into_iter()
+        .filter(|f| f.ends_with(".safetensors"))
+        .collect();
+    assert!(shards.is_empty(), "{shards:?}");
+}
