@@ -111,6 +111,9 @@ crash_points! {
     PunchLogged = "punch-logged",
     /// A source's holes punched and synced, nothing after it done.
     PunchDone = "punch-done",
+    /// The hole-punching probe's scratch file written in `DIR`, not yet
+    /// punched or removed.
+    PunchProbing = "punch-probing",
     /// A source's kept ranges copied aside (the copy renamed and its
     /// directory synced), its row not committed.
     KeptCopied = "kept-copied",

@@ -23,12 +23,43 @@ use crate::nofollow;
 /// punched in files there (checked on a scratch file: a block punched out
 /// of it must stop being allocated); `None` when they cannot (the
 /// filesystem refuses, or `dir` is not writable).
+///
+/// Scratch files a probe killed before its cleanup left in `dir` (named
+/// for a process that no longer runs) are removed first.
 pub fn probe(dir: &Path) -> Option<u64> {
     let unit = std::fs::metadata(dir).ok()?.blksize().max(512);
-    let path = dir.join(format!(".ftpipe-punch-probe-{}", std::process::id()));
+    remove_stale_probes(dir);
+    let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
     let probed = probe_file(&path, unit);
     let _ = std::fs::remove_file(&path);
     probed.then_some(unit)
+}
+
+/// The name of a probe's scratch file, less the prober's process id.
+const PROBE_PREFIX: &str = ".ftpipe-punch-probe-";
+
+/// Removes every probe scratch file in `dir` whose process is gone (no
+/// `/proc/PID`): a probe still running keeps its own. Best effort: a file
+/// that cannot be removed is left for the next probe.
+fn remove_stale_probes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PROBE_PREFIX))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let ours = pid == std::process::id().to_string();
+        let running = Path::new("/proc").join(pid).exists();
+        if (ours || !running) && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn probe_file(path: &Path, unit: u64) -> bool {
@@ -41,6 +72,7 @@ fn probe_file(path: &Path, unit: u64) -> bool {
     if std::io::Write::write_all(&mut &file, &vec![1u8; len]).is_err() || file.sync_all().is_err() {
         return false;
     }
+    crate::crashpoint::hit(crate::crashpoint::CrashPoint::PunchProbing);
     let before = allocated(&file);
     punch(&file, 0, unit).is_ok() && allocated(&file) < before
 }
@@ -126,6 +158,21 @@ pub fn held_bytes(path: &Path) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_removes_scratch_files_of_processes_that_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(format!("{PROBE_PREFIX}4294967294"));
+        let live = dir.path().join(format!("{PROBE_PREFIX}1"));
+        let other = dir.path().join(format!("{PROBE_PREFIX}x"));
+        for p in [&stale, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let _ = probe(dir.path());
+        assert!(!stale.exists(), "a dead process's probe file is removed");
+        assert!(live.exists(), "pid 1 runs: its probe file is kept");
+        assert!(other.exists(), "not a probe file name");
+    }
 
     #[test]
     fn a_punched_range_reads_zeros_and_frees_its_blocks() {

@@ -334,3 +334,46 @@ fn retire_sources_alone_punches_ple_shards() {
     crate::chain_crash::check_finished(&hub, &out, &reference, "--retire-sources");
     assert_eq!(bytes_under(&out.join("source")), resident_on_disk(&out));
 }
+
+/// Issue 35, item 7: the hole-punching probe writes a scratch file
+/// `.ftpipe-punch-probe-PID` in `DIR`; a process killed during the probe
+/// left it there for good. The next probe removes it (its process is
+/// gone), and keeps one whose process still runs.
+#[test]
+fn a_probe_file_left_by_a_kill_is_removed_by_the_next_probe() {
+    let files = generate_release_repo(31, &ReleaseShape::tiny_spread());
+    let hub = hub_serving(files);
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let probes = |out: &Path| -> Vec<String> {
+        std::fs::read_dir(out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".ftpipe-punch-probe-"))
+            .collect()
+    };
+    let plan = || {
+        let mut cmd = ftpipe();
+        cmd.args(["plan", REPO, "--remote", "--endpoint", &ep, "--out"])
+            .arg(&out)
+            .args(["--disk-budget", "1TB", "--json"]);
+        cmd
+    };
+    let o = run(plan().env("FTPIPE_CRASH_AT", "punch-probing"));
+    assert!(
+        !o.status.success() && stderr(&o).contains("FTPIPE_CRASH_AT=punch-probing"),
+        "{}",
+        stderr(&o)
+    );
+    let left = probes(&out);
+    assert_eq!(left.len(), 1, "the kill left the scratch file: {left:?}");
+    // One of a process that still runs (this test) is not touched.
+    let live = format!(".ftpipe-punch-probe-{}", std::process::id());
+    std::fs::write(out.join(&live), b"x").unwrap();
+    let o = run(&mut plan());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(probes(&out), vec![live]);
+}
