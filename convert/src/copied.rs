@@ -49,7 +49,8 @@ pub(crate) async fn copy_aside(
     let path = ftpipe_fs::paths::safe_join(paths.source(), file)?;
     let copy = copy_path(paths, file)?;
     let hashed = block_in_place(|| hash_ranges(&path, kept))?;
-    let len = block_in_place(|| ftpipe_fs::punch::copy_aside(&path, kept, paths.state_dir(), &copy))?;
+    let len =
+        block_in_place(|| ftpipe_fs::punch::copy_aside(&path, kept, paths.state_dir(), &copy))?;
     if len != total(kept) {
         return Err(ConvertError::internal(format!(
             "the copy of {file}'s PLE spans has {len} bytes, expected {}",
@@ -106,7 +107,10 @@ pub fn check_copy(paths: &Layout, record: &PunchRecord) -> Result<()> {
                 0,
                 0,
                 0,
-                format!("is missing: the copy has {found} bytes, {} logged", record.kept_bytes),
+                format!(
+                    "is missing: the copy has {found} bytes, {} logged",
+                    record.kept_bytes
+                ),
             ));
         }
         let mut at = 0u64;
@@ -172,7 +176,9 @@ fn files_under(root: &Path, dir: &Path, out: &mut Vec<String>) -> Result<()> {
     };
     for e in entries {
         let e = e.map_err(|e| ConvertError::io("list", dir, e))?;
-        let t = e.file_type().map_err(|err| ConvertError::io("stat", e.path(), err))?;
+        let t = e
+            .file_type()
+            .map_err(|err| ConvertError::io("stat", e.path(), err))?;
         if t.is_dir() {
             files_under(root, &e.path(), out)?;
         } else if t.is_file()

@@ -31,9 +31,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, write_atomic_json};
 use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
-use ftpipe_receipts::{
-    ComponentReceipt, FileRow, KeptMethod, PunchRecord, Receipt, RunId, Store,
-};
+use ftpipe_receipts::{ComponentReceipt, FileRow, KeptMethod, PunchRecord, Receipt, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};

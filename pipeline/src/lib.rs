@@ -172,7 +172,12 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stag
 fn check_no_links(layout: &Layout) -> Result<()> {
     use ftpipe_fs::nofollow::{check_absent_or_regular, check_real_dirs};
     let kept = layout.kept();
-    for dir in [layout.state_dir(), &kept, layout.source(), layout.artifact()] {
+    for dir in [
+        layout.state_dir(),
+        &kept,
+        layout.source(),
+        layout.artifact(),
+    ] {
         check_real_dirs(layout.dir(), dir)
             .map_err(|(path, source)| FsError::io("open", path, source))?;
     }

@@ -46,9 +46,8 @@ pub use convert_store::{
 pub use error::{Result, StoreError};
 pub use events::{
     ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, FoundObject, KeptMethod,
-    Placement,
-    PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp, UploadOutcome,
-    UploadState,
+    Placement, PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp,
+    UploadOutcome, UploadState,
 };
 pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,

@@ -328,7 +328,12 @@ fn retire_sources_alone_punches_ple_shards() {
     assert_eq!(punched.len(), 1, "{punched:?}");
     let m = std::fs::metadata(out.join("source").join(&punched[0])).unwrap();
     let held = crate::budgeted_run::held_len(&m);
-    assert!(held < m.len(), "{}: holds {held} of {}", punched[0], m.len());
+    assert!(
+        held < m.len(),
+        "{}: holds {held} of {}",
+        punched[0],
+        m.len()
+    );
     let o = run(&mut run_cmd(&ep, &out, &args));
     assert!(o.status.success(), "{}", stderr(&o));
     crate::chain_crash::check_finished(&hub, &out, &reference, "--retire-sources");

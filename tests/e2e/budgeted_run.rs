@@ -184,7 +184,8 @@ pub(crate) fn budget_args(budget: u64) -> Vec<String> {
 
 /// Source bytes on disk after a kill: never past the budget.
 pub(crate) fn check_held(out: &Path, budget: u64, label: &str) {
-    let held = bytes_under(&out.join("source"));
+    // PLE spans copied aside are source bytes too.
+    let held = bytes_under(&out.join("source")) + bytes_under(&out.join(".ftpipe/kept"));
     assert!(
         held <= budget,
         "{label}: {held} bytes of sources on disk, budget {budget}"

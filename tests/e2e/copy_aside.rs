@@ -124,7 +124,10 @@ fn on_a_volume_that_cannot_punch_ple_spans_are_copied_aside() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(manifest_sha(&out), want);
     assert!(samples > 10 && seen > 0, "{samples} samples, {seen}");
-    assert!(seen <= minimum, "the sampler saw {seen} bytes, budget {minimum}");
+    assert!(
+        seen <= minimum,
+        "the sampler saw {seen} bytes, budget {minimum}"
+    );
     // Every PLE file but the last converted was copied aside, then retired
     // with its copy.
     let rows = query(&out, "SELECT method || ' ' || ended FROM source_punches");
@@ -170,7 +173,11 @@ fn every_copy_aside_crash_point_resumes_to_the_reference() {
     for (point, logged) in [("kept-copied", 1), ("copy-logged", 2), ("copy-released", 2)] {
         for unbudgeted in [false, true] {
             let at = format!("{point}#2");
-            let how = if unbudgeted { "without a budget" } else { "with it" };
+            let how = if unbudgeted {
+                "without a budget"
+            } else {
+                "with it"
+            };
             let label = format!("{at}, resumed {how}");
             let out = root.join(format!("out-{point}-{unbudgeted}"));
             let o = run(run_cmd(&ep, &out, &budgeted).env("FTPIPE_CRASH_AT", &at));
@@ -181,7 +188,10 @@ fn every_copy_aside_crash_point_resumes_to_the_reference() {
             );
             check_after_kill(&out, &label);
             let held = held_under(&out);
-            assert!(held <= minimum, "{label}: {held} bytes held, budget {minimum}");
+            assert!(
+                held <= minimum,
+                "{label}: {held} bytes held, budget {minimum}"
+            );
             assert_eq!(files_in(&out.join(".ftpipe/kept")).len(), 2, "{label}");
             let s = sampler(&out);
             let resumed = if unbudgeted {

@@ -220,8 +220,9 @@ fn check_on_disk(
             }
             return Ok(line.problem.is_none());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound
-            && let Some(copy) = p.punch.filter(|k| k.method == KeptMethod::CopyAside) =>
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && let Some(copy) = p.punch.filter(|k| k.method == KeptMethod::CopyAside) =>
         {
             out.retirement.retained_files += 1;
             out.retirement.retained_bytes += copy.kept_bytes;
@@ -283,13 +284,13 @@ fn check_punched(
     line.punched_bytes = punched;
     line.punched = Some(match punch.method {
         KeptMethod::Punch => format!(
-            "run {} punched {punched} bytes out once every span but the PLE table's was converted; {} bytes kept in {} range(s) until the PLE table is written",
+            "run {} punched {punched} bytes out once every span but the PLE table's was converted (under --disk-budget or --retire-sources); {} bytes kept in {} range(s) until the PLE table is written",
             punch.run_id,
             punch.kept_bytes,
             punch.kept.len()
         ),
         KeptMethod::CopyAside => format!(
-            "run {} released the file ({} bytes) once every span but the PLE table's was converted, after copying its {} PLE range(s) ({} bytes) aside to .ftpipe/kept/{} (this volume cannot punch holes), kept until the PLE table is written",
+            "run {} released the file ({} bytes) once every span but the PLE table's was converted (under --disk-budget or --retire-sources), after copying its {} PLE range(s) ({} bytes) aside to .ftpipe/kept/{} (this volume cannot punch holes), kept until the PLE table is written",
             punch.run_id,
             punch.size,
             punch.kept.len(),
