@@ -62,14 +62,19 @@ impl Write for HashingWriter {
     }
 }
 
-/// Read access to the source files under `DIR/source`.
+/// A source read from its copy aside: the copy, and where each kept
+/// range sits in it (`(source offset, len, copy offset)`, in source order).
+type CopiedSource = (PathBuf, Vec<(u64, u64, u64)>);
+
+/// Read access to the source files under `DIR/source` (and the copies
+/// aside of released ones).
 #[derive(Clone)]
 pub struct Sources {
     root: PathBuf,
     /// Sources released after their kept ranges were copied aside: the
     /// copy, and where each range sits in it (`(source offset, len, copy
     /// offset)`, in source order).
-    copies: BTreeMap<String, (PathBuf, Vec<(u64, u64, u64)>)>,
+    copies: BTreeMap<String, CopiedSource>,
 }
 
 impl Sources {
