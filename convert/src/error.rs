@@ -481,6 +481,26 @@ pub enum ConvertError {
         /// The SHA-256 read now.
         found: String,
     },
+    /// The copy aside of a released source's PLE spans does not hold what
+    /// was logged when it was made.
+    #[error(
+        "source {source_file} was released after its PLE spans were copied aside to {copy}, and the copy's range for source offset {offset} ({len} bytes, at {at} in the copy) {problem}: the copy was changed since; fetch the source again with `ftpipe fetch --reacquire`"
+    )]
+    KeptCopyChanged {
+        /// The released source file (repo-relative).
+        source_file: String,
+        /// The copy's path.
+        copy: String,
+        /// The range's offset in the source.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// Its offset in the copy.
+        at: u64,
+        /// What is wrong: the digest read now against the one recorded,
+        /// or why it cannot be read.
+        problem: String,
+    },
     /// A stale artifact cannot be rebuilt: a shard it needs was retired.
     #[error(
         "the artifact in {dir} was made under another identity ({reasons}) and cannot be rebuilt here: component {component} reads {source_file}, retired by --retire-sources ({run}); re-acquire the sources with `ftpipe fetch --reacquire` first, then convert with --rebuild (the artifact was left as it is)"

@@ -14,7 +14,9 @@
 //! header, every PLE span and the file's last partial unit, each widened
 //! to multiples of the unit and merged: exactly the bytes the file still
 //! holds on disk. [`Release`] says whether the volume can punch at all;
-//! when it cannot, a PLE file is held whole until it is retired.
+//! when it cannot, the PLE spans are copied aside, back to back
+//! ([`crate::copied`]), and the file is released whole: the kept ranges
+//! are then the PLE spans exactly, and the bytes held the copy's length.
 
 use std::collections::BTreeMap;
 
@@ -24,8 +26,12 @@ use crate::plan::Plan;
 /// How a converted PLE file's bytes leave the disk before it is retired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Release {
-    /// The volume cannot punch holes: the file is held whole.
+    /// The file is held whole until it is retired (what the schedule
+    /// gave before spans were held; kept to compare with).
     WholeFiles,
+    /// The volume cannot punch holes: the PLE spans are copied aside and
+    /// the file released whole.
+    CopyAside,
     /// Everything but its kept ranges is punched, in units of `unit` bytes
     /// (the volume's allocation unit).
     Spans {
@@ -35,11 +41,31 @@ pub enum Release {
 }
 
 impl Release {
-    /// The allocation unit (1 for whole files: no rounding).
+    /// The allocation unit (1 for whole files and copies: no rounding).
     pub fn unit(self) -> u64 {
         match self {
-            Release::WholeFiles => 1,
+            Release::WholeFiles | Release::CopyAside => 1,
             Release::Spans { unit } => unit,
+        }
+    }
+
+    /// The bytes a converted `len`-byte PLE file keeping `kept` holds:
+    /// punched, [`held_bytes`]; copied aside, the copy's length.
+    pub fn held(self, kept: &[Range], len: u64) -> u64 {
+        match self {
+            Release::WholeFiles => len,
+            Release::CopyAside => total(kept),
+            Release::Spans { unit } => held_bytes(kept, len, unit),
+        }
+    }
+
+    /// The bytes a PLE file of `len` holds at its peak, keeping `kept`
+    /// bytes once converted: copied aside, the whole file and its copy at
+    /// once; otherwise the file.
+    pub fn peak(self, len: u64, kept: u64) -> u64 {
+        match self {
+            Release::CopyAside => len.saturating_add(kept),
+            Release::WholeFiles | Release::Spans { .. } => len,
         }
     }
 
@@ -50,7 +76,7 @@ impl Release {
         let existing = dir.ancestors().find(|d| d.is_dir()).unwrap_or(dir);
         match ftpipe_fs::punch::probe(existing) {
             Some(unit) => Release::Spans { unit },
-            None => Release::WholeFiles,
+            None => Release::CopyAside,
         }
     }
 }
@@ -90,10 +116,13 @@ pub fn ple_spans(plan: &Plan) -> BTreeMap<&str, Vec<Range>> {
 }
 
 /// The ranges of every PLE file of `plan` kept under `release` once it is
-/// converted; `None` under [`Release::WholeFiles`].
+/// converted: punched, the header and PLE spans widened to units; copied
+/// aside, the PLE spans merged; `None` under [`Release::WholeFiles`].
 pub fn kept_of_plan(plan: &Plan, release: Release) -> Option<BTreeMap<String, Vec<Range>>> {
-    let Release::Spans { unit } = release else {
-        return None;
+    let (unit, with_header) = match release {
+        Release::WholeFiles => return None,
+        Release::CopyAside => (1, false),
+        Release::Spans { unit } => (unit, true),
     };
     let spans = ple_spans(plan);
     Some(
@@ -101,7 +130,11 @@ pub fn kept_of_plan(plan: &Plan, release: Release) -> Option<BTreeMap<String, Ve
             .iter()
             .filter_map(|s| {
                 let ple = spans.get(s.file.as_str())?;
-                let header_end = s.header_bytes.saturating_add(8);
+                let header_end = if with_header {
+                    s.header_bytes.saturating_add(8)
+                } else {
+                    0
+                };
                 Some((s.file.clone(), kept_ranges(ple, header_end, s.bytes, unit)))
             })
             .collect(),
@@ -198,5 +231,16 @@ mod tests {
         let kept = kept_ranges(&[(40_000, 10)], 50, 81_920, 4096);
         assert_eq!(kept, [(0, 4096), (36_864, 4096)]);
         assert_eq!(holes(&kept, 81_920), [(4096, 32_768), (40_960, 40_960)]);
+    }
+
+    #[test]
+    fn a_copy_aside_keeps_the_spans_exactly() {
+        // No header, no tail, no widening: the spans merged.
+        let kept = kept_ranges(&[(5000, 100), (5100, 50), (9000, 10)], 0, 20_000, 1);
+        assert_eq!(kept, [(5000, 150), (9000, 10)]);
+        assert_eq!(Release::CopyAside.held(&kept, 20_000), 160);
+        // The whole file and its copy at once, until the file is released.
+        assert_eq!(Release::CopyAside.peak(20_000, 160), 20_160);
+        assert_eq!(Release::Spans { unit: 4096 }.peak(20_000, 8192), 20_000);
     }
 }

@@ -26,8 +26,10 @@
 //!   one component, streamed; `retire`: deleting shards once consumed;
 //!   `aside`: setting a stale artifact aside under `--rebuild`.
 //! - [`keep`]: what a budgeted run keeps of a converted PLE file (its
-//!   PLE spans; holes punched over the rest); [`punched`]: the punch,
-//!   logged first, and its resumption.
+//!   PLE spans; holes punched over the rest, or copied aside); [`punched`]:
+//!   the punch, logged first, and its resumption; [`copied`]: the copy
+//!   aside on a volume that cannot punch, made durable, logged, then the
+//!   file released.
 //! - [`schedule`]: the order of fetch, conversion and retirement under a
 //!   disk budget, and its predicted peak.
 //! - [`stream`]: the convert side of a budgeted, pipelined build: a
@@ -49,6 +51,7 @@
 mod aside;
 mod batch;
 pub mod component;
+pub mod copied;
 mod current;
 pub mod engine;
 mod error;

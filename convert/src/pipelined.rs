@@ -31,10 +31,11 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, write_atomic_json};
 use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
-use ftpipe_receipts::{ComponentReceipt, FileRow, PunchRecord, Receipt, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, FileRow, KeptMethod, PunchRecord, Receipt, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
+use crate::copied;
 use crate::engine::ConvertOutcome;
 use crate::engine::{
     COMPACT, PLAN_FILE, PRETTY, SKELETON_FILE, finish_pending_aside, valid_receipts,
@@ -76,6 +77,25 @@ impl StreamSetup {
     /// The schedule under the budget (none without one).
     pub fn schedule(&self) -> Option<&Schedule> {
         self.schedule.as_ref()
+    }
+
+    /// Whether `record` (a punch or a copy aside) is of the version of
+    /// its file the skeleton planned from.
+    pub fn kept_applies(&self, record: &PunchRecord) -> bool {
+        self.skel
+            .headers
+            .get(&record.path)
+            .is_some_and(|h| h.digest == record.digest)
+    }
+
+    /// Sources whose live record is a copy aside of the planned version:
+    /// released, read from their copies, never fetched or reconciled
+    /// again.
+    pub fn copied_aside(&self, live: &BTreeMap<String, PunchRecord>) -> BTreeSet<String> {
+        live.values()
+            .filter(|r| r.method == KeptMethod::CopyAside && self.kept_applies(r))
+            .map(|r| r.path.clone())
+            .collect()
     }
 }
 
@@ -351,8 +371,11 @@ impl<'s> Streaming<'s> {
                 let scale = scales.get(i);
                 // An FP8 segment whose scale sits in a file not here yet is
                 // checked with the whole table.
-                let readable = scale
-                    .is_none_or(|sc| &*sc.file == file || on_disk(self.paths.source(), &sc.file));
+                let readable = scale.is_none_or(|sc| {
+                    &*sc.file == file
+                        || self.sources.is_copied(&sc.file)
+                        || on_disk(self.paths.source(), &sc.file)
+                });
                 if &*s.file == file && readable {
                     segs.push(s.clone());
                     scs.extend(scale.cloned());
@@ -419,14 +442,22 @@ impl<'s> Streaming<'s> {
         self.receipts(store, finished, reporter).await
     }
 
-    /// After a restart: shard `file` was punched by an earlier process
-    /// (`record`, its live punch, for the version the skeleton planned
-    /// from). The punch is finished and every kept range checked by its
+    /// After a restart: shard `file` was punched, or copied aside and
+    /// released, by an earlier process (`record`, its live record, for the
+    /// version the skeleton planned from). The punch is finished (the
+    /// release after a copy done) and every kept range checked by its
     /// digest; its PLE values are read again; no unfinished component may
     /// need another span of it.
     /// Returns the bytes it holds.
     pub fn punched_before(&mut self, file: &str, record: &PunchRecord) -> Result<u64> {
-        let held = punched::resume(self.paths.source(), record)?;
+        let held = match record.method {
+            KeptMethod::Punch => punched::resume(self.paths.source(), record)?,
+            KeptMethod::CopyAside => {
+                let held = copied::resume(&self.paths, record)?;
+                self.read_from_copy(record)?;
+                held
+            }
+        };
         self.conv.punched(file)?;
         self.on_disk.insert(file.to_owned());
         self.punched.insert(file.to_owned(), held);
@@ -437,15 +468,33 @@ impl<'s> Streaming<'s> {
     /// Whether `record` is a punch of the version of its file the
     /// skeleton planned from.
     pub fn punch_applies(&self, record: &PunchRecord) -> bool {
-        self.setup
-            .skel
-            .headers
-            .get(&record.path)
-            .is_some_and(|h| h.digest == record.digest)
+        self.setup.kept_applies(record)
+    }
+
+    /// Removes every copy aside no live record in `live` claims (a kill
+    /// before its row, or after the retirement that ended it).
+    pub fn remove_stale_copies(&self, live: &BTreeMap<String, PunchRecord>) -> Result<()> {
+        let applying: BTreeMap<String, PunchRecord> = live
+            .iter()
+            .filter(|(_, r)| self.setup.kept_applies(r))
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        for f in copied::remove_stale(&self.paths, &applying)? {
+            tracing::info!(file = %f, "removed a copy aside no live record claims");
+        }
+        Ok(())
+    }
+
+    /// The Q3 writer reads `record.path` from its copy from now on.
+    fn read_from_copy(&mut self, record: &PunchRecord) -> Result<()> {
+        let copy = copied::copy_path(&self.paths, &record.path)?;
+        self.sources
+            .copied(&record.path, copy, copied::copy_ranges(record));
+        Ok(())
     }
 
     /// Verified PLE shards on disk that may be punched down to their kept
-    /// ranges now (none when the volume cannot punch holes).
+    /// ranges (or copied aside) now.
     pub fn punchable(&self) -> Vec<String> {
         self.on_disk
             .iter()
@@ -456,8 +505,10 @@ impl<'s> Streaming<'s> {
     }
 
     /// Punches shard `file` (`size` bytes) down to its kept ranges: hashed,
-    /// logged, punched, synced. Returns the bytes it still holds (as
-    /// counted, or as the filesystem says when that is more).
+    /// logged, punched, synced; on a volume that cannot punch, copies
+    /// them aside and releases the file ([`copied::copy_aside`]). Returns
+    /// the bytes it still holds (as counted, or as the filesystem says
+    /// when that is more; the copy's length).
     pub async fn punch(&mut self, store: &Store, file: &str, size: u64) -> Result<u64> {
         let kept = self.setup.workload.kept.get(file).ok_or_else(|| {
             ConvertError::internal(format!("{file} has no kept ranges to punch down to"))
@@ -469,6 +520,14 @@ impl<'s> Streaming<'s> {
             .get(file)
             .map(|h| h.digest.clone())
             .ok_or_else(|| ConvertError::internal(format!("{file} has no planned header")))?;
+        if self.setup.workload.release == Release::CopyAside {
+            let paths = self.paths.clone();
+            let record =
+                copied::copy_aside(store, self.run, &paths, (file, &digest, size), kept).await?;
+            self.read_from_copy(&record)?;
+            self.punched.insert(file.to_owned(), record.kept_bytes);
+            return Ok(record.kept_bytes);
+        }
         let root = self.paths.source().to_owned();
         let unit = self.setup.workload.release.unit();
         let record =
@@ -489,10 +548,15 @@ impl<'s> Streaming<'s> {
 
     /// Deletes shard `file`: logged first, then unlinked and its directory
     /// fsynced (a crash between leaves a logged retirement of a present
-    /// file, which the next run finishes without a second row).
+    /// file, which the next run finishes without a second row); a copy
+    /// aside of it goes after (one a crash leaves, claimed by no live
+    /// record, goes on the next run).
     pub async fn retire(&mut self, store: &Store, file: &str, bytes: u64) -> Result<()> {
         let logged = store.retired().await?.contains(file);
         retire_file(store, self.run, self.paths.source(), file, bytes, logged).await?;
+        if self.sources.is_copied(file) {
+            copied::remove(&self.paths, file)?;
+        }
         self.on_disk.remove(file);
         self.punched.remove(file);
         self.retired.push(file.to_owned());

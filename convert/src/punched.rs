@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::task::block_in_place;
 
 use ftpipe_fs::crashpoint::{self, CrashPoint};
-use ftpipe_receipts::{KeptRange, PunchRecord, RunId, Store};
+use ftpipe_receipts::{KeptMethod, KeptRange, PunchRecord, RunId, Store};
 
 use crate::error::{ConvertError, Result};
 use crate::keep::{Range, held_bytes, holes};
@@ -37,7 +37,7 @@ fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<
 }
 
 /// Hashes `kept` of the file at `path`.
-fn hash_ranges(path: &Path, kept: &[Range]) -> Result<Vec<KeptRange>> {
+pub(crate) fn hash_ranges(path: &Path, kept: &[Range]) -> Result<Vec<KeptRange>> {
     let file =
         ftpipe_fs::nofollow::open_read(path).map_err(|e| ConvertError::io("open", path, e))?;
     kept.iter()
@@ -70,6 +70,7 @@ pub(crate) async fn punch(
         path: file.to_owned(),
         digest: digest.to_owned(),
         size,
+        method: KeptMethod::Punch,
         kept_bytes: held_bytes(kept, size, unit),
         kept: block_in_place(|| hash_ranges(&path, kept))?,
     };

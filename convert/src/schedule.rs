@@ -17,7 +17,10 @@
 //!   verified and the table is written. Once a PLE file is converted, the
 //!   rest of it is punched out ([`crate::keep`]): it holds only its *kept*
 //!   bytes (header and PLE spans, in whole allocation units) until it is
-//!   retired. On a volume that cannot punch holes it is held whole.
+//!   retired. On a volume that cannot punch holes its PLE spans are
+//!   copied aside and the file released whole: it holds the copy's bytes,
+//!   and, from its admission until it is released, the copy beside the
+//!   whole file (counted from admission, so the copy always fits).
 //!   PLE files are fetched first, those with the most bytes to punch
 //!   first: while they are held the artifact is still small, and they are
 //!   gone before most of it is written.
@@ -44,7 +47,10 @@
 //! is at most the kept bytes of every PLE file plus the largest one. At it
 //! the schedule completes (each PLE file fits beside what the earlier ones
 //! keep, then every other file fits alone), so for span retirement it is
-//! the floor, not an estimate. Held whole (`kept = size`) it is the old
+//! the floor, not an estimate. Copied aside, `size_k` is `size_k +
+//! kept_k` (the copy is made before the file goes) and the order is by
+//! size descending, by the same exchange argument. Held whole (`kept =
+//! size`) it is the old
 //! `resident + max(Σ PLE files, largest other file)`.
 //!
 //! The predicted peak is the maximum over the schedule of held source
@@ -63,7 +69,7 @@ use serde::Serialize;
 
 use crate::component::{ComponentContent, SourceSpan};
 use crate::error::{ConvertError, Result};
-use crate::keep::{Release, held_bytes, kept_of_plan};
+use crate::keep::{Release, kept_of_plan};
 use crate::plan::Plan;
 
 /// One source file as the schedule sees it.
@@ -161,13 +167,25 @@ pub struct BudgetReport {
     /// The kept bytes of the PLE files once converted (their PLE spans
     /// and headers in whole allocation units; `ple_bytes` when held whole).
     pub ple_kept_bytes: u64,
-    /// `spans` (the rest of a converted PLE file punched out) or
-    /// `whole_files` (the volume cannot punch holes).
-    pub release: &'static str,
-    /// The allocation unit holes are punched in (0 for whole files).
+    /// How a converted PLE file's other bytes leave the disk.
+    pub release: ReleaseKind,
+    /// The allocation unit holes are punched in (0 unless `spans`).
     pub allocation_unit: u64,
     /// The shards in fetch order.
     pub fetch_order: Vec<String>,
+}
+
+/// How `plan` says a converted PLE file's other bytes leave the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseKind {
+    /// Punched out: the file keeps its PLE spans in place.
+    Spans,
+    /// The volume cannot punch holes: the PLE spans are copied aside and
+    /// the file released whole.
+    CopyAside,
+    /// Held whole until the Q3 table is written.
+    WholeFiles,
 }
 
 /// Σ `sizes`, saturating: sizes come from a listing (each at most
@@ -211,13 +229,15 @@ impl Workload {
             ple: ple.contains(s.file.as_str()),
             kept: kept
                 .get(&s.file)
-                .map_or(s.bytes, |r| held_bytes(r, s.bytes, release.unit())),
+                .map_or(s.bytes, |r| release.held(r, s.bytes)),
             artifact_bytes: attributed.get(s.file.as_str()).copied().unwrap_or(0),
         };
         let (mut files, others): (Vec<_>, Vec<_>) =
             plan.sources.iter().map(file).partition(|f| f.ple);
-        // Most bytes to punch first (stable: plan order among equals).
-        files.sort_by_key(|f| std::cmp::Reverse(f.bytes - f.kept));
+        // Most bytes released first (stable: plan order among equals):
+        // punched, size − kept; copied aside, the size (the copy is held
+        // beside the file until it is released).
+        files.sort_by_key(|f| std::cmp::Reverse(release.peak(f.bytes, f.kept) - f.kept));
         let (idle, feeding): (Vec<_>, Vec<_>) =
             others.into_iter().partition(|f| f.artifact_bytes == 0);
         files.extend(idle);
@@ -232,18 +252,38 @@ impl Workload {
         }
     }
 
+    /// The most `f` holds at once: a PLE file copied aside holds its copy
+    /// beside the whole file until the file is released.
+    pub fn peak_of(&self, f: &ScheduledFile) -> u64 {
+        if f.ple {
+            self.release.peak(f.bytes, f.kept)
+        } else {
+            f.bytes
+        }
+    }
+
+    /// What admitting shard `file` of `size` bytes reserves: its
+    /// [`Self::peak_of`] (`size` for a file the schedule does not know).
+    pub fn admitted_bytes(&self, file: &str, size: u64) -> u64 {
+        self.files
+            .iter()
+            .find(|f| f.file == file)
+            .map_or(size, |f| self.peak_of(f).max(size))
+    }
+
     /// Σ kept bytes of the PLE files.
     pub fn ple_kept_bytes(&self) -> u64 {
         saturating_sum(self.files.iter().filter(|f| f.ple).map(|f| f.kept))
     }
 
     /// The most source bytes the PLE files hold at once, with the file
-    /// fetched then: `max_k (Σ_{j<k} kept_j + size_k)` in fetch order.
+    /// fetched then: `max_k (Σ_{j<k} kept_j + size_k)` in fetch order
+    /// (`+ kept_k` when copied aside: the copy beside the file).
     pub fn ple_peak(&self) -> (u64, Option<&ScheduledFile>) {
         let mut before = 0u64;
         let mut peak = (0u64, None);
         for f in self.files.iter().filter(|f| f.ple) {
-            let at = before.saturating_add(f.bytes);
+            let at = before.saturating_add(self.peak_of(f));
             if at > peak.0 {
                 peak = (at, Some(f));
             }
@@ -302,8 +342,15 @@ impl Workload {
                     shown(f.bytes),
                     shown(ple - f.bytes)
                 ),
+                (Release::CopyAside, Some(f)) => format!(
+                    "the {n} file(s) holding the PLE table keep copies of their PLE spans until its global scale is known (this volume cannot punch holes), and {} ({}) is held whole beside its copy ({}) while the files before it keep {}",
+                    f.file,
+                    shown(f.bytes),
+                    shown(f.kept),
+                    shown(ple - f.bytes - f.kept)
+                ),
                 _ => format!(
-                    "the {n} file(s) holding the PLE table ({}) are all held until its global scale is known (this volume cannot punch holes)",
+                    "the {n} file(s) holding the PLE table ({}) are all held until its global scale is known",
                     shown(ple)
                 ),
             }
@@ -372,11 +419,12 @@ impl Workload {
             largest_other_bytes: self.largest_other(),
             ple_kept_bytes: self.ple_kept_bytes(),
             release: match self.release {
-                Release::WholeFiles => "whole_files",
-                Release::Spans { .. } => "spans",
+                Release::WholeFiles => ReleaseKind::WholeFiles,
+                Release::CopyAside => ReleaseKind::CopyAside,
+                Release::Spans { .. } => ReleaseKind::Spans,
             },
             allocation_unit: match self.release {
-                Release::WholeFiles => 0,
+                Release::WholeFiles | Release::CopyAside => 0,
                 Release::Spans { unit } => unit,
             },
             fetch_order: self.files.iter().map(|f| f.file.clone()).collect(),
@@ -467,11 +515,12 @@ impl<'a> Simulation<'a> {
     /// Starts files head of line while they fit.
     fn admit(&mut self) {
         while let Some(f) = self.w.files.get(self.next) {
-            if self.held.saturating_add(f.bytes) > self.budget {
+            let bytes = self.w.peak_of(f);
+            if self.held.saturating_add(bytes) > self.budget {
                 return;
             }
-            self.held = self.held.saturating_add(f.bytes);
-            self.holding[self.next] = f.bytes;
+            self.held = self.held.saturating_add(bytes);
+            self.holding[self.next] = bytes;
             self.steps.push(Step::Fetch(self.next));
             self.in_flight.push_back(self.next);
             self.next += 1;
@@ -489,8 +538,8 @@ impl<'a> Simulation<'a> {
             self.retire(i);
             return;
         }
-        if f.kept < f.bytes {
-            self.held -= f.bytes - f.kept;
+        if f.kept < self.holding[i] {
+            self.held -= self.holding[i] - f.kept;
             self.holding[i] = f.kept;
             self.steps.push(Step::Keep(i));
         }

@@ -62,10 +62,19 @@ impl Write for HashingWriter {
     }
 }
 
-/// Read access to the source files under `DIR/source`.
+/// A source read from its copy aside: the copy, and where each kept
+/// range sits in it (`(source offset, len, copy offset)`, in source order).
+type CopiedSource = (PathBuf, Vec<(u64, u64, u64)>);
+
+/// Read access to the source files under `DIR/source` (and the copies
+/// aside of released ones).
 #[derive(Clone)]
 pub struct Sources {
     root: PathBuf,
+    /// Sources released after their kept ranges were copied aside: the
+    /// copy, and where each range sits in it (`(source offset, len, copy
+    /// offset)`, in source order).
+    copies: BTreeMap<String, CopiedSource>,
 }
 
 impl Sources {
@@ -73,13 +82,50 @@ impl Sources {
     pub fn new(root: &Path) -> Sources {
         Sources {
             root: root.to_owned(),
+            copies: BTreeMap::new(),
         }
     }
 
+    /// Source `file` is read from `copy` from now on: its ranges
+    /// `(source offset, len, copy offset)` ([`crate::copied`]).
+    pub fn copied(&mut self, file: &str, copy: PathBuf, ranges: Vec<(u64, u64, u64)>) {
+        self.copies.insert(file.to_owned(), (copy, ranges));
+    }
+
+    /// Whether `file` is read from a copy aside.
+    pub fn is_copied(&self, file: &str) -> bool {
+        self.copies.contains_key(file)
+    }
+
     fn open(&self, file: &str) -> Result<File> {
-        let path = safe_join(&self.root, file)?;
+        let path = match self.copies.get(file) {
+            Some((copy, _)) => copy.clone(),
+            None => safe_join(&self.root, file)?,
+        };
         ftpipe_fs::nofollow::open_read_unshared(&path)
             .map_err(|e| ConvertError::io("open source", path, e))
+    }
+
+    /// Where `span`'s bytes start in what [`Self::open`] opens: its offset,
+    /// or, copied aside, its place in the copy (an error when no range
+    /// copied holds it whole).
+    fn located(&self, span: &SourceSpan) -> Result<u64> {
+        let Some((_, ranges)) = self.copies.get(&*span.file) else {
+            return Ok(span.offset);
+        };
+        let end = span.offset.saturating_add(span.len);
+        ranges
+            .iter()
+            .find(|(o, n, _)| *o <= span.offset && end <= o.saturating_add(*n))
+            .map(|(o, _, at)| at + (span.offset - o))
+            .ok_or_else(|| ConvertError::SourceRead {
+                file: span.file.to_string(),
+                tensor: span.tensor.to_string(),
+                offset: span.offset,
+                source: std::io::Error::other(
+                    "the file was released after its PLE spans were copied aside, and no range copied holds this span",
+                ),
+            })
     }
 
     /// Calls `each` with consecutive chunks of `span` (and their offset in
@@ -92,12 +138,13 @@ impl Sources {
         mut each: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let f = self.open(&span.file)?;
+        let base = self.located(span)?;
         let mut done = 0u64;
         while done < span.len {
             let n = usize::try_from((span.len - done).min(chunk as u64)).unwrap_or(chunk);
             buf.resize(n, 0);
             let at = span.offset + done;
-            f.read_exact_at(buf, at)
+            f.read_exact_at(buf, base + done)
                 .map_err(|source| ConvertError::SourceRead {
                     file: span.file.to_string(),
                     tensor: span.tensor.to_string(),

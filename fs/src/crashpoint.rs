@@ -111,6 +111,17 @@ crash_points! {
     PunchLogged = "punch-logged",
     /// A source's holes punched and synced, nothing after it done.
     PunchDone = "punch-done",
+    /// The hole-punching probe's scratch file written in `DIR`, not yet
+    /// punched or removed.
+    PunchProbing = "punch-probing",
+    /// A source's kept ranges copied aside (the copy renamed and its
+    /// directory synced), its row not committed.
+    KeptCopied = "kept-copied",
+    /// The row claiming a copy aside committed, the source file not yet
+    /// unlinked.
+    CopyLogged = "copy-logged",
+    /// A source copied aside unlinked and its directory synced.
+    CopyReleased = "copy-released",
     /// A `--rebuild` set-aside committed, the rename not done.
     SetAsideLogged = "set-aside-logged",
     /// The set-aside rename done, the marker not removed.

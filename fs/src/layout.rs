@@ -5,6 +5,8 @@
 //! DIR/source/        pinned source files, as the hub lists them
 //! DIR/artifact/      the converted artifact (manifest.json, components)
 //! DIR/.ftpipe/       state.db (receipts, ledger) and the run lock
+//! DIR/.ftpipe/kept/  PLE spans of source files copied aside (a volume
+//!                    that cannot punch holes), by source path
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -52,6 +54,12 @@ impl Layout {
     /// `DIR/.ftpipe/state.db`.
     pub fn db(&self) -> PathBuf {
         self.state_dir.join("state.db")
+    }
+
+    /// `DIR/.ftpipe/kept`: the kept ranges of source files copied aside,
+    /// each at its source path under it.
+    pub fn kept(&self) -> PathBuf {
+        self.state_dir.join("kept")
     }
 
     /// `DIR/.ftpipe/lock`.

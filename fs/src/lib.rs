@@ -18,7 +18,7 @@
 //! - [`paths`]: untrusted relative paths checked as text and against the
 //!   tree ([`paths::safe_join`]) before they name a file.
 //! - [`punch`]: freeing ranges of a file in place (holes punched), and
-//!   whether the volume can.
+//!   whether the volume can; copying ranges aside durably where it cannot.
 //! - [`space`]: the free-space preflight, [`require_space`].
 //! - [`layout`]: [`Layout`], the paths of `DIR/{source,artifact,.ftpipe}`.
 //! - [`error`]: the errors every crate shares: [`IoError`] (the operation

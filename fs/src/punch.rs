@@ -4,6 +4,9 @@
 //! back as zeros and holds no block. Used by a budgeted run to keep only
 //! the PLE spans of a converted source file (`convert::keep`).
 //!
+//! On a volume that cannot punch, [`copy_aside`] writes the kept ranges
+//! back to back into a copy elsewhere, durably, so the file can go whole.
+//!
 //! A filesystem frees whole blocks only: a range is punched from and to
 //! multiples of the volume's allocation unit ([`probe`]), so the bytes a
 //! file still holds are exactly its kept ranges widened to that unit.
@@ -20,12 +23,43 @@ use crate::nofollow;
 /// punched in files there (checked on a scratch file: a block punched out
 /// of it must stop being allocated); `None` when they cannot (the
 /// filesystem refuses, or `dir` is not writable).
+///
+/// Scratch files a probe killed before its cleanup left in `dir` (named
+/// for a process that no longer runs) are removed first.
 pub fn probe(dir: &Path) -> Option<u64> {
     let unit = std::fs::metadata(dir).ok()?.blksize().max(512);
-    let path = dir.join(format!(".ftpipe-punch-probe-{}", std::process::id()));
+    remove_stale_probes(dir);
+    let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
     let probed = probe_file(&path, unit);
     let _ = std::fs::remove_file(&path);
     probed.then_some(unit)
+}
+
+/// The name of a probe's scratch file, less the prober's process id.
+const PROBE_PREFIX: &str = ".ftpipe-punch-probe-";
+
+/// Removes every probe scratch file in `dir` whose process is gone (no
+/// `/proc/PID`): a probe still running keeps its own. Best effort: a file
+/// that cannot be removed is left for the next probe.
+fn remove_stale_probes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PROBE_PREFIX))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let ours = pid == std::process::id().to_string();
+        let running = Path::new("/proc").join(pid).exists();
+        if (ours || !running) && e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 fn probe_file(path: &Path, unit: u64) -> bool {
@@ -38,6 +72,7 @@ fn probe_file(path: &Path, unit: u64) -> bool {
     if std::io::Write::write_all(&mut &file, &vec![1u8; len]).is_err() || file.sync_all().is_err() {
         return false;
     }
+    crate::crashpoint::hit(crate::crashpoint::CrashPoint::PunchProbing);
     let before = allocated(&file);
     punch(&file, 0, unit).is_ok() && allocated(&file) < before
 }
@@ -70,6 +105,44 @@ pub fn punch_holes(path: &Path, holes: &[(u64, u64)]) -> std::io::Result<()> {
     file.sync_all()
 }
 
+/// Copies the `(offset, len)` ranges of the regular file at `from` (never
+/// following a link), back to back in the order given, into `to` under
+/// `root`, durably: directories created and synced up to `root`, a temp
+/// file beside `to` written, synced, renamed, its directory synced. Only
+/// then may a row claim the copy. Returns the copy's length.
+pub fn copy_aside(
+    from: &Path,
+    ranges: &[(u64, u64)],
+    root: &Path,
+    to: &Path,
+) -> crate::error::Result<u64> {
+    use crate::error::FsError;
+    use std::os::unix::fs::FileExt;
+    const CHUNK: u64 = 1 << 20;
+    let dir = to.parent().unwrap_or(root);
+    crate::durable::create_dirs_durably(root, dir).map_err(|e| FsError::io("create", dir, e))?;
+    let name = to.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(crate::durable::temp_name(&name));
+    let src = nofollow::open_read(from).map_err(|e| FsError::io("open", from, e))?;
+    let out = nofollow::create_truncated(&tmp).map_err(|e| FsError::io("create", &tmp, e))?;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut written = 0u64;
+    for &(offset, len) in ranges {
+        let mut at = 0u64;
+        while at < len {
+            let n = usize::try_from((len - at).min(CHUNK)).unwrap_or(buf.len());
+            src.read_exact_at(&mut buf[..n], offset.saturating_add(at))
+                .map_err(|e| FsError::io("read", from, e))?;
+            out.write_all_at(&buf[..n], written)
+                .map_err(|e| FsError::io("write", &tmp, e))?;
+            at += n as u64;
+            written = written.saturating_add(n as u64);
+        }
+    }
+    crate::durable::publish(&out, &tmp, to)?;
+    Ok(written)
+}
+
 /// Whether `e` says the filesystem cannot punch holes (`EOPNOTSUPP`).
 pub fn is_unsupported(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::OPNOTSUPP.raw_os_error())
@@ -85,6 +158,21 @@ pub fn held_bytes(path: &Path) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_removes_scratch_files_of_processes_that_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(format!("{PROBE_PREFIX}4294967294"));
+        let live = dir.path().join(format!("{PROBE_PREFIX}1"));
+        let other = dir.path().join(format!("{PROBE_PREFIX}x"));
+        for p in [&stale, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let _ = probe(dir.path());
+        assert!(!stale.exists(), "a dead process's probe file is removed");
+        assert!(live.exists(), "pid 1 runs: its probe file is kept");
+        assert!(other.exists(), "not a probe file name");
+    }
 
     #[test]
     fn a_punched_range_reads_zeros_and_frees_its_blocks() {

@@ -178,13 +178,19 @@ pub fn replay(events: &[ftpipe_receipts::StageEventRow]) -> Result<BTreeMap<Stag
 }
 
 /// Refuses, before anything is written, a link (or a non-directory) at
-/// `.ftpipe/`, `source/` or `artifact/`, and any entry of `.ftpipe/` that is
-/// not a plain regular file: ftpipe writes only there and never through a
-/// link. Files deeper in `source/` and `artifact/` are checked where they
-/// are opened.
+/// `.ftpipe/`, `.ftpipe/kept/`, `source/` or `artifact/`, and any other
+/// entry of `.ftpipe/` that is not a plain regular file: ftpipe writes
+/// only there and never through a link. Files deeper in `source/`,
+/// `artifact/` and `.ftpipe/kept/` are checked where they are opened.
 fn check_no_links(layout: &Layout) -> Result<()> {
     use ftpipe_fs::nofollow::{check_absent_or_regular, check_real_dirs};
-    for dir in [&layout.state_dir(), &layout.source(), &layout.artifact()] {
+    let kept = layout.kept();
+    for dir in [
+        layout.state_dir(),
+        &kept,
+        layout.source(),
+        layout.artifact(),
+    ] {
         check_real_dirs(layout.dir(), dir)
             .map_err(|(path, source)| FsError::io("open", path, source))?;
     }
@@ -195,6 +201,9 @@ fn check_no_links(layout: &Layout) -> Result<()> {
         let path = entry
             .map_err(|e| io(layout.state_dir().to_owned(), e))?
             .path();
+        if path == kept {
+            continue;
+        }
         check_absent_or_regular(&path).map_err(|e| io(path, e))?;
     }
     Ok(())

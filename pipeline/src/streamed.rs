@@ -33,6 +33,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, prepare_stream};
+use ftpipe_convert::schedule::Workload;
 use ftpipe_convert::{ConvertError, ConvertOptions, ConvertOutcome, convert};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
 use ftpipe_hub::resolve::Resolved;
@@ -67,17 +68,37 @@ struct Held {
     recorded: u64,
     /// Files whose bytes are counted in `bytes`, with what each counts.
     counted: BTreeMap<String, u64>,
+    /// Bytes a file reserves beyond its size until it is converted: a PLE
+    /// file copied aside holds its copy beside it before it is released.
+    extra: BTreeMap<String, u64>,
 }
 
 impl Held {
-    fn new(budget: Option<u64>) -> Self {
+    fn new(budget: Option<u64>, extra: &BTreeMap<String, u64>) -> Self {
         Self {
             budget,
             bytes: 0,
             peak: 0,
             recorded: 0,
             counted: BTreeMap::new(),
+            extra: extra.clone(),
         }
+    }
+
+    /// What each file of `workload` reserves beyond its size.
+    fn extra_of(workload: &Workload) -> BTreeMap<String, u64> {
+        workload
+            .files
+            .iter()
+            .map(|f| (f.file.clone(), workload.peak_of(f).saturating_sub(f.bytes)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// What `file` (`size` bytes, not yet converted) holds at most: its
+    /// size and what it reserves beyond it.
+    fn reserved(&self, file: &str, size: u64) -> u64 {
+        size.saturating_add(self.extra.get(file).copied().unwrap_or(0))
     }
 
     /// Counts `file` (`size` bytes) if it is not counted yet.
@@ -94,7 +115,7 @@ impl Held {
         let extra = if self.counted.contains_key(&file.path) {
             0
         } else {
-            file.size
+            self.reserved(&file.path, file.size)
         };
         self.budget
             .is_none_or(|b| self.bytes.saturating_add(extra) <= b)
@@ -277,9 +298,17 @@ impl Pipeline {
                 .filter(|f| !retired.contains(&f.path))
                 .cloned()
                 .collect();
+            // A file released after its PLE spans were copied aside is
+            // gone from `source/` on purpose: its receipt stays.
+            let copied = setup.copied_aside(&self.store.punches().await?);
+            let on_disk: Vec<FileRow> = files
+                .iter()
+                .filter(|f| !copied.contains(&f.path))
+                .cloned()
+                .collect();
             let source = self.layout.source().to_owned();
             let report =
-                reconcile(&self.store, self.run, &source, &files, reporter.as_ref()).await?;
+                reconcile(&self.store, self.run, &source, &on_disk, reporter.as_ref()).await?;
             let ctx = Arc::new(
                 self.fetch_ctx(origin, params, resolved, &files, reporter)
                     .await?,
@@ -292,7 +321,7 @@ impl Pipeline {
                 reporter.as_ref(),
             )
             .await?;
-            let mut held = Held::new(budget);
+            let mut held = Held::new(budget, &Held::extra_of(setup.workload()));
             let work = self
                 .resume_streamed(setup, &files, &retired, &mut streaming, &mut held)
                 .await?;
@@ -342,6 +371,7 @@ impl Pipeline {
         }
         let published = self.store.published_paths().await?;
         let punches = self.store.punches().await?;
+        streaming.remove_stale_copies(&punches)?;
         let row = |p: &str| files.iter().find(|f| f.path == p);
         let mut resident = Vec::new();
         for f in files.iter().filter(|f| !shards.contains(&f.path.as_str())) {
@@ -361,13 +391,16 @@ impl Pipeline {
                 let kept = streaming.punched_before(s, p)?;
                 held.count(s, kept);
             } else if published.contains(s) {
-                held.count(s, f.size);
+                held.count(s, held.reserved(s, f.size));
                 ready.push_back(s.to_owned());
             } else if on_disk.part.is_some() || on_disk.final_len > 0 {
                 // Begun (its `.part` counted whole), and any older version
                 // of the file a repin left (replaced when the new one is
                 // published): held until it is retired.
-                held.count(s, f.size.saturating_add(on_disk.final_len));
+                held.count(
+                    s,
+                    held.reserved(s, f.size).saturating_add(on_disk.final_len),
+                );
                 begun.push(f.clone());
             } else {
                 rest.push(f.clone());
@@ -486,7 +519,7 @@ impl Pipeline {
                     break;
                 };
                 let Some(file) = queue.pop_front() else { break };
-                held.count(&file.path, file.size);
+                held.count(&file.path, held.reserved(&file.path, file.size));
                 if let Err(e) = self.record_peak(held).await {
                     failed = Some(e);
                     queue.push_front(file);
@@ -590,7 +623,7 @@ impl Pipeline {
         let mut failed: Option<PipelineError> = None;
         // Without a budget held bytes only matter to `--retire-sources`'s
         // retirements, which release them.
-        let mut held = Held::new(None);
+        let mut held = Held::new(None, &BTreeMap::new());
         loop {
             let path = match ready.pop_front() {
                 Some(path) => path,
@@ -626,8 +659,10 @@ impl Pipeline {
         end_fetch(ctx, files, fetch_errors, failed).await
     }
 
-    /// Converts verified shard `path` and, when `retire`, retires every
-    /// shard nothing unfinished needs any more.
+    /// Converts verified shard `path` and, under a budget or when
+    /// `retire`, releases every converted PLE shard's other bytes (holes
+    /// punched, or its PLE spans copied aside) and retires every shard
+    /// nothing unfinished needs any more.
     async fn convert_verified(
         &self,
         streaming: &mut Streaming<'_>,
@@ -640,7 +675,7 @@ impl Pipeline {
         streaming
             .published(&self.store, path, reporter.as_ref())
             .await?;
-        if held.budget.is_some() {
+        if held.budget.is_some() || retire {
             self.punch_done(streaming, files, held).await?;
         }
         if retire {

@@ -130,6 +130,19 @@ stored_enum! {
 }
 
 stored_enum! {
+    /// How a converted PLE file holds its kept ranges
+    /// (`source_punches.method`, migration 0019).
+    KeptMethod, "source_punches.method" {
+        /// Holes punched over the rest of the file, which keeps its length:
+        /// the kept ranges stay at their offsets.
+        Punch = "punch",
+        /// The kept ranges copied aside, back to back in offset order, and
+        /// the source file released whole.
+        CopyAside = "copy_aside",
+    }
+}
+
+stored_enum! {
     /// An event of the artifact log.
     ArtifactEvent, "artifacts.event" {
         /// A manifest was written and fsynced.
@@ -354,6 +367,9 @@ mod tests {
         }
         for e in ArtifactEvent::ALL {
             assert_eq!(ArtifactEvent::parse(e.as_str()).unwrap(), *e);
+        }
+        for e in KeptMethod::ALL {
+            assert_eq!(KeptMethod::parse(e.as_str()).unwrap(), *e);
         }
         for e in UploadOp::ALL {
             assert_eq!(UploadOp::parse(e.as_str()).unwrap(), *e);

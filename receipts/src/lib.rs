@@ -15,13 +15,14 @@
 //! - `ranges`: durable watermarks of a file fetched in segments.
 //! - `convert_store`: component receipts, span claims of components
 //!   written span by span, the retirement log and the artifact log.
-//! - `punch_store`: sources punched down to their PLE spans by a budgeted
-//!   run ([`PunchRecord`]), live until retired or re-acquired.
+//! - `punch_store`: sources held down to their PLE spans by a budgeted
+//!   run or one with `--retire-sources` ([`PunchRecord`]: punched, or
+//!   copied aside, [`KeptMethod`]), live until retired or re-acquired.
 //! - `upload_store`: the target-neutral records of publish and mirror:
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
-//!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`],
+//!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`], [`KeptMethod`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
 //!   [`Placement`], [`UploadState`], [`UploadOp`], [`UploadOutcome`],
 //!   [`PublicationOutcome`]).
@@ -44,9 +45,9 @@ pub use convert_store::{
 };
 pub use error::{Result, StoreError};
 pub use events::{
-    ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, FoundObject, Placement,
-    PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp, UploadOutcome,
-    UploadState,
+    ArtifactEvent, AttemptOutcome, CacheKind, CacheOutcome, DiscardReason, FoundObject, KeptMethod,
+    Placement, PublicationOutcome, RetirementEvent, RunId, Stage, StageEvent, UploadOp,
+    UploadOutcome, UploadState,
 };
 pub use model::{
     Attempt, CacheCandidate, DiscardRow, FileRow, LedgerRow, Pin, Receipt, SelectionGlobs,

@@ -1,6 +1,8 @@
 //! Punched sources (migration 0014): a budgeted run keeps only the PLE
-//! spans of a converted PLE file and punches holes over the rest. The row
-//! is written before the first hole; it names the file version, the kept
+//! spans of a converted PLE file and punches holes over the rest, or, on a
+//! volume that cannot punch, copies them aside and releases the file
+//! (migration 0019, [`KeptMethod`]). The row is written before the first
+//! hole (after the copy is durable, before the file is unlinked); it names the file version, the kept
 //! ranges and their SHA-256, and stays live until the file is retired or
 //! re-acquired (the retirement log's writer ends it in the same
 //! transaction).
@@ -11,7 +13,7 @@ use serde::Serialize;
 use sqlx::{Connection, Row, SqliteConnection};
 
 use crate::error::{QueryContext, Result};
-use crate::events::RunId;
+use crate::events::{KeptMethod, RunId};
 use crate::store::{Store, to_i64, to_u64};
 
 /// One range a punched file keeps, with the SHA-256 of its bytes.
@@ -36,8 +38,11 @@ pub struct PunchRecord {
     pub digest: String,
     /// Its length (kept: holes are punched without changing it).
     pub size: u64,
-    /// The bytes it still holds on disk: every allocation unit a kept
-    /// range touches, whole, at most `size`.
+    /// How the kept ranges are held.
+    pub method: KeptMethod,
+    /// The bytes it still holds on disk: punched, every allocation unit
+    /// a kept range touches, whole, at most `size`; copied aside, the
+    /// copy's length.
     pub kept_bytes: u64,
     /// The kept ranges, in offset order.
     pub kept: Vec<KeptRange>,
@@ -50,14 +55,15 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let id: i64 = sqlx::query(
-            "INSERT INTO source_punches (run_id, path, digest, size, kept_bytes)
-             VALUES (?, ?, ?, ?, ?) RETURNING id",
+            "INSERT INTO source_punches (run_id, path, digest, size, kept_bytes, method)
+             VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
         )
         .bind(record.run_id)
         .bind(path)
         .bind(&record.digest)
         .bind(to_i64(path, record.size)?)
         .bind(to_i64(path, record.kept_bytes)?)
+        .bind(record.method.as_str())
         .fetch_one(&mut *tx)
         .await
         .ctx("insert punch")?
@@ -83,7 +89,7 @@ impl Store {
         let mut conn = self.conn.lock().await;
         let rows = sqlx::query(
             "SELECT p.id, p.run_id, p.path, p.digest, p.size, p.kept_bytes,
-                    k.offset, k.len, k.sha256
+                    k.offset, k.len, k.sha256, p.method
              FROM source_punches p JOIN source_kept_ranges k ON k.punch_id = p.id
              WHERE p.ended = 0 ORDER BY p.id, k.offset",
         )
@@ -107,6 +113,7 @@ impl Store {
                         digest: r.get(3),
                         size: to_u64(&path, "source_punches.size", r.get(4))?,
                         kept_bytes: to_u64(&path, "source_punches.kept_bytes", r.get(5))?,
+                        method: KeptMethod::parse(&r.get::<String, _>(9))?,
                         kept: vec![range],
                         path: path.clone(),
                     };
@@ -147,6 +154,7 @@ mod tests {
             path: "a.safetensors".into(),
             digest: digest.into(),
             size: 10_000,
+            method: KeptMethod::Punch,
             kept_bytes: 8192,
             kept: vec![
                 KeptRange {
@@ -162,10 +170,12 @@ mod tests {
             ],
         };
         store.log_punch(&record("d1")).await.unwrap();
-        store.log_punch(&record("d2")).await.unwrap();
+        let mut copied = record("d2");
+        copied.method = KeptMethod::CopyAside;
+        store.log_punch(&copied).await.unwrap();
         let live = store.punches().await.unwrap();
         assert_eq!(live.len(), 1);
-        assert_eq!(live["a.safetensors"], record("d2"));
+        assert_eq!(live["a.safetensors"], copied, "the method is read back");
         store
             .log_retirement(run, "a.safetensors", RetirementEvent::Retired, 10_000)
             .await

@@ -171,15 +171,18 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
 /// and the minimum feasible budget (computed from spans when the volume
 /// can punch holes).
 fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
-    use ftpipe_convert::schedule::shown;
-    let held = if b.release == "spans" {
-        format!(
+    use ftpipe_convert::schedule::{ReleaseKind, shown};
+    let held = match b.release {
+        ReleaseKind::Spans => format!(
             "each kept down to its header and PLE spans ({} in all, in units of {} bytes) once converted, until the Q3 table is written",
             shown(b.ple_kept_bytes),
             b.allocation_unit
-        )
-    } else {
-        "held whole until the Q3 table is written (this volume cannot punch holes)".to_owned()
+        ),
+        ReleaseKind::CopyAside => format!(
+            "each released once converted, its PLE spans copied aside ({} in all; this volume cannot punch holes) until the Q3 table is written",
+            shown(b.ple_kept_bytes)
+        ),
+        ReleaseKind::WholeFiles => "held whole until the Q3 table is written".to_owned(),
     };
     format!(
         "disk budget      {} ({} bytes); minimum feasible {} ({} bytes), from {}\n\
@@ -192,10 +195,10 @@ fn render_budget(b: &ftpipe_convert::schedule::BudgetReport) -> String {
         b.budget,
         shown(b.minimum_budget),
         b.minimum_budget,
-        if b.release == "spans" {
-            "spans"
-        } else {
-            "whole files"
+        match b.release {
+            ReleaseKind::Spans => "spans",
+            ReleaseKind::CopyAside => "spans copied aside",
+            ReleaseKind::WholeFiles => "whole files",
         },
         shown(b.predicted_peak),
         b.predicted_peak,

@@ -296,3 +296,89 @@ fn a_kill_while_retiring_punched_shards_resumes_and_retires_them() {
         );
     }
 }
+
+/// Issue 35, item 7: PLE spans were held by punching only under
+/// `--disk-budget`; `run --retire-sources` alone kept every converted PLE
+/// shard whole until the Q3 table was written. Now it punches too: a kill
+/// right after the first punch is reached, the punched shard holds fewer
+/// bytes than its length, and the resumed run ends with the reference
+/// manifest and no shard left.
+#[test]
+fn retire_sources_alone_punches_ple_shards() {
+    if !can_punch() {
+        return;
+    }
+    let files = generate_release_repo(29, &ReleaseShape::tiny_spread());
+    let hub = hub_serving(files);
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = tmp.path().join("plain");
+    run_ok(&mut run_cmd(&ep, &plain, crate::chain_crash::ARGS));
+    let reference = manifest_sha(&plain);
+    let mut args = crate::chain_crash::ARGS.to_vec();
+    args.push("--retire-sources");
+    let out = tmp.path().join("out");
+    let o = run(run_cmd(&ep, &out, &args).env("FTPIPE_CRASH_AT", "punch-done#1"));
+    assert!(
+        !o.status.success() && stderr(&o).contains("FTPIPE_CRASH_AT=punch-done#1"),
+        "--retire-sources did not punch: {}",
+        stderr(&o)
+    );
+    let punched = query(&out, "SELECT path FROM source_punches");
+    assert_eq!(punched.len(), 1, "{punched:?}");
+    let m = std::fs::metadata(out.join("source").join(&punched[0])).unwrap();
+    let held = crate::budgeted_run::held_len(&m);
+    assert!(
+        held < m.len(),
+        "{}: holds {held} of {}",
+        punched[0],
+        m.len()
+    );
+    let o = run(&mut run_cmd(&ep, &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    crate::chain_crash::check_finished(&hub, &out, &reference, "--retire-sources");
+    assert_eq!(bytes_under(&out.join("source")), resident_on_disk(&out));
+}
+
+/// Issue 35, item 7: the hole-punching probe writes a scratch file
+/// `.ftpipe-punch-probe-PID` in `DIR`; a process killed during the probe
+/// left it there for good. The next probe removes it (its process is
+/// gone), and keeps one whose process still runs.
+#[test]
+fn a_probe_file_left_by_a_kill_is_removed_by_the_next_probe() {
+    let files = generate_release_repo(31, &ReleaseShape::tiny_spread());
+    let hub = hub_serving(files);
+    let ep = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let probes = |out: &Path| -> Vec<String> {
+        std::fs::read_dir(out)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".ftpipe-punch-probe-"))
+            .collect()
+    };
+    let plan = || {
+        let mut cmd = ftpipe();
+        cmd.args(["plan", REPO, "--remote", "--endpoint", &ep, "--out"])
+            .arg(&out)
+            .args(["--disk-budget", "1TB", "--json"]);
+        cmd
+    };
+    let o = run(plan().env("FTPIPE_CRASH_AT", "punch-probing"));
+    assert!(
+        !o.status.success() && stderr(&o).contains("FTPIPE_CRASH_AT=punch-probing"),
+        "{}",
+        stderr(&o)
+    );
+    let left = probes(&out);
+    assert_eq!(left.len(), 1, "the kill left the scratch file: {left:?}");
+    // One of a process that still runs (this test) is not touched.
+    let live = format!(".ftpipe-punch-probe-{}", std::process::id());
+    std::fs::write(out.join(&live), b"x").unwrap();
+    let o = run(&mut plan());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(probes(&out), vec![live]);
+}

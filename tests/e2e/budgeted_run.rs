@@ -51,13 +51,18 @@ pub(crate) fn held_len(m: &std::fs::Metadata) -> u64 {
 
 impl Sampler {
     pub(crate) fn start(dir: PathBuf) -> Sampler {
+        Sampler::start_all(vec![dir])
+    }
+
+    /// Samples the sum over `dirs`.
+    pub(crate) fn start_all(dirs: Vec<PathBuf>) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let max = Arc::new(AtomicU64::new(0));
         let samples = Arc::new(AtomicU64::new(0));
         let (s, m, n) = (stop.clone(), max.clone(), samples.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                m.fetch_max(bytes_under(&dir), Ordering::SeqCst);
+                m.fetch_max(dirs.iter().map(|d| bytes_under(d)).sum(), Ordering::SeqCst);
                 n.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
@@ -179,7 +184,8 @@ pub(crate) fn budget_args(budget: u64) -> Vec<String> {
 
 /// Source bytes on disk after a kill: never past the budget.
 pub(crate) fn check_held(out: &Path, budget: u64, label: &str) {
-    let held = bytes_under(&out.join("source"));
+    // PLE spans copied aside are source bytes too.
+    let held = bytes_under(&out.join("source")) + bytes_under(&out.join(".ftpipe/kept"));
     assert!(
         held <= budget,
         "{label}: {held} bytes of sources on disk, budget {budget}"

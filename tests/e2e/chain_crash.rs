@@ -37,6 +37,7 @@ pub(crate) const ARGS: &[&str] = &["--checkpoint-bytes", "65536", "--checkpoint-
 const CRASH_POINTS: &[(&str, &str)] = &[
     ("resolve-done", "resolve"),
     ("resolve-completed", "resolve"),
+    ("punch-probing", "plan"),
     ("skeleton-written", "plan"),
     ("plan-done", "plan"),
     ("plan-completed", "plan"),

@@ -79,6 +79,10 @@
 //! * `budget_spans`: a PLE table spread over every file: converted PLE
 //!   shards punched down to their PLE spans, the span-based minimum, the
 //!   punch crash points, a changed kept range refused by digest.
+//! * `copy_aside`: the same on a volume that cannot punch holes (the
+//!   power-cut FUSE filesystem): PLE spans copied aside and the file
+//!   released, the copy-aside minimum, its crash points, a changed copy
+//!   refused by digest.
 //! * `s3`: `publish` and `pull` against a real S3-compatible server (moto):
 //!   identical verified artifacts, no-op re-runs, hostile manifests, a
 //!   truncated or replaced object, racing publishers, credentials.
@@ -152,6 +156,7 @@ mod convert_identity;
 mod convert_modelopt;
 mod convert_release;
 mod convert_retire;
+mod copy_aside;
 mod crash;
 mod demo;
 mod disk_budget;

@@ -67,10 +67,13 @@ pub struct FileAudit {
     pub verified: bool,
     /// The file was retired by `convert --retire-sources` and is absent.
     pub retired: bool,
-    /// Bytes a budgeted run punched out of the file once its spans other
-    /// than the PLE table's were converted (0 when not punched).
+    /// Bytes a budgeted run (or one with `--retire-sources`) released from
+    /// the file once its spans other than the PLE table's were converted:
+    /// punched out, or, its PLE spans copied aside, the file released
+    /// (0 when neither).
     pub punched_bytes: u64,
-    /// Why the file holds fewer bytes than its size, when punched.
+    /// Why the file holds fewer bytes than its size (punched, or released
+    /// after a copy aside).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub punched: Option<String>,
     /// What is wrong, if anything.
@@ -89,7 +92,8 @@ pub struct SourceTotals {
 /// Published sources still on disk versus deliberately retired.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Retirement {
-    /// Published sources present in `DIR/source/`.
+    /// Published sources present in `DIR/source/` (or held as a copy
+    /// aside of their PLE spans in `DIR/.ftpipe/kept/`).
     pub retained_files: usize,
     /// Their bytes on disk.
     pub retained_bytes: u64,
@@ -97,8 +101,8 @@ pub struct Retirement {
     pub retired_files: usize,
     /// Their bytes (from the listing).
     pub retired_bytes: u64,
-    /// Retained sources a budgeted run punched down to their PLE spans
-    /// (their kept bytes count in `retained_bytes`).
+    /// Retained sources held down to their PLE spans, punched or copied
+    /// aside (their kept bytes, or the copy's, count in `retained_bytes`).
     pub punched_files: usize,
     /// The bytes punched out of them.
     pub punched_bytes: u64,

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use tokio::task::block_in_place;
 
-use ftpipe_receipts::{FileRow, LedgerRow, PunchRecord, Receipt, Store};
+use ftpipe_receipts::{FileRow, KeptMethod, LedgerRow, PunchRecord, Receipt, Store};
 
 use super::{FileAudit, Retirement, SourceTotals, walk};
 use crate::error::{PipelineError, Result};
@@ -173,6 +173,7 @@ fn audit_file(
         root: source_root,
         retired: claims.retired.contains(&f.path),
         punch: claims.punches.get(&f.path).filter(|p| p.digest == r.digest),
+        layout: &ftpipe_fs::Layout::new(source_root.parent().unwrap_or(source_root)),
     };
     line.verified = check_on_disk(&published, on_disk, deep, &mut line, out)?;
     Ok(line)
@@ -187,8 +188,11 @@ struct Published<'a> {
     root: &'a Path,
     /// `convert --retire-sources` deleted it on purpose.
     retired: bool,
-    /// A budgeted run punched it down to its PLE spans (this version).
+    /// A budgeted run punched it down to its PLE spans, or copied them
+    /// aside and released it (this version).
     punch: Option<&'a PunchRecord>,
+    /// The layout of `DIR` (where copies aside live).
+    layout: &'a ftpipe_fs::Layout,
 }
 
 /// Whether a published source is as its receipt says: retired and absent,
@@ -215,6 +219,14 @@ fn check_on_disk(
                 out.error += r.size.abs_diff(f.size);
             }
             return Ok(line.problem.is_none());
+        }
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && let Some(copy) = p.punch.filter(|k| k.method == KeptMethod::CopyAside) =>
+        {
+            out.retirement.retained_files += 1;
+            out.retirement.retained_bytes += copy.kept_bytes;
+            return Ok(check_punched(p, copy, deep, line, out));
         }
         Err(_) => {
             line.problem = Some("receipt without its file".into());
@@ -270,15 +282,32 @@ fn check_punched(
 ) -> bool {
     let punched = punch.size.saturating_sub(punch.kept_bytes);
     line.punched_bytes = punched;
-    line.punched = Some(format!(
-        "run {} punched {punched} bytes out once every span but the PLE table's was converted under --disk-budget; {} bytes kept in {} range(s) until the PLE table is written",
-        punch.run_id,
-        punch.kept_bytes,
-        punch.kept.len()
-    ));
+    line.punched = Some(match punch.method {
+        KeptMethod::Punch => format!(
+            "run {} punched {punched} bytes out once every span but the PLE table's was converted (under --disk-budget or --retire-sources); {} bytes kept in {} range(s) until the PLE table is written",
+            punch.run_id,
+            punch.kept_bytes,
+            punch.kept.len()
+        ),
+        KeptMethod::CopyAside => format!(
+            "run {} released the file ({} bytes) once every span but the PLE table's was converted (under --disk-budget or --retire-sources), after copying its {} PLE range(s) ({} bytes) aside to .ftpipe/kept/{} (this volume cannot punch holes), kept until the PLE table is written",
+            punch.run_id,
+            punch.size,
+            punch.kept.len(),
+            punch.kept_bytes,
+            punch.path
+        ),
+    });
     out.retirement.punched_files += 1;
     out.retirement.punched_bytes += punched;
-    if deep && let Err(e) = ftpipe_convert::punched::check_kept(p.root, punch) {
+    if !deep {
+        return line.problem.is_none();
+    }
+    let checked = match punch.method {
+        KeptMethod::Punch => ftpipe_convert::punched::check_kept(p.root, punch),
+        KeptMethod::CopyAside => ftpipe_convert::copied::check_copy(p.layout, punch),
+    };
+    if let Err(e) = checked {
         line.problem = Some(e.to_string());
         out.error += punch.kept_bytes;
         return false;

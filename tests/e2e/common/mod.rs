@@ -413,9 +413,16 @@ pub fn check_ledger_rows(out: &Path, rows: &[LedgerSnap], kill: &str) -> KillSta
          AND id = (SELECT MAX(id) FROM source_retirements WHERE path = r.path)",
     )
     .unwrap_or_default();
+    // A shard whose PLE spans were copied aside (a live `copy_aside` row)
+    // was released on purpose: its receipt stays, its copy holds the spans.
+    let copied = try_query(
+        out,
+        "SELECT path FROM source_punches WHERE method = 'copy_aside' AND ended = 0",
+    )
+    .unwrap_or_default();
     for r in rows {
         let disk = on_disk_len(out, &r.path);
-        if retired.contains(&r.path) && disk == 0 {
+        if (retired.contains(&r.path) || copied.contains(&r.path)) && disk == 0 {
             assert!(r.receipt, "{kill}: {} retired without a receipt", r.path);
             st.published += 1;
             st.committed += r.committed;
