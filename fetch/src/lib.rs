@@ -26,6 +26,9 @@
 //!   its workers share; `coordinator`; `worker`).
 //! - `part`: the `.part` file; `extent`: block alignment and the data
 //!   extents a crash leaves past a watermark.
+//! - `xet`: Xet storage as a byte source ([`XetSource`]): read token,
+//!   reconstruction, xorb ranges, chunk decoding and hashing, each term
+//!   recorded in the store.
 //! - `error`: [`FetchError`]; what the hub's HTTP fails with is a
 //!   [`ftpipe_hub::HubError`] inside it.
 //!
@@ -51,6 +54,7 @@ mod reconcile;
 mod segmented;
 mod source;
 mod transfer;
+mod xet;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,6 +80,7 @@ pub use ftpipe_hub::headers::{
 };
 pub use ftpipe_hub::identity::expected_identity;
 pub use hubsource::HubSource;
+pub use xet::{XetError, XetFile, XetSource};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use source::{
     Ask, Body, BodyError, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
