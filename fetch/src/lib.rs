@@ -80,11 +80,11 @@ pub use ftpipe_hub::headers::{
 };
 pub use ftpipe_hub::identity::expected_identity;
 pub use hubsource::HubSource;
-pub use xet::{XetError, XetFile, XetSource};
 pub use reconcile::{ReconcileReport, reconcile};
 pub use source::{
     Ask, Body, BodyError, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
 };
+pub use xet::{XetError, XetFile, XetSource};
 
 /// Bytes still needed for the selected files (expected minus durable).
 pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {

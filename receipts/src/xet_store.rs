@@ -35,10 +35,7 @@ pub struct XetTermRow {
 }
 
 fn chunks_text(chunks: &[(String, u64)]) -> String {
-    chunks
-        .iter()
-        .map(|(h, n)| format!("{h}:{n}\n"))
-        .collect()
+    chunks.iter().map(|(h, n)| format!("{h}:{n}\n")).collect()
 }
 
 fn chunks_of(path: &str, text: &str) -> Result<Vec<(String, u64)>> {

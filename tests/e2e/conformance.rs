@@ -108,6 +108,7 @@ impl Source for Hub {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
             },
+            Lie::StatusOk => unreachable!("the conformance checks tell no status lie"),
         };
         let times = u32::try_from(times).unwrap();
         self.hub.inject(FaultRule::new(path, fault).times(times));

@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, RANGE};
 use url::Url;
 
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_receipts::XetTermRow;
 
 use super::hash::{XetDigest, file_hash};
@@ -82,7 +83,8 @@ impl Inner {
                     // Asked again on the retry.
                     *self.token.lock().await = None;
                 }
-                let transient = status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 429);
+                let transient =
+                    status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 429);
                 return Err(XetError::Status {
                     url: shown(&url),
                     status: status.as_u16(),
@@ -94,7 +96,11 @@ impl Inner {
                 .await
                 .map_err(|e| http(e.without_url()).into_fetch(true))?
                 .ok_or_else(|| {
-                    refused(path, "reconstruction", format!("longer than {MAX_RECONSTRUCTION_BYTES} bytes"))
+                    refused(
+                        path,
+                        "reconstruction",
+                        format!("longer than {MAX_RECONSTRUCTION_BYTES} bytes"),
+                    )
                 })?;
             let parsed = if version == 2 {
                 Reconstruction::from_v2(&body)
@@ -105,11 +111,20 @@ impl Inner {
             check_covers(path, &recon, end - from)?;
             return Ok(recon);
         }
-        Err(refused(path, "reconstruction", "neither v2 nor v1 is served".into()))
+        Err(refused(
+            path,
+            "reconstruction",
+            "neither v2 nor v1 is served".into(),
+        ))
     }
 
     /// The bytes of `term`'s xorb range: exactly `[first, last]`.
-    async fn xorb_range(&self, token: &CasToken, path: &str, term: &Term) -> Result<Vec<u8>, String> {
+    async fn xorb_range(
+        &self,
+        token: &CasToken,
+        path: &str,
+        term: &Term,
+    ) -> Result<Vec<u8>, String> {
         let f = &term.fetch;
         let url = Url::parse(&f.url).map_err(|e| format!("xorb URL is not a URL: {e}"))?;
         let want = f.last - f.first + 1;
@@ -118,7 +133,13 @@ impl Inner {
             .get(&url, token, format!("bytes={}-{}", f.first, f.last))
             .send()
             .await
-            .map_err(|e| format!("{}: {}", shown(&url), crate::source::error_chain(&e.without_url())))?;
+            .map_err(|e| {
+                format!(
+                    "{}: {}",
+                    shown(&url),
+                    crate::source::error_chain(&e.without_url())
+                )
+            })?;
         let status = resp.status();
         if status != StatusCode::PARTIAL_CONTENT {
             return Err(format!(
@@ -127,7 +148,11 @@ impl Inner {
                 term.xorb
             ));
         }
-        let sent = resp.headers().get(CONTENT_RANGE).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let sent = resp
+            .headers()
+            .get(CONTENT_RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         if let Some(sent) = &sent
             && !sent.starts_with(&format!("{asked}/"))
         {
@@ -139,8 +164,20 @@ impl Inner {
         }
         let body = bounded(resp, want)
             .await
-            .map_err(|e| format!("{}: {}", shown(&url), crate::source::error_chain(&e.without_url())))?
-            .ok_or_else(|| format!("{} sent more than the {want} bytes of {asked} of xorb {}", shown(&url), term.xorb))?;
+            .map_err(|e| {
+                format!(
+                    "{}: {}",
+                    shown(&url),
+                    crate::source::error_chain(&e.without_url())
+                )
+            })?
+            .ok_or_else(|| {
+                format!(
+                    "{} sent more than the {want} bytes of {asked} of xorb {}",
+                    shown(&url),
+                    term.xorb
+                )
+            })?;
         if body.len() as u64 != want {
             return Err(format!(
                 "{} sent {} of the {want} bytes of {asked} of xorb {} (fetching {path})",
@@ -154,12 +191,23 @@ impl Inner {
 
     /// `term` fetched, decoded and hashed; recorded as the term at
     /// `file_start` of `path`. Returns its decoded bytes.
-    async fn term(&self, token: &CasToken, path: &str, file: &XetFile, term: &Term, file_start: u64) -> Result<Bytes, String> {
+    async fn term(
+        &self,
+        token: &CasToken,
+        path: &str,
+        file: &XetFile,
+        term: &Term,
+        file_start: u64,
+    ) -> Result<Bytes, String> {
         let raw = self.xorb_range(token, path, term).await?;
         let f = &term.fetch;
         let count = usize::try_from(f.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
-        let chunks = decode_chunks(&raw, count)
-            .map_err(|e| format!("xorb {} bytes {}-{} (fetching {path}): {e}", term.xorb, f.first, f.last))?;
+        let chunks = decode_chunks(&raw, count).map_err(|e| {
+            format!(
+                "xorb {} bytes {}-{} (fetching {path}): {e}",
+                term.xorb, f.first, f.last
+            )
+        })?;
         let from = usize::try_from(term.chunk_start - f.chunk_start).map_err(|e| e.to_string())?;
         let to = usize::try_from(term.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
         let mine = &chunks[from..to];
@@ -178,10 +226,17 @@ impl Inner {
             xorb: term.xorb.clone(),
             chunk_start: term.chunk_start,
             chunk_end: term.chunk_end,
-            chunks: mine.iter().map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64)).collect(),
+            chunks: mine
+                .iter()
+                .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
+                .collect(),
             fetched: raw.len() as u64,
         };
-        self.store.record_xet_term(&row).await.map_err(|e| e.to_string())?;
+        self.store
+            .record_xet_term(&row)
+            .await
+            .map_err(|e| e.to_string())?;
+        crashpoint::hit(CrashPoint::XetTermRecorded);
         let mut out = BytesMut::with_capacity(usize::try_from(length).map_err(|e| e.to_string())?);
         for c in mine {
             out.extend_from_slice(c);
@@ -189,24 +244,38 @@ impl Inner {
         Ok(out.freeze())
     }
 
-    /// The file's Xet hash from the recorded chunk hashes of the terms
-    /// that cover it from byte 0; not checkable (a warning) when they do
-    /// not cover it (bytes of an earlier fetch through `resolve`).
+    /// The file's Xet hash from the recorded chunk hashes, chunk after
+    /// chunk from byte 0 (terms asked for a span start and end at the
+    /// chunks that hold it, so two spans' terms may overlap by a chunk; a
+    /// chunk is the same wherever it was recorded); not checkable (a
+    /// warning) when they do not cover the file (bytes of an earlier fetch
+    /// through `resolve`).
     pub(super) async fn check_whole(&self, path: &str, file: &XetFile) -> Result<()> {
         let rows = self.store.xet_terms(path, &file.xet_hash).await?;
+        let mut by_offset = std::collections::BTreeMap::new();
+        for row in &rows {
+            let mut at = row.file_start;
+            for (hex, size) in &row.chunks {
+                let digest = XetDigest::parse(hex).ok_or_else(|| {
+                    FetchError::internal(format!("recorded chunk hash {hex:?} of {path}"))
+                })?;
+                by_offset.insert(at, (digest, *size));
+                at = at.saturating_add(*size);
+            }
+        }
         let mut chunks = Vec::new();
         let mut at = 0u64;
         while at < file.size {
-            let Some(row) = rows.iter().rev().find(|r| r.file_start == at) else {
-                tracing::warn!(path, at, "no recorded Xet term starts here: the Xet hash is not checked (the SHA-256 was)");
+            let Some(&(digest, size)) = by_offset.get(&at) else {
+                tracing::warn!(
+                    path,
+                    at,
+                    "no recorded Xet chunk starts here: the Xet hash is not checked (the SHA-256 was)"
+                );
                 return Ok(());
             };
-            for (hex, size) in &row.chunks {
-                let digest = XetDigest::parse(hex)
-                    .ok_or_else(|| FetchError::internal(format!("recorded chunk hash {hex:?} of {path}")))?;
-                chunks.push((digest, *size));
-            }
-            at = row.file_end;
+            chunks.push((digest, size));
+            at = at.saturating_add(size.max(1));
         }
         let actual = file_hash(&chunks).hex();
         if actual != file.xet_hash {
@@ -274,20 +343,34 @@ impl Cursor {
             return None;
         }
         let Some(term) = self.recon.terms.get(self.next).cloned() else {
-            let e = format!("the reconstruction of {} ended {} bytes early", self.path, self.left);
+            let e = format!(
+                "the reconstruction of {} ended {} bytes early",
+                self.path, self.left
+            );
             self.left = 0;
             return Some((Err(BodyError(e)), self));
         };
         self.next += 1;
-        match self.inner.term(&self.token, &self.path, &self.file, &term, self.term_start).await {
+        match self
+            .inner
+            .term(&self.token, &self.path, &self.file, &term, self.term_start)
+            .await
+        {
             Err(e) => {
                 self.left = 0;
-                Some((Err(BodyError(ftpipe_secrets::redact(&e).into_owned())), self))
+                Some((
+                    Err(BodyError(ftpipe_secrets::redact(&e).into_owned())),
+                    self,
+                ))
             }
             Ok(bytes) => {
                 self.term_start += term.length;
-                let skip = usize::try_from(self.skip).unwrap_or(usize::MAX).min(bytes.len());
-                let take = usize::try_from(self.left).unwrap_or(usize::MAX).min(bytes.len() - skip);
+                let skip = usize::try_from(self.skip)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let take = usize::try_from(self.left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len() - skip);
                 self.skip = 0;
                 self.left -= take as u64;
                 Some((Ok(bytes.slice(skip..skip + take)), self))

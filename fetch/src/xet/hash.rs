@@ -40,7 +40,9 @@ impl XetDigest {
 
     /// The hash as xet-core prints it (64 hex digits).
     pub fn hex(&self) -> String {
-        (0..4).map(|i| format!("{:016x}", self.quarter(i))).collect()
+        (0..4)
+            .map(|i| format!("{:016x}", self.quarter(i)))
+            .collect()
     }
 
     /// Reads [`XetDigest::hex`]'s form (`None` unless 64 hex digits).

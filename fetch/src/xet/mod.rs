@@ -103,7 +103,9 @@ pub enum XetError {
         detail: String,
     },
     /// The chunks recorded for a file do not hash to its Xet hash.
-    #[error("Xet hash of {path}: its {chunks} chunks hash to {actual}, the listing says {expected}")]
+    #[error(
+        "Xet hash of {path}: its {chunks} chunks hash to {actual}, the listing says {expected}"
+    )]
     FileHash {
         /// The file.
         path: String,
@@ -184,7 +186,10 @@ impl XetSource {
         store: Arc<Store>,
         fallback: Arc<dyn ByteSource>,
     ) -> Result<XetSource> {
-        let raw = format!("{}/api/models/{repo}/xet-read-token/{commit}", hub.endpoint());
+        let raw = format!(
+            "{}/api/models/{repo}/xet-read-token/{commit}",
+            hub.endpoint()
+        );
         let route = Url::parse(&raw).map_err(|e| FetchError::InvalidInput {
             what: "Xet refresh route",
             message: format!("{raw}: {e}"),
@@ -357,10 +362,9 @@ fn token_fields(
         get("x-xet-access-token"),
         get("x-xet-token-expiration"),
     ) {
-        let exp = exp
-            .trim()
-            .parse()
-            .map_err(|_| format!("X-Xet-Token-Expiration {exp:?} is not seconds since the epoch"))?;
+        let exp = exp.trim().parse().map_err(|_| {
+            format!("X-Xet-Token-Expiration {exp:?} is not seconds since the epoch")
+        })?;
         return Ok((cas.to_owned(), token.to_owned(), exp));
     }
     let b: TokenBody = serde_json::from_slice(body).map_err(|e| {

@@ -188,7 +188,12 @@ impl Reconstruction {
                     l.iter()
                         .find(|f| f.chunk_start <= start && end <= f.chunk_end)
                 })
-                .ok_or_else(|| bad(format!("no fetch holds chunks {start}..{end} of xorb {}", t.hash)))?;
+                .ok_or_else(|| {
+                    bad(format!(
+                        "no fetch holds chunks {start}..{end} of xorb {}",
+                        t.hash
+                    ))
+                })?;
             if fetch.first > fetch.last {
                 return Err(bad(format!(
                     "byte range {}-{} of xorb {} is reversed",

@@ -65,7 +65,10 @@ pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError
         let header = bytes.get(at..at + HEADER_BYTES).ok_or(truncated.clone())?;
         let bad = |what: String| XorbError::BadHeader { index, at, what };
         if header[0] != 0 {
-            return Err(bad(format!("header version {} (this client reads 0)", header[0])));
+            return Err(bad(format!(
+                "header version {} (this client reads 0)",
+                header[0]
+            )));
         }
         let compressed = three_bytes(&header[1..4]);
         let scheme = header[4];

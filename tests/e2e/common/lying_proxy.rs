@@ -28,6 +28,10 @@ pub enum Lie {
     /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
     /// bytes */SIZE` of the object upstream), whatever was asked.
     RefuseRange,
+    /// Passes the answer on with its status line made `200 OK` (its
+    /// headers and body unchanged): a server that says it sent the whole
+    /// object.
+    StatusOk,
     /// Answers `503 Slow Down` with S3's `SlowDown` error document, as S3
     /// does when it sheds load; nothing goes upstream.
     SlowDown,
@@ -56,6 +60,8 @@ pub struct Seen {
     pub range: Option<String>,
     /// The access key id its `Authorization` header names, if any.
     pub key_id: Option<String>,
+    /// Its `Authorization` header, if any.
+    pub authorization: Option<String>,
 }
 
 #[derive(Default)]
@@ -160,6 +166,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             let (_, rest) = a.split_once("Credential=")?;
             rest.split('/').next().map(str::to_owned)
         }),
+        authorization: header("authorization"),
     });
     if lie == Some(Lie::SlowDown) {
         let mut conn = conn;
@@ -203,7 +210,14 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     if lie == Some(Lie::Endless) {
         return send_endless(conn, answer_head, answer_body);
     }
-    conn.write_all(&closing(answer_head))?;
+    let head = closing(answer_head);
+    if lie == Some(Lie::StatusOk) {
+        let line_end = head.iter().position(|&b| b == b'\r').unwrap_or(0);
+        conn.write_all(b"HTTP/1.1 200 OK")?;
+        conn.write_all(&head[line_end..])?;
+    } else {
+        conn.write_all(&head)?;
+    }
     match lie {
         Some(Lie::ShortBody { after }) => {
             conn.write_all(&answer_body[..after.min(answer_body.len())])?;

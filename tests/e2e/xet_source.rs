@@ -1,0 +1,252 @@
+//! Xet storage as a byte source (issue 37, items 1 and 2): a file the
+//! listing names with a Xet hash is fetched from the CAS the hub's read
+//! token names, by reconstruction, instead of through `resolve` (which
+//! every other client but hf_xet used, ftpipe included: the hub's Xet
+//! storage was never read, a killed fetch could only resume through the
+//! resolve bridge, and no chunk was checked against its Xet hash).
+//!
+//! The CAS is Hugging Face's `local_cas_server`, filled by the reference
+//! uploader `hf_xet` (`common::xet`), behind the lying proxy
+//! (`common::lying_proxy`, which records every request and lies on
+//! demand). The hub names the proxy as the CAS; the xorb URLs the CAS hands
+//! out carry the `Host` they were asked under, so they go through it too.
+
+use std::path::Path;
+
+use crate::common::lying_proxy::{Lie, LyingProxy};
+use crate::common::xet::{CAS_TOKEN, LocalCas, xet_hub};
+use crate::common::*;
+use ftpipe_fixtures::{RepoFile, RunningHub, XetServing};
+
+/// One stream per file, a checkpoint every 64 KiB.
+const ONE_STREAM: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "1",
+    "--checkpoint-bytes",
+    "65536",
+];
+
+/// A hub serving a ~2 MiB repo whose LFS files are in a CAS behind a
+/// recording proxy. Returns the hub, its files, the CAS (kept alive), the
+/// proxy and the Xet hashes by SHA-256.
+fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy) {
+    let (hub, files) = hub_with_repo(seed, 2 * 1024 * 1024);
+    let cas = LocalCas::start();
+    let hashes = xet_hub(&hub, &cas, &files);
+    let proxy = LyingProxy::start(&cas.endpoint());
+    hub.serve_xet(XetServing {
+        cas_url: proxy.endpoint(),
+        access_token: CAS_TOKEN.to_owned(),
+        hashes,
+    });
+    (hub, files, cas, proxy)
+}
+
+/// The LFS paths of the listing.
+fn lfs_paths(hub: &RunningHub) -> Vec<String> {
+    hub.listing(REPO, "main")
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.lfs)
+        .map(|f| f.path)
+        .collect()
+}
+
+/// Reconstruction requests the proxy saw: (target, Range).
+fn reconstructions(proxy: &LyingProxy) -> Vec<(String, Option<String>)> {
+    proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.contains("/reconstructions/"))
+        .map(|s| (s.target, s.range))
+        .collect()
+}
+
+/// Rows of `xet_terms` for `path`: `file_start-file_end:chunks`.
+fn recorded_terms(out: &Path, path: &str) -> Vec<String> {
+    query(
+        out,
+        &format!(
+            "SELECT file_start || '-' || file_end || ':' || \
+             (length(chunks) - length(replace(chunks, char(10), ''))) \
+             FROM xet_terms WHERE path = {} ORDER BY file_start",
+            sql_str(path)
+        ),
+    )
+}
+
+/// Regression (issue 37, item 1): a Xet-served repo is fetched through the
+/// CAS, not `resolve`: the hub serves no LFS body, the read token is asked
+/// for once per fetch and sent to the CAS with every reconstruction
+/// request, every term is recorded with its chunk hashes, and the files are
+/// byte-equal to a fetch through `resolve` (`HF_HUB_DISABLE_XET=1`, and
+/// `--no-xet`), with a clean audit. The Xet hash recomputed from the chunk
+/// hashes (`hf_xet` computed the listing's) is checked before publish, so
+/// this also holds the hashing to the reference implementation.
+#[test]
+fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
+    let (hub, files, _cas, proxy) = xet_served(371);
+    let lfs = lfs_paths(&hub);
+    assert!(!lfs.is_empty());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("xet");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+    for path in &lfs {
+        assert!(
+            body_requests(&hub, path).is_empty(),
+            "{path}: {:#?}",
+            hub.requests()
+        );
+        let terms = recorded_terms(&out, path);
+        assert!(!terms.is_empty(), "{path}: no term recorded");
+        assert!(terms[0].starts_with("0-"), "{terms:?}");
+    }
+    let tokens = hub
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/xet-read-token/"))
+        .count();
+    assert_eq!(tokens, 1, "{:#?}", hub.requests());
+    let recon: Vec<_> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.contains("/v2/reconstructions/"))
+        .collect();
+    assert_eq!(recon.len(), lfs.len(), "{recon:#?}");
+    let bearer = format!("Bearer {CAS_TOKEN}");
+    assert!(
+        recon
+            .iter()
+            .all(|s| s.authorization.as_deref() == Some(bearer.as_str())),
+        "{recon:#?}"
+    );
+    // The token is in no record ftpipe keeps.
+    let db = std::fs::read(out.join(".ftpipe/state.db")).unwrap_or_default();
+    assert!(
+        !db.windows(CAS_TOKEN.len())
+            .any(|w| w == CAS_TOKEN.as_bytes())
+    );
+    // Xet off, by the environment and by the flag: through resolve, same bytes.
+    for (name, extra) in [("env", &[][..]), ("flag", &["--no-xet"][..])] {
+        hub.clear_requests();
+        let before = proxy.seen().len();
+        let plain = tmp.path().join(name);
+        let mut cmd = fetch_cmd(&hub.endpoint(), &plain, &[ONE_STREAM, extra].concat());
+        if name == "env" {
+            cmd.env("HF_HUB_DISABLE_XET", "1");
+        }
+        let o = run(&mut cmd);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_files_match(&plain, &files);
+        assert_clean_audit(&plain);
+        assert_eq!(proxy.seen().len(), before, "{name}: the CAS was asked");
+        for path in &lfs {
+            assert!(!body_requests(&hub, path).is_empty(), "{name}: {path}");
+            assert!(recorded_terms(&plain, path).is_empty());
+        }
+    }
+}
+
+/// Regression (issue 37, item 2): killed after a checkpoint's bytes were
+/// fsynced (the watermark two checkpoints behind), or right after a term
+/// was recorded (`xet-term-recorded`, its bytes neither written nor
+/// claimed), the re-run asks the reconstruction of the unclaimed bytes
+/// only, from the watermark the kill left (the CAS answers the chunks from
+/// the one holding it), and publishes the verified file; the term rows of
+/// both runs give the file's Xet hash.
+#[test]
+fn a_killed_xet_fetch_resumes_from_its_watermark() {
+    let (hub, files, _cas, proxy) = xet_served(372);
+    let f = lfs_file(&files);
+    let size = content_len(f);
+    let tmp = tempfile::tempdir().unwrap();
+    for kill in ["checkpoint-synced#3", "xet-term-recorded"] {
+        let out = tmp.path().join(kill);
+        let o = run(fetch_cmd(
+            &hub.endpoint(),
+            &out,
+            &[ONE_STREAM, &["--include", &f.path]].concat(),
+        )
+        .env("FTPIPE_CRASH_AT", kill));
+        let name = kill.split('#').next().unwrap();
+        assert!(
+            !o.status.success() && stderr(&o).contains(&format!("FTPIPE_CRASH_AT={name}")),
+            "{}",
+            stderr(&o)
+        );
+        let w = ledger(&out, &f.path).committed;
+        assert!(w < size, "watermark {w} of {size}");
+        if name == "checkpoint-synced" {
+            assert!(w > 0, "{kill}: nothing claimed");
+        }
+        let before = reconstructions(&proxy).len();
+        let o = run(&mut fetch_cmd(
+            &hub.endpoint(),
+            &out,
+            &[ONE_STREAM, &["--include", &f.path]].concat(),
+        ));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            std::fs::read(out.join("source").join(&f.path)).unwrap(),
+            ftpipe_fixtures::checkpoint::content_bytes(f)
+                .unwrap()
+                .as_ref()
+        );
+        let again = reconstructions(&proxy).split_off(before);
+        assert_eq!(
+            again.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
+            [Some(format!("bytes={w}-{}", size - 1))],
+            "{again:#?}"
+        );
+        let l = ledger(&out, &f.path);
+        assert_eq!(l.committed, size);
+        assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+        assert!(body_requests(&hub, &f.path).is_empty());
+    }
+}
+
+/// Regression (issue 37, bad input): a xorb range answered `200`, cut
+/// short, or never ending is refused (never written), the attempt fails and
+/// the retry asks the reconstruction again; the file is published verified
+/// and the ledger adds up.
+#[test]
+fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
+    let (hub, files, _cas, proxy) = xet_served(373);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, lie) in [Lie::StatusOk, Lie::ShortBody { after: 100 }, Lie::Endless]
+        .into_iter()
+        .enumerate()
+    {
+        let out = tmp.path().join(format!("out-{i}"));
+        let before = reconstructions(&proxy).len();
+        proxy.lie("v1/fetch_term", lie, 1);
+        let o = run(fetch_cmd(
+            &hub.endpoint(),
+            &out,
+            &[ONE_STREAM, &["--include", &f.path, "--retry-base-ms", "50"]].concat(),
+        ));
+        assert!(o.status.success(), "{lie:?}: {}", stderr(&o));
+        assert_eq!(
+            std::fs::read(out.join("source").join(&f.path)).unwrap(),
+            ftpipe_fixtures::checkpoint::content_bytes(f)
+                .unwrap()
+                .as_ref(),
+            "{lie:?}"
+        );
+        assert!(
+            reconstructions(&proxy).len() - before >= 2,
+            "{lie:?}: the reconstruction was not asked again"
+        );
+        let outcomes = attempt_outcomes(&out, &f.path);
+        assert!(outcomes.len() >= 2, "{lie:?}: {outcomes:?}");
+        let l = ledger(&out, &f.path);
+        assert_eq!(l.transferred, l.committed + l.discarded, "{lie:?}: {l:?}");
+        assert_clean_audit(&out);
+    }
+}
