@@ -108,7 +108,9 @@ impl Source for Hub {
                 after: after as u64,
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
             },
-            Lie::StatusOk => unreachable!("the conformance checks tell no status lie"),
+            Lie::StatusOk | Lie::FlipByte { .. } => {
+                unreachable!("the conformance checks tell no such lie")
+            }
         };
         let times = u32::try_from(times).unwrap();
         self.hub.inject(FaultRule::new(path, fault).times(times));

@@ -126,11 +126,14 @@ fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
         "{recon:#?}"
     );
     // The token is in no record ftpipe keeps.
-    let db = std::fs::read(out.join(".ftpipe/state.db")).unwrap_or_default();
-    assert!(
-        !db.windows(CAS_TOKEN.len())
-            .any(|w| w == CAS_TOKEN.as_bytes())
-    );
+    for name in ["state.db", "state.db-wal"] {
+        let db = std::fs::read(out.join(".ftpipe").join(name)).unwrap_or_default();
+        let found = db
+            .windows(CAS_TOKEN.len())
+            .any(|w| w == CAS_TOKEN.as_bytes());
+        assert!(!found, "the CAS token is in {name}");
+    }
+    assert!(!stderr(&o).contains(CAS_TOKEN));
     // Xet off, by the environment and by the flag: through resolve, same bytes.
     for (name, extra) in [("env", &[][..]), ("flag", &["--no-xet"][..])] {
         hub.clear_requests();
@@ -226,10 +229,10 @@ fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
         let out = tmp.path().join(format!("out-{i}"));
         let before = reconstructions(&proxy).len();
         proxy.lie("v1/fetch_term", lie, 1);
-        let o = run(fetch_cmd(
+        let o = run(&mut fetch_cmd(
             &hub.endpoint(),
             &out,
-            &[ONE_STREAM, &["--include", &f.path, "--retry-base-ms", "50"]].concat(),
+            &[ONE_STREAM, &["--include", &f.path]].concat(),
         ));
         assert!(o.status.success(), "{lie:?}: {}", stderr(&o));
         assert_eq!(
@@ -249,4 +252,67 @@ fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
         assert_eq!(l.transferred, l.committed + l.discarded, "{lie:?}: {l:?}");
         assert_clean_audit(&out);
     }
+}
+
+/// Regression (issue 37, bad input): a xorb chunk whose bytes were changed
+/// on the way (one byte flipped past its header) decodes to bytes that are
+/// not the file's: never published. The file's digest fails, its bytes are
+/// a recorded `digest_mismatch` discard and it is fetched again (the lie
+/// told once), verified, and the ledger adds up.
+#[test]
+fn a_chunk_changed_on_the_way_is_discarded_and_refetched() {
+    let (hub, files, _cas, proxy) = xet_served(374);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    proxy.lie("v1/fetch_term", Lie::FlipByte { at: 100 }, 1);
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[ONE_STREAM, &["--include", &f.path]].concat(),
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref()
+    );
+    let reasons = discard_reasons(&out, &f.path);
+    assert!(
+        reasons.iter().any(|r| r == "digest_mismatch")
+            || attempt_outcomes(&out, &f.path).len() >= 2,
+        "the changed chunk was neither discarded nor refused: {reasons:?}"
+    );
+    assert_clean_audit(&out);
+}
+
+/// Regression (issue 37, item 1): the file's Xet hash is recomputed from
+/// the recorded chunk hashes before publish, and a mismatch fails the file
+/// (exit 6) naming both hashes: after a kill, one recorded chunk hash of
+/// the claimed head is changed in the state database, and the resumed
+/// fetch, whose bytes are right (the SHA-256 matches), is not published.
+#[test]
+fn a_recorded_chunk_hash_that_does_not_give_the_xet_hash_fails_the_file() {
+    let (hub, files, _cas, _proxy) = xet_served(375);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let args = [ONE_STREAM, &["--include", &f.path]].concat();
+    let o =
+        run(fetch_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", "checkpoint-synced#3"));
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(ledger(&out, &f.path).committed > 0);
+    sqlite_exec(
+        &out,
+        &format!(
+            "UPDATE xet_terms SET chunks = '{}' || substr(chunks, 65) WHERE path = {} AND file_start = 0",
+            "0".repeat(64),
+            sql_str(&f.path)
+        ),
+    );
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
+    assert_names(&stderr(&o), &["Xet hash of", &f.path, "the listing says"]);
+    assert!(!out.join("source").join(&f.path).exists());
 }

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
+
+use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, RANGE};
 use url::Url;
@@ -190,7 +192,7 @@ impl Inner {
     }
 
     /// `term` fetched, decoded and hashed; recorded as the term at
-    /// `file_start` of `path`. Returns its decoded bytes.
+    /// `file_start` of `path`. Returns its decoded chunks.
     async fn term(
         &self,
         token: &CasToken,
@@ -198,7 +200,7 @@ impl Inner {
         file: &XetFile,
         term: &Term,
         file_start: u64,
-    ) -> Result<Bytes, String> {
+    ) -> Result<Vec<Bytes>, String> {
         let raw = self.xorb_range(token, path, term).await?;
         let f = &term.fetch;
         let count = usize::try_from(f.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
@@ -210,7 +212,9 @@ impl Inner {
         })?;
         let from = usize::try_from(term.chunk_start - f.chunk_start).map_err(|e| e.to_string())?;
         let to = usize::try_from(term.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
-        let mine = &chunks[from..to];
+        let mut chunks = chunks;
+        chunks.truncate(to);
+        let mine = chunks.split_off(from);
         let length: u64 = mine.iter().map(|c| c.len() as u64).sum();
         if length != term.length {
             return Err(format!(
@@ -237,11 +241,7 @@ impl Inner {
             .await
             .map_err(|e| e.to_string())?;
         crashpoint::hit(CrashPoint::XetTermRecorded);
-        let mut out = BytesMut::with_capacity(usize::try_from(length).map_err(|e| e.to_string())?);
-        for c in mine {
-            out.extend_from_slice(c);
-        }
-        Ok(out.freeze())
+        Ok(mine)
     }
 
     /// The file's Xet hash from the recorded chunk hashes, chunk after
@@ -334,11 +334,18 @@ pub(super) struct Cursor {
     pub(super) term_start: u64,
     pub(super) skip: u64,
     pub(super) left: u64,
+    /// Decoded chunks of the current term not yet handed on (already cut
+    /// to the span).
+    pub(super) pending: VecDeque<Bytes>,
 }
 
 impl Cursor {
-    /// The next term's bytes of the span (the stream's step).
+    /// The next chunk's bytes of the span (the stream's step): one chunk
+    /// at a time, so the transfer checkpoints inside a term.
     pub(super) async fn step(mut self) -> Option<(std::result::Result<Bytes, BodyError>, Cursor)> {
+        if let Some(chunk) = self.pending.pop_front() {
+            return Some((Ok(chunk), self));
+        }
         if self.left == 0 {
             return None;
         }
@@ -363,17 +370,23 @@ impl Cursor {
                     self,
                 ))
             }
-            Ok(bytes) => {
+            Ok(chunks) => {
                 self.term_start += term.length;
-                let skip = usize::try_from(self.skip)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let take = usize::try_from(self.left)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len() - skip);
-                self.skip = 0;
-                self.left -= take as u64;
-                Some((Ok(bytes.slice(skip..skip + take)), self))
+                for c in chunks {
+                    let skip = usize::try_from(self.skip)
+                        .unwrap_or(usize::MAX)
+                        .min(c.len());
+                    let take = usize::try_from(self.left)
+                        .unwrap_or(usize::MAX)
+                        .min(c.len() - skip);
+                    self.skip -= skip as u64;
+                    self.left -= take as u64;
+                    if take > 0 {
+                        self.pending.push_back(c.slice(skip..skip + take));
+                    }
+                }
+                let first = self.pending.pop_front().unwrap_or_default();
+                Some((Ok(first), self))
             }
         }
     }

@@ -261,6 +261,7 @@ impl Inner {
             skip: recon.offset,
             left: end - from,
             next: 0,
+            pending: std::collections::VecDeque::new(),
             inner: self.clone(),
             path: path.to_owned(),
             file: file.clone(),

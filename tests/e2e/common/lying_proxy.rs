@@ -32,6 +32,11 @@ pub enum Lie {
     /// headers and body unchanged): a server that says it sent the whole
     /// object.
     StatusOk,
+    /// Passes the answer on with the body byte at `at` flipped (all bits).
+    FlipByte {
+        /// Offset in the body.
+        at: usize,
+    },
     /// Answers `503 Slow Down` with S3's `SlowDown` error document, as S3
     /// does when it sheds load; nothing goes upstream.
     SlowDown,
@@ -221,6 +226,13 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     match lie {
         Some(Lie::ShortBody { after }) => {
             conn.write_all(&answer_body[..after.min(answer_body.len())])?;
+        }
+        Some(Lie::FlipByte { at }) => {
+            let mut body = answer_body.to_vec();
+            if let Some(b) = body.get_mut(at) {
+                *b = !*b;
+            }
+            conn.write_all(&body)?;
         }
         Some(Lie::Stall { after, hold }) => {
             let (first, rest) = answer_body.split_at(after.min(answer_body.len()));
