@@ -66,7 +66,7 @@ fn next_cut(nodes: &[(XetDigest, u64)]) -> usize {
     }
     let end = MAX_GROUP.min(nodes.len());
     (2..end)
-        .find(|&i| nodes[i].0.quarter(3) % BRANCHING == 0)
+        .find(|&i| nodes[i].0.quarter(3).is_multiple_of(BRANCHING))
         .map_or(end, |i| i + 1)
 }
 
