@@ -18,6 +18,9 @@ use crate::common::xet::{CAS_TOKEN, LocalCas, xet_hub};
 use crate::common::*;
 use ftpipe_fixtures::{RepoFile, RunningHub, XetServing};
 
+/// Xet hashes by SHA-256.
+type Hashes = std::collections::BTreeMap<String, String>;
+
 /// One stream per file, a checkpoint every 64 KiB.
 const ONE_STREAM: &[&str] = &[
     "--jobs",
@@ -31,7 +34,7 @@ const ONE_STREAM: &[&str] = &[
 /// A hub serving a ~2 MiB repo whose LFS files are in a CAS behind a
 /// recording proxy. Returns the hub, its files, the CAS (kept alive), the
 /// proxy and the Xet hashes by SHA-256.
-fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy) {
+fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Hashes) {
     let (hub, files) = hub_with_repo(seed, 2 * 1024 * 1024);
     let cas = LocalCas::start();
     let hashes = xet_hub(&hub, &cas, &files);
@@ -39,9 +42,9 @@ fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy) {
     hub.serve_xet(XetServing {
         cas_url: proxy.endpoint(),
         access_token: CAS_TOKEN.to_owned(),
-        hashes,
+        hashes: hashes.clone(),
     });
-    (hub, files, cas, proxy)
+    (hub, files, cas, proxy, hashes)
 }
 
 /// The LFS paths of the listing.
@@ -87,7 +90,7 @@ fn recorded_terms(out: &Path, path: &str) -> Vec<String> {
 /// this also holds the hashing to the reference implementation.
 #[test]
 fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
-    let (hub, files, _cas, proxy) = xet_served(371);
+    let (hub, files, _cas, proxy, _hashes) = xet_served(371);
     let lfs = lfs_paths(&hub);
     assert!(!lfs.is_empty());
     let tmp = tempfile::tempdir().unwrap();
@@ -164,7 +167,7 @@ fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
 /// both runs give the file's Xet hash.
 #[test]
 fn a_killed_xet_fetch_resumes_from_its_watermark() {
-    let (hub, files, _cas, proxy) = xet_served(372);
+    let (hub, files, _cas, proxy, _hashes) = xet_served(372);
     let f = lfs_file(&files);
     let size = content_len(f);
     let tmp = tempfile::tempdir().unwrap();
@@ -219,7 +222,7 @@ fn a_killed_xet_fetch_resumes_from_its_watermark() {
 /// and the ledger adds up.
 #[test]
 fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
-    let (hub, files, _cas, proxy) = xet_served(373);
+    let (hub, files, _cas, proxy, _hashes) = xet_served(373);
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
     for (i, lie) in [Lie::StatusOk, Lie::ShortBody { after: 100 }, Lie::Endless]
@@ -261,7 +264,7 @@ fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
 /// told once), verified, and the ledger adds up.
 #[test]
 fn a_chunk_changed_on_the_way_is_discarded_and_refetched() {
-    let (hub, files, _cas, proxy) = xet_served(374);
+    let (hub, files, _cas, proxy, _hashes) = xet_served(374);
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
@@ -294,7 +297,7 @@ fn a_chunk_changed_on_the_way_is_discarded_and_refetched() {
 /// fetch, whose bytes are right (the SHA-256 matches), is not published.
 #[test]
 fn a_recorded_chunk_hash_that_does_not_give_the_xet_hash_fails_the_file() {
-    let (hub, files, _cas, _proxy) = xet_served(375);
+    let (hub, files, _cas, _proxy, _hashes) = xet_served(375);
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
@@ -315,4 +318,31 @@ fn a_recorded_chunk_hash_that_does_not_give_the_xet_hash_fails_the_file() {
     assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
     assert_names(&stderr(&o), &["Xet hash of", &f.path, "the listing says"]);
     assert!(!out.join("source").join(&f.path).exists());
+}
+
+/// Regression (issue 37, bad input): a reconstruction answer that never
+/// ends is read to its bound (64 MiB) and refused with a message naming
+/// the file and the bound; nothing is written and the fetch fails (exit 1)
+/// instead of reading forever.
+#[test]
+fn a_reconstruction_that_never_ends_is_refused_at_its_bound() {
+    let (hub, files, _cas, proxy, hashes) = xet_served(376);
+    let f = lfs_file(&files);
+    let sha = sha256_hex(&ftpipe_fixtures::checkpoint::content_bytes(f).unwrap());
+    let xet = &hashes[&sha];
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    proxy.lie(&format!("v2/reconstructions/{xet}"), Lie::Endless, 1);
+    let args = [ONE_STREAM, &["--include", &f.path, "--retries", "0"]].concat();
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(
+        &stderr(&o),
+        &[
+            "reconstruction",
+            &f.path,
+            &format!("longer than {} bytes", 64 << 20),
+        ],
+    );
+    assert_eq!(ledger(&out, &f.path).committed, 0);
 }
