@@ -10,7 +10,9 @@
 -- A term is keyed by where it starts in the file at one Xet hash: asked
 -- again (a resume, an expired URL) it is the same term and its row is
 -- replaced, `fetched` adding up the compressed bytes every fetch of it
--- brought.
+-- brought, `decoded` the bytes they decoded to, and `skipped` those of
+-- them outside the span asked (the head of a term before a resumed
+-- watermark, the tail after a range's end), never handed to the transfer.
 
 CREATE TABLE xet_terms (
     path        TEXT    NOT NULL,
@@ -22,5 +24,7 @@ CREATE TABLE xet_terms (
     chunk_end   INTEGER NOT NULL CHECK (chunk_end > chunk_start),
     chunks      TEXT    NOT NULL,
     fetched     INTEGER NOT NULL CHECK (fetched >= 0),
+    decoded     INTEGER NOT NULL CHECK (decoded >= 0),
+    skipped     INTEGER NOT NULL CHECK (skipped >= 0 AND skipped <= decoded),
     PRIMARY KEY (path, xet_hash, file_start)
 );

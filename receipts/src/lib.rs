@@ -59,4 +59,4 @@ pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};
-pub use xet_store::XetTermRow;
+pub use xet_store::{XetTermRow, XetTotals};

@@ -32,6 +32,25 @@ pub struct XetTermRow {
     /// Compressed bytes fetched for it (by this fetch; the stored row adds
     /// up every fetch).
     pub fetched: u64,
+    /// Bytes decoded (added up the same way).
+    pub decoded: u64,
+    /// Decoded bytes outside the span asked, not handed on (added up).
+    pub skipped: u64,
+}
+
+/// What Xet storage brought, over every recorded term.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct XetTotals {
+    /// Files with a recorded term.
+    pub files: u64,
+    /// Terms recorded.
+    pub terms: u64,
+    /// Compressed xorb bytes fetched.
+    pub compressed_bytes: u64,
+    /// Bytes they decoded to.
+    pub decoded_bytes: u64,
+    /// Decoded bytes outside the spans asked (not handed to the transfer).
+    pub skipped_bytes: u64,
 }
 
 fn chunks_text(chunks: &[(String, u64)]) -> String {
@@ -61,12 +80,13 @@ impl Store {
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
             "INSERT INTO xet_terms (path, xet_hash, file_start, file_end, xorb, chunk_start,
-                                    chunk_end, chunks, fetched)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                    chunk_end, chunks, fetched, decoded, skipped)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (path, xet_hash, file_start) DO UPDATE SET
                 file_end = excluded.file_end, xorb = excluded.xorb,
                 chunk_start = excluded.chunk_start, chunk_end = excluded.chunk_end,
-                chunks = excluded.chunks, fetched = fetched + excluded.fetched",
+                chunks = excluded.chunks, fetched = fetched + excluded.fetched,
+                decoded = decoded + excluded.decoded, skipped = skipped + excluded.skipped",
         )
         .bind(path)
         .bind(&row.xet_hash)
@@ -77,6 +97,8 @@ impl Store {
         .bind(to_i64(path, row.chunk_end)?)
         .bind(chunks_text(&row.chunks))
         .bind(to_i64(path, row.fetched)?)
+        .bind(to_i64(path, row.decoded)?)
+        .bind(to_i64(path, row.skipped)?)
         .execute(&mut *tx)
         .await
         .ctx("record xet term")?;
@@ -87,7 +109,8 @@ impl Store {
     pub async fn xet_terms(&self, path: &str, xet_hash: &str) -> Result<Vec<XetTermRow>> {
         let mut conn = self.conn.lock().await;
         let rows = sqlx::query(
-            "SELECT file_start, file_end, xorb, chunk_start, chunk_end, chunks, fetched
+            "SELECT file_start, file_end, xorb, chunk_start, chunk_end, chunks, fetched,
+                    decoded, skipped
              FROM xet_terms WHERE path = ? AND xet_hash = ? ORDER BY file_start",
         )
         .bind(path)
@@ -107,8 +130,31 @@ impl Store {
                     chunk_end: to_u64(path, "xet_terms.chunk_end", r.get(4))?,
                     chunks: chunks_of(path, r.get(5))?,
                     fetched: to_u64(path, "xet_terms.fetched", r.get(6))?,
+                    decoded: to_u64(path, "xet_terms.decoded", r.get(7))?,
+                    skipped: to_u64(path, "xet_terms.skipped", r.get(8))?,
                 })
             })
             .collect()
+    }
+
+    /// What Xet storage brought, over every recorded term.
+    pub async fn xet_totals(&self) -> Result<XetTotals> {
+        let mut conn = self.conn.lock().await;
+        let r = sqlx::query(
+            "SELECT COUNT(DISTINCT path), COUNT(*), COALESCE(SUM(fetched), 0),
+                    COALESCE(SUM(decoded), 0), COALESCE(SUM(skipped), 0)
+             FROM xet_terms",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .ctx("sum xet terms")?;
+        let col = |i: usize, name: &'static str| to_u64("xet_terms", name, r.get(i));
+        Ok(XetTotals {
+            files: col(0, "files")?,
+            terms: col(1, "terms")?,
+            compressed_bytes: col(2, "fetched")?,
+            decoded_bytes: col(3, "decoded")?,
+            skipped_bytes: col(4, "skipped")?,
+        })
     }
 }

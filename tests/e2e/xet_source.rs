@@ -98,7 +98,15 @@ fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_files_match(&out, &files);
-    assert_clean_audit(&out);
+    let a = assert_clean_audit(&out);
+    // The audit's Xet line: every LFS byte came decoded from the CAS and
+    // was handed on whole (no span was cut), as the ledger counts it.
+    let lfs_bytes: u64 = lfs.iter().map(|p| ledger(&out, p).transferred).sum();
+    let x = &a["xet"];
+    assert_eq!(x["files"], lfs.len() as u64, "{x}");
+    assert_eq!(x["decoded_bytes"], lfs_bytes, "{x}");
+    assert_eq!(x["skipped_bytes"], 0, "{x}");
+    assert!(x["compressed_bytes"].as_u64().unwrap() > 0, "{x}");
     for path in &lfs {
         assert!(
             body_requests(&hub, path).is_empty(),
@@ -211,6 +219,11 @@ fn a_killed_xet_fetch_resumes_from_its_watermark() {
         );
         let l = ledger(&out, &f.path);
         assert_eq!(l.committed, size);
+        // The head of the chunk holding the watermark was decoded again
+        // and not handed on: the audit says so, and it is under a chunk.
+        let x = &audit_json(&out, false)["xet"];
+        let skipped = x["skipped_bytes"].as_u64().unwrap();
+        assert!(skipped < 128 * 1024, "{kill}: {x}");
         assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
         assert!(body_requests(&hub, &f.path).is_empty());
     }

@@ -199,8 +199,9 @@ impl Inner {
         path: &str,
         file: &XetFile,
         term: &Term,
-        file_start: u64,
+        place: Place,
     ) -> Result<Vec<Bytes>, String> {
+        let file_start = place.file_start;
         let raw = self.xorb_range(token, path, term).await?;
         let f = &term.fetch;
         let count = usize::try_from(f.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
@@ -235,6 +236,8 @@ impl Inner {
                 .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
                 .collect(),
             fetched: raw.len() as u64,
+            decoded: length,
+            skipped: length - length.saturating_sub(place.skip).min(place.left),
         };
         self.store
             .record_xet_term(&row)
@@ -322,6 +325,15 @@ fn check_covers(path: &str, recon: &Reconstruction, want: u64) -> Result<()> {
     Ok(())
 }
 
+/// Where a term lies: its first byte in the file, the bytes of it before
+/// the span asked and the bytes of the span still to hand on.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    file_start: u64,
+    skip: u64,
+    left: u64,
+}
+
 /// Where a Xet body is: the next term, the bytes of it to skip (the
 /// span's offset into the first) and the bytes still to hand on.
 pub(super) struct Cursor {
@@ -340,6 +352,14 @@ pub(super) struct Cursor {
 }
 
 impl Cursor {
+    fn place(&self) -> Place {
+        Place {
+            file_start: self.term_start,
+            skip: self.skip,
+            left: self.left,
+        }
+    }
+
     /// The next chunk's bytes of the span (the stream's step): one chunk
     /// at a time, so the transfer checkpoints inside a term.
     pub(super) async fn step(mut self) -> Option<(std::result::Result<Bytes, BodyError>, Cursor)> {
@@ -360,7 +380,7 @@ impl Cursor {
         self.next += 1;
         match self
             .inner
-            .term(&self.token, &self.path, &self.file, &term, self.term_start)
+            .term(&self.token, &self.path, &self.file, &term, self.place())
             .await
         {
             Err(e) => {
