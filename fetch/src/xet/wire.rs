@@ -17,6 +17,9 @@ use serde::Deserialize;
 pub const MAX_RECONSTRUCTION_BYTES: u64 = 64 << 20;
 /// A read-token answer larger than this is refused while reading.
 pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
+/// A xorb range longer than this is refused before it is asked (a xorb
+/// holds at most 64 MiB; its range is read whole into memory).
+pub const MAX_XORB_RANGE_BYTES: u64 = 64 << 20;
 
 /// A range as the protocol writes it.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -194,9 +197,9 @@ impl Reconstruction {
                         t.hash
                     ))
                 })?;
-            if fetch.first > fetch.last {
+            if fetch.first > fetch.last || fetch.last - fetch.first >= MAX_XORB_RANGE_BYTES {
                 return Err(bad(format!(
-                    "byte range {}-{} of xorb {} is reversed",
+                    "byte range {}-{} of xorb {} is reversed or longer than {MAX_XORB_RANGE_BYTES} bytes",
                     fetch.first, fetch.last, t.hash
                 )));
             }
@@ -229,4 +232,52 @@ pub struct TokenBody {
     /// The CAS URL.
     #[serde(rename = "casUrl")]
     pub cas_url: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const X: &str = "aa";
+
+    fn v2(terms: &str, bytes: &str) -> String {
+        format!(
+            r#"{{"offset_into_first_range":3,"terms":[{terms}],
+               "xorbs":{{"{X}":[{{"url":"http://c/x","ranges":[{{"chunks":{{"start":0,"end":4}},"bytes":{bytes}}}]}}]}}}}"#
+        )
+    }
+
+    #[test]
+    fn v1_and_v2_give_each_term_the_range_that_holds_it() {
+        let term =
+            format!(r#"{{"hash":"{X}","unpacked_length":100,"range":{{"start":1,"end":3}}}}"#);
+        let r = Reconstruction::from_v2(v2(&term, r#"{"start":0,"end":99}"#).as_bytes()).unwrap();
+        assert_eq!(r.offset, 3);
+        assert_eq!((r.terms[0].fetch.first, r.terms[0].fetch.last), (0, 99));
+        let v1 = format!(
+            r#"{{"offset_into_first_range":0,"terms":[{term}],
+               "fetch_info":{{"{X}":[{{"range":{{"start":1,"end":3}},"url":"u","url_range":{{"start":5,"end":9}}}}]}}}}"#
+        );
+        let r = Reconstruction::from_v1(v1.as_bytes()).unwrap();
+        assert_eq!(r.terms[0].fetch.url, "u");
+    }
+
+    #[test]
+    fn a_term_no_range_holds_or_a_huge_range_is_refused_naming_the_term() {
+        let outside =
+            format!(r#"{{"hash":"{X}","unpacked_length":100,"range":{{"start":3,"end":9}}}}"#);
+        let e = Reconstruction::from_v2(v2(&outside, r#"{"start":0,"end":99}"#).as_bytes());
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .starts_with("terms[0]: no fetch holds")
+        );
+        let term =
+            format!(r#"{{"hash":"{X}","unpacked_length":100,"range":{{"start":0,"end":2}}}}"#);
+        let huge = format!(r#"{{"start":0,"end":{}}}"#, MAX_XORB_RANGE_BYTES);
+        let e = Reconstruction::from_v2(v2(&term, &huge).as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+        let e = Reconstruction::from_v2(b"[]").unwrap_err();
+        assert!(e.to_string().starts_with("not a reconstruction"), "{e}");
+    }
 }
