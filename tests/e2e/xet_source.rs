@@ -359,3 +359,41 @@ fn a_reconstruction_that_never_ends_is_refused_at_its_bound() {
     );
     assert_eq!(ledger(&out, &f.path).committed, 0);
 }
+
+/// Regression (issue 37, bad input): a listing whose Xet hash names other
+/// bytes than the file's (here: another file's, which the CAS holds) is
+/// never published: the reconstructed bytes fail the pinned SHA-256, are
+/// discarded and fetched again as often as a hub file's would be, and the
+/// fetch fails with the digest mismatch, naming the file, with the exit
+/// code of any fetch's digest mismatch (1).
+#[test]
+fn a_listing_xet_hash_of_other_bytes_is_never_published() {
+    let (hub, files) = hub_with_repo(377, 2 * 1024 * 1024);
+    let cas = LocalCas::start();
+    let hashes = xet_hub(&hub, &cas, &files);
+    assert!(hashes.len() >= 2, "two LFS files needed: {hashes:?}");
+    // Every file's listing names the next file's Xet hash.
+    let shas: Vec<&String> = hashes.keys().collect();
+    let xets: Vec<&String> = hashes.values().collect();
+    let swapped = shas
+        .iter()
+        .enumerate()
+        .map(|(i, sha)| ((*sha).clone(), xets[(i + 1) % xets.len()].clone()))
+        .collect();
+    hub.serve_xet(XetServing {
+        cas_url: cas.endpoint(),
+        access_token: CAS_TOKEN.to_owned(),
+        hashes: swapped,
+    });
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let args = [ONE_STREAM, &["--include", &f.path]].concat();
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_names(&stderr(&o), &[&f.path, "sha256 digest mismatch"]);
+    assert!(!out.join("source").join(&f.path).exists());
+    assert!(discard_reasons(&out, &f.path).contains(&"digest_mismatch".to_owned()));
+    let l = ledger(&out, &f.path);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+}
