@@ -296,9 +296,8 @@ fn a_chunk_changed_on_the_way_is_discarded_and_refetched() {
     );
     let reasons = discard_reasons(&out, &f.path);
     assert!(
-        reasons.iter().any(|r| r == "digest_mismatch")
-            || attempt_outcomes(&out, &f.path).len() >= 2,
-        "the changed chunk was neither discarded nor refused: {reasons:?}"
+        reasons.contains(&"digest_mismatch".to_owned()),
+        "the changed chunk was not discarded: {reasons:?}"
     );
     assert_clean_audit(&out);
 }
