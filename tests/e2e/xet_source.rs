@@ -43,6 +43,7 @@ fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Ha
         cas_url: proxy.endpoint(),
         access_token: CAS_TOKEN.to_owned(),
         hashes: hashes.clone(),
+        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
     });
     (hub, files, cas, proxy, hashes)
 }
@@ -383,6 +384,7 @@ fn a_listing_xet_hash_of_other_bytes_is_never_published() {
         cas_url: cas.endpoint(),
         access_token: CAS_TOKEN.to_owned(),
         hashes: swapped,
+        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
     });
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
@@ -395,4 +397,34 @@ fn a_listing_xet_hash_of_other_bytes_is_never_published() {
     assert!(discard_reasons(&out, &f.path).contains(&"digest_mismatch".to_owned()));
     let l = ledger(&out, &f.path);
     assert_eq!(l.transferred, l.committed + l.discarded, "{l:?}");
+}
+
+/// Regression (issue 37, item 1): a read token is asked for again before
+/// it expires: tokens that live 30 s (less than the minute of margin) are
+/// each used for one reconstruction only, so a fetch of N Xet files asks
+/// the hub N times; the hour-long tokens of the other tests, once.
+#[test]
+fn a_read_token_about_to_expire_is_asked_for_again() {
+    let (hub, files) = hub_with_repo(378, 2 * 1024 * 1024);
+    let cas = LocalCas::start();
+    let hashes = xet_hub(&hub, &cas, &files);
+    hub.serve_xet(XetServing {
+        cas_url: cas.endpoint(),
+        access_token: CAS_TOKEN.to_owned(),
+        hashes,
+        token_lifetime: std::time::Duration::from_secs(30),
+    });
+    hub.clear_requests();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let lfs = lfs_paths(&hub);
+    let tokens = hub
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("/xet-read-token/"))
+        .count();
+    assert_eq!(tokens, lfs.len(), "{:#?}", hub.requests());
 }
