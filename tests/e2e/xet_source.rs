@@ -428,3 +428,44 @@ fn a_read_token_about_to_expire_is_asked_for_again() {
         .count();
     assert_eq!(tokens, lfs.len(), "{:#?}", hub.requests());
 }
+
+/// Regression (issue 37, bad input): the CAS token goes only to the CAS
+/// the hub named. Here the CAS's reconstruction names xorb URLs on another
+/// host (`localhost`, not the `127.0.0.1` the hub named: the first proxy
+/// passes its requests on with `Host: localhost:PORT` of a second, which
+/// the CAS builds its URLs from): the reconstruction request carries the
+/// token, no xorb request does, and the file is fetched.
+#[test]
+fn the_cas_token_is_never_sent_to_another_host() {
+    let (hub, files) = hub_with_repo(379, 2 * 1024 * 1024);
+    let cas = LocalCas::start();
+    let hashes = xet_hub(&hub, &cas, &files);
+    let elsewhere = LyingProxy::start(&cas.endpoint());
+    let named = LyingProxy::start(&cas.endpoint());
+    let port = elsewhere.endpoint().rsplit(':').next().unwrap().to_owned();
+    named.rewrite_host(&format!("localhost:{port}"));
+    hub.serve_xet(XetServing {
+        cas_url: named.endpoint(),
+        access_token: CAS_TOKEN.to_owned(),
+        hashes,
+        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    let bearer = format!("Bearer {CAS_TOKEN}");
+    let asked = named.seen();
+    assert!(
+        !asked.is_empty()
+            && asked.iter().all(|s| s.target.contains("/reconstructions/")
+                && s.authorization.as_deref() == Some(bearer.as_str())),
+        "{asked:#?}"
+    );
+    let xorbs = elsewhere.seen();
+    assert!(
+        !xorbs.is_empty() && xorbs.iter().all(|s| s.authorization.is_none()),
+        "{xorbs:#?}"
+    );
+}

@@ -74,6 +74,8 @@ struct Book {
     /// Armed lies: (suffix of the request path, lie), in arming order.
     lies: Vec<(String, Lie)>,
     seen: Vec<Seen>,
+    /// The `Host` every request is passed upstream with, when set.
+    host: Option<String>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -119,6 +121,12 @@ impl LyingProxy {
         for _ in 0..times {
             book.lies.push((format!("/{suffix}"), lie));
         }
+    }
+
+    /// Passes every request upstream with `Host: host` (a server that
+    /// builds URLs from it then names another host).
+    pub fn rewrite_host(&self, host: &str) {
+        self.book.lock().unwrap().host = Some(host.to_owned());
     }
 
     /// Every request seen so far.
@@ -180,8 +188,15 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         return conn.shutdown(Shutdown::Both);
     }
     let mut up = format!("{request_line}\r\n");
+    let host = book.lock().unwrap().host.clone();
+    if let Some(host) = &host {
+        up.push_str(&format!("Host: {host}\r\n"));
+    }
     for h in head.iter().skip(1) {
         let name = h.split(':').next().unwrap_or_default().trim();
+        if host.is_some() && name.eq_ignore_ascii_case("host") {
+            continue;
+        }
         let drop_range = lie == Some(Lie::IgnoreRange) && name.eq_ignore_ascii_case("range");
         if drop_range || name.eq_ignore_ascii_case("connection") {
             continue;
