@@ -274,7 +274,7 @@ mod tests {
         );
         let term =
             format!(r#"{{"hash":"{X}","unpacked_length":100,"range":{{"start":0,"end":2}}}}"#);
-        let huge = format!(r#"{{"start":0,"end":{}}}"#, MAX_XORB_RANGE_BYTES);
+        let huge = format!(r#"{{"start":0,"end":{MAX_XORB_RANGE_BYTES}}}"#);
         let e = Reconstruction::from_v2(v2(&term, &huge).as_bytes()).unwrap_err();
         assert!(e.to_string().contains("longer than"), "{e}");
         let e = Reconstruction::from_v2(b"[]").unwrap_err();
