@@ -493,7 +493,8 @@ fn a_xet_file_fetched_as_ranges_is_whole_and_its_hash_checked() {
         "--split-below-rate",
         "0",
     ];
-    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &ranged));
+    // Warnings shown: an unchecked Xet hash is one.
+    let o = run(fetch_cmd(&hub.endpoint(), &out, &ranged).env("FTPIPE_LOG", "warn"));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         !stderr(&o).contains("Xet hash is not checked"),
