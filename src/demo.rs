@@ -472,6 +472,7 @@ fn fetch_params(endpoint: &str) -> FetchParams {
         hf_cache: None,
         offline: false,
         mirror: None,
+        xet: true,
     }
 }
 

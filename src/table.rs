@@ -216,6 +216,17 @@ fn source_rows(a: &AuditReport) -> Ledger {
     if a.adopted_bytes > 0 {
         t.row("adopted bytes", &n(a.adopted_bytes));
     }
+    if a.xet.terms > 0 {
+        t.row(
+            "Xet storage: compressed fetched",
+            &n(a.xet.compressed_bytes),
+        );
+        t.pair(
+            "Xet bytes (decoded/outside the span)",
+            &n(a.xet.decoded_bytes),
+            &n(a.xet.skipped_bytes),
+        );
+    }
     if a.cache_bytes > 0 || !a.cache_candidates.is_empty() {
         t.row("adopted from HF cache", &n(a.cache_bytes));
         let rejected = a
@@ -500,6 +511,7 @@ mod tests {
             transferred_bytes: 12_026,
             adopted_bytes: 0,
             cache_bytes: 0,
+            xet: Default::default(),
             waste_by_reason: BTreeMap::from([(DiscardReason::StalePart, 2000)]),
             metadata_sources: SourceTotals {
                 files: 1,

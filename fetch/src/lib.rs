@@ -26,6 +26,9 @@
 //!   its workers share; `coordinator`; `worker`).
 //! - `part`: the `.part` file; `extent`: block alignment and the data
 //!   extents a crash leaves past a watermark.
+//! - `xet`: Xet storage as a byte source ([`XetSource`]): read token,
+//!   reconstruction, xorb ranges, chunk decoding and hashing, each term
+//!   recorded in the store.
 //! - `error`: [`FetchError`]; what the hub's HTTP fails with is a
 //!   [`ftpipe_hub::HubError`] inside it.
 //!
@@ -51,6 +54,7 @@ mod reconcile;
 mod segmented;
 mod source;
 mod transfer;
+mod xet;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,6 +84,7 @@ pub use reconcile::{ReconcileReport, reconcile};
 pub use source::{
     Ask, Body, BodyError, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
 };
+pub use xet::{XetError, XetFile, XetSource};
 
 /// Bytes still needed for the selected files (expected minus durable).
 pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {

@@ -102,6 +102,13 @@ pub trait ByteSource: Send + Sync {
     /// Reads `ask` of `path`; the answer's body unread. `Err` only when no
     /// answer came at all (a connection that failed, a bad request).
     fn read<'a>(&'a self, path: &'a str, ask: Ask<'a>) -> SourceFuture<'a, Reply>;
+
+    /// A source's own check of the whole of `path`, once its bytes matched
+    /// the pinned digest and before it is published (Xet: the file hash of
+    /// the chunks recorded); none by default.
+    fn check_whole<'a>(&'a self, _path: &'a str) -> SourceFuture<'a, ()> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The span a source says it sent: `[first, end)` of a `total`-byte file.

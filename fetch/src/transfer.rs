@@ -397,6 +397,7 @@ impl FileTask {
                 size,
             });
         }
+        self.ctx.source.check_whole(self.path()).await?;
         Ok(actual)
     }
 

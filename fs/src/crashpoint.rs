@@ -80,6 +80,9 @@ crash_points! {
     FetchVerified = "fetch-verified",
     /// Renamed to the final name and the directory fsynced, no receipt.
     FetchRenamed = "fetch-renamed",
+    /// A Xet term fetched, decoded and recorded with its chunk hashes, its
+    /// bytes not yet handed to the transfer (not written, not claimed).
+    XetTermRecorded = "xet-term-recorded",
     /// A cache blob placed at `.hfcache` and verified, not renamed.
     CacheVerified = "cache-verified",
     /// A cache blob renamed to the final name, no receipt.

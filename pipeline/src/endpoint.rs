@@ -36,7 +36,7 @@ impl Endpoint {
 
 /// The one place an origin is built: the mirror when one is given, else
 /// the hub at `endpoint` (refusing every request when `offline`, taking
-/// files from `hf_cache` first).
+/// files from `hf_cache` first, and Xet files from Xet storage when `xet`).
 pub(crate) fn open_origin(
     mirror: Option<&MirrorParams>,
     endpoint: &str,
@@ -44,6 +44,7 @@ pub(crate) fn open_origin(
     read_timeout: Duration,
     hf_cache: Option<HfCache>,
     offline: bool,
+    xet: bool,
 ) -> Result<Arc<dyn Origin>> {
     if let Some(m) = mirror {
         return Ok(Arc::new(Mirror::open(m)?));
@@ -58,6 +59,8 @@ pub(crate) fn open_origin(
         client,
         hf_cache,
         offline,
+        xet,
+        read_timeout,
     }))
 }
 

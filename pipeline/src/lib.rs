@@ -123,6 +123,9 @@ pub struct FetchParams {
     /// Read the repo from this mirror in object storage instead of the hub
     /// (`--endpoint s3://BUCKET/PREFIX`).
     pub mirror: Option<MirrorParams>,
+    /// Files the listing names with a Xet hash come from Xet storage (off:
+    /// `--no-xet` / `HF_HUB_DISABLE_XET=1`: all through `resolve`).
+    pub xet: bool,
 }
 
 impl FetchParams {
@@ -135,6 +138,7 @@ impl FetchParams {
             self.read_timeout,
             self.hf_cache.clone(),
             self.offline,
+            self.xet,
         )
     }
 }
@@ -422,7 +426,9 @@ impl Pipeline {
             .cloned()
             .collect();
         let ctx = FetchCtx::with_source(
-            origin.byte_source(&resolved.pin, &todo).await?,
+            origin
+                .byte_source(&resolved.pin, &todo, &self.store)
+                .await?,
             self.store.clone(),
             self.run,
             resolved.pin.clone(),

@@ -334,6 +334,7 @@ impl Origin for Mirror {
         &'a self,
         pin: &'a Pin,
         todo: &'a [FileRow],
+        _store: &'a Arc<Store>,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
         Box::pin(async move {
             let source: Arc<dyn ByteSource> = Arc::new(self.objects(&pin.commit, todo).await?);

@@ -10,11 +10,13 @@
 //! [`Origin`] for its listing and header reads, and give
 //! `crate::endpoint::Endpoint` the form that names it.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin as Pinned;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ftpipe_fetch::{ByteSource, FetchCtx, HubSource};
+use ftpipe_fetch::{ByteSource, FetchCtx, HubSource, XetFile, XetSource};
 use ftpipe_hub::HubError;
 use ftpipe_hub::client::HubClient;
 use ftpipe_hub::hfcache::HfCache;
@@ -57,11 +59,13 @@ pub(crate) trait Origin: Send + Sync {
         true
     }
 
-    /// The byte source of `todo` (the files still to fetch) at `pin`.
+    /// The byte source of `todo` (the files still to fetch) at `pin`
+    /// (recording what it must in `store`).
     fn byte_source<'a>(
         &'a self,
         pin: &'a Pin,
         todo: &'a [FileRow],
+        store: &'a Arc<Store>,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>>;
 
     /// `ctx` with what this origin adds before the network (the hub: a
@@ -122,6 +126,11 @@ pub(crate) struct HubOrigin {
     pub hf_cache: Option<HfCache>,
     /// No network at all.
     pub offline: bool,
+    /// Files the listing names with a Xet hash come from Xet storage
+    /// (off: `--no-xet`, `HF_HUB_DISABLE_XET=1`; all through `resolve`).
+    pub xet: bool,
+    /// The stall rule of every read (the CAS's too).
+    pub read_timeout: Duration,
 }
 
 impl HubOrigin {
@@ -160,17 +169,46 @@ impl Origin for HubOrigin {
         })
     }
 
+    /// The hub's `resolve`, with the files the listing names with a Xet
+    /// hash taken from Xet storage instead (unless Xet is off): the source
+    /// is chosen per file here, not in the transfer.
     fn byte_source<'a>(
         &'a self,
         pin: &'a Pin,
-        _todo: &'a [FileRow],
+        todo: &'a [FileRow],
+        store: &'a Arc<Store>,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
-        let source: Arc<dyn ByteSource> = Arc::new(HubSource {
-            client: self.client.clone(),
-            repo: pin.repo.clone(),
-            commit: pin.commit.clone(),
-        });
-        Box::pin(async move { Ok(source) })
+        Box::pin(async move {
+            let hub: Arc<dyn ByteSource> = Arc::new(HubSource {
+                client: self.client.clone(),
+                repo: pin.repo.clone(),
+                commit: pin.commit.clone(),
+            });
+            let xet_files: HashMap<String, XetFile> = todo
+                .iter()
+                .filter(|f| self.xet && f.size > 0)
+                .filter_map(|f| {
+                    let file = XetFile {
+                        xet_hash: f.xet_hash.clone()?,
+                        size: f.size,
+                    };
+                    Some((f.path.clone(), file))
+                })
+                .collect();
+            if xet_files.is_empty() {
+                return Ok(hub);
+            }
+            let xet = XetSource::new(
+                self.client.clone(),
+                &pin.repo,
+                &pin.commit,
+                xet_files,
+                self.read_timeout,
+                store.clone(),
+                hub,
+            )?;
+            Ok(Arc::new(xet) as Arc<dyn ByteSource>)
+        })
     }
 
     fn with_cache(&self, ctx: FetchCtx) -> FetchCtx {

@@ -51,11 +51,18 @@ impl PlanSource {
                 token,
                 read_timeout,
                 offline,
-            } => {
-                open_origin(None, endpoint, token.clone(), *read_timeout, None, *offline).map(Some)
-            }
+            } => open_origin(
+                None,
+                endpoint,
+                token.clone(),
+                *read_timeout,
+                None,
+                *offline,
+                false,
+            )
+            .map(Some),
             PlanSource::Mirror(p) => {
-                open_origin(Some(p), "", None, Duration::ZERO, None, false).map(Some)
+                open_origin(Some(p), "", None, Duration::ZERO, None, false, false).map(Some)
             }
         }
     }

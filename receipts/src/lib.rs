@@ -21,6 +21,8 @@
 //! - `upload_store`: the target-neutral records of publish and mirror:
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
+//! - `xet_store`: the terms of files fetched from Xet storage
+//!   ([`XetTermRow`]): file range, xorb chunks, each chunk's hash.
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`], [`KeptMethod`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
@@ -39,6 +41,7 @@ mod punch_store;
 mod ranges;
 mod store;
 mod upload_store;
+mod xet_store;
 
 pub use convert_store::{
     ArtifactRow, ComponentReceipt, DiskBudgetRecord, RetirementRow, SpanClaim,
@@ -57,3 +60,4 @@ pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};
+pub use xet_store::{XetTermRow, XetTotals};

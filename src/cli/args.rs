@@ -103,6 +103,10 @@ pub struct HubArgs {
     /// (also HF_HUB_OFFLINE=1).
     #[arg(long, help_heading = heading::HUB)]
     pub offline: bool,
+    /// Fetch files the hub keeps in Xet storage through `resolve` like any
+    /// other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1).
+    #[arg(long, help_heading = heading::HUB)]
+    pub no_xet: bool,
     #[command(flatten)]
     pub stall: StallArgs,
 }
@@ -151,6 +155,7 @@ impl HubArgs {
             hf_cache: None,
             no_hf_cache: false,
             offline: false,
+            no_xet: false,
             stall: StallArgs::default(),
         }
     }

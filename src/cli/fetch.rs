@@ -133,6 +133,7 @@ pub async fn fetch_params(
         hf_cache: cache,
         offline,
         mirror,
+        xet: !hub.no_xet && !xet_disabled_env(),
     };
     Ok((params, session))
 }
@@ -164,6 +165,16 @@ fn env_var(name: &str) -> Option<String> {
 /// `HF_HUB_OFFLINE` as huggingface_hub reads it (1, on, yes, true).
 pub fn offline_env() -> bool {
     env_var("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "on" | "yes" | "true"
+        )
+    })
+}
+
+/// `HF_HUB_DISABLE_XET` as huggingface_hub reads it (1, on, yes, true).
+pub fn xet_disabled_env() -> bool {
+    env_var("HF_HUB_DISABLE_XET").is_some_and(|v| {
         matches!(
             v.trim().to_ascii_lowercase().as_str(),
             "1" | "on" | "yes" | "true"

@@ -106,6 +106,10 @@
 //!   proxy).
 //! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
 //!   (the hub's manifest), a mirror with one wrong file.
+//! * `xet_source`: files the hub keeps in Xet storage fetched from
+//!   `local_cas_server` by reconstruction (no `resolve` body; byte-equal to
+//!   a fetch with Xet off), resumed from the watermark after a kill, a
+//!   `200`, short or endless xorb answer refused and refetched.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -190,3 +194,4 @@ mod symlinks;
 mod token_echo;
 mod tty_progress;
 mod verify;
+mod xet_source;

@@ -719,6 +719,7 @@ impl Coordinator {
                 reason: DiscardReason::DigestMismatch,
             });
         }
+        self.ctx.source.check_whole(self.path()).await?;
         crashpoint::hit(CrashPoint::FetchVerified);
         let part = self.part_path();
         let final_path = self.final_path.clone();

@@ -196,6 +196,10 @@ pub struct AuditReport {
     /// Sum of bytes taken from a Hugging Face cache (whole blobs and
     /// resume prefixes), counted as committed, not transferred.
     pub cache_bytes: u64,
+    /// What Xet storage brought: compressed xorb bytes fetched, the bytes
+    /// they decoded to, and those outside the spans asked (decoded, never
+    /// handed to the transfer; the ledger counts the rest as transferred).
+    pub xet: ftpipe_receipts::XetTotals,
     /// Discarded bytes by reason (listed in the order of the reasons'
     /// names).
     pub waste_by_reason: BTreeMap<DiscardReason, u64>,
@@ -494,6 +498,7 @@ pub async fn audit(
         transferred_bytes: sum(|l| l.transferred_bytes),
         adopted_bytes: sum(|l| l.adopted_bytes),
         cache_bytes: sum(|l| l.cache_bytes),
+        xet: store.xet_totals().await?,
         waste_by_reason: waste_by_reason(store).await?,
         metadata_sources: src.metadata,
         weight_sources: src.weight,

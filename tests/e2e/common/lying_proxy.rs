@@ -29,6 +29,10 @@ pub enum Lie {
     /// Answers a ranged GET `416 Range Not Satisfiable` (`Content-Range:
     /// bytes */SIZE` of the object upstream), whatever was asked.
     RefuseRange,
+    /// Passes the answer on with its status line made `200 OK` (its
+    /// headers and body unchanged): a server that says it sent the whole
+    /// object.
+    StatusOk,
     /// Passes the answer with the body byte at `at` flipped (the bytes no
     /// longer those of the object's digest).
     Corrupt {
@@ -67,6 +71,8 @@ pub struct Seen {
     pub range: Option<String>,
     /// The access key id its `Authorization` header names, if any.
     pub key_id: Option<String>,
+    /// Its `Authorization` header, if any.
+    pub authorization: Option<String>,
 }
 
 #[derive(Default)]
@@ -74,6 +80,8 @@ struct Book {
     /// Armed lies: (suffix of the request path, lie), in arming order.
     lies: Vec<(String, Lie)>,
     seen: Vec<Seen>,
+    /// The `Host` every request is passed upstream with, when set.
+    host: Option<String>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -119,6 +127,12 @@ impl LyingProxy {
         for _ in 0..times {
             book.lies.push((format!("/{suffix}"), lie));
         }
+    }
+
+    /// Passes every request upstream with `Host: host` (a server that
+    /// builds URLs from it then names another host).
+    pub fn rewrite_host(&self, host: &str) {
+        self.book.lock().unwrap().host = Some(host.to_owned());
     }
 
     /// Every request seen so far.
@@ -171,6 +185,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             let (_, rest) = a.split_once("Credential=")?;
             rest.split('/').next().map(str::to_owned)
         }),
+        authorization: header("authorization"),
     });
     if let Some(canned @ (Lie::SlowDown | Lie::ForbidHead)) = lie {
         let mut conn = conn;
@@ -183,8 +198,15 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         return conn.shutdown(Shutdown::Both);
     }
     let mut up = format!("{request_line}\r\n");
+    let host = book.lock().unwrap().host.clone();
+    if let Some(host) = &host {
+        up.push_str(&format!("Host: {host}\r\n"));
+    }
     for h in head.iter().skip(1) {
         let name = h.split(':').next().unwrap_or_default().trim();
+        if host.is_some() && name.eq_ignore_ascii_case("host") {
+            continue;
+        }
         let drop_range = lie == Some(Lie::IgnoreRange) && name.eq_ignore_ascii_case("range");
         if drop_range || name.eq_ignore_ascii_case("connection") {
             continue;
@@ -218,7 +240,14 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     if lie == Some(Lie::Endless) {
         return send_endless(conn, answer_head, answer_body);
     }
-    conn.write_all(&closing(answer_head))?;
+    let head = closing(answer_head);
+    if lie == Some(Lie::StatusOk) {
+        let line_end = head.iter().position(|&b| b == b'\r').unwrap_or(0);
+        conn.write_all(b"HTTP/1.1 200 OK")?;
+        conn.write_all(&head[line_end..])?;
+    } else {
+        conn.write_all(&head)?;
+    }
     match lie {
         Some(Lie::ShortBody { after }) => {
             conn.write_all(&answer_body[..after.min(answer_body.len())])?;

@@ -203,6 +203,7 @@ pub fn xet_hub(hub: &RunningHub, cas: &LocalCas, files: &[RepoFile]) -> BTreeMap
         cas_url: cas.endpoint(),
         access_token: CAS_TOKEN.to_owned(),
         hashes: hashes.clone(),
+        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
     });
     hashes
 }

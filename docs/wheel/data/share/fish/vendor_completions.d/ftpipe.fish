@@ -64,6 +64,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-rate -d 'Min
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-hf-cache -d 'Never look in a Hugging Face cache'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-xet -d 'Fetch files the hub keeps in Xet storage through `resolve` like any other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l buffered-io -d 'Write downloaded files through the page cache. By default their whole blocks bypass it (O_DIRECT) where the volume allows: each byte is written once and hashed from memory, so caching it only costs a copy and evicts other data'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l json -d 'Newline-delimited JSON events and a JSON summary'
@@ -93,6 +94,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l exclude -d 'Plan 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l disk-budget -d 'Also schedule fetch, conversion and retirement so that the source bytes on disk never exceed SIZE (e.g. 380GB = 380·10^9 bytes, 100GiB = 100·2^30): prints the predicted peak disk against an unbudgeted run, and the minimum feasible budget (a smaller SIZE is refused, naming it)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-hf-cache -d 'Never look in a Hugging Face cache'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-xet -d 'Fetch files the hub keeps in Xet storage through `resolve` like any other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l json -d 'Print one JSON object'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -138,6 +140,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reserve -d 'Part o
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l disk-budget -d 'Build while downloading so that the source bytes on disk (config, index, every shard admitted and not yet deleted, a `.part` counted whole) never exceed SIZE (e.g. 120GB = 120·10^9 bytes, 100GiB = 100·2^30): each shard is converted as soon as it is verified and deleted once nothing unfinished needs it. A SIZE below the minimum `plan --remote --disk-budget` reports is refused before any shard is fetched' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l no-hf-cache -d 'Never look in a Hugging Face cache'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l no-xet -d 'Fetch files the hub keeps in Xet storage through `resolve` like any other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l buffered-io -d 'Write downloaded files through the page cache. By default their whole blocks bypass it (O_DIRECT) where the volume allows: each byte is written once and hashed from memory, so caching it only costs a copy and evicts other data'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l quiet -d 'Print nothing on success (errors still go to stderr)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l json -d 'Newline-delimited JSON events and a JSON summary'

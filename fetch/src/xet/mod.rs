@@ -1,0 +1,375 @@
+//! Xet storage behind the byte-source seam ([`XetSource`]): a file the
+//! listing names with a Xet hash is fetched by reconstruction, as
+//! huggingface_hub 2.x and hf_xet do it, instead of through `resolve`:
+//!
+//! 1. a read token from the hub's refresh route (`X-Xet-Cas-Url`,
+//!    `X-Xet-Access-Token`, `X-Xet-Token-Expiration`, or the same in the
+//!    JSON body), refreshed a minute before it expires; the token is sent
+//!    only to the CAS URL's origin, registered with the redaction point;
+//! 2. the span's reconstruction, `/v2/reconstructions/{hash}` (v1 when v2
+//!    answers 404 or 501) with the span as `Range` (`wire`);
+//! 3. per term, its xorb byte range (`GET` with exactly that `Range`: a
+//!    `206` whose `Content-Range` names it, or, from a server that leaves
+//!    `Content-Range` off, a `206` of exactly its length; a `200`, another
+//!    range, a short or long body are refused), decoded (`xorb`), each
+//!    chunk hashed (`hash`) and the term recorded with its chunk hashes in
+//!    the store before its bytes are handed on;
+//! 4. after the file's SHA-256 matched, [`ByteSource::check_whole`]
+//!    recomputes the file's Xet hash from the recorded chunk hashes.
+//!
+//! A failure of a xorb fetch (an expired URL's `403` included) ends the
+//! body: the transfer retries from its watermark and that asks for the
+//! reconstruction again. Files without a Xet hash go to the fallback source
+//! (the hub's `resolve`).
+//!
+//! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding),
+//! `wire` (the JSON answers), `cas` (reconstruction, xorb ranges, the
+//! body).
+
+mod cas;
+mod hash;
+mod wire;
+mod xorb;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use reqwest::header::HeaderMap;
+use url::Url;
+
+use ftpipe_fs::ErrorClass;
+use ftpipe_hub::client::{HubClient, LinkedMeta};
+use ftpipe_receipts::Store;
+
+use crate::error::{FetchError, Result, SourceFailure};
+use crate::source::{
+    Ask, Body, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
+};
+use cas::Cursor;
+use wire::{MAX_TOKEN_BYTES, TokenBody};
+
+/// A token is refreshed this long before it expires.
+const REFRESH_MARGIN: Duration = Duration::from_secs(60);
+
+/// What goes wrong fetching through Xet storage.
+#[derive(Debug, thiserror::Error)]
+pub enum XetError {
+    /// The read-token answer cannot be used.
+    #[error("Xet read token from {route}: {what}")]
+    Token {
+        /// The refresh route (no credentials).
+        route: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// The hub refused the read-token request or did not answer.
+    #[error("Xet read token from {route}")]
+    TokenRequest {
+        /// The refresh route.
+        route: String,
+        /// Why.
+        #[source]
+        source: ftpipe_hub::HubError,
+    },
+    /// A CAS request failed before an answer.
+    #[error("Xet CAS request {url}")]
+    Http {
+        /// The URL (no query: presigned URLs carry signatures).
+        url: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The CAS answered a status this client cannot use.
+    #[error("Xet CAS answered {status} to {url} ({what})")]
+    Status {
+        /// The URL (no query).
+        url: String,
+        /// The status.
+        status: u16,
+        /// For which file and range.
+        what: String,
+    },
+    /// An answer refused by its content.
+    #[error("Xet {what} for {path}: {detail}")]
+    Refused {
+        /// Which answer.
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// What was expected and what came.
+        detail: String,
+    },
+    /// The chunks recorded for a file do not hash to its Xet hash.
+    #[error(
+        "Xet hash of {path}: its {chunks} chunks hash to {actual}, the listing says {expected}"
+    )]
+    FileHash {
+        /// The file.
+        path: String,
+        /// Chunks hashed.
+        chunks: usize,
+        /// The listing's Xet hash.
+        expected: String,
+        /// The hash of the chunks.
+        actual: String,
+    },
+}
+
+impl XetError {
+    fn into_fetch(self, transient: bool) -> FetchError {
+        let class = match self {
+            XetError::FileHash { .. } => ErrorClass::Verification,
+            _ => ErrorClass::Failure,
+        };
+        FetchError::Source(SourceFailure {
+            transient,
+            class,
+            error: Box::new(self),
+        })
+    }
+}
+
+/// A URL without its query (presigned URLs carry their signature there).
+fn shown(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    ftpipe_secrets::redact(u.as_str()).into_owned()
+}
+
+/// A file fetched through Xet: its Xet hash and size from the listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct XetFile {
+    /// The Xet hash (64 hex).
+    pub xet_hash: String,
+    /// The size.
+    pub size: u64,
+}
+
+/// A read token and where it may go.
+#[derive(Clone)]
+struct CasToken {
+    cas: Url,
+    token: String,
+    expires: u64,
+}
+
+/// The files of one pinned commit through Xet storage, the others through
+/// `fallback`.
+pub struct XetSource {
+    inner: Arc<Inner>,
+    fallback: Arc<dyn ByteSource>,
+}
+
+struct Inner {
+    hub: HubClient,
+    route: Url,
+    files: HashMap<String, XetFile>,
+    cas: reqwest::Client,
+    token: tokio::sync::Mutex<Option<CasToken>>,
+    store: Arc<Store>,
+}
+
+impl XetSource {
+    /// A source of `files` (path → Xet file) of `repo` at `commit`, asking
+    /// the hub of `hub` for read tokens (the default route,
+    /// `/api/models/{repo}/xet-read-token/{commit}`); CAS reads stall out
+    /// after `read_timeout`; reconstructions recorded in `store`.
+    pub fn new(
+        hub: HubClient,
+        repo: &str,
+        commit: &str,
+        files: HashMap<String, XetFile>,
+        read_timeout: Duration,
+        store: Arc<Store>,
+        fallback: Arc<dyn ByteSource>,
+    ) -> Result<XetSource> {
+        let raw = format!(
+            "{}/api/models/{repo}/xet-read-token/{commit}",
+            hub.endpoint()
+        );
+        let route = Url::parse(&raw).map_err(|e| FetchError::InvalidInput {
+            what: "Xet refresh route",
+            message: format!("{raw}: {e}"),
+        })?;
+        let cas = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .read_timeout(read_timeout)
+            .connect_timeout(Duration::from_secs(30))
+            .user_agent(concat!("ftpipe/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| FetchError::internal(format!("Xet HTTP client: {e}")))?;
+        let inner = Inner {
+            hub,
+            route,
+            files,
+            cas,
+            token: tokio::sync::Mutex::new(None),
+            store,
+        };
+        Ok(XetSource {
+            inner: Arc::new(inner),
+            fallback,
+        })
+    }
+}
+
+impl ByteSource for XetSource {
+    fn host(&self, path: &str) -> Result<String> {
+        if !self.inner.files.contains_key(path) {
+            return self.fallback.host(path);
+        }
+        Ok(self.inner.route.host_str().unwrap_or_default().to_owned())
+    }
+
+    fn read<'a>(&'a self, path: &'a str, ask: Ask<'a>) -> SourceFuture<'a, Reply> {
+        let Some(file) = self.inner.files.get(path).cloned() else {
+            return self.fallback.read(path, ask);
+        };
+        Box::pin(async move { self.inner.clone().read(path, &file, ask).await })
+    }
+
+    fn check_whole<'a>(&'a self, path: &'a str) -> SourceFuture<'a, ()> {
+        Box::pin(async move {
+            match self.inner.files.get(path) {
+                Some(file) => self.inner.check_whole(path, file).await,
+                None => self.fallback.check_whole(path).await,
+            }
+        })
+    }
+}
+
+impl Inner {
+    async fn read(self: Arc<Self>, path: &str, file: &XetFile, ask: Ask<'_>) -> Result<Reply> {
+        let (from, end) = ask.span.bounds(file.size).unwrap_or((0, file.size));
+        if from >= end || end > file.size {
+            return Err(FetchError::internal(format!(
+                "asked {from}..{end} of {path} ({} bytes)",
+                file.size
+            )));
+        }
+        let token = self.token(false).await?;
+        let recon = self.reconstruction(&token, path, file, from, end).await?;
+        let cas_host = token.cas.host_str().unwrap_or_default().to_owned();
+        let validator = Some(format!("\"xet:{}\"", file.xet_hash));
+        let cursor = Cursor {
+            term_start: from.checked_sub(recon.offset).ok_or_else(|| {
+                FetchError::internal(format!("offset {} before byte 0", recon.offset))
+            })?,
+            skip: recon.offset,
+            left: end - from,
+            next: 0,
+            pending: std::collections::VecDeque::new(),
+            inner: self.clone(),
+            path: path.to_owned(),
+            file: file.clone(),
+            token,
+            recon,
+        };
+        let body = Body::stream(futures_util::stream::unfold(cursor, Cursor::step).boxed());
+        let length = Some(end - from);
+        let outcome = match ask.span {
+            Span::Whole => ReadOutcome::Whole {
+                validator,
+                length,
+                body,
+            },
+            Span::From(_) | Span::Range { .. } => ReadOutcome::Span {
+                sent: Some(SentSpan {
+                    first: from,
+                    end,
+                    total: file.size,
+                }),
+                validator,
+                length,
+                body,
+            },
+        };
+        Ok(Reply {
+            host: cas_host,
+            meta: LinkedMeta::default(),
+            wire: WireRecord::default(),
+            outcome,
+        })
+    }
+
+    /// The read token, asked for again when `renew` or within
+    /// [`REFRESH_MARGIN`] of its expiry.
+    async fn token(&self, renew: bool) -> Result<CasToken> {
+        let mut slot = self.token.lock().await;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Some(t) = slot.as_ref()
+            && !renew
+            && t.expires > now.saturating_add(REFRESH_MARGIN.as_secs())
+        {
+            return Ok(t.clone());
+        }
+        let t = self.ask_token().await?;
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+
+    async fn ask_token(&self) -> Result<CasToken> {
+        let route = ftpipe_secrets::redact(self.route.as_str()).into_owned();
+        let (body, headers) = self
+            .hub
+            .get_bytes_limited(&self.route, MAX_TOKEN_BYTES)
+            .await
+            .map_err(|source| {
+                let transient = source.is_transient();
+                XetError::TokenRequest {
+                    route: route.clone(),
+                    source,
+                }
+                .into_fetch(transient)
+            })?;
+        let bad = |what: String| {
+            XetError::Token {
+                route: route.clone(),
+                what,
+            }
+            .into_fetch(false)
+        };
+        let (cas, token, exp) = token_fields(&headers, &body).map_err(bad)?;
+        let cas = Url::parse(&cas).map_err(|e| bad(format!("CAS URL is not a URL: {e}")))?;
+        if !matches!(cas.scheme(), "http" | "https") || cas.host_str().is_none() {
+            return Err(bad(format!("CAS URL {} is not http(s)", shown(&cas))));
+        }
+        if !cas.username().is_empty() || cas.password().is_some() {
+            return Err(bad("CAS URL carries credentials".into()));
+        }
+        ftpipe_secrets::register(&token);
+        Ok(CasToken {
+            cas,
+            token,
+            expires: exp,
+        })
+    }
+}
+
+/// The CAS URL, token and expiry of a read-token answer: the `X-Xet-*`
+/// headers (huggingface_hub reads these), else the JSON body (hf_xet's).
+fn token_fields(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> std::result::Result<(String, String, u64), String> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let (Some(cas), Some(token), Some(exp)) = (
+        get("x-xet-cas-url"),
+        get("x-xet-access-token"),
+        get("x-xet-token-expiration"),
+    ) {
+        let exp = exp.trim().parse().map_err(|_| {
+            format!("X-Xet-Token-Expiration {exp:?} is not seconds since the epoch")
+        })?;
+        return Ok((cas.to_owned(), token.to_owned(), exp));
+    }
+    let b: TokenBody = serde_json::from_slice(body).map_err(|e| {
+        format!("neither X-Xet-Cas-Url, X-Xet-Access-Token, X-Xet-Token-Expiration nor a JSON body {{accessToken, exp, casUrl}}: {e}")
+    })?;
+    Ok((b.cas_url, b.access_token, b.exp))
+}

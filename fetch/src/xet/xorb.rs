@@ -1,0 +1,198 @@
+//! Xorb chunks as stored (xet-core `xorb_object`, the format its spec
+//! documents): each chunk is an 8-byte header (version 0, compressed
+//! length in 3 bytes little-endian, compression scheme, uncompressed length
+//! in 3 bytes) then its compressed bytes. Schemes: 0 none, 1 an LZ4 frame,
+//! 2 an LZ4 frame of the bytes split into 4 interleaved groups.
+//!
+//! Invariant: a chunk decodes to exactly its header's uncompressed length,
+//! never more than [`MAX_CHUNK_BYTES`] (a larger claim is refused before
+//! anything is allocated).
+
+use std::io::Read;
+
+use bytes::Bytes;
+
+/// A chunk header's length.
+pub const HEADER_BYTES: usize = 8;
+/// The largest chunk xet-core writes (2 × the 64 KiB target).
+pub const MAX_CHUNK_BYTES: usize = 128 * 1024;
+
+/// Why xorb bytes could not be decoded; `at` is the byte offset in the
+/// range fetched.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum XorbError {
+    /// The bytes end inside a header or a chunk.
+    #[error("xorb bytes end at {len} inside chunk {index} (which starts at byte {at})")]
+    Truncated {
+        /// The chunk's index in the range.
+        index: usize,
+        /// Where it starts.
+        at: usize,
+        /// The bytes received.
+        len: usize,
+    },
+    /// A header this client cannot read.
+    #[error("chunk {index} at byte {at}: {what}")]
+    BadHeader {
+        /// The chunk's index in the range.
+        index: usize,
+        /// Where it starts.
+        at: usize,
+        /// What is wrong.
+        what: String,
+    },
+    /// Bytes left after the chunks the term needs.
+    #[error("{extra} bytes after the last of {count} chunks")]
+    Trailing {
+        /// Chunks decoded.
+        count: usize,
+        /// Bytes past them.
+        extra: usize,
+    },
+}
+
+/// Decodes `count` chunks from the start of `bytes`, which must hold
+/// exactly them.
+pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError> {
+    let mut out = Vec::with_capacity(count.min(1024));
+    let mut at = 0usize;
+    for index in 0..count {
+        let truncated = XorbError::Truncated {
+            index,
+            at,
+            len: bytes.len(),
+        };
+        let header = bytes.get(at..at + HEADER_BYTES).ok_or(truncated.clone())?;
+        let bad = |what: String| XorbError::BadHeader { index, at, what };
+        if header[0] != 0 {
+            return Err(bad(format!(
+                "header version {} (this client reads 0)",
+                header[0]
+            )));
+        }
+        let compressed = three_bytes(&header[1..4]);
+        let scheme = header[4];
+        let plain = three_bytes(&header[5..8]);
+        if plain > MAX_CHUNK_BYTES || compressed > 2 * MAX_CHUNK_BYTES {
+            return Err(bad(format!(
+                "lengths {compressed} compressed / {plain} plain exceed a chunk's {MAX_CHUNK_BYTES}"
+            )));
+        }
+        let body_at = at + HEADER_BYTES;
+        let body = bytes.get(body_at..body_at + compressed).ok_or(truncated)?;
+        out.push(Bytes::from(decode_one(body, scheme, plain).map_err(bad)?));
+        at = body_at + compressed;
+    }
+    if at != bytes.len() {
+        return Err(XorbError::Trailing {
+            count,
+            extra: bytes.len() - at,
+        });
+    }
+    Ok(out)
+}
+
+fn three_bytes(b: &[u8]) -> usize {
+    usize::from(b[0]) | usize::from(b[1]) << 8 | usize::from(b[2]) << 16
+}
+
+/// One chunk's bytes, decoded to exactly `plain` bytes.
+fn decode_one(body: &[u8], scheme: u8, plain: usize) -> Result<Vec<u8>, String> {
+    let decoded = match scheme {
+        0 => body.to_vec(),
+        1 => lz4_frame(body, plain)?,
+        2 => regroup(&lz4_frame(body, plain)?),
+        other => return Err(format!("unknown compression scheme {other}")),
+    };
+    if decoded.len() != plain {
+        return Err(format!(
+            "decoded to {} bytes, its header says {plain}",
+            decoded.len()
+        ));
+    }
+    Ok(decoded)
+}
+
+/// An LZ4 frame, read to at most `plain + 1` bytes (more is refused by the
+/// caller's length check without decoding the rest).
+fn lz4_frame(body: &[u8], plain: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(plain);
+    lz4_flex::frame::FrameDecoder::new(body)
+        .take(plain as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| format!("LZ4 frame: {e}"))?;
+    Ok(out)
+}
+
+/// Byte grouping undone: group `k` holds bytes `4i + k`; the first
+/// `len % 4` groups are one byte longer.
+fn regroup(g: &[u8]) -> Vec<u8> {
+    let n = g.len();
+    let (split, rem) = (n / 4, n % 4);
+    let mut starts = [0usize; 4];
+    for k in 1..4 {
+        starts[k] = starts[k - 1] + split + usize::from(k - 1 < rem);
+    }
+    let mut out = vec![0u8; n];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = g[starts[i % 4] + i / 4];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(scheme: u8, body: &[u8], plain: usize) -> Vec<u8> {
+        let c = body.len().to_le_bytes();
+        let p = plain.to_le_bytes();
+        let mut v = vec![0, c[0], c[1], c[2], scheme, p[0], p[1], p[2]];
+        v.extend_from_slice(body);
+        v
+    }
+
+    fn lz4(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut enc = lz4_flex::frame::FrameEncoder::new(Vec::new());
+        enc.write_all(data).unwrap();
+        enc.finish().unwrap()
+    }
+
+    #[test]
+    fn every_scheme_decodes_and_a_short_range_is_truncated() {
+        let data: Vec<u8> = (0..1003u32).map(|i| (i * 7 % 251) as u8).collect();
+        // Groups as xet-core's bg4_split writes them.
+        let mut grouped = Vec::new();
+        for k in 0..4 {
+            grouped.extend(data.iter().skip(k).step_by(4));
+        }
+        let mut bytes = chunk(0, &data, data.len());
+        bytes.extend(chunk(1, &lz4(&data), data.len()));
+        bytes.extend(chunk(2, &lz4(&grouped), data.len()));
+        let got = decode_chunks(&bytes, 3).unwrap();
+        assert!(got.iter().all(|c| c[..] == data[..]));
+        assert!(matches!(
+            decode_chunks(&bytes[..bytes.len() - 1], 3),
+            Err(XorbError::Truncated { index: 2, .. })
+        ));
+        assert!(matches!(
+            decode_chunks(&bytes, 2),
+            Err(XorbError::Trailing { count: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn a_header_claiming_more_than_a_chunk_or_a_wrong_length_is_refused() {
+        let big = chunk(0, b"x", MAX_CHUNK_BYTES + 1);
+        assert!(matches!(
+            decode_chunks(&big, 1),
+            Err(XorbError::BadHeader { .. })
+        ));
+        let short = chunk(1, &lz4(b"abc"), 4);
+        assert!(matches!(
+            decode_chunks(&short, 1),
+            Err(XorbError::BadHeader { .. })
+        ));
+    }
+}
