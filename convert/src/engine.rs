@@ -95,7 +95,18 @@ pub struct ConvertOutcome {
     pub not_fetched: (usize, u64),
 }
 
-/// Why existing output may not be reused under `skel`.
+/// True when an artifact made under `before` is an earlier revision of
+/// what `now` converts, by the same converter: a repin, rebuilt
+/// incrementally ([`crate::rebuild`]) instead of refused.
+fn is_repin(before: &Manifest, now: &Manifest) -> bool {
+    before.source.repo == now.source.repo
+        && before.source.commit != now.source.commit
+        && before.converter == now.converter
+}
+
+/// Why existing output may not be reused under `skel`. After a repin
+/// (same repo and converter, another commit) there is none: components
+/// under another identity are kept or converted again.
 pub(crate) fn stale_reasons(
     skel: &Skeleton,
     receipts: &[ComponentReceipt],
@@ -108,6 +119,9 @@ pub(crate) fn stale_reasons(
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
     {
         let now = &skel.manifest;
+        if is_repin(&m, now) {
+            return reasons;
+        }
         if m.source != now.source {
             reasons.push(format!(
                 "manifest.json was made from {}@{} (this run converts {}@{}{})",
@@ -308,6 +322,7 @@ pub async fn convert(
     let set_aside_to =
         settle_stale_artifact(store, run, paths, opts, &skel, &plan, reporter).await?;
     open_artifact(store, paths, &skel, &plan).await?;
+    crate::rebuild::keep_unchanged(store, run, paths, (&skel, &plan), reporter).await?;
     let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
     let punched = punched_sources(store).await?;
     let (pending, blocked) = split_blocked(&plan, &done, paths.source(), &punched);

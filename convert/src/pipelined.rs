@@ -81,7 +81,7 @@ impl StreamSetup {
 
 /// The receipts the selected files will have once verified: the listing's
 /// size and identity (a file is published only when it hashes to them).
-fn listed_receipts(listing: &[FileRow]) -> Result<BTreeMap<String, Receipt>> {
+pub(crate) fn listed_receipts(listing: &[FileRow]) -> Result<BTreeMap<String, Receipt>> {
     let mut out = BTreeMap::new();
     for f in listing.iter().filter(|f| f.selected) {
         let expected = expected_identity(f)?;

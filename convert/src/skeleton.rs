@@ -7,7 +7,8 @@
 //!
 //! A component's identity is the SHA-256 of the canonical JSON of the
 //! converter identity, the component (name, kind, size, layout and the
-//! exact source spans), the digests of the source files it reads and, for
+//! exact source spans), the digests of the source files it reads and of
+//! `config.json` (every component's plan is made from it) and, for
 //! a Q3 segment, the identity of the global scale it is encoded under. A
 //! receipt is reused only under the identity it was made with.
 //!
@@ -230,10 +231,13 @@ impl Skeleton {
         let mut tensors = Vec::new();
         let mut ftw_tensors = Vec::new();
         let identity = |c: &Component, scale: Option<&str>| {
+            // config.json is read by every component's plan.
             let sources = c
                 .source_files
                 .iter()
-                .filter_map(|f| by_path.get(f.as_str()).copied())
+                .map(String::as_str)
+                .chain([CONFIG_FILE])
+                .filter_map(|f| by_path.get(f).copied())
                 .collect();
             canonical_sha256(
                 "a component identity",

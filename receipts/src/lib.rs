@@ -17,6 +17,9 @@
 //!   written span by span, the retirement log and the artifact log.
 //! - `punch_store`: sources punched down to their PLE spans by a budgeted
 //!   run ([`PunchRecord`]), live until retired or re-acquired.
+//! - `rebuild_store`: what a repin's incremental rebuild compares: the
+//!   digest of each component's old spans in the files it changed
+//!   ([`RebuildSpans`]).
 //! - `upload_store`: the target-neutral records of publish and mirror:
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
@@ -36,6 +39,7 @@ mod events;
 mod model;
 mod punch_store;
 mod ranges;
+mod rebuild_store;
 mod store;
 mod upload_store;
 
@@ -54,5 +58,6 @@ pub use model::{
 };
 pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
+pub use rebuild_store::RebuildSpans;
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};
