@@ -130,11 +130,9 @@ fn content_spans(content: &ComponentContent) -> Vec<&SourceSpan> {
         ComponentContent::Ftw { tensors } => {
             tensors.iter().flat_map(|t| t.source.spans()).collect()
         }
-        ComponentContent::Experts { records, .. } => records
-            .iter()
-            .flatten()
-            .flat_map(|s| s.spans())
-            .collect(),
+        ComponentContent::Experts { records, .. } => {
+            records.iter().flatten().flat_map(|s| s.spans()).collect()
+        }
         ComponentContent::Q3Segment { source, scale, .. } => {
             std::iter::once(source).chain(scale.iter()).collect()
         }
@@ -149,9 +147,9 @@ fn content_spans(content: &ComponentContent) -> Vec<&SourceSpan> {
 fn deciding_spans<'p>(plan: &'p Plan, c: &'p Component) -> Vec<&'p SourceSpan> {
     let mut spans = content_spans(&c.content);
     if let ComponentContent::Q3Segment { layer, .. } = c.content
-        && let Some(scale) = plan.components.iter().find(|s| {
-            matches!(s.content, ComponentContent::Q3GlobalScale { layer: l, .. } if l == layer)
-        })
+        && let Some(scale) = plan.components.iter().find(
+            |s| matches!(s.content, ComponentContent::Q3GlobalScale { layer: l, .. } if l == layer),
+        )
     {
         spans.extend(content_spans(&scale.content));
     }
@@ -234,7 +232,10 @@ pub fn fates(
 fn spans_sha256(sources: &Sources, spans: &[&SourceSpan], files: &[String]) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = Vec::new();
-    for s in spans.iter().filter(|s| files.iter().any(|f| **f == *s.file)) {
+    for s in spans
+        .iter()
+        .filter(|s| files.iter().any(|f| **f == *s.file))
+    {
         hasher.update((s.file.len() as u64).to_le_bytes());
         hasher.update(s.file.as_bytes());
         hasher.update(s.offset.to_le_bytes());
@@ -262,7 +263,11 @@ fn holds(paths: &Layout, file: &str, size: u64, digest: &str) -> Result<bool> {
 
 /// Length and hex SHA-256 of `f` (at `path`), reading at most `limit` + 1
 /// bytes.
-pub(crate) fn sha256_of(f: std::fs::File, path: &std::path::Path, limit: u64) -> Result<(u64, String)> {
+pub(crate) fn sha256_of(
+    f: std::fs::File,
+    path: &std::path::Path,
+    limit: u64,
+) -> Result<(u64, String)> {
     let mut f = f.take(limit.saturating_add(1));
     let (mut hasher, mut len) = (Sha256::new(), 0u64);
     let mut buf = vec![0u8; CHUNK_BYTES];

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ftpipe_convert::plan::CONVERSION_FILES;
-use ftpipe_convert::schedule::{BudgetReport, Workload};
 use ftpipe_convert::rebuild::{RebuildPreview, repin_fates};
+use ftpipe_convert::schedule::{BudgetReport, Workload};
 use ftpipe_convert::{ConvertOptions, HeaderSource, Plan, PlanOptions, Planned, Published};
 use ftpipe_hub::client::Token;
 use ftpipe_hub::resolve::{FetchSelection, apply_selection, stored_selection};

@@ -192,9 +192,15 @@ impl Pipeline {
         else {
             return Ok(());
         };
-        let recorded =
-            record_old_spans(&self.store, self.run, &self.layout, &planned.plan, &old, &preview)
-                .await?;
+        let recorded = record_old_spans(
+            &self.store,
+            self.run,
+            &self.layout,
+            &planned.plan,
+            &old,
+            &preview,
+        )
+        .await?;
         let (kept, checked, rebuilt) = (
             preview.totals(Fate::Kept),
             preview.totals(Fate::Checked),

@@ -35,12 +35,11 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         for r in rows {
-            let files = serde_json::to_string(&r.changed_files).map_err(|e| {
-                StoreError::UnknownValue {
+            let files =
+                serde_json::to_string(&r.changed_files).map_err(|e| StoreError::UnknownValue {
                     column: "rebuild_spans.changed_files",
                     value: e.to_string(),
-                }
-            })?;
+                })?;
             sqlx::query(
                 "INSERT OR IGNORE INTO rebuild_spans
                    (component, from_identity, to_identity, changed_files, spans_sha256, run_id)
@@ -72,12 +71,11 @@ impl Store {
         rows.into_iter()
             .map(|r| {
                 let files: String = r.get(3);
-                let changed_files = serde_json::from_str(&files).map_err(|_| {
-                    StoreError::UnknownValue {
+                let changed_files =
+                    serde_json::from_str(&files).map_err(|_| StoreError::UnknownValue {
                         column: "rebuild_spans.changed_files",
                         value: files.clone(),
-                    }
-                })?;
+                    })?;
                 Ok(RebuildSpans {
                     component: r.get(0),
                     from_identity: r.get(1),

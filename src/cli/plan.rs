@@ -105,7 +105,9 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
         match &report.repin {
             Some(r) => print!("{}", render_repin(r)),
             None if args.repin => {
-                println!("repin: DIR holds no artifact converted from another commit; nothing to compare")
+                println!(
+                    "repin: DIR holds no artifact converted from another commit; nothing to compare"
+                )
             }
             None => {}
         }
@@ -204,7 +206,10 @@ fn render_repin(r: &ftpipe_pipeline::RepinReport) -> String {
         (Fate::Rebuilt, "converted again"),
     ] {
         let (n, bytes) = r.rebuild.totals(fate);
-        out.push_str(&format!("{n} components, {}: {what}\n", human::bytes(bytes)));
+        out.push_str(&format!(
+            "{n} components, {}: {what}\n",
+            human::bytes(bytes)
+        ));
         if fate != Fate::Kept {
             for c in r.rebuild.with(fate) {
                 match c.changed_files.as_slice() {

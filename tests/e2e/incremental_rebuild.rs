@@ -15,8 +15,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::common::*;
-use ftpipe_fixtures::checkpoint;
 use ftpipe_fixtures::RunningHub;
+use ftpipe_fixtures::checkpoint;
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 
 /// The BF16 expert tensors of a safetensors file: its header length and
@@ -40,7 +40,12 @@ fn expert_shard(seed: u64) -> (String, Vec<u8>) {
     generate_qwen4_repo(seed, QwenShape::default())
         .iter()
         .filter(|f| f.path.ends_with(".safetensors"))
-        .map(|f| (f.path.clone(), checkpoint::content_bytes(f).unwrap().to_vec()))
+        .map(|f| {
+            (
+                f.path.clone(),
+                checkpoint::content_bytes(f).unwrap().to_vec(),
+            )
+        })
         .find(|(_, bytes)| !bf16_experts(bytes).1.is_empty())
         .expect("a shard with BF16 expert tensors")
 }
@@ -126,7 +131,11 @@ fn manifest_bytes(out: &Path) -> Vec<u8> {
 /// A converted artifact of seed `seed` in `tmp/out`; then the hub
 /// publishes a commit whose first shard has `k` expert tensors changed.
 /// Returns the hub, DIR, the shard and the changed tensors.
-fn repinned_shard(seed: u64, tmp: &Path, k: usize) -> (RunningHub, std::path::PathBuf, String, Vec<String>) {
+fn repinned_shard(
+    seed: u64,
+    tmp: &Path,
+    k: usize,
+) -> (RunningHub, std::path::PathBuf, String, Vec<String>) {
     let hub = qwen4_hub(seed, QwenShape::default());
     let out = tmp.join("out");
     run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
@@ -195,7 +204,9 @@ fn plan_names_what_a_repin_fetches_and_converts_again_before_fetching() {
     let tmp = tempfile::tempdir().unwrap();
     let (hub, out, shard, tensors) = repinned_shard(73, tmp.path(), 1);
     let readers = readers_of(&out, &tensors);
-    let shard_size = std::fs::metadata(out.join("source").join(&shard)).unwrap().len();
+    let shard_size = std::fs::metadata(out.join("source").join(&shard))
+        .unwrap()
+        .len();
     let gets_before = body_gets(&hub, &shard).len();
 
     let o = run_ok(
@@ -230,7 +241,10 @@ fn plan_names_what_a_repin_fetches_and_converts_again_before_fetching() {
     };
     let (kept, checked, rebuilt) = (fated("kept"), fated("checked"), fated("rebuilt"));
     assert!(rebuilt.is_empty(), "{rebuilt:?}");
-    assert!(readers.is_subset(&checked), "{readers:?} not in {checked:?}");
+    assert!(
+        readers.is_subset(&checked),
+        "{readers:?} not in {checked:?}"
+    );
     assert!(!kept.is_empty());
     // The human form names the same.
     let human = run_ok(
