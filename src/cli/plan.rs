@@ -107,7 +107,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
             None if args.repin => {
                 println!(
                     "repin: DIR holds no artifact converted from another commit; nothing to compare"
-                )
+                );
             }
             None => {}
         }
