@@ -56,13 +56,9 @@ const PUBLISHED: JsonStyle = JsonStyle {
 };
 use ftpipe_progress::{ProgressEvent, Reporter};
 
-/// Skeleton file under the state directory.
-pub const SKELETON_FILE: &str = "convert.json";
 /// Plan file under the state directory (evidence for audits and bundles).
 pub const PLAN_FILE: &str = "plan.json";
-/// Largest [`SKELETON_FILE`] read back (~85 MB of compact JSON at 300k
-/// tensors; [`crate::safetensors::MAX_TENSORS`] is a million).
-pub const MAX_SKELETON_BYTES: u64 = 1 << 30;
+pub use crate::skeleton::{MAX_SKELETON_BYTES, SKELETON_FILE};
 /// Largest [`PLAN_FILE`] read back (audits, bundles).
 pub const MAX_PLAN_BYTES: u64 = 1 << 30;
 

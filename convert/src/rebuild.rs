@@ -41,12 +41,12 @@ use ftpipe_progress::{ProgressEvent, Reporter};
 use ftpipe_receipts::{ComponentReceipt, FileRow, RebuildSpans, RunId, Store};
 
 use crate::component::{CONFIG_FILE, Component, ComponentContent, SourceSpan};
-use crate::engine::{MAX_SKELETON_BYTES, SKELETON_FILE};
 use crate::error::{ConvertError, Result};
 use crate::options::{ConvertOptions, converter_identity};
-use crate::pipelined::listed_receipts;
 use crate::plan::{Plan, Planned};
-use crate::skeleton::{Skeleton, files_read, source_identity};
+use crate::skeleton::{
+    MAX_SKELETON_BYTES, SKELETON_FILE, Skeleton, files_read, listed_receipts, source_identity,
+};
 use crate::write::{CHUNK_BYTES, Sources};
 
 /// What a repin does to one component (see the module documentation).
