@@ -301,3 +301,107 @@ fn a_kill_during_the_partial_rebuild_resumes_to_the_fresh_manifest() {
         }
     }
 }
+
+/// Every component receipt a run after `since` committed (kept or
+/// converted again by the repin) names a file with its size and SHA-256.
+/// Receipts of the old build may name a file a rebuilt component was
+/// renamed over: their identity is the old one, never reused as such.
+fn check_repin_receipts(out: &Path, since: &str, label: &str) {
+    let Ok(rows) = try_query(
+        out,
+        &format!(
+            "SELECT path || '|' || size || '|' || sha256 FROM components WHERE run_id > {since}"
+        ),
+    ) else {
+        return;
+    };
+    for row in rows {
+        let mut it = row.splitn(3, '|');
+        let (path, size, sha) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        let bytes = std::fs::read(out.join("artifact").join(path))
+            .unwrap_or_else(|e| panic!("{label}: receipt for {path} without its file: {e}"));
+        assert_eq!(bytes.len().to_string(), size, "{label}: size of {path}");
+        assert_eq!(sha256_hex(&bytes), sha, "{label}: {path}");
+    }
+}
+
+/// A kill storm over repins: `run --repin` of the old artifact (a fresh
+/// copy for each chain) killed with SIGKILL at seeded moments (`KILLS`,
+/// default 100; the seed is printed, `FTPIPE_CRASH_SEED` replays it).
+/// After every kill the receipts the repin committed name their files;
+/// every finished chain has the fresh build's manifest and verifies deep.
+#[test]
+fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
+    use ftpipe_fixtures::checkpoint::SplitMix64;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let _heavy = heavy();
+    let kills: usize = std::env::var("KILLS")
+        .ok()
+        .map(|k| k.parse().expect("KILLS must be a number"))
+        .unwrap_or(100);
+    let seed = crash_seed();
+    eprintln!("repin kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = SplitMix64::new(seed);
+    let tmp = tempfile::tempdir().unwrap();
+    let (hub, out, _, _) = repinned_shard(75, tmp.path(), 2);
+    let since = query(&out, "SELECT MAX(id) FROM runs").remove(0);
+    let fresh = fresh_manifest(&hub, tmp.path());
+    let copy = |n: usize| {
+        let dir = tmp.path().join(format!("chain-{n}"));
+        copy_tree(&out, &dir);
+        dir
+    };
+    let start = Instant::now();
+    run_ok(&mut run_cmd(&hub.endpoint(), &copy(0), &["--repin"]));
+    let chain_ms = (start.elapsed().as_millis() as u64).max(20);
+    let finished = |dir: &Path, label: &str| {
+        assert_eq!(manifest_bytes(dir), fresh, "{label}: manifest differs");
+        let v = run(ftpipe()
+            .arg("verify")
+            .arg(dir.join("artifact"))
+            .arg("--deep"));
+        assert!(v.status.success(), "{label}: verify --deep: {}", stderr(&v));
+        assert_clean_audit(dir);
+    };
+    let (mut chains, mut kill) = (1, 0);
+    let mut landed = std::collections::BTreeMap::<String, usize>::new();
+    let mut dir = copy(chains);
+    while kill < kills {
+        let delay = rng.next_u64() % chain_ms;
+        let mut child = run_cmd(&hub.endpoint(), &dir, &["--repin"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn ftpipe");
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = child.kill(); // SIGKILL
+        let status = child.wait().expect("wait");
+        let label = format!("kill {} after {delay} ms in {}", kill + 1, dir.display());
+        assert!(
+            status.success() || status.code().is_none(),
+            "{label}: run exited with {status} on its own"
+        );
+        if status.success() {
+            finished(&dir, &label);
+            chains += 1;
+            dir = copy(chains);
+            continue;
+        }
+        kill += 1;
+        check_repin_receipts(&dir, &since, &label);
+        *landed
+            .entry(crate::chain_crash::landed_in(&dir))
+            .or_default() += 1;
+    }
+    run_ok(&mut run_cmd(&hub.endpoint(), &dir, &["--repin"]));
+    finished(&dir, "last chain");
+    eprintln!(
+        "repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
+        start.elapsed()
+    );
+    assert!(
+        landed.get("convert").is_some_and(|n| *n > 0),
+        "no kill landed in the partial rebuild: {landed:?}"
+    );
+}
