@@ -489,3 +489,100 @@ pub async fn repin_fates(
     let preview = fates(&planned.plan, &converter, &new, &old, &components)?;
     Ok(Some((old, preview)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::plan_local;
+    use ftpipe_artifact::manifest::SourceFileId;
+    use ftpipe_fixtures::checkpoint::content_bytes;
+    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+
+    fn plan() -> Plan {
+        let dir = tempfile::tempdir().unwrap();
+        for f in generate_qwen4_repo(6, QwenShape::default()) {
+            let path = dir.path().join(&f.path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content_bytes(&f).unwrap()).unwrap();
+        }
+        plan_local(dir.path()).unwrap()
+    }
+
+    /// Every file of `plan` with digest `a…`, `changed` with `b…`.
+    fn source(plan: &Plan, commit: char, changed: Option<&str>) -> SourceIdentity {
+        let files = files_read(plan)
+            .into_iter()
+            .map(|path| SourceFileId {
+                digest: if Some(path.as_str()) == changed {
+                    "b"
+                } else {
+                    "a"
+                }
+                .repeat(64),
+                digest_kind: "sha256".into(),
+                size: 1,
+                path,
+            })
+            .collect();
+        SourceIdentity {
+            repo: "r".into(),
+            commit: commit.to_string().repeat(40),
+            files,
+        }
+    }
+
+    /// The fates of a repin from `source(None)` to `new`, every component
+    /// having its old receipt.
+    fn fates_to(plan: &Plan, new: &SourceIdentity) -> BTreeMap<String, Fate> {
+        let converter = ConverterIdentity::current("qwen4_exp", Default::default());
+        let skel = Skeleton::build(
+            plan,
+            source(plan, 'a', None),
+            converter.clone(),
+            8,
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let receipts = skel
+            .identities
+            .iter()
+            .map(|(path, identity)| {
+                let r = ComponentReceipt {
+                    path: path.clone(),
+                    kind: String::new(),
+                    predicted_bytes: 1,
+                    size: 1,
+                    sha256: String::new(),
+                    identity: identity.clone(),
+                    run_id: RunId::from_raw(1),
+                };
+                (path.clone(), r)
+            })
+            .collect();
+        let old = OldBuild { skel };
+        fates(plan, &converter, new, &old, &receipts)
+            .unwrap()
+            .components
+            .into_iter()
+            .map(|c| (c.component, c.fate))
+            .collect()
+    }
+
+    /// A changed shard: its readers are checked, every other component
+    /// kept; a changed config.json: everything converted again.
+    #[test]
+    fn a_changed_shard_checks_its_readers_and_a_changed_config_rebuilds_all() {
+        let plan = plan();
+        let shard = plan.sources[0].file.clone();
+        let fates = fates_to(&plan, &source(&plan, 'b', Some(&shard)));
+        for c in &plan.components {
+            let reads = deciding_spans(&plan, c).iter().any(|s| *s.file == *shard);
+            let want = if reads { Fate::Checked } else { Fate::Kept };
+            assert_eq!(fates[&c.name], want, "{}", c.name);
+        }
+        assert!(fates.values().any(|f| *f == Fate::Kept));
+        assert!(fates.values().any(|f| *f == Fate::Checked));
+        let fates = fates_to(&plan, &source(&plan, 'b', Some(CONFIG_FILE)));
+        assert!(fates.values().all(|f| *f == Fate::Rebuilt), "{fates:?}");
+    }
+}
