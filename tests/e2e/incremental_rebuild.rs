@@ -174,6 +174,9 @@ fn a_repin_changing_k_tensors_rebuilds_exactly_their_components() {
     // Nothing was set aside.
     let log = query(&out, "SELECT event FROM artifacts ORDER BY id");
     assert_eq!(log, ["manifest", "manifest"], "{log:?}");
+    // The repinned DIR is finished: a plain run is a no-op.
+    let o = run_ok(&mut run_cmd(&hub.endpoint(), &out, &[]));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to do"));
 }
 
 #[test]
