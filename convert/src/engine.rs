@@ -319,6 +319,7 @@ pub async fn convert(
         settle_stale_artifact(store, run, paths, opts, &skel, &plan, reporter).await?;
     open_artifact(store, paths, &skel, &plan).await?;
     crate::rebuild::keep_unchanged(store, run, paths, (&skel, &plan), reporter).await?;
+    crate::rebuild::forget_superseded(store, &skel).await?;
     let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
     let punched = punched_sources(store).await?;
     let (pending, blocked) = split_blocked(&plan, &done, paths.source(), &punched);

@@ -114,6 +114,9 @@ pub async fn prepare_stream(
     let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
     let skel = Skeleton::build(&plan, source, converter, top_k, headers)?;
     let set_aside = set_aside_if_stale(store, run, paths, opts, (&skel, &plan), reporter).await?;
+    // A repin rebuilds here without comparing spans: every component
+    // under another identity is converted again.
+    crate::rebuild::forget_superseded(store, &skel).await?;
     create_dirs_durably(paths.dir(), paths.artifact())
         .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;

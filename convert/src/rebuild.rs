@@ -436,6 +436,26 @@ pub(crate) async fn keep_unchanged(
     Ok(kept)
 }
 
+/// Drops the receipts of the components of `skel` made under another
+/// identity (after [`keep_unchanged`], those a repin converts again), so
+/// that no receipt names a file while the new one is renamed over it.
+/// Returns how many were dropped.
+pub(crate) async fn forget_superseded(store: &Store, skel: &Skeleton) -> Result<usize> {
+    let superseded: Vec<String> = store
+        .components()
+        .await?
+        .into_iter()
+        .filter(|r| {
+            skel.identities
+                .get(&r.path)
+                .is_some_and(|id| *id != r.identity)
+        })
+        .map(|r| r.path)
+        .collect();
+    store.forget_components(&superseded).await?;
+    Ok(superseded.len())
+}
+
 /// True when component `r`'s file is exactly its receipt's size and
 /// SHA-256; otherwise says so (it is converted again).
 fn component_intact(paths: &Layout, r: &ComponentReceipt, reporter: &dyn Reporter) -> Result<bool> {

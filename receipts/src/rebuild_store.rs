@@ -86,4 +86,23 @@ impl Store {
             })
             .collect()
     }
+
+    /// Drops the receipts of `components` in one transaction: a repin
+    /// converts them again, and no receipt may name a file while another
+    /// one is renamed over it.
+    pub async fn forget_components(&self, components: &[String]) -> Result<()> {
+        if components.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        for c in components {
+            sqlx::query("DELETE FROM components WHERE path = ?")
+                .bind(c)
+                .execute(&mut *tx)
+                .await
+                .ctx("delete component")?;
+        }
+        tx.commit().await.ctx("commit forgotten components")
+    }
 }

@@ -305,33 +305,12 @@ fn a_kill_during_the_partial_rebuild_resumes_to_the_fresh_manifest() {
     }
 }
 
-/// Every component receipt a run after `since` committed (kept or
-/// converted again by the repin) names a file with its size and SHA-256.
-/// Receipts of the old build may name a file a rebuilt component was
-/// renamed over: their identity is the old one, never reused as such.
-fn check_repin_receipts(out: &Path, since: &str, label: &str) {
-    let Ok(rows) = try_query(
-        out,
-        &format!(
-            "SELECT path || '|' || size || '|' || sha256 FROM components WHERE run_id > {since}"
-        ),
-    ) else {
-        return;
-    };
-    for row in rows {
-        let mut it = row.splitn(3, '|');
-        let (path, size, sha) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
-        let bytes = std::fs::read(out.join("artifact").join(path))
-            .unwrap_or_else(|e| panic!("{label}: receipt for {path} without its file: {e}"));
-        assert_eq!(bytes.len().to_string(), size, "{label}: size of {path}");
-        assert_eq!(sha256_hex(&bytes), sha, "{label}: {path}");
-    }
-}
-
 /// A kill storm over repins: `run --repin` of the old artifact (a fresh
 /// copy for each chain) killed with SIGKILL at seeded moments (`KILLS`,
 /// default 100; the seed is printed, `FTPIPE_CRASH_SEED` replays it).
-/// After every kill the receipts the repin committed name their files;
+/// After every kill every component receipt names a file with its size
+/// and SHA-256 (a component converted again loses its old receipt before
+/// its new file is renamed over the old one);
 /// every finished chain has the fresh build's manifest and verifies deep.
 #[test]
 fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
@@ -348,7 +327,6 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
     let mut rng = SplitMix64::new(seed);
     let tmp = tempfile::tempdir().unwrap();
     let (hub, out, _, _) = repinned_shard(75, tmp.path(), 2);
-    let since = query(&out, "SELECT MAX(id) FROM runs").remove(0);
     let fresh = fresh_manifest(&hub, tmp.path());
     let copy = |n: usize| {
         let dir = tmp.path().join(format!("chain-{n}"));
@@ -392,7 +370,7 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
             continue;
         }
         kill += 1;
-        check_repin_receipts(&dir, &since, &label);
+        crate::chain_crash::check_components_after_kill(&dir, &label);
         *landed
             .entry(crate::chain_crash::landed_in(&dir))
             .or_default() += 1;
