@@ -497,6 +497,7 @@ impl Bars {
                 reason,
             } => format!("{path}: not using {cache_path} from the Hugging Face cache: {reason}"),
             ProgressEvent::Note { message } => message,
+            ProgressEvent::ComponentKept { path, kind, size } => kept_line(&path, &kind, size),
             // The bar events: `report` handles them.
             _ => return,
         };
@@ -574,6 +575,7 @@ impl Reporter for Bars {
             e @ (ProgressEvent::FileAdopted { .. }
             | ProgressEvent::FileResumedFromCache { .. }
             | ProgressEvent::CacheRejected { .. }
+            | ProgressEvent::ComponentKept { .. }
             | ProgressEvent::Note { .. }) => self.note(e),
         }
     }
@@ -672,6 +674,9 @@ impl Reporter for LogLines {
                 "{path}: not using {cache_path} from the Hugging Face cache: {reason}"
             )),
             ProgressEvent::Note { message } => Some(message),
+            ProgressEvent::ComponentKept { path, kind, size } => {
+                Some(kept_line(&path, &kind, size))
+            }
             // The stage's start is in the stage log (`status`).
             ProgressEvent::Phase { .. } => None,
             ProgressEvent::FileStarted {
@@ -770,6 +775,14 @@ fn convert_tally_line(tally: &mut Tally, event: ProgressEvent) -> Option<String>
         // Not a conversion tally event: `LogLines::report` prints it.
         _ => None,
     }
+}
+
+/// The line of a component a repin kept.
+fn kept_line(path: &str, kind: &str, size: u64) -> String {
+    format!(
+        "{path}: {kind} kept ({}): the repin left the bytes of its spans unchanged",
+        human::bytes(size)
+    )
 }
 
 /// Newline-delimited JSON events on stdout.

@@ -56,13 +56,9 @@ const PUBLISHED: JsonStyle = JsonStyle {
 };
 use ftpipe_progress::{ProgressEvent, Reporter};
 
-/// Skeleton file under the state directory.
-pub const SKELETON_FILE: &str = "convert.json";
 /// Plan file under the state directory (evidence for audits and bundles).
 pub const PLAN_FILE: &str = "plan.json";
-/// Largest [`SKELETON_FILE`] read back (~85 MB of compact JSON at 300k
-/// tensors; [`crate::safetensors::MAX_TENSORS`] is a million).
-pub const MAX_SKELETON_BYTES: u64 = 1 << 30;
+pub use crate::skeleton::{MAX_SKELETON_BYTES, SKELETON_FILE};
 /// Largest [`PLAN_FILE`] read back (audits, bundles).
 pub const MAX_PLAN_BYTES: u64 = 1 << 30;
 
@@ -95,7 +91,18 @@ pub struct ConvertOutcome {
     pub not_fetched: (usize, u64),
 }
 
-/// Why existing output may not be reused under `skel`.
+/// True when an artifact made under `before` is an earlier revision of
+/// what `now` converts, by the same converter: a repin, rebuilt
+/// incrementally ([`crate::rebuild`]) instead of refused.
+fn is_repin(before: &Manifest, now: &Manifest) -> bool {
+    before.source.repo == now.source.repo
+        && before.source.commit != now.source.commit
+        && before.converter == now.converter
+}
+
+/// Why existing output may not be reused under `skel`. After a repin
+/// (same repo and converter, another commit) there is none: components
+/// under another identity are kept or converted again.
 pub(crate) fn stale_reasons(
     skel: &Skeleton,
     receipts: &[ComponentReceipt],
@@ -108,6 +115,9 @@ pub(crate) fn stale_reasons(
     ) && let Ok(m) = serde_json::from_slice::<Manifest>(&bytes)
     {
         let now = &skel.manifest;
+        if is_repin(&m, now) {
+            return reasons;
+        }
         if m.source != now.source {
             reasons.push(format!(
                 "manifest.json was made from {}@{} (this run converts {}@{}{})",
@@ -308,6 +318,8 @@ pub async fn convert(
     let set_aside_to =
         settle_stale_artifact(store, run, paths, opts, &skel, &plan, reporter).await?;
     open_artifact(store, paths, &skel, &plan).await?;
+    crate::rebuild::keep_unchanged(store, run, paths, (&skel, &plan), reporter).await?;
+    crate::rebuild::forget_superseded(store, &skel).await?;
     let mut done = valid_receipts(&skel, store.components().await?, paths.artifact());
     let punched = punched_sources(store).await?;
     let (pending, blocked) = split_blocked(&plan, &done, paths.source(), &punched);

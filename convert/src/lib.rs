@@ -38,6 +38,8 @@
 //! - [`pipelined`]: a pipelined build as the fetch drives it (the
 //!   skeleton from the listing before any shard, receipts and retirement
 //!   as each verified shard is converted).
+//! - [`rebuild`]: incremental rebuild after a repin (which components
+//!   are kept, checked against their spans' old bytes, or rebuilt).
 //! - `options`: [`ConvertOptions`] and the converter identity they give.
 //! - `current`: whether the artifact on disk is current (the no-op check).
 //! - [`inspect`]: what a format file holds, from its header only.
@@ -64,6 +66,7 @@ pub mod placed;
 pub mod plan;
 pub mod profile;
 pub mod punched;
+pub mod rebuild;
 pub mod recipe;
 mod retire;
 pub mod safetensors;

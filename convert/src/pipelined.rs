@@ -29,9 +29,8 @@ use std::path::{Path, PathBuf};
 use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, remove_temp_files, write_atomic_json};
-use ftpipe_hub::identity::expected_identity;
 use ftpipe_progress::{ProgressEvent, Reporter};
-use ftpipe_receipts::{ComponentReceipt, FileRow, KeptMethod, PunchRecord, Receipt, RunId, Store};
+use ftpipe_receipts::{ComponentReceipt, FileRow, KeptMethod, PunchRecord, RunId, Store};
 
 use crate::aside;
 use crate::component::{ComponentContent, TensorSource};
@@ -47,7 +46,7 @@ use crate::plan::{Plan, Planned};
 use crate::punched;
 use crate::retire::{retire_file, unlink_durably};
 use crate::schedule::{Schedule, Workload};
-use crate::skeleton::{Skeleton, files_read, source_identity};
+use crate::skeleton::{Skeleton, files_read, listed_receipts, source_identity};
 use crate::stream::StreamConverter;
 use crate::write::{Sources, Written, check_lookup, table_absmax};
 use tokio::task::block_in_place;
@@ -99,27 +98,6 @@ impl StreamSetup {
     }
 }
 
-/// The receipts the selected files will have once verified: the listing's
-/// size and identity (a file is published only when it hashes to them).
-fn listed_receipts(listing: &[FileRow]) -> Result<BTreeMap<String, Receipt>> {
-    let mut out = BTreeMap::new();
-    for f in listing.iter().filter(|f| f.selected) {
-        let expected = expected_identity(f)?;
-        out.insert(
-            f.path.clone(),
-            Receipt {
-                path: f.path.clone(),
-                size: f.size,
-                digest_kind: expected.kind().to_owned(),
-                digest: expected.hex().to_owned(),
-                completed_at: String::new(),
-                adopted: false,
-            },
-        );
-    }
-    Ok(out)
-}
-
 /// Plans a pipelined build from `planned` (see the module documentation):
 /// refuses a budget below the minimum and a stale artifact (set aside
 /// under `--rebuild`), then saves the skeleton and the plan.
@@ -156,6 +134,9 @@ pub async fn prepare_stream(
     let source = source_identity(&pin.repo, &pin.commit, &files_read(&plan), &receipts)?;
     let skel = Skeleton::build(&plan, source, converter, top_k, headers)?;
     let set_aside = set_aside_if_stale(store, run, paths, opts, (&skel, &plan), reporter).await?;
+    // A repin rebuilds here without comparing spans: every component
+    // under another identity is converted again.
+    crate::rebuild::forget_superseded(store, &skel).await?;
     create_dirs_durably(paths.dir(), paths.artifact())
         .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
     write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;

@@ -7,7 +7,8 @@
 //!
 //! A component's identity is the SHA-256 of the canonical JSON of the
 //! converter identity, the component (name, kind, size, layout and the
-//! exact source spans), the digests of the source files it reads and, for
+//! exact source spans), the digests of the source files it reads and of
+//! `config.json` (every component's plan is made from it) and, for
 //! a Q3 segment, the identity of the global scale it is encoded under. A
 //! receipt is reused only under the identity it was made with.
 //!
@@ -22,7 +23,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use ftpipe_formats::ExpertLayout;
-use ftpipe_receipts::Receipt;
+use ftpipe_hub::identity::expected_identity;
+use ftpipe_receipts::{FileRow, Receipt};
 
 use crate::component::{CONFIG_FILE, Component, ComponentContent, TensorSource};
 use crate::error::ConvertError;
@@ -31,6 +33,12 @@ use ftpipe_artifact::manifest::{
     ComponentLayout, ConverterIdentity, InventoryTensor, MANIFEST_SCHEMA, Manifest,
     ManifestComponent, OmittedEntry, SourceFileId, SourceIdentity, canonical_sha256,
 };
+
+/// Skeleton file under the state directory.
+pub const SKELETON_FILE: &str = "convert.json";
+/// Largest [`SKELETON_FILE`] read back (~85 MB of compact JSON at 300k
+/// tensors; [`crate::safetensors::MAX_TENSORS`] is a million).
+pub const MAX_SKELETON_BYTES: u64 = 1 << 30;
 
 /// What `DIR/.ftpipe/convert.json` holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,6 +66,29 @@ struct IdentityInput<'a> {
     /// The identity of the global scale a Q3 segment is encoded under.
     #[serde(skip_serializing_if = "Option::is_none")]
     scale: Option<&'a str>,
+}
+
+/// The receipts the selected files will have once verified: the listing's
+/// size and identity (a file is published only when it hashes to them).
+pub(crate) fn listed_receipts(
+    listing: &[FileRow],
+) -> Result<BTreeMap<String, Receipt>, ConvertError> {
+    let mut out = BTreeMap::new();
+    for f in listing.iter().filter(|f| f.selected) {
+        let expected = expected_identity(f)?;
+        out.insert(
+            f.path.clone(),
+            Receipt {
+                path: f.path.clone(),
+                size: f.size,
+                digest_kind: expected.kind().to_owned(),
+                digest: expected.hex().to_owned(),
+                completed_at: String::new(),
+                adopted: false,
+            },
+        );
+    }
+    Ok(out)
 }
 
 /// The source identity of the files a plan reads, from their receipts.
@@ -230,10 +261,13 @@ impl Skeleton {
         let mut tensors = Vec::new();
         let mut ftw_tensors = Vec::new();
         let identity = |c: &Component, scale: Option<&str>| {
+            // config.json is read by every component's plan.
             let sources = c
                 .source_files
                 .iter()
-                .filter_map(|f| by_path.get(f.as_str()).copied())
+                .map(String::as_str)
+                .chain([CONFIG_FILE])
+                .filter_map(|f| by_path.get(f).copied())
                 .collect();
             canonical_sha256(
                 "a component identity",

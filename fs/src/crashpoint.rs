@@ -98,6 +98,11 @@ crash_points! {
     FetchDone = "fetch-done",
     /// `fetch` completed, the next stage not started.
     FetchCompleted = "fetch-completed",
+    /// A repin's old span digests recorded, its fetch not started.
+    RebuildSpansRecorded = "rebuild-spans-recorded",
+    /// A component kept by a repin got its new receipt, nothing after it
+    /// done.
+    ComponentKept = "component-kept",
     /// `convert.json` durable, `plan.json` not written.
     SkeletonWritten = "skeleton-written",
     /// A component renamed and its directories fsynced, no receipt.

@@ -93,7 +93,7 @@ pub use ftpipe_receipts::{SelectionGlobs, Stage};
 pub use lock::{DirLock, LiveRun};
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
-pub use plan::{PlanReport, PlanSource, plan};
+pub use plan::{PlanReport, PlanSource, RepinReport, plan};
 pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
 pub use publish_oci::{OciPublishOutcome, OciPublishParams};
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};

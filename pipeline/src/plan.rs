@@ -3,13 +3,15 @@
 //! retirement under it ([`ftpipe_convert::schedule`]). Read-only: it never
 //! takes the lock or writes to DIR.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ftpipe_convert::plan::CONVERSION_FILES;
+use ftpipe_convert::rebuild::{RebuildPreview, repin_fates};
 use ftpipe_convert::schedule::{BudgetReport, Workload};
-use ftpipe_convert::{HeaderSource, Plan, PlanOptions, Published};
+use ftpipe_convert::{ConvertOptions, HeaderSource, Plan, PlanOptions, Planned, Published};
 use ftpipe_hub::client::Token;
 use ftpipe_hub::resolve::{FetchSelection, apply_selection, stored_selection};
 use ftpipe_receipts::{FileRow, Pin, SelectionGlobs};
@@ -98,6 +100,92 @@ pub struct PlanReport {
     /// The schedule's figures under `--disk-budget`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_budget: Option<BudgetReport>,
+    /// With `--repin`, what the repin of DIR's artifact fetches and
+    /// converts again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repin: Option<RepinReport>,
+}
+
+/// What `run --repin` will do to DIR, known before anything is fetched.
+#[derive(Debug, Clone, Serialize)]
+pub struct RepinReport {
+    /// The commit DIR's artifact was made from.
+    pub from_commit: String,
+    /// The commit the revision points to now.
+    pub to_commit: String,
+    /// Selected files the repin fetches (changed, new, or without a
+    /// receipt); a file whose size and digests are unchanged is kept.
+    pub fetch_files: Vec<String>,
+    /// Their bytes.
+    pub fetch_bytes: u64,
+    /// Every component of the new plan with its fate.
+    #[serde(flatten)]
+    pub rebuild: RebuildPreview,
+}
+
+/// The selected files of `listing` that a repin from `stored` (with
+/// download receipts for `published`) fetches.
+fn files_to_fetch<'l>(
+    listing: &'l [FileRow],
+    stored: &[FileRow],
+    published: &BTreeSet<String>,
+) -> Vec<&'l FileRow> {
+    listing
+        .iter()
+        .filter(|f| f.selected)
+        .filter(|f| {
+            !published.contains(&f.path)
+                || !stored.iter().any(|s| {
+                    s.path == f.path
+                        && s.size == f.size
+                        && s.git_oid == f.git_oid
+                        && s.lfs_sha256 == f.lfs_sha256
+                })
+        })
+        .collect()
+}
+
+/// What a repin of `out` to `commit` fetches and converts again (`None`
+/// when `out` has no state or no artifact planned from another commit).
+async fn repin_report(
+    out: &Path,
+    (repo, commit): (&str, &str),
+    planned: &Planned,
+    listing: &[FileRow],
+    opts: &PlanOptions,
+) -> Result<Option<RepinReport>> {
+    let (layout, store) = match open_existing(out).await {
+        Ok(opened) => opened,
+        Err(PipelineError::NoState { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let convert_opts = ConvertOptions {
+        protect: opts.protect.clone(),
+        recipe: opts.recipe.clone(),
+        ..ConvertOptions::default()
+    };
+    let Some((old, rebuild)) = repin_fates(
+        &store,
+        &layout,
+        (repo, commit),
+        planned,
+        listing,
+        &convert_opts,
+    )
+    .await?
+    else {
+        return Ok(None);
+    };
+    let stored = store.files().await?;
+    let published = store.published_paths().await?;
+    let fetch = files_to_fetch(listing, &stored, &published);
+    Ok(Some(RepinReport {
+        from_commit: old.source().commit.clone(),
+        to_commit: commit.to_owned(),
+        fetch_bytes: fetch.iter().map(|f| f.size).sum(),
+        fetch_files: fetch.into_iter().map(|f| f.path.clone()).collect(),
+        rebuild,
+    }))
 }
 
 /// Plans the conversion of `repo` at `revision` into `out`, and with
@@ -106,7 +194,10 @@ pub struct PlanReport {
 /// reuses the pin of `out` when it is for the same repo and revision, and
 /// otherwise resolves the commit without writing anything. Shards the
 /// fetch selection leaves out are not read: `globs` when it has any, else
-/// the selection stored with the pin of `out`.
+/// the selection stored with the pin of `out`. With `repin` a remote plan
+/// resolves the revision's commit now and reports what a repin of `out`
+/// to it fetches and converts again.
+#[allow(clippy::too_many_arguments)]
 pub async fn plan(
     out: &Path,
     repo: &str,
@@ -115,8 +206,15 @@ pub async fn plan(
     globs: &SelectionGlobs,
     opts: &PlanOptions,
     disk_budget: Option<u64>,
+    repin: bool,
 ) -> Result<PlanReport> {
-    let (plan, listing) = plan_with_listing(out, repo, revision, source, globs, opts).await?;
+    let (planned, listing, commit) =
+        plan_with_listing(out, (repo, revision), source, globs, opts, repin).await?;
+    let repin = match commit.filter(|_| repin) {
+        Some(commit) => repin_report(out, (repo, &commit), &planned, &listing, opts).await?,
+        None => None,
+    };
+    let plan = planned.plan;
     let disk_budget = match disk_budget {
         Some(budget) => {
             let resident = resident_bytes(&plan, &listing, &Layout::new(out));
@@ -125,7 +223,11 @@ pub async fn plan(
         }
         None => None,
     };
-    Ok(PlanReport { plan, disk_budget })
+    Ok(PlanReport {
+        plan,
+        disk_budget,
+        repin,
+    })
 }
 
 /// Bytes of the selected files that are not planned shards (config,
@@ -151,15 +253,16 @@ pub(crate) fn resident_bytes(plan: &Plan, listing: &[FileRow], layout: &Layout) 
 }
 
 /// [`plan`] without the schedule, with the listing it planned for (empty
-/// for a local plan of a directory without state).
+/// for a local plan of a directory without state) and, for a remote plan,
+/// the commit. `repin` resolves the commit even when `out` has a pin.
 async fn plan_with_listing(
     out: &Path,
-    repo: &str,
-    revision: &str,
+    (repo, revision): (&str, &str),
     source: PlanSource,
     globs: &SelectionGlobs,
     opts: &PlanOptions,
-) -> Result<(Plan, Vec<FileRow>)> {
+    repin: bool,
+) -> Result<(Planned, Vec<FileRow>, Option<String>)> {
     let with_selection = |mut listing: Vec<FileRow>, stored: Option<FetchSelection>| {
         let selection = if globs.include.is_empty() && globs.exclude.is_empty() {
             stored.unwrap_or_default()
@@ -183,12 +286,10 @@ async fn plan_with_listing(
         };
         let (listing, opts) = with_selection(listing, stored)?;
         let layout = Layout::new(out);
-        let plan = ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts)
-            .await?
-            .plan;
-        return Ok((plan, listing));
+        let planned = ftpipe_convert::plan(&HeaderSource::local(layout.source()), &opts).await?;
+        return Ok((planned, listing, None));
     };
-    let pinned = if origin.plan_reuses_stored_pin() {
+    let pinned = if origin.plan_reuses_stored_pin() && !repin {
         stored_pin(out, repo, revision).await?
     } else {
         None
@@ -204,7 +305,7 @@ async fn plan_with_listing(
     let pin = Pin {
         repo: repo.to_owned(),
         revision: revision.to_owned(),
-        commit,
+        commit: commit.clone(),
         endpoint: String::new(),
     };
     let remote = OriginFiles {
@@ -217,6 +318,6 @@ async fn plan_with_listing(
         listing: &listing,
         published: &published,
     };
-    let plan = ftpipe_convert::plan(&source, &opts).await?.plan;
-    Ok((plan, listing))
+    let planned = ftpipe_convert::plan(&source, &opts).await?;
+    Ok((planned, listing, Some(commit)))
 }

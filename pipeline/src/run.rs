@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::task::block_in_place;
 
 use ftpipe_convert::PlanOptions;
+use ftpipe_convert::rebuild::{Fate, record_old_spans, repin_fates};
 use ftpipe_convert::space::artifact_peak;
 use ftpipe_convert::{
     ConvertOptions, ConvertOutcome, HeaderSource, Planned, Published, convert, current_artifact,
@@ -110,10 +111,12 @@ impl Pipeline {
                     .filter(|f| retired.contains(&f.path))
                     .map(|f| f.size)
                     .sum::<u64>();
-            let plan = self
+            let planned = self
                 .plan_from_origin(origin, params, resolved, opts)
-                .await?
-                .plan;
+                .await?;
+            self.record_repin(&planned, resolved, opts, reporter)
+                .await?;
+            let plan = planned.plan;
             if !params.options.preflight {
                 return Ok(());
             }
@@ -163,6 +166,61 @@ impl Pipeline {
             Ok(())
         })
         .await
+    }
+
+    /// On a repin of a converted artifact, before anything is fetched:
+    /// records the old bytes of the spans of every component to check
+    /// ([`ftpipe_convert::rebuild`]) and says what the repin keeps and
+    /// converts again.
+    async fn record_repin(
+        &self,
+        planned: &Planned,
+        resolved: &Resolved,
+        opts: &ConvertOptions,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<()> {
+        let pin = &resolved.pin;
+        let Some((old, preview)) = repin_fates(
+            &self.store,
+            &self.layout,
+            (&pin.repo, &pin.commit),
+            planned,
+            &resolved.listing,
+            opts,
+        )
+        .await?
+        else {
+            return Ok(());
+        };
+        let recorded = record_old_spans(
+            &self.store,
+            self.run,
+            &self.layout,
+            &planned.plan,
+            &old,
+            &preview,
+        )
+        .await?;
+        let (kept, checked, rebuilt) = (
+            preview.totals(Fate::Kept),
+            preview.totals(Fate::Checked),
+            preview.totals(Fate::Rebuilt),
+        );
+        reporter.report(ProgressEvent::Note {
+            message: format!(
+                "repin {}@{} -> {}: {} components kept ({}), {} reading changed files checked                  after the fetch ({}; {recorded} with their old spans recorded), {} converted                  again ({})",
+                pin.repo,
+                old.source().commit,
+                pin.commit,
+                kept.0,
+                human::bytes(kept.1),
+                checked.0,
+                human::bytes(checked.1),
+                rebuilt.0,
+                human::bytes(rebuilt.1)
+            ),
+        });
+        Ok(())
     }
 
     /// The plan of `resolved` from the published files and, for every
@@ -230,8 +288,15 @@ impl Pipeline {
         // pipelined, whatever budget it is given.
         let retired = self.store.retired().await?;
         let budgeted_before = !self.store.disk_budgets().await?.is_empty();
+        // A repin of a converted artifact plans, records the old spans of
+        // the components to check, fetches, then keeps or converts each
+        // (ftpipe_convert::rebuild): it needs every new file first.
+        let incremental = params.resolve.repin && !self.store.components().await?.is_empty();
         let pipelined = disk_budget.is_some()
-            || (!params.offline && !params.reacquire && (retired.is_empty() || budgeted_before));
+            || (!params.offline
+                && !params.reacquire
+                && !incremental
+                && (retired.is_empty() || budgeted_before));
         if pipelined {
             if disk_budget.is_none() && !retired.is_empty() {
                 reporter.report(ProgressEvent::Note {

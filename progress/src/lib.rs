@@ -133,6 +133,17 @@ pub enum ProgressEvent {
         /// The component's size in bytes.
         size: u64,
     },
+    /// A component a repin left unchanged (its spans' bytes are the
+    /// same) got its receipt under the new pin without being converted
+    /// again.
+    ComponentKept {
+        /// The component's path in the artifact.
+        path: String,
+        /// The component's kind.
+        kind: String,
+        /// The component's size in bytes.
+        size: u64,
+    },
     /// A stage of the pipeline starts: what the command is doing while
     /// no byte total is known yet (resolving, planning) and after.
     Phase {

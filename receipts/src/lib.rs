@@ -18,6 +18,9 @@
 //! - `punch_store`: sources held down to their PLE spans by a budgeted
 //!   run or one with `--retire-sources` ([`PunchRecord`]: punched, or
 //!   copied aside, [`KeptMethod`]), live until retired or re-acquired.
+//! - `rebuild_store`: what a repin's incremental rebuild compares: the
+//!   digest of each component's old spans in the files it changed
+//!   ([`RebuildSpans`]).
 //! - `upload_store`: the target-neutral records of publish and mirror:
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
@@ -39,6 +42,7 @@ mod events;
 mod model;
 mod punch_store;
 mod ranges;
+mod rebuild_store;
 mod store;
 mod upload_store;
 mod xet_store;
@@ -58,6 +62,7 @@ pub use model::{
 };
 pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
+pub use rebuild_store::RebuildSpans;
 pub use store::Store;
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};
 pub use xet_store::{XetTermRow, XetTotals};

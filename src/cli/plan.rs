@@ -43,6 +43,11 @@ pub struct PlanArgs {
     /// refused, naming it).
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size, help_heading = heading::CONVERSION)]
     pub disk_budget: Option<u64>,
+    /// With --remote on a DIR holding an artifact: plan the revision's
+    /// current commit and say what `run --repin` will fetch and which
+    /// components it keeps, checks after the fetch, or converts again.
+    #[arg(long, requires = "remote", help_heading = heading::HUB)]
+    pub repin: bool,
 }
 
 /// Where the plan reads headers: the mirror `--endpoint` names, the hub
@@ -87,6 +92,7 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
         &globs,
         &opts,
         args.disk_budget,
+        args.repin,
     )
     .await?;
     if args.json {
@@ -95,6 +101,15 @@ pub async fn run(args: PlanArgs) -> anyhow::Result<bool> {
         print!("{}", render_plan(&report.plan));
         if let Some(b) = &report.disk_budget {
             print!("{}", render_budget(b));
+        }
+        match &report.repin {
+            Some(r) => print!("{}", render_repin(r)),
+            None if args.repin => {
+                println!(
+                    "repin: DIR holds no artifact converted from another commit; nothing to compare"
+                );
+            }
+            None => {}
         }
     }
     Ok(true)
@@ -162,6 +177,46 @@ fn render_plan(plan: &ftpipe_convert::Plan) -> String {
                 human::bytes(s.bytes),
                 s.by
             ));
+        }
+    }
+    out
+}
+
+/// What `run --repin` will do: the files it fetches, then each component
+/// it does not keep.
+fn render_repin(r: &ftpipe_pipeline::RepinReport) -> String {
+    use ftpipe_convert::rebuild::Fate;
+    let mut out = format!(
+        "repin {} -> {}: fetches {} files ({}, {} bytes)\n",
+        r.from_commit,
+        r.to_commit,
+        r.fetch_files.len(),
+        human::bytes(r.fetch_bytes),
+        r.fetch_bytes
+    );
+    for f in &r.fetch_files {
+        out.push_str(&format!("  fetch {f}\n"));
+    }
+    for (fate, what) in [
+        (Fate::Kept, "kept (identity unchanged)"),
+        (
+            Fate::Checked,
+            "read changed files: kept if the bytes of their spans are unchanged, else converted again",
+        ),
+        (Fate::Rebuilt, "converted again"),
+    ] {
+        let (n, bytes) = r.rebuild.totals(fate);
+        out.push_str(&format!(
+            "{n} components, {}: {what}\n",
+            human::bytes(bytes)
+        ));
+        if fate != Fate::Kept {
+            for c in r.rebuild.with(fate) {
+                match c.changed_files.as_slice() {
+                    [] => out.push_str(&format!("  {}\n", c.component)),
+                    files => out.push_str(&format!("  {} ({})\n", c.component, files.join(", "))),
+                }
+            }
         }
     }
     out

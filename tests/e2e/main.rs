@@ -60,6 +60,9 @@
 //!   then resume once fixed.
 //! * `convert_crash`: `ftpipe convert` killed with SIGKILL at seeded moments,
 //!   with and without `--retire-sources`.
+//! * `incremental_rebuild`: after `run --repin`, components whose spans
+//!   the new revision left unchanged are kept, the rest converted again,
+//!   the manifest equal to a fresh build; `plan --repin` says so first.
 //! * `convert_identity`: no silent reuse of an artifact from another
 //!   converter variant or other sources.
 //! * `convert_retire`: regressions of `--retire-sources`.
@@ -171,6 +174,7 @@ mod fetch_basic;
 mod hardening;
 mod hf_cache;
 mod human_output;
+mod incremental_rebuild;
 mod inspect;
 mod interrupt;
 mod limits;

@@ -97,6 +97,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l offline -d 'No ne
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l no-xet -d 'Fetch files the hub keeps in Xet storage through `resolve` like any other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l remote -d 'Read only the safetensors headers from the hub (HTTP Range), no weights. Without it, plan from the sources in DIR/source/'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l json -d 'Print one JSON object'
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -l repin -d 'With --remote on a DIR holding an artifact: plan the revision\'s current commit and say what `run --repin` will fetch and which components it keeps, checks after the fetch, or converts again'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand plan" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l out -d 'DIR: its sources (DIR/source) are converted into DIR/artifact' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand convert" -l jobs -d 'Components converted in parallel (1 to 64)' -r
