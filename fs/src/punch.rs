@@ -14,6 +14,7 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{FallocateFlags, fallocate};
 
@@ -29,18 +30,25 @@ use crate::nofollow;
 pub fn probe(dir: &Path) -> Option<u64> {
     let unit = std::fs::metadata(dir).ok()?.blksize().max(512);
     remove_stale_probes(dir);
-    let path = dir.join(format!("{PROBE_PREFIX}{}", std::process::id()));
+    let probe_no = PROBES.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!("{PROBE_PREFIX}{}-{probe_no}", std::process::id()));
     let probed = probe_file(&path, unit);
     let _ = std::fs::remove_file(&path);
     probed.then_some(unit)
 }
 
-/// The name of a probe's scratch file, less the prober's process id.
+/// The name of a probe's scratch file, less the prober's process id and
+/// the probe's number in that process (`PID-N`: probes running at once in
+/// one process, as threads of the test binary do, each have their own).
 const PROBE_PREFIX: &str = ".ftpipe-punch-probe-";
 
+/// Probes begun by this process: the `N` of the next scratch file.
+static PROBES: AtomicU64 = AtomicU64::new(0);
+
 /// Removes every probe scratch file in `dir` whose process is gone (no
-/// `/proc/PID`): a probe still running keeps its own. Best effort: a file
-/// that cannot be removed is left for the next probe.
+/// `/proc/PID`): the files of a process still running, this one
+/// included, are its probes in progress. Best effort: a file that cannot
+/// be removed is left for the next probe.
 fn remove_stale_probes(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -50,13 +58,13 @@ fn remove_stale_probes(dir: &Path) {
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix(PROBE_PREFIX))
+            .map(|n| n.split_once('-').map_or(n, |(pid, _)| pid))
             .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         else {
             continue;
         };
-        let ours = pid == std::process::id().to_string();
         let running = Path::new("/proc").join(pid).exists();
-        if (ours || !running) && e.file_type().is_ok_and(|t| t.is_file()) {
+        if !running && e.file_type().is_ok_and(|t| t.is_file()) {
             let _ = std::fs::remove_file(e.path());
         }
     }
@@ -158,6 +166,30 @@ pub fn held_bytes(path: &Path) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    /// Regression: the scratch file was named for the process alone, so
+    /// probes running at once in one process (threads of the e2e binary)
+    /// truncated, punched and removed each other's file, and one of them
+    /// could find the volume unable to punch: a test then expected the
+    /// copy-aside minimum where ftpipe computed the smaller punched one.
+    #[test]
+    fn probes_at_once_in_one_process_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = probe(dir.path());
+        let answers: Vec<Option<u64>> = std::thread::scope(|s| {
+            let probes: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..25).map(|_| probe(dir.path())).collect::<Vec<_>>()))
+                .collect();
+            probes.into_iter().flat_map(|p| p.join().unwrap()).collect()
+        });
+        assert!(
+            answers.iter().all(|a| *a == first),
+            "{first:?} vs {answers:?}"
+        );
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert!(left.is_empty(), "scratch files left: {left:?}");
+    }
 
     #[test]
     fn a_probe_removes_scratch_files_of_processes_that_are_gone() {

@@ -341,7 +341,7 @@ fn retire_sources_alone_punches_ple_shards() {
 }
 
 /// Issue 35, item 7: the hole-punching probe writes a scratch file
-/// `.ftpipe-punch-probe-PID` in `DIR`; a process killed during the probe
+/// `.ftpipe-punch-probe-PID-N` in `DIR`; a process killed during the probe
 /// left it there for good. The next probe removes it (its process is
 /// gone), and keeps one whose process still runs.
 #[test]
