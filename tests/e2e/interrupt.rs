@@ -348,8 +348,13 @@ fn a_hub_outage_is_one_status_line_and_the_rate_says_stalled() {
     assert!(last.contains("FTPIPE_EXIT=0"), "{last}");
     let mut saw_status = false;
     let mut saw_stalled = false;
-    // The last frame holds the audit table, which lists each attempt.
-    for f in &frames[..frames.len() - 1] {
+    // The closing audit table lists each attempt: only the frames taken
+    // before it began to print (a frame may catch it half printed, before
+    // the exit line) show the live display.
+    let live = frames
+        .iter()
+        .take_while(|f| !f.contains("ledger (committed/expected)"));
+    for f in live {
         let status_lines = f
             .lines()
             .filter(|l| l.contains("source unavailable:"))
