@@ -982,6 +982,18 @@ pub(crate) mod tests {
             .block_on(plan(&HeaderSource::local(root), &PlanOptions::default()))
             .map(|p| p.plan)
     }
+
+    /// [`plan_local`] of the fixture checkpoint `seed` written to a
+    /// temporary directory.
+    pub(crate) fn plan_of_generated(seed: u64) -> Plan {
+        let dir = tempfile::tempdir().unwrap();
+        for f in qwen4::generate_qwen4_repo(seed, QwenShape::default()) {
+            let path = dir.path().join(&f.path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content_bytes(&f).unwrap()).unwrap();
+        }
+        plan_local(dir.path()).unwrap()
+    }
     use crate::profile::{ComponentContent, TensorSource};
     use ftpipe_fixtures::RepoFile;
     use ftpipe_fixtures::checkpoint::content_bytes;

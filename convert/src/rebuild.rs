@@ -513,19 +513,11 @@ pub async fn repin_fates(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::plan_local;
+    use crate::plan::tests::plan_of_generated;
     use ftpipe_artifact::manifest::SourceFileId;
-    use ftpipe_fixtures::checkpoint::content_bytes;
-    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 
     fn plan() -> Plan {
-        let dir = tempfile::tempdir().unwrap();
-        for f in generate_qwen4_repo(6, QwenShape::default()) {
-            let path = dir.path().join(&f.path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, content_bytes(&f).unwrap()).unwrap();
-        }
-        plan_local(dir.path()).unwrap()
+        plan_of_generated(6)
     }
 
     /// Every file of `plan` with digest `a…`, `changed` with `b…`.

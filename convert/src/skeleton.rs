@@ -368,18 +368,10 @@ impl Skeleton {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::plan_local;
-    use ftpipe_fixtures::checkpoint::content_bytes;
-    use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
+    use crate::plan::tests::plan_of_generated;
 
     fn plan() -> Plan {
-        let dir = tempfile::tempdir().unwrap();
-        for f in generate_qwen4_repo(5, QwenShape::default()) {
-            let path = dir.path().join(&f.path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, content_bytes(&f).unwrap()).unwrap();
-        }
-        plan_local(dir.path()).unwrap()
+        plan_of_generated(5)
     }
 
     fn source(plan: &Plan, changed: Option<&str>) -> SourceIdentity {
