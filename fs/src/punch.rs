@@ -167,7 +167,6 @@ pub fn held_bytes(path: &Path) -> std::io::Result<u64> {
 mod tests {
     use super::*;
 
-    #[test]
     /// Regression: the scratch file was named for the process alone, so
     /// probes running at once in one process (threads of the e2e binary)
     /// truncated, punched and removed each other's file, and one of them
