@@ -249,11 +249,10 @@ impl Registry {
     ) -> Result<String> {
         let mut url = url::Url::parse(realm)
             .map_err(|_| self.auth_error(format!("token realm {realm:?} is not a URL")))?;
-        if url.host_str() != Some(self.reference.host()) {
+        if let Some(why) = realm_refusal(&url, &self.base) {
             return Err(self.auth_error(format!(
-                "its token realm {realm:?} is on another host than {}; no credentials or \
-                 tokens are sent there",
-                self.reference.host()
+                "its token realm {realm:?} {why} ({}); no credentials or tokens are sent there",
+                self.base.origin().ascii_serialization()
             )));
         }
         {
@@ -524,11 +523,11 @@ impl Registry {
             .base
             .join(location)
             .map_err(|_| bad(what, "the upload location is not a URL"))?;
-        if url.host_str() != self.base.host_str() || url.port() != self.base.port() {
+        if !same_origin(&url, &self.base) {
             return Err(bad(
                 what,
-                "the upload location is on another host than the registry (refused: the \
-                 registry's credentials would follow it)",
+                "the upload location is not on the registry's own scheme, host and port \
+                 (refused: the registry's credentials would follow it)",
             ));
         }
         Ok(url)
@@ -670,4 +669,79 @@ pub(crate) async fn read_bounded(
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex_of(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Why credentials may not go to the token realm `realm` of the registry
+/// at `base`, if they may not: a realm on another host, or plain http for
+/// a registry reached over https (another port of the registry's own host
+/// is the usual place of its token service).
+fn realm_refusal(realm: &url::Url, base: &url::Url) -> Option<&'static str> {
+    if realm.host() != base.host() {
+        Some("is on another host than the registry")
+    } else if base.scheme() == "https" && realm.scheme() != "https" {
+        Some("is not https, as the registry is")
+    } else {
+        None
+    }
+}
+
+/// Whether `url` is on `base`'s scheme, host and port (the default port
+/// of the scheme when none is written): where the registry's credentials
+/// may go. A change of scheme alone (https to http) is another origin.
+fn same_origin(url: &url::Url, base: &url::Url) -> bool {
+    url.scheme() == base.scheme()
+        && url.host() == base.host()
+        && url.port_or_known_default() == base.port_or_known_default()
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::{realm_refusal, same_origin};
+
+    fn url(s: &str) -> url::Url {
+        url::Url::parse(s).unwrap()
+    }
+
+    /// Regression: a token realm was checked by host only: `http://` on
+    /// the host of an https registry passed (the credentials then went out
+    /// in cleartext), and the host was compared as typed, so a registry
+    /// on IPv6 (`[::1]` against `::1`) never passed.
+    #[test]
+    fn a_realm_must_be_on_the_registry_s_host_and_never_downgrade() {
+        let base = url("https://reg.example/v2/");
+        assert_eq!(
+            realm_refusal(&url("https://reg.example:5001/token"), &base),
+            None
+        );
+        assert_eq!(
+            realm_refusal(&url("https://REG.example/token"), &base),
+            None
+        );
+        assert!(realm_refusal(&url("http://reg.example/token"), &base).is_some());
+        assert!(realm_refusal(&url("https://auth.example/token"), &base).is_some());
+        let v6 = url("http://[::1]:5000/v2/");
+        assert_eq!(realm_refusal(&url("http://[::1]:5001/token"), &v6), None);
+    }
+
+    /// Regression: an upload location was checked by host and written
+    /// port only, so on an https registry `http://` on the same host
+    /// passed: every later chunk carried the credentials in cleartext.
+    #[test]
+    fn only_the_registry_s_own_scheme_host_and_port_pass() {
+        let base = url("https://reg.example/v2/");
+        assert!(same_origin(
+            &url("https://reg.example:443/v2/x/blobs/uploads/1"),
+            &base
+        ));
+        assert!(same_origin(&url("https://REG.example/token"), &base));
+        assert!(!same_origin(
+            &url("http://reg.example/v2/x/blobs/uploads/1"),
+            &base
+        ));
+        assert!(!same_origin(&url("https://reg.example:5000/token"), &base));
+        assert!(!same_origin(&url("https://auth.example/token"), &base));
+        let v6 = url("http://[::1]:5000/v2/");
+        assert!(same_origin(&url("http://[::1]:5000/token"), &v6));
+        assert!(!same_origin(&url("http://[::1]:5001/token"), &v6));
+    }
 }

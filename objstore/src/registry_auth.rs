@@ -63,6 +63,12 @@ pub fn registry_credentials(registry: &str) -> Result<Option<RegistryCredentials
     for file in auth_files() {
         if let Some(c) = credentials_in(&file, registry)? {
             ftpipe_secrets::register(&c.password);
+            // The Basic header (and the auth file's `auth`) carry the pair
+            // in base64: a server echoing it must not print it either.
+            ftpipe_secrets::register(
+                &base64::engine::general_purpose::STANDARD
+                    .encode(format!("{}:{}", c.username, c.password)),
+            );
             return Ok(Some(c));
         }
     }
