@@ -5,8 +5,9 @@
 //! 2 an LZ4 frame of the bytes split into 4 interleaved groups.
 //!
 //! Invariant: a chunk decodes to exactly its header's uncompressed length,
-//! never more than [`MAX_CHUNK_BYTES`] (a larger claim is refused before
-//! anything is allocated).
+//! never more than [`MAX_CHUNK_BYTES`], and a range to at most
+//! [`MAX_XORB_CHUNKS`] chunks and [`MAX_XORB_PLAIN_BYTES`] in all (a larger
+//! claim is refused before anything is allocated for it).
 
 use std::io::Read;
 
@@ -16,6 +17,10 @@ use bytes::Bytes;
 pub const HEADER_BYTES: usize = 8;
 /// The largest chunk xet-core writes (2 × the 64 KiB target).
 pub const MAX_CHUNK_BYTES: usize = 128 * 1024;
+/// The most chunks a xorb holds (xet-core's `MAX_XORB_CHUNKS`).
+pub const MAX_XORB_CHUNKS: usize = 8 * 1024;
+/// The most bytes a xorb's chunks hold (xet-core's `MAX_XORB_BYTES`).
+pub const MAX_XORB_PLAIN_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why xorb bytes could not be decoded; `at` is the byte offset in the
 /// range fetched.
@@ -41,6 +46,13 @@ pub enum XorbError {
         /// What is wrong.
         what: String,
     },
+    /// More chunks, or more bytes in them, than one xorb can hold: tiny
+    /// compressed chunks that would decode to far more than their range.
+    #[error("{what}, more than a xorb holds")]
+    Oversized {
+        /// What was claimed.
+        what: String,
+    },
     /// Bytes left after the chunks the term needs.
     #[error("{extra} bytes after the last of {count} chunks")]
     Trailing {
@@ -54,8 +66,14 @@ pub enum XorbError {
 /// Decodes `count` chunks from the start of `bytes`, which must hold
 /// exactly them.
 pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError> {
+    if count > MAX_XORB_CHUNKS {
+        return Err(XorbError::Oversized {
+            what: format!("{count} chunks asked"),
+        });
+    }
     let mut out = Vec::with_capacity(count.min(1024));
     let mut at = 0usize;
+    let mut plain_total = 0usize;
     for index in 0..count {
         let truncated = XorbError::Truncated {
             index,
@@ -77,6 +95,12 @@ pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError
             return Err(bad(format!(
                 "lengths {compressed} compressed / {plain} plain exceed a chunk's {MAX_CHUNK_BYTES}"
             )));
+        }
+        plain_total += plain;
+        if plain_total > MAX_XORB_PLAIN_BYTES {
+            return Err(XorbError::Oversized {
+                what: format!("chunks 0..={index} claim {plain_total} bytes decoded"),
+            });
         }
         let body_at = at + HEADER_BYTES;
         let body = bytes.get(body_at..body_at + compressed).ok_or(truncated)?;
@@ -179,6 +203,28 @@ mod tests {
         assert!(matches!(
             decode_chunks(&bytes, 2),
             Err(XorbError::Trailing { count: 2, .. })
+        ));
+    }
+
+    /// Regression: nothing bounded a range's chunks in all, so a range of
+    /// minimal LZ4 chunks (~520 bytes each, 128 KiB decoded) could decode
+    /// to hundreds of times its size before the term's length was checked.
+    #[test]
+    fn a_range_claiming_more_than_a_xorb_holds_is_refused() {
+        let zeros = lz4(&vec![0u8; MAX_CHUNK_BYTES]);
+        let n = MAX_XORB_PLAIN_BYTES / MAX_CHUNK_BYTES + 1;
+        let mut bomb = Vec::new();
+        for _ in 0..n {
+            bomb.extend(chunk(1, &zeros, MAX_CHUNK_BYTES));
+        }
+        assert!(bomb.len() < MAX_XORB_PLAIN_BYTES / 100, "{}", bomb.len());
+        assert!(matches!(
+            decode_chunks(&bomb, n),
+            Err(XorbError::Oversized { .. })
+        ));
+        assert!(matches!(
+            decode_chunks(&bomb, MAX_XORB_CHUNKS + 1),
+            Err(XorbError::Oversized { .. })
         ));
     }
 
