@@ -109,6 +109,14 @@ pub trait ByteSource: Send + Sync {
     fn check_whole<'a>(&'a self, _path: &'a str) -> SourceFuture<'a, ()> {
         Box::pin(async { Ok(()) })
     }
+
+    /// Whether `path`'s bodies are held to the minimum-rate rule
+    /// (`--min-rate` over the stall window). A source that hands bytes on
+    /// in bursts far apart on a healthy link says `false`; its own reads
+    /// must then end at `--read-timeout` when nothing arrives.
+    fn rate_rule_holds(&self, _path: &str) -> bool {
+        true
+    }
 }
 
 /// The span a source says it sent: `[first, end)` of a `total`-byte file.

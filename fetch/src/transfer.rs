@@ -255,6 +255,16 @@ impl FileTask {
         &self.file.path
     }
 
+    /// `--min-rate` where the source holds this file's bodies to it, else
+    /// 0 (no rate rule).
+    fn min_rate(&self) -> u64 {
+        if self.ctx.source.rate_rule_holds(self.path()) {
+            self.ctx.opts.min_rate
+        } else {
+            0
+        }
+    }
+
     /// The error once the retry budget is spent after `attempts`, with
     /// `best` bytes durable at most: ranges ignored when resumes were
     /// answered from byte 0 and the file never completed, else the last
@@ -467,7 +477,7 @@ impl FileTask {
             from: part.len(),
             since: 0,
             last: Instant::now(),
-            rate: RateWindow::new(self.ctx.opts.min_rate, self.ctx.opts.stall_window),
+            rate: RateWindow::new(self.min_rate(), self.ctx.opts.stall_window),
             excess: 0,
         };
         let validator = validator.as_deref();

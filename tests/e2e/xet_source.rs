@@ -516,3 +516,52 @@ fn a_xet_file_fetched_as_ranges_is_whole_and_its_hash_checked() {
         .count();
     assert!(split >= 1, "no file was fetched as several ranges");
 }
+
+/// Regression: the minimum-rate rule held Xet bodies too, although a Xet
+/// body hands on nothing until a whole term's xorb range is fetched and
+/// decoded: on a link slower than a term per stall window, every attempt
+/// was a stall and the file never finished. Here every xorb answer waits
+/// 2 s before its body with a rule of 10 MB/s over 1 s: a hub body would
+/// be a stall, a Xet file is fetched (a stalled CAS still ends at
+/// `--read-timeout`, far above the wait).
+#[test]
+fn a_xet_term_slower_than_the_rate_window_is_not_a_stall() {
+    let (hub, files, _cas, proxy, _hashes) = xet_served(379);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let hold = std::time::Duration::from_secs(2);
+    proxy.lie("v1/fetch_term", Lie::Stall { after: 0, hold }, 100);
+    let extra = [
+        "--include",
+        &f.path,
+        "--min-rate",
+        "10000000",
+        "--stall-secs",
+        "1",
+        "--read-timeout",
+        "20",
+        "--retries",
+        "1",
+    ];
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[ONE_STREAM, &extra].concat(),
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        proxy.seen().iter().any(|r| r.target.contains("fetch_term")),
+        "no xorb range was asked: {:#?}",
+        proxy.seen()
+    );
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref()
+    );
+    let outcomes = attempt_outcomes(&out, &f.path);
+    assert_eq!(outcomes, ["ok"], "{outcomes:?}");
+    assert_clean_audit(&out);
+}

@@ -290,7 +290,12 @@ impl RangeWorker {
         let shared = self.shared.clone();
         let path = shared.path.as_str();
         let mut cancel = shared.cancel.clone();
-        let mut rate = RateWindow::new(shared.ctx.opts.min_rate, shared.ctx.opts.stall_window);
+        let min_rate = if shared.ctx.source.rate_rule_holds(path) {
+            shared.ctx.opts.min_rate
+        } else {
+            0
+        };
+        let mut rate = RateWindow::new(min_rate, shared.ctx.opts.stall_window);
         // Time spent on the last chunk, from its arrival until the worker
         // asked for more; added to the slot with the next chunk.
         let mut handled = Duration::ZERO;

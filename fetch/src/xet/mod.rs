@@ -239,6 +239,18 @@ impl ByteSource for XetSource {
             }
         })
     }
+
+    /// Not for a Xet file: a term's xorb range (up to a xorb, 64 MiB) is
+    /// fetched and decoded whole before its first chunk is handed on, so
+    /// a healthy link hands on nothing for as long as a term takes; every
+    /// CAS read ends at `--read-timeout` when nothing arrives.
+    fn rate_rule_holds(&self, path: &str) -> bool {
+        if self.inner.files.contains_key(path) {
+            false
+        } else {
+            self.fallback.rate_rule_holds(path)
+        }
+    }
 }
 
 impl Inner {
