@@ -82,7 +82,10 @@ fn credentials_in(path: &Path, registry: &str) -> Result<Option<RegistryCredenti
         registry: registry.to_owned(),
         reason: format!("auth file {}: {reason}", path.display()),
     };
-    let bytes = match ftpipe_fs::bounded::read_bounded_nofollow(path, MAX_AUTH_FILE_BYTES) {
+    // The user's own configuration: a link is followed (a Kubernetes
+    // secret volume links `config.json` into its `..data`); the file it
+    // names must be regular and within the bound.
+    let bytes = match ftpipe_fs::bounded::read_bounded(path, MAX_AUTH_FILE_BYTES) {
         Ok(b) => b,
         Err(e) if e.is_not_found() => return Ok(None),
         Err(e) => return Err(bad(e.to_string())),

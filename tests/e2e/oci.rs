@@ -220,10 +220,16 @@ fn basic_auth_registry_takes_the_auth_file() {
     assert!(!stderr(&o).contains(REGISTRY_PASSWORD));
     assert_modelpack(&reg, "models/qwen", "v1", &artifact_of(&dir));
 
-    // The pull finds them where docker login puts them.
+    // The pull finds them in DOCKER_CONFIG as Kubernetes mounts a
+    // docker-config secret there: `config.json` a link into the volume's
+    // `..data` (an auth file is the user's own configuration, read through
+    // a link; refusing the link refused every pod).
     let docker = tmp.path().join("docker");
-    std::fs::create_dir_all(&docker).unwrap();
-    std::fs::copy(&auth, docker.join("config.json")).unwrap();
+    let data = docker.join("..2026_12_05_00_00_00.000000001");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(&auth, data.join("config.json")).unwrap();
+    std::os::unix::fs::symlink(data.file_name().unwrap(), docker.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/config.json", docker.join("config.json")).unwrap();
     let out = tmp.path().join("pulled");
     let o = run(ftpipe()
         .env("HOME", tmp.path())
