@@ -15,10 +15,8 @@
 //! writer reads the spans from the copy ([`crate::write::Sources`]).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
 use tokio::task::block_in_place;
 
 use ftpipe_fs::Layout;
@@ -27,7 +25,7 @@ use ftpipe_receipts::{KeptMethod, PunchRecord, RunId, Store};
 
 use crate::error::{ConvertError, Result};
 use crate::keep::{Range, total};
-use crate::punched::hash_ranges;
+use crate::punched::{hash_ranges, range_sha256};
 use crate::retire::unlink_durably;
 
 /// Where the copy of source `file`'s kept ranges lives.
@@ -125,20 +123,6 @@ pub fn check_copy(paths: &Layout, record: &PunchRecord) -> Result<()> {
         }
         Ok(())
     })
-}
-
-fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
-    const CHUNK: u64 = 1 << 20;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; CHUNK as usize];
-    let mut at = 0u64;
-    while at < len {
-        let n = usize::try_from((len - at).min(CHUNK)).unwrap_or(buf.len());
-        file.read_exact_at(&mut buf[..n], offset + at)?;
-        hasher.update(&buf[..n]);
-        at += n as u64;
-    }
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// Removes the copy of `file` (retired: the retirement's row ended its

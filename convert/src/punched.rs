@@ -22,7 +22,7 @@ use crate::error::{ConvertError, Result};
 use crate::keep::{Range, held_bytes, holes};
 
 /// The SHA-256 (hex) of `len` bytes at `offset` of `file`.
-fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
+pub(crate) fn range_sha256(file: &std::fs::File, offset: u64, len: u64) -> std::io::Result<String> {
     const CHUNK: u64 = 1 << 20;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; CHUNK as usize];

@@ -514,42 +514,19 @@ pub async fn repin_fates(
 mod tests {
     use super::*;
     use crate::plan::tests::plan_of_generated;
-    use ftpipe_artifact::manifest::SourceFileId;
+    use crate::skeleton::tests::source_identity;
 
     fn plan() -> Plan {
         plan_of_generated(6)
     }
 
-    /// Every file of `plan` with digest `a…`, `changed` with `b…`.
-    fn source(plan: &Plan, commit: char, changed: Option<&str>) -> SourceIdentity {
-        let files = files_read(plan)
-            .into_iter()
-            .map(|path| SourceFileId {
-                digest: if Some(path.as_str()) == changed {
-                    "b"
-                } else {
-                    "a"
-                }
-                .repeat(64),
-                digest_kind: "sha256".into(),
-                size: 1,
-                path,
-            })
-            .collect();
-        SourceIdentity {
-            repo: "r".into(),
-            commit: commit.to_string().repeat(40),
-            files,
-        }
-    }
-
-    /// The fates of a repin from `source(None)` to `new`, every component
+    /// The fates of a repin from `source_identity(None)` to `new`, every component
     /// having its old receipt.
     fn fates_to(plan: &Plan, new: &SourceIdentity) -> BTreeMap<String, Fate> {
         let converter = ConverterIdentity::current("qwen4_exp", Default::default());
         let skel = Skeleton::build(
             plan,
-            source(plan, 'a', None),
+            source_identity(plan, 'a', None),
             converter.clone(),
             8,
             BTreeMap::new(),
@@ -586,7 +563,7 @@ mod tests {
     fn a_changed_shard_checks_its_readers_and_a_changed_config_rebuilds_all() {
         let plan = plan();
         let shard = plan.sources[0].file.clone();
-        let fates = fates_to(&plan, &source(&plan, 'b', Some(&shard)));
+        let fates = fates_to(&plan, &source_identity(&plan, 'b', Some(&shard)));
         for c in &plan.components {
             let reads = deciding_spans(&plan, c).iter().any(|s| *s.file == *shard);
             let want = if reads { Fate::Checked } else { Fate::Kept };
@@ -594,7 +571,7 @@ mod tests {
         }
         assert!(fates.values().any(|f| *f == Fate::Kept));
         assert!(fates.values().any(|f| *f == Fate::Checked));
-        let fates = fates_to(&plan, &source(&plan, 'b', Some(CONFIG_FILE)));
+        let fates = fates_to(&plan, &source_identity(&plan, 'b', Some(CONFIG_FILE)));
         assert!(fates.values().all(|f| *f == Fate::Rebuilt), "{fates:?}");
     }
 }

@@ -366,7 +366,7 @@ impl Skeleton {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::plan::tests::plan_of_generated;
 
@@ -374,7 +374,13 @@ mod tests {
         plan_of_generated(5)
     }
 
-    fn source(plan: &Plan, changed: Option<&str>) -> SourceIdentity {
+    /// Every file of `plan` with digest `a…`, `changed` with `b…`, at the
+    /// commit `commit` repeated.
+    pub(crate) fn source_identity(
+        plan: &Plan,
+        commit: char,
+        changed: Option<&str>,
+    ) -> SourceIdentity {
         let files = files_read(plan)
             .into_iter()
             .map(|path| SourceFileId {
@@ -391,7 +397,7 @@ mod tests {
             .collect();
         SourceIdentity {
             repo: "r".into(),
-            commit: "c".repeat(40),
+            commit: commit.to_string().repeat(40),
             files,
         }
     }
@@ -421,7 +427,7 @@ mod tests {
         let build = |changed| {
             Skeleton::build(
                 &plan,
-                source(&plan, changed),
+                source_identity(&plan, 'c', changed),
                 converter.clone(),
                 8,
                 BTreeMap::new(),
