@@ -565,3 +565,42 @@ fn a_xet_term_slower_than_the_rate_window_is_not_a_stall() {
     assert_eq!(outcomes, ["ok"], "{outcomes:?}");
     assert_clean_audit(&out);
 }
+
+/// A xorb body that stops after its head, the connection held open far
+/// past `--read-timeout`, ends at the read timeout as a recorded failed
+/// attempt and is asked again (the check every source's conformance suite
+/// makes, for the CAS, which the suite does not yet run).
+#[test]
+fn a_stalled_xorb_body_ends_at_the_read_timeout() {
+    let (hub, files, _cas, proxy, _hashes) = xet_served(383);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let hold = std::time::Duration::from_secs(90);
+    proxy.lie("v1/fetch_term", Lie::Stall { after: 0, hold }, 1);
+    let extra = ["--include", &f.path, "--read-timeout", "2"];
+    let started = std::time::Instant::now();
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[ONE_STREAM, &extra].concat(),
+    ));
+    let took = started.elapsed();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        took < hold / 2,
+        "the stall was waited out: {took:?} with --read-timeout 2"
+    );
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref()
+    );
+    let outcomes = attempt_outcomes(&out, &f.path);
+    assert!(
+        outcomes.len() >= 2 && outcomes.first().is_some_and(|o| o != "ok"),
+        "the stall is not a recorded attempt: {outcomes:?}"
+    );
+    assert_clean_audit(&out);
+}
