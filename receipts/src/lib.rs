@@ -11,7 +11,8 @@
 //!
 //! - `store`: [`Store`], the single writer: runs, stage events, the pin and
 //!   listing, the byte ledger, attempts, discards, download receipts, the
-//!   Hugging Face cache log.
+//!   Hugging Face cache log; [`ReadOnlyStore`], another directory's
+//!   database opened read-only (`--reuse-from`).
 //! - `ranges`: durable watermarks of a file fetched in segments.
 //! - `convert_store`: component receipts, span claims of components
 //!   written span by span, the retirement log and the artifact log.
@@ -25,7 +26,9 @@
 //!   uploads (a `verified` row is the upload receipt), acknowledged parts of
 //!   multipart sessions, every request, publications.
 //! - `xet_store`: the terms of files fetched from Xet storage
-//!   ([`XetTermRow`]): file range, xorb chunks, each chunk's hash.
+//!   ([`XetTermRow`]): file range, xorb chunks, each chunk's hash, and
+//!   whether their bytes were fetched or reused ([`TermBytes`]); the
+//!   chunks of a xorb an earlier fetch recorded ([`XetChunkRun`]).
 //! - `events`: [`RunId`] and the enums stored as text ([`Stage`],
 //!   [`StageEvent`], [`RetirementEvent`], [`ArtifactEvent`], [`KeptMethod`],
 //!   [`AttemptOutcome`], [`DiscardReason`], [`CacheKind`], [`CacheOutcome`],
@@ -63,6 +66,6 @@ pub use model::{
 pub use punch_store::{KeptRange, PunchRecord};
 pub use ranges::{RangeProgress, RangeRow};
 pub use rebuild_store::RebuildSpans;
-pub use store::Store;
+pub use store::{ReadOnlyStore, Store};
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};
-pub use xet_store::{XetTermRow, XetTotals};
+pub use xet_store::{MAX_CHUNK_RUNS, TermBytes, XetChunkRun, XetTermRow, XetTotals};

@@ -28,6 +28,43 @@ pub struct Store {
     pub(crate) conn: Mutex<SqliteConnection>,
 }
 
+/// Another directory's state database, opened read-only: never created,
+/// migrated or written, and its directory's lock not taken (the run that
+/// owns it may be going on; SQLite's own shared locks keep each read
+/// consistent). Only the reads a fetch reusing that directory's bytes
+/// needs are offered (`--reuse-from`).
+pub struct ReadOnlyStore {
+    pub(crate) conn: Mutex<SqliteConnection>,
+}
+
+impl ReadOnlyStore {
+    /// Opens the existing database at `path` read-only (a link planted at
+    /// it or its WAL files is refused, as [`Store::open`] does).
+    pub async fn open(path: &Path) -> Result<ReadOnlyStore> {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let p = PathBuf::from(p);
+            ftpipe_fs::nofollow::check_absent_or_regular(&p)
+                .map_err(|source| StoreError::Unsafe { path: p, source })?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(10));
+        let conn = SqliteConnection::connect_with(&options)
+            .await
+            .map_err(|source| StoreError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(ReadOnlyStore {
+            conn: Mutex::new(conn),
+        })
+    }
+}
+
 /// Bytes kept allocated beside the database while a fetch runs (see
 /// [`Store::ensure_space_reserve`]).
 pub const SPACE_RESERVE_BYTES: u64 = 2 << 20;
