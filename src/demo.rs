@@ -473,6 +473,7 @@ fn fetch_params(endpoint: &str) -> FetchParams {
         offline: false,
         mirror: None,
         xet: true,
+        reuse_from: None,
     }
 }
 

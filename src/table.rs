@@ -227,6 +227,15 @@ fn source_rows(a: &AuditReport) -> Ledger {
             &n(a.xet.skipped_bytes),
         );
     }
+    if a.xet.reused_terms > 0 {
+        // Decoded bytes read back from the files of an earlier fetch
+        // (counted in the decoded bytes above, not fetched from the CAS).
+        t.rows.push(vec![
+            "reused from the previous revision".to_owned(),
+            n(a.xet.reused_bytes),
+            format!(" bytes in {} terms", a.xet.reused_terms),
+        ]);
+    }
     if a.cache_bytes > 0 || !a.cache_candidates.is_empty() {
         t.row("adopted from HF cache", &n(a.cache_bytes));
         let rejected = a

@@ -28,7 +28,8 @@
 //!   extents a crash leaves past a watermark.
 //! - `xet`: Xet storage as a byte source ([`XetSource`]): read token,
 //!   reconstruction, xorb ranges, chunk decoding and hashing, each term
-//!   recorded in the store.
+//!   recorded in the store; terms an earlier revision's files hold read
+//!   back from them and checked ([`ChunkReuse`]).
 //! - `error`: [`FetchError`]; what the hub's HTTP fails with is a
 //!   [`ftpipe_hub::HubError`] inside it.
 //!
@@ -84,7 +85,7 @@ pub use reconcile::{ReconcileReport, reconcile};
 pub use source::{
     Ask, Body, BodyError, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
 };
-pub use xet::{XetError, XetFile, XetSource};
+pub use xet::{ChunkReuse, XetError, XetFile, XetSource};
 
 /// Bytes still needed for the selected files (expected minus durable).
 pub async fn bytes_still_needed(store: &Store, files: &[FileRow]) -> Result<u64> {

@@ -77,7 +77,7 @@ use tokio::sync::Mutex;
 
 use crate::audit::{AuditReport, audit};
 use crate::bundle::{BundleSummary, write_bundle};
-use ftpipe_fetch::{FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
+use ftpipe_fetch::{ChunkReuse, FetchCtx, FetchOptions, ReconcileReport, fetch, reconcile};
 use ftpipe_fs::FsError;
 pub use ftpipe_fs::Layout;
 use ftpipe_fs::crashpoint::{self, CrashPoint};
@@ -85,7 +85,7 @@ use ftpipe_hub::client::Token;
 use ftpipe_hub::hfcache::HfCache;
 use ftpipe_hub::resolve::{ResolveRequest, Resolved};
 use ftpipe_progress::{Phase, ProgressEvent, Reporter};
-use ftpipe_receipts::{Pin, RetirementEvent, RunId, StageEvent, Store};
+use ftpipe_receipts::{Pin, ReadOnlyStore, RetirementEvent, RunId, StageEvent, Store};
 
 pub use endpoint::Endpoint;
 pub use error::{PipelineError, Result};
@@ -126,6 +126,9 @@ pub struct FetchParams {
     /// Files the listing names with a Xet hash come from Xet storage (off:
     /// `--no-xet` / `HF_HUB_DISABLE_XET=1`: all through `resolve`).
     pub xet: bool,
+    /// Another output directory whose fetched files' Xet chunks may be
+    /// reused (`--reuse-from`; its state database is only read).
+    pub reuse_from: Option<PathBuf>,
 }
 
 impl FetchParams {
@@ -425,9 +428,10 @@ impl Pipeline {
             .filter(|f| !published.contains(&f.path))
             .cloned()
             .collect();
+        let reuse = self.chunk_reuse(params.reuse_from.as_deref()).await?;
         let ctx = FetchCtx::with_source(
             origin
-                .byte_source(&resolved.pin, &todo, &self.store)
+                .byte_source(&resolved.pin, &todo, &self.store, reuse)
                 .await?,
             self.store.clone(),
             self.run,
@@ -438,6 +442,39 @@ impl Pipeline {
             self.layout.source().to_owned(),
         );
         Ok(origin.with_cache(ctx))
+    }
+}
+
+impl Pipeline {
+    /// Where a Xet fetch finds chunks it already has: this directory's
+    /// earlier fetches, then `other`'s (its state database opened
+    /// read-only, never locked or migrated; its files only read).
+    async fn chunk_reuse(&self, other: Option<&Path>) -> Result<ChunkReuse> {
+        let own = ChunkReuse::own(self.store.clone(), self.layout.source().to_owned());
+        let Some(other) = other else {
+            return Ok(own);
+        };
+        let theirs = Layout::new(other);
+        if !theirs.db().is_file() {
+            return Err(PipelineError::NoState {
+                dir: other.to_owned(),
+            });
+        }
+        let same = std::fs::canonicalize(theirs.db())
+            .ok()
+            .zip(std::fs::canonicalize(self.layout.db()).ok())
+            .is_some_and(|(a, b)| a == b);
+        if same {
+            return Err(PipelineError::InvalidInput {
+                what: "--reuse-from",
+                message: format!(
+                    "{} is the output directory itself (its own earlier fetches are reused anyway)",
+                    other.display()
+                ),
+            });
+        }
+        let store = ReadOnlyStore::open(&theirs.db()).await?;
+        Ok(own.and_other(store, theirs.source().to_owned()))
     }
 }
 

@@ -335,6 +335,7 @@ impl Origin for Mirror {
         pin: &'a Pin,
         todo: &'a [FileRow],
         _store: &'a Arc<Store>,
+        _reuse: ftpipe_fetch::ChunkReuse,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
         Box::pin(async move {
             let source: Arc<dyn ByteSource> = Arc::new(self.objects(&pin.commit, todo).await?);

@@ -16,7 +16,7 @@ use std::pin::Pin as Pinned;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ftpipe_fetch::{ByteSource, FetchCtx, HubSource, XetFile, XetSource};
+use ftpipe_fetch::{ByteSource, ChunkReuse, FetchCtx, HubSource, XetFile, XetSource};
 use ftpipe_hub::HubError;
 use ftpipe_hub::client::HubClient;
 use ftpipe_hub::hfcache::HfCache;
@@ -60,12 +60,14 @@ pub(crate) trait Origin: Send + Sync {
     }
 
     /// The byte source of `todo` (the files still to fetch) at `pin`
-    /// (recording what it must in `store`).
+    /// (recording what it must in `store`; taking what earlier fetches
+    /// hold from them where the source can, `reuse`).
     fn byte_source<'a>(
         &'a self,
         pin: &'a Pin,
         todo: &'a [FileRow],
         store: &'a Arc<Store>,
+        reuse: ChunkReuse,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>>;
 
     /// `ctx` with what this origin adds before the network (the hub: a
@@ -171,12 +173,14 @@ impl Origin for HubOrigin {
 
     /// The hub's `resolve`, with the files the listing names with a Xet
     /// hash taken from Xet storage instead (unless Xet is off): the source
-    /// is chosen per file here, not in the transfer.
+    /// is chosen per file here, not in the transfer. Xet terms whose chunks
+    /// earlier fetches hold are read back from them (`reuse`).
     fn byte_source<'a>(
         &'a self,
         pin: &'a Pin,
         todo: &'a [FileRow],
         store: &'a Arc<Store>,
+        reuse: ChunkReuse,
     ) -> OriginFuture<'a, Result<Arc<dyn ByteSource>>> {
         Box::pin(async move {
             let hub: Arc<dyn ByteSource> = Arc::new(HubSource {
@@ -205,6 +209,7 @@ impl Origin for HubOrigin {
                 xet_files,
                 self.read_timeout,
                 store.clone(),
+                reuse,
                 hub,
             )?;
             Ok(Arc::new(xet) as Arc<dyn ByteSource>)

@@ -2,7 +2,7 @@
 //! (for `fetch`, `run` and the fetch `mirror` does first): the hub or the
 //! mirror `--endpoint` names, the token, the Hugging Face cache, offline.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::bail;
 use clap::Args;
@@ -54,6 +54,12 @@ pub struct FetchArgs {
     /// Fetch again the sources `convert --retire-sources` deleted.
     #[arg(long, help_heading = heading::SELECTION)]
     pub reacquire: bool,
+    /// Another output directory of an earlier fetch (of this or another
+    /// revision): Xet terms whose chunks its files hold are read from
+    /// them, each chunk checked against its recorded hash, instead of
+    /// fetched (its state database is only read, never locked).
+    #[arg(long, value_name = "OTHER_DIR", help_heading = heading::TRANSFER)]
+    pub reuse_from: Option<PathBuf>,
 }
 
 impl FetchArgs {
@@ -69,7 +75,10 @@ impl FetchArgs {
         let resolve =
             self.hub
                 .resolve_request(self.repin, self.include.clone(), self.exclude.clone());
-        fetch_params(&self.hub, resolve, options, self.reacquire).await
+        let (mut params, session) =
+            fetch_params(&self.hub, resolve, options, self.reacquire).await?;
+        params.reuse_from.clone_from(&self.reuse_from);
+        Ok((params, session))
     }
 }
 
@@ -134,6 +143,7 @@ pub async fn fetch_params(
         offline,
         mirror,
         xet: !hub.no_xet && !xet_disabled_env(),
+        reuse_from: None,
     };
     Ok((params, session))
 }

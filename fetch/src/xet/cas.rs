@@ -328,10 +328,10 @@ fn check_covers(path: &str, recon: &Reconstruction, want: u64) -> Result<()> {
 /// Where a term lies: its first byte in the file, the bytes of it before
 /// the span asked and the bytes of the span still to hand on.
 #[derive(Debug, Clone, Copy)]
-struct Place {
-    file_start: u64,
-    skip: u64,
-    left: u64,
+pub(super) struct Place {
+    pub(super) file_start: u64,
+    pub(super) skip: u64,
+    pub(super) left: u64,
 }
 
 /// Where a Xet body is: the next term, the bytes of it to skip (the
@@ -378,11 +378,16 @@ impl Cursor {
             return Some((Err(BodyError(e)), self));
         };
         self.next += 1;
-        match self
-            .inner
-            .term(&self.token, &self.path, &self.file, &term, self.place())
-            .await
-        {
+        let (inner, place) = (&self.inner, self.place());
+        let got = match inner.reused_term(&self.path, &self.file, &term, place).await {
+            Ok(None) => {
+                inner
+                    .term(&self.token, &self.path, &self.file, &term, place)
+                    .await
+            }
+            reused => reused.map(Option::unwrap_or_default),
+        };
+        match got {
             Err(e) => {
                 self.left = 0;
                 Some((

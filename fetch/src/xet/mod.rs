@@ -17,6 +17,12 @@
 //! 4. after the file's SHA-256 matched, [`ByteSource::check_whole`]
 //!    recomputes the file's Xet hash from the recorded chunk hashes.
 //!
+//! Before a term is fetched (step 3), `reuse` looks its chunks up among
+//! those earlier fetches recorded (a previous revision in this directory,
+//! another directory's with `--reuse-from`): a term whose every chunk an
+//! old file still holds, each checked against its recorded hash, is read
+//! from there and recorded as reused, not fetched.
+//!
 //! A failure of a xorb fetch (an expired URL's `403` included) ends the
 //! body: the transfer retries from its watermark and that asks for the
 //! reconstruction again. Files without a Xet hash go to the fallback source
@@ -24,12 +30,16 @@
 //!
 //! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding),
 //! `wire` (the JSON answers), `cas` (reconstruction, xorb ranges, the
-//! body).
+//! body), `reuse` (terms read back from the files of earlier fetches,
+//! [`ChunkReuse`]).
 
 mod cas;
 mod hash;
+mod reuse;
 mod wire;
 mod xorb;
+
+pub use reuse::ChunkReuse;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -170,13 +180,16 @@ struct Inner {
     cas: reqwest::Client,
     token: tokio::sync::Mutex<Option<CasToken>>,
     store: Arc<Store>,
+    reuse: ChunkReuse,
 }
 
 impl XetSource {
     /// A source of `files` (path → Xet file) of `repo` at `commit`, asking
     /// the hub of `hub` for read tokens (the default route,
     /// `/api/models/{repo}/xet-read-token/{commit}`); CAS reads stall out
-    /// after `read_timeout`; reconstructions recorded in `store`.
+    /// after `read_timeout`; reconstructions recorded in `store`; terms
+    /// whose chunks earlier fetches hold taken from them (`reuse`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         hub: HubClient,
         repo: &str,
@@ -184,6 +197,7 @@ impl XetSource {
         files: HashMap<String, XetFile>,
         read_timeout: Duration,
         store: Arc<Store>,
+        reuse: ChunkReuse,
         fallback: Arc<dyn ByteSource>,
     ) -> Result<XetSource> {
         let raw = format!(
@@ -208,6 +222,7 @@ impl XetSource {
             cas,
             token: tokio::sync::Mutex::new(None),
             store,
+            reuse,
         };
         Ok(XetSource {
             inner: Arc::new(inner),
