@@ -21,7 +21,7 @@ use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 
 /// The BF16 expert tensors of a safetensors file: its header length and
 /// each tensor's name and header entry.
-fn bf16_experts(bytes: &[u8]) -> (usize, Vec<(String, serde_json::Value)>) {
+pub(crate) fn bf16_experts(bytes: &[u8]) -> (usize, Vec<(String, serde_json::Value)>) {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let experts = header
@@ -53,7 +53,7 @@ fn expert_shard(seed: u64) -> (String, Vec<u8>) {
 /// `bytes` (a safetensors file) with the lowest bit of the first byte of
 /// `k` BF16 expert tensors of one layer flipped (a finite BF16 stays
 /// finite), the header unchanged; returns the new bytes and the tensors.
-fn change_expert_tensors(bytes: &[u8], k: usize) -> (Vec<u8>, Vec<String>) {
+pub(crate) fn change_expert_tensors(bytes: &[u8], k: usize) -> (Vec<u8>, Vec<String>) {
     let (n, experts) = bf16_experts(bytes);
     let (first, _) = experts.first().expect("a BF16 expert tensor in the shard");
     let layer = first.split(".mlp.experts.").next().unwrap().to_owned();

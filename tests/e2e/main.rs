@@ -113,6 +113,10 @@
 //!   `local_cas_server` by reconstruction (no `resolve` body; byte-equal to
 //!   a fetch with Xet off), resumed from the watermark after a kill, a
 //!   `200`, short or endless xorb answer refused and refetched.
+//! * `xet_delta`: after a repin (or with `--reuse-from OTHER_DIR`), Xet
+//!   terms whose chunks the old files hold are read back from them and
+//!   checked, only the new chunks fetched; a changed old file is fetched
+//!   instead; a kill storm over a reusing repin.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -198,4 +202,5 @@ mod symlinks;
 mod token_echo;
 mod tty_progress;
 mod verify;
+mod xet_delta;
 mod xet_source;
