@@ -285,10 +285,7 @@ mod tests {
     use super::*;
 
     fn row(path: &str, hash: char, file_start: u64, chunks: std::ops::Range<u64>) -> XetTermRow {
-        let list: Vec<(String, u64)> = chunks
-            .clone()
-            .map(|i| (format!("{i:064x}"), 100))
-            .collect();
+        let list: Vec<(String, u64)> = chunks.clone().map(|i| (format!("{i:064x}"), 100)).collect();
         XetTermRow {
             path: path.into(),
             xet_hash: hash.to_string().repeat(64),
@@ -312,8 +309,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
         let store = Store::open(&db).await.unwrap();
-        store.record_xet_term(&row("a", 'a', 0, 0..4)).await.unwrap();
-        store.record_xet_term(&row("a", 'a', 400, 4..8)).await.unwrap();
+        store
+            .record_xet_term(&row("a", 'a', 0, 0..4))
+            .await
+            .unwrap();
+        store
+            .record_xet_term(&row("a", 'a', 400, 4..8))
+            .await
+            .unwrap();
         store
             .record_xet_term_from(&row("b", 'b', 0, 2..6), TermBytes::Reused)
             .await
@@ -323,9 +326,18 @@ mod tests {
             .xet_chunk_runs(&x, 3..5, ("b", &"b".repeat(64)))
             .await
             .unwrap();
-        let starts: Vec<_> = runs.iter().map(|r| (r.path.as_str(), r.chunk_start)).collect();
+        let starts: Vec<_> = runs
+            .iter()
+            .map(|r| (r.path.as_str(), r.chunk_start))
+            .collect();
         assert_eq!(starts, [("a", 0), ("a", 4), ("b", 2)]);
-        assert!(store.xet_chunk_runs(&x, 8..9, ("", "")).await.unwrap().is_empty());
+        assert!(
+            store
+                .xet_chunk_runs(&x, 8..9, ("", ""))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         let t = store.xet_totals().await.unwrap();
         assert_eq!((t.reused_bytes, t.reused_terms), (400, 1));
         assert_eq!(t.compressed_bytes, 150);
@@ -336,8 +348,15 @@ mod tests {
         assert_eq!(runs.len(), 1);
         assert_eq!(runs[0].chunks.len(), 4);
         other.conn.into_inner().close().await.unwrap();
-        assert!(std::fs::read(&db).unwrap() == before, "the database changed");
-        assert!(ReadOnlyStore::open(&dir.path().join("none.db")).await.is_err());
+        assert!(
+            std::fs::read(&db).unwrap() == before,
+            "the database changed"
+        );
+        assert!(
+            ReadOnlyStore::open(&dir.path().join("none.db"))
+                .await
+                .is_err()
+        );
         assert!(!dir.path().join("none.db").exists());
     }
 }

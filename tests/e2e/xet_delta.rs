@@ -259,7 +259,11 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
     assert!(fetched <= bound, "xet_terms.fetched {fetched} > {bound}");
     assert_eq!(reused, size - new_decoded, "reused bytes: {mine:?}");
     for t in mine.iter().filter(|t| old.contains(&t.0)) {
-        assert_eq!((t.1, t.3), (0, t.2), "an old xorb's term was fetched: {t:?}");
+        assert_eq!(
+            (t.1, t.3),
+            (0, t.2),
+            "an old xorb's term was fetched: {t:?}"
+        );
     }
 
     let a = assert_clean_audit(&out);
@@ -383,7 +387,10 @@ fn reuse_from_another_directory_reads_it_and_leaves_it_unchanged() {
     // An OTHER_DIR without state is refused naming it.
     let o = run(fetch_cmd(&s.endpoint(), &tmp.path().join("x"), &["--reuse-from"]).arg(tmp.path()));
     assert!(!o.status.success());
-    assert_names(&stderr(&o), &[&tmp.path().display().to_string(), "no ftpipe state"]);
+    assert_names(
+        &stderr(&o),
+        &[&tmp.path().display().to_string(), "no ftpipe state"],
+    );
 }
 
 /// Regression (issue 37, item 3): a shard renamed, unchanged, in
@@ -419,7 +426,11 @@ fn a_renamed_unchanged_shard_is_reused_whole() {
         said.contains(&format!("{renamed}: verified and published")),
         "{said}"
     );
-    assert_eq!(s.xorb_bytes(), before, "xorb bytes asked for a renamed shard");
+    assert_eq!(
+        s.xorb_bytes(),
+        before,
+        "xorb bytes asked for a renamed shard"
+    );
     let size = content_len(s.files.iter().find(|f| f.path == renamed).unwrap());
     let mine = terms(&out, &renamed);
     assert!(!mine.is_empty());

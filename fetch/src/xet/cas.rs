@@ -379,7 +379,10 @@ impl Cursor {
         };
         self.next += 1;
         let (inner, place) = (&self.inner, self.place());
-        let got = match inner.reused_term(&self.path, &self.file, &term, place).await {
+        let got = match inner
+            .reused_term(&self.path, &self.file, &term, place)
+            .await
+        {
             Ok(None) => {
                 inner
                     .term(&self.token, &self.path, &self.file, &term, place)

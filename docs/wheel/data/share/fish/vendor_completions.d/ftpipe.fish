@@ -62,6 +62,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retry-base-ms -d
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l reuse-from -d 'Another output directory of an earlier fetch (of this or another revision): Xet terms whose chunks its files hold are read from them, each chunk checked against its recorded hash, instead of fetched (its state database is only read, never locked)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-hf-cache -d 'Never look in a Hugging Face cache'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l offline -d 'No network: work from DIR\'s durable state and the cache only (also HF_HUB_OFFLINE=1)'
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l no-xet -d 'Fetch files the hub keeps in Xet storage through `resolve` like any other, not by reconstruction from its CAS (also HF_HUB_DISABLE_XET=1)'
@@ -132,6 +133,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retry-base-ms -d '
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-rate -d 'Minimum body rate in bytes per second, averaged over --stall-secs; a slower transfer is a stall and retried (0: no rate rule)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l stall-secs -d 'Window of the --min-rate rule in seconds (0.1 to 3600)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l reuse-from -d 'Another output directory of an earlier fetch (of this or another revision): Xet terms whose chunks its files hold are read from them, each chunk checked against its recorded hash, instead of fetched (its state database is only read, never locked)' -r -F
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l fetch-jobs -d 'Files the fetch stage transfers in parallel (1 to 64; default --jobs, else 4, as `fetch`)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l convert-jobs -d 'Components the convert stage converts in parallel (1 to 64; default --jobs, else 2, as `convert`)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l protect -d 'Also keep tensors matching this glob BF16 and mark them protected (repeatable; part of the converter identity)' -r
