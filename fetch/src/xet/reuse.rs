@@ -145,7 +145,7 @@ impl Inner {
         let read = tokio::task::spawn_blocking(move || read_checked(&roots, &candidates))
             .await
             .map_err(|e| format!("reading reused chunks: {e}"))?;
-        let (chunks, hashes) = match read {
+        let ReadBack { chunks, hashes } = match read {
             Ok(got) => got,
             Err(miss) => {
                 tracing::info!(
@@ -209,7 +209,7 @@ impl ChunkReuse {
             match runs {
                 Ok(runs) => add_places(&mut places, dir, &runs, start..end),
                 Err(e) => {
-                    tracing::warn!(path, xorb = %term.xorb, "recorded Xet chunks not readable: {e}")
+                    tracing::warn!(path, xorb = %term.xorb, "recorded Xet chunks not readable: {e}");
                 }
             }
         }
@@ -255,13 +255,17 @@ fn add_places(
     }
 }
 
+/// A term's chunks read back: their bytes and their (checked) hashes and
+/// lengths, in order.
+struct ReadBack {
+    chunks: Vec<Bytes>,
+    hashes: Vec<(String, u64)>,
+}
+
 /// Each chunk's bytes from the first of its places that still holds them
 /// (hashing to the recorded hash), and the chunk hashes; a miss when one
 /// chunk has none.
-fn read_checked(
-    roots: &[PathBuf],
-    places: &[Vec<Candidate>],
-) -> Result<(Vec<Bytes>, Vec<(String, u64)>), Miss> {
+fn read_checked(roots: &[PathBuf], places: &[Vec<Candidate>]) -> Result<ReadBack, Miss> {
     let mut files: HashMap<(usize, String), Result<File, String>> = HashMap::new();
     let mut chunks = Vec::with_capacity(places.len());
     let mut hashes = Vec::with_capacity(places.len());
@@ -285,7 +289,7 @@ fn read_checked(
             }
         }
     }
-    Ok((chunks, hashes))
+    Ok(ReadBack { chunks, hashes })
 }
 
 /// One chunk read from its place and checked against its recorded hash.
@@ -364,10 +368,12 @@ mod tests {
         ];
         let mut places = wrong_places.to_vec();
         places.push(candidate("old.bin", 256, chunk));
-        let (chunks, hashes) = read_checked(std::slice::from_ref(&root), &[places]).unwrap();
-        assert_eq!(chunks, [Bytes::copy_from_slice(chunk)]);
-        assert_eq!(hashes[0].0, XetDigest::of_chunk(chunk).hex());
-        let miss = read_checked(&[root], &[wrong_places.to_vec()]).unwrap_err();
+        let back = read_checked(std::slice::from_ref(&root), &[places]).unwrap();
+        assert_eq!(back.chunks, [Bytes::copy_from_slice(chunk)]);
+        assert_eq!(back.hashes[0].0, XetDigest::of_chunk(chunk).hex());
+        let Err(miss) = read_checked(&[root], &[wrong_places.to_vec()]) else {
+            panic!("a term was read back from places that do not hold it");
+        };
         assert!(matches!(miss, Miss::Unreadable { .. }), "{miss}");
     }
 }
