@@ -233,7 +233,10 @@ fn source_rows(a: &AuditReport) -> Ledger {
         t.rows.push(vec![
             "reused from the previous revision".to_owned(),
             n(a.xet.reused_bytes),
-            format!(" bytes in {} terms", a.xet.reused_terms),
+            match a.xet.reused_terms {
+                1 => " bytes in 1 term".to_owned(),
+                terms => format!(" bytes in {terms} terms"),
+            },
         ]);
     }
     if a.cache_bytes > 0 || !a.cache_candidates.is_empty() {
@@ -613,6 +616,25 @@ mod tests {
 
     /// A run holding DIR's lock makes the verdict "in progress", whatever
     /// its unfinished work looks like.
+    /// Xet bytes read back from an earlier revision's files are shown on
+    /// a line of their own, with the terms they were in (none: no line).
+    #[test]
+    fn reused_xet_bytes_have_their_own_line() {
+        assert!(!super::render(&report()).contains("reused from"));
+        let mut a = report();
+        a.xet.terms = 5;
+        a.xet.decoded_bytes = 10_000;
+        a.xet.reused_bytes = 7_000;
+        a.xet.reused_terms = 3;
+        let t = super::render(&a);
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("reused from the previous revision")
+                    && l.ends_with("7,000 bytes in 3 terms")),
+            "{t}"
+        );
+    }
+
     #[test]
     fn a_live_run_is_in_progress_not_a_verdict() {
         let mut a = report();

@@ -16,7 +16,7 @@ use crate::store::{ReadOnlyStore, Store, to_i64, to_u64};
 /// The most rows one chunk lookup returns: the places a xorb's chunks were
 /// recorded at (a chunk recorded by many files or revisions is found in
 /// the first ones; more would only be tried after those failed).
-pub const MAX_CHUNK_RUNS: u32 = 16;
+pub const MAX_CHUNK_RUNS: u32 = 32;
 
 /// One term of a Xet file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
