@@ -18,6 +18,11 @@ use crate::store::{ReadOnlyStore, Store, to_i64, to_u64};
 /// the first ones; more would only be tried after those failed).
 pub const MAX_CHUNK_RUNS: u32 = 32;
 
+/// The longest `chunks` text a chunk lookup reads: a xorb's most chunks
+/// (8192) at 64 hex, a colon, a length and a newline each. A longer row
+/// (another directory's database is outside input) is passed over.
+pub const MAX_CHUNKS_TEXT_BYTES: u32 = 8192 * 96;
+
 /// One term of a Xet file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct XetTermRow {
@@ -115,7 +120,8 @@ fn chunks_of(path: &str, text: &str) -> Result<Vec<(String, u64)>> {
 
 /// Up to [`MAX_CHUNK_RUNS`] recorded terms of `xorb` holding any chunk
 /// of `chunks` (by the index of migration 0020 when the database has it),
-/// those of files other than `path` at `xet_hash` first.
+/// those of files other than `path` at `xet_hash` first; rows whose chunk
+/// list is longer than [`MAX_CHUNKS_TEXT_BYTES`] are not read.
 async fn chunk_runs(
     conn: &mut SqliteConnection,
     xorb: &str,
@@ -124,12 +130,13 @@ async fn chunk_runs(
 ) -> Result<Vec<XetChunkRun>> {
     let rows = sqlx::query(
         "SELECT path, xet_hash, file_start, chunk_start, chunk_end, chunks FROM xet_terms
-         WHERE xorb = ? AND chunk_start < ? AND chunk_end > ?
+         WHERE xorb = ? AND chunk_start < ? AND chunk_end > ? AND length(chunks) <= ?
          ORDER BY (path = ? AND xet_hash = ?), chunk_start LIMIT ?",
     )
     .bind(xorb)
     .bind(to_i64(xorb, chunks.end)?)
     .bind(to_i64(xorb, chunks.start)?)
+    .bind(MAX_CHUNKS_TEXT_BYTES)
     .bind(not_of.0)
     .bind(not_of.1)
     .bind(MAX_CHUNK_RUNS)

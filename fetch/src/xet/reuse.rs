@@ -158,6 +158,15 @@ impl Inner {
             }
         };
         let length = term.length;
+        let found: u64 = hashes.iter().map(|(_, n)| n).sum();
+        if found != length {
+            let miss = Miss::Length {
+                found,
+                want: length,
+            };
+            tracing::info!(path, xorb = %term.xorb, "Xet term fetched from the CAS, not reused: {miss}");
+            return Ok(None);
+        }
         let row = XetTermRow {
             path: path.to_owned(),
             xet_hash: file.xet_hash.clone(),
