@@ -442,8 +442,8 @@ fn a_renamed_unchanged_shard_is_reused_whole() {
 }
 
 /// A kill storm over `run --repin` with reuse: SIGKILLs at seeded moments
-/// (`KILLS`, default 12, well under a minute; `KILLS=100` runs the
-/// issue's hundred in a few minutes; the seed is printed,
+/// (`KILLS`, default 40, about 8 s; `KILLS=100` runs the hundred
+/// in about 20 s on two idle cores; the seed is printed,
 /// `FTPIPE_CRASH_SEED` replays it). After every kill each component
 /// receipt names its file; every finished chain has the fresh build's
 /// manifest, reused bytes and a clean audit.
@@ -456,7 +456,7 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     let kills: usize = std::env::var("KILLS")
         .ok()
         .map(|k| k.parse().expect("KILLS must be a number"))
-        .unwrap_or(12);
+        .unwrap_or(40);
     let seed = crash_seed();
     eprintln!("reusing repin kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
@@ -487,6 +487,7 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     finished(&tmp.path().join("chain-0"), "calibration");
     let chain_ms = (start.elapsed().as_millis() as u64).max(20);
     let (mut chains, mut kill) = (1, 0);
+    let mut landed = BTreeMap::<String, usize>::new();
     let mut dir = copy(chains);
     while kill < kills {
         let delay = rng.next_u64() % chain_ms;
@@ -511,11 +512,18 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
         }
         kill += 1;
         crate::chain_crash::check_components_after_kill(&dir, &label);
+        *landed
+            .entry(crate::chain_crash::landed_in(&dir))
+            .or_default() += 1;
     }
     run_ok(&mut run_cmd(&s.endpoint(), &dir, &["--repin"]));
     finished(&dir, "last chain");
     eprintln!(
-        "reusing repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}",
+        "reusing repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
         start.elapsed()
+    );
+    assert!(
+        landed.get("fetch").is_some_and(|n| *n > 0),
+        "no kill landed in the reusing fetch: {landed:?}"
     );
 }
