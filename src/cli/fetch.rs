@@ -77,6 +77,22 @@ impl FetchArgs {
                 .resolve_request(self.repin, self.include.clone(), self.exclude.clone());
         let (mut params, session) =
             fetch_params(&self.hub, resolve, options, self.reacquire).await?;
+        if let Some(other) = &self.reuse_from {
+            // Only Xet terms are reused: without them the flag would do
+            // nothing, silently.
+            if params.mirror.is_some() {
+                bail!(
+                    "--reuse-from {} reuses Xet chunks of a hub's files; the endpoint is a mirror",
+                    other.display()
+                );
+            }
+            if !params.xet {
+                bail!(
+                    "--reuse-from {} reuses Xet chunks; Xet is off (--no-xet or HF_HUB_DISABLE_XET)",
+                    other.display()
+                );
+            }
+        }
         params.reuse_from.clone_from(&self.reuse_from);
         Ok((params, session))
     }

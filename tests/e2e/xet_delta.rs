@@ -384,6 +384,15 @@ fn reuse_from_another_directory_reads_it_and_leaves_it_unchanged() {
         "{cas} xorb bytes asked; the new chunks are {new_compressed}"
     );
 
+    // With Xet off the flag would do nothing: refused.
+    let o = run(fetch_cmd(
+        &s.endpoint(),
+        &tmp.path().join("y"),
+        &["--no-xet", "--reuse-from"],
+    )
+    .arg(&other));
+    assert!(!o.status.success());
+    assert_names(&stderr(&o), &["--reuse-from", "Xet is off"]);
     // An OTHER_DIR without state is refused naming it.
     let o = run(fetch_cmd(&s.endpoint(), &tmp.path().join("x"), &["--reuse-from"]).arg(tmp.path()));
     assert!(!o.status.success());
