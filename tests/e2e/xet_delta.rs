@@ -206,7 +206,9 @@ fn assert_same_sources(a: &Path, b: &Path) {
 
 /// What a fresh directory's fetch of the new revision fetched for `path`,
 /// split by whether the term's xorb is `old` (revision 1's): the new
-/// xorbs' compressed and decoded bytes.
+/// xorbs' compressed and decoded bytes. (Compressed bytes as the CAS sends
+/// them per term: two terms whose chunks one xorb range holds each fetch
+/// that range today, in a fresh fetch as in a repin.)
 fn new_chunk_bytes(fresh: &Path, path: &str, old: &BTreeSet<String>) -> (u64, u64) {
     terms(fresh, path)
         .iter()
@@ -256,6 +258,10 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
     let mine = terms(&out, &shard);
     let fetched: u64 = mine.iter().map(|t| t.1).sum();
     let reused: u64 = mine.iter().map(|t| t.3).sum();
+    eprintln!(
+        "repin of {shard} ({size} bytes): {cas} xorb bytes from the CAS, new chunks \
+         {new_compressed} compressed / {new_decoded} decoded, {reused} reused"
+    );
     assert!(fetched <= bound, "xet_terms.fetched {fetched} > {bound}");
     assert_eq!(reused, size - new_decoded, "reused bytes: {mine:?}");
     for t in mine.iter().filter(|t| old.contains(&t.0)) {
