@@ -22,7 +22,9 @@
 #   bench/xet.sh [--size-mb N] [--tensors K] [--rounds N] [--work DIR]
 #                [--ftpipe PATH --fixture-hub PATH]
 #
-#   --size-mb N     size of the big file in MiB (default 1024)
+#   --size-mb N     size of the big file in MiB (default 1024; a xorb holds
+#                   up to 64 MiB and ftpipe claims a term only once it is
+#                   whole, so part 2 means little below a few hundred MiB)
 #   --tensors K     expert tensors changed by the new revision (default 2)
 #   --rounds N      interleaved rounds of part 1 (default 2)
 #   --work DIR      generated repo and downloads (default
@@ -109,10 +111,16 @@ cas_sent() { awk '/^wchar:/ {print $2}' "/proc/$CAS_PID/io"; }
 
 # upload DIR FILE...: hf_xet uploads the files; their lines (path, hashes,
 # new bytes) are appended to $W/hashes.jsonl and written to $W/upload.jsonl.
+# The xorbs the upload added to the CAS's data directory are listed in
+# $W/new-xorbs (size path): what a client holding the previous revision
+# needs to fetch.
+xorbs() { find "$W/cas" -path '*/xorbs/*' -type f ! -name '*.tagset' -printf '%s %p\n' | sort -k2; }
 upload() {
   local dir=$1; shift
+  xorbs >"$W/xorbs-before"
   (cd "$dir" && python3 "$ROOT/fixtures/scripts/xet_upload.py" "$CAS" xet-fixture-cas-token "$@") >"$W/upload.jsonl"
   cat "$W/upload.jsonl" >>"$W/hashes.jsonl"
+  xorbs | comm -13 "$W/xorbs-before" - >"$W/new-xorbs"
 }
 mapfile -t LFS < <(cd "$SRC" && ls -- *.safetensors)
 upload "$SRC" "${LFS[@]}"
@@ -233,7 +241,8 @@ open(dst, "wb").write(data)
 print(json.dumps([name for name, _ in chosen]))
 PY
 upload "$REV2" "$SHARD"
-NEW=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(d["new_bytes"], d["xorb_bytes_uploaded"], d["size"])' "$W/upload.jsonl")
+NEW=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).readline()); print(d["new_bytes"], d["size"])' "$W/upload.jsonl")
+NEW_XORB=$(awk '{s+=$1} END {print s+0}' "$W/new-xorbs")
 serve "$REV2"
 b0=$(cas_sent)
 "$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --repin --quiet >"$W/run2.log" 2>&1 || { tail -20 "$W/run2.log" >&2; exit 1; }
@@ -247,10 +256,10 @@ HF_REV_CAS=$((b1 - b0))
 rm -rf "$W/ft-fresh2"
 "$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-fresh2" --quiet >"$W/run3.log" 2>&1 || { tail -20 "$W/run3.log" >&2; exit 1; }
 
-python3 - "$W" "$FILE_BYTES" "$REPIN_CAS" "$HF_REV_CAS" $NEW <<'PY'
+python3 - "$W" "$FILE_BYTES" "$REPIN_CAS" "$HF_REV_CAS" "$NEW_XORB" $NEW <<'PY'
 import json, os, statistics, sys
 w, size, repin_cas, hf_rev_cas = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-new_bytes, new_xorb, shard_size = (int(x) for x in sys.argv[5:8])
+new_xorb, new_bytes, shard_size = (int(x) for x in sys.argv[5:8])
 pct = lambda b: f"{100 * b / size:.2f} %"
 
 print("== results")
@@ -275,14 +284,14 @@ for l in open(f"{w}/resume"):
 a_fresh, a_kill = json.load(open(f"{w}/audit-fresh.json")), json.load(open(f"{w}/audit-kill.json"))
 big = "model-00002-of-00002.safetensors"
 fl = line(a_kill, big)
-print(f"2. ftpipe's own account: ledger transferred {fl['transferred_bytes']} B for a {size} B file "
+print(f"2. ftpipe's own account (bytes received but never recorded before the kill are not in it): ledger transferred {fl['transferred_bytes']} B for a {size} B file "
       f"({pct(fl['transferred_bytes'] - size)} beyond it); Xet compressed bytes {xet(a_kill).get('compressed_bytes')} "
       f"after the kill and re-run vs {xet(a_fresh).get('compressed_bytes')} fresh "
       f"(+{pct(xet(a_kill).get('compressed_bytes', 0) - xet(a_fresh).get('compressed_bytes', 0))})")
 
 a1, a2 = json.load(open(f"{w}/audit-run1.json")), json.load(open(f"{w}/audit-run2.json"))
 print(f"3. new revision: {open(f'{w}/changed.json').read().strip()} changed in a {shard_size} B shard; "
-      f"hf_xet uploaded {new_bytes} B of new chunks ({new_xorb} B of xorbs)")
+      f"hf_xet reported {new_bytes} B of new chunks; the CAS stored {new_xorb} B of new xorbs")
 print(f"3. ftpipe run --repin: CAS sent {repin_cas} B = {repin_cas / max(new_xorb, 1):.2f}x the new xorb bytes "
       f"(goal <= 1.05x plus the reconstruction metadata)")
 print(f"3. audit Xet line before the repin: {json.dumps(xet(a1))}")
