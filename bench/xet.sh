@@ -114,13 +114,13 @@ cas_sent() { awk '/^wchar:/ {print $2}' "/proc/$CAS_PID/io"; }
 # The xorbs the upload added to the CAS's data directory are listed in
 # $W/new-xorbs (size path): what a client holding the previous revision
 # needs to fetch.
-xorbs() { find "$W/cas" -path '*/xorbs/*' -type f ! -name '*.tagset' -printf '%s %p\n' | sort -k2; }
+xorbs() { find "$W/cas" -path '*/xorbs/*' -type f ! -name '*.tagset' -printf '%s %p\n' | LC_ALL=C sort; }
 upload() {
   local dir=$1; shift
   xorbs >"$W/xorbs-before"
   (cd "$dir" && python3 "$ROOT/fixtures/scripts/xet_upload.py" "$CAS" xet-fixture-cas-token "$@") >"$W/upload.jsonl"
   cat "$W/upload.jsonl" >>"$W/hashes.jsonl"
-  xorbs | comm -13 "$W/xorbs-before" - >"$W/new-xorbs"
+  xorbs | LC_ALL=C comm -13 "$W/xorbs-before" - >"$W/new-xorbs"
 }
 mapfile -t LFS < <(cd "$SRC" && ls -- *.safetensors)
 upload "$SRC" "${LFS[@]}"
@@ -269,7 +269,8 @@ for line in open(f"{w}/fresh"):
     fresh.setdefault(name, []).append((float(t), int(b)))
 med = {n: (statistics.median(t for t, _ in v), statistics.median(b for _, b in v)) for n, v in fresh.items()}
 for n, (t, b) in med.items():
-    print(f"1. fresh fetch {n:<7} median {t:7.2f} s  {size / t / 1e6:8.1f} MB/s  CAS sent {b:.0f} B")
+    print(f"1. fresh fetch {n:<7} median {t:7.2f} s  {size / t / 1e6:8.1f} MB/s  CAS sent {b:.0f} B "
+          f"= {b / size:.3f}x the file")
 print(f"1. fresh fetch: ftpipe / hf download = {med['ftpipe'][0] / med['hf'][0]:.2f}x  (goal <= 1.0x)")
 
 def xet(a):
