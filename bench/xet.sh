@@ -9,8 +9,9 @@
 #      fills model-00002-of-00002.safetensors, `fixture-hub --big-ple-bytes`):
 #      `ftpipe fetch` vs `hf download`, each followed by `sync`, interleaved
 #      rounds, medians and their ratio;
-#   2. each tool kill -9ed when the CAS has sent 90 % of the file, then run
-#      again: the bytes fetched again, as % of the file;
+#   2. each tool kill -9ed when the CAS has sent it 90 % of what it sent
+#      the tool's fresh fetch in part 1, then run again: the bytes fetched
+#      again, as % of the file;
 #   3. a revision that changes K BF16 expert tensors of the other shard,
 #      uploaded with hf_xet (which stores only the new chunks): `ftpipe run
 #      --repin` of the converted first revision, the CAS bytes it fetched
@@ -59,7 +60,7 @@ while (($#)); do
     --work) WORK=$2; shift 2 ;;
     --ftpipe) FT=$2; shift 2 ;;
     --fixture-hub) HUB=$2; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -89,6 +90,7 @@ trap cleanup EXIT
 if [[ ! -f $SRC/.ready ]]; then
   echo "== generating the qwen4_exp repo with a ${SIZE_MB} MiB PLE file into $SRC (once)"
   rm -rf "$SRC"
+  rm -f "$WORK/gen.env"
   "$HUB" --repo "$REPO" --dir "$SRC" --big-ple-bytes "$SIZE" >"$WORK/gen.env" 2>"$WORK/gen.err" &
   gen=$!
   until grep -q '^ENDPOINT=' "$WORK/gen.env" 2>/dev/null; do
@@ -131,6 +133,7 @@ HUB_PID=
 # $REPO, its safetensors files through the CAS.
 serve() {
   if [[ -n $HUB_PID ]]; then kill "$HUB_PID"; wait "$HUB_PID" 2>/dev/null || true; fi
+  rm -f "$W/hub.env" # the wait below must see the new hub's line
   "$HUB" --repo "$REPO" --dir "$1" --port "$HUB_PORT" --cdn-port "$CDN_PORT" \
     --xet-cas "$CAS" --xet-hashes "$W/hashes.jsonl" >"$W/hub.env" 2>"$W/hub.err" &
   HUB_PID=$!; PIDS+=("$HUB_PID")
@@ -178,8 +181,7 @@ cmp "$W/ft-fresh/source/$BIG" "$SRC/$BIG"
 cmp "$(find "$W/hf-fresh/hub" -path "*/snapshots/*/$BIG")" "$SRC/$BIG"
 audit "$W/ft-fresh" >"$W/audit-fresh.json"
 
-echo "== 2. kill -9 when the CAS has sent 90 % of $BIG, then run again"
-AT=$((FILE_BYTES * 9 / 10))
+echo "== 2. kill -9 when the CAS has sent 90 % of what it sent the tool's fresh fetch, then run again"
 # killed NAME DIR CMD...: CMD DIR killed at 90 %, then CMD DIR again;
 # appends "NAME killed_bytes rerun_bytes".
 killed() {
@@ -187,9 +189,13 @@ killed() {
   rm -rf "$dir"
   find "$W/cas" -type f -exec cat {} + >/dev/null
   sync
-  local k b0 b1
-  k=$(python3 bench/kill_at.py "$CAS_PID" "$AT" "$W/$name-killed.log" -- "$@" "$dir") ||
-    { echo "$name finished before the CAS sent 90 % ($k): nothing to resume" >&2; exit 1; }
+  local k b0 b1 at
+  # 90 % of the tool's own fresh fetch (a tool may fetch more than the file).
+  at=$(awk -v n="$name" '$1 == n {print $3}' "$W/fresh" | sort -n | awk '{v[NR] = $1} END {printf "%d", v[int((NR + 1) / 2)] * 0.9}')
+  k=$(python3 bench/kill_at.py "$CAS_PID" "$at" "$W/$name-killed.log" -- "$@" "$dir") ||
+    { echo "$name finished before the CAS sent $at B ($k): nothing to resume" >&2; exit 1; }
+  # (not clean after a kill: exit 4, the JSON still written)
+  if [[ $name == ftpipe ]]; then audit "$dir" >"$W/audit-at-kill.json" 2>"$W/audit-at-kill.err" || [[ -s $W/audit-at-kill.json ]]; fi
   b0=$(cas_sent)
   "$@" "$dir" >"$W/$name-rerun.log" 2>&1 || { echo "$name re-run failed:" >&2; tail -20 "$W/$name-rerun.log" >&2; exit 1; }
   sync; b1=$(cas_sent)
@@ -280,10 +286,15 @@ def line(a, path):
 for l in open(f"{w}/resume"):
     name, killed, rerun = l.split()
     again = int(killed) + int(rerun) - med[name][1]
-    print(f"2. resume {name:<7} killed at {pct(int(killed))} of the file sent; re-run CAS sent {rerun} B; "
+    print(f"2. resume {name:<7} killed when the CAS had sent {pct(int(killed))} of the file; re-run CAS sent {rerun} B; "
           f"fetched again {again} B = {pct(again)}  (goal for ftpipe <= 1 %)")
 a_fresh, a_kill = json.load(open(f"{w}/audit-fresh.json")), json.load(open(f"{w}/audit-kill.json"))
 big = "model-00002-of-00002.safetensors"
+at_kill = line(json.load(open(f"{w}/audit-at-kill.json")), big)["committed_bytes"]
+rerun = int(next(l.split()[2] for l in open(f"{w}/resume") if l.startswith("ftpipe ")))
+print(f"2. ftpipe: durable at the kill {at_kill} B ({pct(at_kill)}); the re-run was sent {pct(rerun)} of the file "
+      f"for the {pct(size - at_kill)} not yet durable ({rerun / max(size - at_kill, 1):.2f}x; "
+      f"a fresh fetch is sent {med['ftpipe'][1] / size:.2f}x the file)")
 fl = line(a_kill, big)
 print(f"2. ftpipe's own account (bytes received but never recorded before the kill are not in it): ledger transferred {fl['transferred_bytes']} B for a {size} B file "
       f"({pct(fl['transferred_bytes'] - size)} beyond it); Xet compressed bytes {xet(a_kill).get('compressed_bytes')} "
