@@ -12,21 +12,24 @@
 #   2. each tool kill -9ed when the CAS has sent it 90 % of what it sent
 #      the tool's fresh fetch in part 1, then run again: the bytes fetched
 #      again, as % of the file;
-#   3. a revision that changes K BF16 expert tensors of the other shard,
-#      uploaded with hf_xet (which stores only the new chunks): `ftpipe run
-#      --repin` of the converted first revision, the CAS bytes it fetched
+#   3. a revision that changes K expert weights of one shard of a second
+#      repo (the demo's Qwen4-Exp NVFP4 export in the released layout,
+#      `fixture-hub --release-demo`: real-sized rows, a shard of ~78 MB per
+#      4 layers), uploaded with hf_xet (which stores only the new chunks):
+#      `ftpipe run --repin` of the converted first revision, the CAS bytes it fetched
 #      against the new chunks' bytes hf_xet uploaded, the audit's Xet line,
 #      the components converted again against those reading a changed
 #      tensor, and its manifest against a fresh build of the new revision;
 #      `hf download` of the new revision into its warm cache alongside.
 #
-#   bench/xet.sh [--size-mb N] [--tensors K] [--rounds N] [--work DIR]
-#                [--ftpipe PATH --fixture-hub PATH]
+#   bench/xet.sh [--size-mb N] [--tensors K] [--delta-layers N] [--rounds N]
+#                [--work DIR] [--ftpipe PATH --fixture-hub PATH]
 #
 #   --size-mb N     size of the big file in MiB (default 1024; a xorb holds
 #                   up to 64 MiB and ftpipe claims a term only once it is
 #                   whole, so part 2 means little below a few hundred MiB)
-#   --tensors K     expert tensors changed by the new revision (default 2)
+#   --tensors K     expert weights changed by the new revision (default 2)
+#   --delta-layers N  layers of part 3's repo (a multiple of 4; default 4)
 #   --rounds N      interleaved rounds of part 1 (default 2)
 #   --work DIR      generated repo and downloads (default
 #                   ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/xet)
@@ -48,6 +51,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 SIZE_MB=1024
 K=2
+DELTA_LAYERS=4
 ROUNDS=2
 WORK=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/xet
 FT=
@@ -56,11 +60,12 @@ while (($#)); do
   case $1 in
     --size-mb) SIZE_MB=$2; shift 2 ;;
     --tensors) K=$2; shift 2 ;;
+    --delta-layers) DELTA_LAYERS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --ftpipe) FT=$2; shift 2 ;;
     --fixture-hub) HUB=$2; shift 2 ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -75,9 +80,9 @@ if [[ -z $FT || -z $HUB ]]; then
 fi
 REPO=bench/xet
 BIG=model-00002-of-00002.safetensors
-SHARD=model-00001-of-00002.safetensors
 SIZE=$((SIZE_MB << 20))
 SRC=$WORK/rev1-$SIZE_MB
+DELTA=$WORK/delta-$DELTA_LAYERS
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rm -rf "$WORK/run"; mkdir -p "$WORK/run"
 W=$WORK/run
@@ -86,20 +91,24 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-# ------------------------------------------------------ the repo, once
-if [[ ! -f $SRC/.ready ]]; then
-  echo "== generating the qwen4_exp repo with a ${SIZE_MB} MiB PLE file into $SRC (once)"
-  rm -rf "$SRC"
-  rm -f "$WORK/gen.env"
-  "$HUB" --repo "$REPO" --dir "$SRC" --big-ple-bytes "$SIZE" >"$WORK/gen.env" 2>"$WORK/gen.err" &
-  gen=$!
+# ------------------------------------------------------ the repos, once
+# generate DIR ARGS...: fixture-hub writes a repo into DIR (kept between runs).
+generate() {
+  local dir=$1; shift
+  [[ -f $dir/.ready ]] && return
+  echo "== generating $dir (once)"
+  rm -rf "$dir" "$WORK/gen.env"
+  "$HUB" --repo "$REPO" --dir "$dir" "$@" >"$WORK/gen.env" 2>"$WORK/gen.err" &
+  local gen=$!
   until grep -q '^ENDPOINT=' "$WORK/gen.env" 2>/dev/null; do
     kill -0 "$gen" 2>/dev/null || { echo "fixture-hub failed:" >&2; cat "$WORK/gen.err" >&2; exit 1; }
     sleep 0.2
   done
   kill "$gen"; wait "$gen" 2>/dev/null || true
-  touch "$SRC/.ready"
-fi
+  touch "$dir/.ready"
+}
+generate "$SRC" --big-ple-bytes "$SIZE"
+generate "$DELTA" --release-demo --release-layers "$DELTA_LAYERS"
 FILE_BYTES=$(stat -c %s "$SRC/$BIG")
 
 # ------------------------------------------------------ the CAS and the hub
@@ -124,8 +133,11 @@ upload() {
   cat "$W/upload.jsonl" >>"$W/hashes.jsonl"
   xorbs | LC_ALL=C comm -13 "$W/xorbs-before" - >"$W/new-xorbs"
 }
-mapfile -t LFS < <(cd "$SRC" && ls -- *.safetensors)
-upload "$SRC" "${LFS[@]}"
+# Every file of both repos (the hub serves those that are LFS from the CAS).
+mapfile -t FILES < <(cd "$SRC" && ls -- *)
+upload "$SRC" "${FILES[@]}"
+mapfile -t FILES < <(cd "$DELTA" && ls -- *)
+upload "$DELTA" "${FILES[@]}"
 
 HUB_PORT=$(free_port); CDN_PORT=$(free_port)
 HUB_PID=
@@ -208,7 +220,26 @@ cmp "$W/ft-kill/source/$BIG" "$SRC/$BIG"
 cmp "$(find "$W/hf-kill/hub" -path "*/snapshots/*/$BIG")" "$SRC/$BIG"
 audit "$W/ft-kill" >"$W/audit-kill.json"
 
-echo "== 3. a new revision changing $K expert tensors of $SHARD"
+# The shard the new revision changes: the largest holding expert weights
+# whose every byte is a finite value (packed FP4 U8, or BF16 whose first
+# byte is the low mantissa byte).
+SHARD=$(python3 - "$DELTA" <<'PY'
+import glob, json, os, struct, sys
+for f in sorted(glob.glob(f"{sys.argv[1]}/*.safetensors"), key=os.path.getsize, reverse=True):
+    with open(f, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+    if any(".mlp.experts." in k and k.endswith(".weight") and t["dtype"] in ("U8", "BF16")
+           for k, t in header.items() if k != "__metadata__"):
+        print(os.path.basename(f))
+        break
+else:
+    raise SystemExit(f"{sys.argv[1]}: no shard with expert weights")
+PY
+)
+REPO=bench/xet-delta
+serve "$DELTA"
+echo "== 3. a new revision of $REPO ($DELTA_LAYERS-layer NVFP4 export) changing $K expert tensors of $SHARD ($(stat -c %s "$DELTA/$SHARD") bytes)"
 rm -rf "$W/ft-run" "$W/hf-rev"
 "$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --quiet >"$W/run1.log" 2>&1 || { tail -20 "$W/run1.log" >&2; exit 1; }
 HF_HOME=$W/hf-rev hf download "$REPO" --quiet >"$W/hf-rev1.log" 2>&1
@@ -223,24 +254,24 @@ for c in m["components"]:
 print(json.dumps(s))
 PY
 REV2=$W/rev2
-rm -rf "$REV2"; cp -al "$SRC" "$REV2"; rm -f "$REV2/.ready" "$REV2/$SHARD"
-# The changed shard: the lowest bit of the first byte of K BF16 expert
-# tensors of its first layer flipped (a finite BF16 stays finite), the
-# header unchanged (as tests/e2e/incremental_rebuild.rs does).
-python3 - "$SRC/$SHARD" "$REV2/$SHARD" "$K" >"$W/changed.json" <<'PY'
+rm -rf "$REV2"; cp -al "$DELTA" "$REV2"; rm -f "$REV2/.ready" "$REV2/$SHARD"
+# The changed shard: the lowest bit of the first byte of K expert weights
+# of its first layer flipped (any packed FP4 byte is finite, and a BF16's
+# first byte is its low mantissa byte), the header unchanged (as
+# tests/e2e/incremental_rebuild.rs does).
+python3 - "$DELTA/$SHARD" "$REV2/$SHARD" "$K" >"$W/changed.json" <<'PY'
 import json, struct, sys
 src, dst, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
 data = bytearray(open(src, "rb").read())
 n = struct.unpack("<Q", data[:8])[0]
 header = json.loads(data[8:8 + n])
 experts = sorted((name, t) for name, t in header.items()
-                 if name != "__metadata__" and ".mlp.experts." in name and t["dtype"] == "BF16")
-if not experts:
-    raise SystemExit(f"{src}: no BF16 expert tensor")
+                 if name != "__metadata__" and ".mlp.experts." in name and name.endswith(".weight")
+                 and t["dtype"] in ("U8", "BF16"))
 layer = experts[0][0].split(".mlp.experts.")[0]
 chosen = [(name, t) for name, t in experts if name.startswith(layer + ".mlp.experts.")][:k]
 if len(chosen) < k:
-    raise SystemExit(f"{src}: {len(chosen)} BF16 expert tensors in {layer}, {k} asked")
+    raise SystemExit(f"{src}: {len(chosen)} expert weights in {layer}, {k} asked")
 for _, t in chosen:
     data[8 + n + t["data_offsets"][0]] ^= 1
 open(dst, "wb").write(data)
