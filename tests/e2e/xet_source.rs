@@ -19,10 +19,10 @@ use crate::common::*;
 use ftpipe_fixtures::{RepoFile, RunningHub, XetServing};
 
 /// Xet hashes by SHA-256.
-type Hashes = std::collections::BTreeMap<String, String>;
+pub(crate) type Hashes = std::collections::BTreeMap<String, String>;
 
 /// One stream per file, a checkpoint every 64 KiB.
-const ONE_STREAM: &[&str] = &[
+pub(crate) const ONE_STREAM: &[&str] = &[
     "--jobs",
     "1",
     "--connections",
@@ -34,8 +34,16 @@ const ONE_STREAM: &[&str] = &[
 /// A hub serving a ~2 MiB repo whose LFS files are in a CAS behind a
 /// recording proxy. Returns the hub, its files, the CAS (kept alive), the
 /// proxy and the Xet hashes by SHA-256.
-fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Hashes) {
-    let (hub, files) = hub_with_repo(seed, 2 * 1024 * 1024);
+pub(crate) fn xet_served(seed: u64) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Hashes) {
+    xet_served_sized(seed, 2 * 1024 * 1024)
+}
+
+/// Same, for a repo of about `bytes` (two LFS shards of half each).
+pub(crate) fn xet_served_sized(
+    seed: u64,
+    bytes: u64,
+) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Hashes) {
+    let (hub, files) = hub_with_repo(seed, bytes);
     let cas = LocalCas::start();
     let hashes = xet_hub(&hub, &cas, &files);
     let proxy = LyingProxy::start(&cas.endpoint());
@@ -59,7 +67,7 @@ fn lfs_paths(hub: &RunningHub) -> Vec<String> {
 }
 
 /// Reconstruction requests the proxy saw: (target, Range).
-fn reconstructions(proxy: &LyingProxy) -> Vec<(String, Option<String>)> {
+pub(crate) fn reconstructions(proxy: &LyingProxy) -> Vec<(String, Option<String>)> {
     proxy
         .seen()
         .into_iter()
@@ -601,6 +609,114 @@ fn a_stalled_xorb_body_ends_at_the_read_timeout() {
     assert!(
         outcomes.len() >= 2 && outcomes.first().is_some_and(|o| o != "ok"),
         "the stall is not a recorded attempt: {outcomes:?}"
+    );
+    assert_clean_audit(&out);
+}
+
+/// The batch the Xet source records and hands on at a time (its
+/// `BATCH_BYTES`).
+const BATCH: u64 = 1 << 20;
+
+/// Compressed xorb bytes the proxy sent for one clean fetch of `path` into
+/// `out` (one stream), and the body bytes of its first xorb range.
+fn clean_xorb_bytes(hub: &RunningHub, proxy: &LyingProxy, out: &Path, path: &str) -> (u64, u64) {
+    let before = proxy.body_bytes_sent("fetch_term");
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        out,
+        &[ONE_STREAM, &["--include", path]].concat(),
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first = proxy
+        .seen()
+        .into_iter()
+        .find(|s| s.target.contains("fetch_term"))
+        .expect("a xorb range was asked");
+    let total = proxy.body_bytes_sent("fetch_term") - before;
+    (total, proxy.body_bytes_sent(&first.target))
+}
+
+/// Regression (issue 37, item 1): a term's xorb range was fetched whole
+/// (up to 64 MiB) and decoded before its first chunk was handed on, so a
+/// connection cut inside a term threw away everything fetched for it, and
+/// the retry fetched it all again. Now the range is decoded as it arrives
+/// and handed on a recorded batch at a time: cut at 7/8 of the first xorb
+/// range of an ~8 MiB file, the fetch's xorb bytes in all are at most the
+/// clean fetch's plus one batch, a checkpoint and a chunk, and the file is
+/// published verified.
+#[test]
+fn a_cut_inside_a_xorb_range_loses_at_most_one_batch() {
+    let (hub, files, _cas, proxy, _hashes) = xet_served_sized(384, 16 << 20);
+    let f = lfs_file(&files);
+    let tmp = tempfile::tempdir().unwrap();
+    let (clean, first) = clean_xorb_bytes(&hub, &proxy, &tmp.path().join("clean"), &f.path);
+    assert!(first > 4 * BATCH, "the first xorb range is only {first} bytes");
+    let cut_at = usize::try_from(first / 8 * 7).unwrap();
+    let out = tmp.path().join("cut");
+    let before = proxy.body_bytes_sent("fetch_term");
+    proxy.lie("v1/fetch_term", Lie::ShortBody { after: cut_at }, 1);
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        &out,
+        &[ONE_STREAM, &["--include", &f.path]].concat(),
+    ));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sent = proxy.body_bytes_sent("fetch_term") - before;
+    assert!(
+        sent <= clean + BATCH + 65536 + 128 * 1024,
+        "cut at {cut_at}: {sent} xorb bytes, a clean fetch takes {clean}"
+    );
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref()
+    );
+    let outcomes = attempt_outcomes(&out, &f.path);
+    assert!(outcomes.len() >= 2, "{outcomes:?}");
+    assert_clean_audit(&out);
+}
+
+/// Regression (issue 37, goal): killed (kill -9 at a checkpoint) at about
+/// 90 % of a ~24 MiB Xet file, the resumed fetch's xorb bytes and the
+/// killed run's together exceed a clean fetch's by at most 1 % of it plus
+/// one batch (and what the sockets held when the process died): before,
+/// the killed run had fetched its whole term, the rest of the file.
+#[test]
+fn a_xet_fetch_killed_at_90_percent_refetches_at_most_one_percent_and_a_batch() {
+    let (hub, files, _cas, proxy, _hashes) = xet_served_sized(385, 48 << 20);
+    let f = lfs_file(&files);
+    let size = content_len(f);
+    let tmp = tempfile::tempdir().unwrap();
+    let (clean, _) = clean_xorb_bytes(&hub, &proxy, &tmp.path().join("clean"), &f.path);
+    let interval = 256 * 1024;
+    let every = interval.to_string();
+    let args = [
+        &["--jobs", "1", "--connections", "1", "--include", &f.path][..],
+        &["--checkpoint-bytes", &every],
+    ]
+    .concat();
+    let at = format!("checkpoint-synced#{}", size * 9 / 10 / interval);
+    let out = tmp.path().join("out");
+    let before = proxy.body_bytes_sent("fetch_term");
+    let o = run(fetch_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", &at));
+    assert!(!o.status.success(), "{}", stderr(&o));
+    let w = ledger(&out, &f.path).committed;
+    assert!(w > size * 8 / 10 && w < size, "watermark {w} of {size}");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sent = proxy.body_bytes_sent("fetch_term") - before;
+    let again = sent.saturating_sub(clean);
+    let slack = 512 * 1024;
+    assert!(
+        again <= clean / 100 + BATCH + slack,
+        "{again} bytes fetched again ({sent} in both runs, {clean} clean; watermark {w} of {size})"
+    );
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref()
     );
     assert_clean_audit(&out);
 }

@@ -112,7 +112,7 @@ impl Inner {
                 Reconstruction::from_v1(&body)
             };
             let recon = parsed.map_err(|e| refused(path, "reconstruction", e.to_string()))?;
-            check_covers(path, &recon, end - from)?;
+            check_covers(path, &recon, end - from, end == file.size)?;
             return Ok(recon);
         }
         Err(refused(
@@ -257,24 +257,42 @@ fn refused(path: &str, what: &'static str, detail: String) -> FetchError {
     .into_fetch(false)
 }
 
-/// The terms of `recon` must hold at least the `want` bytes asked after
-/// their offset.
-fn check_covers(path: &str, recon: &Reconstruction, want: u64) -> Result<()> {
-    let total = recon
-        .terms
-        .iter()
-        .try_fold(0u64, |acc, t| acc.checked_add(t.length))
-        .ok_or_else(|| refused(path, "reconstruction", "term lengths overflow".into()))?;
-    if total.saturating_sub(recon.offset) < want {
-        return Err(refused(
+/// The terms of `recon` must hold the `want` bytes asked after their
+/// offset, every term needed (the terms before the last hold fewer), and,
+/// for a span to the file's end (`to_end`), exactly those bytes: terms
+/// that do not add up to the file are refused before a xorb is asked.
+fn check_covers(path: &str, recon: &Reconstruction, want: u64, to_end: bool) -> Result<()> {
+    let sum = |terms: &[Term]| {
+        terms
+            .iter()
+            .try_fold(0u64, |acc, t| acc.checked_add(t.length))
+            .ok_or_else(|| refused(path, "reconstruction", "term lengths overflow".into()))
+    };
+    let bad = |what: String| {
+        refused(
             path,
             "reconstruction",
             format!(
-                "its terms hold {total} bytes, {} after offset_into_first_range {}, fewer than the {want} asked",
-                total.saturating_sub(recon.offset),
-                recon.offset
+                "its {} terms hold {what} after offset_into_first_range {}, and {want} bytes were asked{}",
+                recon.terms.len(),
+                recon.offset,
+                if to_end { " (to the file's end)" } else { "" }
             ),
-        ));
+        )
+    };
+    let held = sum(&recon.terms)?.saturating_sub(recon.offset);
+    let before_last = sum(&recon.terms[..recon.terms.len().saturating_sub(1)])?
+        .saturating_sub(recon.offset);
+    if held < want {
+        return Err(bad(format!("{held} bytes, fewer")));
+    }
+    if !recon.terms.is_empty() && before_last >= want {
+        return Err(bad(format!(
+            "{before_last} bytes before the last term, which is past the span"
+        )));
+    }
+    if to_end && held != want {
+        return Err(bad(format!("{held} bytes, more than the file")));
     }
     Ok(())
 }
