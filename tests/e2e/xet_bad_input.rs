@@ -31,7 +31,10 @@ fn terms_that_do_not_add_up_to_the_file_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     for (edit, says) in [
         (ReconEdit::FewerBytes, "fewer"),
-        (ReconEdit::MoreBytes, "before the last term, which is past the span"),
+        (
+            ReconEdit::MoreBytes,
+            "before the last term, which is past the span",
+        ),
     ] {
         let out = tmp.path().join(format!("{edit:?}"));
         proxy.lie(&recon_suffix(f, &hashes), Lie::Reconstruction(edit), 1);
@@ -169,7 +172,10 @@ fn a_huge_or_endless_token_answer_is_bounded() {
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
     let cases = [
-        (TokenFault::Huge { bytes: 1 << 20 }, "exceeds the limit of 65536 bytes"),
+        (
+            TokenFault::Huge { bytes: 1 << 20 },
+            "exceeds the limit of 65536 bytes",
+        ),
         (TokenFault::Stall, "timed out"),
     ];
     for (fault, says) in cases {
@@ -177,7 +183,14 @@ fn a_huge_or_endless_token_answer_is_bounded() {
         let out = tmp.path().join(format!("{fault:?}"));
         let args = [
             ONE_STREAM,
-            &["--include", &f.path, "--retries", "0", "--read-timeout", "2"],
+            &[
+                "--include",
+                &f.path,
+                "--retries",
+                "0",
+                "--read-timeout",
+                "2",
+            ],
         ]
         .concat();
         let started = std::time::Instant::now();
@@ -188,7 +201,10 @@ fn a_huge_or_endless_token_answer_is_bounded() {
             started.elapsed()
         );
         assert_eq!(o.status.code(), Some(1), "{fault:?}: {}", stderr(&o));
-        assert_names(&stderr(&o), &["Xet read token from", "xet-read-token", says]);
+        assert_names(
+            &stderr(&o),
+            &["Xet read token from", "xet-read-token", says],
+        );
         assert!(!out.join("source").join(&f.path).exists());
     }
     hub.xet_token_fault(None);

@@ -402,7 +402,11 @@ fn a_listing_xet_hash_of_other_bytes_is_never_published() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_names(
         &stderr(&o),
-        &["Xet reconstruction for", &f.path, "bytes were asked (to the file's end)"],
+        &[
+            "Xet reconstruction for",
+            &f.path,
+            "bytes were asked (to the file's end)",
+        ],
     );
     assert!(!out.join("source").join(&f.path).exists());
     let l = ledger(&out, &f.path);
@@ -652,7 +656,10 @@ fn a_cut_inside_a_xorb_range_loses_at_most_one_batch() {
     let f = lfs_file(&files);
     let tmp = tempfile::tempdir().unwrap();
     let (clean, first) = clean_xorb_bytes(&hub, &proxy, &tmp.path().join("clean"), &f.path);
-    assert!(first > 4 * BATCH, "the first xorb range is only {first} bytes");
+    assert!(
+        first > 4 * BATCH,
+        "the first xorb range is only {first} bytes"
+    );
     let cut_at = usize::try_from(first / 8 * 7).unwrap();
     let out = tmp.path().join("cut");
     let before = proxy.body_bytes_sent("fetch_term");

@@ -124,7 +124,12 @@ impl Inner {
 
     /// The answer to `term`'s xorb range `[first, last]`: a `206` of
     /// exactly that range, its body not yet read.
-    async fn xorb_range(&self, token: &CasToken, path: &str, term: &Term) -> Result<XorbBody, String> {
+    async fn xorb_range(
+        &self,
+        token: &CasToken,
+        path: &str,
+        term: &Term,
+    ) -> Result<XorbBody, String> {
         let f = &term.fetch;
         let url = Url::parse(&f.url).map_err(|e| format!("xorb URL is not a URL: {e}"))?;
         let asked = format!("bytes {}-{}", f.first, f.last);
@@ -165,7 +170,11 @@ impl Inner {
             resp,
             want: f.last - f.first + 1,
             got: 0,
-            what: format!("{asked} of xorb {} from {} (fetching {path})", term.xorb, shown(&url)),
+            what: format!(
+                "{asked} of xorb {} from {} (fetching {path})",
+                term.xorb,
+                shown(&url)
+            ),
         })
     }
 
@@ -281,8 +290,8 @@ fn check_covers(path: &str, recon: &Reconstruction, want: u64, to_end: bool) -> 
         )
     };
     let held = sum(&recon.terms)?.saturating_sub(recon.offset);
-    let before_last = sum(&recon.terms[..recon.terms.len().saturating_sub(1)])?
-        .saturating_sub(recon.offset);
+    let before_last =
+        sum(&recon.terms[..recon.terms.len().saturating_sub(1)])?.saturating_sub(recon.offset);
     if held < want {
         return Err(bad(format!("{held} bytes, fewer")));
     }
@@ -333,7 +342,10 @@ impl XorbBody {
         };
         self.got += piece.len() as u64;
         if self.got > self.want {
-            return Err(format!("more than the {} bytes of {}", self.want, self.what));
+            return Err(format!(
+                "more than the {} bytes of {}",
+                self.want, self.what
+            ));
         }
         Ok(Some(piece))
     }
@@ -558,7 +570,10 @@ impl Cursor {
         self.left = 0;
         self.reading = None;
         self.pending.clear();
-        (Err(BodyError(ftpipe_secrets::redact(&e).into_owned())), self)
+        (
+            Err(BodyError(ftpipe_secrets::redact(&e).into_owned())),
+            self,
+        )
     }
 
     /// The current term's next batch read, recorded, and queued to be

@@ -288,6 +288,49 @@ mod tests {
         ));
     }
 
+    /// Bytes pushed as they arrive, one at a time: each chunk is taken as
+    /// soon as its last byte is in, the same chunks as from the whole
+    /// range; an end inside a chunk is truncated, a byte past the last
+    /// chunk is refused when it comes.
+    #[test]
+    fn chunks_are_taken_as_their_bytes_arrive() {
+        let data: Vec<u8> = (0..777u32).map(|i| (i * 13 % 251) as u8).collect();
+        let first = chunk(0, &data, data.len());
+        let mut bytes = first.clone();
+        bytes.extend(chunk(1, &lz4(&data), data.len()));
+        let mut stream = ChunkStream::new(2).unwrap();
+        let mut got = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            stream.push(&[*b]).unwrap();
+            if let Some(c) = stream.next_chunk().unwrap() {
+                got.push((i + 1, c));
+            }
+        }
+        stream.finish().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, first.len());
+        assert_eq!(got[1].0, bytes.len());
+        assert!(got.iter().all(|(_, c)| c[..] == data[..]));
+        assert!(matches!(
+            stream.push(&[0]),
+            Err(XorbError::Trailing { count: 2, extra: 1 })
+        ));
+        let mut cut = ChunkStream::new(2).unwrap();
+        cut.push(&bytes[..first.len() + 3]).unwrap();
+        assert!(cut.next_chunk().unwrap().is_some());
+        assert!(cut.next_chunk().unwrap().is_none());
+        assert!(matches!(
+            cut.finish(),
+            Err(XorbError::Truncated { index: 1, .. })
+        ));
+        let mut empty = ChunkStream::new(1).unwrap();
+        empty.push(&chunk(0, b"", 0)).unwrap();
+        assert!(matches!(
+            empty.next_chunk(),
+            Err(XorbError::BadHeader { .. })
+        ));
+    }
+
     /// Regression: nothing bounded a range's chunks in all, so a range of
     /// minimal LZ4 chunks (~520 bytes each, 128 KiB decoded) could decode
     /// to hundreds of times its size before the term's length was checked.

@@ -241,9 +241,8 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     });
     if let Some(Lie::Status { code }) = lie {
         let mut conn = conn;
-        let canned = format!(
-            "HTTP/1.1 {code} Lied\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        );
+        let canned =
+            format!("HTTP/1.1 {code} Lied\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         conn.write_all(canned.as_bytes())?;
         conn.flush()?;
         return conn.shutdown(Shutdown::Both);
@@ -469,7 +468,11 @@ fn send_counted(
 
 /// `head` with its `Content-Length` (if any) replaced by `len`.
 fn with_length(head: &[u8], len: usize) -> Vec<u8> {
-    rewrite_head(head, "content-length", Some(format!("Content-Length: {len}")))
+    rewrite_head(
+        head,
+        "content-length",
+        Some(format!("Content-Length: {len}")),
+    )
 }
 
 /// `head` with a `Content-Range` for `range` (`bytes=A-B`) moved `by`.
@@ -525,7 +528,10 @@ fn edit_reconstruction(body: &[u8], edit: ReconEdit) -> Vec<u8> {
         ReconEdit::RangeOneChunkShort => {
             let i = terms.len() - 1;
             terms[i]["range"]["end"] = (end + 1).into();
-            for fetch in v["xorbs"][&xorb].as_array_mut().expect("the xorb's fetches") {
+            for fetch in v["xorbs"][&xorb]
+                .as_array_mut()
+                .expect("the xorb's fetches")
+            {
                 for r in fetch["ranges"].as_array_mut().expect("ranges") {
                     if r["chunks"]["end"].as_u64() == Some(end) {
                         r["chunks"]["end"] = (end + 1).into();
