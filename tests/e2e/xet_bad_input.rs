@@ -81,7 +81,9 @@ fn a_term_past_its_xorbs_chunks_is_refused_naming_term_and_xorb() {
 }
 
 /// A xorb range that holds one chunk fewer than its term says (the term
-/// and its fetch range claiming a chunk past the xorb's end), an honest
+/// and its fetch range claiming a chunk past the xorb's end), a byte range
+/// that ends 4 KiB past the xorb's range (what comes is not its length or
+/// not its chunks), an honest
 /// `206` of a truncated xorb (its last bytes missing, its `Content-Length`
 /// saying so), a `206` whose `Content-Range` names other bytes than asked,
 /// and an expired presigned URL (`403`): each attempt is refused before its
@@ -96,6 +98,10 @@ fn a_short_truncated_shifted_or_expired_xorb_range_is_refused_and_refetched() {
         (
             recon_suffix(f, &hashes),
             Lie::Reconstruction(ReconEdit::RangeOneChunkShort),
+        ),
+        (
+            recon_suffix(f, &hashes),
+            Lie::Reconstruction(ReconEdit::BytesPastRange),
         ),
         ("v1/fetch_term".to_owned(), Lie::Truncate { drop: 1000 }),
         ("v1/fetch_term".to_owned(), Lie::ShiftRange { by: 1 }),

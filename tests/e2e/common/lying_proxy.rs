@@ -89,6 +89,9 @@ pub enum ReconEdit {
     /// The last term ends one chunk past the chunks its xorb's fetch
     /// ranges hold.
     TermPastChunks,
+    /// The byte range of the fetch holding the last term ends 4 KiB
+    /// past where it does (past the xorb's end when the term ends it).
+    BytesPastRange,
     /// The last term and the fetch range holding it end one chunk
     /// further (past the xorb's last chunk when the term ends the xorb),
     /// the byte range unchanged.
@@ -524,6 +527,19 @@ fn edit_reconstruction(body: &[u8], edit: ReconEdit) -> Vec<u8> {
         ReconEdit::TermPastChunks => {
             let i = terms.len() - 1;
             terms[i]["range"]["end"] = (end + 1).into();
+        }
+        ReconEdit::BytesPastRange => {
+            for fetch in v["xorbs"][&xorb]
+                .as_array_mut()
+                .expect("the xorb's fetches")
+            {
+                for r in fetch["ranges"].as_array_mut().expect("ranges") {
+                    if r["chunks"]["end"].as_u64() == Some(end) {
+                        let last = r["bytes"]["end"].as_u64().unwrap();
+                        r["bytes"]["end"] = (last + 4096).into();
+                    }
+                }
+            }
         }
         ReconEdit::RangeOneChunkShort => {
             let i = terms.len() - 1;
