@@ -532,8 +532,9 @@ fn a_xet_file_fetched_as_ranges_is_whole_and_its_hash_checked() {
 }
 
 /// Regression: the minimum-rate rule held Xet bodies too, although a Xet
-/// body hands on nothing until a whole term's xorb range is fetched and
-/// decoded: on a link slower than a term per stall window, every attempt
+/// body hands on nothing until a batch of a term (1 MiB, or the term's
+/// rest: here the whole ~1 MB term) is fetched and decoded: on a link
+/// slower than a batch per stall window, every attempt
 /// was a stall and the file never finished. Here every xorb answer waits
 /// 2 s before its body with a rule of 10 MB/s over 1 s: a hub body would
 /// be a stall, a Xet file is fetched (a stalled CAS still ends at
