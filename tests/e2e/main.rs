@@ -112,7 +112,11 @@
 //! * `xet_source`: files the hub keeps in Xet storage fetched from
 //!   `local_cas_server` by reconstruction (no `resolve` body; byte-equal to
 //!   a fetch with Xet off), resumed from the watermark after a kill, a
-//!   `200`, short or endless xorb answer refused and refetched.
+//!   `200`, short or endless xorb answer refused and refetched, a cut or a
+//!   kill inside a term losing at most one batch.
+//! * `xet_bad_input`: Xet answers that lie (terms that do not add up, a
+//!   term past its xorb's chunks, a truncated, shifted or expired xorb
+//!   range, a refused token, a huge or endless read-token answer).
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -198,4 +202,5 @@ mod symlinks;
 mod token_echo;
 mod tty_progress;
 mod verify;
+mod xet_bad_input;
 mod xet_source;
