@@ -113,7 +113,13 @@ impl Source for Hub {
                 for_ms: u64::try_from(hold.as_millis()).unwrap(),
             },
             Lie::ForbidHead => Fault::Status { code: 403 },
-            Lie::StatusOk => unreachable!("the conformance checks tell no such lie"),
+            Lie::StatusOk
+            | Lie::Status { .. }
+            | Lie::ShiftRange { .. }
+            | Lie::Truncate { .. }
+            | Lie::Reconstruction(_) => {
+                unreachable!("the conformance checks tell no such lie")
+            }
         };
         let times = u32::try_from(times).unwrap();
         self.hub.inject(FaultRule::new(path, fault).times(times));

@@ -112,7 +112,11 @@
 //! * `xet_source`: files the hub keeps in Xet storage fetched from
 //!   `local_cas_server` by reconstruction (no `resolve` body; byte-equal to
 //!   a fetch with Xet off), resumed from the watermark after a kill, a
-//!   `200`, short or endless xorb answer refused and refetched.
+//!   `200`, short or endless xorb answer refused and refetched, a cut or a
+//!   kill inside a term losing at most one batch.
+//! * `xet_bad_input`: Xet answers that lie (terms that do not add up, a
+//!   term past its xorb's chunks, a truncated, shifted or expired xorb
+//!   range, a refused token, a huge or endless read-token answer).
 //! * `xet_delta`: after a repin (or with `--reuse-from OTHER_DIR`), Xet
 //!   terms whose chunks the old files hold are read back from them and
 //!   checked, only the new chunks fetched; a changed old file is fetched
@@ -202,5 +206,6 @@ mod symlinks;
 mod token_echo;
 mod tty_progress;
 mod verify;
+mod xet_bad_input;
 mod xet_delta;
 mod xet_source;

@@ -1,6 +1,8 @@
 //! The CAS half of [`super::XetSource`]: the reconstruction of a span, the
 //! xorb range of each term (held to exactly the range asked), and the body
-//! that decodes, hashes and records term after term.
+//! that decodes each range chunk by chunk as it arrives, and hashes and
+//! records its chunks batch after batch (each batch recorded before its
+//! bytes are handed on).
 
 use std::sync::Arc;
 
@@ -16,7 +18,7 @@ use ftpipe_receipts::XetTermRow;
 
 use super::hash::{XetDigest, file_hash};
 use super::wire::{MAX_RECONSTRUCTION_BYTES, Reconstruction, Term};
-use super::xorb::decode_chunks;
+use super::xorb::ChunkStream;
 use super::{CasToken, Inner, XetError, XetFile, shown};
 use crate::error::{FetchError, Result};
 use crate::source::BodyError;
@@ -110,7 +112,7 @@ impl Inner {
                 Reconstruction::from_v1(&body)
             };
             let recon = parsed.map_err(|e| refused(path, "reconstruction", e.to_string()))?;
-            check_covers(path, &recon, end - from)?;
+            check_covers(path, &recon, end - from, end == file.size)?;
             return Ok(recon);
         }
         Err(refused(
@@ -120,16 +122,16 @@ impl Inner {
         ))
     }
 
-    /// The bytes of `term`'s xorb range: exactly `[first, last]`.
+    /// The answer to `term`'s xorb range `[first, last]`: a `206` of
+    /// exactly that range, its body not yet read.
     async fn xorb_range(
         &self,
         token: &CasToken,
         path: &str,
         term: &Term,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<XorbBody, String> {
         let f = &term.fetch;
         let url = Url::parse(&f.url).map_err(|e| format!("xorb URL is not a URL: {e}"))?;
-        let want = f.last - f.first + 1;
         let asked = format!("bytes {}-{}", f.first, f.last);
         let resp = self
             .get(&url, token, format!("bytes={}-{}", f.first, f.last))
@@ -164,87 +166,48 @@ impl Inner {
                 term.xorb
             ));
         }
-        let body = bounded(resp, want)
-            .await
-            .map_err(|e| {
-                format!(
-                    "{}: {}",
-                    shown(&url),
-                    crate::source::error_chain(&e.without_url())
-                )
-            })?
-            .ok_or_else(|| {
-                format!(
-                    "{} sent more than the {want} bytes of {asked} of xorb {}",
-                    shown(&url),
-                    term.xorb
-                )
-            })?;
-        if body.len() as u64 != want {
-            return Err(format!(
-                "{} sent {} of the {want} bytes of {asked} of xorb {} (fetching {path})",
-                shown(&url),
-                body.len(),
-                term.xorb
-            ));
-        }
-        Ok(body)
+        Ok(XorbBody {
+            resp,
+            want: f.last - f.first + 1,
+            got: 0,
+            what: format!(
+                "{asked} of xorb {} from {} (fetching {path})",
+                term.xorb,
+                shown(&url)
+            ),
+        })
     }
 
-    /// `term` fetched, decoded and hashed; recorded as the term at
-    /// `file_start` of `path`. Returns its decoded chunks.
-    async fn term(
+    /// `term` of `path`, whose first byte is `file_start` in the file:
+    /// its xorb range asked, to be read batch by batch.
+    pub(super) async fn term(
         &self,
         token: &CasToken,
         path: &str,
-        file: &XetFile,
         term: &Term,
-        place: Place,
-    ) -> Result<Vec<Bytes>, String> {
-        let file_start = place.file_start;
-        let raw = self.xorb_range(token, path, term).await?;
+        file_start: u64,
+    ) -> Result<TermStream, String> {
         let f = &term.fetch;
         let count = usize::try_from(f.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
-        let chunks = decode_chunks(&raw, count).map_err(|e| {
+        let chunks = ChunkStream::new(count).map_err(|e| {
             format!(
                 "xorb {} bytes {}-{} (fetching {path}): {e}",
                 term.xorb, f.first, f.last
             )
         })?;
-        let from = usize::try_from(term.chunk_start - f.chunk_start).map_err(|e| e.to_string())?;
-        let to = usize::try_from(term.chunk_end - f.chunk_start).map_err(|e| e.to_string())?;
-        let mut chunks = chunks;
-        chunks.truncate(to);
-        let mine = chunks.split_off(from);
-        let length: u64 = mine.iter().map(|c| c.len() as u64).sum();
-        if length != term.length {
-            return Err(format!(
-                "term of xorb {} chunks {}..{} decodes to {length} bytes, the reconstruction says {} (fetching {path})",
-                term.xorb, term.chunk_start, term.chunk_end, term.length
-            ));
-        }
-        let row = XetTermRow {
-            path: path.to_owned(),
-            xet_hash: file.xet_hash.clone(),
-            file_start,
-            file_end: file_start + length,
-            xorb: term.xorb.clone(),
-            chunk_start: term.chunk_start,
-            chunk_end: term.chunk_end,
-            chunks: mine
-                .iter()
-                .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
-                .collect(),
-            fetched: raw.len() as u64,
-            decoded: length,
-            skipped: length - length.saturating_sub(place.skip).min(place.left),
-        };
-        self.store
-            .record_xet_term(&row)
-            .await
-            .map_err(|e| e.to_string())?;
-        crashpoint::hit(CrashPoint::XetTermRecorded);
-        Ok(mine)
+        let body = self.xorb_range(token, path, term).await?;
+        Ok(TermStream {
+            term: term.clone(),
+            body,
+            chunks,
+            batch: Vec::new(),
+            batch_start: file_start,
+            batch_bytes: 0,
+            read: 0,
+            recorded: 0,
+            decoded: 0,
+            ended: false,
+        })
     }
 
     /// The file's Xet hash from the recorded chunk hashes, chunk after
@@ -303,35 +266,225 @@ fn refused(path: &str, what: &'static str, detail: String) -> FetchError {
     .into_fetch(false)
 }
 
-/// The terms of `recon` must hold at least the `want` bytes asked after
-/// their offset.
-fn check_covers(path: &str, recon: &Reconstruction, want: u64) -> Result<()> {
-    let total = recon
-        .terms
-        .iter()
-        .try_fold(0u64, |acc, t| acc.checked_add(t.length))
-        .ok_or_else(|| refused(path, "reconstruction", "term lengths overflow".into()))?;
-    if total.saturating_sub(recon.offset) < want {
-        return Err(refused(
+/// The terms of `recon` must hold the `want` bytes asked after their
+/// offset, every term needed (the terms before the last hold fewer), and,
+/// for a span to the file's end (`to_end`), exactly those bytes: terms
+/// that do not add up to the file are refused before a xorb is asked.
+fn check_covers(path: &str, recon: &Reconstruction, want: u64, to_end: bool) -> Result<()> {
+    let sum = |terms: &[Term]| {
+        terms
+            .iter()
+            .try_fold(0u64, |acc, t| acc.checked_add(t.length))
+            .ok_or_else(|| refused(path, "reconstruction", "term lengths overflow".into()))
+    };
+    let bad = |what: String| {
+        refused(
             path,
             "reconstruction",
             format!(
-                "its terms hold {total} bytes, {} after offset_into_first_range {}, fewer than the {want} asked",
-                total.saturating_sub(recon.offset),
-                recon.offset
+                "its {} terms hold {what} after offset_into_first_range {}, and {want} bytes were asked{}",
+                recon.terms.len(),
+                recon.offset,
+                if to_end { " (to the file's end)" } else { "" }
             ),
-        ));
+        )
+    };
+    let held = sum(&recon.terms)?.saturating_sub(recon.offset);
+    let before_last =
+        sum(&recon.terms[..recon.terms.len().saturating_sub(1)])?.saturating_sub(recon.offset);
+    if held < want {
+        return Err(bad(format!("{held} bytes, fewer")));
+    }
+    if !recon.terms.is_empty() && before_last >= want {
+        return Err(bad(format!(
+            "{before_last} bytes before the last term, which is past the span"
+        )));
+    }
+    if to_end && held != want {
+        return Err(bad(format!("{held} bytes, more than the file")));
     }
     Ok(())
 }
 
-/// Where a term lies: its first byte in the file, the bytes of it before
-/// the span asked and the bytes of the span still to hand on.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Place {
-    pub(super) file_start: u64,
-    pub(super) skip: u64,
-    pub(super) left: u64,
+/// A term's decoded chunks are recorded (their hashes, then handed on)
+/// in batches of at least this many bytes, or up to the term's end: a
+/// cut or a kill inside a term loses at most the batch being read.
+pub const BATCH_BYTES: u64 = 1 << 20;
+
+/// The body of a xorb range: at most `want` bytes, and exactly `want`
+/// by its end.
+pub(super) struct XorbBody {
+    resp: reqwest::Response,
+    want: u64,
+    got: u64,
+    /// The range, xorb, URL and file, for messages.
+    what: String,
+}
+
+impl XorbBody {
+    /// The next bytes; `None` at the end of exactly `want` bytes.
+    async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        let piece = self.resp.chunk().await.map_err(|e| {
+            format!(
+                "{}: {}",
+                self.what,
+                crate::source::error_chain(&e.without_url())
+            )
+        })?;
+        let Some(piece) = piece else {
+            if self.got != self.want {
+                return Err(format!(
+                    "{} bytes of the {} of {}",
+                    self.got, self.want, self.what
+                ));
+            }
+            return Ok(None);
+        };
+        self.got += piece.len() as u64;
+        if self.got > self.want {
+            return Err(format!(
+                "more than the {} bytes of {}",
+                self.want, self.what
+            ));
+        }
+        Ok(Some(piece))
+    }
+}
+
+/// Chunks of a term ready to be recorded as one row, then handed on.
+pub(super) struct Batch {
+    /// Where the batch's first byte lies in the file.
+    file_start: u64,
+    /// The xorb chunks `[chunk_start, chunk_end)` decoded.
+    chunk_start: u64,
+    chunk_end: u64,
+    chunks: Vec<Bytes>,
+    /// Compressed bytes read since the previous batch.
+    fetched: u64,
+    /// The term's last batch (its range read and checked whole).
+    last: bool,
+}
+
+/// A term being read: its xorb range's body decoded chunk by chunk, the
+/// chunks gathered into [`Batch`]es.
+pub(super) struct TermStream {
+    term: Term,
+    body: XorbBody,
+    chunks: ChunkStream,
+    /// Chunks of the term decoded and not yet in a batch.
+    batch: Vec<Bytes>,
+    /// Where the first of them lies in the file.
+    batch_start: u64,
+    batch_bytes: u64,
+    /// Compressed bytes read from the body.
+    read: u64,
+    /// Of them, those in batches handed out.
+    recorded: u64,
+    /// The term's bytes decoded so far.
+    decoded: u64,
+    ended: bool,
+}
+
+impl TermStream {
+    /// The xorb index of the next chunk the range holds.
+    fn next_index(&self) -> u64 {
+        self.term.fetch.chunk_start + self.chunks.taken() as u64
+    }
+
+    fn where_(&self, path: &str) -> String {
+        let t = &self.term;
+        format!(
+            "term of xorb {} chunks {}..{} (bytes {}-{}, fetching {path})",
+            t.xorb, t.chunk_start, t.chunk_end, t.fetch.first, t.fetch.last
+        )
+    }
+
+    /// The next batch: [`BATCH_BYTES`] of the term's chunks, or the rest
+    /// of them once the range was read to its end and checked (exactly
+    /// its chunks, nothing after them, the term's length).
+    async fn next_batch(&mut self, path: &str) -> Result<Batch, String> {
+        loop {
+            while let Some(chunk) = self.take_chunk(path)? {
+                let index = self.next_index() - 1;
+                if index < self.term.chunk_start || index >= self.term.chunk_end {
+                    continue;
+                }
+                self.batch_bytes += chunk.len() as u64;
+                self.batch.push(chunk);
+                let more = index + 1 < self.term.chunk_end;
+                if more && self.batch_bytes >= BATCH_BYTES {
+                    return Ok(self.cut_batch(false));
+                }
+            }
+            if self.ended {
+                self.chunks
+                    .finish()
+                    .map_err(|e| format!("{}: {e}", self.where_(path)))?;
+                if self.decoded != self.term.length || self.batch.is_empty() {
+                    return Err(format!(
+                        "{} decodes to {} bytes, the reconstruction says {}",
+                        self.where_(path),
+                        self.decoded,
+                        self.term.length
+                    ));
+                }
+                return Ok(self.cut_batch(true));
+            }
+            match self.body.next().await? {
+                Some(bytes) => {
+                    self.read += bytes.len() as u64;
+                    self.chunks
+                        .push(&bytes)
+                        .map_err(|e| format!("{}: {e}", self.where_(path)))?;
+                }
+                None => self.ended = true,
+            }
+        }
+    }
+
+    /// The next decoded chunk of the range; the term's never more than
+    /// its length.
+    fn take_chunk(&mut self, path: &str) -> Result<Option<Bytes>, String> {
+        let chunk = self
+            .chunks
+            .next_chunk()
+            .map_err(|e| format!("{}: {e}", self.where_(path)))?;
+        if let Some(c) = &chunk {
+            let index = self.next_index() - 1;
+            if (self.term.chunk_start..self.term.chunk_end).contains(&index) {
+                self.decoded += c.len() as u64;
+                if self.decoded > self.term.length {
+                    return Err(format!(
+                        "{} decodes to more than the {} bytes the reconstruction says",
+                        self.where_(path),
+                        self.term.length
+                    ));
+                }
+            }
+        }
+        Ok(chunk)
+    }
+
+    fn cut_batch(&mut self, last: bool) -> Batch {
+        let chunks = std::mem::take(&mut self.batch);
+        let chunk_end = if last {
+            self.term.chunk_end
+        } else {
+            self.next_index()
+        };
+        let batch = Batch {
+            file_start: self.batch_start,
+            chunk_start: chunk_end - chunks.len() as u64,
+            chunk_end,
+            fetched: self.read - self.recorded,
+            chunks,
+            last,
+        };
+        self.recorded = self.read;
+        self.batch_start += self.batch_bytes;
+        self.batch_bytes = 0;
+        batch
+    }
 }
 
 /// Where a Xet body is: the next term, the bytes of it to skip (the
@@ -346,76 +499,125 @@ pub(super) struct Cursor {
     pub(super) term_start: u64,
     pub(super) skip: u64,
     pub(super) left: u64,
-    /// Decoded chunks of the current term not yet handed on (already cut
-    /// to the span).
+    /// Decoded chunks recorded and not yet handed on (already cut to the
+    /// span).
     pub(super) pending: VecDeque<Bytes>,
+    /// The term being read, when one is.
+    pub(super) reading: Option<TermStream>,
+}
+
+/// `chunks` cut to the span that skips `skip` bytes and hands on `left`:
+/// the pieces handed on, the bytes skipped, and the new `skip` and `left`.
+pub(super) fn cut(chunks: &[Bytes], mut skip: u64, mut left: u64) -> (Vec<Bytes>, u64, u64, u64) {
+    let mut pieces = Vec::with_capacity(chunks.len());
+    let mut skipped = 0u64;
+    for c in chunks {
+        let len = c.len() as u64;
+        let head = skip.min(len);
+        let take = left.min(len - head);
+        skip -= head;
+        left -= take;
+        skipped += len - take;
+        if take > 0 {
+            // Both are at most `c.len()`, a usize.
+            let (from, to) = (head as usize, (head + take) as usize);
+            pieces.push(c.slice(from..to));
+        }
+    }
+    (pieces, skipped, skip, left)
 }
 
 impl Cursor {
-    fn place(&self) -> Place {
-        Place {
-            file_start: self.term_start,
-            skip: self.skip,
-            left: self.left,
+    /// The next chunk's bytes of the span (the stream's step): one chunk
+    /// at a time, so the transfer checkpoints inside a term, each chunk
+    /// handed on only once its batch's hashes are recorded.
+    pub(super) async fn step(mut self) -> Option<(std::result::Result<Bytes, BodyError>, Cursor)> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some((Ok(chunk), self));
+            }
+            if self.reading.is_none() {
+                if self.left == 0 {
+                    return None;
+                }
+                let Some(term) = self.recon.terms.get(self.next).cloned() else {
+                    let e = format!(
+                        "the reconstruction of {} ended {} bytes early",
+                        self.path, self.left
+                    );
+                    return Some(self.fail(e));
+                };
+                self.next += 1;
+                let file_start = self.term_start;
+                self.term_start += term.length;
+                match self.reuse_term(&term, file_start).await {
+                    Err(e) => return Some(self.fail(e)),
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                }
+                match self
+                    .inner
+                    .term(&self.token, &self.path, &term, file_start)
+                    .await
+                {
+                    Err(e) => return Some(self.fail(e)),
+                    Ok(stream) => self.reading = Some(stream),
+                }
+            }
+            if let Err(e) = self.read_batch().await {
+                return Some(self.fail(e));
+            }
         }
     }
 
-    /// The next chunk's bytes of the span (the stream's step): one chunk
-    /// at a time, so the transfer checkpoints inside a term.
-    pub(super) async fn step(mut self) -> Option<(std::result::Result<Bytes, BodyError>, Cursor)> {
-        if let Some(chunk) = self.pending.pop_front() {
-            return Some((Ok(chunk), self));
-        }
-        if self.left == 0 {
-            return None;
-        }
-        let Some(term) = self.recon.terms.get(self.next).cloned() else {
-            let e = format!(
-                "the reconstruction of {} ended {} bytes early",
-                self.path, self.left
-            );
-            self.left = 0;
-            return Some((Err(BodyError(e)), self));
+    /// Ends the body with `e` (redacted).
+    fn fail(mut self, e: String) -> (std::result::Result<Bytes, BodyError>, Cursor) {
+        self.left = 0;
+        self.reading = None;
+        self.pending.clear();
+        (
+            Err(BodyError(ftpipe_secrets::redact(&e).into_owned())),
+            self,
+        )
+    }
+
+    /// The current term's next batch read, recorded, and queued to be
+    /// handed on.
+    async fn read_batch(&mut self) -> Result<(), String> {
+        let Some(reading) = self.reading.as_mut() else {
+            return Ok(());
         };
-        self.next += 1;
-        let (inner, place) = (&self.inner, self.place());
-        let got = match inner
-            .reused_term(&self.path, &self.file, &term, place)
+        let batch = reading.next_batch(&self.path).await?;
+        let (pieces, skipped, skip, left) = cut(&batch.chunks, self.skip, self.left);
+        let decoded: u64 = batch.chunks.iter().map(|c| c.len() as u64).sum();
+        let row = XetTermRow {
+            path: self.path.clone(),
+            xet_hash: self.file.xet_hash.clone(),
+            file_start: batch.file_start,
+            file_end: batch.file_start + decoded,
+            xorb: reading.term.xorb.clone(),
+            chunk_start: batch.chunk_start,
+            chunk_end: batch.chunk_end,
+            chunks: batch
+                .chunks
+                .iter()
+                .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
+                .collect(),
+            fetched: batch.fetched,
+            decoded,
+            skipped,
+        };
+        self.inner
+            .store
+            .record_xet_term(&row)
             .await
-        {
-            Ok(None) => {
-                inner
-                    .term(&self.token, &self.path, &self.file, &term, place)
-                    .await
-            }
-            reused => reused.map(Option::unwrap_or_default),
-        };
-        match got {
-            Err(e) => {
-                self.left = 0;
-                Some((
-                    Err(BodyError(ftpipe_secrets::redact(&e).into_owned())),
-                    self,
-                ))
-            }
-            Ok(chunks) => {
-                self.term_start += term.length;
-                for c in chunks {
-                    let skip = usize::try_from(self.skip)
-                        .unwrap_or(usize::MAX)
-                        .min(c.len());
-                    let take = usize::try_from(self.left)
-                        .unwrap_or(usize::MAX)
-                        .min(c.len() - skip);
-                    self.skip -= skip as u64;
-                    self.left -= take as u64;
-                    if take > 0 {
-                        self.pending.push_back(c.slice(skip..skip + take));
-                    }
-                }
-                let first = self.pending.pop_front().unwrap_or_default();
-                Some((Ok(first), self))
-            }
+            .map_err(|e| e.to_string())?;
+        crashpoint::hit(CrashPoint::XetTermRecorded);
+        if batch.last {
+            self.reading = None;
         }
+        (self.skip, self.left) = (skip, left);
+        self.pending.extend(pieces);
+        Ok(())
     }
 }

@@ -11,9 +11,11 @@
 //! 3. per term, its xorb byte range (`GET` with exactly that `Range`: a
 //!    `206` whose `Content-Range` names it, or, from a server that leaves
 //!    `Content-Range` off, a `206` of exactly its length; a `200`, another
-//!    range, a short or long body are refused), decoded (`xorb`), each
-//!    chunk hashed (`hash`) and the term recorded with its chunk hashes in
-//!    the store before its bytes are handed on;
+//!    range, a short or long body are refused), decoded chunk by chunk as
+//!    its bytes arrive (`xorb`), each chunk hashed (`hash`), and the
+//!    chunks recorded with their hashes in the store a batch (1 MiB, or
+//!    the term's rest) at a time, each batch before its bytes are handed
+//!    on: a cut or a kill inside a term loses at most one batch;
 //! 4. after the file's SHA-256 matched, [`ByteSource::check_whole`]
 //!    recomputes the file's Xet hash from the recorded chunk hashes.
 //!
@@ -255,10 +257,11 @@ impl ByteSource for XetSource {
         })
     }
 
-    /// Not for a Xet file: a term's xorb range (up to a xorb, 64 MiB) is
-    /// fetched and decoded whole before its first chunk is handed on, so
-    /// a healthy link hands on nothing for as long as a term takes; every
-    /// CAS read ends at `--read-timeout` when nothing arrives.
+    /// Not for a Xet file: a term's chunks are handed on a batch
+    /// ([`cas::BATCH_BYTES`] decoded) at a time, once the batch is decoded
+    /// and recorded, so a healthy link hands on nothing for as long as a
+    /// batch takes; every CAS read ends at `--read-timeout` when nothing
+    /// arrives.
     fn rate_rule_holds(&self, path: &str) -> bool {
         if self.inner.files.contains_key(path) {
             false
@@ -289,6 +292,7 @@ impl Inner {
             left: end - from,
             next: 0,
             pending: std::collections::VecDeque::new(),
+            reading: None,
             inner: self.clone(),
             path: path.to_owned(),
             file: file.clone(),

@@ -28,7 +28,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::paths::safe_join;
 use ftpipe_receipts::{ReadOnlyStore, Store, TermBytes, XetChunkRun, XetTermRow};
 
-use super::cas::Place;
+use super::cas::{Cursor, cut};
 use super::hash::XetDigest;
 use super::wire::Term;
 use super::xorb::{MAX_CHUNK_BYTES, MAX_XORB_CHUNKS, MAX_XORB_PLAIN_BYTES};
@@ -115,17 +115,60 @@ enum Miss {
     },
 }
 
+impl Cursor {
+    /// `term`, whose first byte is `file_start` in the file, read back
+    /// from old files and checked, recorded as reused and queued to be
+    /// handed on (cut to the span) as a fetched term's chunks are; `false`
+    /// when not every chunk was found and checked (fetch it). An error
+    /// only when the record could not be written.
+    pub(super) async fn reuse_term(
+        &mut self,
+        term: &Term,
+        file_start: u64,
+    ) -> Result<bool, String> {
+        let Some(chunks) = self
+            .inner
+            .reused_chunks(&self.path, &self.file, term)
+            .await?
+        else {
+            return Ok(false);
+        };
+        let (pieces, skipped, skip, left) = cut(&chunks.chunks, self.skip, self.left);
+        let row = XetTermRow {
+            path: self.path.clone(),
+            xet_hash: self.file.xet_hash.clone(),
+            file_start,
+            file_end: file_start + term.length,
+            xorb: term.xorb.clone(),
+            chunk_start: term.chunk_start,
+            chunk_end: term.chunk_end,
+            chunks: chunks.hashes,
+            fetched: 0,
+            decoded: term.length,
+            skipped,
+        };
+        self.inner
+            .store
+            .record_xet_term_from(&row, TermBytes::Reused)
+            .await
+            .map_err(|e| e.to_string())?;
+        crashpoint::hit(CrashPoint::XetTermRecorded);
+        (self.skip, self.left) = (skip, left);
+        self.pending.extend(pieces);
+        Ok(true)
+    }
+}
+
 impl Inner {
-    /// `term` read back from old files and checked, recorded as reused at
-    /// `place` of `path` (`None`: not every chunk was found and checked;
-    /// fetch it). An error only when the record could not be written.
-    pub(super) async fn reused_term(
+    /// `term`'s chunks read back from old files, each checked against its
+    /// recorded hash (`None`: a chunk not found or not checked; a tracing
+    /// line says why).
+    async fn reused_chunks(
         &self,
         path: &str,
         file: &XetFile,
         term: &Term,
-        place: Place,
-    ) -> Result<Option<Vec<Bytes>>, String> {
+    ) -> Result<Option<ReadBack>, String> {
         if self.reuse.dirs.is_empty() {
             return Ok(None);
         }
@@ -145,47 +188,26 @@ impl Inner {
         let read = tokio::task::spawn_blocking(move || read_checked(&roots, &candidates))
             .await
             .map_err(|e| format!("reading reused chunks: {e}"))?;
-        let ReadBack { chunks, hashes } = match read {
-            Ok(got) => got,
-            Err(miss) => {
-                tracing::info!(
-                    path,
-                    xorb = %term.xorb,
-                    chunks = %format!("{}..{}", term.chunk_start, term.chunk_end),
-                    "Xet term fetched from the CAS, not reused: {miss}"
-                );
-                return Ok(None);
+        let miss = match read {
+            Ok(back) => {
+                let found: u64 = back.hashes.iter().map(|(_, n)| n).sum();
+                if found == term.length {
+                    return Ok(Some(back));
+                }
+                Miss::Length {
+                    found,
+                    want: term.length,
+                }
             }
+            Err(miss) => miss,
         };
-        let length = term.length;
-        let found: u64 = hashes.iter().map(|(_, n)| n).sum();
-        if found != length {
-            let miss = Miss::Length {
-                found,
-                want: length,
-            };
-            tracing::info!(path, xorb = %term.xorb, "Xet term fetched from the CAS, not reused: {miss}");
-            return Ok(None);
-        }
-        let row = XetTermRow {
-            path: path.to_owned(),
-            xet_hash: file.xet_hash.clone(),
-            file_start: place.file_start,
-            file_end: place.file_start + length,
-            xorb: term.xorb.clone(),
-            chunk_start: term.chunk_start,
-            chunk_end: term.chunk_end,
-            chunks: hashes,
-            fetched: 0,
-            decoded: length,
-            skipped: length - length.saturating_sub(place.skip).min(place.left),
-        };
-        self.store
-            .record_xet_term_from(&row, TermBytes::Reused)
-            .await
-            .map_err(|e| e.to_string())?;
-        crashpoint::hit(CrashPoint::XetTermRecorded);
-        Ok(Some(chunks))
+        tracing::info!(
+            path,
+            xorb = %term.xorb,
+            chunks = %format!("{}..{}", term.chunk_start, term.chunk_end),
+            "Xet term fetched from the CAS, not reused: {miss}"
+        );
+        Ok(None)
     }
 }
 

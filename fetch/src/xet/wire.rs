@@ -18,7 +18,7 @@ pub const MAX_RECONSTRUCTION_BYTES: u64 = 64 << 20;
 /// A read-token answer larger than this is refused while reading.
 pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
 /// A xorb range longer than this is refused before it is asked (a xorb
-/// holds at most 64 MiB; its range is read whole into memory).
+/// holds at most 64 MiB).
 pub const MAX_XORB_RANGE_BYTES: u64 = 64 << 20;
 
 /// A range as the protocol writes it.

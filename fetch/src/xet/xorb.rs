@@ -65,23 +65,90 @@ pub enum XorbError {
 
 /// Decodes `count` chunks from the start of `bytes`, which must hold
 /// exactly them.
+#[cfg(test)]
 pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError> {
-    if count > MAX_XORB_CHUNKS {
-        return Err(XorbError::Oversized {
-            what: format!("{count} chunks asked"),
-        });
-    }
+    let mut stream = ChunkStream::new(count)?;
+    stream.push(bytes)?;
     let mut out = Vec::with_capacity(count.min(1024));
-    let mut at = 0usize;
-    let mut plain_total = 0usize;
-    for index in 0..count {
-        let truncated = XorbError::Truncated {
-            index,
-            at,
-            len: bytes.len(),
-        };
-        let header = bytes.get(at..at + HEADER_BYTES).ok_or(truncated.clone())?;
+    while let Some(chunk) = stream.next_chunk()? {
+        out.push(chunk);
+    }
+    stream.finish()?;
+    Ok(out)
+}
+
+/// The chunks of a xorb range decoded as its bytes arrive: bytes are
+/// [`push`](ChunkStream::push)ed, each chunk is taken as soon as all its
+/// bytes are in ([`next_chunk`](ChunkStream::next_chunk)), and
+/// [`finish`](ChunkStream::finish) says whether the range held exactly
+/// `count` chunks. Holds at most one chunk's bytes and what came after
+/// them in one push.
+#[derive(Debug)]
+pub struct ChunkStream {
+    count: usize,
+    /// Chunks taken so far (the index of the next).
+    index: usize,
+    /// Bytes received; those from `head` on are not yet taken as a chunk.
+    buf: Vec<u8>,
+    head: usize,
+    /// Offset in the range of `buf`'s first byte.
+    at: usize,
+    /// Decoded bytes of the chunks taken.
+    plain_total: usize,
+}
+
+impl ChunkStream {
+    /// A decoder of a range of `count` chunks (more than a xorb holds is
+    /// refused before anything is read).
+    pub fn new(count: usize) -> Result<ChunkStream, XorbError> {
+        if count > MAX_XORB_CHUNKS {
+            return Err(XorbError::Oversized {
+                what: format!("{count} chunks asked"),
+            });
+        }
+        Ok(ChunkStream {
+            count,
+            index: 0,
+            buf: Vec::new(),
+            head: 0,
+            at: 0,
+            plain_total: 0,
+        })
+    }
+
+    /// Chunks taken so far.
+    pub fn taken(&self) -> usize {
+        self.index
+    }
+
+    /// More bytes of the range; bytes past the last chunk are refused as
+    /// soon as they come.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), XorbError> {
+        self.buf.drain(..self.head);
+        self.head = 0;
+        self.buf.extend_from_slice(bytes);
+        self.check_trailing()
+    }
+
+    fn check_trailing(&self) -> Result<(), XorbError> {
+        if self.index == self.count && self.buf.len() > self.head {
+            return Err(XorbError::Trailing {
+                count: self.count,
+                extra: self.buf.len() - self.head,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next chunk, decoded, when all its bytes are in.
+    pub fn next_chunk(&mut self) -> Result<Option<Bytes>, XorbError> {
+        let rest = &self.buf[self.head..];
+        if self.index == self.count || rest.len() < HEADER_BYTES {
+            return Ok(None);
+        }
+        let (index, at) = (self.index, self.at);
         let bad = |what: String| XorbError::BadHeader { index, at, what };
+        let header = &rest[..HEADER_BYTES];
         if header[0] != 0 {
             return Err(bad(format!(
                 "header version {} (this client reads 0)",
@@ -96,24 +163,39 @@ pub fn decode_chunks(bytes: &[u8], count: usize) -> Result<Vec<Bytes>, XorbError
                 "lengths {compressed} compressed / {plain} plain exceed a chunk's {MAX_CHUNK_BYTES}"
             )));
         }
-        plain_total += plain;
-        if plain_total > MAX_XORB_PLAIN_BYTES {
+        if plain == 0 {
+            return Err(bad("an empty chunk (xet-core writes none)".into()));
+        }
+        let total = self.plain_total + plain;
+        if total > MAX_XORB_PLAIN_BYTES {
             return Err(XorbError::Oversized {
-                what: format!("chunks 0..={index} claim {plain_total} bytes decoded"),
+                what: format!("chunks 0..={index} claim {total} bytes decoded"),
             });
         }
-        let body_at = at + HEADER_BYTES;
-        let body = bytes.get(body_at..body_at + compressed).ok_or(truncated)?;
-        out.push(Bytes::from(decode_one(body, scheme, plain).map_err(bad)?));
-        at = body_at + compressed;
+        let end = HEADER_BYTES + compressed;
+        if rest.len() < end {
+            return Ok(None);
+        }
+        let chunk = decode_one(&rest[HEADER_BYTES..end], scheme, plain).map_err(bad)?;
+        self.head += end;
+        self.at += end;
+        self.index += 1;
+        self.plain_total = total;
+        self.check_trailing()?;
+        Ok(Some(Bytes::from(chunk)))
     }
-    if at != bytes.len() {
-        return Err(XorbError::Trailing {
-            count,
-            extra: bytes.len() - at,
-        });
+
+    /// The range ended: all `count` chunks taken and nothing after them.
+    pub fn finish(&self) -> Result<(), XorbError> {
+        if self.index < self.count {
+            return Err(XorbError::Truncated {
+                index: self.index,
+                at: self.at,
+                len: self.at + self.buf.len() - self.head,
+            });
+        }
+        self.check_trailing()
     }
-    Ok(out)
 }
 
 fn three_bytes(b: &[u8]) -> usize {
@@ -203,6 +285,49 @@ mod tests {
         assert!(matches!(
             decode_chunks(&bytes, 2),
             Err(XorbError::Trailing { count: 2, .. })
+        ));
+    }
+
+    /// Bytes pushed as they arrive, one at a time: each chunk is taken as
+    /// soon as its last byte is in, the same chunks as from the whole
+    /// range; an end inside a chunk is truncated, a byte past the last
+    /// chunk is refused when it comes.
+    #[test]
+    fn chunks_are_taken_as_their_bytes_arrive() {
+        let data: Vec<u8> = (0..777u32).map(|i| (i * 13 % 251) as u8).collect();
+        let first = chunk(0, &data, data.len());
+        let mut bytes = first.clone();
+        bytes.extend(chunk(1, &lz4(&data), data.len()));
+        let mut stream = ChunkStream::new(2).unwrap();
+        let mut got = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            stream.push(&[*b]).unwrap();
+            if let Some(c) = stream.next_chunk().unwrap() {
+                got.push((i + 1, c));
+            }
+        }
+        stream.finish().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, first.len());
+        assert_eq!(got[1].0, bytes.len());
+        assert!(got.iter().all(|(_, c)| c[..] == data[..]));
+        assert!(matches!(
+            stream.push(&[0]),
+            Err(XorbError::Trailing { count: 2, extra: 1 })
+        ));
+        let mut cut = ChunkStream::new(2).unwrap();
+        cut.push(&bytes[..first.len() + 3]).unwrap();
+        assert!(cut.next_chunk().unwrap().is_some());
+        assert!(cut.next_chunk().unwrap().is_none());
+        assert!(matches!(
+            cut.finish(),
+            Err(XorbError::Truncated { index: 1, .. })
+        ));
+        let mut empty = ChunkStream::new(1).unwrap();
+        empty.push(&chunk(0, b"", 0)).unwrap();
+        assert!(matches!(
+            empty.next_chunk(),
+            Err(XorbError::BadHeader { .. })
         ));
     }
 

@@ -13,6 +13,28 @@ use std::time::Duration;
 /// What the proxy does to one GET (one HEAD for [`Lie::ForbidHead`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lie {
+    /// Answers `code` with no body; nothing goes upstream (an expired
+    /// presigned URL's `403`, a token the server refuses: `401`).
+    Status {
+        /// The status.
+        code: u16,
+    },
+    /// Passes the answer on with a `Content-Range` for the range asked
+    /// moved `by` bytes on (its body unchanged): the header says the
+    /// body holds other bytes than those asked.
+    ShiftRange {
+        /// Bytes the range is moved by.
+        by: u64,
+    },
+    /// Passes the answer on without its last `drop` body bytes, its
+    /// `Content-Length` saying so: an honest answer from a store whose
+    /// copy is truncated.
+    Truncate {
+        /// Bytes left off the end.
+        drop: usize,
+    },
+    /// Passes a Xet reconstruction answer (v2 JSON) on edited.
+    Reconstruction(ReconEdit),
     /// Answers a ranged GET with `200` and the whole object: the request
     /// goes upstream without its `Range`.
     IgnoreRange,
@@ -56,6 +78,26 @@ pub enum Lie {
     },
 }
 
+/// How [`Lie::Reconstruction`] edits a v2 reconstruction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconEdit {
+    /// The terms hold fewer bytes than asked: the last term left off (one
+    /// byte less in it when it is the only one).
+    FewerBytes,
+    /// The terms hold more bytes than asked: the last term twice.
+    MoreBytes,
+    /// The last term ends one chunk past the chunks its xorb's fetch
+    /// ranges hold.
+    TermPastChunks,
+    /// The byte range of the fetch holding the last term ends 4 KiB
+    /// past where it does (past the xorb's end when the term ends it).
+    BytesPastRange,
+    /// The last term and the fetch range holding it end one chunk
+    /// further (past the xorb's last chunk when the term ends the xorb),
+    /// the byte range unchanged.
+    RangeOneChunkShort,
+}
+
 /// The most an [`Lie::Endless`] answer sends: the proxy's own loop is
 /// bounded even if a client never hangs up.
 pub const ENDLESS_CAP: usize = 1 << 30;
@@ -82,6 +124,8 @@ struct Book {
     seen: Vec<Seen>,
     /// The `Host` every request is passed upstream with, when set.
     host: Option<String>,
+    /// Answer body bytes handed to the kernel, by request target.
+    sent: Vec<(String, u64)>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -135,6 +179,17 @@ impl LyingProxy {
         self.book.lock().unwrap().host = Some(host.to_owned());
     }
 
+    /// Answer body bytes sent so far (written to the socket) to requests
+    /// whose target contains `part`.
+    pub fn body_bytes_sent(&self, part: &str) -> u64 {
+        let book = self.book.lock().unwrap();
+        book.sent
+            .iter()
+            .filter(|(t, _)| t.contains(part))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Every request seen so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.book.lock().unwrap().seen.clone()
@@ -179,7 +234,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     let lie = take_lie(book, &method, &target, range.is_some());
     book.lock().unwrap().seen.push(Seen {
         method,
-        target,
+        target: target.clone(),
         range: range.clone(),
         key_id: header("authorization").and_then(|a| {
             let (_, rest) = a.split_once("Credential=")?;
@@ -187,6 +242,14 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         }),
         authorization: header("authorization"),
     });
+    if let Some(Lie::Status { code }) = lie {
+        let mut conn = conn;
+        let canned =
+            format!("HTTP/1.1 {code} Lied\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        conn.write_all(canned.as_bytes())?;
+        conn.flush()?;
+        return conn.shutdown(Shutdown::Both);
+    }
     if let Some(canned @ (Lie::SlowDown | Lie::ForbidHead)) = lie {
         let mut conn = conn;
         conn.write_all(if canned == Lie::SlowDown {
@@ -227,6 +290,26 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         .position(|w| w == b"\r\n\r\n")
         .map_or(answer.len(), |p| p + 4);
     let (answer_head, answer_body) = answer.split_at(end);
+    let edited;
+    let (answer_head, answer_body) = match lie {
+        Some(Lie::Truncate { drop }) => {
+            let body = &answer_body[..answer_body.len().saturating_sub(drop)];
+            edited = with_length(answer_head, body.len());
+            (&edited[..], body)
+        }
+        Some(Lie::Reconstruction(edit)) => {
+            let body = edit_reconstruction(answer_body, edit);
+            let head = with_length(answer_head, body.len());
+            let at = head.len();
+            edited = [head, body].concat();
+            edited.split_at(at)
+        }
+        Some(Lie::ShiftRange { by }) => {
+            edited = with_shifted_range(answer_head, range.as_deref(), by);
+            (&edited[..], answer_body)
+        }
+        _ => (answer_head, answer_body),
+    };
     if lie == Some(Lie::RefuseRange) {
         let size = total_size(answer_head).unwrap_or(0);
         let refusal = format!(
@@ -250,7 +333,12 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     }
     match lie {
         Some(Lie::ShortBody { after }) => {
-            conn.write_all(&answer_body[..after.min(answer_body.len())])?;
+            send_counted(
+                &mut conn,
+                &answer_body[..after.min(answer_body.len())],
+                book,
+                &target,
+            )?;
         }
         Some(Lie::Corrupt { at }) => {
             let mut body = answer_body.to_vec();
@@ -266,7 +354,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             std::thread::sleep(hold);
             conn.write_all(rest)?;
         }
-        _ => conn.write_all(answer_body)?,
+        _ => send_counted(&mut conn, answer_body, book, &target)?,
     }
     conn.flush()?;
     conn.shutdown(Shutdown::Both)
@@ -361,4 +449,112 @@ fn closing(head: &[u8]) -> Vec<u8> {
     }
     out.push_str("Connection: close\r\n\r\n");
     out.into_bytes()
+}
+
+/// `body` written in pieces, each counted once the socket took it.
+fn send_counted(
+    conn: &mut TcpStream,
+    body: &[u8],
+    book: &Mutex<Book>,
+    target: &str,
+) -> std::io::Result<()> {
+    for piece in body.chunks(16 * 1024) {
+        conn.write_all(piece)?;
+        let mut book = book.lock().unwrap();
+        match book.sent.iter_mut().find(|(t, _)| t == target) {
+            Some((_, n)) => *n += piece.len() as u64,
+            None => book.sent.push((target.to_owned(), piece.len() as u64)),
+        }
+    }
+    Ok(())
+}
+
+/// `head` with its `Content-Length` (if any) replaced by `len`.
+fn with_length(head: &[u8], len: usize) -> Vec<u8> {
+    rewrite_head(
+        head,
+        "content-length",
+        Some(format!("Content-Length: {len}")),
+    )
+}
+
+/// `head` with a `Content-Range` for `range` (`bytes=A-B`) moved `by`.
+fn with_shifted_range(head: &[u8], range: Option<&str>, by: u64) -> Vec<u8> {
+    let (a, b) = range
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .expect("ShiftRange needs a ranged GET");
+    let line = format!("Content-Range: bytes {}-{}/*", a + by, b + by);
+    rewrite_head(head, "content-range", Some(line))
+}
+
+/// `head` without its `name` headers, with `line` added.
+fn rewrite_head(head: &[u8], name: &str, line: Option<String>) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    for l in text.split("\r\n").filter(|l| !l.is_empty()) {
+        let key = l.split(':').next().unwrap_or_default().trim();
+        if !key.eq_ignore_ascii_case(name) {
+            out.push_str(l);
+            out.push_str("\r\n");
+        }
+    }
+    if let Some(line) = line {
+        out.push_str(&line);
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    out.into_bytes()
+}
+
+/// A v2 reconstruction `body` edited by `edit`.
+fn edit_reconstruction(body: &[u8], edit: ReconEdit) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).expect("a v2 reconstruction");
+    let terms = v["terms"].as_array_mut().expect("terms");
+    let last = terms.last().cloned().expect("a term");
+    let xorb = last["hash"].as_str().unwrap().to_owned();
+    let end = last["range"]["end"].as_u64().unwrap();
+    match edit {
+        ReconEdit::FewerBytes if terms.len() > 1 => {
+            terms.pop();
+        }
+        ReconEdit::FewerBytes => {
+            let n = last["unpacked_length"].as_u64().unwrap();
+            terms[0]["unpacked_length"] = (n - 1).into();
+        }
+        ReconEdit::MoreBytes => terms.push(last),
+        ReconEdit::TermPastChunks => {
+            let i = terms.len() - 1;
+            terms[i]["range"]["end"] = (end + 1).into();
+        }
+        ReconEdit::BytesPastRange => {
+            for fetch in v["xorbs"][&xorb]
+                .as_array_mut()
+                .expect("the xorb's fetches")
+            {
+                for r in fetch["ranges"].as_array_mut().expect("ranges") {
+                    if r["chunks"]["end"].as_u64() == Some(end) {
+                        let last = r["bytes"]["end"].as_u64().unwrap();
+                        r["bytes"]["end"] = (last + 4096).into();
+                    }
+                }
+            }
+        }
+        ReconEdit::RangeOneChunkShort => {
+            let i = terms.len() - 1;
+            terms[i]["range"]["end"] = (end + 1).into();
+            for fetch in v["xorbs"][&xorb]
+                .as_array_mut()
+                .expect("the xorb's fetches")
+            {
+                for r in fetch["ranges"].as_array_mut().expect("ranges") {
+                    if r["chunks"]["end"].as_u64() == Some(end) {
+                        r["chunks"]["end"] = (end + 1).into();
+                    }
+                }
+            }
+        }
+    }
+    serde_json::to_vec(&v).unwrap()
 }
