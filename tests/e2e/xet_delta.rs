@@ -206,9 +206,9 @@ fn assert_same_sources(a: &Path, b: &Path) {
 
 /// What a fresh directory's fetch of the new revision fetched for `path`,
 /// split by whether the term's xorb is `old` (revision 1's): the new
-/// xorbs' compressed and decoded bytes. (Compressed bytes as the CAS sends
-/// them per term: two terms whose chunks one xorb range holds each fetch
-/// that range today, in a fresh fetch as in a repin.)
+/// xorbs' compressed and decoded bytes (a range shared by terms is
+/// fetched and counted once per body, `xet_source::
+/// a_xorb_range_shared_by_terms_is_fetched_once`).
 fn new_chunk_bytes(fresh: &Path, path: &str, old: &BTreeSet<String>) -> (u64, u64) {
     terms(fresh, path)
         .iter()

@@ -750,3 +750,100 @@ fn a_xet_fetch_killed_at_90_percent_refetches_at_most_one_percent_and_a_batch() 
     );
     assert_clean_audit(&out);
 }
+
+/// Regression (issue 37): a v2 reconstruction names one fetch range per
+/// xorb, shared by every term that reads it, and the terms of one xorb
+/// need not be adjacent: in a file whose content repeats (a block, another
+/// block, the first again), hf_xet stores the repeat as the chunks the
+/// xorb already holds. Every term asked for the whole shared range, so the
+/// range crossed the wire once per term (`bench/xet.sh` measured 1.4× the
+/// file from the CAS on a fresh fetch, and a repin's new xorb twice). Now a
+/// range is fetched once per body: the chunks later terms read are kept
+/// from it, and those terms are recorded with no compressed bytes of their
+/// own, their chunk hashes still checked by the file's Xet hash.
+#[test]
+fn a_xorb_range_shared_by_terms_is_fetched_once() {
+    let block = |seed: u8, n: usize| -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(seed);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    let (a, b) = (block(1, 1536 * 1024), block(2, 512 * 1024));
+    let content = [a.clone(), b, a].concat();
+    let files = vec![
+        RepoFile::bytes("config.json", "{}"),
+        RepoFile::bytes("model.safetensors", content.clone()),
+    ];
+    let hub = hub_serving(files.clone());
+    let cas = LocalCas::start();
+    let hashes = xet_hub(&hub, &cas, &files);
+    let proxy = LyingProxy::start(&cas.endpoint());
+    hub.serve_xet(XetServing {
+        cas_url: proxy.endpoint(),
+        access_token: CAS_TOKEN.to_owned(),
+        hashes,
+        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_clean_audit(&out);
+
+    let rows = query(
+        &out,
+        "SELECT xorb || ' ' || chunk_start || ' ' || chunk_end || ' ' || fetched \
+         FROM xet_terms ORDER BY file_start",
+    );
+    let parsed: Vec<(String, u64, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            let v: Vec<&str> = r.split(' ').collect();
+            (
+                v[0].to_owned(),
+                v[1].parse().unwrap(),
+                v[2].parse().unwrap(),
+                v[3].parse().unwrap(),
+            )
+        })
+        .collect();
+    let again = parsed.iter().enumerate().any(|(i, t)| {
+        parsed[..i]
+            .iter()
+            .any(|p| p.0 == t.0 && p.1 < t.2 && t.1 < p.2)
+    });
+    assert!(
+        again,
+        "hf_xet did not store the repeat as chunks read again: {rows:#?}"
+    );
+    let xorb_gets: Vec<(String, Option<String>)> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.contains("fetch_term"))
+        .map(|s| (s.target, s.range))
+        .collect();
+    let distinct: std::collections::BTreeSet<_> = xorb_gets.iter().collect();
+    assert_eq!(
+        xorb_gets.len(),
+        distinct.len(),
+        "a xorb range was asked more than once: {xorb_gets:#?}"
+    );
+    let fetched: u64 = parsed.iter().map(|t| t.3).sum();
+    let sent = proxy.body_bytes_sent("fetch_term");
+    assert_eq!(
+        fetched, sent,
+        "recorded compressed bytes against what the CAS sent"
+    );
+    assert!(
+        sent < content.len() as u64 * 3 / 4,
+        "the CAS sent {sent} bytes for a {} byte file of which a third repeats",
+        content.len()
+    );
+}

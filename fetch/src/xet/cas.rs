@@ -17,6 +17,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_receipts::XetTermRow;
 
 use super::hash::{XetDigest, file_hash};
+use super::held::{Held, wanted_by};
 use super::wire::{MAX_RECONSTRUCTION_BYTES, Reconstruction, Term};
 use super::xorb::ChunkStream;
 use super::{CasToken, Inner, XetError, XetFile, shown};
@@ -207,6 +208,7 @@ impl Inner {
             recorded: 0,
             decoded: 0,
             ended: false,
+            wanted: Vec::new(),
         })
     }
 
@@ -383,6 +385,9 @@ pub(super) struct TermStream {
     /// The term's bytes decoded so far.
     decoded: u64,
     ended: bool,
+    /// Chunk ranges of the xorb later terms of the body read (kept in
+    /// [`Held`] as they are decoded).
+    wanted: Vec<std::ops::Range<u64>>,
 }
 
 impl TermStream {
@@ -402,10 +407,11 @@ impl TermStream {
     /// The next batch: [`BATCH_BYTES`] of the term's chunks, or the rest
     /// of them once the range was read to its end and checked (exactly
     /// its chunks, nothing after them, the term's length).
-    async fn next_batch(&mut self, path: &str) -> Result<Batch, String> {
+    async fn next_batch(&mut self, path: &str, held: &mut Held) -> Result<Batch, String> {
         loop {
             while let Some(chunk) = self.take_chunk(path)? {
                 let index = self.next_index() - 1;
+                held.offer(&self.term.xorb, index, &chunk, &self.wanted);
                 if index < self.term.chunk_start || index >= self.term.chunk_end {
                     continue;
                 }
@@ -504,6 +510,8 @@ pub(super) struct Cursor {
     pub(super) pending: VecDeque<Bytes>,
     /// The term being read, when one is.
     pub(super) reading: Option<TermStream>,
+    /// Chunks of ranges already read that later terms read again.
+    pub(super) held: Held,
 }
 
 /// `chunks` cut to the span that skips `skip` bytes and hands on `left`:
@@ -550,6 +558,13 @@ impl Cursor {
                 self.next += 1;
                 let file_start = self.term_start;
                 self.term_start += term.length;
+                let later = &self.recon.terms[self.next..];
+                if let Some(chunks) = self.held.take(&term, later) {
+                    if let Err(e) = self.hand_on_held(&term, file_start, &chunks).await {
+                        return Some(self.fail(e));
+                    }
+                    continue;
+                }
                 match self.reuse_term(&term, file_start).await {
                     Err(e) => return Some(self.fail(e)),
                     Ok(true) => continue,
@@ -561,7 +576,10 @@ impl Cursor {
                     .await
                 {
                     Err(e) => return Some(self.fail(e)),
-                    Ok(stream) => self.reading = Some(stream),
+                    Ok(mut stream) => {
+                        stream.wanted = wanted_by(&self.recon.terms[self.next..], &term.xorb);
+                        self.reading = Some(stream);
+                    }
                 }
             }
             if let Err(e) = self.read_batch().await {
@@ -587,23 +605,62 @@ impl Cursor {
         let Some(reading) = self.reading.as_mut() else {
             return Ok(());
         };
-        let batch = reading.next_batch(&self.path).await?;
+        let batch = reading.next_batch(&self.path, &mut self.held).await?;
         let (pieces, skipped, skip, left) = cut(&batch.chunks, self.skip, self.left);
-        let decoded: u64 = batch.chunks.iter().map(|c| c.len() as u64).sum();
+        let xorb = reading.term.xorb.clone();
+        let chunks = (batch.chunk_start..batch.chunk_end, batch.chunks.as_slice());
+        self.record(&xorb, batch.file_start, chunks, batch.fetched, skipped)
+            .await?;
+        if batch.last {
+            self.reading = None;
+        }
+        (self.skip, self.left) = (skip, left);
+        self.pending.extend(pieces);
+        Ok(())
+    }
+
+    /// `term`'s chunks, held from a range an earlier term read, cut to
+    /// the span, recorded (no compressed bytes of their own) and queued.
+    async fn hand_on_held(
+        &mut self,
+        term: &Term,
+        file_start: u64,
+        chunks: &[Bytes],
+    ) -> Result<(), String> {
+        let (pieces, skipped, skip, left) = cut(chunks, self.skip, self.left);
+        let range = term.chunk_start..term.chunk_end;
+        self.record(&term.xorb, file_start, (range, chunks), 0, skipped)
+            .await?;
+        (self.skip, self.left) = (skip, left);
+        self.pending.extend(pieces);
+        Ok(())
+    }
+
+    /// Records chunks `range` of `xorb` (their bytes `chunks`), the first
+    /// at `file_start` of the file, as fetched: `fetched` compressed bytes
+    /// read for them, `skipped` of them outside the span.
+    async fn record(
+        &self,
+        xorb: &str,
+        file_start: u64,
+        (range, chunks): (std::ops::Range<u64>, &[Bytes]),
+        fetched: u64,
+        skipped: u64,
+    ) -> Result<(), String> {
+        let decoded: u64 = chunks.iter().map(|c| c.len() as u64).sum();
         let row = XetTermRow {
             path: self.path.clone(),
             xet_hash: self.file.xet_hash.clone(),
-            file_start: batch.file_start,
-            file_end: batch.file_start + decoded,
-            xorb: reading.term.xorb.clone(),
-            chunk_start: batch.chunk_start,
-            chunk_end: batch.chunk_end,
-            chunks: batch
-                .chunks
+            file_start,
+            file_end: file_start + decoded,
+            xorb: xorb.to_owned(),
+            chunk_start: range.start,
+            chunk_end: range.end,
+            chunks: chunks
                 .iter()
                 .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
                 .collect(),
-            fetched: batch.fetched,
+            fetched,
             decoded,
             skipped,
         };
@@ -613,11 +670,6 @@ impl Cursor {
             .await
             .map_err(|e| e.to_string())?;
         crashpoint::hit(CrashPoint::XetTermRecorded);
-        if batch.last {
-            self.reading = None;
-        }
-        (self.skip, self.left) = (skip, left);
-        self.pending.extend(pieces);
         Ok(())
     }
 }

@@ -32,11 +32,13 @@
 //!
 //! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding),
 //! `wire` (the JSON answers), `cas` (reconstruction, xorb ranges, the
-//! body), `reuse` (terms read back from the files of earlier fetches,
-//! [`ChunkReuse`]).
+//! body), `held` (chunks of a range kept for the body's later terms that
+//! read it again, so a range shared by terms is fetched once), `reuse`
+//! (terms read back from the files of earlier fetches, [`ChunkReuse`]).
 
 mod cas;
 mod hash;
+mod held;
 mod reuse;
 mod wire;
 mod xorb;
@@ -293,6 +295,7 @@ impl Inner {
             next: 0,
             pending: std::collections::VecDeque::new(),
             reading: None,
+            held: held::Held::default(),
             inner: self.clone(),
             path: path.to_owned(),
             file: file.clone(),
