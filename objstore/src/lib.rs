@@ -71,11 +71,11 @@ pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
 pub use ocitarget::OciTarget;
 pub use reference::{
-    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, is_sha256_digest, is_sha256_hex,
+    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, RepositoryName, is_sha256_digest, is_sha256_hex,
 };
 pub use registry::{
-    FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, OCI_MANIFEST_MEDIA_TYPE,
-    Registry, RegistryConfig,
+    FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, Mount,
+    OCI_MANIFEST_MEDIA_TYPE, Registry, RegistryConfig,
 };
 pub use registry_auth::{MAX_AUTH_FILE_BYTES, RegistryCredentials, registry_credentials};
 pub use target::{

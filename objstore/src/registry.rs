@@ -9,7 +9,9 @@
 //!   `Content-Range` and is answered with the next `Location` and the
 //!   `Range` the registry acknowledges, `PUT ?digest=` completes it (the
 //!   registry checks the digest), `DELETE` cancels it; a small blob goes in
-//!   one `POST` + `PUT`;
+//!   one `POST` + `PUT`; a cross-repository mount is a `POST ?mount=&from=`
+//!   answered `201` (linked, nothing sent) or `202` (an upload session
+//!   instead, [`Mount`]);
 //! - manifests: `HEAD` and a bounded `GET` by tag or digest, `PUT` by
 //!   digest then by tag.
 //!
@@ -33,7 +35,7 @@ use reqwest::header::{
 use reqwest::{RequestBuilder, Response, StatusCode};
 
 use crate::error::{ObjStoreError, Result};
-use crate::reference::OciReference;
+use crate::reference::{OciReference, RepositoryName};
 use crate::registry_auth::{Challenge, RegistryCredentials, parse_challenge};
 
 /// Most bytes of a manifest read (the distribution registry's own limit
@@ -75,6 +77,17 @@ pub struct Registry {
     http: reqwest::Client,
     credentials: Option<RegistryCredentials>,
     auth: Mutex<Auth>,
+}
+
+/// What a cross-repository mount request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// `201`: the repository now has the blob; nothing was sent.
+    Mounted,
+    /// `202`: the registry did not mount it (the source repository lacks
+    /// it, or the caller may not read it) and opened an upload session
+    /// instead: its location.
+    Started(String),
 }
 
 /// A manifest as read from the registry: its bytes, media type, digest.
@@ -260,7 +273,10 @@ impl Registry {
             if let Some(s) = service {
                 q.append_pair("service", s);
             }
-            if let Some(s) = scope {
+            // A challenge names several scopes space-separated (a mount:
+            // this repository's push, the source's pull); the token
+            // service takes each as its own `scope` parameter.
+            for s in scope.into_iter().flat_map(str::split_whitespace) {
                 q.append_pair("scope", s);
             }
         }
@@ -347,6 +363,37 @@ impl Registry {
             .await?;
         let response = ok_or_refused(response, "upload start", &what).await?;
         self.location_of(&response, "upload start", &what)
+    }
+
+    /// Asks the registry to link the blob `digest` from the repository
+    /// `from` of the same registry (`POST ?mount=DIGEST&from=REPO`). Under
+    /// the Bearer flow the registry's challenge names `from`'s pull scope
+    /// beside this repository's push scope, and the token is asked for
+    /// both.
+    pub async fn mount_blob(&self, digest: &str, from: &RepositoryName) -> Result<Mount> {
+        let mut url = self.url(&format!("v2/{}/blobs/uploads/", self.reference.repository))?;
+        url.query_pairs_mut()
+            .append_pair("mount", digest)
+            .append_pair("from", from.as_str());
+        let what = self.blob_url(digest);
+        let response = self
+            .send("blob mount", &what, || {
+                self.http.post(url.clone()).header(CONTENT_LENGTH, "0")
+            })
+            .await?;
+        match response.status() {
+            StatusCode::CREATED => Ok(Mount::Mounted),
+            StatusCode::ACCEPTED => self
+                .location_of(&response, "blob mount", &what)
+                .map(Mount::Started),
+            _ => {
+                ok_or_refused(response, "blob mount", &what).await?;
+                Err(bad(
+                    &what,
+                    "a mount request answered with a success other than 201 or 202",
+                ))
+            }
+        }
     }
 
     /// Sends `bytes` as the chunk at `offset` of the session at `location`;

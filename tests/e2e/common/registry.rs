@@ -357,8 +357,9 @@ fn parse_access_line(line: &str) -> Option<Logged> {
 /// A token server: `python3 -c TOKEN_SERVER DIR PORT_FILE`. Writes
 /// `DIR/token.crt` (the certificate the registry trusts), listens on a
 /// free loopback port (written to PORT_FILE), answers `GET /token?scope=`
-/// with an RS256 JWT granting that scope (the certificate in `x5c`), one
-/// line per token in `DIR/tokens.log`; while `DIR/short` exists, the next
+/// with an RS256 JWT granting every scope asked (each its own `scope`
+/// parameter; the certificate in `x5c`), one line per token in
+/// `DIR/tokens.log` (the scopes space-separated); while `DIR/short` exists, the next
 /// token expires two seconds past the registry's 60 s leeway, and the file
 /// is removed.
 const TOKEN_SERVER: &str = r#"
@@ -386,11 +387,12 @@ issued = 0
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         global issued
-        scope = parse_qs(urlparse(self.path).query).get("scope", [""])[0]
+        scopes = parse_qs(urlparse(self.path).query).get("scope", [])
         access = []
-        if scope:
-            kind, repo, actions = scope.split(":")
-            access = [{"type": kind, "name": repo, "actions": actions.split(",")}]
+        for one in scopes:
+            kind, repo, actions = one.split(":")
+            access.append({"type": kind, "name": repo, "actions": actions.split(",")})
+        scope = " ".join(scopes)
         issued += 1
         t0 = int(time.time())
         short = os.path.join(d, "short")
