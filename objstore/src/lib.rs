@@ -77,7 +77,10 @@ pub use registry::{
     FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, Mount,
     OCI_MANIFEST_MEDIA_TYPE, Registry, RegistryConfig,
 };
-pub use registry_auth::{MAX_AUTH_FILE_BYTES, RegistryCredentials, registry_credentials};
+pub use registry_auth::{
+    AuthLookup, CredentialSource, MAX_AUTH_FILE_BYTES, MAX_HELPER_ANSWER_BYTES,
+    RegistryCredentials, registry_credentials,
+};
 pub use target::{
     Listed, OutputTarget, PartRequest, PartRules, PutMode, SharedTarget, TargetFuture,
 };

@@ -59,6 +59,9 @@ pub struct RegistryConfig {
     pub read_timeout: Duration,
     /// Credentials for the registry, if the auth files hold any.
     pub credentials: Option<RegistryCredentials>,
+    /// Auth files that could not be read (`FILE: reason`): named when the
+    /// registry asks for credentials none gave.
+    pub unreadable_auth: Vec<String>,
 }
 
 /// How requests are authorized now.
@@ -76,6 +79,7 @@ pub struct Registry {
     base: url::Url,
     http: reqwest::Client,
     credentials: Option<RegistryCredentials>,
+    unreadable_auth: Vec<String>,
     auth: Mutex<Auth>,
 }
 
@@ -132,6 +136,7 @@ impl Registry {
             base,
             http,
             credentials: config.credentials.clone(),
+            unreadable_auth: config.unreadable_auth.clone(),
             auth: Mutex::new(Auth::Anonymous),
         })
     }
@@ -187,8 +192,17 @@ impl Registry {
                     what: what.to_owned(),
                     source: source.without_url(),
                 })?;
-            if response.status() != StatusCode::UNAUTHORIZED || met_challenge {
+            if response.status() != StatusCode::UNAUTHORIZED {
                 return Ok(response);
+            }
+            if met_challenge {
+                return match self.unreadable_note() {
+                    Some(note) if self.credentials.is_none() => {
+                        Err(self
+                            .auth_error(format!("refused the request without credentials{note}")))
+                    }
+                    _ => Ok(response),
+                };
             }
             met_challenge = true;
             let challenge = parse_challenge(response.headers().get(WWW_AUTHENTICATE))
@@ -217,6 +231,16 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = auth;
     }
 
+    /// `; unreadable auth files: ...` when some could not be read.
+    fn unreadable_note(&self) -> Option<String> {
+        (!self.unreadable_auth.is_empty()).then(|| {
+            format!(
+                "; auth files that could not be read: {}",
+                self.unreadable_auth.join("; ")
+            )
+        })
+    }
+
     fn auth_error(&self, reason: String) -> ObjStoreError {
         ObjStoreError::RegistryAuth {
             registry: self.reference.registry.clone(),
@@ -230,11 +254,11 @@ impl Registry {
         match challenge {
             Challenge::Basic => {
                 if self.credentials.is_none() {
-                    return Err(self.auth_error(
+                    let note = self.unreadable_note().unwrap_or_default();
+                    return Err(self.auth_error(format!(
                         "asks for credentials (Basic) and no auth file has any for it \
-                         (REGISTRY_AUTH_FILE, containers auth.json, ~/.docker/config.json)"
-                            .into(),
-                    ));
+                         (REGISTRY_AUTH_FILE, containers auth.json, ~/.docker/config.json){note}"
+                    )));
                 }
                 self.set_auth(Auth::Basic);
                 Ok(())

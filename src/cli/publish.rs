@@ -130,7 +130,7 @@ async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
     let reference = ftpipe_objstore::OciReference::parse(&args.dest)?;
     args.upload.check()?;
     let dir = published_dir(&args.dir)?;
-    let config = args.registry.config(&reference, args.upload.stall)?;
+    let config = args.registry.config(&reference, args.upload.stall).await?;
     let mount_from = args
         .mount_from
         .as_deref()

@@ -3,6 +3,9 @@
 //! credential helpers (`credHelpers`, `credsStore`), uploads slower than
 //! `--read-timeout`, and the smaller refusals of `pull oci://`.
 
+use std::path::Path;
+use std::process::{Command, Output};
+
 use crate::common::registry::*;
 use crate::common::*;
 use crate::oci::{artifact_of, assert_same_files, publish, pull};
@@ -150,4 +153,174 @@ fn a_mount_under_bearer_tokens_asks_for_the_source_s_pull_scope() {
                 && t.contains("repository:models/b:")),
         "no token for the mount's two scopes: {tokens:?}"
     );
+}
+
+/// `ftpipe` with `DOCKER_CONFIG=docker` (its `config.json` = `config`),
+/// no other auth file, and `bin` first on `PATH` (where the test's
+/// credential helpers are).
+fn with_docker_config(home: &Path, config: &str, bin: &Path) -> Command {
+    let docker = home.join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    std::fs::write(docker.join("config.json"), config).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = ftpipe();
+    cmd.env("HOME", home)
+        .env("DOCKER_CONFIG", &docker)
+        .env("PATH", path)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("XDG_RUNTIME_DIR");
+    cmd
+}
+
+/// Writes the executable `bin/docker-credential-NAME` running `script`
+/// (a POSIX shell script: the helper protocol is a program on `PATH`).
+fn helper(bin: &Path, name: &str, script: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(bin).unwrap();
+    let path = bin.join(format!("docker-credential-{name}"));
+    std::fs::write(&path, format!("#!/bin/sh\n{script}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `publish DIR DEST` through `cmd`, with the oci flags of `oci::publish`.
+fn publish_with(mut cmd: Command, dir: &Path, dest: &str, extra: &[&str]) -> Output {
+    run(cmd
+        .arg("publish")
+        .arg(dir)
+        .arg(dest)
+        .args(["--plain-http", "--part-size", "64KiB", "--json"])
+        .args(extra))
+}
+
+/// Bug: credential helpers (`credHelpers`, `credsStore`) were not run, so
+/// a registry whose credentials live in a helper (docker's default on a
+/// desktop, `docker-credential-ecr-login`, `-gcloud`) was a `401`. The
+/// helper named for the registry is run as `get` with the registry on
+/// stdin and its `{"Username","Secret"}` answer authenticates the publish
+/// (`credHelpers`) and the pull (`credsStore`); the summary names the
+/// helper; the secret reaches no output and no state database.
+#[test]
+fn credential_helpers_give_the_registry_s_credentials() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3833);
+    let reg = Registry::start_with_auth();
+    let bin = tmp.path().join("bin");
+    let asked = tmp.path().join("asked");
+    helper(
+        &bin,
+        "fttest",
+        &format!(
+            "[ \"$1\" = get ] || exit 3\ncat > '{}'\nprintf '{{\"ServerURL\":\"x\",\"Username\":\"{REGISTRY_USER}\",\"Secret\":\"{REGISTRY_PASSWORD}\"}}'",
+            asked.display()
+        ),
+    );
+    let config = format!(
+        r#"{{"auths":{{"{h}":{{}}}},"credHelpers":{{"{h}":"fttest"}}}}"#,
+        h = reg.host()
+    );
+    let dest = reg.reference("models/qwen:v1");
+    let o = publish_with(
+        with_docker_config(tmp.path(), &config, &bin),
+        &dir,
+        &dest,
+        &[],
+    );
+    let o = ok(o, "publish with credHelpers");
+    let s = summary(&o);
+    assert_eq!(std::fs::read_to_string(&asked).unwrap(), reg.host());
+    let from = s["session"]["credentials_from"].as_str().unwrap();
+    assert!(from.contains("docker-credential-fttest"), "{s}");
+    let mut text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+
+    let config = r#"{"credsStore":"fttest"}"#;
+    let out = tmp.path().join("pulled");
+    let mut cmd = with_docker_config(tmp.path(), config, &bin);
+    cmd.args(["pull", &dest, "--plain-http", "--json", "--out"])
+        .arg(&out);
+    let o = ok(run(&mut cmd), "pull with credsStore");
+    text.push_str(&String::from_utf8_lossy(&o.stdout));
+    text.push_str(&stderr(&o));
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+    verify_deep(&artifact_of(&out));
+    assert!(
+        !text.contains(REGISTRY_PASSWORD),
+        "the secret in the output"
+    );
+    for d in [&dir, &out] {
+        let db = std::fs::read(d.join(".ftpipe/state.db")).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&db).contains(REGISTRY_PASSWORD),
+            "the secret in {d:?}'s state"
+        );
+    }
+}
+
+/// Bug (with helpers run at all): a helper that hangs, fails or answers
+/// garbage must end in bounded time in an error naming the helper and
+/// never show its output (a failing helper may print the secret). A
+/// hanging one (a shell waiting on a child) is killed with its process
+/// group at `--read-timeout`.
+#[test]
+fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3834);
+    let reg = Registry::start_with_auth();
+    let bin = tmp.path().join("bin");
+    let leaked = "helper-printed-secret-0042";
+    helper(&bin, "fthang", "cat > /dev/null\nsleep 120\necho '{}'");
+    helper(&bin, "ftfail", &format!("echo '{leaked}'\nexit 1"));
+    helper(&bin, "ftgarble", &format!("echo 'Username: {leaked}'"));
+    let dest = reg.reference("models/qwen:v1");
+    for (name, says) in [
+        ("fthang", "no answer within"),
+        ("ftfail", "failed"),
+        ("ftgarble", "not {\"Username\",\"Secret\"} JSON"),
+    ] {
+        let config = format!(r#"{{"credHelpers":{{"{}":"{name}"}}}}"#, reg.host());
+        let t = std::time::Instant::now();
+        let cmd = with_docker_config(tmp.path(), &config, &bin);
+        let o = publish_with(cmd, &dir, &dest, &["--read-timeout", "2"]);
+        assert!(!o.status.success(), "{name}: published");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{name}: took {:?}",
+            t.elapsed()
+        );
+        let err = stderr(&o);
+        assert_names(&err, &[&format!("docker-credential-{name}"), says]);
+        let all = format!("{}{err}", String::from_utf8_lossy(&o.stdout));
+        assert!(!all.contains(leaked), "{name}: its output shown: {all}");
+    }
+}
+
+/// Bug: a docker `config.json` that is not JSON aborted every registry
+/// command, also against a registry that needs no credentials. Now it is
+/// a warning naming the file and the publish goes on anonymously; when
+/// the registry does ask for credentials the error names the unreadable
+/// file.
+#[test]
+fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3835);
+    let bin = tmp.path().join("bin");
+    let config = "{\"auths\": {not json";
+    let file = tmp.path().join("docker/config.json").display().to_string();
+    let open = Registry::start();
+    let cmd = with_docker_config(tmp.path(), config, &bin);
+    let o = publish_with(cmd, &dir, &open.reference("models/qwen:v1"), &[]);
+    let o = ok(o, "anonymous publish beside a broken config.json");
+    assert_names(&stderr(&o), &["warning", &file, "not JSON"]);
+
+    let locked = Registry::start_with_auth();
+    let cmd = with_docker_config(tmp.path(), config, &bin);
+    let o = publish_with(cmd, &dir, &locked.reference("models/qwen:v1"), &[]);
+    assert!(!o.status.success(), "published without credentials");
+    assert_names(&stderr(&o), &["Basic", &file, "not JSON"]);
 }
