@@ -324,3 +324,63 @@ fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
     assert!(!o.status.success(), "published without credentials");
     assert_names(&stderr(&o), &["Basic", &file, "not JSON"]);
 }
+
+/// Bug: a manifest without a `placement.json` layer was found out only
+/// after every component had been downloaded (when its layer had been
+/// renamed), or refused as having "layers that are not files of the
+/// artifact: []" (when it had been dropped). Both are now refused before
+/// any blob is read, naming `placement.json`.
+#[test]
+fn a_manifest_without_placement_is_refused_before_any_blob_is_read() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = built(tmp.path(), 3836);
+    let reg = Registry::start();
+    ok(
+        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
+        "publish",
+    );
+    let (_, bytes) = reg.manifest("models/qwen", "v1");
+    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let placement = good["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|l| l["annotations"]["org.cncf.model.filepath"] == "placement.json")
+        .expect("a placement.json layer");
+    for tag in ["dropped", "renamed"] {
+        let mut m = good.clone();
+        if tag == "dropped" {
+            m["layers"].as_array_mut().unwrap().remove(placement);
+        } else {
+            let a = &mut m["layers"][placement]["annotations"];
+            a["org.cncf.model.filepath"] = "notes.json".into();
+            a["org.opencontainers.image.title"] = "notes.json".into();
+        }
+        let (status, _, body) = reg
+            .request(
+                "PUT",
+                &format!("/v2/models/qwen/manifests/{tag}"),
+                Some("application/vnd.oci.image.manifest.v1+json"),
+                m.to_string().as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        let before = reg.requests().len();
+        let out = tmp.path().join(format!("pulled-{tag}"));
+        let o = pull(
+            tmp.path(),
+            &reg.reference(&format!("models/qwen:{tag}")),
+            &out,
+            &[],
+        );
+        assert!(!o.status.success(), "{tag}: pulled");
+        assert_names(&stderr(&o), &["placement.json", "layer"]);
+        let blob_reads: Vec<_> = reg.requests()[before..]
+            .iter()
+            .filter(|r| r.path.contains("/blobs/"))
+            .cloned()
+            .collect();
+        assert!(blob_reads.is_empty(), "{tag}: blobs read: {blob_reads:?}");
+    }
+}
