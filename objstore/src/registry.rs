@@ -15,6 +15,18 @@
 //! - manifests: `HEAD` and a bounded `GET` by tag or digest, `PUT` by
 //!   digest then by tag.
 //!
+//! Uploads (`PATCH`, `PUT` with a body) go through a client without
+//! `reqwest`'s read timeout: that timeout runs while the body is still
+//! being sent (the connection is read for an early answer), so a body
+//! that takes longer than `--read-timeout` over a slow uplink was cut
+//! although it moved. Their stall check is the body's progress instead
+//! ([`Progress`]): no body bytes taken by the connection for the read
+//! timeout ends the request ([`ObjStoreError::RegistryStalled`]). The
+//! connection takes bytes into socket buffers before the network carries
+//! them, so once it has taken the whole body the answer is awaited for
+//! the read timeout plus the time the unseen tail (at most
+//! [`UNSEEN_TAIL_MAX`]) takes at [`UPLOAD_FLOOR_RATE`].
+//!
 //! Authentication ([`crate::registry_auth`]): anonymous first; a `401`
 //! names a scheme in `WWW-Authenticate`: `Basic` is answered with the
 //! credentials of the auth files, `Bearer` by asking its realm for a token
@@ -25,10 +37,11 @@
 //! which drops `Authorization` when the host changes. Upload locations on
 //! another host are refused.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use reqwest::header::{
     CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, LOCATION, RANGE, WWW_AUTHENTICATE,
 };
@@ -72,12 +85,76 @@ enum Auth {
     Bearer(String),
 }
 
+/// Bytes of an upload's body handed to the connection at a time: the
+/// unit of its progress.
+const UPLOAD_STEP: usize = 16 * 1024;
+
+/// Most body bytes assumed to sit in socket buffers (the client's send
+/// buffer and the peer's receive window, a few MiB each on Linux) once
+/// the connection has taken the whole body.
+const UNSEEN_TAIL_MAX: u64 = 8 * 1024 * 1024;
+/// The slowest uplink an upload's unseen tail is waited for at (bytes a
+/// second).
+const UPLOAD_FLOOR_RATE: u64 = 64 * 1024;
+
+/// How far an upload's body has gone: the bytes the connection took and
+/// when it last took some.
+#[derive(Debug)]
+struct Progress {
+    sent: std::sync::atomic::AtomicU64,
+    last: Mutex<tokio::time::Instant>,
+}
+
+impl Progress {
+    fn new() -> Arc<Progress> {
+        Arc::new(Progress {
+            sent: std::sync::atomic::AtomicU64::new(0),
+            last: Mutex::new(tokio::time::Instant::now()),
+        })
+    }
+
+    fn touch(&self, n: usize) {
+        self.sent
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `bytes` as a body handed on [`UPLOAD_STEP`] bytes at a time, each
+    /// step counted when the connection takes it.
+    fn body(self: &Arc<Progress>, bytes: &Bytes) -> reqwest::Body {
+        let progress = self.clone();
+        let steps: Vec<Bytes> = (0..bytes.len())
+            .step_by(UPLOAD_STEP)
+            .map(|at| bytes.slice(at..bytes.len().min(at.saturating_add(UPLOAD_STEP))))
+            .collect();
+        let stream = futures_util::stream::iter(steps).map(move |step| {
+            progress.touch(step.len());
+            Ok::<Bytes, std::convert::Infallible>(step)
+        });
+        reqwest::Body::wrap_stream(stream)
+    }
+}
+
 /// A repository of a registry and the client that speaks to it.
 #[derive(Debug)]
 pub struct Registry {
     reference: OciReference,
     base: url::Url,
     http: reqwest::Client,
+    /// Uploads: no read timeout (see the module doc); their stall check
+    /// is [`Registry::watched`].
+    uploads: reqwest::Client,
+    read_timeout: Duration,
     credentials: Option<RegistryCredentials>,
     unreadable_auth: Vec<String>,
     auth: Mutex<Auth>,
@@ -121,20 +198,29 @@ impl Registry {
                     },
                 }
             })?;
+        let setup = |source| ObjStoreError::RegistryHttp {
+            op: "client setup",
+            what: reference.repository_url(),
+            source,
+        };
         let http = reqwest::Client::builder()
             .connect_timeout(config.read_timeout)
             .read_timeout(config.read_timeout)
             .redirect(reqwest::redirect::Policy::limited(5))
             .build()
-            .map_err(|source| ObjStoreError::RegistryHttp {
-                op: "client setup",
-                what: reference.repository_url(),
-                source,
-            })?;
+            .map_err(setup)?;
+        // An upload location is on the registry's origin: no redirect.
+        let uploads = reqwest::Client::builder()
+            .connect_timeout(config.read_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(setup)?;
         Ok(Registry {
             reference: reference.clone(),
             base,
             http,
+            uploads,
+            read_timeout: config.read_timeout,
             credentials: config.credentials.clone(),
             unreadable_auth: config.unreadable_auth.clone(),
             auth: Mutex::new(Auth::Anonymous),
@@ -438,16 +524,23 @@ impl Registry {
             .checked_add(len)
             .ok_or_else(|| bad(&what, "chunk past 2^64"))?;
         let range = format!("{offset}-{}", end.saturating_sub(1));
+        let progress = Progress::new();
+        let sent = async {
+            let response = self
+                .send("upload chunk", &what, || {
+                    self.uploads
+                        .patch(url.clone())
+                        .header(CONTENT_TYPE, "application/octet-stream")
+                        .header(CONTENT_RANGE, &range)
+                        .header(CONTENT_LENGTH, len)
+                        .body(progress.body(&bytes))
+                })
+                .await?;
+            session_answer(response, "upload chunk", &what).await
+        };
         let response = self
-            .send("upload chunk", &what, || {
-                self.http
-                    .patch(url.clone())
-                    .header(CONTENT_TYPE, "application/octet-stream")
-                    .header(CONTENT_RANGE, &range)
-                    .body(bytes.clone())
-            })
+            .watched("upload chunk", &what, len, &progress, sent)
             .await?;
-        let response = session_answer(response, "upload chunk", &what).await?;
         let acknowledged = response
             .headers()
             .get(RANGE)
@@ -475,16 +568,60 @@ impl Registry {
         let what = self.blob_url(digest);
         let mut url = self.upload_url(location, &what)?;
         url.query_pairs_mut().append_pair("digest", digest);
-        let response = self
-            .send("upload complete", &what, || {
-                self.http
-                    .put(url.clone())
-                    .header(CONTENT_TYPE, "application/octet-stream")
-                    .body(tail.clone())
-            })
+        let progress = Progress::new();
+        let len = tail.len() as u64;
+        let sent = async {
+            let response = self
+                .send("upload complete", &what, || {
+                    self.uploads
+                        .put(url.clone())
+                        .header(CONTENT_TYPE, "application/octet-stream")
+                        .header(CONTENT_LENGTH, len)
+                        .body(progress.body(&tail))
+                })
+                .await?;
+            session_answer(response, "upload complete", &what).await
+        };
+        self.watched("upload complete", &what, len, &progress, sent)
             .await?;
-        session_answer(response, "upload complete", &what).await?;
         Ok(())
+    }
+
+    /// `request` (an upload sending a body of `len` bytes through
+    /// `progress`), ended as [`ObjStoreError::RegistryStalled`] once the
+    /// connection took no body byte for the read timeout, or, having taken
+    /// it all, no answer came within the read timeout and the unseen
+    /// tail's time (see the module doc).
+    async fn watched<T>(
+        &self,
+        op: &'static str,
+        what: &str,
+        len: u64,
+        progress: &Progress,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::pin!(request);
+        let tail = Duration::from_secs(len.min(UNSEEN_TAIL_MAX) / UPLOAD_FLOOR_RATE);
+        let deadline = || {
+            let taken = progress.sent.load(std::sync::atomic::Ordering::Relaxed) >= len;
+            progress.last() + self.read_timeout + if taken { tail } else { Duration::ZERO }
+        };
+        loop {
+            tokio::select! {
+                done = &mut request => return done,
+                () = tokio::time::sleep_until(deadline()) => {
+                    if deadline() <= tokio::time::Instant::now() {
+                        return Err(ObjStoreError::RegistryStalled {
+                            op,
+                            what: what.to_owned(),
+                            secs: self.read_timeout.as_secs(),
+                            sent: progress.sent.load(std::sync::atomic::Ordering::Relaxed),
+                            len,
+                        });
+                    }
+                }
+            }
+        }
     }
 
     /// Cancels the session at `location`; one the registry no longer knows

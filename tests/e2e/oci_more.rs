@@ -384,3 +384,55 @@ fn a_manifest_without_placement_is_refused_before_any_blob_is_read() {
         assert!(blob_reads.is_empty(), "{tag}: blobs read: {blob_reads:?}");
     }
 }
+
+/// The largest file of `artifact`: its size and SHA-256.
+fn largest_file(artifact: &Path) -> (u64, String) {
+    let path = std::fs::read_dir(artifact)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| p.metadata().unwrap().len())
+        .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    (bytes.len() as u64, sha256_hex(&bytes))
+}
+
+/// Whether reqwest's `read_timeout` cuts an upload whose body takes longer
+/// than `--read-timeout` to send over a slow uplink (the answer is not
+/// due before the body is sent): it did (the publish failed with
+/// "operation timed out"). Every blob goes in one request, the largest
+/// through a proxy that reads a third of it a second, with
+/// `--read-timeout 1`. The publish must succeed and pull byte-identical.
+#[test]
+fn an_upload_slower_than_the_read_timeout_is_not_cut() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3837);
+    let reg = Registry::start();
+    let (largest, digest) = largest_file(&artifact_of(&dir));
+    let rate = (largest / 3).max(4096);
+    let proxy = ThrottledProxy::start(&reg.host(), rate, &digest, largest);
+    let dest = format!("oci://{}/models/qwen:v1", proxy.host());
+    let t = std::time::Instant::now();
+    let o = run(ftpipe()
+        .env("HOME", tmp.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .arg("publish")
+        .arg(&dir)
+        .arg(&dest)
+        .args(["--plain-http", "--json", "--part-size", "64MiB"])
+        .args(["--read-timeout", "1"]));
+    let o = ok(o, "publish over a slow uplink");
+    assert!(
+        t.elapsed() >= std::time::Duration::from_secs(2),
+        "the largest blob ({largest} bytes at {rate} B/s) was not slow to send"
+    );
+    assert_eq!(summary(&o)["outcome"]["already_published"], false);
+    let out = tmp.path().join("pulled");
+    ok(
+        pull(tmp.path(), &reg.reference("models/qwen:v1"), &out, &[]),
+        "pull",
+    );
+    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+}

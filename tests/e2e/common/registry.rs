@@ -446,3 +446,81 @@ mod base64_like {
         out
     }
 }
+
+/// A TCP proxy in front of a registry whose uplink is slow: what a
+/// client sends on a connection, from the first read holding `marker` on
+/// (a blob's digest: only its upload is slow), `slow` bytes are read at
+/// most `rate` bytes per second (4 KiB at a time); answers are passed on
+/// at once. A request body larger than `rate` ×
+/// the client's read timeout takes longer to send than that timeout
+/// while bytes keep moving.
+pub struct ThrottledProxy {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ThrottledProxy {
+    /// A proxy to `upstream` (`HOST:PORT`) reading `rate` bytes a second
+    /// once `marker` went by.
+    pub fn start(upstream: &str, rate: u64, marker: &str, slow: u64) -> ThrottledProxy {
+        let marker = marker.as_bytes().to_vec();
+        let upstream: SocketAddr = upstream.parse().expect("HOST:PORT");
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                relay(client, server, (rate, slow), marker.clone());
+            }
+        });
+        ThrottledProxy { addr, stop }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for ThrottledProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies `client` to `server` (at `rate` bytes a second once `marker`
+/// went by) and `server` to `client` at once, each on its own thread;
+/// either end closing closes both.
+fn relay(client: TcpStream, server: TcpStream, (rate, slow): (u64, u64), marker: Vec<u8>) {
+    let (mut c_read, mut c_write) = (client.try_clone().unwrap(), client);
+    let (mut s_read, mut s_write) = (server.try_clone().unwrap(), server);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let (mut seen, mut throttled) = (false, 0u64);
+        while let Ok(n) = c_read.read(&mut buf) {
+            if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            seen = seen || buf[..n].windows(marker.len()).any(|w| w == marker);
+            if seen && throttled < slow {
+                throttled += n as u64;
+                let secs = n as f64 / rate.max(1) as f64;
+                std::thread::sleep(Duration::from_secs_f64(secs));
+            }
+        }
+        let _ = s_write.shutdown(std::net::Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut s_read, &mut c_write);
+        let _ = c_write.shutdown(std::net::Shutdown::Both);
+    });
+}
