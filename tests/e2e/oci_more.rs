@@ -436,3 +436,47 @@ fn an_upload_slower_than_the_read_timeout_is_not_cut() {
     );
     assert_same_files(&artifact_of(&dir), &artifact_of(&out));
 }
+
+/// Guards the fix above: uploads lost `reqwest`'s read timeout, so a
+/// registry that stops reading a blob's body would hang the publish
+/// without the body-progress check. Behind a proxy that reads 512 bytes a
+/// second (the largest blob would take many minutes), the publish fails
+/// within seconds of `--read-timeout 1` plus the unseen tail's allowance,
+/// naming the blob, the read timeout and how far the body got.
+#[test]
+fn a_stalled_upload_ends_at_the_read_timeout() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3839);
+    let reg = Registry::start();
+    let (largest, digest) = largest_file(&artifact_of(&dir));
+    let proxy = ThrottledProxy::start(&reg.host(), 512, &digest, largest);
+    let dest = format!("oci://{}/models/qwen:v1", proxy.host());
+    let t = std::time::Instant::now();
+    let o = run(ftpipe()
+        .env("HOME", tmp.path())
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR")
+        .arg("publish")
+        .arg(&dir)
+        .arg(&dest)
+        .args(["--plain-http", "--json", "--part-size", "64MiB"])
+        .args(["--read-timeout", "1"]));
+    assert!(!o.status.success(), "published through a stalled uplink");
+    let limit = 1 + largest.min(8 << 20) / (64 << 10) + 10;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(limit),
+        "took {:?} (limit {limit} s)",
+        t.elapsed()
+    );
+    assert_names(
+        &stderr(&o),
+        &[
+            &digest,
+            "no progress for 1 s",
+            "--read-timeout",
+            "body bytes sent",
+        ],
+    );
+}
