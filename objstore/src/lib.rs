@@ -24,12 +24,16 @@
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
 //!   upload, a receipt a part's ETag with its checksum).
-//! - `reference`: [`OciReference`], `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
+//! - `reference`: [`OciReference`], `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]`,
+//!   and [`RepositoryName`] (a mount's source).
 //! - `registry_auth`: registry credentials from the container auth files
-//!   ([`registry_credentials`]) and the `WWW-Authenticate` challenges.
+//!   and their credential helpers ([`registry_credentials`], an
+//!   [`AuthLookup`] naming unreadable files) and the `WWW-Authenticate`
+//!   challenges.
 //! - `registry`: [`Registry`], the OCI distribution protocol over
-//!   `reqwest` (blob head/get/ranged get, chunked uploads, manifests; the
-//!   Basic and Bearer flows).
+//!   `reqwest` (blob head/get/ranged get, chunked uploads whose stall check
+//!   is the body's progress, cross-repository mounts ([`Mount`]),
+//!   manifests; the Basic and Bearer flows).
 //! - `ocitarget`: [`OciTarget`], a registry's blobs as an [`OutputTarget`]
 //!   (a key a digest, a session a chunked upload, a receipt the location
 //!   each chunk was answered with).
