@@ -82,7 +82,7 @@ pub use registry::{
     OCI_MANIFEST_MEDIA_TYPE, Registry, RegistryConfig,
 };
 pub use registry_auth::{
-    AuthLookup, CredentialSource, MAX_AUTH_FILE_BYTES, MAX_HELPER_ANSWER_BYTES,
+    AuthLookup, CredentialKind, CredentialSource, MAX_AUTH_FILE_BYTES, MAX_HELPER_ANSWER_BYTES,
     RegistryCredentials, registry_credentials,
 };
 pub use target::{

@@ -49,7 +49,7 @@ use reqwest::{RequestBuilder, Response, StatusCode};
 
 use crate::error::{ObjStoreError, Result};
 use crate::reference::{OciReference, RepositoryName};
-use crate::registry_auth::{Challenge, RegistryCredentials, parse_challenge};
+use crate::registry_auth::{Challenge, CredentialKind, RegistryCredentials, parse_challenge};
 
 /// Most bytes of a manifest read (the distribution registry's own limit
 /// is 4 MiB).
@@ -339,6 +339,15 @@ impl Registry {
     async fn meet(&self, challenge: Challenge) -> Result<()> {
         match challenge {
             Challenge::Basic => {
+                if let Some(c) = &self.credentials
+                    && c.kind == CredentialKind::IdentityToken
+                {
+                    return Err(self.auth_error(format!(
+                        "asks for credentials (Basic) and {} holds an identity token, which \
+                         only a Bearer registry takes",
+                        c.from
+                    )));
+                }
                 if self.credentials.is_none() {
                     let note = self.unreadable_note().unwrap_or_default();
                     return Err(self.auth_error(format!(
@@ -390,10 +399,16 @@ impl Registry {
                 q.append_pair("scope", s);
             }
         }
-        let mut request = self.http.get(url);
-        if let Some(c) = &self.credentials {
-            request = request.basic_auth(&c.username, Some(&c.password));
-        }
+        let request = match &self.credentials {
+            Some(c) if c.kind == CredentialKind::IdentityToken => {
+                refresh_request(&self.http, url, &c.password)
+            }
+            Some(c) => self
+                .http
+                .get(url)
+                .basic_auth(&c.username, Some(&c.password)),
+            None => self.http.get(url),
+        };
         let what = format!("token realm of {}", self.reference.registry);
         let response = request
             .send()
@@ -753,6 +768,34 @@ impl Registry {
             })?;
         Ok(self.upload_url(location, what)?.to_string())
     }
+}
+
+/// The OAuth2 token request of an identity token: `POST` to the realm
+/// with `grant_type=refresh_token`, the token, `client_id`, and the
+/// `service` and scopes `url`'s query holds (the scopes space-separated,
+/// as OAuth2 takes them).
+fn refresh_request(http: &reqwest::Client, mut url: url::Url, token: &str) -> RequestBuilder {
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    form.append_pair("grant_type", "refresh_token")
+        .append_pair("refresh_token", token)
+        .append_pair("client_id", "ftpipe");
+    let mut scopes = Vec::new();
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "scope" => scopes.push(v.into_owned()),
+            "service" => {
+                form.append_pair("service", &v);
+            }
+            _ => {}
+        }
+    }
+    if !scopes.is_empty() {
+        form.append_pair("scope", &scopes.join(" "));
+    }
+    url.set_query(None);
+    http.post(url)
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form.finish())
 }
 
 /// An answer that contradicts the protocol.

@@ -17,8 +17,10 @@
 //! hangs or answers anything else is an error naming the helper and the
 //! file that named it; its output is never shown (it holds the secret).
 //! `credentials not found in native keychain` (the protocol's answer for
-//! no entry) is no credentials. An identity token (`Username` `<token>`)
-//! is refused as unsupported.
+//! no entry) is no credentials. An identity token (a helper's `Username`
+//! `<token>`, an `auths` entry's `identitytoken`) is an OAuth2 refresh
+//! token: only a Bearer registry takes it, its realm asked with
+//! `POST grant_type=refresh_token`.
 //!
 //! Every file is read within [`MAX_AUTH_FILE_BYTES`]; a file that cannot
 //! be read or is not JSON is skipped with a reason the caller warns with
@@ -70,13 +72,29 @@ impl std::fmt::Display for CredentialSource {
     }
 }
 
-/// A user name and password for one registry (never printed).
+/// What a registry's credentials are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    /// A user name and password (Basic, or the token realm's Basic).
+    Password,
+    /// An identity token (`password`): a refresh token for the realm's
+    /// OAuth2 `POST`; never sent as Basic.
+    IdentityToken,
+}
+
+/// The user name a helper answers for an identity token.
+const IDENTITY_TOKEN_USER: &str = "<token>";
+
+/// A user name and password, or an identity token, for one registry
+/// (never printed).
 #[derive(Clone)]
 pub struct RegistryCredentials {
-    /// The user name.
+    /// The user name (`<token>` for an identity token).
     pub username: String,
-    /// The password.
+    /// The password, or the identity token.
     pub password: String,
+    /// Which of the two.
+    pub kind: CredentialKind,
     /// Where they came from.
     pub from: CredentialSource,
 }
@@ -222,6 +240,14 @@ fn auths_entry(
             .and_then(|v| v.as_str())
             .filter(|v| !v.is_empty())
     };
+    if let Some(token) = field("identitytoken") {
+        return Ok(Some(RegistryCredentials {
+            username: IDENTITY_TOKEN_USER.to_owned(),
+            password: token.to_owned(),
+            kind: CredentialKind::IdentityToken,
+            from: CredentialSource::File(path.to_owned()),
+        }));
+    }
     let (username, password) = match (field("auth"), field("username"), field("password")) {
         (Some(auth), _, _) => {
             let decoded = base64::engine::general_purpose::STANDARD
@@ -240,6 +266,7 @@ fn auths_entry(
     Ok(Some(RegistryCredentials {
         username,
         password,
+        kind: CredentialKind::Password,
         from: CredentialSource::File(path.to_owned()),
     }))
 }
@@ -292,19 +319,18 @@ async fn run_helper(
         )
     })?;
     ftpipe_secrets::register(&answer.secret);
-    if answer.username == "<token>" {
-        return Err(fail(
-            "it holds an identity token (Username <token>), which ftpipe does not support; \
-             log in with a user name and password"
-                .into(),
-        ));
-    }
     if answer.secret.is_empty() {
         return Ok(None);
     }
+    let kind = if answer.username == IDENTITY_TOKEN_USER {
+        CredentialKind::IdentityToken
+    } else {
+        CredentialKind::Password
+    };
     Ok(Some(RegistryCredentials {
         username: answer.username,
         password: answer.secret,
+        kind,
         from: CredentialSource::Helper {
             name: name.to_owned(),
             config: config.to_owned(),

@@ -480,3 +480,54 @@ fn a_stalled_upload_ends_at_the_read_timeout() {
         ],
     );
 }
+
+/// Bug: a helper answering an identity token (`Username` `<token>`, what
+/// `docker login` stores for registries with OAuth2) could not be used
+/// (refused as unsupported; as a Basic password to the realm it would be
+/// refused there). It is a refresh token: the realm is
+/// asked with `POST grant_type=refresh_token` and answers an
+/// `access_token` (every token of the publish came that way, none was
+/// refused); a Basic registry is told the credentials are an identity
+/// token; the token reaches no output and no state database.
+#[test]
+fn an_identity_token_from_a_helper_is_a_refresh_token_for_the_realm() {
+    let _g = time_bounded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), 3840);
+    let reg = Registry::start_with_tokens();
+    let token = "ftpipe-identity-token-0007";
+    reg.accept_identity_token(token);
+    let bin = tmp.path().join("bin");
+    helper(
+        &bin,
+        "ftid",
+        &format!("cat > /dev/null\nprintf '{{\"Username\":\"<token>\",\"Secret\":\"{token}\"}}'"),
+    );
+    let config = format!(r#"{{"credHelpers":{{"{}":"ftid"}}}}"#, reg.host());
+    let cmd = with_docker_config(tmp.path(), &config, &bin);
+    let o = publish_with(cmd, &dir, &reg.reference("models/qwen:v1"), &[]);
+    let o = ok(o, "publish with an identity token");
+    let tokens = reg.tokens_issued();
+    assert!(
+        !tokens.is_empty() && tokens.iter().all(|t| t.starts_with("refresh repository:")),
+        "{tokens:?}"
+    );
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(!text.contains(token), "the token in the output");
+    let db = std::fs::read(dir.join(".ftpipe/state.db")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&db).contains(token),
+        "the token in the state"
+    );
+
+    let basic = Registry::start_with_auth();
+    let config = format!(r#"{{"credHelpers":{{"{}":"ftid"}}}}"#, basic.host());
+    let cmd = with_docker_config(tmp.path(), &config, &bin);
+    let o = publish_with(cmd, &dir, &basic.reference("models/qwen:v1"), &[]);
+    assert!(!o.status.success(), "an identity token passed as Basic");
+    assert_names(
+        &stderr(&o),
+        &["identity token", "Basic", "docker-credential-ftid"],
+    );
+    assert!(!stderr(&o).contains(token));
+}

@@ -109,6 +109,11 @@ impl Registry {
         std::fs::write(self._dir.path().join("short"), b"").unwrap();
     }
 
+    /// The token server takes `token` as an identity (refresh) token.
+    pub fn accept_identity_token(&self, token: &str) {
+        std::fs::write(self._dir.path().join("refresh"), token).unwrap();
+    }
+
     /// Scopes of the tokens issued so far, in order.
     pub fn tokens_issued(&self) -> Vec<String> {
         std::fs::read_to_string(self._dir.path().join("tokens.log"))
@@ -359,7 +364,11 @@ fn parse_access_line(line: &str) -> Option<Logged> {
 /// free loopback port (written to PORT_FILE), answers `GET /token?scope=`
 /// with an RS256 JWT granting every scope asked (each its own `scope`
 /// parameter; the certificate in `x5c`), one line per token in
-/// `DIR/tokens.log` (the scopes space-separated); while `DIR/short` exists, the next
+/// `DIR/tokens.log` (the scopes space-separated); a `POST` with
+/// `grant_type=refresh_token` and the refresh token in `DIR/refresh` (an
+/// identity token, [`Registry::accept_identity_token`]) gets an
+/// `access_token` (logged `refresh SCOPES`), any other `POST` a `401`
+/// (logged `refresh refused`); while `DIR/short` exists, the next
 /// token expires two seconds past the registry's 60 s leeway, and the file
 /// is removed.
 const TOKEN_SERVER: &str = r#"
@@ -385,9 +394,26 @@ der = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
 b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
 issued = 0
 class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        form = parse_qs(self.rfile.read(n).decode())
+        want_path = os.path.join(d, "refresh")
+        want = open(want_path).read() if os.path.exists(want_path) else None
+        ok = (form.get("grant_type") == ["refresh_token"] and want is not None
+              and form.get("refresh_token") == [want])
+        if not ok:
+            with open(os.path.join(d, "tokens.log"), "a") as f:
+                f.write("refresh refused\n")
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.issue(form.get("scope", [""])[0].split(), "refresh ", "access_token")
     def do_GET(self):
-        global issued
         scopes = parse_qs(urlparse(self.path).query).get("scope", [])
+        self.issue(scopes, "", "token")
+    def issue(self, scopes, label, field):
+        global issued
         access = []
         for one in scopes:
             kind, repo, actions = one.split(":")
@@ -405,9 +431,9 @@ class H(http.server.BaseHTTPRequestHandler):
         header = {"typ": "JWT", "alg": "RS256", "x5c": [der]}
         signing = b64(json.dumps(header).encode()) + "." + b64(json.dumps(claims).encode())
         sig = key.sign(signing.encode(), padding.PKCS1v15(), hashes.SHA256())
-        body = json.dumps({"token": signing + "." + b64(sig)}).encode()
+        body = json.dumps({field: signing + "." + b64(sig)}).encode()
         with open(os.path.join(d, "tokens.log"), "a") as f:
-            f.write(f"{scope} exp={exp - t0}\n")
+            f.write(f"{label}{scope} exp={exp - t0}\n")
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
