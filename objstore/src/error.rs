@@ -169,6 +169,23 @@ pub enum ObjStoreError {
         #[source]
         source: reqwest::Error,
     },
+    /// An upload's body stopped moving, or its answer did not come, for
+    /// the read timeout.
+    #[error(
+        "registry {op} of {what}: no progress for {secs} s (--read-timeout): {sent} of {len} body bytes sent"
+    )]
+    RegistryStalled {
+        /// What was asked.
+        op: &'static str,
+        /// What it was asked of.
+        what: String,
+        /// The read timeout, in seconds.
+        secs: u64,
+        /// Body bytes handed to the connection.
+        sent: u64,
+        /// Body bytes of the request.
+        len: u64,
+    },
     /// A registry refused a request: its status and the error codes of its
     /// answer (bounded, redacted).
     #[error("registry {op} of {what}: HTTP {status}{}", if said.is_empty() { String::new() } else { format!(" ({said})") })]
@@ -221,7 +238,9 @@ impl ObjStoreError {
                 object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }
             ),
-            ObjStoreError::Http { .. } | ObjStoreError::RegistryHttp { .. } => true,
+            ObjStoreError::Http { .. }
+            | ObjStoreError::RegistryHttp { .. }
+            | ObjStoreError::RegistryStalled { .. } => true,
             ObjStoreError::RegistryStatus { status, .. } => {
                 *status >= 500 || matches!(status, 408 | 429)
             }

@@ -24,12 +24,16 @@
 //!   module implementing it.
 //! - `s3target`: S3 as an [`OutputTarget`] (a session is a multipart
 //!   upload, a receipt a part's ETag with its checksum).
-//! - `reference`: [`OciReference`], `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
+//! - `reference`: [`OciReference`], `oci://REGISTRY/REPOSITORY[:TAG|@DIGEST]`,
+//!   and [`RepositoryName`] (a mount's source).
 //! - `registry_auth`: registry credentials from the container auth files
-//!   ([`registry_credentials`]) and the `WWW-Authenticate` challenges.
+//!   and their credential helpers ([`registry_credentials`], an
+//!   [`AuthLookup`] naming unreadable files) and the `WWW-Authenticate`
+//!   challenges.
 //! - `registry`: [`Registry`], the OCI distribution protocol over
-//!   `reqwest` (blob head/get/ranged get, chunked uploads, manifests; the
-//!   Basic and Bearer flows).
+//!   `reqwest` (blob head/get/ranged get, chunked uploads whose stall check
+//!   is the body's progress, cross-repository mounts ([`Mount`]),
+//!   manifests; the Basic and Bearer flows).
 //! - `ocitarget`: [`OciTarget`], a registry's blobs as an [`OutputTarget`]
 //!   (a key a digest, a session a chunked upload, a receipt the location
 //!   each chunk was answered with).
@@ -71,13 +75,16 @@ pub use location::{ArtifactKeys, MANIFEST_KEY, S3Location, artifact_file_key};
 pub use object_store::GetRange;
 pub use ocitarget::OciTarget;
 pub use reference::{
-    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, is_sha256_digest, is_sha256_hex,
+    DEFAULT_TAG, OCI_SCHEME, OciReference, Pointer, RepositoryName, is_sha256_digest, is_sha256_hex,
 };
 pub use registry::{
-    FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, OCI_MANIFEST_MEDIA_TYPE,
-    Registry, RegistryConfig,
+    FetchedManifest, MAX_OCI_MANIFEST_BYTES, MAX_TOKEN_ANSWER_BYTES, Mount,
+    OCI_MANIFEST_MEDIA_TYPE, Registry, RegistryConfig,
 };
-pub use registry_auth::{MAX_AUTH_FILE_BYTES, RegistryCredentials, registry_credentials};
+pub use registry_auth::{
+    AuthLookup, CredentialKind, CredentialSource, MAX_AUTH_FILE_BYTES, MAX_HELPER_ANSWER_BYTES,
+    RegistryCredentials, registry_credentials,
+};
 pub use target::{
     Listed, OutputTarget, PartRequest, PartRules, PutMode, SharedTarget, TargetFuture,
 };

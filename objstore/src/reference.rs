@@ -124,6 +124,33 @@ impl std::fmt::Display for OciReference {
     }
 }
 
+/// A repository of a registry (`a/b/c`), checked by the distribution
+/// spec's grammar: the source of a cross-repository mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepositoryName(String);
+
+impl RepositoryName {
+    /// `given` when it is a repository name.
+    pub fn parse(given: &str) -> Result<RepositoryName> {
+        check_repository(given).map_err(|reason| ObjStoreError::BadReference {
+            given: given.to_owned(),
+            reason,
+        })?;
+        Ok(RepositoryName(given.to_owned()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RepositoryName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 fn split_pointer(path: &str) -> std::result::Result<(&str, Pointer), &'static str> {
     if let Some((repo, digest)) = path.split_once('@') {
         if !is_sha256_digest(digest) {

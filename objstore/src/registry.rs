@@ -9,9 +9,23 @@
 //!   `Content-Range` and is answered with the next `Location` and the
 //!   `Range` the registry acknowledges, `PUT ?digest=` completes it (the
 //!   registry checks the digest), `DELETE` cancels it; a small blob goes in
-//!   one `POST` + `PUT`;
+//!   one `POST` + `PUT`; a cross-repository mount is a `POST ?mount=&from=`
+//!   answered `201` (linked, nothing sent) or `202` (an upload session
+//!   instead, [`Mount`]);
 //! - manifests: `HEAD` and a bounded `GET` by tag or digest, `PUT` by
 //!   digest then by tag.
+//!
+//! Uploads (`PATCH`, `PUT` with a body) go through a client without
+//! `reqwest`'s read timeout: that timeout runs while the body is still
+//! being sent (the connection is read for an early answer), so a body
+//! that takes longer than `--read-timeout` over a slow uplink was cut
+//! although it moved. Their stall check is the body's progress instead
+//! ([`Progress`]): no body bytes taken by the connection for the read
+//! timeout ends the request ([`ObjStoreError::RegistryStalled`]). The
+//! connection takes bytes into socket buffers before the network carries
+//! them, so once it has taken the whole body the answer is awaited for
+//! the read timeout plus the time the unseen tail (at most
+//! [`UNSEEN_TAIL_MAX`]) takes at [`UPLOAD_FLOOR_RATE`].
 //!
 //! Authentication ([`crate::registry_auth`]): anonymous first; a `401`
 //! names a scheme in `WWW-Authenticate`: `Basic` is answered with the
@@ -23,18 +37,19 @@
 //! which drops `Authorization` when the host changes. Upload locations on
 //! another host are refused.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use reqwest::header::{
     CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, LOCATION, RANGE, WWW_AUTHENTICATE,
 };
 use reqwest::{RequestBuilder, Response, StatusCode};
 
 use crate::error::{ObjStoreError, Result};
-use crate::reference::OciReference;
-use crate::registry_auth::{Challenge, RegistryCredentials, parse_challenge};
+use crate::reference::{OciReference, RepositoryName};
+use crate::registry_auth::{Challenge, CredentialKind, RegistryCredentials, parse_challenge};
 
 /// Most bytes of a manifest read (the distribution registry's own limit
 /// is 4 MiB).
@@ -57,6 +72,9 @@ pub struct RegistryConfig {
     pub read_timeout: Duration,
     /// Credentials for the registry, if the auth files hold any.
     pub credentials: Option<RegistryCredentials>,
+    /// Auth files that could not be read (`FILE: reason`): named when the
+    /// registry asks for credentials none gave.
+    pub unreadable_auth: Vec<String>,
 }
 
 /// How requests are authorized now.
@@ -67,14 +85,90 @@ enum Auth {
     Bearer(String),
 }
 
+/// Bytes of an upload's body handed to the connection at a time: the
+/// unit of its progress.
+const UPLOAD_STEP: usize = 16 * 1024;
+
+/// Most body bytes assumed to sit in socket buffers (the client's send
+/// buffer and the peer's receive window, a few MiB each on Linux) once
+/// the connection has taken the whole body.
+const UNSEEN_TAIL_MAX: u64 = 8 * 1024 * 1024;
+/// The slowest uplink an upload's unseen tail is waited for at (bytes a
+/// second).
+const UPLOAD_FLOOR_RATE: u64 = 64 * 1024;
+
+/// How far an upload's body has gone: the bytes the connection took and
+/// when it last took some.
+#[derive(Debug)]
+struct Progress {
+    sent: std::sync::atomic::AtomicU64,
+    last: Mutex<tokio::time::Instant>,
+}
+
+impl Progress {
+    fn new() -> Arc<Progress> {
+        Arc::new(Progress {
+            sent: std::sync::atomic::AtomicU64::new(0),
+            last: Mutex::new(tokio::time::Instant::now()),
+        })
+    }
+
+    fn touch(&self, n: usize) {
+        self.sent
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `bytes` as a body handed on [`UPLOAD_STEP`] bytes at a time, each
+    /// step counted when the connection takes it.
+    fn body(self: &Arc<Progress>, bytes: &Bytes) -> reqwest::Body {
+        let progress = self.clone();
+        let steps: Vec<Bytes> = (0..bytes.len())
+            .step_by(UPLOAD_STEP)
+            .map(|at| bytes.slice(at..bytes.len().min(at.saturating_add(UPLOAD_STEP))))
+            .collect();
+        let stream = futures_util::stream::iter(steps).map(move |step| {
+            progress.touch(step.len());
+            Ok::<Bytes, std::convert::Infallible>(step)
+        });
+        reqwest::Body::wrap_stream(stream)
+    }
+}
+
 /// A repository of a registry and the client that speaks to it.
 #[derive(Debug)]
 pub struct Registry {
     reference: OciReference,
     base: url::Url,
     http: reqwest::Client,
+    /// Uploads: no read timeout (see the module doc); their stall check
+    /// is [`Registry::watched`].
+    uploads: reqwest::Client,
+    read_timeout: Duration,
     credentials: Option<RegistryCredentials>,
+    unreadable_auth: Vec<String>,
     auth: Mutex<Auth>,
+}
+
+/// What a cross-repository mount request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mount {
+    /// `201`: the repository now has the blob; nothing was sent.
+    Mounted,
+    /// `202`: the registry did not mount it (the source repository lacks
+    /// it, or the caller may not read it) and opened an upload session
+    /// instead: its location.
+    Started(String),
 }
 
 /// A manifest as read from the registry: its bytes, media type, digest.
@@ -104,21 +198,31 @@ impl Registry {
                     },
                 }
             })?;
+        let setup = |source| ObjStoreError::RegistryHttp {
+            op: "client setup",
+            what: reference.repository_url(),
+            source,
+        };
         let http = reqwest::Client::builder()
             .connect_timeout(config.read_timeout)
             .read_timeout(config.read_timeout)
             .redirect(reqwest::redirect::Policy::limited(5))
             .build()
-            .map_err(|source| ObjStoreError::RegistryHttp {
-                op: "client setup",
-                what: reference.repository_url(),
-                source,
-            })?;
+            .map_err(setup)?;
+        // An upload location is on the registry's origin: no redirect.
+        let uploads = reqwest::Client::builder()
+            .connect_timeout(config.read_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(setup)?;
         Ok(Registry {
             reference: reference.clone(),
             base,
             http,
+            uploads,
+            read_timeout: config.read_timeout,
             credentials: config.credentials.clone(),
+            unreadable_auth: config.unreadable_auth.clone(),
             auth: Mutex::new(Auth::Anonymous),
         })
     }
@@ -174,8 +278,17 @@ impl Registry {
                     what: what.to_owned(),
                     source: source.without_url(),
                 })?;
-            if response.status() != StatusCode::UNAUTHORIZED || met_challenge {
+            if response.status() != StatusCode::UNAUTHORIZED {
                 return Ok(response);
+            }
+            if met_challenge {
+                return match self.unreadable_note() {
+                    Some(note) if self.credentials.is_none() => {
+                        Err(self
+                            .auth_error(format!("refused the request without credentials{note}")))
+                    }
+                    _ => Ok(response),
+                };
             }
             met_challenge = true;
             let challenge = parse_challenge(response.headers().get(WWW_AUTHENTICATE))
@@ -204,6 +317,16 @@ impl Registry {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = auth;
     }
 
+    /// `; unreadable auth files: ...` when some could not be read.
+    fn unreadable_note(&self) -> Option<String> {
+        (!self.unreadable_auth.is_empty()).then(|| {
+            format!(
+                "; auth files that could not be read: {}",
+                self.unreadable_auth.join("; ")
+            )
+        })
+    }
+
     fn auth_error(&self, reason: String) -> ObjStoreError {
         ObjStoreError::RegistryAuth {
             registry: self.reference.registry.clone(),
@@ -216,12 +339,21 @@ impl Registry {
     async fn meet(&self, challenge: Challenge) -> Result<()> {
         match challenge {
             Challenge::Basic => {
+                if let Some(c) = &self.credentials
+                    && c.kind == CredentialKind::IdentityToken
+                {
+                    return Err(self.auth_error(format!(
+                        "asks for credentials (Basic) and {} holds an identity token, which \
+                         only a Bearer registry takes",
+                        c.from
+                    )));
+                }
                 if self.credentials.is_none() {
-                    return Err(self.auth_error(
+                    let note = self.unreadable_note().unwrap_or_default();
+                    return Err(self.auth_error(format!(
                         "asks for credentials (Basic) and no auth file has any for it \
-                         (REGISTRY_AUTH_FILE, containers auth.json, ~/.docker/config.json)"
-                            .into(),
-                    ));
+                         (REGISTRY_AUTH_FILE, containers auth.json, ~/.docker/config.json){note}"
+                    )));
                 }
                 self.set_auth(Auth::Basic);
                 Ok(())
@@ -260,14 +392,23 @@ impl Registry {
             if let Some(s) = service {
                 q.append_pair("service", s);
             }
-            if let Some(s) = scope {
+            // A challenge names several scopes space-separated (a mount:
+            // this repository's push, the source's pull); the token
+            // service takes each as its own `scope` parameter.
+            for s in scope.into_iter().flat_map(str::split_whitespace) {
                 q.append_pair("scope", s);
             }
         }
-        let mut request = self.http.get(url);
-        if let Some(c) = &self.credentials {
-            request = request.basic_auth(&c.username, Some(&c.password));
-        }
+        let request = match &self.credentials {
+            Some(c) if c.kind == CredentialKind::IdentityToken => {
+                refresh_request(&self.http, url, &c.password)
+            }
+            Some(c) => self
+                .http
+                .get(url)
+                .basic_auth(&c.username, Some(&c.password)),
+            None => self.http.get(url),
+        };
         let what = format!("token realm of {}", self.reference.registry);
         let response = request
             .send()
@@ -349,6 +490,37 @@ impl Registry {
         self.location_of(&response, "upload start", &what)
     }
 
+    /// Asks the registry to link the blob `digest` from the repository
+    /// `from` of the same registry (`POST ?mount=DIGEST&from=REPO`). Under
+    /// the Bearer flow the registry's challenge names `from`'s pull scope
+    /// beside this repository's push scope, and the token is asked for
+    /// both.
+    pub async fn mount_blob(&self, digest: &str, from: &RepositoryName) -> Result<Mount> {
+        let mut url = self.url(&format!("v2/{}/blobs/uploads/", self.reference.repository))?;
+        url.query_pairs_mut()
+            .append_pair("mount", digest)
+            .append_pair("from", from.as_str());
+        let what = self.blob_url(digest);
+        let response = self
+            .send("blob mount", &what, || {
+                self.http.post(url.clone()).header(CONTENT_LENGTH, "0")
+            })
+            .await?;
+        match response.status() {
+            StatusCode::CREATED => Ok(Mount::Mounted),
+            StatusCode::ACCEPTED => self
+                .location_of(&response, "blob mount", &what)
+                .map(Mount::Started),
+            _ => {
+                ok_or_refused(response, "blob mount", &what).await?;
+                Err(bad(
+                    &what,
+                    "a mount request answered with a success other than 201 or 202",
+                ))
+            }
+        }
+    }
+
     /// Sends `bytes` as the chunk at `offset` of the session at `location`;
     /// the next location. The registry must acknowledge exactly
     /// `0-(offset+len-1)`. A session the registry does not know (or refuses
@@ -367,16 +539,23 @@ impl Registry {
             .checked_add(len)
             .ok_or_else(|| bad(&what, "chunk past 2^64"))?;
         let range = format!("{offset}-{}", end.saturating_sub(1));
+        let progress = Progress::new();
+        let sent = async {
+            let response = self
+                .send("upload chunk", &what, || {
+                    self.uploads
+                        .patch(url.clone())
+                        .header(CONTENT_TYPE, "application/octet-stream")
+                        .header(CONTENT_RANGE, &range)
+                        .header(CONTENT_LENGTH, len)
+                        .body(progress.body(&bytes))
+                })
+                .await?;
+            session_answer(response, "upload chunk", &what).await
+        };
         let response = self
-            .send("upload chunk", &what, || {
-                self.http
-                    .patch(url.clone())
-                    .header(CONTENT_TYPE, "application/octet-stream")
-                    .header(CONTENT_RANGE, &range)
-                    .body(bytes.clone())
-            })
+            .watched("upload chunk", &what, len, &progress, sent)
             .await?;
-        let response = session_answer(response, "upload chunk", &what).await?;
         let acknowledged = response
             .headers()
             .get(RANGE)
@@ -404,16 +583,60 @@ impl Registry {
         let what = self.blob_url(digest);
         let mut url = self.upload_url(location, &what)?;
         url.query_pairs_mut().append_pair("digest", digest);
-        let response = self
-            .send("upload complete", &what, || {
-                self.http
-                    .put(url.clone())
-                    .header(CONTENT_TYPE, "application/octet-stream")
-                    .body(tail.clone())
-            })
+        let progress = Progress::new();
+        let len = tail.len() as u64;
+        let sent = async {
+            let response = self
+                .send("upload complete", &what, || {
+                    self.uploads
+                        .put(url.clone())
+                        .header(CONTENT_TYPE, "application/octet-stream")
+                        .header(CONTENT_LENGTH, len)
+                        .body(progress.body(&tail))
+                })
+                .await?;
+            session_answer(response, "upload complete", &what).await
+        };
+        self.watched("upload complete", &what, len, &progress, sent)
             .await?;
-        session_answer(response, "upload complete", &what).await?;
         Ok(())
+    }
+
+    /// `request` (an upload sending a body of `len` bytes through
+    /// `progress`), ended as [`ObjStoreError::RegistryStalled`] once the
+    /// connection took no body byte for the read timeout, or, having taken
+    /// it all, no answer came within the read timeout and the unseen
+    /// tail's time (see the module doc).
+    async fn watched<T>(
+        &self,
+        op: &'static str,
+        what: &str,
+        len: u64,
+        progress: &Progress,
+        request: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::pin!(request);
+        let tail = Duration::from_secs(len.min(UNSEEN_TAIL_MAX) / UPLOAD_FLOOR_RATE);
+        let deadline = || {
+            let taken = progress.sent.load(std::sync::atomic::Ordering::Relaxed) >= len;
+            progress.last() + self.read_timeout + if taken { tail } else { Duration::ZERO }
+        };
+        loop {
+            tokio::select! {
+                done = &mut request => return done,
+                () = tokio::time::sleep_until(deadline()) => {
+                    if deadline() <= tokio::time::Instant::now() {
+                        return Err(ObjStoreError::RegistryStalled {
+                            op,
+                            what: what.to_owned(),
+                            secs: self.read_timeout.as_secs(),
+                            sent: progress.sent.load(std::sync::atomic::Ordering::Relaxed),
+                            len,
+                        });
+                    }
+                }
+            }
+        }
     }
 
     /// Cancels the session at `location`; one the registry no longer knows
@@ -545,6 +768,34 @@ impl Registry {
             })?;
         Ok(self.upload_url(location, what)?.to_string())
     }
+}
+
+/// The OAuth2 token request of an identity token: `POST` to the realm
+/// with `grant_type=refresh_token`, the token, `client_id`, and the
+/// `service` and scopes `url`'s query holds (the scopes space-separated,
+/// as OAuth2 takes them).
+fn refresh_request(http: &reqwest::Client, mut url: url::Url, token: &str) -> RequestBuilder {
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    form.append_pair("grant_type", "refresh_token")
+        .append_pair("refresh_token", token)
+        .append_pair("client_id", "ftpipe");
+    let mut scopes = Vec::new();
+    for (k, v) in url.query_pairs() {
+        match k.as_ref() {
+            "scope" => scopes.push(v.into_owned()),
+            "service" => {
+                form.append_pair("service", &v);
+            }
+            _ => {}
+        }
+    }
+    if !scopes.is_empty() {
+        form.append_pair("scope", &scopes.join(" "));
+    }
+    url.set_query(None);
+    http.post(url)
+        .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(form.finish())
 }
 
 /// An answer that contradicts the protocol.

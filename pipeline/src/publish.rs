@@ -389,7 +389,7 @@ pub(crate) async fn record(
 
 /// The upload row of `item` at `key` (id filled by the store), after the
 /// head before it found `found` there.
-fn row(
+pub(crate) fn row(
     ctx: &Ctx,
     key: &str,
     item: &Item,
@@ -411,6 +411,7 @@ fn row(
         state: UploadState::Verified,
         version,
         found: Some(found),
+        mounted_from: None,
         started_at: String::new(),
         finished_at: None,
     }
@@ -565,7 +566,7 @@ fn part_digests(file: &Local<'_>, part_size: u64) -> Result<Option<Vec<Sha256Dig
 
 /// The part size a new session of `item` uses: the publish's, or enough
 /// bytes per part to stay within the target's part count.
-fn session_part_size(ctx: &Ctx, item: &Item) -> u64 {
+pub(crate) fn session_part_size(ctx: &Ctx, item: &Item) -> u64 {
     let max_parts = ctx.target.part_rules().max_parts.max(1);
     ctx.part_size.max(item.size.div_ceil(max_parts)).max(1)
 }

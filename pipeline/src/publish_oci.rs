@@ -17,7 +17,14 @@
 //!    so a killed publish resumes the session where the registry's last
 //!    acknowledged location says (a session the registry forgot or
 //!    cancelled is abandoned and one new upload sends the blob). The
-//!    registry checks each blob's digest when it completes.
+//!    registry checks each blob's digest when it completes. With
+//!    `--mount-from REPO` a blob the repository lacks (and has no upload
+//!    in progress of) is first asked of the registry as a
+//!    cross-repository mount: `201` links it without a byte sent (its
+//!    receipt names the source repository, after a `HEAD` shows it here
+//!    with its size); `202` is a session the registry opened instead,
+//!    recorded as the blob's upload in progress and continued as any
+//!    other.
 //! 4. The config blob, then the manifest by digest, then the tag: until
 //!    the tag is put, a puller of the tag finds the previous artifact or
 //!    nothing; once it is, every blob it names is complete.
@@ -31,16 +38,20 @@ use serde::Serialize;
 use ftpipe_artifact::manifest::{MANIFEST_FILE, sha256_hex};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_objstore::{
-    OciReference, OciTarget, Pointer, PutMode, Registry, RegistryConfig, SharedTarget,
+    Mount, OciReference, OciTarget, Pointer, PutMode, Registry, RegistryConfig, RepositoryName,
+    SharedTarget,
 };
-use ftpipe_receipts::{PublicationOutcome, UploadOp};
+use ftpipe_receipts::{FoundObject, PublicationOutcome, UploadOp, UploadRow, UploadState};
 
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
 use crate::modelpack::{
     Descriptor, LayerFile, MODEL_CONFIG_MEDIA_TYPE, layer_of, model_config, model_manifest,
 };
-use crate::publish::{Ctx, Tally, artifact_items, read_verified_manifest, record, upload_file};
+use crate::publish::{
+    Ctx, Item, Tally, artifact_items, read_verified_manifest, record, row, session_part_size,
+    upload_file,
+};
 
 /// What `publish` to a registry needs from the command line.
 #[derive(Debug, Clone)]
@@ -53,6 +64,8 @@ pub struct OciPublishParams {
     pub part_size: u64,
     /// Move the tag when it names another artifact.
     pub force_tag: bool,
+    /// A repository of the same registry to mount blobs from.
+    pub mount_from: Option<RepositoryName>,
 }
 
 /// What a publish to a registry did.
@@ -72,6 +85,10 @@ pub struct OciPublishOutcome {
     pub uploaded: usize,
     /// Blobs the repository had: nothing sent.
     pub reused: usize,
+    /// Blobs the registry mounted from `--mount-from`: nothing sent.
+    pub mounted: usize,
+    /// Bytes of the mounted blobs.
+    pub mounted_bytes: u64,
     /// Body bytes this run sent.
     pub bytes_sent: u64,
     /// The tag already named this manifest: nothing was written.
@@ -111,6 +128,8 @@ impl Pipeline {
             objects: unique_blobs(&pack.files).saturating_add(1),
             uploaded: 0,
             reused: 0,
+            mounted: 0,
+            mounted_bytes: 0,
             bytes_sent: 0,
             already_published: false,
         };
@@ -137,9 +156,15 @@ impl Pipeline {
             }
             _ => {}
         }
-        let tally = push_blobs(&ctx, self.layout.artifact(), &pack).await?;
-        (outcome.uploaded, outcome.reused) = (tally.uploaded, tally.reused);
-        outcome.bytes_sent = tally.bytes_sent;
+        let from = p.mount_from.as_ref().map(|repository| Source {
+            registry,
+            repository,
+        });
+        let from = from.as_ref();
+        let pushed = push_blobs(&ctx, self.layout.artifact(), &pack, from).await?;
+        (outcome.uploaded, outcome.reused) = (pushed.tally.uploaded, pushed.tally.reused);
+        outcome.bytes_sent = pushed.tally.bytes_sent;
+        (outcome.mounted, outcome.mounted_bytes) = (pushed.mounted, pushed.mounted_bytes);
         crashpoint::hit(CrashPoint::PublishComponentsDone);
         push_manifest(&ctx, registry, &pack, tag).await?;
         let published = PublicationOutcome::Published;
@@ -196,39 +221,203 @@ fn unique_blobs(files: &[LayerFile]) -> usize {
         .len()
 }
 
+/// Where blobs are mounted from: a repository of `registry`, the
+/// registry published to.
+struct Source<'a> {
+    registry: &'a Registry,
+    repository: &'a RepositoryName,
+}
+
+/// What pushing the blobs did: sent or reused, and mounted.
+#[derive(Default)]
+struct Pushed {
+    tally: Tally,
+    mounted: usize,
+    mounted_bytes: u64,
+}
+
+impl Pushed {
+    fn add_mounted(&mut self, size: u64) {
+        self.mounted = self.mounted.saturating_add(1);
+        self.mounted_bytes = self.mounted_bytes.saturating_add(size);
+    }
+}
+
 /// Every layer's blob and the config blob, each skipped when the
-/// repository has it.
-async fn push_blobs(ctx: &Ctx, artifact: &std::path::Path, pack: &Pack) -> Result<Tally> {
-    let mut tally = Tally::default();
+/// repository has it, mounted from `from` when it can be.
+async fn push_blobs(
+    ctx: &Ctx,
+    artifact: &std::path::Path,
+    pack: &Pack,
+    from: Option<&Source<'_>>,
+) -> Result<Pushed> {
+    let mut pushed = Pushed::default();
     let mut seen = HashSet::new();
     for file in &pack.files {
         if !seen.insert(file.sha256.as_str()) {
             continue;
         }
-        let item = crate::publish::Item {
+        let item = Item {
             path: file.path.clone(),
             size: file.size,
             sha256: file.sha256.clone(),
         };
         let key = ctx.target.key(&file.sha256);
-        tally.add(upload_file(ctx, artifact, &key, &item).await?);
+        match mount(ctx, &key, &item, from).await? {
+            Mounting::Mounted => {
+                pushed.add_mounted(item.size);
+                continue;
+            }
+            Mounting::Session { location, .. } => {
+                record_session(ctx, &key, &item, location).await?;
+            }
+            Mounting::NotAsked => {}
+        }
+        pushed
+            .tally
+            .add(upload_file(ctx, artifact, &key, &item).await?);
         crashpoint::hit(CrashPoint::UploadVerified);
     }
+    push_config(ctx, pack, from, &mut pushed).await?;
+    Ok(pushed)
+}
+
+/// The config blob: reused, mounted, or put in one request.
+async fn push_config(
+    ctx: &Ctx,
+    pack: &Pack,
+    from: Option<&Source<'_>>,
+    pushed: &mut Pushed,
+) -> Result<()> {
     let key = pack.config_digest.clone();
+    let size = pack.config.len() as u64;
+    let sha256 = key.trim_start_matches("sha256:");
+    let item = Item {
+        path: "(ModelPack config)".to_owned(),
+        size,
+        sha256: sha256.to_owned(),
+    };
+    let bytes = Bytes::from(pack.config.clone());
+    match mount(ctx, &key, &item, from).await? {
+        Mounting::Mounted => {
+            pushed.add_mounted(size);
+            return Ok(());
+        }
+        // The config goes in the session the mount opened, in one `PUT`.
+        Mounting::Session { registry, location } => {
+            let put = registry.complete_upload(&location, &key, bytes);
+            ctx.attempt(&key, UploadOp::Put, None, size, put).await?;
+            pushed.tally.add(Some(size));
+            return Ok(());
+        }
+        Mounting::NotAsked => {}
+    }
     let there = ctx
         .attempt(&key, UploadOp::Head, None, 0, ctx.target.head(&key))
         .await?;
     if there.is_some() {
-        tally.add(None);
+        pushed.tally.add(None);
     } else {
-        let size = pack.config.len() as u64;
-        let sha256 = key.trim_start_matches("sha256:");
-        let bytes = Bytes::from(pack.config.clone());
         let put = ctx.target.put(&key, bytes, sha256, PutMode::Replace);
         ctx.attempt(&key, UploadOp::Put, None, size, put).await?;
-        tally.add(Some(size));
+        pushed.tally.add(Some(size));
     }
-    Ok(tally)
+    Ok(())
+}
+
+/// What asking for a mount came to.
+enum Mounting<'a> {
+    /// The registry linked the blob: nothing to send.
+    Mounted,
+    /// The registry answered `202`: the session it opened instead (its
+    /// location), where the blob is to be sent.
+    Session {
+        registry: &'a Registry,
+        location: String,
+    },
+    /// No mount asked: none requested, the repository has the blob, or an
+    /// upload of it is in progress.
+    NotAsked,
+}
+
+/// Asks the registry to mount `item`'s blob from `from` when the
+/// repository lacks it and no upload of it is in progress. A mounted blob
+/// is shown by a `HEAD` with `item`'s size, then its receipt (naming the
+/// source repository) is written.
+async fn mount<'a>(
+    ctx: &Ctx,
+    key: &str,
+    item: &Item,
+    from: Option<&Source<'a>>,
+) -> Result<Mounting<'a>> {
+    let Some(Source {
+        registry,
+        repository: from,
+    }) = from
+    else {
+        return Ok(Mounting::NotAsked);
+    };
+    let url = ctx.url(key);
+    if ctx
+        .store
+        .upload_in_progress(&ctx.dest, &url)
+        .await?
+        .is_some()
+    {
+        return Ok(Mounting::NotAsked);
+    }
+    let head = ctx.target.head(key);
+    if ctx
+        .attempt(key, UploadOp::Head, None, 0, head)
+        .await?
+        .is_some()
+    {
+        return Ok(Mounting::NotAsked);
+    }
+    let asked = registry.mount_blob(key, from);
+    let location = match ctx
+        .attempt(key, UploadOp::BeginUpload, None, 0, asked)
+        .await?
+    {
+        Mount::Started(location) => return Ok(Mounting::Session { registry, location }),
+        Mount::Mounted => ctx.url(key),
+    };
+    let head = ctx.target.head(key);
+    let size = ctx.attempt(key, UploadOp::Head, None, 0, head).await?;
+    let size = size.map(|h| h.size);
+    if size != Some(item.size) {
+        return Err(PipelineError::internal(format!(
+            "{location}: the registry answered 201 to mounting it from {from}, then a HEAD \
+             showed {size:?} bytes, expected {} ({})",
+            item.size, item.path
+        )));
+    }
+    let receipt = UploadRow {
+        mounted_from: Some(from.to_string()),
+        ..row(ctx, key, item, FoundObject::Nothing, 0, None, None)
+    };
+    ctx.store.put_verified_upload(ctx.run, &receipt).await?;
+    Ok(Mounting::Mounted)
+}
+
+/// Records the session a mount opened instead as `item`'s upload in
+/// progress (before any chunk), which [`upload_file`] then continues.
+async fn record_session(ctx: &Ctx, key: &str, item: &Item, location: String) -> Result<()> {
+    let part_size = session_part_size(ctx, item);
+    let uploading = UploadRow {
+        state: UploadState::Uploading,
+        ..row(
+            ctx,
+            key,
+            item,
+            FoundObject::Nothing,
+            part_size,
+            Some(location),
+            None,
+        )
+    };
+    ctx.store.begin_upload(ctx.run, &uploading).await?;
+    Ok(())
 }
 
 /// The manifest by digest, then the tag.

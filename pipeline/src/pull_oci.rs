@@ -8,7 +8,8 @@
 //! refused unless `--repin`. The manifest is read within
 //! [`ftpipe_objstore::MAX_OCI_MANIFEST_BYTES`] and checked before anything else is asked
 //! ([`crate::modelpack::parse_model_manifest`]: safe, distinct layer
-//! paths, sha256 digests). Its `manifest.json` layer is read (bounded,
+//! paths, sha256 digests, a `manifest.json` and a `placement.json`
+//! layer). Its `manifest.json` layer is read (bounded,
 //! its bytes' SHA-256 must be its digest) and checked as a pull from S3
 //! checks it ([`crate::parse_remote_manifest`]); every component must be
 //! a layer whose digest is the component's SHA-256 and whose size is its
@@ -207,6 +208,15 @@ async fn read_remote(registry: &Registry, digest: &str) -> Result<Remote> {
             format!("no {MANIFEST_FILE} layer; an ftpipe artifact has one"),
         )
     })?;
+    // Every file the artifact depends on is named before any blob is
+    // read: a pull that could only fail after fetching every component
+    // fails now.
+    if !layers.contains_key(PLACEMENT_FILE) {
+        return Err(bad(
+            "layers",
+            format!("no {PLACEMENT_FILE} layer; an ftpipe artifact has one"),
+        ));
+    }
     let manifest_bytes = read_layer(registry, layer, MAX_MANIFEST_BYTES).await?;
     let manifest = parse_remote_manifest(&registry.blob_url(&layer.digest), &manifest_bytes)?;
     for c in &manifest.components {

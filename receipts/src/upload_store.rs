@@ -51,6 +51,9 @@ pub struct UploadRow {
     /// store checksum proved its bytes), or why none was (`None`: written
     /// before migration 0015, when this was not recorded).
     pub found: Option<FoundObject>,
+    /// The repository a registry mounted the blob from (migration 0021):
+    /// nothing was sent. `None` when bytes were sent or reused in place.
+    pub mounted_from: Option<String>,
     /// When it started.
     pub started_at: String,
     /// When it was verified or abandoned.
@@ -112,7 +115,7 @@ pub struct Publication {
 /// The columns [`upload_row`] reads, in its order.
 macro_rules! upload_columns {
     () => {
-        "id, run_id, dest, key, path, size, sha256, part_size, session, state, version, started_at, finished_at, found"
+        "id, run_id, dest, key, path, size, sha256, part_size, session, state, version, started_at, finished_at, found, mounted_from"
     };
 }
 
@@ -136,6 +139,7 @@ fn upload_row(r: &sqlx::sqlite::SqliteRow) -> Result<UploadRow> {
             .as_deref()
             .map(FoundObject::parse)
             .transpose()?,
+        mounted_from: r.get(14),
         key,
     })
 }
@@ -278,8 +282,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         sqlx::query(
-            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, version, found, finished_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+            "INSERT INTO uploads (run_id, dest, key, path, size, sha256, part_size, session, state, version, found, mounted_from, finished_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
         )
         .bind(run)
         .bind(&u.dest)
@@ -292,6 +296,7 @@ impl Store {
         .bind(UploadState::Verified.as_str())
         .bind(stored_text(u.version.as_deref()))
         .bind(u.found.map(FoundObject::as_str))
+        .bind(u.mounted_from.as_deref())
         .execute(&mut *tx)
         .await
         .ctx("insert verified upload")?;
@@ -451,6 +456,7 @@ mod tests {
             state: UploadState::Uploading,
             version: None,
             found: Some(FoundObject::NoChecksum),
+            mounted_from: None,
             started_at: String::new(),
             finished_at: None,
         };

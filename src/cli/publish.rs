@@ -32,6 +32,11 @@ pub struct PublishArgs {
     /// artifact (refused otherwise).
     #[arg(long, help_heading = heading::REGISTRY)]
     pub force_tag: bool,
+    /// Mount blobs the oci:// destination lacks from this repository of
+    /// the same registry (a cross-repository mount: nothing is sent for a
+    /// blob the registry links; one it does not is uploaded).
+    #[arg(long, value_name = "REPOSITORY", help_heading = heading::REGISTRY)]
+    pub mount_from: Option<String>,
     #[command(flatten)]
     pub upload: UploadArgs,
 }
@@ -125,7 +130,12 @@ async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
     let reference = ftpipe_objstore::OciReference::parse(&args.dest)?;
     args.upload.check()?;
     let dir = published_dir(&args.dir)?;
-    let config = args.registry.config(&reference, args.upload.stall)?;
+    let config = args.registry.config(&reference, args.upload.stall).await?;
+    let mount_from = args
+        .mount_from
+        .as_deref()
+        .map(ftpipe_objstore::RepositoryName::parse)
+        .transpose()?;
     let session = RegistrySession::of(&reference, &config);
     let pipeline = Pipeline::open(&dir, "publish").await?;
     let outcome = pipeline
@@ -134,6 +144,7 @@ async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
             config,
             part_size: args.upload.part_size,
             force_tag: args.force_tag,
+            mount_from,
         })
         .await?;
     let (json, quiet) = (args.upload.json, args.upload.quiet);
@@ -145,7 +156,7 @@ fingerprint      {}
 manifest sha256  {}
 blobs            {}
 bytes sent       {}
-",
+{}",
             if outcome.already_published {
                 "already published at"
             } else {
@@ -156,8 +167,21 @@ bytes sent       {}
             outcome.fingerprint,
             outcome.manifest_sha256,
             upload_counts(outcome.objects, outcome.uploaded),
-            human::bytes(outcome.bytes_sent)
+            human::bytes(outcome.bytes_sent),
+            mounted_line(outcome.mounted, outcome.mounted_bytes)
         )
     });
     Ok(true)
+}
+
+/// `mounted N blobs, B` when a cross-repository mount linked any.
+fn mounted_line(mounted: usize, bytes: u64) -> String {
+    if mounted == 0 {
+        return String::new();
+    }
+    let s = if mounted == 1 { "" } else { "s" };
+    format!(
+        "mounted          {mounted} blob{s}, {} (nothing sent)\n",
+        human::bytes(bytes)
+    )
 }

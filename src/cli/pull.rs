@@ -142,7 +142,7 @@ components       {} ({} bytes), verified in {}
 /// Pulls a ModelPack artifact from a registry into DIR/artifact.
 async fn run_oci(args: PullArgs) -> anyhow::Result<bool> {
     let reference = ftpipe_objstore::OciReference::parse(&args.source)?;
-    let config = args.registry.config(&reference, args.stall)?;
+    let config = args.registry.config(&reference, args.stall).await?;
     let session = RegistrySession::of(&reference, &config);
     let options = fetch_options(
         args.jobs.min(args.transfer.connections),

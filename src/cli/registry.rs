@@ -14,7 +14,8 @@ pub struct RegistryArgs {
     /// Speak plain http to the registry of an oci:// reference (a loopback
     /// or test registry; a warning for any other host). Credentials come
     /// from REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json or
-    /// ~/.docker/config.json (`auths`; credential helpers are not run); a
+    /// ~/.docker/config.json (`credHelpers`, `auths`, `credsStore`: a
+    /// docker-credential-NAME helper on PATH, given --read-timeout); a
     /// registry's Bearer challenge is answered with a token from its realm,
     /// which must be on the registry's host.
     #[arg(long)]
@@ -24,7 +25,7 @@ pub struct RegistryArgs {
 impl RegistryArgs {
     /// The configuration for `reference`'s registry: its credentials (the
     /// first auth file holding an entry for it), `stall`'s read timeout.
-    pub fn config(
+    pub async fn config(
         &self,
         reference: &OciReference,
         stall: StallArgs,
@@ -35,10 +36,16 @@ impl RegistryArgs {
                 reference.registry
             );
         }
+        let read_timeout = stall.duration()?;
+        let lookup = registry_credentials(&reference.registry, read_timeout).await?;
+        for problem in &lookup.unreadable {
+            eprintln!("warning: auth file {problem}; going on without its credentials");
+        }
         Ok(RegistryConfig {
             plain_http: self.plain_http,
-            read_timeout: stall.duration()?,
-            credentials: registry_credentials(&reference.registry)?,
+            read_timeout,
+            credentials: lookup.credentials,
+            unreadable_auth: lookup.unreadable,
         })
     }
 }
@@ -58,7 +65,7 @@ impl RegistrySession {
         RegistrySession {
             registry: reference.registry.clone(),
             plain_http: c.plain_http,
-            credentials_from: c.credentials.as_ref().map(|c| c.from.display().to_string()),
+            credentials_from: c.credentials.as_ref().map(|c| c.from.to_string()),
         }
     }
 }

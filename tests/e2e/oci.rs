@@ -38,7 +38,7 @@ pub fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
         .args(extra))
 }
 
-fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
+pub fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
     run(ftpipe()
         .env("HOME", home)
         .env_remove("REGISTRY_AUTH_FILE")
@@ -52,7 +52,7 @@ fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
 
 /// Every file of `a` has the bytes of the same file in `b`, and both hold
 /// the same files.
-fn assert_same_files(a: &Path, b: &Path) {
+pub fn assert_same_files(a: &Path, b: &Path) {
     let names = tree_of(a);
     assert_eq!(names, tree_of(b), "file lists of {a:?} and {b:?}");
     for n in names {
@@ -136,7 +136,7 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
     digest
 }
 
-fn artifact_of(dir: &Path) -> PathBuf {
+pub fn artifact_of(dir: &Path) -> PathBuf {
     dir.join("artifact")
 }
 

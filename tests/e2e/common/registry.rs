@@ -109,6 +109,11 @@ impl Registry {
         std::fs::write(self._dir.path().join("short"), b"").unwrap();
     }
 
+    /// The token server takes `token` as an identity (refresh) token.
+    pub fn accept_identity_token(&self, token: &str) {
+        std::fs::write(self._dir.path().join("refresh"), token).unwrap();
+    }
+
     /// Scopes of the tokens issued so far, in order.
     pub fn tokens_issued(&self) -> Vec<String> {
         std::fs::read_to_string(self._dir.path().join("tokens.log"))
@@ -357,8 +362,13 @@ fn parse_access_line(line: &str) -> Option<Logged> {
 /// A token server: `python3 -c TOKEN_SERVER DIR PORT_FILE`. Writes
 /// `DIR/token.crt` (the certificate the registry trusts), listens on a
 /// free loopback port (written to PORT_FILE), answers `GET /token?scope=`
-/// with an RS256 JWT granting that scope (the certificate in `x5c`), one
-/// line per token in `DIR/tokens.log`; while `DIR/short` exists, the next
+/// with an RS256 JWT granting every scope asked (each its own `scope`
+/// parameter; the certificate in `x5c`), one line per token in
+/// `DIR/tokens.log` (the scopes space-separated); a `POST` with
+/// `grant_type=refresh_token` and the refresh token in `DIR/refresh` (an
+/// identity token, [`Registry::accept_identity_token`]) gets an
+/// `access_token` (logged `refresh SCOPES`), any other `POST` a `401`
+/// (logged `refresh refused`); while `DIR/short` exists, the next
 /// token expires two seconds past the registry's 60 s leeway, and the file
 /// is removed.
 const TOKEN_SERVER: &str = r#"
@@ -384,13 +394,31 @@ der = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
 b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
 issued = 0
 class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        form = parse_qs(self.rfile.read(n).decode())
+        want_path = os.path.join(d, "refresh")
+        want = open(want_path).read() if os.path.exists(want_path) else None
+        ok = (form.get("grant_type") == ["refresh_token"] and want is not None
+              and form.get("refresh_token") == [want])
+        if not ok:
+            with open(os.path.join(d, "tokens.log"), "a") as f:
+                f.write("refresh refused\n")
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.issue(form.get("scope", [""])[0].split(), "refresh ", "access_token")
     def do_GET(self):
+        scopes = parse_qs(urlparse(self.path).query).get("scope", [])
+        self.issue(scopes, "", "token")
+    def issue(self, scopes, label, field):
         global issued
-        scope = parse_qs(urlparse(self.path).query).get("scope", [""])[0]
         access = []
-        if scope:
-            kind, repo, actions = scope.split(":")
-            access = [{"type": kind, "name": repo, "actions": actions.split(",")}]
+        for one in scopes:
+            kind, repo, actions = one.split(":")
+            access.append({"type": kind, "name": repo, "actions": actions.split(",")})
+        scope = " ".join(scopes)
         issued += 1
         t0 = int(time.time())
         short = os.path.join(d, "short")
@@ -403,9 +431,9 @@ class H(http.server.BaseHTTPRequestHandler):
         header = {"typ": "JWT", "alg": "RS256", "x5c": [der]}
         signing = b64(json.dumps(header).encode()) + "." + b64(json.dumps(claims).encode())
         sig = key.sign(signing.encode(), padding.PKCS1v15(), hashes.SHA256())
-        body = json.dumps({"token": signing + "." + b64(sig)}).encode()
+        body = json.dumps({field: signing + "." + b64(sig)}).encode()
         with open(os.path.join(d, "tokens.log"), "a") as f:
-            f.write(f"{scope} exp={exp - t0}\n")
+            f.write(f"{label}{scope} exp={exp - t0}\n")
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -443,4 +471,82 @@ mod base64_like {
         }
         out
     }
+}
+
+/// A TCP proxy in front of a registry whose uplink is slow: what a
+/// client sends on a connection, from the first read holding `marker` on
+/// (a blob's digest: only its upload is slow), `slow` bytes are read at
+/// most `rate` bytes per second (4 KiB at a time); answers are passed on
+/// at once. A request body larger than `rate` ×
+/// the client's read timeout takes longer to send than that timeout
+/// while bytes keep moving.
+pub struct ThrottledProxy {
+    addr: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ThrottledProxy {
+    /// A proxy to `upstream` (`HOST:PORT`) reading `rate` bytes a second
+    /// once `marker` went by.
+    pub fn start(upstream: &str, rate: u64, marker: &str, slow: u64) -> ThrottledProxy {
+        let marker = marker.as_bytes().to_vec();
+        let upstream: SocketAddr = upstream.parse().expect("HOST:PORT");
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = conn else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                relay(client, server, (rate, slow), marker.clone());
+            }
+        });
+        ThrottledProxy { addr, stop }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for ThrottledProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies `client` to `server` (at `rate` bytes a second once `marker`
+/// went by) and `server` to `client` at once, each on its own thread;
+/// either end closing closes both.
+fn relay(client: TcpStream, server: TcpStream, (rate, slow): (u64, u64), marker: Vec<u8>) {
+    let (mut c_read, mut c_write) = (client.try_clone().unwrap(), client);
+    let (mut s_read, mut s_write) = (server.try_clone().unwrap(), server);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        let (mut seen, mut throttled) = (false, 0u64);
+        while let Ok(n) = c_read.read(&mut buf) {
+            if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            seen = seen || buf[..n].windows(marker.len()).any(|w| w == marker);
+            if seen && throttled < slow {
+                throttled += n as u64;
+                let secs = n as f64 / rate.max(1) as f64;
+                std::thread::sleep(Duration::from_secs_f64(secs));
+            }
+        }
+        let _ = s_write.shutdown(std::net::Shutdown::Write);
+    });
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut s_read, &mut c_write);
+        let _ = c_write.shutdown(std::net::Shutdown::Both);
+    });
 }
