@@ -43,6 +43,7 @@ use crate::checksum::StoreChecksum;
 use crate::credentials::S3Config;
 use crate::error::{ObjStoreError, Result};
 use crate::location::S3Location;
+use crate::watched_http::WatchedConnector;
 
 /// The user metadata key (`x-amz-meta-ftpipe-sha256`) holding an object's
 /// SHA-256 as the publisher computed it from the bytes it sent. A
@@ -125,8 +126,12 @@ pub struct S3 {
     store: Arc<AmazonS3>,
     /// The client whole-object puts go through: `store` naming the
     /// checksum's algorithm on every request ([`SDK_CHECKSUM_ALGORITHM`]),
-    /// which S3 refuses on a request without a checksum header.
+    /// which S3 refuses on a request without a checksum header; through
+    /// the watched client ([`WatchedConnector`]: no read timeout while a
+    /// body is sent, its progress checked instead).
     putter: Arc<AmazonS3>,
+    /// The client part uploads go through: `store` over the watched client.
+    part_putter: Arc<AmazonS3>,
     /// Sends the presigned checksum HEAD.
     http: reqwest::Client,
     location: S3Location,
@@ -159,14 +164,19 @@ impl S3 {
             .map_err(client_error)?;
         let mut sdk = HeaderMap::new();
         sdk.insert(SDK_CHECKSUM_ALGORITHM, HeaderValue::from_static("SHA256"));
-        let putter = builder(
-            config,
-            &location,
-            retries,
-            ClientOptions::new().with_default_headers(sdk),
-        )
-        .build()
-        .map_err(client_error)?;
+        let watched = |headers: HeaderMap| WatchedConnector {
+            read_timeout: config.read_timeout,
+            connect_timeout: CONNECT_TIMEOUT,
+            headers,
+        };
+        let putter = builder(config, &location, retries, ClientOptions::new())
+            .with_http_connector(watched(sdk))
+            .build()
+            .map_err(client_error)?;
+        let part_putter = builder(config, &location, retries, ClientOptions::new())
+            .with_http_connector(watched(HeaderMap::new()))
+            .build()
+            .map_err(client_error)?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(CONNECT_TIMEOUT)
@@ -180,6 +190,7 @@ impl S3 {
         Ok(S3 {
             store: Arc::new(store),
             putter: Arc::new(putter),
+            part_putter: Arc::new(part_putter),
             http,
             host: endpoint_host(config),
             location,
@@ -402,7 +413,7 @@ impl S3 {
         let idx = usize::try_from(number.saturating_sub(1)).unwrap_or(usize::MAX);
         let id = upload_id.to_owned();
         match self
-            .store
+            .part_putter
             .put_part(&ObjPath::from(key), &id, idx, PutPayload::from_bytes(bytes))
             .await
         {

@@ -37,6 +37,11 @@
 //! - `ocitarget`: [`OciTarget`], a registry's blobs as an [`OutputTarget`]
 //!   (a key a digest, a session a chunked upload, a receipt the location
 //!   each chunk was answered with).
+//! - `upload_progress`: an upload's stall check under `--read-timeout`
+//!   (its body's progress; `reqwest`'s read timeout cut slow uploads),
+//!   shared by the registry's uploads and S3's.
+//! - `watched_http`: the `object_store` HTTP connector S3 puts and part
+//!   uploads go through, with that check.
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`]; a
 //!   server's S3 error document read into [`ServerAnswer`] and
 //!   [`S3Refusal`] (one sentence with the fix per common code, no XML).
@@ -63,6 +68,8 @@ mod registry;
 mod registry_auth;
 mod s3target;
 mod target;
+mod upload_progress;
+mod watched_http;
 
 pub use checksum::{Sha256Digest, StoreChecksum, digest_of_parts, sha256_of};
 pub use client::{

@@ -24,8 +24,8 @@
 //! timeout ends the request ([`ObjStoreError::RegistryStalled`]). The
 //! connection takes bytes into socket buffers before the network carries
 //! them, so once it has taken the whole body the answer is awaited for
-//! the read timeout plus the time the unseen tail (at most
-//! [`UNSEEN_TAIL_MAX`]) takes at [`UPLOAD_FLOOR_RATE`].
+//! the read timeout plus the time the unseen tail takes at the slowest
+//! uplink waited for ([`crate::upload_progress`]).
 //!
 //! Authentication ([`crate::registry_auth`]): anonymous first; a `401`
 //! names a scheme in `WWW-Authenticate`: `Basic` is answered with the
@@ -37,11 +37,10 @@
 //! which drops `Authorization` when the host changes. Upload locations on
 //! another host are refused.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use reqwest::header::{
     CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderMap, LOCATION, RANGE, WWW_AUTHENTICATE,
 };
@@ -50,6 +49,7 @@ use reqwest::{RequestBuilder, Response, StatusCode};
 use crate::error::{ObjStoreError, Result};
 use crate::reference::{OciReference, RepositoryName};
 use crate::registry_auth::{Challenge, CredentialKind, RegistryCredentials, parse_challenge};
+use crate::upload_progress::{self, Progress};
 
 /// Most bytes of a manifest read (the distribution registry's own limit
 /// is 4 MiB).
@@ -83,66 +83,6 @@ enum Auth {
     Anonymous,
     Basic,
     Bearer(String),
-}
-
-/// Bytes of an upload's body handed to the connection at a time: the
-/// unit of its progress.
-const UPLOAD_STEP: usize = 16 * 1024;
-
-/// Most body bytes assumed to sit in socket buffers (the client's send
-/// buffer and the peer's receive window, a few MiB each on Linux) once
-/// the connection has taken the whole body.
-const UNSEEN_TAIL_MAX: u64 = 8 * 1024 * 1024;
-/// The slowest uplink an upload's unseen tail is waited for at (bytes a
-/// second).
-const UPLOAD_FLOOR_RATE: u64 = 64 * 1024;
-
-/// How far an upload's body has gone: the bytes the connection took and
-/// when it last took some.
-#[derive(Debug)]
-struct Progress {
-    sent: std::sync::atomic::AtomicU64,
-    last: Mutex<tokio::time::Instant>,
-}
-
-impl Progress {
-    fn new() -> Arc<Progress> {
-        Arc::new(Progress {
-            sent: std::sync::atomic::AtomicU64::new(0),
-            last: Mutex::new(tokio::time::Instant::now()),
-        })
-    }
-
-    fn touch(&self, n: usize) {
-        self.sent
-            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        *self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
-    }
-
-    fn last(&self) -> tokio::time::Instant {
-        *self
-            .last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// `bytes` as a body handed on [`UPLOAD_STEP`] bytes at a time, each
-    /// step counted when the connection takes it.
-    fn body(self: &Arc<Progress>, bytes: &Bytes) -> reqwest::Body {
-        let progress = self.clone();
-        let steps: Vec<Bytes> = (0..bytes.len())
-            .step_by(UPLOAD_STEP)
-            .map(|at| bytes.slice(at..bytes.len().min(at.saturating_add(UPLOAD_STEP))))
-            .collect();
-        let stream = futures_util::stream::iter(steps).map(move |step| {
-            progress.touch(step.len());
-            Ok::<Bytes, std::convert::Infallible>(step)
-        });
-        reqwest::Body::wrap_stream(stream)
-    }
 }
 
 /// A repository of a registry and the client that speaks to it.
@@ -603,10 +543,8 @@ impl Registry {
     }
 
     /// `request` (an upload sending a body of `len` bytes through
-    /// `progress`), ended as [`ObjStoreError::RegistryStalled`] once the
-    /// connection took no body byte for the read timeout, or, having taken
-    /// it all, no answer came within the read timeout and the unseen
-    /// tail's time (see the module doc).
+    /// `progress`), ended as [`ObjStoreError::RegistryStalled`] when its
+    /// body stalls ([`upload_progress::watched`]).
     async fn watched<T>(
         &self,
         op: &'static str,
@@ -615,27 +553,15 @@ impl Registry {
         progress: &Progress,
         request: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        tokio::pin!(request);
-        let tail = Duration::from_secs(len.min(UNSEEN_TAIL_MAX) / UPLOAD_FLOOR_RATE);
-        let deadline = || {
-            let taken = progress.sent.load(std::sync::atomic::Ordering::Relaxed) >= len;
-            progress.last() + self.read_timeout + if taken { tail } else { Duration::ZERO }
-        };
-        loop {
-            tokio::select! {
-                done = &mut request => return done,
-                () = tokio::time::sleep_until(deadline()) => {
-                    if deadline() <= tokio::time::Instant::now() {
-                        return Err(ObjStoreError::RegistryStalled {
-                            op,
-                            what: what.to_owned(),
-                            secs: self.read_timeout.as_secs(),
-                            sent: progress.sent.load(std::sync::atomic::Ordering::Relaxed),
-                            len,
-                        });
-                    }
-                }
-            }
+        match upload_progress::watched(self.read_timeout, len, progress, request).await {
+            Ok(done) => done,
+            Err(stall) => Err(ObjStoreError::RegistryStalled {
+                op,
+                what: what.to_owned(),
+                secs: self.read_timeout.as_secs(),
+                sent: stall.sent,
+                len,
+            }),
         }
     }
 

@@ -647,3 +647,71 @@ fn many_pullers_at_once_and_an_unverified_artifact_is_not_published() {
     assert_names(&stderr(&o), &["nothing to publish"]);
     assert!(!none.exists());
 }
+
+/// The largest file of `artifact`: its name and size.
+fn largest_component(artifact: &Path) -> (String, u64) {
+    std::fs::read_dir(artifact)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                p.metadata().unwrap().len(),
+            )
+        })
+        .max_by_key(|(_, len)| *len)
+        .unwrap()
+}
+
+/// Regression: `object_store`'s `with_read_timeout` (the S3 client's
+/// `--read-timeout`) runs while a request's body is still being sent, so
+/// a part (or a whole-object put) that took longer than the read timeout
+/// to send over a slow uplink was cut ("operation timed out") although its
+/// bytes kept moving, and the publish failed after its retries. Puts and
+/// parts now go through a client whose stall check is the body's progress.
+/// Behind a proxy that reads the largest component's upload at 128 KiB/s,
+/// every 256 KiB part takes about 2 s against `--read-timeout 1`; the
+/// publish succeeds and pulls byte-identical.
+#[test]
+fn a_part_slower_than_the_read_timeout_is_not_cut() {
+    let _g = time_bounded();
+    let m = Moto::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(home, 3851);
+    let (name, largest) = largest_component(&src.join("artifact"));
+    assert!(
+        largest > 300 * 1024,
+        "{name}: {largest} bytes, not several parts"
+    );
+    let upstream = m.endpoint().trim_start_matches("http://").to_owned();
+    let proxy =
+        crate::common::registry::ThrottledProxy::start(&upstream, 128 * 1024, &name, largest);
+    let t = std::time::Instant::now();
+    let o = run(m
+        .ftpipe(home)
+        .env("AWS_ENDPOINT_URL", format!("http://{}", proxy.host()))
+        .arg("publish")
+        .arg(&src)
+        .arg("s3://models/slow")
+        .args(["--part-size", "256KiB", "--json", "--read-timeout", "1"]));
+    let o = ok(o, "publish over a slow uplink");
+    assert!(
+        t.elapsed() >= std::time::Duration::from_secs(2),
+        "{name} ({largest} bytes at 128 KiB/s) was not slow to send"
+    );
+    assert_eq!(summary(&o)["outcome"]["already_published"], false);
+    let out = home.join("pulled");
+    ok(pull(&m, home, "s3://models/slow", &out, &[]), "pull");
+    for f in std::fs::read_dir(src.join("artifact")).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() {
+            let pulled = out.join("artifact").join(f.file_name().unwrap());
+            assert!(
+                std::fs::read(&f).unwrap() == std::fs::read(&pulled).unwrap(),
+                "{f:?} differs"
+            );
+        }
+    }
+}

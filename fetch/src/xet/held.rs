@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn nothing_past_the_cap_is_kept() {
-        let wanted = [0..3];
+        let wanted = vec![0..2, 2..3];
         let mut held = Held::default();
         let big = Bytes::from(vec![0u8; (MAX_HELD_BYTES / 2) as usize + 1]);
         held.offer("x", 0, &big, &wanted);
