@@ -60,6 +60,10 @@ fn healthy(addr: SocketAddr) -> bool {
     s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200")
 }
 
+/// How long a started server must run without exiting (a failed bind
+/// exits within milliseconds) before it is taken as the one on its port.
+const SETTLE: Duration = Duration::from_millis(500);
+
 impl LocalCas {
     /// Starts a server and waits until `/health` answers. The port is
     /// chosen free and given on the command line (the server puts it in
@@ -92,7 +96,11 @@ impl LocalCas {
                 if child.try_wait().unwrap().is_some() {
                     break; // the port was taken meanwhile: try another
                 }
-                if healthy(addr) {
+                // Another listener may hold the port (the server then fails
+                // to bind and exits, while `/health` is answered by the
+                // other one): a server is taken only once it has run for
+                // `SETTLE` without exiting.
+                if t.elapsed() >= SETTLE && healthy(addr) && child.try_wait().unwrap().is_none() {
                     return LocalCas { child, addr, data };
                 }
                 std::thread::sleep(Duration::from_millis(100));
