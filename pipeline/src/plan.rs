@@ -118,6 +118,11 @@ pub struct RepinReport {
     pub fetch_files: Vec<String>,
     /// Their bytes.
     pub fetch_bytes: u64,
+    /// Of them, the bytes of files the listing names with a Xet hash: a
+    /// term of theirs whose chunks the old files hold is read back from
+    /// them and checked, not fetched, so the CAS sends at most these (what
+    /// it does send is known per term once the fetch asks).
+    pub xet_fetch_bytes: u64,
     /// Every component of the new plan with its fate.
     #[serde(flatten)]
     pub rebuild: RebuildPreview,
@@ -183,6 +188,11 @@ async fn repin_report(
         from_commit: old.source().commit.clone(),
         to_commit: commit.to_owned(),
         fetch_bytes: fetch.iter().map(|f| f.size).sum(),
+        xet_fetch_bytes: fetch
+            .iter()
+            .filter(|f| f.xet_hash.is_some())
+            .map(|f| f.size)
+            .sum(),
         fetch_files: fetch.into_iter().map(|f| f.path.clone()).collect(),
         rebuild,
     }))

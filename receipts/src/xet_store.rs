@@ -15,8 +15,10 @@ use crate::store::{ReadOnlyStore, Store, to_i64, to_u64};
 
 /// The most rows one chunk lookup returns: the places a xorb's chunks were
 /// recorded at (a chunk recorded by many files or revisions is found in
-/// the first ones; more would only be tried after those failed).
-pub const MAX_CHUNK_RUNS: u32 = 32;
+/// the first ones; more would only be tried after those failed). A fetch
+/// records a xorb range in batches of at least 1 MiB, so one recording of
+/// a whole xorb (at most 64 MiB) is at most 64 rows: this finds two.
+pub const MAX_CHUNK_RUNS: u32 = 128;
 
 /// The longest `chunks` text a chunk lookup reads: a xorb's most chunks
 /// (8192) at 64 hex, a colon, a length and a newline each. A longer row
@@ -365,5 +367,28 @@ mod tests {
                 .is_err()
         );
         assert!(!dir.path().join("none.db").exists());
+    }
+
+    /// Regression: a lookup returned at most 32 rows, while a fetch
+    /// records a xorb range in 1 MiB batches (a 64 MiB xorb is 64 rows), so
+    /// the chunks of a large term past its 32nd batch were never found and
+    /// the term was fetched again (`bench/xet.sh`: a repin of a 78 MB shard
+    /// reused 3 terms). A whole xorb recorded batch by batch is found.
+    #[tokio::test]
+    async fn a_whole_xorb_recorded_in_batches_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).await.unwrap();
+        for batch in 0..64u64 {
+            let chunks = batch * 4..batch * 4 + 4;
+            store
+                .record_xet_term(&row("a", 'a', batch * 400, chunks))
+                .await
+                .unwrap();
+        }
+        let runs = store
+            .xet_chunk_runs(&"x".repeat(64), 0..256, ("", ""))
+            .await
+            .unwrap();
+        assert_eq!(runs.len(), 64);
     }
 }

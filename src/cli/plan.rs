@@ -197,6 +197,13 @@ fn render_repin(r: &ftpipe_pipeline::RepinReport) -> String {
     for f in &r.fetch_files {
         out.push_str(&format!("  fetch {f}\n"));
     }
+    if r.xet_fetch_bytes > 0 {
+        out.push_str(&format!(
+            "  {} ({} bytes) of them in Xet storage: their chunks the old files hold are read back and checked, not fetched\n",
+            human::bytes(r.xet_fetch_bytes),
+            r.xet_fetch_bytes
+        ));
+    }
     for (fate, what) in [
         (Fate::Kept, "kept (identity unchanged)"),
         (

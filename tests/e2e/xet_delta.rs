@@ -233,6 +233,28 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
     let shard = s.change_shard(2);
     let size = content_len(s.files.iter().find(|f| f.path == shard).unwrap());
 
+    // `plan` says before the fetch that the changed shard is in Xet
+    // storage, so that what the CAS sends is at most its size.
+    let plan = |json: bool| {
+        let mut cmd = ftpipe();
+        cmd.args(["plan", REPO, "--endpoint", &s.endpoint(), "--out"])
+            .arg(&out)
+            .args(["--remote", "--repin"]);
+        if json {
+            cmd.arg("--json");
+        }
+        run_ok(&mut cmd)
+    };
+    let o = plan(true);
+    let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["repin"]["fetch_files"], serde_json::json!([shard]), "{p}");
+    assert_eq!(p["repin"]["xet_fetch_bytes"], size, "{p}");
+    let human = String::from_utf8_lossy(&plan(false).stdout).into_owned();
+    assert!(
+        human.contains(&format!("({size} bytes) of them in Xet storage")),
+        "{human}"
+    );
+
     let before = s.xorb_bytes();
     run_ok(&mut run_cmd(&s.endpoint(), &out, &["--repin"]));
     let cas = s.xorb_bytes() - before;
