@@ -25,9 +25,9 @@
 #   bench/xet.sh [--size-mb N] [--tensors K] [--delta-layers N] [--rounds N]
 #                [--work DIR] [--ftpipe PATH --fixture-hub PATH]
 #
-#   --size-mb N     size of the big file in MiB (default 1024; a xorb holds
-#                   up to 64 MiB and ftpipe claims a term only once it is
-#                   whole, so part 2 means little below a few hundred MiB)
+#   --size-mb N     size of the big file in MiB (default 1024; a kill costs
+#                   what was sent and not yet durable, a few MiB, so part 2
+#                   means little below a few hundred MiB)
 #   --tensors K     expert weights changed by the new revision (default 2)
 #   --delta-layers N  layers of part 3's repo (a multiple of 4; default 4)
 #   --rounds N      interleaved rounds of part 1 (default 2)
