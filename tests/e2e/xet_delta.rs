@@ -479,8 +479,8 @@ fn a_renamed_unchanged_shard_is_reused_whole() {
 }
 
 /// A kill storm over `run --repin` with reuse: SIGKILLs at seeded moments
-/// (`KILLS`, default 40, about 8 s; `KILLS=100` runs the hundred
-/// in about 20 s on two idle cores; the seed is printed,
+/// (`KILLS`, default the hundred, about 20 s on two idle cores;
+/// the seed is printed,
 /// `FTPIPE_CRASH_SEED` replays it). After every kill each component
 /// receipt names its file; every finished chain has the fresh build's
 /// manifest, reused bytes and a clean audit.
@@ -493,7 +493,7 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     let kills: usize = std::env::var("KILLS")
         .ok()
         .map(|k| k.parse().expect("KILLS must be a number"))
-        .unwrap_or(40);
+        .unwrap_or(100);
     let seed = crash_seed();
     eprintln!("reusing repin kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = SplitMix64::new(seed);
