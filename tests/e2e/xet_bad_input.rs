@@ -8,7 +8,7 @@
 
 use crate::common::lying_proxy::{Lie, ReconEdit};
 use crate::common::*;
-use crate::xet_source::{ONE_STREAM, reconstructions, xet_served};
+use crate::xet_source::{ONE_STREAM, refused_once_then_fetched, xet_served};
 use ftpipe_fixtures::xet::TokenFault;
 
 /// The reconstruction path of the LFS file `f` of `hashes`.
@@ -109,33 +109,7 @@ fn a_short_truncated_shifted_or_expired_xorb_range_is_refused_and_refetched() {
     ];
     for (i, (suffix, lie)) in lies.into_iter().enumerate() {
         let out = tmp.path().join(format!("out-{i}"));
-        let before = reconstructions(&proxy).len();
-        proxy.lie(&suffix, lie, 1);
-        let o = run(&mut fetch_cmd(
-            &hub.endpoint(),
-            &out,
-            &[ONE_STREAM, &["--include", &f.path]].concat(),
-        ));
-        assert!(o.status.success(), "{lie:?}: {}", stderr(&o));
-        assert_eq!(
-            std::fs::read(out.join("source").join(&f.path)).unwrap(),
-            ftpipe_fixtures::checkpoint::content_bytes(f)
-                .unwrap()
-                .as_ref(),
-            "{lie:?}"
-        );
-        assert!(
-            reconstructions(&proxy).len() - before >= 2,
-            "{lie:?}: the reconstruction was not asked again"
-        );
-        let outcomes = attempt_outcomes(&out, &f.path);
-        assert!(
-            outcomes.len() >= 2 && outcomes[0] != "ok",
-            "{lie:?}: {outcomes:?}"
-        );
-        let l = ledger(&out, &f.path);
-        assert_eq!(l.transferred, l.committed + l.discarded, "{lie:?}: {l:?}");
-        assert_clean_audit(&out);
+        refused_once_then_fetched(&hub, &proxy, f, (&suffix, lie), &out);
     }
 }
 

@@ -44,8 +44,16 @@ pub(crate) fn xet_served_sized(
     bytes: u64,
 ) -> (RunningHub, Vec<RepoFile>, LocalCas, LyingProxy, Hashes) {
     let (hub, files) = hub_with_repo(seed, bytes);
+    let (cas, proxy, hashes) = behind_proxy(&hub, &files);
+    (hub, files, cas, proxy, hashes)
+}
+
+/// `files` (served by `hub`) put into a new CAS, which `hub` then names
+/// through a recording proxy. Returns the CAS (kept alive), the proxy and
+/// the Xet hashes by SHA-256.
+fn behind_proxy(hub: &RunningHub, files: &[RepoFile]) -> (LocalCas, LyingProxy, Hashes) {
     let cas = LocalCas::start();
-    let hashes = xet_hub(&hub, &cas, &files);
+    let hashes = xet_hub(hub, &cas, files);
     let proxy = LyingProxy::start(&cas.endpoint());
     hub.serve_xet(XetServing {
         cas_url: proxy.endpoint(),
@@ -53,7 +61,7 @@ pub(crate) fn xet_served_sized(
         hashes: hashes.clone(),
         token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
     });
-    (hub, files, cas, proxy, hashes)
+    (cas, proxy, hashes)
 }
 
 /// The LFS paths of the listing.
@@ -252,31 +260,48 @@ fn a_200_short_or_endless_xorb_answer_is_refused_and_refetched() {
         .enumerate()
     {
         let out = tmp.path().join(format!("out-{i}"));
-        let before = reconstructions(&proxy).len();
-        proxy.lie("v1/fetch_term", lie, 1);
-        let o = run(&mut fetch_cmd(
-            &hub.endpoint(),
-            &out,
-            &[ONE_STREAM, &["--include", &f.path]].concat(),
-        ));
-        assert!(o.status.success(), "{lie:?}: {}", stderr(&o));
-        assert_eq!(
-            std::fs::read(out.join("source").join(&f.path)).unwrap(),
-            ftpipe_fixtures::checkpoint::content_bytes(f)
-                .unwrap()
-                .as_ref(),
-            "{lie:?}"
-        );
-        assert!(
-            reconstructions(&proxy).len() - before >= 2,
-            "{lie:?}: the reconstruction was not asked again"
-        );
-        let outcomes = attempt_outcomes(&out, &f.path);
-        assert!(outcomes.len() >= 2, "{lie:?}: {outcomes:?}");
-        let l = ledger(&out, &f.path);
-        assert_eq!(l.transferred, l.committed + l.discarded, "{lie:?}: {l:?}");
-        assert_clean_audit(&out);
+        refused_once_then_fetched(&hub, &proxy, f, ("v1/fetch_term", lie), &out);
     }
+}
+
+/// `f` fetched alone into `out` while `proxy` tells `lie` once to a request
+/// whose target ends with `suffix`: the answer is refused (never written),
+/// the attempt fails, the retry asks the reconstruction again, and the file
+/// is published verified with a ledger that adds up and a clean audit.
+pub(crate) fn refused_once_then_fetched(
+    hub: &RunningHub,
+    proxy: &LyingProxy,
+    f: &RepoFile,
+    (suffix, lie): (&str, Lie),
+    out: &Path,
+) {
+    let before = reconstructions(proxy).len();
+    proxy.lie(suffix, lie, 1);
+    let o = run(&mut fetch_cmd(
+        &hub.endpoint(),
+        out,
+        &[ONE_STREAM, &["--include", &f.path]].concat(),
+    ));
+    assert!(o.status.success(), "{lie:?}: {}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        ftpipe_fixtures::checkpoint::content_bytes(f)
+            .unwrap()
+            .as_ref(),
+        "{lie:?}"
+    );
+    assert!(
+        reconstructions(proxy).len() - before >= 2,
+        "{lie:?}: the reconstruction was not asked again"
+    );
+    let outcomes = attempt_outcomes(out, &f.path);
+    assert!(
+        outcomes.len() >= 2 && outcomes[0] != "ok",
+        "{lie:?}: {outcomes:?}"
+    );
+    let l = ledger(out, &f.path);
+    assert_eq!(l.transferred, l.committed + l.discarded, "{lie:?}: {l:?}");
+    assert_clean_audit(out);
 }
 
 /// Regression (issue 37, bad input): a xorb chunk whose bytes were changed
@@ -781,15 +806,7 @@ fn a_xorb_range_shared_by_terms_is_fetched_once() {
         RepoFile::bytes("model.safetensors", content.clone()),
     ];
     let hub = hub_serving(files.clone());
-    let cas = LocalCas::start();
-    let hashes = xet_hub(&hub, &cas, &files);
-    let proxy = LyingProxy::start(&cas.endpoint());
-    hub.serve_xet(XetServing {
-        cas_url: proxy.endpoint(),
-        access_token: CAS_TOKEN.to_owned(),
-        hashes,
-        token_lifetime: ftpipe_fixtures::xet::TOKEN_LIFETIME,
-    });
+    let (_cas, proxy, _hashes) = behind_proxy(&hub, &files);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
