@@ -315,8 +315,7 @@ fn a_kill_during_the_partial_rebuild_resumes_to_the_fresh_manifest() {
 #[test]
 fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
     use ftpipe_fixtures::checkpoint::SplitMix64;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     let _heavy = heavy();
     let kills: usize = std::env::var("KILLS")
         .ok()
@@ -345,12 +344,40 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
         assert!(v.status.success(), "{label}: verify --deep: {}", stderr(&v));
         assert_clean_audit(dir);
     };
+    let (chains, landed) =
+        repin_kill_storm(&hub.endpoint(), kills, chain_ms, &mut rng, &copy, &finished);
+    eprintln!(
+        "repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
+        start.elapsed()
+    );
+    assert!(
+        landed.get("convert").is_some_and(|n| *n > 0),
+        "no kill landed in the partial rebuild: {landed:?}"
+    );
+}
+
+/// SIGKILLs `kills` runs of `run --repin` from `endpoint` at seeded delays
+/// (`rng`) below `chain_ms`, each chain in a fresh copy of the old
+/// artifact (`copy(n)`, from 1); a run that finishes on its own is checked
+/// by `finished` and the next chain begins. After every kill each
+/// component receipt names its file. The last chain is run to its end.
+/// Returns the chains run and where the kills landed.
+pub(crate) fn repin_kill_storm(
+    endpoint: &str,
+    kills: usize,
+    chain_ms: u64,
+    rng: &mut ftpipe_fixtures::checkpoint::SplitMix64,
+    copy: &dyn Fn(usize) -> std::path::PathBuf,
+    finished: &dyn Fn(&Path, &str),
+) -> (usize, std::collections::BTreeMap<String, usize>) {
+    use std::process::Stdio;
+    use std::time::Duration;
     let (mut chains, mut kill) = (1, 0);
     let mut landed = std::collections::BTreeMap::<String, usize>::new();
     let mut dir = copy(chains);
     while kill < kills {
         let delay = rng.next_u64() % chain_ms;
-        let mut child = run_cmd(&hub.endpoint(), &dir, &["--repin"])
+        let mut child = run_cmd(endpoint, &dir, &["--repin"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -375,14 +402,7 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
             .entry(crate::chain_crash::landed_in(&dir))
             .or_default() += 1;
     }
-    run_ok(&mut run_cmd(&hub.endpoint(), &dir, &["--repin"]));
+    run_ok(&mut run_cmd(endpoint, &dir, &["--repin"]));
     finished(&dir, "last chain");
-    eprintln!(
-        "repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
-        start.elapsed()
-    );
-    assert!(
-        landed.get("convert").is_some_and(|n| *n > 0),
-        "no kill landed in the partial rebuild: {landed:?}"
-    );
+    (chains, landed)
 }

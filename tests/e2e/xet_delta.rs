@@ -487,8 +487,7 @@ fn a_renamed_unchanged_shard_is_reused_whole() {
 #[test]
 fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     use ftpipe_fixtures::checkpoint::SplitMix64;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     let _heavy = heavy();
     let kills: usize = std::env::var("KILLS")
         .ok()
@@ -523,38 +522,14 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     run_ok(&mut run_cmd(&s.endpoint(), &copy(0), &["--repin"]));
     finished(&tmp.path().join("chain-0"), "calibration");
     let chain_ms = (start.elapsed().as_millis() as u64).max(20);
-    let (mut chains, mut kill) = (1, 0);
-    let mut landed = BTreeMap::<String, usize>::new();
-    let mut dir = copy(chains);
-    while kill < kills {
-        let delay = rng.next_u64() % chain_ms;
-        let mut child = run_cmd(&s.endpoint(), &dir, &["--repin"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ftpipe");
-        std::thread::sleep(Duration::from_millis(delay));
-        let _ = child.kill(); // SIGKILL
-        let status = child.wait().expect("wait");
-        let label = format!("kill {} after {delay} ms in {}", kill + 1, dir.display());
-        assert!(
-            status.success() || status.code().is_none(),
-            "{label}: run exited with {status} on its own"
-        );
-        if status.success() {
-            finished(&dir, &label);
-            chains += 1;
-            dir = copy(chains);
-            continue;
-        }
-        kill += 1;
-        crate::chain_crash::check_components_after_kill(&dir, &label);
-        *landed
-            .entry(crate::chain_crash::landed_in(&dir))
-            .or_default() += 1;
-    }
-    run_ok(&mut run_cmd(&s.endpoint(), &dir, &["--repin"]));
-    finished(&dir, "last chain");
+    let (chains, landed) = crate::incremental_rebuild::repin_kill_storm(
+        &s.endpoint(),
+        kills,
+        chain_ms,
+        &mut rng,
+        &copy,
+        &finished,
+    );
     eprintln!(
         "reusing repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
         start.elapsed()
