@@ -17,9 +17,9 @@ use ftpipe_progress::Reporter;
 use ftpipe_receipts::{Pin, RunId, Store};
 
 use crate::defaults::{
-    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
+    CHECKPOINT_SHARE_OF_FILE, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_CONNECTIONS, DEFAULT_MIN_RANGE,
     DEFAULT_MIN_RATE, DEFAULT_PIECE_SIZE, DEFAULT_SEGMENT_THRESHOLD, DEFAULT_SPLIT_BELOW_RATE,
-    DEFAULT_STALL_WINDOW,
+    DEFAULT_STALL_WINDOW, MAX_CHECKPOINT_BYTES, MIN_CHECKPOINT_BYTES,
 };
 use crate::error::FetchError;
 use crate::hubsource::HubSource;
@@ -46,8 +46,8 @@ pub struct FetchOptions {
     /// A file is split for another connection only while its busy ones
     /// deliver less than this many bytes per second each (0: always).
     pub split_below_rate: u64,
-    /// Durable checkpoint every this many bytes...
-    pub checkpoint_bytes: u64,
+    /// Durable checkpoint every this many bytes of a file...
+    pub checkpoint_bytes: CheckpointBytes,
     /// ...or this much time, whichever comes first.
     pub checkpoint_interval: Duration,
     /// Retries per file for transient failures.
@@ -67,6 +67,31 @@ pub struct FetchOptions {
     pub io_mode: IoMode,
 }
 
+/// How many bytes of a file a transfer receives between durable
+/// checkpoints: what a kill can cost it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointBytes {
+    /// A share of the file's size ([`CHECKPOINT_SHARE_OF_FILE`]) within
+    /// [`MIN_CHECKPOINT_BYTES`] and [`MAX_CHECKPOINT_BYTES`], so a kill
+    /// costs a large file a bounded share of its bytes.
+    ShareOfFile,
+    /// This many bytes (at least 1) whatever the file's size
+    /// (`--checkpoint-bytes`).
+    Fixed(u64),
+}
+
+impl CheckpointBytes {
+    /// The checkpoint interval of a file of `size` bytes.
+    pub fn for_file(self, size: u64) -> u64 {
+        match self {
+            CheckpointBytes::ShareOfFile => {
+                (size / CHECKPOINT_SHARE_OF_FILE).clamp(MIN_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
+            }
+            CheckpointBytes::Fixed(n) => n.max(1),
+        }
+    }
+}
+
 impl Default for FetchOptions {
     fn default() -> Self {
         FetchOptions {
@@ -76,7 +101,7 @@ impl Default for FetchOptions {
             min_range: DEFAULT_MIN_RANGE,
             piece_size: DEFAULT_PIECE_SIZE,
             split_below_rate: DEFAULT_SPLIT_BELOW_RATE,
-            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_bytes: CheckpointBytes::ShareOfFile,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             retries: 8,
             retry_base: Duration::from_millis(250),
@@ -231,5 +256,29 @@ impl FetchCtx {
             committed,
             still_needed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn a_file_checkpoints_every_256th_of_its_bytes_within_the_bounds() {
+        let share = CheckpointBytes::ShareOfFile;
+        assert_eq!(share.for_file(0), MIN_CHECKPOINT_BYTES);
+        assert_eq!(share.for_file(100 * MIB), MIN_CHECKPOINT_BYTES);
+        assert_eq!(share.for_file(1024 * MIB), 4 * MIB);
+        assert_eq!(share.for_file(2048 * MIB), 8 * MIB);
+        assert_eq!(share.for_file(16 * 1024 * MIB), MAX_CHECKPOINT_BYTES);
+        assert_eq!(share.for_file(u64::MAX), MAX_CHECKPOINT_BYTES);
+    }
+
+    #[test]
+    fn a_fixed_interval_holds_whatever_the_size() {
+        assert_eq!(CheckpointBytes::Fixed(65536).for_file(1 << 40), 65536);
+        assert_eq!(CheckpointBytes::Fixed(0).for_file(10), 1);
     }
 }

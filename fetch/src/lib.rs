@@ -2,7 +2,8 @@
 //! `DIR/source/`, resuming from durable watermarks.
 //!
 //! Modules, in the order a file meets them:
-//! - `ctx`: [`FetchCtx`] (what every transfer shares) and [`FetchOptions`];
+//! - `ctx`: [`FetchCtx`] (what every transfer shares), [`FetchOptions`] and
+//!   [`CheckpointBytes`];
 //!   [`defaults`]: the defaults of [`FetchOptions`].
 //! - `reconcile`: before any byte moves, disk against the database (adopt
 //!   verified files, revoke receipts whose file changed, cut `.part` tails
@@ -71,7 +72,7 @@ use ftpipe_fs::ErrorClass;
 use ftpipe_fs::paths::safe_join;
 use ftpipe_progress::ProgressEvent;
 
-pub use ctx::{FetchCtx, FetchOptions};
+pub use ctx::{CheckpointBytes, FetchCtx, FetchOptions};
 pub use error::{FetchError, Result, SourceFailure};
 pub use extent::WRITE_ALIGN;
 pub use ftpipe_fs::direct::IoMode;

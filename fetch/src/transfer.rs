@@ -655,7 +655,7 @@ impl FileTask {
         }
         // Counted once stored, like the ledger's `transferred`.
         attempt.body_bytes = stored(part, st.from);
-        if st.since + part.held() >= self.ctx.opts.checkpoint_bytes
+        if st.since + part.held() >= self.ctx.opts.checkpoint_bytes.for_file(size)
             || st.last.elapsed() >= self.ctx.opts.checkpoint_interval
         {
             match self.flush(part).await {

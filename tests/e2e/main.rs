@@ -14,6 +14,8 @@
 //! * `attempts`: attempt byte counts add up to the ledger, also after SIGKILL.
 //! * `crash`: `ftpipe fetch` killed with SIGKILL at seeded moments, then
 //!   resumed and compared with a reference model.
+//! * `checkpoint_cadence`: a file checkpoints every 1/256 of its bytes
+//!   (4 to 64 MiB), so a kill costs a large file a bounded share.
 //! * `chain_crash`: every named crash point of resolve → plan → fetch →
 //!   convert → verify, and a kill storm over whole chains.
 //! * `powercut`: power cuts during `ftpipe run` on a FUSE filesystem that
@@ -163,6 +165,7 @@ mod budget_spans;
 mod budgeted_powercut;
 mod budgeted_run;
 mod chain_crash;
+mod checkpoint_cadence;
 mod cli_docs;
 mod conformance;
 mod convert;

@@ -353,7 +353,8 @@ impl Coordinator {
                 continue;
             }
             let due = st.last_checkpoint.elapsed() >= self.ctx.opts.checkpoint_interval
-                || received_since(&st.shared) >= self.ctx.opts.checkpoint_bytes;
+                || received_since(&st.shared)
+                    >= self.ctx.opts.checkpoint_bytes.for_file(self.file.size);
             if due {
                 self.checkpoint(&mut st).await?;
             }

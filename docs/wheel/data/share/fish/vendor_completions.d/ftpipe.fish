@@ -56,7 +56,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l segment-threshol
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes of a file (at least 1; default: 1/256 of the file\'s size, between 4 MiB and 64 MiB, so a kill costs a large file at most about 0.4 % of its bytes)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
@@ -127,7 +127,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l segment-threshold 
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes of a file (at least 1; default: 1/256 of the file\'s size, between 4 MiB and 64 MiB, so a kill costs a large file at most about 0.4 % of its bytes)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l checkpoint-secs -d 'Durable checkpoint interval in seconds (0.01 to 3600)' -r
@@ -172,7 +172,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l segment-threshold
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l min-range -d 'A range is never split below this size (at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l split-below-rate -d 'An object gets another connection only while its connections each deliver less than this per second (default 0: always, as every S3 client reads a large object: a store serves each connection at a limited rate, and one that is near the limit made the split a coin toss that doubled the pull\'s time)' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes (at least 1)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l checkpoint-bytes -d 'Durable checkpoint interval in bytes of a file (at least 1; default: 1/256 of the file\'s size, between 4 MiB and 64 MiB, so a kill costs a large file at most about 0.4 % of its bytes)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retries -d 'Retries per file for transient failures (0 to 100)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l retry-base-ms -d 'First retry delay in milliseconds (1 to 60000)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand pull" -l plain-http -d 'Speak plain http to the registry of an oci:// reference (a loopback or test registry; a warning for any other host). Credentials come from REGISTRY_AUTH_FILE, $XDG_RUNTIME_DIR/containers/auth.json or ~/.docker/config.json (`credHelpers`, `auths`, `credsStore`: a docker-credential-NAME helper on PATH, given --read-timeout); a registry\'s Bearer challenge is answered with a token from its realm, which must be on the registry\'s host'
