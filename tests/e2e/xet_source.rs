@@ -51,7 +51,7 @@ pub(crate) fn xet_served_sized(
 /// `files` (served by `hub`) put into a new CAS, which `hub` then names
 /// through a recording proxy. Returns the CAS (kept alive), the proxy and
 /// the Xet hashes by SHA-256.
-fn behind_proxy(hub: &RunningHub, files: &[RepoFile]) -> (LocalCas, LyingProxy, Hashes) {
+pub(crate) fn behind_proxy(hub: &RunningHub, files: &[RepoFile]) -> (LocalCas, LyingProxy, Hashes) {
     let cas = LocalCas::start();
     let hashes = xet_hub(hub, &cas, files);
     let proxy = LyingProxy::start(&cas.endpoint());
