@@ -3,29 +3,42 @@
 //! `object_store`'s integration tests run against every backend. A new
 //! source is held to them by one line in the `conformance!` list at the
 //! end (and a [`Source`] implementation saying how to reach it, how to lie
-//! to it and how to replace a file in it).
+//! to it, how to replace a file in it and, where its right behaviour is
+//! not that of a file sent as one HTTP body, what it is held to instead:
+//! [`Source::expect`]). Every check that runs can fail.
 //!
 //! The implementations: the hub's HTTP (the fixture hub, which injects the
 //! faults), a mirror in object storage (`fetch --endpoint s3://…`, moto
 //! behind the lying proxy of `common::lying_proxy`), `pull` of a
-//! published artifact (the same), and `pull oci://…` from the distribution
-//! registry (behind the same proxy; every check but the changed validator,
-//! which a content-addressed blob cannot have). Each check drives the real binary with
-//! one connection, so the file under test is read as one stream:
+//! published artifact (the same), `pull oci://…` from the distribution
+//! registry (behind the same proxy), and the hub's Xet storage
+//! (`local_cas_server` filled by `hf_xet`, behind the same proxy: the
+//! file's xorb ranges are its body requests). Each check drives the real
+//! binary with one connection, so the file under test is read as one
+//! stream:
 //!
 //! - `resume_after_a_kill`: killed after a checkpoint, the re-run asks
-//!   from the durable watermark under the kept bytes' validator;
-//! - `a_short_body_resumes`: a body that ends early is resumed from what
-//!   arrived (by the client's own retry or by ftpipe's);
-//! - `a_200_to_a_range_restarts_from_byte_0`: a server that answers every
-//!   ranged request with the whole object: the kept prefix is dropped (a
-//!   recorded `range_not_honoured` discard) and the file taken from 0 (a
-//!   pull gave up after four attempts before, issue 35);
+//!   from the durable watermark under the kept bytes' validator (Xet: the
+//!   reconstruction of the span from the watermark);
+//! - `a_short_body_resumes`: a body that ends early is asked again within
+//!   what arrived, at most a checkpoint and [`Expect::cut_loses_at_most`]
+//!   before its end (by the client's own retry or by ftpipe's; Xet hands a
+//!   term on a recorded 1 MiB batch at a time, so a cut loses the batch
+//!   being read);
+//! - `a_200_to_a_range_is_never_spliced`: a server that answers a ranged
+//!   request with a `200`: as [`Expect::on_a_200`] says, the whole file
+//!   is taken from 0, the kept prefix dropped (a recorded
+//!   `range_not_honoured` discard; a pull gave up after four attempts
+//!   before, issue 35), or (Xet, whose range is a xorb's, not the file's)
+//!   the answer is refused and the span asked again from the watermark,
+//!   nothing kept dropped; never the answer's bytes after the kept ones;
 //! - `a_changed_validator_restarts_from_byte_0`: the file replaced by the
 //!   same bytes under a new validator between a kill and the re-run: the
 //!   prefix is dropped, never spliced with the new object's bytes;
 //! - `a_refused_range_is_retried_from_the_watermark`: a `416` to the
-//!   resumed range is a failed attempt, retried; nothing kept is dropped;
+//!   resumed range is a failed attempt, retried; nothing kept is dropped
+//!   (Xet: a `416` to the reconstruction's range, then one to the xorb's;
+//!   the first failed the file before);
 //! - `an_endless_body_is_bounded`: a body that never ends is cut (at the
 //!   file's size, or refused), the fetch finishes with the file verified
 //!   and the ledger adds up, within a bound;
@@ -33,6 +46,11 @@
 //!   third of the file, the connection held open, ends at `--read-timeout`
 //!   and is retried (object storage waited 300 s, then 300 s more, and
 //!   ignored `--read-timeout`, issue 35).
+//!
+//! The registry and Xet run every check but the changed validator: a
+//! blob's validator is its digest and a Xet file's its Xet hash, each
+//! naming its bytes, so the same name never holds other bytes (other
+//! bytes are another name: a new pin).
 //!
 //! Every check ends with the file's bytes verified and a clean audit
 //! (`transferred = committed + discarded`).
@@ -403,7 +421,6 @@ fn a_short_body_resumes(s: &dyn Source, tmp: &Path) {
     // checkpoint and the piece the source was handing on.
     let lost = CHECKPOINT + s.expect().cut_loses_at_most;
     let earliest = (after as u64).saturating_sub(lost);
-    eprintln!("cut after {after}: {ranges:?}");
     assert!(
         ranges
             .iter()
@@ -845,10 +862,16 @@ impl Source for Xet {
         assert_clean_audit(out);
         // Through the CAS: no body from the hub, its terms recorded.
         let path = &self.largest.0;
-        assert!(body_requests(&self.hub, path).is_empty(), "{path} via resolve");
+        assert!(
+            body_requests(&self.hub, path).is_empty(),
+            "{path} via resolve"
+        );
         let terms = query(
             out,
-            &format!("SELECT COUNT(*) FROM xet_terms WHERE path = {}", sql_str(path)),
+            &format!(
+                "SELECT COUNT(*) FROM xet_terms WHERE path = {}",
+                sql_str(path)
+            ),
         );
         assert_ne!(terms, ["0"], "{path}: no Xet term recorded");
     }
