@@ -534,6 +534,10 @@ fn a_changed_validator_restarts_from_byte_0(s: &dyn Source, tmp: &Path) {
     );
 }
 
+/// Regression (Xet): a `416` to a resumed reconstruction (its `Range`
+/// the span from the watermark) failed the file at once, its status taken
+/// as final, where the hub and a registry ask the range again; now it is
+/// a failed attempt, retried from the watermark.
 fn a_refused_range_is_retried_from_the_watermark(s: &dyn Source, tmp: &Path) {
     let out = tmp.join("out");
     let path = killed_mid_file(s, &out);
