@@ -110,7 +110,8 @@
 //!   kill, a short body, a `200` to a range, a changed validator, a `416`
 //!   to a range, an endless body, a stalled body), once per
 //!   implementation: the hub, a mirror and `pull` (moto behind a lying
-//!   proxy).
+//!   proxy), `pull oci://…` and Xet storage (`local_cas_server`), the last
+//!   two behind the same proxy.
 //! * `s3_mirror`: a checkpoint mirrored into object storage, `run` from it
 //!   (the hub's manifest), a mirror with one wrong file.
 //! * `xet_source`: files the hub keeps in Xet storage fetched from

@@ -51,7 +51,7 @@ pub(crate) fn xet_served_sized(
 /// `files` (served by `hub`) put into a new CAS, which `hub` then names
 /// through a recording proxy. Returns the CAS (kept alive), the proxy and
 /// the Xet hashes by SHA-256.
-fn behind_proxy(hub: &RunningHub, files: &[RepoFile]) -> (LocalCas, LyingProxy, Hashes) {
+pub(crate) fn behind_proxy(hub: &RunningHub, files: &[RepoFile]) -> (LocalCas, LyingProxy, Hashes) {
     let cas = LocalCas::start();
     let hashes = xet_hub(hub, &cas, files);
     let proxy = LyingProxy::start(&cas.endpoint());
@@ -608,8 +608,9 @@ fn a_xet_term_slower_than_the_rate_window_is_not_a_stall() {
 
 /// A xorb body that stops after its head, the connection held open far
 /// past `--read-timeout`, ends at the read timeout as a recorded failed
-/// attempt and is asked again (the check every source's conformance suite
-/// makes, for the CAS, which the suite does not yet run).
+/// attempt and is asked again (the conformance suite's stalled body,
+/// `conformance::xet`, stops a third into the range; this one before its
+/// first byte).
 #[test]
 fn a_stalled_xorb_body_ends_at_the_read_timeout() {
     let (hub, files, _cas, proxy, _hashes) = xet_served(383);

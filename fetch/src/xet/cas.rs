@@ -88,8 +88,11 @@ impl Inner {
                     // Asked again on the retry.
                     *self.token.lock().await = None;
                 }
+                // A `416` says nothing of the bytes kept (the file never
+                // changes under its Xet hash): the span is asked again, as
+                // the hub's and a registry's are.
                 let transient =
-                    status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 429);
+                    status.is_server_error() || matches!(status.as_u16(), 401 | 403 | 416 | 429);
                 return Err(XetError::Status {
                     url: shown(&url),
                     status: status.as_u16(),
