@@ -833,10 +833,13 @@ impl UplinkProxy {
     /// once `marker` went by, for `slow` bytes.
     pub fn start(upstream: &str, rate: u64, marker: &str, slow: u64) -> UplinkProxy {
         let throttle = Some((marker.as_bytes().to_vec(), rate, slow));
-        UplinkProxy::with(upstream, Shared {
-            throttle,
-            ..Shared::default()
-        })
+        UplinkProxy::with(
+            upstream,
+            Shared {
+                throttle,
+                ..Shared::default()
+            },
+        )
     }
 
     /// A proxy to `upstream` passing everything on at once (until
