@@ -103,8 +103,7 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
 #[test]
 fn publish_then_pull_round_trip() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3801);
+    let (tmp, dir) = built_at_home(3801);
     let reg = Registry::start();
     let dest = reg.reference("models/qwen:v1");
     let o = ok(publish(tmp.path(), &dir, &dest, &[]), "publish");
@@ -151,8 +150,7 @@ fn publish_then_pull_round_trip() {
 #[test]
 fn basic_auth_registry_takes_the_auth_file() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3802);
+    let (tmp, dir) = built_at_home(3802);
     let reg = Registry::start_with_auth();
     let dest = reg.reference("models/qwen:v1");
     let o = publish(tmp.path(), &dir, &dest, &[]);
@@ -353,8 +351,7 @@ fn skopeo_copy_keeps_the_manifest_digest() {
 #[test]
 fn kill_storm_over_publish() {
     let _heavy = heavy();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3807);
+    let (tmp, src) = built_at_home(3807);
     let reg = Registry::start();
     let end = publish_kill_storm(&reg, tmp.path(), &src, &[], "oci publish");
     let dest = reg.reference(&format!("{}:v1", end.repos.last().unwrap()));
@@ -464,8 +461,7 @@ fn a_killed_chunked_upload_resumes_where_the_registry_acknowledged() {
 #[test]
 fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3810);
+    let (tmp, src) = built_at_home(3810);
     let reg = Registry::start();
     let dest = reg.reference("models/qwen:v1");
     crashed_publish(tmp.path(), &src, &dest, "upload-part-sent#3");
@@ -513,8 +509,7 @@ fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
 #[test]
 fn a_publish_killed_mid_patch_starts_that_blob_again() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3818);
+    let (tmp, src) = built_at_home(3818);
     let reg = Registry::start();
     let proxy = UplinkProxy::passing(&reg.host());
     let one_at_a_time = ["--concurrency", "1"];
@@ -656,6 +651,14 @@ fn lying(seed: u64) -> Lying {
 }
 
 impl Lying {
+    /// `lie` told to the next GET of the largest component's blob: its
+    /// path suffix (`blobs/DIGEST`).
+    fn lie_about_the_blob(&self, lie: crate::common::lying_proxy::Lie) -> String {
+        let blob = format!("blobs/{}", self.digest);
+        self.proxy.lie(&blob, lie, 1);
+        blob
+    }
+
     fn source(&self) -> String {
         format!(
             "oci://{}/models/qwen:v1",
@@ -691,8 +694,7 @@ fn a_blob_whose_bytes_are_not_its_digest_is_discarded_and_fetched_again() {
     use crate::common::lying_proxy::Lie;
     let _g = time_bounded();
     let l = lying(3811);
-    l.proxy
-        .lie(&format!("blobs/{}", l.digest), Lie::Corrupt { at: 1000 }, 1);
+    l.lie_about_the_blob(Lie::Corrupt { at: 1000 });
     l.pull_survives(&[]);
 }
 
@@ -704,9 +706,8 @@ fn a_200_to_a_ranged_blob_get_restarts_the_blob_from_byte_0() {
     let _g = time_bounded();
     let l = lying(3812);
     // The first range is taken, a later one is answered whole.
-    let blob = format!("blobs/{}", l.digest);
-    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
-    l.proxy.lie(&blob, Lie::IgnoreRange, 1);
+    let blob = l.lie_about_the_blob(Lie::ShortBody { after: 70_000 });
+    l.lie_about_the_blob(Lie::IgnoreRange);
     l.pull_survives(crate::common::s3::RANGED_PULL);
     assert!(
         l.proxy
@@ -724,8 +725,7 @@ fn a_truncated_blob_is_resumed() {
     use crate::common::lying_proxy::Lie;
     let _g = time_bounded();
     let l = lying(3813);
-    let blob = format!("blobs/{}", l.digest);
-    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
+    let blob = l.lie_about_the_blob(Lie::ShortBody { after: 70_000 });
     l.pull_identical(&[]);
     let ranged: Vec<_> = l
         .proxy
@@ -758,8 +758,7 @@ fn a_manifest_that_never_ends_is_refused_at_its_limit() {
 fn hostile_layer_paths_are_refused() {
     let _g = time_bounded();
     let p = Published::new(3815);
-    let (_, bytes) = p.reg.manifest("models/qwen", "v1");
-    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let good = p.manifest_json();
     let cases: [(&str, &Edit); 3] = [
         ("dotdot", &|m| set_path(m, 0, "../escape")),
         ("absolute", &|m| set_path(m, 0, "/tmp/escape")),

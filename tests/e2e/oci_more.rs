@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::registry::*;
 use crate::common::*;
-use crate::s3::{built, ok, summary};
+use crate::s3::{ok, summary};
 
 /// Blob uploads (`POST` opening a session, `PATCH`, `PUT ?digest=`) to
 /// `repo` in the registry's log from index `from` on.
@@ -22,6 +22,14 @@ fn blob_uploads(reg: &Registry, repo: &str, from: usize) -> Vec<Logged> {
         .collect()
 }
 
+/// DIR from `seed` published to a fresh registry as `models/a:v1`, the
+/// repository blobs are mounted from, and its manifest digest.
+fn mount_source(seed: u64) -> (Published, String) {
+    let p = Published::to(Registry::start(), seed, "models/a:v1");
+    let (digest, _) = p.reg.manifest("models/a", "v1");
+    (p, digest)
+}
+
 /// Bug: `publish` had no way to name a source repository, so a second
 /// repository of the same registry got every blob sent again (issue 38:
 /// "cross-repository mount when the source repository is given"). With
@@ -32,9 +40,8 @@ fn blob_uploads(reg: &Registry, repo: &str, from: usize) -> Vec<Logged> {
 #[test]
 fn a_publish_mounts_every_blob_from_the_named_repository() {
     let _g = time_bounded();
-    let p = Published::to(Registry::start(), 3830, "models/a:v1");
+    let (p, a) = mount_source(3830);
     let reg = &p.reg;
-    let (a, _) = reg.manifest("models/a", "v1");
     let before = reg.requests().len();
     let b = publish_mounting(p.home(), &p.dir, reg, "models/b:v1", "models/a");
     let objects = b["outcome"]["objects"].as_u64().unwrap();
@@ -63,8 +70,7 @@ fn a_publish_mounts_every_blob_from_the_named_repository() {
 #[test]
 fn a_mount_answered_with_an_upload_session_continues_it() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3831);
+    let (tmp, dir) = built_at_home(3831);
     let reg = Registry::start();
     let s = publish_mounting(tmp.path(), &dir, &reg, "models/b:v1", "models/nowhere");
     assert_eq!(s["outcome"]["mounted"], 0, "{s}");
@@ -149,8 +155,7 @@ fn helper(bin: &Path, name: &str, script: &str) {
 #[test]
 fn credential_helpers_give_the_registry_s_credentials() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3833);
+    let (tmp, dir) = built_at_home(3833);
     let reg = Registry::start_with_auth();
     let bin = tmp.path().join("bin");
     let asked = tmp.path().join("asked");
@@ -199,8 +204,7 @@ fn credential_helpers_give_the_registry_s_credentials() {
 #[test]
 fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3834);
+    let (tmp, dir) = built_at_home(3834);
     let reg = Registry::start_with_auth();
     let bin = tmp.path().join("bin");
     let leaked = "helper-printed-secret-0042";
@@ -238,8 +242,7 @@ fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
 #[test]
 fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3835);
+    let (tmp, dir) = built_at_home(3835);
     let bin = tmp.path().join("bin");
     let config = "{\"auths\": {not json";
     let file = tmp.path().join("docker/config.json").display().to_string();
@@ -265,8 +268,7 @@ fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
 fn a_manifest_without_placement_is_refused_before_any_blob_is_read() {
     let _g = time_bounded();
     let p = Published::new(3836);
-    let (_, bytes) = p.reg.manifest("models/qwen", "v1");
-    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let good = p.manifest_json();
     let placement = good["layers"]
         .as_array()
         .unwrap()
@@ -335,8 +337,7 @@ fn publish_over_a_slow_uplink(home: &Path, dir: &Path, rate: fn(u64) -> u64) -> 
 #[test]
 fn an_upload_slower_than_the_read_timeout_is_not_cut() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3837);
+    let (tmp, dir) = built_at_home(3837);
     let rate = |largest: u64| (largest / 3).max(4096);
     let slow = publish_over_a_slow_uplink(tmp.path(), &dir, rate);
     let o = ok(slow.publish, "publish over a slow uplink");
@@ -361,8 +362,7 @@ fn an_upload_slower_than_the_read_timeout_is_not_cut() {
 #[test]
 fn a_stalled_upload_ends_at_the_read_timeout() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3839);
+    let (tmp, dir) = built_at_home(3839);
     let slow = publish_over_a_slow_uplink(tmp.path(), &dir, |_| 512);
     let o = slow.publish;
     assert!(!o.status.success(), "published through a stalled uplink");
@@ -394,8 +394,7 @@ fn a_stalled_upload_ends_at_the_read_timeout() {
 #[test]
 fn an_identity_token_from_a_helper_is_a_refresh_token_for_the_realm() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3840);
+    let (tmp, dir) = built_at_home(3840);
     let reg = Registry::start_with_tokens();
     let token = "ftpipe-identity-token-0007";
     reg.accept_identity_token(token);
@@ -441,9 +440,8 @@ fn an_identity_token_from_a_helper_is_a_refresh_token_for_the_realm() {
 #[test]
 fn kill_storm_over_a_mounting_publish() {
     let _heavy = heavy();
-    let p = Published::to(Registry::start(), 3841, "models/a:v1");
+    let (p, a) = mount_source(3841);
     let reg = &p.reg;
-    let (a, _) = reg.manifest("models/a", "v1");
     let mount = ["--mount-from", "models/a"];
     let t = Instant::now();
     let end = publish_kill_storm(reg, p.home(), &p.dir, &mount, "oci mount");

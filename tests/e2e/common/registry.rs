@@ -413,6 +413,13 @@ pub fn assert_not_in_state(dirs: &[&Path], secret: &str, what: &str) {
     }
 }
 
+/// A temp HOME and DIR built from `seed` in it (`crate::s3::built`).
+pub fn built_at_home(seed: u64) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), seed);
+    (tmp, dir)
+}
+
 /// `publish DIR REGISTRY/TO --mount-from FROM` (HOME = `home`), which
 /// must succeed: its JSON summary.
 pub fn publish_mounting(
@@ -446,8 +453,7 @@ impl Published {
 
     /// DIR from `seed` published to `reg` as `repo_tag`.
     pub fn to(reg: Registry, seed: u64, repo_tag: &str) -> Published {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = built(tmp.path(), seed);
+        let (tmp, dir) = built_at_home(seed);
         let o = publish(tmp.path(), &dir, &reg.reference(repo_tag), &[]);
         ok(o, &format!("publish {repo_tag}"));
         Published { tmp, dir, reg }
@@ -469,6 +475,12 @@ impl Published {
         let cmd = registry_ftpipe(self.home());
         pull_identical(cmd, &self.reg.reference(repo_tag), &out, &self.dir, &[]);
         out
+    }
+
+    /// The manifest of `models/qwen:v1`, as JSON.
+    pub fn manifest_json(&self) -> serde_json::Value {
+        let (_, bytes) = self.reg.manifest("models/qwen", "v1");
+        serde_json::from_slice(&bytes).unwrap()
     }
 
     /// `manifest` put as `models/qwen:TAG` (the registry takes it), then
