@@ -558,7 +558,9 @@ pub struct StormEnd {
 /// below its time; after each the state database is intact and the tag,
 /// once there, names a complete artifact ([`check_tag`]); a run that ends
 /// by itself must have set the tag, and the next chain begins in a fresh
-/// repository. The last chain is run to its end.
+/// repository. The last chain is run to its end. At least one kill must
+/// land mid-publish: the killed run had sent a write request to its
+/// repository, and the tag was not there.
 pub fn publish_kill_storm(
     reg: &Registry,
     home: &Path,
@@ -575,9 +577,10 @@ pub fn publish_kill_storm(
     ok(o, "calibration");
     let ms = (t.elapsed().as_millis() as u64).max(20);
     let mut repos = vec!["storm0/qwen".to_owned()];
-    let mut kill = 0;
+    let (mut kill, mut mid_publish) = (0, 0);
     while kill < kills() {
         let repo = repos.last().unwrap().clone();
+        let before = reg.requests().len();
         let delay = rng.next_u64() % ms;
         let label = format!("{what} kill {} after {delay} ms into {repo}", kill + 1);
         let mut cmd = registry_ftpipe(home);
@@ -589,8 +592,15 @@ pub fn publish_kill_storm(
         }
         kill += 1;
         check_publish_state(src, &label);
-        check_tag(reg, &repo, "v1", src, &label);
+        let tagged = check_tag(reg, &repo, "v1", src, &label);
+        let prefix = format!("/v2/{repo}/");
+        let wrote = reg.requests()[before..]
+            .iter()
+            .any(|r| r.path.starts_with(&prefix) && r.method != "GET" && r.method != "HEAD");
+        mid_publish += usize::from(wrote && !tagged);
     }
+    eprintln!("{what}: {mid_publish} of {kill} kills landed mid-publish");
+    assert!(mid_publish > 0, "no kill landed mid-publish");
     let repo = repos.last().unwrap();
     let last = publish(home, src, &reg.reference(&format!("{repo}:v1")), extra);
     let last = ok(last, "last chain");
