@@ -2,12 +2,18 @@
 //! (`sha256:HEX`, [`OutputTarget::key`] of a file's SHA-256), a session a
 //! chunked upload whose handle is the location `POST` answered, a part's
 //! receipt the location the registry answered that chunk with (it holds
-//! the acknowledged offset), parts in order, one at a time. A blob is
+//! the acknowledged offset), parts in order, one at a time. A session
+//! location this process was not answered (one recorded by a run before
+//! it) is confirmed with the registry before a chunk goes there
+//! ([`Registry::confirm_upload`]). A blob is
 //! content-addressed: the registry checks the digest when an upload
 //! completes, so a blob it has is proven to be the bytes of its digest
 //! ([`StoreChecksum::Sha256`]); a put is a one-chunk upload. Commit points,
 //! listing and the manifest are not blobs: `publish` speaks to the
 //! [`Registry`] for them.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -26,12 +32,24 @@ const MAX_CHUNKS: u64 = 100_000;
 #[derive(Debug)]
 pub struct OciTarget {
     registry: Registry,
+    /// Session locations the registry answered this process (a session
+    /// begun, a chunk taken): the next chunk goes there unasked.
+    answered: Mutex<HashSet<String>>,
 }
 
 impl OciTarget {
     /// The blobs of `registry`'s repository.
     pub fn new(registry: Registry) -> OciTarget {
-        OciTarget { registry }
+        OciTarget {
+            registry,
+            answered: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn answered(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The client.
@@ -142,11 +160,17 @@ impl OutputTarget for OciTarget {
     }
 
     fn begin_upload<'a>(&'a self, key: &'a str, _sha256: &'a str) -> TargetFuture<'a, String> {
-        self.registry.start_upload(key).boxed()
+        async move {
+            let location = self.registry.start_upload(key).await?;
+            self.answered().insert(location.clone());
+            Ok(location)
+        }
+        .boxed()
     }
 
     /// Sends the chunk at the location of the part before it (the
-    /// session's for the first); its receipt is the next location.
+    /// session's for the first), confirmed with the registry first when
+    /// a run before this one recorded it; its receipt is the next location.
     fn send_part<'a>(
         &'a self,
         key: &'a str,
@@ -154,10 +178,20 @@ impl OutputTarget for OciTarget {
         part: PartRequest,
     ) -> TargetFuture<'a, String> {
         async move {
-            let location = part.previous.as_deref().unwrap_or(session);
-            self.registry
-                .patch_chunk(location, key, part.offset, part.bytes)
-                .await
+            let recorded = part.previous.as_deref().unwrap_or(session);
+            let location = if self.answered().remove(recorded) {
+                recorded.to_owned()
+            } else {
+                self.registry
+                    .confirm_upload(recorded, key, part.offset)
+                    .await?
+            };
+            let next = self
+                .registry
+                .patch_chunk(&location, key, part.offset, part.bytes)
+                .await?;
+            self.answered().insert(next.clone());
+            Ok(next)
         }
         .boxed()
     }

@@ -496,13 +496,7 @@ impl Registry {
         let response = self
             .watched("upload chunk", &what, len, &progress, sent)
             .await?;
-        let acknowledged = response
-            .headers()
-            .get(RANGE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("bytes=").or(Some(v)))
-            .and_then(|v| v.split_once('-'))
-            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+        let acknowledged = range_held(response.headers());
         if acknowledged != Some((0, end.saturating_sub(1))) {
             return Err(bad(
                 &what,
@@ -514,6 +508,43 @@ impl Registry {
             ));
         }
         self.location_of(&response, "upload chunk", &what)
+    }
+
+    /// Asks the registry where it stands in the session at `location`
+    /// (`GET`, the upload status) before a chunk goes there from `offset`:
+    /// the location to send it to. A session the registry no longer knows
+    /// or refuses is [`ObjStoreError::UploadGone`] — distribution 2.8
+    /// cancels one whose stored size is not the offset signed into the
+    /// location's `_state`, as a `PATCH` cut mid-body leaves it — and so is
+    /// one holding other than `offset` bytes (`Range: 0-N`; `0-0`, or none,
+    /// for an empty one), which is cancelled first. No chunk's body is sent
+    /// to a session that will not take it.
+    pub async fn confirm_upload(
+        &self,
+        location: &str,
+        digest: &str,
+        offset: u64,
+    ) -> Result<String> {
+        let what = self.blob_url(digest);
+        let url = self.upload_url(location, &what)?;
+        let response = self
+            .send("upload status", &what, || self.http.get(url.clone()))
+            .await?;
+        let response = session_answer(response, "upload status", &what).await?;
+        let holds = range_held(response.headers());
+        let expected = (0, offset.saturating_sub(1));
+        if holds != Some(expected) && !(offset == 0 && holds.is_none()) {
+            self.cancel_upload(location, digest).await?;
+            let problem = format!(
+                "the registry holds {holds:?} of the upload session, not the {offset} bytes \
+                 recorded: the session is cancelled"
+            );
+            return Err(ObjStoreError::UploadGone {
+                key: what.clone(),
+                source: Box::new(bad(&what, &problem)),
+            });
+        }
+        self.location_of(&response, "upload status", &what)
     }
 
     /// Completes the session at `location` as the blob `digest` (the
@@ -731,6 +762,17 @@ fn bad(what: &str, problem: &str) -> ObjStoreError {
         key: what.to_owned(),
         what: problem.to_owned(),
     }
+}
+
+/// The byte range an upload answer says the registry holds (`Range:
+/// 0-N`, with or without `bytes=`).
+fn range_held(headers: &HeaderMap) -> Option<(u64, u64)> {
+    headers
+        .get(RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes=").or(Some(v)))
+        .and_then(|v| v.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
 }
 
 /// `response` when it is a success; its status and error codes otherwise.

@@ -25,8 +25,9 @@
 //! * `oci`: `publish` to and `pull` from a real OCI registry (the CNCF
 //!   distribution registry) as a ModelPack artifact; `oras` and `skopeo`
 //!   as peers; moved tags, hostile manifests, lying blobs.
-//! * `oci_more`: cross-repository mounts, credential helpers, uploads
-//!   slower than `--read-timeout`, and the registry's smaller refusals.
+//! * `oci_more`: cross-repository mounts (and a kill storm over them),
+//!   credential helpers, uploads slower than `--read-timeout`, and the
+//!   registry's smaller refusals.
 //! * `hf_cache`: a Hugging Face cache filled by the real `hf download` (Xet
 //!   disabled, and with its defaults through Xet against Hugging Face's
 //!   `local_cas_server`: the shared blob store), the hub's token

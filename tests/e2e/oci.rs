@@ -10,61 +10,23 @@
 //! registry's access log) and a re-pull reads no blob. Peers: `oras`
 //! (the Python SDK) pulls what ftpipe pushed into byte-identical files,
 //! ftpipe pulls what `oras` pushed with the ModelPack media types, and
-//! `skopeo copy` keeps the manifest digest. Refusals: a tag naming
+//! `skopeo copy` keeps the manifest digest. Kills: storms over publish
+//! and pull; a publish killed between chunks resumes its session, one
+//! killed mid-`PATCH` (or after a chunk it did not record) starts that
+//! blob again, resending no more than it. Refusals: a tag naming
 //! another artifact (without `--force-tag`), a tag moved between a pull
 //! and its resume (without `--repin`), layers whose paths escape the
 //! artifact or repeat, a blob whose bytes are not its digest.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 
 use crate::common::registry::*;
 use crate::common::*;
 use crate::s3::{built, ok, summary, verify_deep};
 
-/// Blobs above this go as chunked uploads of several chunks.
-const CHUNK: &str = "64KiB";
-
-pub fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
-    run(ftpipe()
-        .env("HOME", home)
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("DOCKER_CONFIG")
-        .env_remove("XDG_RUNTIME_DIR")
-        .arg("publish")
-        .arg(dir)
-        .arg(dest)
-        .args(["--plain-http", "--part-size", CHUNK, "--json"])
-        .args(extra))
-}
-
-pub fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
-    run(ftpipe()
-        .env("HOME", home)
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("DOCKER_CONFIG")
-        .env_remove("XDG_RUNTIME_DIR")
-        .args(["pull", src, "--plain-http", "--out"])
-        .arg(out)
-        .args(["--retry-base-ms", "20", "--json"])
-        .args(extra))
-}
-
-/// Every file of `a` has the bytes of the same file in `b`, and both hold
-/// the same files.
-pub fn assert_same_files(a: &Path, b: &Path) {
-    let names = tree_of(a);
-    assert_eq!(names, tree_of(b), "file lists of {a:?} and {b:?}");
-    for n in names {
-        let (pa, pb) = (a.join(&n), b.join(&n));
-        if pa.is_file() {
-            assert!(
-                std::fs::read(&pa).unwrap() == std::fs::read(&pb).unwrap(),
-                "{n} differs"
-            );
-        }
-    }
-}
+/// `publish` of the registry tests (`conformance` publishes with it).
+pub use crate::common::registry::publish;
 
 /// The ModelPack shape of the manifest published as `repo:tag`, checked
 /// against `artifact`'s manifest.json: its digest.
@@ -136,17 +98,12 @@ fn assert_modelpack(reg: &Registry, repo: &str, tag: &str, artifact: &Path) -> S
     digest
 }
 
-pub fn artifact_of(dir: &Path) -> PathBuf {
-    dir.join("artifact")
-}
-
 /// Publish, re-publish (no write request), pull (byte-identical,
 /// `verify --deep`), re-pull (no blob read), against an anonymous registry.
 #[test]
 fn publish_then_pull_round_trip() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3801);
+    let (tmp, dir) = built_at_home(3801);
     let reg = Registry::start();
     let dest = reg.reference("models/qwen:v1");
     let o = ok(publish(tmp.path(), &dir, &dest, &[]), "publish");
@@ -168,10 +125,8 @@ fn publish_then_pull_round_trip() {
     assert!(after.is_empty(), "a re-publish wrote: {after:?}");
 
     let out = tmp.path().join("pulled");
-    let o = ok(pull(tmp.path(), &dest, &out, &[]), "pull");
+    let o = pull_identical(registry_ftpipe(tmp.path()), &dest, &out, &dir, &[]);
     assert_eq!(summary(&o)["outcome"]["already_pulled"], false);
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
     let blob_gets = |reg: &Registry| {
         reg.requests()
             .iter()
@@ -195,8 +150,7 @@ fn publish_then_pull_round_trip() {
 #[test]
 fn basic_auth_registry_takes_the_auth_file() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3802);
+    let (tmp, dir) = built_at_home(3802);
     let reg = Registry::start_with_auth();
     let dest = reg.reference("models/qwen:v1");
     let o = publish(tmp.path(), &dir, &dest, &[]);
@@ -204,20 +158,13 @@ fn basic_auth_registry_takes_the_auth_file() {
     assert_names(&stderr(&o), &["Basic", "REGISTRY_AUTH_FILE", &reg.host()]);
 
     let auth = reg.auth_file(tmp.path());
-    let with_auth = |cmd: &mut Command| {
-        cmd.env("REGISTRY_AUTH_FILE", &auth);
-    };
-    let mut cmd = ftpipe();
-    with_auth(&mut cmd);
-    let o = run(cmd
-        .env("HOME", tmp.path())
-        .arg("publish")
-        .arg(&dir)
-        .arg(&dest)
-        .args(["--plain-http", "--part-size", CHUNK, "--json"]));
-    let o = ok(o, "publish with credentials");
-    assert!(!String::from_utf8_lossy(&o.stdout).contains(REGISTRY_PASSWORD));
-    assert!(!stderr(&o).contains(REGISTRY_PASSWORD));
+    let mut cmd = registry_ftpipe(tmp.path());
+    cmd.env("REGISTRY_AUTH_FILE", &auth);
+    let o = ok(
+        publish_through(cmd, &dir, &dest, &[]),
+        "publish with credentials",
+    );
+    assert!(!output_text(&o).contains(REGISTRY_PASSWORD));
     assert_modelpack(&reg, "models/qwen", "v1", &artifact_of(&dir));
 
     // The pull finds them in DOCKER_CONFIG as Kubernetes mounts a
@@ -231,28 +178,15 @@ fn basic_auth_registry_takes_the_auth_file() {
     std::os::unix::fs::symlink(data.file_name().unwrap(), docker.join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/config.json", docker.join("config.json")).unwrap();
     let out = tmp.path().join("pulled");
-    let o = run(ftpipe()
-        .env("HOME", tmp.path())
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("XDG_RUNTIME_DIR")
-        .env("DOCKER_CONFIG", &docker)
-        .args(["pull", &dest, "--plain-http", "--json", "--out"])
-        .arg(&out));
-    let o = ok(o, "pull with credentials from DOCKER_CONFIG");
+    let mut cmd = registry_ftpipe(tmp.path());
+    cmd.env("DOCKER_CONFIG", &docker);
+    let o = pull_identical(cmd, &dest, &out, &dir, &[]);
     let s = summary(&o);
     assert_eq!(
         s["session"]["credentials_from"],
         docker.join("config.json").display().to_string()
     );
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
-    for d in [&dir, &out] {
-        let db = std::fs::read(d.join(".ftpipe/state.db")).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&db).contains(REGISTRY_PASSWORD),
-            "password in {d:?}'s state"
-        );
-    }
+    assert_not_in_state(&[&dir, &out], REGISTRY_PASSWORD, "the password");
 }
 
 /// A tag naming another artifact is refused without `--force-tag` (both
@@ -287,8 +221,7 @@ fn a_tag_naming_another_artifact_is_refused_unless_forced() {
     assert!(!o.status.success(), "followed a moved tag without --repin");
     assert_names(&stderr(&o), &["moved", "--repin", &first, &second]);
     ok(pull(tmp.path(), &dest, &out, &["--repin"]), "pull --repin");
-    assert_same_files(&artifact_of(&b), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    assert_pulled(&b, &out);
 }
 
 /// `python3 -c SCRIPT ARGS...`, which must succeed; its stdout.
@@ -349,22 +282,17 @@ client.push(
 #[test]
 fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3805);
-    let reg = Registry::start();
-    ok(
-        publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
-    let by_oras = tmp.path().join("by-oras");
+    let p = Published::new(3805);
+    let (reg, dir) = (&p.reg, &p.dir);
+    let by_oras = p.out("by-oras");
     let target = format!("{}/models/qwen:v1", reg.host());
     python(
         ORAS_PULL,
         &[&reg.host(), &target, by_oras.to_str().unwrap()],
     );
-    assert_same_files(&artifact_of(&dir), &by_oras);
+    assert_same_files(&artifact_of(dir), &by_oras);
 
-    let config = tmp.path().join("modelpack-config.json");
+    let config = p.out("modelpack-config.json");
     let doc = serde_json::json!({
         "descriptor": { "name": "qwen" },
         "config": { "format": "ftw" },
@@ -372,7 +300,7 @@ fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
     });
     std::fs::write(&config, doc.to_string()).unwrap();
     let target = format!("{}/peer/qwen:v1", reg.host());
-    let artifact = artifact_of(&dir);
+    let artifact = artifact_of(dir);
     python(
         ORAS_PUSH,
         &[
@@ -382,13 +310,7 @@ fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
             config.to_str().unwrap(),
         ],
     );
-    let out = tmp.path().join("from-oras");
-    ok(
-        pull(tmp.path(), &reg.reference("peer/qwen:v1"), &out, &[]),
-        "pull of oras's push",
-    );
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    p.pull_identical("peer/qwen:v1", "from-oras");
 }
 
 /// `skopeo copy --preserve-digests` copies what ftpipe pushed to another
@@ -397,13 +319,8 @@ fn oras_pulls_what_ftpipe_pushed_and_ftpipe_pulls_what_oras_pushed() {
 #[test]
 fn skopeo_copy_keeps_the_manifest_digest() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3806);
-    let reg = Registry::start();
-    ok(
-        publish(tmp.path(), &dir, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
+    let p = Published::new(3806);
+    let reg = &p.reg;
     let digest = reg.manifest("models/qwen", "v1").0;
     let o = Command::new("skopeo")
         .args([
@@ -414,7 +331,7 @@ fn skopeo_copy_keeps_the_manifest_digest() {
         ])
         .arg(format!("docker://{}/models/qwen:v1", reg.host()))
         .arg(format!("docker://{}/copied/qwen:v1", reg.host()))
-        .env("HOME", tmp.path())
+        .env("HOME", p.home())
         .output()
         .expect("skopeo (apt-get install skopeo; .ci/run does)");
     assert!(
@@ -423,43 +340,7 @@ fn skopeo_copy_keeps_the_manifest_digest() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(reg.manifest("copied/qwen", "v1").0, digest);
-    let out = tmp.path().join("pulled");
-    let src = reg.reference(&format!("copied/qwen@{digest}"));
-    ok(pull(tmp.path(), &src, &out, &[]), "pull of the copy");
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-}
-
-/// The tag, when it is there, names `dir`'s artifact and every blob its
-/// manifest names is in the repository with its size: nothing
-/// half-published is ever visible. Whether the tag is there.
-fn check_tag(reg: &Registry, repo: &str, tag: &str, dir: &Path, label: &str) -> bool {
-    let (status, _, bytes) = reg
-        .get(
-            &format!("/v2/{repo}/manifests/{tag}"),
-            Some("application/vnd.oci.image.manifest.v1+json"),
-        )
-        .unwrap();
-    if status == 404 {
-        return false;
-    }
-    assert_eq!(status, 200, "{label}");
-    let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    let ours = manifest_json(dir);
-    assert_eq!(
-        m["annotations"]["dev.ftpipe.artifact.fingerprint"], ours["fingerprint"],
-        "{label}"
-    );
-    let blobs = m["layers"].as_array().unwrap().iter().chain([&m["config"]]);
-    for b in blobs {
-        let digest = b["digest"].as_str().unwrap();
-        let (status, headers, _) = reg
-            .request("HEAD", &format!("/v2/{repo}/blobs/{digest}"), None, &[])
-            .unwrap();
-        assert_eq!(status, 200, "{label}: the tag names {digest}, not there");
-        let len = headers.iter().find(|(k, _)| k == "content-length").unwrap();
-        assert_eq!(len.1, b["size"].to_string(), "{label}: {digest}");
-    }
-    true
+    p.pull_identical(&format!("copied/qwen@{digest}"), "pulled");
 }
 
 /// At least 20 seeded SIGKILLs (`KILLS`, `FTPIPE_CRASH_SEED`) at moments
@@ -469,56 +350,14 @@ fn check_tag(reg: &Registry, repo: &str, tag: &str, dir: &Path, label: &str) -> 
 /// byte-identical.
 #[test]
 fn kill_storm_over_publish() {
-    use crate::s3_crash::{check_publish_state, kill_after, kills};
     let _heavy = heavy();
-    let seed = crash_seed();
-    eprintln!("oci publish kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
-    let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(seed);
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let src = built(tmp.path(), 3807);
+    let (tmp, src) = built_at_home(3807);
     let reg = Registry::start();
-    let t = std::time::Instant::now();
-    ok(
-        publish(home, &src, &reg.reference("calibration/qwen:v1"), &[]),
-        "calibration",
-    );
-    let ms = (t.elapsed().as_millis() as u64).max(20);
-    let (mut chain, mut kill) = (0usize, 0usize);
-    let repo = |n: usize| format!("storm{n}/qwen");
-    while kill < kills() {
-        let delay = rng.next_u64() % ms;
-        let label = format!(
-            "oci publish kill {} after {delay} ms into {}",
-            kill + 1,
-            repo(chain)
-        );
-        let mut cmd = ftpipe();
-        cmd.env("HOME", home)
-            .env_remove("REGISTRY_AUTH_FILE")
-            .arg("publish")
-            .arg(&src)
-            .arg(reg.reference(&format!("{}:v1", repo(chain))))
-            .args(["--plain-http", "--part-size", CHUNK]);
-        if kill_after(&mut cmd, std::time::Duration::from_millis(delay), &label) {
-            assert!(
-                check_tag(&reg, &repo(chain), "v1", &src, &label),
-                "{label}: no tag"
-            );
-            chain += 1;
-            continue;
-        }
-        kill += 1;
-        check_publish_state(&src, &label);
-        check_tag(&reg, &repo(chain), "v1", &src, &label);
-    }
-    let dest = reg.reference(&format!("{}:v1", repo(chain)));
-    ok(publish(home, &src, &dest, &[]), "last chain");
-    assert!(check_tag(&reg, &repo(chain), "v1", &src, "last chain"));
+    let end = publish_kill_storm(&reg, tmp.path(), &src, &[], "oci publish");
+    let dest = reg.reference(&format!("{}:v1", end.repos.last().unwrap()));
     let out = tmp.path().join("node");
-    ok(pull(home, &dest, &out, &[]), "pull after the storm");
-    assert_same_files(&artifact_of(&src), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    ok(pull(tmp.path(), &dest, &out, &[]), "pull after the storm");
+    assert_pulled(&src, &out);
 }
 
 /// At least 20 seeded SIGKILLs over pulls with ranges: after each, the
@@ -531,24 +370,20 @@ fn kill_storm_over_pull() {
     let seed = crash_seed();
     eprintln!("oci pull kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
     let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(seed);
-    let tmp = tempfile::tempdir().unwrap();
-    let home = tmp.path();
-    let src = built(tmp.path(), 3808);
-    let reg = Registry::start();
-    let dest = reg.reference("models/qwen:v1");
-    ok(publish(home, &src, &dest, &[]), "publish");
+    let p = Published::new(3808);
+    let (home, src) = (p.home(), &p.dir);
+    let dest = p.reg.reference("models/qwen:v1");
     let args = crate::common::s3::RANGED_PULL;
     let t = std::time::Instant::now();
     ok(
-        pull(home, &dest, &tmp.path().join("calibration"), args),
+        pull(home, &dest, &p.out("calibration"), args),
         "calibration",
     );
     let ms = (t.elapsed().as_millis() as u64).max(20);
     let (mut chain, mut kill) = (0usize, 0usize);
-    let dir = |n: usize| tmp.path().join(format!("node-{n}"));
+    let dir = |n: usize| p.out(&format!("node-{n}"));
     let finished_ok = |out: &Path| {
-        assert_same_files(&artifact_of(&src), &artifact_of(out));
-        verify_deep(&artifact_of(out));
+        assert_pulled(src, out);
         assert_clean_audit(out);
     };
     while kill < kills() {
@@ -558,13 +393,8 @@ fn kill_storm_over_pull() {
             kill + 1,
             dir(chain)
         );
-        let mut cmd = ftpipe();
-        cmd.env("HOME", home)
-            .env_remove("REGISTRY_AUTH_FILE")
-            .args(["pull", &dest, "--plain-http", "--out"])
-            .arg(dir(chain))
-            .args(args)
-            .args(["--retry-base-ms", "20"]);
+        let mut cmd = registry_ftpipe(home);
+        pull_args(&mut cmd, &dest, &dir(chain)).args(args);
         if kill_after(&mut cmd, std::time::Duration::from_millis(delay), &label) {
             finished_ok(&dir(chain));
             chain += 1;
@@ -578,14 +408,9 @@ fn kill_storm_over_pull() {
 }
 
 fn crashed_publish(home: &Path, src: &Path, dest: &str, point: &str) {
-    let o = run(ftpipe()
-        .env("HOME", home)
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env("FTPIPE_CRASH_AT", point)
-        .arg("publish")
-        .arg(src)
-        .arg(dest)
-        .args(["--plain-http", "--part-size", CHUNK]));
+    let mut cmd = registry_ftpipe(home);
+    cmd.env("FTPIPE_CRASH_AT", point);
+    let o = run(publish_args(&mut cmd, src, dest, CHUNK));
     assert!(!o.status.success(), "did not crash at {point}");
 }
 
@@ -601,46 +426,42 @@ fn upload_id(path: &str) -> Option<&str> {
 #[test]
 fn a_killed_chunked_upload_resumes_where_the_registry_acknowledged() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3809);
-    let reg = Registry::start();
+    let p = Published::to(Registry::start(), 3809, "clean/qwen:v1");
+    let (tmp, src, reg) = (&p.tmp, &p.dir, &p.reg);
     let patches = |reg: &Registry, repo: &str| {
         reg.requests()
             .into_iter()
             .filter(|r| r.method == "PATCH" && r.path.starts_with(&format!("/v2/{repo}/")))
             .collect::<Vec<_>>()
     };
-    ok(
-        publish(tmp.path(), &src, &reg.reference("clean/qwen:v1"), &[]),
-        "clean publish",
-    );
-    let clean = patches(&reg, "clean/qwen").len();
+    let clean = patches(reg, "clean/qwen").len();
     let dest = reg.reference("resumed/qwen:v1");
-    crashed_publish(tmp.path(), &src, &dest, "upload-part-recorded#3");
-    let killed = patches(&reg, "resumed/qwen");
+    crashed_publish(tmp.path(), src, &dest, "upload-part-recorded#3");
+    let killed = patches(reg, "resumed/qwen");
     assert_eq!(killed.len(), 3);
     let session = upload_id(&killed[2].path).unwrap().to_owned();
-    ok(publish(tmp.path(), &src, &dest, &[]), "resumed publish");
-    let all = patches(&reg, "resumed/qwen");
+    ok(publish(tmp.path(), src, &dest, &[]), "resumed publish");
+    let all = patches(reg, "resumed/qwen");
     assert_eq!(all.len(), clean, "a chunk was sent twice");
     assert_eq!(
         upload_id(&all[3].path),
         Some(session.as_str()),
         "the resumed run did not continue the killed session"
     );
-    assert!(check_tag(&reg, "resumed/qwen", "v1", &src, "resumed"));
+    assert!(check_tag(reg, "resumed/qwen", "v1", src, "resumed"));
 }
 
 /// A publish killed after the registry took a chunk but before its
-/// location was recorded: the registry refuses the stale location (it
-/// cancels the session: distribution 2.8 does for a resume at another
-/// offset, as for one it forgot), the session row is abandoned and one
-/// new upload sends the blob; the published artifact pulls byte-identical.
+/// location was recorded: asked where it stands at the stale location
+/// (the upload status `GET`), the registry refuses it (it cancels the
+/// session: distribution 2.8 does for a resume at another offset, as for
+/// one it forgot) before any chunk is sent there; the session row is
+/// abandoned and one new upload sends the blob; the published artifact
+/// pulls byte-identical.
 #[test]
 fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3810);
+    let (tmp, src) = built_at_home(3810);
     let reg = Registry::start();
     let dest = reg.reference("models/qwen:v1");
     crashed_publish(tmp.path(), &src, &dest, "upload-part-sent#3");
@@ -648,12 +469,16 @@ fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
     let refused: Vec<_> = reg
         .requests()
         .into_iter()
-        .filter(|r| r.method == "PATCH" && r.status >= 400)
+        .filter(|r| r.path.contains("/blobs/uploads/") && r.status >= 400)
         .collect();
     assert_eq!(
         refused.len(),
         1,
         "the stale location was not tried once: {refused:?}"
+    );
+    assert_eq!(
+        refused[0].method, "GET",
+        "a chunk sent to the stale session"
     );
     let abandoned = query(
         &src,
@@ -662,32 +487,155 @@ fn an_upload_session_the_registry_refuses_on_resume_is_started_again() {
     assert_eq!(abandoned, ["1"]);
     assert!(check_tag(&reg, "models/qwen", "v1", &src, "restarted"));
     let out = tmp.path().join("pulled");
-    ok(pull(tmp.path(), &dest, &out, &[]), "pull");
-    assert_same_files(&artifact_of(&src), &artifact_of(&out));
+    pull_identical(registry_ftpipe(tmp.path()), &dest, &out, &src, &[]);
 }
 
-/// An artifact published to a fresh registry, and a lying proxy in front
-/// of it: (tmp, DIR, registry, proxy, the largest component's path and
-/// blob digest).
+/// Distribution 2.8 cancels an upload session whose stored size is not
+/// the offset signed into its location's `_state`, and a `PATCH` cut
+/// mid-body leaves one (the body bytes the registry read are stored). A
+/// publish SIGKILLed in the middle of the `PATCH` of the largest blob's
+/// last chunk (a proxy passes part of that body on and holds the rest;
+/// the registry's connection is closed after the kill), then run again:
+/// the stale session is refused once, its row abandoned, one new upload
+/// sends the blob, and the artifact is a clean publish's (same manifest
+/// digest) and pulls verified. Counted at the proxy, the body bytes sent
+/// beyond a clean publish are exactly the blob's bytes the killed run sent
+/// (the chunks the registry acknowledged and the cut part): not more than
+/// the blob's size. Bug: the resumed run sent the cut chunk again to the
+/// stale location, which 2.8 read and then refused (one chunk past the
+/// blob's size when the cut was in its last chunk); a location recorded by
+/// an earlier run is now confirmed with the registry (`GET`) before a
+/// chunk goes there.
+#[test]
+fn a_publish_killed_mid_patch_starts_that_blob_again() {
+    let _g = time_bounded();
+    let (tmp, src) = built_at_home(3818);
+    let reg = Registry::start();
+    let proxy = UplinkProxy::passing(&reg.host());
+    let one_at_a_time = ["--concurrency", "1"];
+    let via = |repo: &str| format!("oci://{}/{repo}:v1", proxy.host());
+    let clean = ok(
+        publish(tmp.path(), &src, &via("clean/qwen"), &one_at_a_time),
+        "clean publish",
+    );
+    let (blob, last_chunk) = blob_with_a_last_chunk(&artifact_of(&src));
+    let marker_at = last_chunk + 256;
+    proxy.hold_after(&blob[marker_at..marker_at + 64], 512);
+    let dest = via("kills/qwen");
+    let mut cmd = registry_ftpipe(tmp.path());
+    publish_args(&mut cmd, &src, &dest, CHUNK).args(one_at_a_time);
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !proxy.held() {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the last chunk's PATCH never came"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the publish ended");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    assert!(child.wait().unwrap().code().is_none(), "not killed");
+    proxy.cut();
+    let killed = proxy.requests();
+    let cut = killed.last().unwrap();
+    assert!(cut.method == "PATCH" && cut.body > 0, "{cut:?}");
+    let session = upload_id(&cut.target).unwrap().to_owned();
+    let of_session = |r: &Logged| upload_id(&r.path) == Some(session.as_str());
+    let patches = killed
+        .iter()
+        .filter(|r| upload_id(&r.target) == Some(session.as_str()));
+    let sent = patches.count();
+    // The registry logs a request when it has answered it: the cut one too.
+    while reg.requests().iter().filter(|r| of_session(r)).count() < sent {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "the registry never ended the cut PATCH"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let before = reg.requests().len();
+
+    ok(
+        publish(tmp.path(), &src, &dest, &one_at_a_time),
+        "resumed publish",
+    );
+    let refused: Vec<_> = reg.requests()[before..]
+        .iter()
+        .filter(|r| of_session(r) && r.status >= 400)
+        .cloned()
+        .collect();
+    assert_eq!(refused.len(), 1, "the cut session: {refused:?}");
+    let abandoned = query(
+        &src,
+        "SELECT count(*) FROM uploads WHERE state = 'abandoned'",
+    );
+    assert_eq!(abandoned, ["1"]);
+    let body_bytes = |repo: &str| -> u64 {
+        let prefix = format!("/v2/{repo}/");
+        let all = proxy.requests();
+        all.iter()
+            .filter(|r| r.target.starts_with(&prefix))
+            .map(|r| r.body)
+            .sum()
+    };
+    let resent = body_bytes("kills/qwen") - body_bytes("clean/qwen");
+    let had = last_chunk as u64 + cut.body;
+    eprintln!(
+        "blob {} bytes, the registry had {had} when killed, resent {resent}",
+        blob.len()
+    );
+    assert_eq!(
+        resent, had,
+        "resent, against what the killed run sent of it"
+    );
+    assert!(had <= blob.len() as u64);
+    let clean_digest = summary(&clean)["outcome"]["manifest_digest"].clone();
+    assert_eq!(
+        reg.manifest("kills/qwen", "v1").0,
+        clean_digest.as_str().unwrap()
+    );
+    let out = tmp.path().join("pulled");
+    let src_ref = reg.reference("kills/qwen:v1");
+    pull_identical(registry_ftpipe(tmp.path()), &src_ref, &out, &src, &[]);
+}
+
+/// The largest file of `artifact` whose last chunk of [`CHUNK`] holds at
+/// least 1 KiB, of three chunks or more: its bytes and where that chunk
+/// begins.
+fn blob_with_a_last_chunk(artifact: &Path) -> (Vec<u8>, usize) {
+    const CHUNK_BYTES: usize = 64 << 10;
+    let mut files: Vec<Vec<u8>> = tree_of(artifact)
+        .into_iter()
+        .map(|n| artifact.join(n))
+        .filter(|p| p.is_file())
+        .map(|p| std::fs::read(p).unwrap())
+        .filter(|b| b.len() > 2 * CHUNK_BYTES && (b.len() - 1) % CHUNK_BYTES >= 1024)
+        .collect();
+    files.sort_by_key(Vec::len);
+    let blob = files.pop().expect("a file of three chunks or more");
+    let last_chunk = (blob.len() - 1) / CHUNK_BYTES * CHUNK_BYTES;
+    (blob, last_chunk)
+}
+
+/// An artifact published to a fresh registry ([`Published`]), and a
+/// lying proxy in front of it: the largest component's path and blob
+/// digest.
 struct Lying {
-    tmp: tempfile::TempDir,
-    src: PathBuf,
-    _reg: Registry,
+    p: Published,
     proxy: crate::common::lying_proxy::LyingProxy,
     path: String,
     digest: String,
 }
 
 fn lying(seed: u64) -> Lying {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), seed);
-    let reg = Registry::start();
-    ok(
-        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
-    let proxy = crate::common::lying_proxy::LyingProxy::start(&format!("http://{}", reg.host()));
-    let ours = manifest_json(&src);
+    let p = Published::new(seed);
+    let proxy = crate::common::lying_proxy::LyingProxy::start(&format!("http://{}", p.reg.host()));
+    let ours = manifest_json(&p.dir);
     let largest = ours["components"]
         .as_array()
         .unwrap()
@@ -697,14 +645,20 @@ fn lying(seed: u64) -> Lying {
     Lying {
         path: largest["path"].as_str().unwrap().to_owned(),
         digest: format!("sha256:{}", largest["sha256"].as_str().unwrap()),
-        tmp,
-        src,
-        _reg: reg,
+        p,
         proxy,
     }
 }
 
 impl Lying {
+    /// `lie` told to the next GET of the largest component's blob: its
+    /// path suffix (`blobs/DIGEST`).
+    fn lie_about_the_blob(&self, lie: crate::common::lying_proxy::Lie) -> String {
+        let blob = format!("blobs/{}", self.digest);
+        self.proxy.lie(&blob, lie, 1);
+        blob
+    }
+
     fn source(&self) -> String {
         format!(
             "oci://{}/models/qwen:v1",
@@ -713,15 +667,18 @@ impl Lying {
     }
 
     /// A pull through the proxy, which must end byte-identical and
-    /// verified, with a recorded discard of the lied-about layer.
+    /// verified: its directory.
+    fn pull_identical(&self, extra: &[&str]) -> std::path::PathBuf {
+        let out = self.p.out("pulled");
+        let cmd = registry_ftpipe(self.p.home());
+        pull_identical(cmd, &self.source(), &out, &self.p.dir, extra);
+        out
+    }
+
+    /// [`Lying::pull_identical`], with a recorded discard of the
+    /// lied-about layer.
     fn pull_survives(&self, extra: &[&str]) {
-        let out = self.tmp.path().join("pulled");
-        ok(
-            pull(self.tmp.path(), &self.source(), &out, extra),
-            "pull through the liar",
-        );
-        assert_same_files(&artifact_of(&self.src), &artifact_of(&out));
-        verify_deep(&artifact_of(&out));
+        let out = self.pull_identical(extra);
         assert!(
             !discards(&out, &self.path).is_empty(),
             "no recorded discard of {}",
@@ -737,8 +694,7 @@ fn a_blob_whose_bytes_are_not_its_digest_is_discarded_and_fetched_again() {
     use crate::common::lying_proxy::Lie;
     let _g = time_bounded();
     let l = lying(3811);
-    l.proxy
-        .lie(&format!("blobs/{}", l.digest), Lie::Corrupt { at: 1000 }, 1);
+    l.lie_about_the_blob(Lie::Corrupt { at: 1000 });
     l.pull_survives(&[]);
 }
 
@@ -750,9 +706,8 @@ fn a_200_to_a_ranged_blob_get_restarts_the_blob_from_byte_0() {
     let _g = time_bounded();
     let l = lying(3812);
     // The first range is taken, a later one is answered whole.
-    let blob = format!("blobs/{}", l.digest);
-    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
-    l.proxy.lie(&blob, Lie::IgnoreRange, 1);
+    let blob = l.lie_about_the_blob(Lie::ShortBody { after: 70_000 });
+    l.lie_about_the_blob(Lie::IgnoreRange);
     l.pull_survives(crate::common::s3::RANGED_PULL);
     assert!(
         l.proxy
@@ -770,11 +725,8 @@ fn a_truncated_blob_is_resumed() {
     use crate::common::lying_proxy::Lie;
     let _g = time_bounded();
     let l = lying(3813);
-    let blob = format!("blobs/{}", l.digest);
-    l.proxy.lie(&blob, Lie::ShortBody { after: 70_000 }, 1);
-    let out = l.tmp.path().join("pulled");
-    ok(pull(l.tmp.path(), &l.source(), &out, &[]), "pull");
-    assert_same_files(&artifact_of(&l.src), &artifact_of(&out));
+    let blob = l.lie_about_the_blob(Lie::ShortBody { after: 70_000 });
+    l.pull_identical(&[]);
     let ranged: Vec<_> = l
         .proxy
         .seen()
@@ -791,10 +743,10 @@ fn a_manifest_that_never_ends_is_refused_at_its_limit() {
     use crate::common::lying_proxy::Lie;
     let _g = time_bounded();
     let l = lying(3814);
-    let digest = l._reg.manifest("models/qwen", "v1").0;
+    let digest = l.p.reg.manifest("models/qwen", "v1").0;
     l.proxy.lie(&format!("manifests/{digest}"), Lie::Endless, 1);
-    let out = l.tmp.path().join("pulled");
-    let o = pull(l.tmp.path(), &l.source(), &out, &[]);
+    let out = l.p.out("pulled");
+    let o = pull(l.p.home(), &l.source(), &out, &[]);
     assert!(!o.status.success());
     assert_names(&stderr(&o), &["4194304", "manifests/"]);
     assert!(!artifact_of(&out).join(&l.path).exists());
@@ -805,15 +757,8 @@ fn a_manifest_that_never_ends_is_refused_at_its_limit() {
 #[test]
 fn hostile_layer_paths_are_refused() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3815);
-    let reg = Registry::start();
-    ok(
-        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
-    let (_, bytes) = reg.manifest("models/qwen", "v1");
-    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let p = Published::new(3815);
+    let good = p.manifest_json();
     let cases: [(&str, &Edit); 3] = [
         ("dotdot", &|m| set_path(m, 0, "../escape")),
         ("absolute", &|m| set_path(m, 0, "/tmp/escape")),
@@ -825,35 +770,9 @@ fn hostile_layer_paths_are_refused() {
     for (tag, edit) in cases {
         let mut m = good.clone();
         edit(&mut m);
-        let (status, _, body) = reg
-            .request(
-                "PUT",
-                &format!("/v2/models/qwen/manifests/{tag}"),
-                Some("application/vnd.oci.image.manifest.v1+json"),
-                m.to_string().as_bytes(),
-            )
-            .unwrap();
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-        let before = reg.requests().len();
-        let out = tmp.path().join(format!("pulled-{tag}"));
-        let o = pull(
-            tmp.path(),
-            &reg.reference(&format!("models/qwen:{tag}")),
-            &out,
-            &[],
-        );
-        assert!(!o.status.success(), "{tag}: pulled");
-        assert_names(&stderr(&o), &["layers[", "annotations"]);
-        let blob_reads = reg.requests()[before..]
-            .iter()
-            .filter(|r| r.path.contains("/blobs/"))
-            .count();
-        assert_eq!(
-            blob_reads, 0,
-            "{tag}: blobs read before the manifest was checked"
-        );
+        p.pull_of_edited_manifest_is_refused(tag, &m, &["layers[", "annotations"]);
     }
-    assert!(!tmp.path().join("escape").exists());
+    assert!(!p.out("escape").exists());
 }
 
 /// A change made to a good manifest.
@@ -883,16 +802,9 @@ fn a_token_realm_on_another_host_is_refused() {
     let doc = serde_json::json!({ "auths": { host.clone(): { "auth": "dXNlcjpwYXNzd29yZC1mb3ItdGhlLXJlZ2lzdHJ5" } } });
     std::fs::write(&auth, doc.to_string()).unwrap();
     let out = tmp.path().join("pulled");
-    let o = run(ftpipe()
-        .env("HOME", tmp.path())
-        .env("REGISTRY_AUTH_FILE", &auth)
-        .args([
-            "pull",
-            &format!("oci://{host}/models/qwen:v1"),
-            "--plain-http",
-            "--out",
-        ])
-        .arg(&out));
+    let mut cmd = registry_ftpipe(tmp.path());
+    cmd.env("REGISTRY_AUTH_FILE", &auth);
+    let o = pull_through(cmd, &format!("oci://{host}/models/qwen:v1"), &out, &[]);
     assert!(!o.status.success());
     assert_names(&stderr(&o), &["realm", "another host", "localhost"]);
     assert!(
@@ -912,13 +824,8 @@ fn a_token_realm_on_another_host_is_refused() {
 fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
     use crate::common::lying_proxy::{Lie, LyingProxy};
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3816);
-    let reg = Registry::start_with_tokens();
-    ok(
-        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
+    let p = Published::to(Registry::start_with_tokens(), 3816, "models/qwen:v1");
+    let (reg, src) = (&p.reg, &p.dir);
     assert!(
         reg.tokens_issued()
             .iter()
@@ -930,23 +837,21 @@ fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
     // The manifest.json layer is read before any component: held past the
     // short token's life, every component request after it carries an
     // expired token.
-    let manifest = std::fs::read(artifact_of(&src).join("manifest.json")).unwrap();
+    let manifest = std::fs::read(artifact_of(src).join("manifest.json")).unwrap();
     let blob = format!("blobs/sha256:{}", sha256_hex(&manifest));
     let hold = std::time::Duration::from_secs(4);
     proxy.lie(&blob, Lie::Stall { after: 10, hold }, 1);
     reg.next_token_short_lived();
     let issued = reg.tokens_issued().len();
     let host = proxy.endpoint().trim_start_matches("http://").to_owned();
-    let out = tmp.path().join("pulled");
-    let o = pull(
-        tmp.path(),
+    let out = p.out("pulled");
+    let o = pull_identical(
+        registry_ftpipe(p.home()),
         &format!("oci://{host}/models/qwen:v1"),
         &out,
+        src,
         &["--jobs", "1", "--connections", "1", "--read-timeout", "30"],
     );
-    let o = ok(o, "pull across a token's expiry");
-    assert_same_files(&artifact_of(&src), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
     let tokens = reg.tokens_issued()[issued..].to_vec();
     assert!(tokens.len() >= 2, "no second token: {tokens:?}");
     assert!(tokens[0].ends_with("exp=-58"), "{tokens:?}");
@@ -959,13 +864,8 @@ fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
         !expired.is_empty(),
         "no blob request was refused for an expired token"
     );
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
-    assert!(!text.contains("eyJ"), "a token in the output");
-    let db = std::fs::read(out.join(".ftpipe/state.db")).unwrap();
-    assert!(
-        !String::from_utf8_lossy(&db).contains("eyJ"),
-        "a token in the state"
-    );
+    assert!(!output_text(&o).contains("eyJ"), "a token in the output");
+    assert_not_in_state(&[&out], "eyJ", "a token");
 }
 
 /// A DIR holding another pull (here an S3-free one: another registry
@@ -974,24 +874,14 @@ fn a_bearer_token_that_expires_mid_pull_is_asked_for_again() {
 #[test]
 fn a_dir_pinned_to_another_reference_is_refused() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3817);
-    let reg = Registry::start();
+    let p = Published::new(3817);
     ok(
-        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
-    ok(
-        publish(tmp.path(), &src, &reg.reference("other/qwen:v1"), &[]),
+        publish(p.home(), &p.dir, &p.reg.reference("other/qwen:v1"), &[]),
         "publish other",
     );
-    let out = tmp.path().join("pulled");
-    ok(
-        pull(tmp.path(), &reg.reference("models/qwen:v1"), &out, &[]),
-        "pull",
-    );
+    let out = p.pull_identical("models/qwen:v1", "pulled");
     let before = std::fs::read(out.join(".ftpipe/state.db")).unwrap().len();
-    let o = pull(tmp.path(), &reg.reference("other/qwen:v1"), &out, &[]);
+    let o = pull(p.home(), &p.reg.reference("other/qwen:v1"), &out, &[]);
     assert!(
         !o.status.success(),
         "took over a DIR pinned to another reference"

@@ -1,15 +1,15 @@
 //! More of issue 38 against the real distribution registry
-//! (`common::registry`): cross-repository mounts (`publish --mount-from`),
-//! credential helpers (`credHelpers`, `credsStore`), uploads slower than
+//! (`common::registry`): cross-repository mounts (`publish --mount-from`,
+//! and a kill storm over a mounting publish), credential helpers (`credHelpers`, `credsStore`), uploads slower than
 //! `--read-timeout`, and the smaller refusals of `pull oci://`.
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use crate::common::registry::*;
 use crate::common::*;
-use crate::oci::{artifact_of, assert_same_files, publish, pull};
-use crate::s3::{built, ok, summary, verify_deep};
+use crate::s3::{ok, summary};
 
 /// Blob uploads (`POST` opening a session, `PATCH`, `PUT ?digest=`) to
 /// `repo` in the registry's log from index `from` on.
@@ -22,6 +22,14 @@ fn blob_uploads(reg: &Registry, repo: &str, from: usize) -> Vec<Logged> {
         .collect()
 }
 
+/// DIR from `seed` published to a fresh registry as `models/a:v1`, the
+/// repository blobs are mounted from, and its manifest digest.
+fn mount_source(seed: u64) -> (Published, String) {
+    let p = Published::to(Registry::start(), seed, "models/a:v1");
+    let (digest, _) = p.reg.manifest("models/a", "v1");
+    (p, digest)
+}
+
 /// Bug: `publish` had no way to name a source repository, so a second
 /// repository of the same registry got every blob sent again (issue 38:
 /// "cross-repository mount when the source repository is given"). With
@@ -32,28 +40,16 @@ fn blob_uploads(reg: &Registry, repo: &str, from: usize) -> Vec<Logged> {
 #[test]
 fn a_publish_mounts_every_blob_from_the_named_repository() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3830);
-    let reg = Registry::start();
-    let o = ok(
-        publish(tmp.path(), &dir, &reg.reference("models/a:v1"), &[]),
-        "publish a",
-    );
-    let a = summary(&o);
+    let (p, a) = mount_source(3830);
+    let reg = &p.reg;
     let before = reg.requests().len();
-    let o = publish(
-        tmp.path(),
-        &dir,
-        &reg.reference("models/b:v1"),
-        &["--mount-from", "models/a"],
-    );
-    let b = summary(&ok(o, "publish b --mount-from a"));
+    let b = publish_mounting(p.home(), &p.dir, reg, "models/b:v1", "models/a");
     let objects = b["outcome"]["objects"].as_u64().unwrap();
     assert_eq!(b["outcome"]["mounted"].as_u64(), Some(objects), "{b}");
     assert_eq!(b["outcome"]["uploaded"], 0, "{b}");
     assert_eq!(b["outcome"]["bytes_sent"], 0, "{b}");
     assert!(b["outcome"]["mounted_bytes"].as_u64().unwrap() > 0, "{b}");
-    let uploads = blob_uploads(&reg, "models/b", before);
+    let uploads = blob_uploads(reg, "models/b", before);
     assert_eq!(uploads.len() as u64, objects, "{uploads:?}");
     for u in &uploads {
         assert!(
@@ -61,19 +57,9 @@ fn a_publish_mounts_every_blob_from_the_named_repository() {
             "not a mount: {u:?}"
         );
     }
-    assert_eq!(
-        b["outcome"]["manifest_digest"],
-        a["outcome"]["manifest_digest"]
-    );
-    let (digest, _) = reg.manifest("models/b", "v1");
-    assert_eq!(a["outcome"]["manifest_digest"], digest.as_str());
-    let out = tmp.path().join("pulled");
-    ok(
-        pull(tmp.path(), &reg.reference("models/b:v1"), &out, &[]),
-        "pull b",
-    );
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    assert_eq!(b["outcome"]["manifest_digest"], a.as_str());
+    assert_eq!(reg.manifest("models/b", "v1").0, a);
+    p.pull_identical("models/b:v1", "pulled");
 }
 
 /// Bug: a mount the registry answers `202` (the source repository lacks
@@ -84,16 +70,9 @@ fn a_publish_mounts_every_blob_from_the_named_repository() {
 #[test]
 fn a_mount_answered_with_an_upload_session_continues_it() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3831);
+    let (tmp, dir) = built_at_home(3831);
     let reg = Registry::start();
-    let o = publish(
-        tmp.path(),
-        &dir,
-        &reg.reference("models/b:v1"),
-        &["--mount-from", "models/nowhere"],
-    );
-    let s = summary(&ok(o, "publish --mount-from an empty repository"));
+    let s = publish_mounting(tmp.path(), &dir, &reg, "models/b:v1", "models/nowhere");
     assert_eq!(s["outcome"]["mounted"], 0, "{s}");
     assert_eq!(s["outcome"]["uploaded"], s["outcome"]["objects"], "{s}");
     let posts: Vec<_> = blob_uploads(&reg, "models/b", 0)
@@ -112,12 +91,8 @@ fn a_mount_answered_with_an_upload_session_continues_it() {
         "a session besides the mount's: {posts:?}"
     );
     let out = tmp.path().join("pulled");
-    ok(
-        pull(tmp.path(), &reg.reference("models/b:v1"), &out, &[]),
-        "pull b",
-    );
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    let src = reg.reference("models/b:v1");
+    pull_identical(registry_ftpipe(tmp.path()), &src, &out, &dir, &[]);
 }
 
 /// Bug: under the Bearer flow a mount's challenge names two scopes
@@ -129,23 +104,11 @@ fn a_mount_answered_with_an_upload_session_continues_it() {
 #[test]
 fn a_mount_under_bearer_tokens_asks_for_the_source_s_pull_scope() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3832);
-    let reg = Registry::start_with_tokens();
-    ok(
-        publish(tmp.path(), &dir, &reg.reference("models/a:v1"), &[]),
-        "publish a",
-    );
-    let o = publish(
-        tmp.path(),
-        &dir,
-        &reg.reference("models/b:v1"),
-        &["--mount-from", "models/a"],
-    );
-    let s = summary(&ok(o, "publish b --mount-from a"));
+    let p = Published::to(Registry::start_with_tokens(), 3832, "models/a:v1");
+    let s = publish_mounting(p.home(), &p.dir, &p.reg, "models/b:v1", "models/a");
     assert_eq!(s["outcome"]["mounted"], s["outcome"]["objects"], "{s}");
     assert_eq!(s["outcome"]["bytes_sent"], 0, "{s}");
-    let tokens = reg.tokens_issued();
+    let tokens = p.reg.tokens_issued();
     assert!(
         tokens
             .iter()
@@ -167,12 +130,8 @@ fn with_docker_config(home: &Path, config: &str, bin: &Path) -> Command {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut cmd = ftpipe();
-    cmd.env("HOME", home)
-        .env("DOCKER_CONFIG", &docker)
-        .env("PATH", path)
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("XDG_RUNTIME_DIR");
+    let mut cmd = registry_ftpipe(home);
+    cmd.env("DOCKER_CONFIG", &docker).env("PATH", path);
     cmd
 }
 
@@ -186,16 +145,6 @@ fn helper(bin: &Path, name: &str, script: &str) {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// `publish DIR DEST` through `cmd`, with the oci flags of `oci::publish`.
-fn publish_with(mut cmd: Command, dir: &Path, dest: &str, extra: &[&str]) -> Output {
-    run(cmd
-        .arg("publish")
-        .arg(dir)
-        .arg(dest)
-        .args(["--plain-http", "--part-size", "64KiB", "--json"])
-        .args(extra))
-}
-
 /// Bug: credential helpers (`credHelpers`, `credsStore`) were not run, so
 /// a registry whose credentials live in a helper (docker's default on a
 /// desktop, `docker-credential-ecr-login`, `-gcloud`) was a `401`. The
@@ -206,8 +155,7 @@ fn publish_with(mut cmd: Command, dir: &Path, dest: &str, extra: &[&str]) -> Out
 #[test]
 fn credential_helpers_give_the_registry_s_credentials() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3833);
+    let (tmp, dir) = built_at_home(3833);
     let reg = Registry::start_with_auth();
     let bin = tmp.path().join("bin");
     let asked = tmp.path().join("asked");
@@ -224,7 +172,7 @@ fn credential_helpers_give_the_registry_s_credentials() {
         h = reg.host()
     );
     let dest = reg.reference("models/qwen:v1");
-    let o = publish_with(
+    let o = publish_through(
         with_docker_config(tmp.path(), &config, &bin),
         &dir,
         &dest,
@@ -235,29 +183,17 @@ fn credential_helpers_give_the_registry_s_credentials() {
     assert_eq!(std::fs::read_to_string(&asked).unwrap(), reg.host());
     let from = s["session"]["credentials_from"].as_str().unwrap();
     assert!(from.contains("docker-credential-fttest"), "{s}");
-    let mut text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    let mut text = output_text(&o);
 
     let config = r#"{"credsStore":"fttest"}"#;
     let out = tmp.path().join("pulled");
-    let mut cmd = with_docker_config(tmp.path(), config, &bin);
-    cmd.args(["pull", &dest, "--plain-http", "--json", "--out"])
-        .arg(&out);
-    let o = ok(run(&mut cmd), "pull with credsStore");
-    text.push_str(&String::from_utf8_lossy(&o.stdout));
-    text.push_str(&stderr(&o));
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
-    verify_deep(&artifact_of(&out));
+    let cmd = with_docker_config(tmp.path(), config, &bin);
+    text.push_str(&output_text(&pull_identical(cmd, &dest, &out, &dir, &[])));
     assert!(
         !text.contains(REGISTRY_PASSWORD),
         "the secret in the output"
     );
-    for d in [&dir, &out] {
-        let db = std::fs::read(d.join(".ftpipe/state.db")).unwrap();
-        assert!(
-            !String::from_utf8_lossy(&db).contains(REGISTRY_PASSWORD),
-            "the secret in {d:?}'s state"
-        );
-    }
+    assert_not_in_state(&[&dir, &out], REGISTRY_PASSWORD, "the secret");
 }
 
 /// Bug (with helpers run at all): a helper that hangs, fails or answers
@@ -268,8 +204,7 @@ fn credential_helpers_give_the_registry_s_credentials() {
 #[test]
 fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3834);
+    let (tmp, dir) = built_at_home(3834);
     let reg = Registry::start_with_auth();
     let bin = tmp.path().join("bin");
     let leaked = "helper-printed-secret-0042";
@@ -285,7 +220,7 @@ fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
         let config = format!(r#"{{"credHelpers":{{"{}":"{name}"}}}}"#, reg.host());
         let t = std::time::Instant::now();
         let cmd = with_docker_config(tmp.path(), &config, &bin);
-        let o = publish_with(cmd, &dir, &dest, &["--read-timeout", "2"]);
+        let o = publish_through(cmd, &dir, &dest, &["--read-timeout", "2"]);
         assert!(!o.status.success(), "{name}: published");
         assert!(
             t.elapsed() < std::time::Duration::from_secs(30),
@@ -294,7 +229,7 @@ fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
         );
         let err = stderr(&o);
         assert_names(&err, &[&format!("docker-credential-{name}"), says]);
-        let all = format!("{}{err}", String::from_utf8_lossy(&o.stdout));
+        let all = output_text(&o);
         assert!(!all.contains(leaked), "{name}: its output shown: {all}");
     }
 }
@@ -307,20 +242,19 @@ fn a_hanging_failing_or_garbled_credential_helper_is_a_clear_error() {
 #[test]
 fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3835);
+    let (tmp, dir) = built_at_home(3835);
     let bin = tmp.path().join("bin");
     let config = "{\"auths\": {not json";
     let file = tmp.path().join("docker/config.json").display().to_string();
     let open = Registry::start();
     let cmd = with_docker_config(tmp.path(), config, &bin);
-    let o = publish_with(cmd, &dir, &open.reference("models/qwen:v1"), &[]);
+    let o = publish_through(cmd, &dir, &open.reference("models/qwen:v1"), &[]);
     let o = ok(o, "anonymous publish beside a broken config.json");
     assert_names(&stderr(&o), &["warning", &file, "not JSON"]);
 
     let locked = Registry::start_with_auth();
     let cmd = with_docker_config(tmp.path(), config, &bin);
-    let o = publish_with(cmd, &dir, &locked.reference("models/qwen:v1"), &[]);
+    let o = publish_through(cmd, &dir, &locked.reference("models/qwen:v1"), &[]);
     assert!(!o.status.success(), "published without credentials");
     assert_names(&stderr(&o), &["Basic", &file, "not JSON"]);
 }
@@ -333,15 +267,8 @@ fn an_auth_file_that_is_not_json_is_a_warning_until_credentials_are_needed() {
 #[test]
 fn a_manifest_without_placement_is_refused_before_any_blob_is_read() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let src = built(tmp.path(), 3836);
-    let reg = Registry::start();
-    ok(
-        publish(tmp.path(), &src, &reg.reference("models/qwen:v1"), &[]),
-        "publish",
-    );
-    let (_, bytes) = reg.manifest("models/qwen", "v1");
-    let good: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let p = Published::new(3836);
+    let good = p.manifest_json();
     let placement = good["layers"]
         .as_array()
         .unwrap()
@@ -357,43 +284,48 @@ fn a_manifest_without_placement_is_refused_before_any_blob_is_read() {
             a["org.cncf.model.filepath"] = "notes.json".into();
             a["org.opencontainers.image.title"] = "notes.json".into();
         }
-        let (status, _, body) = reg
-            .request(
-                "PUT",
-                &format!("/v2/models/qwen/manifests/{tag}"),
-                Some("application/vnd.oci.image.manifest.v1+json"),
-                m.to_string().as_bytes(),
-            )
-            .unwrap();
-        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
-        let before = reg.requests().len();
-        let out = tmp.path().join(format!("pulled-{tag}"));
-        let o = pull(
-            tmp.path(),
-            &reg.reference(&format!("models/qwen:{tag}")),
-            &out,
-            &[],
-        );
-        assert!(!o.status.success(), "{tag}: pulled");
-        assert_names(&stderr(&o), &["placement.json", "layer"]);
-        let blob_reads: Vec<_> = reg.requests()[before..]
-            .iter()
-            .filter(|r| r.path.contains("/blobs/"))
-            .cloned()
-            .collect();
-        assert!(blob_reads.is_empty(), "{tag}: blobs read: {blob_reads:?}");
+        p.pull_of_edited_manifest_is_refused(tag, &m, &["placement.json", "layer"]);
     }
 }
 
-/// The largest file of `artifact`: its size and SHA-256.
-fn largest_file(artifact: &Path) -> (u64, String) {
-    let path = std::fs::read_dir(artifact)
+/// A publish of DIR to a fresh registry through a proxy reading the
+/// largest blob slowly ([`UplinkProxy::start`]).
+struct SlowUplink {
+    reg: Registry,
+    /// The publish: every blob in one request (`--part-size 64MiB`),
+    /// `--read-timeout 1`.
+    publish: Output,
+    took: Duration,
+    /// The largest blob's size and digest.
+    largest: u64,
+    digest: String,
+}
+
+/// [`SlowUplink`] of `dir` with the largest blob read at `rate(its
+/// size)` bytes a second.
+fn publish_over_a_slow_uplink(home: &Path, dir: &Path, rate: fn(u64) -> u64) -> SlowUplink {
+    let reg = Registry::start();
+    let path = std::fs::read_dir(artifact_of(dir))
         .unwrap()
         .map(|e| e.unwrap().path())
         .max_by_key(|p| p.metadata().unwrap().len())
         .unwrap();
     let bytes = std::fs::read(&path).unwrap();
-    (bytes.len() as u64, sha256_hex(&bytes))
+    let (largest, digest) = (bytes.len() as u64, sha256_hex(&bytes));
+    let proxy = UplinkProxy::start(&reg.host(), rate(largest), &digest, largest);
+    let dest = format!("oci://{}/models/qwen:v1", proxy.host());
+    let t = Instant::now();
+    let mut cmd = registry_ftpipe(home);
+    let publish = run(publish_args(&mut cmd, dir, &dest, "64MiB")
+        .arg("--json")
+        .args(["--read-timeout", "1"]));
+    SlowUplink {
+        reg,
+        publish,
+        took: t.elapsed(),
+        largest,
+        digest,
+    }
 }
 
 /// Whether reqwest's `read_timeout` cuts an upload whose body takes longer
@@ -405,36 +337,20 @@ fn largest_file(artifact: &Path) -> (u64, String) {
 #[test]
 fn an_upload_slower_than_the_read_timeout_is_not_cut() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3837);
-    let reg = Registry::start();
-    let (largest, digest) = largest_file(&artifact_of(&dir));
-    let rate = (largest / 3).max(4096);
-    let proxy = ThrottledProxy::start(&reg.host(), rate, &digest, largest);
-    let dest = format!("oci://{}/models/qwen:v1", proxy.host());
-    let t = std::time::Instant::now();
-    let o = run(ftpipe()
-        .env("HOME", tmp.path())
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("DOCKER_CONFIG")
-        .env_remove("XDG_RUNTIME_DIR")
-        .arg("publish")
-        .arg(&dir)
-        .arg(&dest)
-        .args(["--plain-http", "--json", "--part-size", "64MiB"])
-        .args(["--read-timeout", "1"]));
-    let o = ok(o, "publish over a slow uplink");
+    let (tmp, dir) = built_at_home(3837);
+    let rate = |largest: u64| (largest / 3).max(4096);
+    let slow = publish_over_a_slow_uplink(tmp.path(), &dir, rate);
+    let o = ok(slow.publish, "publish over a slow uplink");
     assert!(
-        t.elapsed() >= std::time::Duration::from_secs(2),
-        "the largest blob ({largest} bytes at {rate} B/s) was not slow to send"
+        slow.took >= Duration::from_secs(2),
+        "the largest blob ({} bytes at {} B/s) was not slow to send",
+        slow.largest,
+        rate(slow.largest)
     );
     assert_eq!(summary(&o)["outcome"]["already_published"], false);
     let out = tmp.path().join("pulled");
-    ok(
-        pull(tmp.path(), &reg.reference("models/qwen:v1"), &out, &[]),
-        "pull",
-    );
-    assert_same_files(&artifact_of(&dir), &artifact_of(&out));
+    let src = slow.reg.reference("models/qwen:v1");
+    pull_identical(registry_ftpipe(tmp.path()), &src, &out, &dir, &[]);
 }
 
 /// Guards the fix above: uploads lost `reqwest`'s read timeout, so a
@@ -446,34 +362,20 @@ fn an_upload_slower_than_the_read_timeout_is_not_cut() {
 #[test]
 fn a_stalled_upload_ends_at_the_read_timeout() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3839);
-    let reg = Registry::start();
-    let (largest, digest) = largest_file(&artifact_of(&dir));
-    let proxy = ThrottledProxy::start(&reg.host(), 512, &digest, largest);
-    let dest = format!("oci://{}/models/qwen:v1", proxy.host());
-    let t = std::time::Instant::now();
-    let o = run(ftpipe()
-        .env("HOME", tmp.path())
-        .env_remove("REGISTRY_AUTH_FILE")
-        .env_remove("DOCKER_CONFIG")
-        .env_remove("XDG_RUNTIME_DIR")
-        .arg("publish")
-        .arg(&dir)
-        .arg(&dest)
-        .args(["--plain-http", "--json", "--part-size", "64MiB"])
-        .args(["--read-timeout", "1"]));
+    let (tmp, dir) = built_at_home(3839);
+    let slow = publish_over_a_slow_uplink(tmp.path(), &dir, |_| 512);
+    let o = slow.publish;
     assert!(!o.status.success(), "published through a stalled uplink");
-    let limit = 1 + largest.min(8 << 20) / (64 << 10) + 10;
+    let limit = 1 + slow.largest.min(8 << 20) / (64 << 10) + 10;
     assert!(
-        t.elapsed() < std::time::Duration::from_secs(limit),
+        slow.took < Duration::from_secs(limit),
         "took {:?} (limit {limit} s)",
-        t.elapsed()
+        slow.took
     );
     assert_names(
         &stderr(&o),
         &[
-            &digest,
+            &slow.digest,
             "no progress for 1 s",
             "--read-timeout",
             "body bytes sent",
@@ -492,8 +394,7 @@ fn a_stalled_upload_ends_at_the_read_timeout() {
 #[test]
 fn an_identity_token_from_a_helper_is_a_refresh_token_for_the_realm() {
     let _g = time_bounded();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = built(tmp.path(), 3840);
+    let (tmp, dir) = built_at_home(3840);
     let reg = Registry::start_with_tokens();
     let token = "ftpipe-identity-token-0007";
     reg.accept_identity_token(token);
@@ -505,29 +406,68 @@ fn an_identity_token_from_a_helper_is_a_refresh_token_for_the_realm() {
     );
     let config = format!(r#"{{"credHelpers":{{"{}":"ftid"}}}}"#, reg.host());
     let cmd = with_docker_config(tmp.path(), &config, &bin);
-    let o = publish_with(cmd, &dir, &reg.reference("models/qwen:v1"), &[]);
+    let o = publish_through(cmd, &dir, &reg.reference("models/qwen:v1"), &[]);
     let o = ok(o, "publish with an identity token");
     let tokens = reg.tokens_issued();
     assert!(
         !tokens.is_empty() && tokens.iter().all(|t| t.starts_with("refresh repository:")),
         "{tokens:?}"
     );
-    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
-    assert!(!text.contains(token), "the token in the output");
-    let db = std::fs::read(dir.join(".ftpipe/state.db")).unwrap();
-    assert!(
-        !String::from_utf8_lossy(&db).contains(token),
-        "the token in the state"
-    );
+    assert!(!output_text(&o).contains(token), "the token in the output");
+    assert_not_in_state(&[&dir], token, "the token");
 
     let basic = Registry::start_with_auth();
     let config = format!(r#"{{"credHelpers":{{"{}":"ftid"}}}}"#, basic.host());
     let cmd = with_docker_config(tmp.path(), &config, &bin);
-    let o = publish_with(cmd, &dir, &basic.reference("models/qwen:v1"), &[]);
+    let o = publish_through(cmd, &dir, &basic.reference("models/qwen:v1"), &[]);
     assert!(!o.status.success(), "an identity token passed as Basic");
     assert_names(
         &stderr(&o),
         &["identity token", "Basic", "docker-credential-ftid"],
     );
     assert!(!stderr(&o).contains(token));
+}
+
+/// Issue 38's "kill -9 ≥ 20 times during publish → the same artifact" for
+/// a publish that mounts: `publish --mount-from models/a` into fresh
+/// repositories, SIGKILLed at seeded moments by the storm of
+/// `oci::kill_storm_over_publish` (its checks after every kill). Then:
+/// every chain's manifest digest is A's; not one blob went in a body — in
+/// the registry's log no `PATCH` and no `PUT` of an upload reached any
+/// repository but A, every upload request was a mount (every blob was in
+/// A to be mounted); the last chain's repository pulls byte-identical and
+/// verified; and a re-run sends no write request.
+#[test]
+fn kill_storm_over_a_mounting_publish() {
+    let _heavy = heavy();
+    let (p, a) = mount_source(3841);
+    let reg = &p.reg;
+    let mount = ["--mount-from", "models/a"];
+    let t = Instant::now();
+    let end = publish_kill_storm(reg, p.home(), &p.dir, &mount, "oci mount");
+    eprintln!("{} chains in {:?}", end.repos.len(), t.elapsed());
+    let last = summary(&end.last);
+    assert_eq!(last["outcome"]["bytes_sent"], 0, "{last}");
+    for repo in &end.repos {
+        assert_eq!(reg.manifest(repo, "v1").0, a, "{repo}");
+    }
+    let uploads: Vec<_> = reg
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/blobs/uploads/") && !r.path.starts_with("/v2/models/a/"))
+        .collect();
+    assert!(!uploads.is_empty());
+    let sent: Vec<_> = uploads
+        .iter()
+        .filter(|r| r.method != "POST" || !r.path.contains("mount="))
+        .collect();
+    assert!(sent.is_empty(), "blobs sent, not mounted: {sent:?}");
+    let repo = end.repos.last().unwrap();
+    p.pull_identical(&format!("{repo}:v1"), "node");
+    let writes = reg.writes().len();
+    let dest = reg.reference(&format!("{repo}:v1"));
+    let o = ok(publish(p.home(), &p.dir, &dest, &mount), "re-run");
+    assert_eq!(summary(&o)["outcome"]["already_published"], true);
+    let after: Vec<_> = reg.writes().into_iter().skip(writes).collect();
+    assert!(after.is_empty(), "a re-run wrote: {after:?}");
 }

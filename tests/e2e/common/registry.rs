@@ -10,12 +10,25 @@
 //! The registry's access log (one line per request: method, path,
 //! status) is kept in a file: [`Registry::requests`] reads it back, which
 //! is how a test proves a re-publish sent no write request.
+//!
+//! Beside it: the commands the registry tests run (`publish`, `pull`
+//! with HOME and no auth file of the developer's), a test's start
+//! ([`Published`]: DIR built and published), the checks they share
+//! ([`assert_pulled`], [`check_tag`]), the publish kill storm
+//! ([`publish_kill_storm`]), and a proxy whose uplink is throttled or cut
+//! mid-request ([`UplinkProxy`]).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use super::{assert_names, crash_seed, ftpipe, manifest_json, run, stderr, tree_of};
+use crate::s3::{built, ok, summary, verify_deep};
 
 /// User name of the htpasswd registry.
 pub const REGISTRY_USER: &str = "ftpipe-user";
@@ -252,6 +265,19 @@ impl Registry {
         (digest, body)
     }
 
+    /// Puts `manifest` as `repo:tag`; the registry must take it (`201`).
+    pub fn put_manifest(&self, repo: &str, tag: &str, manifest: &serde_json::Value) {
+        let (status, _, body) = self
+            .request(
+                "PUT",
+                &format!("/v2/{repo}/manifests/{tag}"),
+                Some("application/vnd.oci.image.manifest.v1+json"),
+                manifest.to_string().as_bytes(),
+            )
+            .unwrap();
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    }
+
     /// A blob's bytes.
     pub fn blob(&self, repo: &str, digest: &str) -> Vec<u8> {
         let (status, _, body) = self
@@ -274,6 +300,312 @@ impl Drop for Registry {
             let _ = t.wait();
         }
     }
+}
+
+/// Blobs above this go as chunked uploads of several chunks (the
+/// components of `crate::s3::built` are about 1.5 MB).
+pub const CHUNK: &str = "64KiB";
+
+/// `ftpipe` with HOME = `home` and no auth file from the test's own
+/// environment (`REGISTRY_AUTH_FILE`, `DOCKER_CONFIG`, `XDG_RUNTIME_DIR`
+/// removed; a test sets the one it means after this).
+pub fn registry_ftpipe(home: &Path) -> Command {
+    let mut cmd = ftpipe();
+    cmd.env("HOME", home)
+        .env_remove("REGISTRY_AUTH_FILE")
+        .env_remove("DOCKER_CONFIG")
+        .env_remove("XDG_RUNTIME_DIR");
+    cmd
+}
+
+/// `cmd publish DIR DEST --plain-http --part-size PART_SIZE`.
+pub fn publish_args<'a>(
+    cmd: &'a mut Command,
+    dir: &Path,
+    dest: &str,
+    part_size: &str,
+) -> &'a mut Command {
+    cmd.arg("publish")
+        .arg(dir)
+        .arg(dest)
+        .args(["--plain-http", "--part-size", part_size])
+}
+
+/// `cmd pull SRC --plain-http --out OUT --retry-base-ms 20`.
+pub fn pull_args<'a>(cmd: &'a mut Command, src: &str, out: &Path) -> &'a mut Command {
+    cmd.args(["pull", src, "--plain-http", "--out"])
+        .arg(out)
+        .args(["--retry-base-ms", "20"])
+}
+
+/// `publish DIR DEST EXTRA` through `cmd` in chunks of [`CHUNK`], with
+/// a JSON summary.
+pub fn publish_through(mut cmd: Command, dir: &Path, dest: &str, extra: &[&str]) -> Output {
+    run(publish_args(&mut cmd, dir, dest, CHUNK)
+        .arg("--json")
+        .args(extra))
+}
+
+/// `publish DIR DEST EXTRA` with HOME = `home` ([`registry_ftpipe`]).
+pub fn publish(home: &Path, dir: &Path, dest: &str, extra: &[&str]) -> Output {
+    publish_through(registry_ftpipe(home), dir, dest, extra)
+}
+
+/// `pull SRC --out OUT EXTRA` through `cmd`, with a JSON summary.
+pub fn pull_through(mut cmd: Command, src: &str, out: &Path, extra: &[&str]) -> Output {
+    run(pull_args(&mut cmd, src, out).arg("--json").args(extra))
+}
+
+/// `pull SRC --out OUT EXTRA` with HOME = `home` ([`registry_ftpipe`]).
+pub fn pull(home: &Path, src: &str, out: &Path, extra: &[&str]) -> Output {
+    pull_through(registry_ftpipe(home), src, out, extra)
+}
+
+/// `DIR/artifact`.
+pub fn artifact_of(dir: &Path) -> PathBuf {
+    dir.join("artifact")
+}
+
+/// Every file of `a` has the bytes of the same file in `b`, and both hold
+/// the same files.
+pub fn assert_same_files(a: &Path, b: &Path) {
+    let names = tree_of(a);
+    assert_eq!(names, tree_of(b), "file lists of {a:?} and {b:?}");
+    for n in names {
+        let (pa, pb) = (a.join(&n), b.join(&n));
+        if pa.is_file() {
+            assert!(
+                std::fs::read(&pa).unwrap() == std::fs::read(&pb).unwrap(),
+                "{n} differs"
+            );
+        }
+    }
+}
+
+/// `out`'s artifact holds `dir`'s files byte for byte and passes
+/// `verify --deep`.
+pub fn assert_pulled(dir: &Path, out: &Path) {
+    assert_same_files(&artifact_of(dir), &artifact_of(out));
+    verify_deep(&artifact_of(out));
+}
+
+/// `pull SRC --out OUT EXTRA` through `cmd`, which must succeed and end
+/// as [`assert_pulled`] says of `dir`; its output.
+pub fn pull_identical(cmd: Command, src: &str, out: &Path, dir: &Path, extra: &[&str]) -> Output {
+    let o = ok(pull_through(cmd, src, out, extra), &format!("pull {src}"));
+    assert_pulled(dir, out);
+    o
+}
+
+/// `o`'s stdout and stderr, as text.
+pub fn output_text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(o))
+}
+
+/// `secret` in no state database of `dirs` (`what` names it).
+pub fn assert_not_in_state(dirs: &[&Path], secret: &str, what: &str) {
+    for d in dirs {
+        let db = std::fs::read(d.join(".ftpipe/state.db")).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&db).contains(secret),
+            "{what} in {d:?}'s state"
+        );
+    }
+}
+
+/// A temp HOME and DIR built from `seed` in it (`crate::s3::built`).
+pub fn built_at_home(seed: u64) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = built(tmp.path(), seed);
+    (tmp, dir)
+}
+
+/// `publish DIR REGISTRY/TO --mount-from FROM` (HOME = `home`), which
+/// must succeed: its JSON summary.
+pub fn publish_mounting(
+    home: &Path,
+    dir: &Path,
+    reg: &Registry,
+    to: &str,
+    from: &str,
+) -> serde_json::Value {
+    let o = publish(home, dir, &reg.reference(to), &["--mount-from", from]);
+    summary(&ok(o, &format!("publish {to} --mount-from {from}")))
+}
+
+/// A test's start: a temp HOME, DIR built from a seed
+/// (`crate::s3::built`), and a registry holding DIR's artifact.
+pub struct Published {
+    /// HOME of every command, and where DIR and pulls go.
+    pub tmp: tempfile::TempDir,
+    /// DIR, as `ftpipe run` left it.
+    pub dir: PathBuf,
+    /// The registry.
+    pub reg: Registry,
+}
+
+impl Published {
+    /// DIR from `seed` published to a fresh anonymous registry as
+    /// `models/qwen:v1`.
+    pub fn new(seed: u64) -> Published {
+        Published::to(Registry::start(), seed, "models/qwen:v1")
+    }
+
+    /// DIR from `seed` published to `reg` as `repo_tag`.
+    pub fn to(reg: Registry, seed: u64, repo_tag: &str) -> Published {
+        let (tmp, dir) = built_at_home(seed);
+        let o = publish(tmp.path(), &dir, &reg.reference(repo_tag), &[]);
+        ok(o, &format!("publish {repo_tag}"));
+        Published { tmp, dir, reg }
+    }
+
+    /// HOME.
+    pub fn home(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// `HOME/name`.
+    pub fn out(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// [`pull_identical`] of `repo_tag` into `HOME/name`: the directory.
+    pub fn pull_identical(&self, repo_tag: &str, name: &str) -> PathBuf {
+        let out = self.out(name);
+        let cmd = registry_ftpipe(self.home());
+        pull_identical(cmd, &self.reg.reference(repo_tag), &out, &self.dir, &[]);
+        out
+    }
+
+    /// The manifest of `models/qwen:v1`, as JSON.
+    pub fn manifest_json(&self) -> serde_json::Value {
+        let (_, bytes) = self.reg.manifest("models/qwen", "v1");
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// `manifest` put as `models/qwen:TAG` (the registry takes it), then
+    /// pulled: the pull fails naming `needles`, and reads no blob.
+    pub fn pull_of_edited_manifest_is_refused(
+        &self,
+        tag: &str,
+        manifest: &serde_json::Value,
+        needles: &[&str],
+    ) {
+        self.reg.put_manifest("models/qwen", tag, manifest);
+        let before = self.reg.requests().len();
+        let out = self.out(&format!("pulled-{tag}"));
+        let src = self.reg.reference(&format!("models/qwen:{tag}"));
+        let o = pull(self.home(), &src, &out, &[]);
+        assert!(!o.status.success(), "{tag}: pulled");
+        assert_names(&stderr(&o), needles);
+        let blob_reads: Vec<_> = self.reg.requests()[before..]
+            .iter()
+            .filter(|r| r.path.contains("/blobs/"))
+            .cloned()
+            .collect();
+        assert!(
+            blob_reads.is_empty(),
+            "{tag}: blobs read before the manifest was checked: {blob_reads:?}"
+        );
+    }
+}
+
+/// The tag, when it is there, names `dir`'s artifact and every blob its
+/// manifest names is in the repository with its size: nothing
+/// half-published is ever visible. Whether the tag is there.
+pub fn check_tag(reg: &Registry, repo: &str, tag: &str, dir: &Path, label: &str) -> bool {
+    let (status, _, bytes) = reg
+        .get(
+            &format!("/v2/{repo}/manifests/{tag}"),
+            Some("application/vnd.oci.image.manifest.v1+json"),
+        )
+        .unwrap();
+    if status == 404 {
+        return false;
+    }
+    assert_eq!(status, 200, "{label}");
+    let m: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let ours = manifest_json(dir);
+    assert_eq!(
+        m["annotations"]["dev.ftpipe.artifact.fingerprint"], ours["fingerprint"],
+        "{label}"
+    );
+    let blobs = m["layers"].as_array().unwrap().iter().chain([&m["config"]]);
+    for b in blobs {
+        let digest = b["digest"].as_str().unwrap();
+        let (status, headers, _) = reg
+            .request("HEAD", &format!("/v2/{repo}/blobs/{digest}"), None, &[])
+            .unwrap();
+        assert_eq!(status, 200, "{label}: the tag names {digest}, not there");
+        let len = headers.iter().find(|(k, _)| k == "content-length").unwrap();
+        assert_eq!(len.1, b["size"].to_string(), "{label}: {digest}");
+    }
+    true
+}
+
+/// How a publish kill storm ended.
+pub struct StormEnd {
+    /// The repository of each chain (`storm{N}/qwen`), the last one run to
+    /// its end.
+    pub repos: Vec<String>,
+    /// The last chain's run to its end (with a JSON summary).
+    pub last: Output,
+}
+
+/// A kill storm over `publish SRC REGISTRY/storm{N}/qwen:v1 EXTRA`: the
+/// moments are calibrated on a publish to `calibration/qwen`; at least
+/// `kills()` SIGKILLs (`KILLS`, `FTPIPE_CRASH_SEED`) at seeded moments
+/// below its time; after each the state database is intact and the tag,
+/// once there, names a complete artifact ([`check_tag`]); a run that ends
+/// by itself must have set the tag, and the next chain begins in a fresh
+/// repository. The last chain is run to its end. At least one kill must
+/// land mid-publish: the killed run had sent a write request to its
+/// repository, and the tag was not there.
+pub fn publish_kill_storm(
+    reg: &Registry,
+    home: &Path,
+    src: &Path,
+    extra: &[&str],
+    what: &str,
+) -> StormEnd {
+    use crate::s3_crash::{check_publish_state, kill_after, kills};
+    let seed = crash_seed();
+    eprintln!("{what} kill storm seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = ftpipe_fixtures::checkpoint::SplitMix64::new(seed);
+    let t = Instant::now();
+    let o = publish(home, src, &reg.reference("calibration/qwen:v1"), extra);
+    ok(o, "calibration");
+    let ms = (t.elapsed().as_millis() as u64).max(20);
+    let mut repos = vec!["storm0/qwen".to_owned()];
+    let (mut kill, mut mid_publish) = (0, 0);
+    while kill < kills() {
+        let repo = repos.last().unwrap().clone();
+        let before = reg.requests().len();
+        let delay = rng.next_u64() % ms;
+        let label = format!("{what} kill {} after {delay} ms into {repo}", kill + 1);
+        let mut cmd = registry_ftpipe(home);
+        publish_args(&mut cmd, src, &reg.reference(&format!("{repo}:v1")), CHUNK).args(extra);
+        if kill_after(&mut cmd, Duration::from_millis(delay), &label) {
+            assert!(check_tag(reg, &repo, "v1", src, &label), "{label}: no tag");
+            repos.push(format!("storm{}/qwen", repos.len()));
+            continue;
+        }
+        kill += 1;
+        check_publish_state(src, &label);
+        let tagged = check_tag(reg, &repo, "v1", src, &label);
+        let prefix = format!("/v2/{repo}/");
+        let wrote = reg.requests()[before..]
+            .iter()
+            .any(|r| r.path.starts_with(&prefix) && r.method != "GET" && r.method != "HEAD");
+        mid_publish += usize::from(wrote && !tagged);
+    }
+    eprintln!("{what}: {mid_publish} of {kill} kills landed mid-publish");
+    assert!(mid_publish > 0, "no kill landed mid-publish");
+    let repo = repos.last().unwrap();
+    let last = publish(home, src, &reg.reference(&format!("{repo}:v1")), extra);
+    let last = ok(last, "last chain");
+    assert!(check_tag(reg, repo, "v1", src, "last chain"));
+    StormEnd { repos, last }
 }
 
 /// `method path` with `body` to `addr` (HTTP/1.0, basic auth when `auth`):
@@ -473,80 +805,302 @@ mod base64_like {
     }
 }
 
-/// A TCP proxy in front of a registry whose uplink is slow: what a
-/// client sends on a connection, from the first read holding `marker` on
-/// (a blob's digest: only its upload is slow), `slow` bytes are read at
-/// most `rate` bytes per second (4 KiB at a time); answers are passed on
-/// at once. A request body larger than `rate` ×
-/// the client's read timeout takes longer to send than that timeout
-/// while bytes keep moving.
-pub struct ThrottledProxy {
+/// A TCP proxy in front of a registry whose uplink misbehaves on cue.
+/// Throttled ([`UplinkProxy::start`]): what a client sends on a
+/// connection, from the first read holding `marker` on (a blob's digest:
+/// only its upload is slow), `slow` bytes are read at most `rate` bytes
+/// per second (4 KiB at a time); a request body larger than `rate` × the
+/// client's read timeout takes longer to send than that timeout while
+/// bytes keep moving. Held ([`UplinkProxy::hold_after`]): the first
+/// connection carrying a marker (bytes of a blob: a request body) passes
+/// a set number of bytes after it on and then reads nothing more until
+/// [`UplinkProxy::cut`] closes its registry side — a request cut
+/// mid-body. Answers are passed on at once. Every request the client
+/// sends is counted: its request line and the body bytes passed on
+/// ([`UplinkProxy::requests`]).
+pub struct UplinkProxy {
     addr: SocketAddr,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    shared: Arc<Shared>,
 }
 
-impl ThrottledProxy {
+/// The proxy of the tests that throttle an uplink.
+pub type ThrottledProxy = UplinkProxy;
+
+/// A request the proxy passed on.
+#[derive(Debug, Clone)]
+pub struct Relayed {
+    /// `PATCH`, `PUT`, ...
+    pub method: String,
+    /// The request target (path and query).
+    pub target: String,
+    /// Body bytes passed on to the registry.
+    pub body: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    /// (marker, rate, slow) of a throttled proxy.
+    throttle: Option<(Vec<u8>, u64, u64)>,
+    /// (marker, bytes passed on after it): taken by the first connection
+    /// carrying the marker.
+    hold: Mutex<Option<(Vec<u8>, u64)>>,
+    held: AtomicBool,
+    cut: AtomicBool,
+    requests: Mutex<Vec<Relayed>>,
+}
+
+impl UplinkProxy {
     /// A proxy to `upstream` (`HOST:PORT`) reading `rate` bytes a second
-    /// once `marker` went by.
-    pub fn start(upstream: &str, rate: u64, marker: &str, slow: u64) -> ThrottledProxy {
-        let marker = marker.as_bytes().to_vec();
+    /// once `marker` went by, for `slow` bytes.
+    pub fn start(upstream: &str, rate: u64, marker: &str, slow: u64) -> UplinkProxy {
+        let throttle = Some((marker.as_bytes().to_vec(), rate, slow));
+        UplinkProxy::with(
+            upstream,
+            Shared {
+                throttle,
+                ..Shared::default()
+            },
+        )
+    }
+
+    /// A proxy to `upstream` passing everything on at once (until
+    /// [`UplinkProxy::hold_after`]).
+    pub fn passing(upstream: &str) -> UplinkProxy {
+        UplinkProxy::with(upstream, Shared::default())
+    }
+
+    fn with(upstream: &str, shared: Shared) -> UplinkProxy {
         let upstream: SocketAddr = upstream.parse().expect("HOST:PORT");
         let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
         let addr = listener.local_addr().unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
+        let shared = Arc::new(shared);
+        let serving = shared.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
-                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                if serving.stop.load(SeqCst) {
                     break;
                 }
                 let Ok(client) = conn else { continue };
                 let Ok(server) = TcpStream::connect(upstream) else {
                     continue;
                 };
-                relay(client, server, (rate, slow), marker.clone());
+                relay(client, server, serving.clone());
             }
         });
-        ThrottledProxy { addr, stop }
+        UplinkProxy { addr, shared }
     }
 
     /// `127.0.0.1:PORT`.
     pub fn host(&self) -> String {
         self.addr.to_string()
     }
+
+    /// The next connection whose client bytes hold `marker` passes
+    /// `after` more bytes on, then holds (see the type).
+    pub fn hold_after(&self, marker: &[u8], after: u64) {
+        *self.shared.hold.lock().unwrap() = Some((marker.to_vec(), after));
+    }
+
+    /// Whether a connection holds.
+    pub fn held(&self) -> bool {
+        self.shared.held.load(SeqCst)
+    }
+
+    /// Closes the registry side of the held connection.
+    pub fn cut(&self) {
+        self.shared.cut.store(true, SeqCst);
+    }
+
+    /// Every request passed on so far, in the order they began.
+    pub fn requests(&self) -> Vec<Relayed> {
+        self.shared.requests.lock().unwrap().clone()
+    }
 }
 
-impl Drop for ThrottledProxy {
+impl Drop for UplinkProxy {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.stop.store(true, SeqCst);
+        self.shared.cut.store(true, SeqCst);
         let _ = TcpStream::connect(self.addr);
     }
 }
 
-/// Copies `client` to `server` (at `rate` bytes a second once `marker`
-/// went by) and `server` to `client` at once, each on its own thread;
-/// either end closing closes both.
-fn relay(client: TcpStream, server: TcpStream, (rate, slow): (u64, u64), marker: Vec<u8>) {
-    let (mut c_read, mut c_write) = (client.try_clone().unwrap(), client);
-    let (mut s_read, mut s_write) = (server.try_clone().unwrap(), server);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        let (mut seen, mut throttled) = (false, 0u64);
-        while let Ok(n) = c_read.read(&mut buf) {
-            if n == 0 || s_write.write_all(&buf[..n]).is_err() {
-                break;
-            }
-            seen = seen || buf[..n].windows(marker.len()).any(|w| w == marker);
-            if seen && throttled < slow {
-                throttled += n as u64;
-                let secs = n as f64 / rate.max(1) as f64;
-                std::thread::sleep(Duration::from_secs_f64(secs));
-            }
-        }
-        let _ = s_write.shutdown(std::net::Shutdown::Write);
-    });
+/// Copies `client` to `server` (as `shared` says) and `server` to
+/// `client` at once, each on its own thread; either end closing closes
+/// both.
+fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
+    let (c_read, mut c_write) = (client.try_clone().unwrap(), client);
+    let (mut s_read, s_write) = (server.try_clone().unwrap(), server);
+    std::thread::spawn(move || Uplink::new(shared).pump(c_read, s_write));
     std::thread::spawn(move || {
         let _ = std::io::copy(&mut s_read, &mut c_write);
-        let _ = c_write.shutdown(std::net::Shutdown::Both);
+        let _ = c_write.shutdown(Shutdown::Both);
     });
+}
+
+/// The client-to-registry half of one connection.
+struct Uplink {
+    shared: Arc<Shared>,
+    /// The last bytes passed on (fewer than a marker): a marker split
+    /// between two reads is found.
+    tail: Vec<u8>,
+    /// Bytes throttled so far, once the throttle's marker went by.
+    throttled: Option<u64>,
+    /// Bytes still passed on before the hold, once its marker went by.
+    hold_left: Option<u64>,
+    requests: RequestSplitter,
+}
+
+impl Uplink {
+    fn new(shared: Arc<Shared>) -> Uplink {
+        Uplink {
+            shared,
+            tail: Vec::new(),
+            throttled: None,
+            hold_left: None,
+            requests: RequestSplitter::default(),
+        }
+    }
+
+    fn pump(mut self, mut from: TcpStream, mut to: TcpStream) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            let chunk = &buf[..n];
+            if n == 0 {
+                break;
+            }
+            self.arm_hold(chunk);
+            let pass = self.hold_left.map_or(n, |left| n.min(left as usize));
+            self.requests.feed(&chunk[..pass], &self.shared.requests);
+            if to.write_all(&chunk[..pass]).is_err() {
+                break;
+            }
+            if let Some(left) = &mut self.hold_left {
+                *left -= pass as u64;
+                if *left == 0 {
+                    self.hold(&from, &to);
+                    return;
+                }
+            }
+            self.throttle(chunk);
+            self.keep_tail(chunk);
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    }
+
+    /// Takes the proxy's hold when `chunk` completes its marker.
+    fn arm_hold(&mut self, chunk: &[u8]) {
+        if self.hold_left.is_some() {
+            return;
+        }
+        let mut hold = self.shared.hold.lock().unwrap();
+        let Some((marker, after)) = hold.as_ref() else {
+            return;
+        };
+        if let Some(end) = marker_end(&self.tail, chunk, marker) {
+            self.hold_left = Some(end as u64 + after);
+            *hold = None;
+        }
+    }
+
+    /// Reads nothing more until the proxy is told to cut; then closes
+    /// both sides.
+    fn hold(&self, from: &TcpStream, to: &TcpStream) {
+        self.shared.held.store(true, SeqCst);
+        while !self.shared.cut.load(SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    }
+
+    fn throttle(&mut self, chunk: &[u8]) {
+        let Some((marker, rate, slow)) = &self.shared.throttle else {
+            return;
+        };
+        if self.throttled.is_none() && marker_end(&self.tail, chunk, marker).is_some() {
+            self.throttled = Some(0);
+        }
+        if let Some(done) = &mut self.throttled
+            && *done < *slow
+        {
+            *done += chunk.len() as u64;
+            let secs = chunk.len() as f64 / (*rate).max(1) as f64;
+            std::thread::sleep(Duration::from_secs_f64(secs));
+        }
+    }
+
+    fn keep_tail(&mut self, chunk: &[u8]) {
+        const KEPT: usize = 256;
+        self.tail.extend_from_slice(chunk);
+        let cut = self.tail.len().saturating_sub(KEPT);
+        self.tail.drain(..cut);
+    }
+}
+
+/// Where `marker` (at most 256 bytes) ends in `chunk` when it ends there;
+/// `tail` is the bytes passed on before `chunk`.
+fn marker_end(tail: &[u8], chunk: &[u8], marker: &[u8]) -> Option<usize> {
+    if marker.is_empty() {
+        return None;
+    }
+    let joined = [tail, chunk].concat();
+    joined
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .map(|at| at + marker.len())
+        .filter(|end| *end > tail.len())
+        .map(|end| end - tail.len())
+}
+
+/// Splits a client's bytes into HTTP/1.1 requests (a head to the blank
+/// line, then `Content-Length` body bytes), counting each body.
+#[derive(Default)]
+struct RequestSplitter {
+    head: Vec<u8>,
+    body_left: u64,
+    /// This connection's current request in the proxy's list.
+    current: Option<usize>,
+}
+
+impl RequestSplitter {
+    fn feed(&mut self, mut bytes: &[u8], log: &Mutex<Vec<Relayed>>) {
+        while let Some((&first, rest)) = bytes.split_first() {
+            if self.body_left > 0 {
+                let n = bytes.len().min(self.body_left as usize);
+                if let Some(i) = self.current {
+                    log.lock().unwrap()[i].body += n as u64;
+                }
+                self.body_left -= n as u64;
+                bytes = &bytes[n..];
+                continue;
+            }
+            self.head.push(first);
+            bytes = rest;
+            if self.head.ends_with(b"\r\n\r\n") {
+                self.begin_request(log);
+            }
+        }
+    }
+
+    fn begin_request(&mut self, log: &Mutex<Vec<Relayed>>) {
+        let head = String::from_utf8_lossy(&self.head).into_owned();
+        self.head.clear();
+        let mut line = head.lines().next().unwrap_or_default().split(' ');
+        let (method, target) = (line.next(), line.next());
+        self.body_left = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0);
+        let mut log = log.lock().unwrap();
+        log.push(Relayed {
+            method: method.unwrap_or_default().to_owned(),
+            target: target.unwrap_or_default().to_owned(),
+            body: 0,
+        });
+        self.current = Some(log.len() - 1);
+    }
 }
