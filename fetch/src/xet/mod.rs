@@ -30,7 +30,8 @@
 //! reconstruction again. Files without a Xet hash go to the fallback source
 //! (the hub's `resolve`).
 //!
-//! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding),
+//! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding,
+//! `lz4frame` the LZ4 frames inside),
 //! `wire` (the JSON answers), `cas` (reconstruction, xorb ranges, the
 //! body), `held` (chunks of a range kept for the body's later terms that
 //! read it again, so a range shared by terms is fetched once), `reuse`
@@ -39,6 +40,7 @@
 mod cas;
 mod hash;
 mod held;
+mod lz4frame;
 mod reuse;
 mod wire;
 mod xorb;
