@@ -9,7 +9,8 @@
 //! `DIR/artifact` only for an artifact that verifies deep. Every chain of
 //! killed runs ends, resumed, with the published artifact byte-identical.
 //! Every named crash point of the two commands is also hit once and
-//! resumed.
+//! resumed. A session killed mid-upload resumes at the part size it
+//! recorded, whatever the next run's `--part-size`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -325,4 +326,111 @@ fn every_named_crash_point_of_publish_and_pull_resumes() {
         verify_deep(&out.join("artifact"));
         assert_eq!(manifest_sha(&out), manifest_sha(&src), "{point}");
     }
+}
+
+/// Without `--part-size` an upload's part size is chosen from the object's
+/// size (8 MiB parts for a file of about 10 MiB: moto's ListParts of the
+/// session in progress shows them) and recorded with the session. A run
+/// killed mid-session and resumed with another `--part-size` completes the
+/// session at its recorded part size (its object assembled from 2 parts;
+/// parts of another size would make S3 refuse or garble the object), while
+/// a file whose session starts after the resume takes the size given.
+#[test]
+fn a_chosen_part_size_is_recorded_and_a_resumed_session_keeps_it() {
+    const CHOSEN: u64 = 8 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    // Three LFS shards of about 10 MiB.
+    let (hub, _files) = hub_with_repo(331, 30 << 20);
+    let src = tmp.path().join("src");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &src, &[]));
+    let m = Moto::start();
+    let mirror = "s3://models/mirrors/parts";
+    let o = run(m
+        .ftpipe(home)
+        .arg("mirror")
+        .arg(&src)
+        .arg(mirror)
+        .args(["--concurrency", "1"])
+        .env("FTPIPE_CRASH_AT", "upload-part-recorded#1"));
+    assert_eq!(o.status.code(), None, "not killed: {}", stderr(&o));
+    let live = |col: &str| {
+        query(
+            &src,
+            &format!("SELECT {col} FROM uploads WHERE state = 'uploading'"),
+        )
+    };
+    assert_eq!(live("part_size"), [CHOSEN.to_string()]);
+    let (url, session) = (live("key").remove(0), live("session").remove(0));
+    let key = url.strip_prefix("s3://").expect("an s3:// key");
+    let (status, body) = m
+        .raw("GET", &format!("/{key}?uploadId={session}"), &[], &[])
+        .unwrap();
+    let parts = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(status, 200, "ListParts: {parts}");
+    assert_eq!(
+        xml_text(&parts, "PartNumber").as_deref(),
+        Some("1"),
+        "{parts}"
+    );
+    assert_eq!(
+        xml_text(&parts, "Size"),
+        Some(CHOSEN.to_string()),
+        "{parts}"
+    );
+
+    let o = run(m.ftpipe(home).arg("mirror").arg(&src).arg(mirror).args([
+        "--part-size",
+        "1MiB",
+        "--json",
+    ]));
+    assert!(o.status.success(), "resume: {}", stderr(&o));
+    let size_of = |col: &str, path: &str| {
+        query(
+            &src,
+            &format!(
+                "SELECT {col} FROM uploads WHERE state = 'verified' AND key = {}",
+                sql_str(path)
+            ),
+        )
+    };
+    // The resumed session kept its part size: 2 parts.
+    assert_eq!(size_of("part_size", &url), [CHOSEN.to_string()]);
+    let size: u64 = size_of("size", &url)[0].parse().unwrap();
+    assert!(size > CHOSEN && size <= 2 * CHOSEN, "{size}");
+    assert!(etag_of(&m, key).ends_with("-2\""), "{}", etag_of(&m, key));
+    // A session begun after the resume: the size given, 1 MiB.
+    let later = query(
+        &src,
+        &format!(
+            "SELECT key FROM uploads WHERE state = 'verified' AND part_size = {} AND size > {CHOSEN}",
+            1 << 20
+        ),
+    );
+    assert!(!later.is_empty(), "no session at the given part size");
+    for url in later {
+        let key = url.strip_prefix("s3://").unwrap();
+        let size: u64 = size_of("size", &url)[0].parse().unwrap();
+        let parts = size.div_ceil(1 << 20);
+        assert!(
+            etag_of(&m, key).ends_with(&format!("-{parts}\"")),
+            "{url}: {}",
+            etag_of(&m, key)
+        );
+    }
+}
+
+/// The ETag moto answers for `bucket/key` (quoted).
+fn etag_of(m: &Moto, key: &str) -> String {
+    let (status, head, _) = m
+        .raw_with_head("HEAD", &format!("/{key}"), &[], &[])
+        .unwrap();
+    assert_eq!(status, 200, "HEAD {key}: {head}");
+    head.lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("etag"))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no ETag for {key}: {head}"))
 }
