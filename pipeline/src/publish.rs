@@ -839,6 +839,7 @@ fn spawn_part(
             number,
             offset: part.offset,
             bytes: part.bytes,
+            sha256,
             previous: part.previous,
         };
         let send = ctx.target.send_part(&key, &handle, request);
