@@ -15,7 +15,8 @@
 //! grows to the smallest whole MiB that fits.
 //!
 //! Parts in flight: as many as fit in [`IN_FLIGHT_BYTES`] of memory
-//! (every part in flight is held whole), at least [`MIN_AUTO_CONCURRENCY`]
+//! (every part in flight is held whole; one more, the next, is read ahead
+//! while they are sent), at least [`MIN_AUTO_CONCURRENCY`]
 //! and at most [`MAX_AUTO_CONCURRENCY`], never more than the object's
 //! parts. Files go one after another, so the count of objects does not
 //! enter: one file's parts fill the link.
