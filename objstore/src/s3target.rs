@@ -77,7 +77,8 @@ impl OutputTarget for S3 {
         session: &'a str,
         part: PartRequest,
     ) -> TargetFuture<'a, String> {
-        S3::put_part(self, key, session, part.number, part.bytes).boxed()
+        async move { S3::put_part(self, key, session, part.number, part.bytes, &part.sha256).await }
+            .boxed()
     }
 
     fn complete_upload<'a>(

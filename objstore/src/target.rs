@@ -49,6 +49,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
+use crate::checksum::Sha256Digest;
 use crate::client::{Head, ObjectBody, Put};
 use crate::error::Result;
 
@@ -88,6 +89,9 @@ pub struct PartRequest {
     pub offset: u64,
     /// Its bytes.
     pub bytes: Bytes,
+    /// The SHA-256 of `bytes`, computed once by the caller as it read
+    /// them: the checksum a target that checks parts sends with it.
+    pub sha256: Sha256Digest,
     /// The receipt of part `number - 1`, for a target whose parts arrive in
     /// order ([`PartRules::in_order`]); `None` for the first part, and for
     /// a target that takes parts in any order.

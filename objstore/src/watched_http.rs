@@ -5,11 +5,13 @@
 //! Each request's body is handed on in steps and watched instead
 //! ([`crate::upload_progress`]); the answer (an upload's is a few headers
 //! and at most a small XML document) is read within the read timeout per
-//! piece and at most [`MAX_UPLOAD_ANSWER_BYTES`].
+//! piece and at most [`MAX_UPLOAD_ANSWER_BYTES`]. [`WatchedClient`] is the
+//! same client for requests built here (a part sent to a presigned URL).
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use object_store::ClientOptions;
 use object_store::client::{
@@ -17,6 +19,7 @@ use object_store::client::{
     HttpResponseBody, HttpService,
 };
 use reqwest::header::{CONTENT_LENGTH, HeaderMap, HeaderValue};
+use reqwest::{Method, StatusCode, Url};
 
 use crate::upload_progress::{self, Progress};
 
@@ -44,29 +47,51 @@ pub(crate) struct WatchedConnector {
     pub(crate) headers: HeaderMap,
 }
 
-impl HttpConnector for WatchedConnector {
-    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+impl WatchedConnector {
+    /// The watched client itself, for requests built here.
+    pub(crate) fn client(&self) -> Result<WatchedClient, reqwest::Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
             .default_headers(self.headers.clone())
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| object_store::Error::Generic {
-                store: "S3",
-                source: Box::new(e.without_url()),
-            })?;
-        Ok(HttpClient::new(WatchedService {
+            .map_err(reqwest::Error::without_url)?;
+        Ok(WatchedClient {
             client,
             read_timeout: self.read_timeout,
-        }))
+        })
     }
 }
 
-#[derive(Debug)]
-struct WatchedService {
+impl HttpConnector for WatchedConnector {
+    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let client = self.client().map_err(|e| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(e),
+        })?;
+        Ok(HttpClient::new(WatchedService(client)))
+    }
+}
+
+/// An upload client: no read timeout while the body is sent, its progress
+/// watched instead; the answer bounded (see the module doc).
+#[derive(Debug, Clone)]
+pub(crate) struct WatchedClient {
     client: reqwest::Client,
     read_timeout: Duration,
 }
+
+/// What a server answered an upload through [`WatchedClient`].
+#[derive(Debug)]
+pub(crate) struct WatchedAnswer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    /// At most [`MAX_UPLOAD_ANSWER_BYTES`].
+    pub(crate) body: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct WatchedService(WatchedClient);
 
 /// `object_store`'s kind of a `reqwest` failure (what it retries).
 fn kind_of(e: &reqwest::Error) -> HttpErrorKind {
@@ -89,13 +114,31 @@ fn failed(e: reqwest::Error) -> HttpError {
 impl HttpService for WatchedService {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
         let (parts, body) = req.into_parts();
-        let url = reqwest::Url::parse(&parts.uri.to_string())
+        let url = Url::parse(&parts.uri.to_string())
             .map_err(|e| HttpError::new(HttpErrorKind::Request, e))?;
         let bytes = body.collect().await?.to_bytes();
+        let answer = self.0.send(parts.method, url, parts.headers, bytes).await?;
+        let mut out = HttpResponse::new(HttpResponseBody::from(answer.body));
+        *out.status_mut() = answer.status;
+        *out.headers_mut() = answer.headers;
+        Ok(out)
+    }
+}
+
+impl WatchedClient {
+    /// Sends `body` with `headers` to `url`, the body watched for progress;
+    /// the answer, read within the read timeout per piece and bounded.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        headers: HeaderMap,
+        bytes: Bytes,
+    ) -> Result<WatchedAnswer, HttpError> {
         let len = bytes.len() as u64;
         let progress = Progress::new();
-        let mut request = reqwest::Request::new(parts.method, url);
-        *request.headers_mut() = parts.headers;
+        let mut request = reqwest::Request::new(method, url);
+        *request.headers_mut() = headers;
         request
             .headers_mut()
             .insert(CONTENT_LENGTH, HeaderValue::from(len));
@@ -114,15 +157,14 @@ impl HttpService for WatchedService {
             })?
             .map_err(failed)?;
         let (status, headers) = (response.status(), response.headers().clone());
-        let answer = self.answer(response).await?;
-        let mut out = HttpResponse::new(HttpResponseBody::from(answer));
-        *out.status_mut() = status;
-        *out.headers_mut() = headers;
-        Ok(out)
+        let body = self.answer(response).await?;
+        Ok(WatchedAnswer {
+            status,
+            headers,
+            body,
+        })
     }
-}
 
-impl WatchedService {
     /// The answer's body, each piece within the read timeout, bounded.
     async fn answer(&self, mut response: reqwest::Response) -> Result<Vec<u8>, HttpError> {
         let mut body = Vec::new();

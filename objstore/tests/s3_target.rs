@@ -169,6 +169,7 @@ async fn s3_keeps_the_promises_of_the_output_target() {
             number,
             offset: (number - 1) * PART as u64,
             bytes: Bytes::from(vec![fill; PART]),
+            sha256: sha256_of(&vec![fill; PART]),
             previous: None,
         };
         receipts.push(t.send_part(&big, &session, part).await.unwrap());
@@ -243,6 +244,7 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
             number,
             offset: (number - 1) * PART as u64,
             bytes: Bytes::from(bytes.clone()),
+            sha256: sha256_of(bytes),
             previous: None,
         };
         receipts.push(t.send_part(&big, &session, part).await.unwrap());

@@ -32,7 +32,8 @@
 //! - `publish`: an artifact into an output target (`publish`,
 //!   `publish_to`), every request through [`ftpipe_objstore::OutputTarget`]
 //!   and recorded in the target-neutral upload records (mirror's uploads
-//!   too); `pull`: a published artifact through the fetch machinery
+//!   too); `part_plan`: each upload's part size and parts in flight, the
+//!   user's or chosen from the object's size; `pull`: a published artifact through the fetch machinery
 //!   (`pull`).
 //! - `modelpack`: an artifact as a CNCF ModelPack manifest and config, and
 //!   a ModelPack manifest read back and checked; `publish_oci`: an
@@ -57,6 +58,7 @@ mod mirror;
 mod modelpack;
 mod ocisource;
 mod origin;
+mod part_plan;
 mod plan;
 mod publish;
 mod publish_oci;
@@ -94,7 +96,7 @@ pub use lock::{DirLock, LiveRun};
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
 pub use plan::{PlanReport, PlanSource, RepinReport, plan};
-pub use publish::{DEFAULT_PART_SIZE, DEFAULT_UPLOAD_CONCURRENCY, PublishOutcome, PublishParams};
+pub use publish::{DEFAULT_PART_SIZE, PublishOutcome, PublishParams};
 pub use publish_oci::{OciPublishOutcome, OciPublishParams};
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
 pub use pull_oci::OciPullParams;

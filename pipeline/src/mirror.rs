@@ -449,8 +449,8 @@ impl Pipeline {
     pub async fn mirror(
         &self,
         p: &MirrorParams,
-        part_size: u64,
-        concurrency: usize,
+        part_size: Option<u64>,
+        concurrency: Option<usize>,
     ) -> Result<MirrorOutcome> {
         let target: SharedTarget = Arc::new(S3::open(&p.config, p.location.clone())?);
         self.mirror_to(target, part_size, concurrency).await
@@ -463,8 +463,8 @@ impl Pipeline {
     pub async fn mirror_to(
         &self,
         target: SharedTarget,
-        part_size: u64,
-        concurrency: usize,
+        part_size: Option<u64>,
+        concurrency: Option<usize>,
     ) -> Result<MirrorOutcome> {
         let (pin, files) = self.fetched_listing().await?;
         let listing_bytes = listing_bytes(&pin, &files)?;

@@ -59,12 +59,12 @@ use ftpipe_receipts::{
 
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
+use crate::part_plan::{self, PartChoice, PartPlan};
 
-/// Default size of a multipart upload's parts (and the largest file sent
-/// in one put).
+/// Part size for a target whose uploads are not sized per object (a
+/// registry's chunks, unless `--part-size` says otherwise); S3 uploads
+/// choose theirs ([`crate::part_plan`]).
 pub const DEFAULT_PART_SIZE: u64 = 8 * 1024 * 1024;
-/// Parts in flight at once by default.
-pub const DEFAULT_UPLOAD_CONCURRENCY: usize = 4;
 
 /// What `publish` needs from the command line.
 #[derive(Debug, Clone)]
@@ -73,10 +73,11 @@ pub struct PublishParams {
     pub location: S3Location,
     /// Credentials, region, endpoint.
     pub config: S3Config,
-    /// Part size of multipart uploads; files up to it go in one put.
-    pub part_size: u64,
-    /// Parts in flight at once.
-    pub concurrency: usize,
+    /// Part size of multipart uploads (files up to it go in one put);
+    /// `None`: chosen per file ([`crate::part_plan`]).
+    pub part_size: Option<u64>,
+    /// Parts in flight at once; `None`: chosen per file.
+    pub concurrency: Option<usize>,
 }
 
 /// What a publish did.
@@ -141,34 +142,44 @@ pub(crate) struct Ctx {
     pub(crate) run: RunId,
     /// The destination, as the target names it.
     pub(crate) dest: String,
-    /// Part size of multipart sessions (at least 1); files up to it go in
-    /// one put.
-    pub(crate) part_size: u64,
-    /// Parts in flight at once (at least 1; exactly 1 for a target whose
-    /// parts arrive in order).
-    pub(crate) concurrency: usize,
+    /// The user's part size and concurrency, where given; the rest is
+    /// chosen per file ([`Ctx::plan_for`]).
+    pub(crate) choice: PartChoice,
 }
 
 impl Ctx {
+    /// A context uploading with the given part size and concurrency
+    /// (`None`: chosen per file).
     pub(crate) fn new(
         target: SharedTarget,
         pipeline: &Pipeline,
-        part_size: u64,
-        concurrency: usize,
+        part_size: impl Into<Option<u64>>,
+        concurrency: impl Into<Option<usize>>,
     ) -> Ctx {
-        let concurrency = if target.part_rules().in_order {
-            1
-        } else {
-            concurrency.max(1)
-        };
         Ctx {
             dest: target.dest(),
             target,
             store: pipeline.store.clone(),
             run: pipeline.run,
-            part_size: part_size.max(1),
-            concurrency,
+            choice: PartChoice {
+                part_size: part_size.into(),
+                concurrency: concurrency.into(),
+            },
         }
+    }
+
+    /// How a new upload of `size` bytes is cut and sent.
+    pub(crate) fn plan_for(&self, size: u64) -> PartPlan {
+        part_plan::plan(size, &self.target.part_rules(), self.choice)
+    }
+
+    /// How many parts of a session cut at `part_size` go at once.
+    fn concurrency_for(&self, size: u64, part_size: u64) -> usize {
+        let choice = PartChoice {
+            part_size: Some(part_size),
+            ..self.choice
+        };
+        part_plan::plan(size, &self.target.part_rules(), choice).concurrency
     }
 
     /// Runs one request between an `in_flight` attempt row and its end.
@@ -231,8 +242,8 @@ impl Pipeline {
     pub async fn publish_to(
         &self,
         target: SharedTarget,
-        part_size: u64,
-        concurrency: usize,
+        part_size: Option<u64>,
+        concurrency: Option<usize>,
     ) -> Result<PublishOutcome> {
         let artifact = self.layout.artifact().to_owned();
         let (manifest, manifest_bytes) = read_verified_manifest(&artifact)?;
@@ -449,7 +460,7 @@ pub(crate) async fn upload_file(
     if found == FoundObject::Proven {
         return Ok(None);
     }
-    if item.size <= ctx.part_size && live.is_none() {
+    if item.size <= session_part_size(ctx, item) && live.is_none() {
         return put_whole(ctx, key, &file, found).await.map(Some);
     }
     match upload_multipart(ctx, key, &file, live, found).await {
@@ -522,7 +533,7 @@ fn proof(h: &Head, file: &Local<'_>, part_size: u64) -> Result<FoundObject> {
     let proven = h.size == item.size
         && match checksum.parts() {
             None => checksum.proves_whole(&manifest_digest(item)?),
-            Some(n) if item.size.div_ceil(part_size).max(1) == n => {
+            Some(n) if part_plan::parts_of(item.size, part_size) == n => {
                 block_in_place(|| part_digests(file, part_size))?
                     .is_some_and(|parts| checksum.proves_parts(&parts))
             }
@@ -551,7 +562,7 @@ fn part_digests(file: &Local<'_>, part_size: u64) -> Result<Option<Vec<Sha256Dig
     let size = file.item.size;
     let mut whole = file.expected.hasher(size);
     let mut parts = Vec::new();
-    for number in 0..size.div_ceil(part_size).max(1) {
+    for number in 0..part_plan::parts_of(size, part_size) {
         let offset = number.saturating_mul(part_size);
         let bytes = read_at(
             file.path,
@@ -564,11 +575,10 @@ fn part_digests(file: &Local<'_>, part_size: u64) -> Result<Option<Vec<Sha256Dig
     Ok((whole.finish_hex() == file.item.sha256).then_some(parts))
 }
 
-/// The part size a new session of `item` uses: the publish's, or enough
-/// bytes per part to stay within the target's part count.
+/// The part size a new session of `item` uses: the user's, or chosen
+/// from its size ([`crate::part_plan`]), within the target's part count.
 pub(crate) fn session_part_size(ctx: &Ctx, item: &Item) -> u64 {
-    let max_parts = ctx.target.part_rules().max_parts.max(1);
-    ctx.part_size.max(item.size.div_ceil(max_parts)).max(1)
+    ctx.plan_for(item.size).part_size
 }
 
 /// One file in one put, hashed before it is sent and checked after; its
@@ -605,7 +615,7 @@ struct Session {
 impl Session {
     /// The parts of `item` at this session's part size.
     fn parts(&self, item: &Item) -> u64 {
-        item.size.div_ceil(self.part_size).max(1)
+        part_plan::parts_of(item.size, self.part_size)
     }
 }
 
@@ -705,11 +715,17 @@ async fn open_session(
     })
 }
 
-/// Sends every part of `item` without a recorded acknowledgement,
-/// `ctx.concurrency` at a time; the bytes sent, and every part's SHA-256.
-/// Every byte is read and hashed into `hasher` in order, sent or not: the
-/// digest of what the completed object holds is the one checked, and the
-/// part digests are what the target's checksum of it must be over.
+/// Sends every part of `item` without a recorded acknowledgement, as
+/// many at once as [`Ctx::concurrency_for`] says; the bytes sent, and
+/// every part's SHA-256.
+///
+/// Every byte is read once, in order, and hashed into `hasher` as it is
+/// read, sent or not: the digest of what the completed object holds is the
+/// one checked, and the part digests are what the target's checksum of it
+/// must be over. A part to send is read before waiting for a free slot, so
+/// its read overlaps the sends before it; its SHA-256 is computed in its
+/// send task, on a blocking thread beside the next part's read and the
+/// whole file's hash.
 async fn send_parts(
     ctx: &Ctx,
     key: &str,
@@ -725,27 +741,32 @@ async fn send_parts(
         .into_iter()
         .map(|p| (p.part_number, p))
         .collect();
+    let concurrency = ctx.concurrency_for(item.size, session.part_size);
     let in_order = ctx.target.part_rules().in_order;
     let key = Arc::<str>::from(key);
-    let mut set: JoinSet<Result<(u64, String)>> = JoinSet::new();
-    let (mut sent, mut previous) = (0u64, None::<String>);
-    let mut digests = Vec::new();
+    let mut set: JoinSet<Result<SentPart>> = JoinSet::new();
+    let mut tally = PartTally::default();
     for number in 1..=session.parts(item) {
         let offset = (number - 1).saturating_mul(session.part_size);
         let len = session.part_size.min(item.size.saturating_sub(offset));
         let bytes = block_in_place(|| read_at(path, offset, len))?;
         hasher.update(&bytes);
-        digests.push(sha256_of(&bytes));
         if let Some(d) = done.get(&number).filter(|d| d.size == len) {
-            previous = Some(d.receipt.clone());
+            tally.previous = Some(d.receipt.clone());
+            tally
+                .digests
+                .insert(number, block_in_place(|| sha256_of(&bytes)));
             continue;
         }
-        while set.len() >= ctx.concurrency {
-            let (len, receipt) = joined(set.join_next().await)?;
-            (sent, previous) = (sent.saturating_add(len), Some(receipt));
+        while set.len() >= concurrency {
+            tally.add(joined(set.join_next().await)?);
         }
-        let previous = if in_order { previous.take() } else { None };
-        let part = PartRequest {
+        let previous = if in_order {
+            tally.previous.take()
+        } else {
+            None
+        };
+        let part = PartBytes {
             number,
             offset,
             bytes,
@@ -754,27 +775,74 @@ async fn send_parts(
         spawn_part(&mut set, ctx, key.clone(), session, part);
     }
     while !set.is_empty() {
-        let (len, _) = joined(set.join_next().await)?;
-        sent = sent.saturating_add(len);
+        tally.add(joined(set.join_next().await)?);
     }
-    Ok((sent, digests))
+    Ok((tally.sent, tally.digests.into_values().collect()))
 }
 
-/// Sends `part` in a task of `set`: the request between its attempt rows,
-/// then its receipt recorded (after the target's answer, never before).
-/// The task answers the part's size and receipt.
+/// One part read from the file, not yet sent.
+struct PartBytes {
+    number: u64,
+    offset: u64,
+    bytes: Bytes,
+    /// The receipt of the part before it, for a target taking parts in
+    /// order.
+    previous: Option<String>,
+}
+
+/// What one send task answers.
+struct SentPart {
+    number: u64,
+    len: u64,
+    receipt: String,
+    sha256: Sha256Digest,
+}
+
+/// The parts of one session so far.
+#[derive(Default)]
+struct PartTally {
+    /// Body bytes sent.
+    sent: u64,
+    /// The last receipt (the one an in-order target's next part needs).
+    previous: Option<String>,
+    /// Every part's SHA-256 by part number.
+    digests: BTreeMap<u64, Sha256Digest>,
+}
+
+impl PartTally {
+    fn add(&mut self, part: SentPart) {
+        self.sent = self.sent.saturating_add(part.len);
+        self.previous = Some(part.receipt);
+        self.digests.insert(part.number, part.sha256);
+    }
+}
+
+/// Sends `part` in a task of `set`: its SHA-256 (on a blocking thread),
+/// the request between its attempt rows, then its receipt recorded (after
+/// the target's answer, never before).
 fn spawn_part(
-    set: &mut JoinSet<Result<(u64, String)>>,
+    set: &mut JoinSet<Result<SentPart>>,
     ctx: &Ctx,
     key: Arc<str>,
     session: &Session,
-    part: PartRequest,
+    part: PartBytes,
 ) {
     let ctx = ctx.clone();
     let (handle, row_id) = (session.handle.clone(), session.row_id);
     set.spawn(async move {
         let (number, len) = (part.number, part.bytes.len() as u64);
-        let send = ctx.target.send_part(&key, &handle, part);
+        let bytes = part.bytes.clone();
+        let sha256 = tokio::task::spawn_blocking(move || sha256_of(&bytes))
+            .await
+            .map_err(|e| PipelineError::internal_from("part digest task", e))?;
+        let request = PartRequest {
+            number,
+            offset: part.offset,
+            bytes: part.bytes,
+            sha256,
+            previous: part.previous,
+        };
+        let send = ctx.target.send_part(&key, &handle, request);
         let receipt = ctx
             .attempt(&key, UploadOp::SendPart, Some(number), len, send)
             .await?;
@@ -788,7 +856,12 @@ fn spawn_part(
             .record_part(ctx.run, row_id, &acknowledged)
             .await?;
         crashpoint::hit(CrashPoint::UploadPartRecorded);
-        Ok((len, receipt))
+        Ok(SentPart {
+            number,
+            len,
+            receipt,
+            sha256,
+        })
     });
 }
 

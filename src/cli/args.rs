@@ -360,12 +360,15 @@ impl ProgressArgs {
 #[derive(Args)]
 pub struct UploadArgs {
     /// Part size of multipart uploads; smaller files go in one put (at
-    /// least 64KiB; S3 itself needs 5MiB).
-    #[arg(long, default_value = "8MiB", value_parser = size::parse_size, help_heading = heading::S3)]
-    pub part_size: u64,
-    /// Parts in flight at once (1 to 64).
-    #[arg(long, default_value_t = ftpipe_pipeline::DEFAULT_UPLOAD_CONCURRENCY, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::S3)]
-    pub concurrency: usize,
+    /// least 64KiB; S3 itself needs 5MiB). Default: chosen per file, 8MiB
+    /// up to a 32nd of the file (a power of two, at most 64MiB, more only
+    /// past 10,000 parts); 8MiB for a registry's chunks.
+    #[arg(long, value_parser = size::parse_size, help_heading = heading::S3)]
+    pub part_size: Option<u64>,
+    /// Parts in flight at once (1 to 64). Default: chosen per file, 2 to 8
+    /// within 256MiB of parts in memory.
+    #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::S3)]
+    pub concurrency: Option<usize>,
     /// Print nothing on success (errors still go to stderr).
     #[arg(long, help_heading = heading::OUTPUT)]
     pub quiet: bool,
@@ -379,8 +382,10 @@ pub struct UploadArgs {
 impl UploadArgs {
     /// Refuses a part size below what any store accepts.
     pub fn check(&self) -> anyhow::Result<()> {
-        if self.part_size < 64 * 1024 {
-            anyhow::bail!("--part-size {}: at least 64KiB", self.part_size);
+        if let Some(p) = self.part_size
+            && p < 64 * 1024
+        {
+            anyhow::bail!("--part-size {p}: at least 64KiB");
         }
         Ok(())
     }

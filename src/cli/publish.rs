@@ -142,7 +142,10 @@ async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
         .publish_oci(&ftpipe_pipeline::OciPublishParams {
             reference,
             config,
-            part_size: args.upload.part_size,
+            part_size: args
+                .upload
+                .part_size
+                .unwrap_or(ftpipe_pipeline::DEFAULT_PART_SIZE),
             force_tag: args.force_tag,
             mount_from,
         })

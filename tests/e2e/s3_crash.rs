@@ -9,7 +9,8 @@
 //! `DIR/artifact` only for an artifact that verifies deep. Every chain of
 //! killed runs ends, resumed, with the published artifact byte-identical.
 //! Every named crash point of the two commands is also hit once and
-//! resumed.
+//! resumed. A session killed mid-upload resumes at the part size it
+//! recorded, whatever the next run's `--part-size`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -325,4 +326,107 @@ fn every_named_crash_point_of_publish_and_pull_resumes() {
         verify_deep(&out.join("artifact"));
         assert_eq!(manifest_sha(&out), manifest_sha(&src), "{point}");
     }
+}
+
+/// Without `--part-size` an upload's part size is chosen from the object's
+/// size: 16 MiB parts for a file of 264 MiB (a power of two about a 32nd
+/// of it; the fixed 8 MiB default before), as moto's ListParts of the
+/// session in progress shows, and recorded with the session. A run killed
+/// mid-session and resumed with another `--part-size` completes the
+/// session at its recorded part size (its object assembled from 17 parts),
+/// while a file whose session starts after the resume takes the size
+/// given. The big file is sparse on the hub's side.
+#[test]
+fn a_chosen_part_size_is_recorded_and_a_resumed_session_keeps_it() {
+    const CHOSEN: u64 = 16 << 20;
+    const BIG: u64 = 264 << 20;
+    let _heavy = heavy();
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let sparse = |name: &str, len: u64| {
+        let path = tmp.path().join(name);
+        std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+        ftpipe_fixtures::RepoFile::disk(name, path)
+    };
+    let hub = hub_serving(vec![
+        sparse("big.bin", BIG),
+        ftpipe_fixtures::RepoFile::bytes("config.json", &b"{}"[..]),
+        sparse("mid.bin", 10 << 20),
+    ]);
+    let src = tmp.path().join("src");
+    run_ok(&mut fetch_cmd(&hub.endpoint(), &src, &[]));
+    let m = Moto::start();
+    let mirror = "s3://models/mirrors/parts";
+    let o = run(m
+        .ftpipe(home)
+        .arg("mirror")
+        .arg(&src)
+        .arg(mirror)
+        .args(["--concurrency", "1"])
+        .env("FTPIPE_CRASH_AT", "upload-part-recorded#1"));
+    assert_eq!(o.status.code(), None, "not killed: {}", stderr(&o));
+    let live = |col: &str| {
+        query(
+            &src,
+            &format!("SELECT {col} FROM uploads WHERE state = 'uploading'"),
+        )
+    };
+    assert_eq!(live("part_size"), [CHOSEN.to_string()]);
+    let (url, session) = (live("key").remove(0), live("session").remove(0));
+    assert!(url.ends_with("/big.bin"), "{url}");
+    let key = url.strip_prefix("s3://").expect("an s3:// key");
+    let (status, body) = m
+        .raw("GET", &format!("/{key}?uploadId={session}"), &[], &[])
+        .unwrap();
+    let parts = String::from_utf8_lossy(&body).into_owned();
+    assert_eq!(status, 200, "ListParts: {parts}");
+    assert_eq!(
+        xml_text(&parts, "PartNumber").as_deref(),
+        Some("1"),
+        "{parts}"
+    );
+    assert_eq!(
+        xml_text(&parts, "Size"),
+        Some(CHOSEN.to_string()),
+        "{parts}"
+    );
+
+    let o = run(m.ftpipe(home).arg("mirror").arg(&src).arg(mirror).args([
+        "--part-size",
+        "1MiB",
+        "--json",
+    ]));
+    assert!(o.status.success(), "resume: {}", stderr(&o));
+    let verified = |col: &str, path: &str| {
+        query(
+            &src,
+            &format!(
+                "SELECT {col} FROM uploads WHERE state = 'verified' AND path = {}",
+                sql_str(path)
+            ),
+        )
+    };
+    // The resumed session kept its part size.
+    assert_eq!(verified("part_size", "big.bin"), [CHOSEN.to_string()]);
+    assert!(etag_of(&m, key).ends_with("-17\""), "{}", etag_of(&m, key));
+    // A session begun after the resume: the size given, 1 MiB.
+    assert_eq!(verified("part_size", "mid.bin"), [(1u64 << 20).to_string()]);
+    let mid = verified("key", "mid.bin").remove(0);
+    let mid = mid.strip_prefix("s3://").unwrap();
+    assert!(etag_of(&m, mid).ends_with("-10\""), "{}", etag_of(&m, mid));
+}
+
+/// The ETag moto answers for `bucket/key` (quoted).
+fn etag_of(m: &Moto, key: &str) -> String {
+    let (status, head, _) = m
+        .raw_with_head("HEAD", &format!("/{key}"), &[], &[])
+        .unwrap();
+    assert_eq!(status, 200, "HEAD {key}: {head}");
+    head.lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("etag"))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no ETag for {key}: {head}"))
 }
