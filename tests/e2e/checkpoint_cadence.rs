@@ -63,8 +63,7 @@ fn a_stalled_file_holds_at_most_one_interval_not_durable() {
     child.wait().unwrap();
     assert!(
         durable >= STALL_AFTER - INTERVAL,
-        "{} of the {STALL_AFTER} bytes sent before the stall were durable after 30 s",
-        durable
+        "{durable} of the {STALL_AFTER} bytes sent before the stall were durable after 30 s"
     );
     check_after_kill(&out, "stalled");
 
