@@ -117,6 +117,15 @@ pub trait ByteSource: Send + Sync {
     fn rate_rule_holds(&self, _path: &str) -> bool {
         true
     }
+
+    /// Whether the source decodes `path`'s bodies as they are read, in
+    /// the reading task (Xet: chunks decompressed and hashed): a range is
+    /// then bound by the one core decoding it rather than by its link, so
+    /// another range of the file pays while the file has fewer busy ranges
+    /// than this machine has cores, whatever their rate.
+    fn decodes_bodies(&self, _path: &str) -> bool {
+        false
+    }
 }
 
 /// The span a source says it sent: `[first, end)` of a `total`-byte file.

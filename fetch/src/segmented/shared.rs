@@ -140,10 +140,17 @@ impl Shared {
     /// ahead of the digest, read back from disk. Judged once per pass, at
     /// the first measurement (until then: no), so that stealing at the end
     /// never waits for young ranges to be measured. With no busy connection
-    /// (all waiting to retry) there is nothing to judge: yes.
+    /// (all waiting to retry) there is nothing to judge: yes. A file whose
+    /// source decodes its bodies ([`crate::source::ByteSource::decodes_bodies`]) is split
+    /// until it has a busy range per core first.
     pub(super) fn another_connection_pays(&self, slots: &[Slot], now: Instant) -> bool {
         let limit = self.ctx.opts.split_below_rate;
         if limit == 0 {
+            return true;
+        }
+        if self.ctx.source.decodes_bodies(&self.path)
+            && slots.iter().filter(|s| s.busy).count() < cores()
+        {
             return true;
         }
         match self.split_verdict.load(Ordering::SeqCst) {
@@ -200,4 +207,9 @@ pub(super) struct Digest {
     /// Read-back buffer (aligned for reads past the page cache), made on
     /// first use.
     pub(super) bounce: Option<Bounce>,
+}
+
+/// The cores this process may run on (1 when unknown).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }

@@ -273,6 +273,11 @@ impl ByteSource for XetSource {
             self.fallback.rate_rule_holds(path)
         }
     }
+
+    /// A Xet file's chunks are decoded and hashed as its ranges are read.
+    fn decodes_bodies(&self, path: &str) -> bool {
+        self.inner.files.contains_key(path) || self.fallback.decodes_bodies(path)
+    }
 }
 
 impl Inner {
