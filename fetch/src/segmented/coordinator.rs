@@ -410,7 +410,18 @@ impl Coordinator {
         workers: &mut JoinSet<WorkerEnd>,
         ends: &mpsc::UnboundedSender<WorkerEnd>,
     ) {
+        // A source that decodes its bodies gains nothing from more ranges
+        // than cores, and each one holds its socket buffers' worth of
+        // bytes that a kill throws away.
+        let most = if self.ctx.source.decodes_bodies(self.path()) {
+            super::shared::cores()
+        } else {
+            usize::MAX
+        };
         loop {
+            if workers.len() >= most {
+                break;
+            }
             let permit = match self.permits.pop() {
                 Some(p) => p,
                 None if self.ctx.may_add_connection() => {

@@ -210,6 +210,6 @@ pub(super) struct Digest {
 }
 
 /// The cores this process may run on (1 when unknown).
-fn cores() -> usize {
+pub(super) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
