@@ -407,7 +407,7 @@ if ! skip resume; then
   rm -rf "$OUT"; sync
   cat "$DATA/big/big.bin" >/dev/null
   echo
-  echo "== resume: acme/big, one $BIG_SIZE-byte file as one stream (--connections 1), kill -9 at half, default checkpoints (64 MiB / 2 s) (load $(loadavg))"
+  echo "== resume: acme/big, one $BIG_SIZE-byte file as one stream (--connections 1), kill -9 at half, default checkpoints (1/256 of the file within 4-64 MiB, or 2 s) (load $(loadavg))"
   "$FTPIPE" fetch acme/big --endpoint "$EP" --out "$OUT" --quiet --connections 1 >/dev/null 2>&1 &
   FP=$!
   PART=$OUT/source/big.bin.part
