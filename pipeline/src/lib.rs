@@ -96,7 +96,7 @@ pub use lock::{DirLock, LiveRun};
 pub use mirror::{MirrorOutcome, MirrorParams};
 use origin::Origin;
 pub use plan::{PlanReport, PlanSource, RepinReport, plan};
-pub use publish::{DEFAULT_PART_SIZE, PublishOutcome, PublishParams};
+pub use publish::{PublishOutcome, PublishParams};
 pub use publish_oci::{OciPublishOutcome, OciPublishParams};
 pub use pull::{PullOutcome, PullParams, is_pull_pin, parse_remote_manifest};
 pub use pull_oci::OciPullParams;

@@ -61,11 +61,6 @@ use crate::Pipeline;
 use crate::error::{PipelineError, Result};
 use crate::part_plan::{self, PartChoice, PartPlan};
 
-/// Part size for a target whose uploads are not sized per object (a
-/// registry's chunks, unless `--part-size` says otherwise); S3 uploads
-/// choose theirs ([`crate::part_plan`]).
-pub const DEFAULT_PART_SIZE: u64 = 8 * 1024 * 1024;
-
 /// What `publish` needs from the command line.
 #[derive(Debug, Clone)]
 pub struct PublishParams {

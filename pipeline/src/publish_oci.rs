@@ -60,8 +60,10 @@ pub struct OciPublishParams {
     pub reference: OciReference,
     /// How to reach the registry.
     pub config: RegistryConfig,
-    /// Chunk size of uploads; blobs up to it go in one request.
-    pub part_size: u64,
+    /// Chunk size of uploads (`--part-size`; `None`: chosen per blob from
+    /// its size, as for S3 parts, [`crate::part_plan`]); blobs up to it go
+    /// in one request.
+    pub part_size: Option<u64>,
     /// Move the tag when it names another artifact.
     pub force_tag: bool,
     /// A repository of the same registry to mount blobs from.

@@ -362,7 +362,7 @@ pub struct UploadArgs {
     /// Part size of multipart uploads; smaller files go in one put (at
     /// least 64KiB; S3 itself needs 5MiB). Default: chosen per file, 8MiB
     /// up to a 32nd of the file (a power of two, at most 64MiB, more only
-    /// past 10,000 parts); 8MiB for a registry's chunks.
+    /// past 10,000 parts), for S3 parts and a registry's chunks alike.
     #[arg(long, value_parser = size::parse_size, help_heading = heading::S3)]
     pub part_size: Option<u64>,
     /// Parts in flight at once (1 to 64). Default: chosen per file, 2 to 8

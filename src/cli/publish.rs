@@ -142,10 +142,7 @@ async fn run_oci(args: PublishArgs) -> anyhow::Result<bool> {
         .publish_oci(&ftpipe_pipeline::OciPublishParams {
             reference,
             config,
-            part_size: args
-                .upload
-                .part_size
-                .unwrap_or(ftpipe_pipeline::DEFAULT_PART_SIZE),
+            part_size: args.upload.part_size,
             force_tag: args.force_tag,
             mount_from,
         })
