@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, RANGE};
+use tokio::task::block_in_place;
 use url::Url;
 
 use ftpipe_fs::crashpoint::{self, CrashPoint};
@@ -412,18 +413,10 @@ impl TermStream {
     /// its chunks, nothing after them, the term's length).
     async fn next_batch(&mut self, path: &str, held: &mut Held) -> Result<Batch, String> {
         loop {
-            while let Some(chunk) = self.take_chunk(path)? {
-                let index = self.next_index() - 1;
-                held.offer(&self.term.xorb, index, &chunk, &self.wanted);
-                if index < self.term.chunk_start || index >= self.term.chunk_end {
-                    continue;
-                }
-                self.batch_bytes += chunk.len() as u64;
-                self.batch.push(chunk);
-                let more = index + 1 < self.term.chunk_end;
-                if more && self.batch_bytes >= BATCH_BYTES {
-                    return Ok(self.cut_batch(false));
-                }
+            // Decoding is CPU work: off the runtime's thread, so the
+            // transfer's other tasks (its checkpoints) are not held up.
+            if let Some(batch) = block_in_place(|| self.decode_arrived(path, held))? {
+                return Ok(batch);
             }
             if self.ended {
                 self.chunks
@@ -449,6 +442,25 @@ impl TermStream {
                 None => self.ended = true,
             }
         }
+    }
+
+    /// The chunks decodable from the bytes arrived so far, batched; a
+    /// batch once it is full (`None`: the bytes ran out first).
+    fn decode_arrived(&mut self, path: &str, held: &mut Held) -> Result<Option<Batch>, String> {
+        while let Some(chunk) = self.take_chunk(path)? {
+            let index = self.next_index() - 1;
+            held.offer(&self.term.xorb, index, &chunk, &self.wanted);
+            if index < self.term.chunk_start || index >= self.term.chunk_end {
+                continue;
+            }
+            self.batch_bytes += chunk.len() as u64;
+            self.batch.push(chunk);
+            let more = index + 1 < self.term.chunk_end;
+            if more && self.batch_bytes >= BATCH_BYTES {
+                return Ok(Some(self.cut_batch(false)));
+            }
+        }
+        Ok(None)
     }
 
     /// The next decoded chunk of the range; the term's never more than
@@ -659,10 +671,12 @@ impl Cursor {
             xorb: xorb.to_owned(),
             chunk_start: range.start,
             chunk_end: range.end,
-            chunks: chunks
-                .iter()
-                .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
-                .collect(),
+            chunks: block_in_place(|| {
+                chunks
+                    .iter()
+                    .map(|c| (XetDigest::of_chunk(c).hex(), c.len() as u64))
+                    .collect()
+            }),
             fetched,
             decoded,
             skipped,
