@@ -64,7 +64,7 @@ fn cap_connections_at(hub: &RunningHub, path: &str, every_ms: u64) {
 }
 
 /// Distinct `Range` request starts for `path`, in order of first use.
-fn range_starts(hub: &RunningHub, path: &str) -> Vec<u64> {
+pub(crate) fn range_starts(hub: &RunningHub, path: &str) -> Vec<u64> {
     let mut starts = Vec::new();
     for r in body_requests(hub, path) {
         let start = r
