@@ -43,6 +43,7 @@ use object_store::{
     PutMode, PutMultipartOptions, PutOptions, PutPayload, RetryConfig,
 };
 
+use backon::{ExponentialBuilder, Retryable};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use object_store::aws::Checksum;
@@ -275,18 +276,10 @@ impl S3 {
     /// `object_store` retries a request: [`RETRIES`] more times after a
     /// failure that may pass.
     pub async fn head_checked(&self, key: &str) -> Result<Option<Head>> {
-        let mut retries = self.retries;
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.head_checked_once(key).await {
-                Err(e) if e.is_transient() && retries > 0 => {
-                    retries -= 1;
-                    tokio::time::sleep(backoff).await;
-                    backoff = backoff.saturating_mul(2);
-                }
-                r => return r,
-            }
-        }
+        (|| self.head_checked_once(key))
+            .retry(self.backoff())
+            .when(ObjStoreError::is_transient)
+            .await
     }
 
     async fn head_checked_once(&self, key: &str) -> Result<Option<Head>> {
@@ -429,19 +422,19 @@ impl S3 {
         sha256: &Sha256Digest,
     ) -> Result<String> {
         let checksum = BASE64.encode(sha256);
-        let mut retries = self.retries;
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let sent = self.put_part_once(key, upload_id, number, bytes.clone(), &checksum);
-            match sent.await {
-                Err(e) if e.is_transient() && retries > 0 => {
-                    retries -= 1;
-                    tokio::time::sleep(backoff).await;
-                    backoff = backoff.saturating_mul(2);
-                }
-                r => return r,
-            }
-        }
+        (|| self.put_part_once(key, upload_id, number, bytes.clone(), &checksum))
+            .retry(self.backoff())
+            .when(ObjStoreError::is_transient)
+            .await
+    }
+
+    /// The delays between retries of a request that failed in a way that
+    /// may pass: 100 ms, doubling, [`RETRIES`] of them.
+    fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(60))
+            .with_max_times(self.retries)
     }
 
     async fn put_part_once(
