@@ -129,7 +129,9 @@ xorbs() { find "$W/cas" -path '*/xorbs/*' -type f ! -name '*.tagset' -printf '%s
 upload() {
   local dir=$1; shift
   xorbs >"$W/xorbs-before"
-  (cd "$dir" && python3 "$ROOT/fixtures/scripts/xet_upload.py" "$CAS" xet-fixture-cas-token "$@") >"$W/upload.jsonl"
+  # hf_xet's upload cache is keyed by the endpoint's URL and would skip
+  # what an earlier CAS on the same port held: one per run.
+  (cd "$dir" && HF_HOME="$W/uploader-home" python3 "$ROOT/fixtures/scripts/xet_upload.py" "$CAS" xet-fixture-cas-token "$@") >"$W/upload.jsonl"
   cat "$W/upload.jsonl" >>"$W/hashes.jsonl"
   xorbs | LC_ALL=C comm -13 "$W/xorbs-before" - >"$W/new-xorbs"
 }

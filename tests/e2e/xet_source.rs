@@ -904,3 +904,30 @@ fn a_xet_file_is_split_across_cores_whatever_its_rate() {
     }
     assert_clean_audit(&out);
 }
+
+/// The test CAS's own regression: hf_xet keeps what it uploaded in a cache
+/// keyed by the endpoint's URL, under `HF_HOME`, and skips what that cache
+/// says the endpoint holds. A `local_cas_server` started on a port an
+/// earlier one had used (an earlier test's, or an earlier run's) was sent
+/// nothing, and its reconstructions were `404`: about one Xet test in
+/// thirty failed that way on a busy machine. The uploader's cache now lives
+/// with each server's data.
+#[test]
+fn a_cas_on_a_port_an_earlier_one_used_is_sent_every_file() {
+    let (hub, files) = hub_with_repo(372, 512 * 1024);
+    let earlier = LocalCas::start();
+    let port = earlier.port();
+    xet_hub(&hub, &earlier, &files);
+    drop(earlier);
+    let cas = LocalCas::start_on(port);
+    xet_hub(&hub, &cas, &files);
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("xet");
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, ONE_STREAM));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, &files);
+    assert_eq!(
+        assert_clean_audit(&out)["xet"]["files"],
+        lfs_paths(&hub).len() as u64
+    );
+}

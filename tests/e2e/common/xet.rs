@@ -69,10 +69,20 @@ impl LocalCas {
     /// chosen free and given on the command line (the server puts it in
     /// the xorb URLs it answers); taken meanwhile, another is tried.
     pub fn start() -> LocalCas {
+        Self::start_with(free_port)
+    }
+
+    /// Starts a server on `port` (a test of what outlives a server on its
+    /// port); retried while the port is still held by the one before.
+    pub fn start_on(port: u16) -> LocalCas {
+        Self::start_with(|| port)
+    }
+
+    fn start_with(port_of_try: impl Fn() -> u16) -> LocalCas {
         let data = tempfile::tempdir().unwrap();
         let log = data.path().join("server.log");
         for _ in 0..5 {
-            let port = free_port();
+            let port = port_of_try();
             let child = Command::new("local_cas_server")
                 .args(["--host", "127.0.0.1", "--port", &port.to_string()])
                 .arg("--data-directory")
@@ -117,9 +127,25 @@ impl LocalCas {
         format!("http://{}", self.addr)
     }
 
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// hf_xet's `HF_HOME` for uploads to this server.
+    fn uploader_home(&self) -> std::path::PathBuf {
+        self.data.path().join("uploader-home")
+    }
+
     /// Uploads `files` with hf_xet (contents written to a temporary
     /// directory first) and returns each content's Xet hash keyed by its
     /// SHA-256, as the uploader computed both.
+    ///
+    /// hf_xet keeps what it uploaded in a cache keyed by the endpoint's
+    /// URL (`HF_HOME/xet/http___127_0_0_1-…`) and skips what that cache
+    /// says the endpoint holds: the uploader's cache lives with this
+    /// server's data, so a server on a port an earlier one used still
+    /// gets every file.
     pub fn upload(&self, files: &[&RepoFile]) -> BTreeMap<String, String> {
         let dir = tempfile::tempdir_in(self.data.path()).unwrap();
         let mut paths = Vec::new();
@@ -134,6 +160,7 @@ impl LocalCas {
             .arg(self.endpoint())
             .arg(CAS_TOKEN)
             .args(&paths)
+            .env("HF_HOME", self.uploader_home())
             .output()
             .expect("spawn python3 (needed for hf_xet)");
         let err = String::from_utf8_lossy(&o.stderr);
