@@ -460,7 +460,8 @@ pub(crate) async fn upload_all(
     let (whole, multipart): (Vec<_>, Vec<_>) = files
         .into_iter()
         .partition(|(_, item)| item.size <= session_part_size(ctx, item));
-    let in_flight = whole_files_in_flight(ctx, whole.iter().map(|(_, item)| item.size));
+    let sizes = whole.iter().map(|(_, item)| item.size);
+    let in_flight = whole_files_in_flight(ctx.choice.concurrency, sizes);
     let puts = futures_util::stream::iter(&whole)
         .map(|(key, item)| upload_file(ctx, root, key, item))
         .buffer_unordered(in_flight)
@@ -484,12 +485,12 @@ pub(crate) async fn upload_all(
 /// How many whole-file puts go at once: as many as fit in
 /// [`part_plan::IN_FLIGHT_BYTES`] at the largest of `sizes` (each put's
 /// bytes are held until it is answered), within 1..=[`WHOLE_FILES_IN_FLIGHT`]
-/// and never more than the user's `--concurrency`.
-fn whole_files_in_flight(ctx: &Ctx, sizes: impl Iterator<Item = u64>) -> usize {
+/// and never more than the user's `concurrency` (`--concurrency`).
+fn whole_files_in_flight(concurrency: Option<usize>, sizes: impl Iterator<Item = u64>) -> usize {
     let largest = sizes.max().unwrap_or(0).max(1);
     let by_memory = usize::try_from(part_plan::IN_FLIGHT_BYTES / largest).unwrap_or(usize::MAX);
     by_memory
-        .min(ctx.choice.concurrency.unwrap_or(WHOLE_FILES_IN_FLIGHT))
+        .min(concurrency.unwrap_or(WHOLE_FILES_IN_FLIGHT))
         .clamp(1, WHOLE_FILES_IN_FLIGHT)
 }
 
@@ -1079,4 +1080,29 @@ fn read_at(path: &Path, off: u64, len: u64) -> Result<Bytes> {
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, off).map_err(io)?;
     Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+    const GIB: u64 = 1024 * MIB;
+
+    #[test]
+    fn whole_files_in_flight_fit_in_memory_and_never_pass_the_users_concurrency() {
+        // The chosen 8 MiB part: up to 8 small files at once.
+        let small = [1, 4 * MIB, 8 * MIB];
+        assert_eq!(whole_files_in_flight(None, small.into_iter()), 8);
+        assert_eq!(whole_files_in_flight(None, std::iter::empty()), 8);
+        // A given part size of 100 MiB: two such puts fit in 256 MiB.
+        assert_eq!(whole_files_in_flight(None, [100 * MIB, 1].into_iter()), 2);
+        // Larger than the memory bound alone: one at a time.
+        assert_eq!(whole_files_in_flight(None, [GIB].into_iter()), 1);
+        // The user's --concurrency wins below the bound, never above it.
+        assert_eq!(whole_files_in_flight(Some(1), small.into_iter()), 1);
+        assert_eq!(whole_files_in_flight(Some(3), small.into_iter()), 3);
+        assert_eq!(whole_files_in_flight(Some(64), small.into_iter()), 8);
+        assert_eq!(whole_files_in_flight(Some(64), [GIB].into_iter()), 1);
+    }
 }
