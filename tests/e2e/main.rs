@@ -103,6 +103,8 @@
 //!   power-cut filesystem under the node's DIR).
 //! * `s3_pull_verify`: a pulled artifact that fails `verify` gets no
 //!   `manifest.json`.
+//! * `s3_publish_shape`: small files put at once (the manifest after them),
+//!   a single put's checksum signed into a presigned URL.
 //! * `s3_reuse`: publish reuses an object already at a key only when the
 //!   store's own checksum proves its bytes (planted objects claiming the
 //!   SHA-256 in metadata are uploaded again; a previous publish's are
@@ -206,6 +208,7 @@ mod s3_crash;
 mod s3_credentials;
 mod s3_mirror;
 mod s3_powercut;
+mod s3_publish_shape;
 mod s3_pull_verify;
 mod s3_reuse;
 mod security;

@@ -126,6 +126,8 @@ struct Book {
     host: Option<String>,
     /// Answer body bytes handed to the kernel, by request target.
     sent: Vec<(String, u64)>,
+    /// How long every PUT is held before it goes upstream.
+    put_hold: Option<Duration>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -177,6 +179,13 @@ impl LyingProxy {
     /// builds URLs from it then names another host).
     pub fn rewrite_host(&self, host: &str) {
         self.book.lock().unwrap().host = Some(host.to_owned());
+    }
+
+    /// Holds every PUT `hold` (its body read) before passing it upstream:
+    /// a store slow to take each object, whose puts overlap only when the
+    /// client sends them at once.
+    pub fn hold_puts(&self, hold: Duration) {
+        self.book.lock().unwrap().put_hold = Some(hold);
     }
 
     /// Answer body bytes sent so far (written to the socket) to requests
@@ -259,6 +268,10 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
         })?;
         conn.flush()?;
         return conn.shutdown(Shutdown::Both);
+    }
+    let put_hold = book.lock().unwrap().put_hold;
+    if let Some(hold) = put_hold.filter(|_| request_line.starts_with("PUT ")) {
+        std::thread::sleep(hold);
     }
     let mut up = format!("{request_line}\r\n");
     let host = book.lock().unwrap().host.clone();
