@@ -48,7 +48,7 @@ while (($#)); do
     --connections) CONNECTIONS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
