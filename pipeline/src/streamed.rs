@@ -9,8 +9,10 @@
 //! the next file starting only while the source bytes held (resident
 //! files, every admitted shard not yet retired, a `.part` counted at its
 //! full size from its first byte, anything else in `source/`) plus its
-//! size fit; without one by `--jobs` workers in the link's order, each
-//! taking its next file as soon as one is done. Each verified shard is
+//! size fit (the few a budget admits at once may each be fetched as
+//! ranges over the free connections: `budgeted_params`); without one by
+//! `--jobs` workers in the link's order, each taking its next file as
+//! soon as one is done. Each verified shard is
 //! converted at once
 //! ([`ftpipe_convert::pipelined::Streaming`]) while the other transfers go
 //! on, and, under a budget or `--retire-sources`, retired as soon as
