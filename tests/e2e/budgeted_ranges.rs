@@ -2,9 +2,9 @@
 //!
 //! The bug: at the minimum budget the schedule admits one shard at a
 //! time, and every shard below `--segment-threshold` (256 MiB by default:
-//! all of them in a released export's 5 GB shards' place at small scale,
-//! and every ~35 MB shard of `bench/pipelined.sh`) was fetched as one
-//! stream, so the other connections `--connections` allows sat idle:
+//! every ~35 MB shard of `bench/pipelined.sh`, every shard of the tiny
+//! fixtures) was fetched as one stream, so the other connections
+//! `--connections` allows sat idle:
 //! `run --disk-budget MIN` took 3.7× the fetch alone at 96 layers and 30
 //! MB/s per connection. Under a budget a shard of at least two minimum
 //! ranges may now be fetched as several ranges at once (its sparse `.part`
