@@ -15,7 +15,14 @@
 # convert / fetch (the goal applies when it is at least 0.20). Every run's
 # manifest must be the same.
 #
-#   bench/pipelined.sh [--experts N] [--layers N] [--ple-own-files] [--cap MBPS] [--rounds N] [--cache DIR]
+#   bench/pipelined.sh [--experts N] [--layers N] [--ple-own-files] [--cap MBPS] [--connections N] [--rounds N] [--cache DIR]
+#
+# --connections N is passed to every fetch and run (default: ftpipe's, 8).
+# The fetch alone and the unbudgeted run never have more requests in flight
+# than files (--jobs, 4): the shards are below --segment-threshold. A
+# budgeted run splits the few shards it admits into ranges over every free
+# connection, so --connections 4 compares it at the same number of
+# connections as the others.
 #
 # --ple-own-files puts each PLE shard of the demo shape in a file of its own
 # (the released layouts' PLE files are mostly PLE table); without it the
@@ -28,6 +35,7 @@ cd "$(dirname "$0")/.."
 EXPERTS=
 LAYERS=24
 OWN=
+CONNECTIONS=
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
@@ -37,15 +45,17 @@ while (($#)); do
     --layers) LAYERS=$2; shift 2 ;;
     --ple-own-files) OWN=1; shift ;;
     --cap) CAP_MBPS=$2; shift 2 ;;
+    --connections) CONNECTIONS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 cargo build --release -q --bin ftpipe && cargo build --release -q -p ftpipe-fixtures --bin fixture-hub
-FT=$PWD/target/release/ftpipe
-HUB=$PWD/target/release/fixture-hub
+TARGET=${CARGO_TARGET_DIR:-$PWD/target}
+FT=$TARGET/release/ftpipe
+HUB=$TARGET/release/fixture-hub
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -78,6 +88,8 @@ TOTAL=$(awk -F'\t' '{s+=$2} END {printf "%.0f", s}' "$WORK/nginx/pipelined.files
 echo "== acme/pipelined: $(wc -l <"$WORK/nginx/pipelined.files") files, $TOTAL bytes; nginx limit_rate ${CAP_MBPS} MB/s per connection"
 
 COMMON=(--endpoint "$EP" --quiet)
+[[ -n $CONNECTIONS ]] && COMMON+=(--connections "$CONNECTIONS")
+echo "== connections: ${CONNECTIONS:-the default}"
 MIN=$("$FT" plan acme/pipelined --remote --endpoint "$EP" --out "$WORK/plan" --disk-budget 1TB --json |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["disk_budget"]["minimum_budget"])')
 echo "== minimum feasible budget: $MIN bytes"

@@ -9,8 +9,10 @@
 //! the next file starting only while the source bytes held (resident
 //! files, every admitted shard not yet retired, a `.part` counted at its
 //! full size from its first byte, anything else in `source/`) plus its
-//! size fit; without one by `--jobs` workers in the link's order, each
-//! taking its next file as soon as one is done. Each verified shard is
+//! size fit (the few a budget admits at once may each be fetched as
+//! ranges over the free connections: `budgeted_params`); without one by
+//! `--jobs` workers in the link's order, each taking its next file as
+//! soon as one is done. Each verified shard is
 //! converted at once
 //! ([`ftpipe_convert::pipelined::Streaming`]) while the other transfers go
 //! on, and, under a budget or `--retire-sources`, retired as soon as
@@ -309,6 +311,8 @@ impl Pipeline {
             let source = self.layout.source().to_owned();
             let report =
                 reconcile(&self.store, self.run, &source, &on_disk, reporter.as_ref()).await?;
+            let budgeted = budget.map(|_| budgeted_params(params));
+            let params = budgeted.as_ref().unwrap_or(params);
             let ctx = Arc::new(
                 self.fetch_ctx(origin, params, resolved, &files, reporter)
                     .await?,
@@ -683,6 +687,28 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// A budgeted fetch splits a file into ranges from this many
+/// `--min-range`s up, whatever `--segment-threshold` says.
+const BUDGETED_SPLIT_FROM_MIN_RANGES: u64 = 2;
+
+/// The fetch parameters of a budgeted run: any file of at least
+/// [`BUDGETED_SPLIT_FROM_MIN_RANGES`] minimum ranges may be fetched as
+/// several ranges. The budget admits few files at once (at the minimum
+/// often one, the largest file alone filling it beside the resident
+/// ones), so the connections `--connections` allows would otherwise sit
+/// idle while one stream carries the whole link's work; the split rule
+/// (`--split-below-rate`) still decides whether another connection pays.
+/// A split file's `.part` is sparse and counted whole from its first byte,
+/// so what the budget holds is unchanged.
+fn budgeted_params(params: &FetchParams) -> FetchParams {
+    let mut params = params.clone();
+    let o = &mut params.options;
+    o.segment_threshold = o
+        .segment_threshold
+        .min(o.min_range.saturating_mul(BUDGETED_SPLIT_FROM_MIN_RANGES));
+    params
 }
 
 /// Ends the fetch (its space reserve released) with the transfers'

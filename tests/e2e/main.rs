@@ -84,6 +84,8 @@
 //!   `demo --serve` serves until SIGINT and its printed fetch command works.
 //! * `disk_budget`: `plan --remote --disk-budget`: the schedule's predicted
 //!   peak and minimum feasible budget from headers, a budget below it refused.
+//! * `budgeted_ranges`: at the minimum budget a shard admitted alone is
+//!   fetched over several connections, within the budget.
 //! * `budget_spans`: a PLE table spread over every file: converted PLE
 //!   shards punched down to their PLE spans, the span-based minimum, the
 //!   punch crash points, a changed kept range refused by digest.
@@ -167,6 +169,7 @@ mod audit_bundle;
 mod bad_input;
 mod budget_spans;
 mod budgeted_powercut;
+mod budgeted_ranges;
 mod budgeted_run;
 mod chain_crash;
 mod checkpoint_cadence;
