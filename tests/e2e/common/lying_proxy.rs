@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to one GET (one HEAD for [`Lie::ForbidHead`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +126,12 @@ struct Book {
     host: Option<String>,
     /// Answer body bytes handed to the kernel, by request target.
     sent: Vec<(String, u64)>,
+    /// When each request was in flight: from its head read to just before
+    /// the last piece of its answer was written (`None`: not yet, or an
+    /// answer a lie other than a short body replaced or cut). A client asks
+    /// again on a connection only after that last piece, so one client's
+    /// sequential requests never overlap here.
+    spans: Vec<(String, Instant, Option<Instant>)>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -190,6 +196,27 @@ impl LyingProxy {
             .sum()
     }
 
+    /// The most requests whose target contains `part` that were in flight
+    /// at once (see `Book::spans`; one still in flight counts as such).
+    pub fn peak_in_flight(&self, part: &str) -> usize {
+        let book = self.book.lock().unwrap();
+        let mut edges: Vec<(Instant, i64)> = Vec::new();
+        for (_, start, end) in book.spans.iter().filter(|(t, ..)| t.contains(part)) {
+            edges.push((*start, 1));
+            if let Some(end) = end {
+                edges.push((*end, -1));
+            }
+        }
+        // At one instant an end is taken before a start.
+        edges.sort();
+        let (mut now, mut peak) = (0i64, 0i64);
+        for (_, step) in edges {
+            now += step;
+            peak = peak.max(now);
+        }
+        peak as usize
+    }
+
     /// Every request seen so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.book.lock().unwrap().seen.clone()
@@ -232,6 +259,11 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let lie = take_lie(book, &method, &target, range.is_some());
+    let span = {
+        let mut b = book.lock().unwrap();
+        b.spans.push((target.clone(), Instant::now(), None));
+        b.spans.len() - 1
+    };
     book.lock().unwrap().seen.push(Seen {
         method,
         target: target.clone(),
@@ -338,6 +370,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
                 &answer_body[..after.min(answer_body.len())],
                 book,
                 &target,
+                span,
             )?;
         }
         Some(Lie::Corrupt { at }) => {
@@ -354,7 +387,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             std::thread::sleep(hold);
             conn.write_all(rest)?;
         }
-        _ => send_counted(&mut conn, answer_body, book, &target)?,
+        _ => send_counted(&mut conn, answer_body, book, &target, span)?,
     }
     conn.flush()?;
     conn.shutdown(Shutdown::Both)
@@ -451,20 +484,29 @@ fn closing(head: &[u8]) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// `body` written in pieces, each counted once the socket took it.
+/// `body` written in pieces, each counted for `target` once the socket
+/// took it; request `span` ends just before its last piece is written.
 fn send_counted(
     conn: &mut TcpStream,
     body: &[u8],
     book: &Mutex<Book>,
     target: &str,
+    span: usize,
 ) -> std::io::Result<()> {
-    for piece in body.chunks(16 * 1024) {
+    let pieces = body.len().div_ceil(16 * 1024);
+    for (i, piece) in body.chunks(16 * 1024).enumerate() {
+        if i + 1 == pieces {
+            book.lock().unwrap().spans[span].2 = Some(Instant::now());
+        }
         conn.write_all(piece)?;
         let mut book = book.lock().unwrap();
         match book.sent.iter_mut().find(|(t, _)| t == target) {
             Some((_, n)) => *n += piece.len() as u64,
             None => book.sent.push((target.to_owned(), piece.len() as u64)),
         }
+    }
+    if pieces == 0 {
+        book.lock().unwrap().spans[span].2 = Some(Instant::now());
     }
     Ok(())
 }
