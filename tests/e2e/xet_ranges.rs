@@ -69,7 +69,10 @@ fn a_xet_file_has_at_most_a_busy_range_per_core() {
         .iter()
         .filter(|s| s.target.contains("fetch_term"))
         .count();
-    assert!(xorbs >= 3, "{xorbs} xorb requests: the file was hardly split");
+    assert!(
+        xorbs >= 3,
+        "{xorbs} xorb requests: the file was hardly split"
+    );
     assert_eq!(
         proxy.peak_in_flight("fetch_term"),
         2,

@@ -200,21 +200,25 @@ impl LyingProxy {
     /// at once (see `Book::spans`; one still in flight counts as such).
     pub fn peak_in_flight(&self, part: &str) -> usize {
         let book = self.book.lock().unwrap();
-        let mut edges: Vec<(Instant, i64)> = Vec::new();
+        // (when, is a start): at one instant an end sorts before a start.
+        let mut edges: Vec<(Instant, bool)> = Vec::new();
         for (_, start, end) in book.spans.iter().filter(|(t, ..)| t.contains(part)) {
-            edges.push((*start, 1));
+            edges.push((*start, true));
             if let Some(end) = end {
-                edges.push((*end, -1));
+                edges.push((*end, false));
             }
         }
-        // At one instant an end is taken before a start.
         edges.sort();
-        let (mut now, mut peak) = (0i64, 0i64);
-        for (_, step) in edges {
-            now += step;
-            peak = peak.max(now);
+        let (mut now, mut peak) = (0usize, 0usize);
+        for (_, start) in edges {
+            if start {
+                now += 1;
+                peak = peak.max(now);
+            } else {
+                now = now.saturating_sub(1);
+            }
         }
-        peak as usize
+        peak
     }
 
     /// Every request seen so far.
