@@ -131,6 +131,8 @@
 //!   terms whose chunks the old files hold are read back from them and
 //!   checked, only the new chunks fetched; a changed old file is fetched
 //!   instead; a kill storm over a reusing repin.
+//! * `xet_ranges`: a Xet file's busy ranges capped at the cores, counted
+//!   as xorb requests in flight at the proxy.
 //!
 //! All modules share one process, and libtest runs their tests side by side
 //! (`available_parallelism` threads, as it did within each former binary).
@@ -222,4 +224,5 @@ mod tty_progress;
 mod verify;
 mod xet_bad_input;
 mod xet_delta;
+mod xet_ranges;
 mod xet_source;

@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to one GET (one HEAD for [`Lie::ForbidHead`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +128,12 @@ struct Book {
     sent: Vec<(String, u64)>,
     /// How long every PUT is held before it goes upstream.
     put_hold: Option<Duration>,
+    /// When each request was in flight: from its head read to just before
+    /// the last piece of its answer was written (`None`: not yet, or an
+    /// answer a lie other than a short body replaced or cut). A client asks
+    /// again on a connection only after that last piece, so one client's
+    /// sequential requests never overlap here.
+    spans: Vec<(String, Instant, Option<Instant>)>,
 }
 
 /// The proxy; stops accepting when dropped (its thread ends with the
@@ -199,6 +205,31 @@ impl LyingProxy {
             .sum()
     }
 
+    /// The most requests whose target contains `part` that were in flight
+    /// at once (see `Book::spans`; one still in flight counts as such).
+    pub fn peak_in_flight(&self, part: &str) -> usize {
+        let book = self.book.lock().unwrap();
+        // (when, is a start): at one instant an end sorts before a start.
+        let mut edges: Vec<(Instant, bool)> = Vec::new();
+        for (_, start, end) in book.spans.iter().filter(|(t, ..)| t.contains(part)) {
+            edges.push((*start, true));
+            if let Some(end) = end {
+                edges.push((*end, false));
+            }
+        }
+        edges.sort();
+        let (mut now, mut peak) = (0usize, 0usize);
+        for (_, start) in edges {
+            if start {
+                now += 1;
+                peak = peak.max(now);
+            } else {
+                now = now.saturating_sub(1);
+            }
+        }
+        peak
+    }
+
     /// Every request seen so far.
     pub fn seen(&self) -> Vec<Seen> {
         self.book.lock().unwrap().seen.clone()
@@ -241,6 +272,11 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let lie = take_lie(book, &method, &target, range.is_some());
+    let span = {
+        let mut b = book.lock().unwrap();
+        b.spans.push((target.clone(), Instant::now(), None));
+        b.spans.len() - 1
+    };
     book.lock().unwrap().seen.push(Seen {
         method,
         target: target.clone(),
@@ -351,6 +387,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
                 &answer_body[..after.min(answer_body.len())],
                 book,
                 &target,
+                span,
             )?;
         }
         Some(Lie::Corrupt { at }) => {
@@ -367,7 +404,7 @@ fn serve(conn: TcpStream, upstream: SocketAddr, book: &Mutex<Book>) -> std::io::
             std::thread::sleep(hold);
             conn.write_all(rest)?;
         }
-        _ => send_counted(&mut conn, answer_body, book, &target)?,
+        _ => send_counted(&mut conn, answer_body, book, &target, span)?,
     }
     conn.flush()?;
     conn.shutdown(Shutdown::Both)
@@ -464,20 +501,29 @@ fn closing(head: &[u8]) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// `body` written in pieces, each counted once the socket took it.
+/// `body` written in pieces, each counted for `target` once the socket
+/// took it; request `span` ends just before its last piece is written.
 fn send_counted(
     conn: &mut TcpStream,
     body: &[u8],
     book: &Mutex<Book>,
     target: &str,
+    span: usize,
 ) -> std::io::Result<()> {
-    for piece in body.chunks(16 * 1024) {
+    let pieces = body.len().div_ceil(16 * 1024);
+    for (i, piece) in body.chunks(16 * 1024).enumerate() {
+        if i + 1 == pieces {
+            book.lock().unwrap().spans[span].2 = Some(Instant::now());
+        }
         conn.write_all(piece)?;
         let mut book = book.lock().unwrap();
         match book.sent.iter_mut().find(|(t, _)| t == target) {
             Some((_, n)) => *n += piece.len() as u64,
             None => book.sent.push((target.to_owned(), piece.len() as u64)),
         }
+    }
+    if pieces == 0 {
+        book.lock().unwrap().spans[span].2 = Some(Instant::now());
     }
     Ok(())
 }
