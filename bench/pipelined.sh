@@ -24,6 +24,9 @@
 # connection, so --connections 4 compares it at the same number of
 # connections as the others.
 #
+# --budget-args "ARGS" adds ARGS to the budgeted run only (an experiment's
+# setting, e.g. "--split-below-rate 0").
+#
 # --ple-own-files puts each PLE shard of the demo shape in a file of its own
 # (the released layouts' PLE files are mostly PLE table); without it the
 # 4 PLE shards sit in 4 of the text shards.
@@ -36,6 +39,7 @@ EXPERTS=
 LAYERS=24
 OWN=
 CONNECTIONS=
+BUDGET_ARGS=
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
@@ -46,9 +50,10 @@ while (($#)); do
     --ple-own-files) OWN=1; shift ;;
     --cap) CAP_MBPS=$2; shift 2 ;;
     --connections) CONNECTIONS=$2; shift 2 ;;
+    --budget-args) BUDGET_ARGS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -110,7 +115,7 @@ for r in $(seq "$ROUNDS"); do
   timed fetch "$FT" fetch acme/pipelined --out "$WORK/f" "${COMMON[@]}"
   timed convert "$FT" convert --out "$WORK/f" --quiet
   timed run "$FT" run acme/pipelined --out "$WORK/r" "${COMMON[@]}"
-  timed budget "$FT" run acme/pipelined --out "$WORK/b" --disk-budget "$MIN" "${COMMON[@]}"
+  timed budget "$FT" run acme/pipelined --out "$WORK/b" --disk-budget "$MIN" "${COMMON[@]}" $BUDGET_ARGS
   [[ $(sha "$WORK/f") == $(sha "$WORK/r") && $(sha "$WORK/r") == $(sha "$WORK/b") ]] ||
     { echo "manifests differ"; exit 1; }
 done

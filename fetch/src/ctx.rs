@@ -146,6 +146,12 @@ pub struct FetchCtx {
     pub(crate) hf_cache: Option<HfCache>,
     /// No network: files not durable and not in the cache fail.
     pub(crate) offline: bool,
+    /// Hosts where a file's connections were measured slower than
+    /// `split_below_rate` (another connection paid): a later file from the
+    /// same host is split at once instead of measuring the link again
+    /// with one connection (a budgeted run admits its shards one after
+    /// another, each re-measured for a rate window).
+    pub(crate) split_pays_at: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl FetchCtx {
@@ -198,6 +204,30 @@ impl FetchCtx {
             opts,
             hf_cache: None,
             offline: false,
+            split_pays_at: std::sync::Mutex::new(std::collections::HashSet::new()),
+        }
+    }
+
+    /// Whether another connection was found to pay for an earlier file
+    /// from `path`'s host ([`FetchCtx::split_pays_at`]).
+    pub(crate) fn split_paid_before(&self, path: &str) -> bool {
+        let Ok(host) = self.source.host(path) else {
+            return false;
+        };
+        self.split_pays_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&host)
+    }
+
+    /// Remembers that another connection paid for a file from `path`'s
+    /// host.
+    pub(crate) fn split_paid(&self, path: &str) {
+        if let Ok(host) = self.source.host(path) {
+            self.split_pays_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(host);
         }
     }
 

@@ -231,6 +231,8 @@ pub struct TransferArgs {
     /// A file gets another connection only while its connections each
     /// deliver less than this per second (e.g. 128MiB, about 1 Gbit/s;
     /// 0: always): faster ones are limited by this machine, not the server.
+    /// Once a file's connections were found slower, the later files from
+    /// the same host are split from their start.
     #[arg(long, default_value = "128MiB", value_parser = size::parse_size)]
     pub split_below_rate: u64,
     /// Write downloaded files through the page cache. By default their

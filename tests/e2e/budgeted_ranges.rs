@@ -41,6 +41,11 @@ fn ranges_overlap(requests: &[RequestRecord]) -> bool {
     })
 }
 
+/// The last byte a body request's `Range` asks for, if it says.
+fn range_end(r: &RequestRecord) -> Option<u64> {
+    r.range.as_deref()?.rsplit('-').next()?.parse().ok()
+}
+
 /// The start of a body request's `Range`, if any.
 fn range_start(r: &RequestRecord) -> Option<u64> {
     r.range
@@ -224,4 +229,62 @@ fn progress(out: &std::path::Path) -> Option<Vec<String>> {
          FROM fetch_ranges WHERE path NOT IN (SELECT path FROM receipts))",
     )
     .ok()
+}
+
+/// The split rule's verdict is kept for the host's later files. A
+/// budgeted run admits its shards one after another, and each began on
+/// one connection until the rule had measured it for a rate window (100
+/// ms): the link's other connections sat idle at the start of every shard
+/// (at the minimum budget of `bench/pipelined.sh`, 96 layers, 30 MB/s per
+/// connection, about 0.1 s of each 0.5 s shard). With the rule's default
+/// limit (every connection here is far below it), the shards after the
+/// first verdict now start their second range at once.
+#[test]
+fn a_host_found_slow_per_connection_splits_its_later_shards_at_once() {
+    use std::time::{Duration, Instant};
+    let files = generate_release_repo(7, &ReleaseShape::tiny());
+    let (minimum, _) = expected_minimum(&files);
+    let hub = hub_serving(files.clone());
+    for f in shards(&files) {
+        hub.inject(
+            FaultRule::new(
+                &f.path,
+                Fault::Trickle {
+                    bytes: 16 * 1024,
+                    every_ms: 16,
+                },
+            )
+            .times(100_000),
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("budgeted");
+    let (budget, min_range) = (minimum.to_string(), MIN_RANGE.to_string());
+    let args = ["--disk-budget", &budget, "--min-range", &min_range];
+    run_ok(&mut run_cmd(&hub.endpoint(), &out, &args));
+    // Per shard, in the order they began: how long its second range
+    // waited after its first (`None`: never split).
+    let mut waits: Vec<(Instant, Option<Duration>)> = shards(&files)
+        .map(|f| {
+            let mut begun: Vec<Instant> = body_requests(&hub, &f.path)
+                .iter()
+                .filter(|r| range_end(r).is_some_and(|e| e >= MIN_RANGE))
+                .map(|r| r.started)
+                .collect();
+            begun.sort();
+            (begun[0], begun.get(1).map(|&second| second - begun[0]))
+        })
+        .collect();
+    waits.sort();
+    let Some(first_split) = waits.iter().position(|(_, w)| w.is_some()) else {
+        panic!("no shard was split: {waits:?}");
+    };
+    let later: Vec<Option<Duration>> = waits[first_split + 1..].iter().map(|(_, w)| *w).collect();
+    assert!(later.len() >= 2, "{waits:?}");
+    let mut sorted: Vec<Duration> = later.iter().map(|w| w.unwrap_or(Duration::MAX)).collect();
+    sorted.sort();
+    assert!(
+        sorted[sorted.len() / 2] < Duration::from_millis(100),
+        "the later shards' second ranges waited {later:?}: each shard measured the link again"
+    );
 }

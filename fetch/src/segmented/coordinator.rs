@@ -25,7 +25,7 @@ use ftpipe_progress::ProgressEvent;
 use ftpipe_receipts::{AttemptOutcome, DiscardReason, FileRow, RangeProgress, RangeRow};
 
 use super::claim::{Slot, contiguous_prefix};
-use super::shared::{Digest, SPLIT_UNJUDGED, Shared};
+use super::shared::{Digest, SPLIT_PAYS, SPLIT_UNJUDGED, Shared};
 use super::worker::{Ended, WorkerEnd, worker};
 use crate::attempt::{DIGEST_REFETCHES, record_published};
 use crate::ctx::FetchCtx;
@@ -293,7 +293,13 @@ impl Coordinator {
             file: direct,
             bounces: Mutex::new(Vec::new()),
             pass: self.ctx.next_pass.fetch_add(1, Ordering::SeqCst),
-            split_verdict: std::sync::atomic::AtomicU8::new(SPLIT_UNJUDGED),
+            split_verdict: std::sync::atomic::AtomicU8::new(
+                if self.ctx.split_paid_before(self.path()) {
+                    SPLIT_PAYS
+                } else {
+                    SPLIT_UNJUDGED
+                },
+            ),
             slots: Mutex::new(slots),
             validator: Mutex::new(validator),
             splittable: std::sync::atomic::AtomicBool::new(!self.single),

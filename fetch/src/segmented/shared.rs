@@ -47,7 +47,9 @@ pub(super) struct Shared {
     pub(super) bounces: Mutex<Vec<Bounce>>,
     /// This pass's id in `FetchCtx::remaining`.
     pub(super) pass: u64,
-    /// Whether splitting pays, once judged ([`Shared::another_connection_pays`]).
+    /// Whether splitting pays, once judged ([`Shared::another_connection_pays`]);
+    /// judged to pay from the start where it paid for an earlier file
+    /// from the same host ([`FetchCtx::split_paid_before`]).
     pub(super) split_verdict: std::sync::atomic::AtomicU8,
     pub(super) slots: Mutex<Vec<Slot>>,
     /// The strong validator, once known (the store's, or the first response's).
@@ -57,7 +59,8 @@ pub(super) struct Shared {
     pub(super) splittable: std::sync::atomic::AtomicBool,
     /// The file's digest so far.
     pub(super) digest: Mutex<Digest>,
-    /// Wakes the coordinator when bytes were written.
+    /// Wakes the coordinator when bytes were written, and when the file
+    /// became splittable (its validator learned).
     pub(super) wrote: Notify,
     pub(super) cancel: watch::Receiver<bool>,
 }
@@ -142,7 +145,8 @@ impl Shared {
     /// never waits for young ranges to be measured. With no busy connection
     /// (all waiting to retry) there is nothing to judge: yes. A file whose
     /// source decodes its bodies ([`crate::source::ByteSource::decodes_bodies`]) is split
-    /// until it has a busy range per core first.
+    /// until it has a busy range per core first. A verdict that another
+    /// connection pays is kept for the host's later files.
     pub(super) fn another_connection_pays(&self, slots: &[Slot], now: Instant) -> bool {
         let limit = self.ctx.opts.split_below_rate;
         if limit == 0 {
@@ -166,6 +170,9 @@ impl Shared {
         };
         let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
         self.split_verdict.store(verdict, Ordering::SeqCst);
+        if pays {
+            self.ctx.split_paid(&self.path);
+        }
         pays
     }
 

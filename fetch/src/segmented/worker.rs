@@ -412,7 +412,15 @@ impl RangeWorker {
                 actual: String::new(),
             })),
             _ => {
+                let learned = v.is_none() && now.is_some();
                 *v = now;
+                drop(v);
+                if learned {
+                    // The file can be split from now on: the coordinator
+                    // need not wait for its tick (a host already found slow
+                    // per connection splits the file at once).
+                    self.shared.wrote.notify_one();
+                }
                 Ok(())
             }
         }
