@@ -24,9 +24,8 @@
 # connection, so --connections 4 compares it at the same number of
 # connections as the others.
 #
-# --budget-args "ARGS" adds ARGS to the budgeted run only, --ftpipe-args
-# "ARGS" to every fetch and run (an experiment's setting, e.g.
-# "--segment-threshold 8MiB").
+# --budget-args "ARGS" adds ARGS to the budgeted run only (an experiment's
+# setting, e.g. "--split-below-rate 0").
 #
 # --ple-own-files puts each PLE shard of the demo shape in a file of its own
 # (the released layouts' PLE files are mostly PLE table); without it the
@@ -41,7 +40,6 @@ LAYERS=24
 OWN=
 CONNECTIONS=
 BUDGET_ARGS=
-FTPIPE_ARGS=
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
@@ -53,10 +51,9 @@ while (($#)); do
     --cap) CAP_MBPS=$2; shift 2 ;;
     --connections) CONNECTIONS=$2; shift 2 ;;
     --budget-args) BUDGET_ARGS=$2; shift 2 ;;
-    --ftpipe-args) FTPIPE_ARGS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -97,8 +94,6 @@ echo "== acme/pipelined: $(wc -l <"$WORK/nginx/pipelined.files") files, $TOTAL b
 
 COMMON=(--endpoint "$EP" --quiet)
 [[ -n $CONNECTIONS ]] && COMMON+=(--connections "$CONNECTIONS")
-read -r -a EXTRA <<<"$FTPIPE_ARGS"
-COMMON+=("${EXTRA[@]}")
 echo "== connections: ${CONNECTIONS:-the default}"
 MIN=$("$FT" plan acme/pipelined --remote --endpoint "$EP" --out "$WORK/plan" --disk-budget 1TB --json |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["disk_budget"]["minimum_budget"])')

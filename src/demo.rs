@@ -224,10 +224,6 @@ fn spawn_run(endpoint: &str, out: &Path, stderr: Stdio) -> anyhow::Result<Child>
     Command::new(exe)
         .args(["run", REPO, "--endpoint", endpoint])
         .args(["--checkpoint-secs", "0.2"])
-        // Each file as one stream: the stall half-way through a shard then
-        // holds the whole shard at half its length (a split shard's other
-        // ranges would run past it).
-        .args(["--segment-threshold", "1GiB"])
         .args(["--ram-budget", &RAM_BUDGET.to_string()])
         .args(["--reserve", &RESERVE.to_string()])
         .arg("--out")

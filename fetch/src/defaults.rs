@@ -18,7 +18,7 @@ pub const MAX_CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// Default budget of HTTP requests in flight (`--connections`).
 pub const DEFAULT_CONNECTIONS: usize = 8;
 /// Files at least this large may be fetched as several ranges.
-pub const DEFAULT_SEGMENT_THRESHOLD: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_SEGMENT_THRESHOLD: u64 = 256 * 1024 * 1024;
 /// Ranges are never split below this size.
 pub const DEFAULT_MIN_RANGE: u64 = 4 * 1024 * 1024;
 /// A new range claims at least this much of a file's unclaimed front.

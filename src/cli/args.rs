@@ -218,8 +218,8 @@ pub struct TransferArgs {
     /// takes one, free ones split large files into ranges.
     #[arg(long, default_value_t = ftpipe_fetch::defaults::DEFAULT_CONNECTIONS, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub connections: usize,
-    /// Files at least this large may be fetched as several ranges (e.g. 16MiB).
-    #[arg(long, default_value = "16MiB", value_parser = size::parse_size)]
+    /// Files at least this large may be fetched as several ranges (e.g. 256MiB).
+    #[arg(long, default_value = "256MiB", value_parser = size::parse_size)]
     pub segment_threshold: u64,
     /// A range is never split below this size (e.g. 4MiB; at least 64KiB).
     #[arg(long, default_value = "4MiB", value_parser = size::parse_size)]

@@ -52,7 +52,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l include -d 'Only
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l exclude -d 'Skip files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l connections -d 'HTTP requests in flight at once over all files (1 to 64): each file takes one, free ones split large files into ranges' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 16MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 256MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand fetch" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server. Once a file\'s connections were found slower, the later files from the same host are split from their start' -r
@@ -123,7 +123,7 @@ complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l include -d 'Only f
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l exclude -d 'Skip files matching these globs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l jobs -d 'Files transferred in parallel (1 to 64, default 4; at most --connections at once). For `run`: the default of both --fetch-jobs and --convert-jobs' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l connections -d 'HTTP requests in flight at once over all files (1 to 64): each file takes one, free ones split large files into ranges' -r
-complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 16MiB)' -r
+complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l segment-threshold -d 'Files at least this large may be fetched as several ranges (e.g. 256MiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l min-range -d 'A range is never split below this size (e.g. 4MiB; at least 64KiB)' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l piece-size -d 'Ranges are claimed front to back in pieces of at least this size (e.g. 64MiB), so a split file\'s digest keeps up with its bytes' -r
 complete -c ftpipe -n "__fish_ftpipe_using_subcommand run" -l split-below-rate -d 'A file gets another connection only while its connections each deliver less than this per second (e.g. 128MiB, about 1 Gbit/s; 0: always): faster ones are limited by this machine, not the server. Once a file\'s connections were found slower, the later files from the same host are split from their start' -r
