@@ -20,10 +20,32 @@ use ftpipe_fixtures::{Fault, FaultRule, RequestRecord};
 use crate::budgeted_run::Sampler;
 use crate::common::*;
 use crate::disk_budget::{expected_minimum, shards};
+use crate::segmented::range_start;
 
 /// Smallest range the budgeted run is allowed (`--min-range`): shards
 /// of the tiny fixture are several of these.
 const MIN_RANGE: u64 = 64 * 1024;
+
+/// Caps every shard's connections at 16 KiB per `every_ms` (4: about 4
+/// MB/s, a shard of the tiny fixture takes a tenth of a second).
+fn trickle_shards(
+    hub: &ftpipe_fixtures::RunningHub,
+    files: &[ftpipe_fixtures::RepoFile],
+    every_ms: u64,
+) {
+    for f in shards(files) {
+        hub.inject(
+            FaultRule::new(
+                &f.path,
+                Fault::Trickle {
+                    bytes: 16 * 1024,
+                    every_ms,
+                },
+            )
+            .times(100_000),
+        );
+    }
+}
 
 /// Whether two of `requests` (one shard's body GETs) were in flight at
 /// the hub at once, one of them for a range past the shard's first
@@ -46,17 +68,6 @@ fn range_end(r: &RequestRecord) -> Option<u64> {
     r.range.as_deref()?.rsplit('-').next()?.parse().ok()
 }
 
-/// The start of a body request's `Range`, if any.
-fn range_start(r: &RequestRecord) -> Option<u64> {
-    r.range
-        .as_deref()?
-        .strip_prefix("bytes=")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
-}
-
 #[test]
 fn a_shard_admitted_alone_under_the_minimum_budget_is_fetched_over_several_connections() {
     let files = generate_release_repo(7, &ReleaseShape::tiny());
@@ -75,18 +86,7 @@ fn a_shard_admitted_alone_under_the_minimum_budget_is_fetched_over_several_conne
 
     // About 4 MB/s per connection: a shard takes a tenth of a second on
     // one, long enough for its ranges to overlap on several.
-    for f in shards(&files) {
-        hub.inject(
-            FaultRule::new(
-                &f.path,
-                Fault::Trickle {
-                    bytes: 16 * 1024,
-                    every_ms: 4,
-                },
-            )
-            .times(100_000),
-        );
-    }
+    trickle_shards(&hub, &files, 4);
     hub.clear_requests();
     let out = tmp.path().join("budgeted");
     let sampler = Sampler::start(out.join("source"));
@@ -149,18 +149,7 @@ fn kills_while_ranges_are_in_flight_under_the_budget_resume_to_the_same_manifest
     let plain = tmp.path().join("plain");
     run_ok(&mut run_cmd(&ep, &plain, &[]));
     let want = manifest_sha(&plain);
-    for f in shards(&files) {
-        hub.inject(
-            FaultRule::new(
-                &f.path,
-                Fault::Trickle {
-                    bytes: 16 * 1024,
-                    every_ms: 4,
-                },
-            )
-            .times(100_000),
-        );
-    }
+    trickle_shards(&hub, &files, 4);
     let (budget, min_range) = (minimum.to_string(), MIN_RANGE.to_string());
     let mut args: Vec<&str> = crate::chain_crash::ARGS.to_vec();
     args.extend([
@@ -245,18 +234,7 @@ fn a_host_found_slow_per_connection_splits_its_later_shards_at_once() {
     let files = generate_release_repo(7, &ReleaseShape::tiny());
     let (minimum, _) = expected_minimum(&files);
     let hub = hub_serving(files.clone());
-    for f in shards(&files) {
-        hub.inject(
-            FaultRule::new(
-                &f.path,
-                Fault::Trickle {
-                    bytes: 16 * 1024,
-                    every_ms: 16,
-                },
-            )
-            .times(100_000),
-        );
-    }
+    trickle_shards(&hub, &files, 16);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("budgeted");
     let (budget, min_range) = (minimum.to_string(), MIN_RANGE.to_string());

@@ -613,7 +613,7 @@ fn all_body_requests(hub: &RunningHub, files: &[RepoFile]) -> Vec<ftpipe_fixture
 }
 
 /// The start of a body request's `Range`, if any.
-fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
+pub(crate) fn range_start(r: &ftpipe_fixtures::RequestRecord) -> Option<u64> {
     r.range
         .as_deref()?
         .strip_prefix("bytes=")?
