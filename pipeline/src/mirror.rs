@@ -38,7 +38,7 @@ use ftpipe_receipts::{FileRow, Pin, PublicationOutcome, Store};
 use crate::Pipeline;
 use crate::error::{PipelineError, Result};
 use crate::origin::{Origin, OriginFuture};
-use crate::publish::{Ctx, Item, Tally, record, unreadable_commit_point, upload_file};
+use crate::publish::{Ctx, Item, Tally, record, unreadable_commit_point, upload_all};
 use crate::s3source::S3Source;
 
 /// The listing's `schema`.
@@ -533,16 +533,18 @@ impl Pipeline {
         Ok((pin, files))
     }
 
-    /// Uploads every file of `files` from `DIR/source` under `commit`.
+    /// Uploads every file of `files` from `DIR/source` under `commit`, as
+    /// publish does its files ([`upload_all`]).
     async fn mirror_files(&self, ctx: &Ctx, commit: &str, files: &[FileRow]) -> Result<Tally> {
         let source = self.layout.source().to_owned();
-        let mut tally = Tally::default();
-        for f in files {
-            let item = pinned_item(&source, f)?;
-            let key = ctx.target.key(&artifact_file_key(commit, &f.path));
-            tally.add(upload_file(ctx, &source, &key, &item).await?);
-        }
-        Ok(tally)
+        let items = files
+            .iter()
+            .map(|f| {
+                let key = ctx.target.key(&artifact_file_key(commit, &f.path));
+                Ok((key, pinned_item(&source, f)?))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        upload_all(ctx, &source, items).await
     }
 }
 
