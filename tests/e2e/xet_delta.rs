@@ -143,12 +143,15 @@ fn expert_shard(files: &[RepoFile]) -> (String, Vec<u8>) {
 }
 
 /// Xet terms recorded for `path`'s current file: (xorb, fetched, decoded,
-/// reused) per term.
-fn terms(out: &Path, path: &str) -> Vec<(String, u64, u64, u64)> {
+/// reused, file_start, file_end) per term. A split file's range reads the
+/// terms on its edges from a reconstruction of its own, so a term may be
+/// recorded whole and in part.
+fn terms(out: &Path, path: &str) -> Vec<(String, u64, u64, u64, u64, u64)> {
     query(
         out,
         &format!(
             "SELECT t.xorb || ' ' || t.fetched || ' ' || t.decoded || ' ' || t.reused
+                    || ' ' || t.file_start || ' ' || t.file_end
              FROM xet_terms t JOIN files f ON f.path = t.path AND f.xet_hash = t.xet_hash
              WHERE t.path = {} ORDER BY t.file_start",
             sql_str(path)
@@ -158,7 +161,7 @@ fn terms(out: &Path, path: &str) -> Vec<(String, u64, u64, u64)> {
     .map(|r| {
         let v: Vec<&str> = r.split(' ').collect();
         let n = |i: usize| v[i].parse::<u64>().unwrap();
-        (v[0].to_owned(), n(1), n(2), n(3))
+        (v[0].to_owned(), n(1), n(2), n(3), n(4), n(5))
     })
     .collect()
 }
@@ -167,6 +170,19 @@ fn xorbs(out: &Path) -> BTreeSet<String> {
     query(out, "SELECT DISTINCT xorb FROM xet_terms")
         .into_iter()
         .collect()
+}
+
+/// Bytes of the union of the spans `[start, end)`.
+fn union_len(spans: impl Iterator<Item = (u64, u64)>) -> u64 {
+    let mut spans: Vec<_> = spans.collect();
+    spans.sort_unstable();
+    let (mut total, mut reach) = (0, 0);
+    for (start, end) in spans {
+        let from = start.max(reach);
+        total += end.saturating_sub(from);
+        reach = reach.max(end);
+    }
+    total
 }
 
 /// `v` with thousands separators, as the audit table prints it.
@@ -225,10 +241,39 @@ fn new_chunk_bytes(fresh: &Path, path: &str, old: &BTreeSet<String>) -> (u64, u6
 /// with the reused line in its table and JSON.
 #[test]
 fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
-    let mut s = Served::start(3701);
+    repin_fetches_only_the_new_chunks(3701, &[]);
+}
+
+/// Regression (issue 37, item 3): the same repin with the shard fetched as
+/// several ranges asked the CAS for 1.65× the new chunks (326,460 xorb
+/// bytes for 198,368): each range asked a reconstruction of its own span,
+/// whose xorb spans were its own, so the new xorb's span crossed the wire
+/// once per range, and chunks one range's span held for another's terms
+/// were let go. A split file's ranges now share one reconstruction of the
+/// whole file, its held chunks and the spans being read.
+#[test]
+fn a_repin_of_a_shard_fetched_as_ranges_fetches_the_new_chunks_once() {
+    repin_fetches_only_the_new_chunks(
+        3703,
+        &[
+            "--segment-threshold",
+            "1MiB",
+            "--min-range",
+            "256KiB",
+            "--split-below-rate",
+            "0",
+        ],
+    );
+}
+
+/// The repin of a revision changing two tensors of the expert shard, the
+/// fetches run with `args`, asks the CAS for at most 1.05× the new
+/// chunks' compressed bytes (+ slack), and reuses every other byte.
+fn repin_fetches_only_the_new_chunks(seed: u64, args: &[&str]) {
+    let mut s = Served::start(seed);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    run_ok(&mut run_cmd(&s.endpoint(), &out, &[]));
+    run_ok(&mut run_cmd(&s.endpoint(), &out, args));
     let old = xorbs(&out);
     let shard = s.change_shard(2);
     let size = content_len(s.files.iter().find(|f| f.path == shard).unwrap());
@@ -256,7 +301,11 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
     );
 
     let before = s.xorb_bytes();
-    run_ok(&mut run_cmd(&s.endpoint(), &out, &["--repin"]));
+    run_ok(&mut run_cmd(
+        &s.endpoint(),
+        &out,
+        &[args, &["--repin"]].concat(),
+    ));
     let cas = s.xorb_bytes() - before;
 
     let fresh = tmp.path().join("fresh");
@@ -285,7 +334,12 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
          {new_compressed} compressed / {new_decoded} decoded, {reused} reused"
     );
     assert!(fetched <= bound, "xet_terms.fetched {fetched} > {bound}");
-    assert_eq!(reused, size - new_decoded, "reused bytes: {mine:?}");
+    let reused_spans = mine.iter().filter(|t| t.3 > 0).map(|t| (t.4, t.5));
+    assert_eq!(
+        union_len(reused_spans),
+        size - new_decoded,
+        "reused terms: {mine:?}"
+    );
     for t in mine.iter().filter(|t| old.contains(&t.0)) {
         assert_eq!(
             (t.1, t.3),

@@ -18,7 +18,7 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_receipts::XetTermRow;
 
 use super::hash::{XetDigest, file_hash};
-use super::held::{Held, wanted_by};
+use super::share::{Claim, Reading, Share};
 use super::wire::{MAX_RECONSTRUCTION_BYTES, Reconstruction, Term};
 use super::xorb::ChunkStream;
 use super::{CasToken, Inner, XetError, XetFile, shown};
@@ -213,6 +213,7 @@ impl Inner {
             decoded: 0,
             ended: false,
             wanted: Vec::new(),
+            _reading: None,
         })
     }
 
@@ -312,6 +313,10 @@ fn check_covers(path: &str, recon: &Reconstruction, want: u64, to_end: bool) -> 
     Ok(())
 }
 
+/// A term waits for other bodies' reads of its span at most this many
+/// times (each at most the read timeout) before reading it itself.
+const MAX_SPAN_WAITS: u32 = 3;
+
 /// A term's decoded chunks are recorded (their hashes, then handed on)
 /// in batches of at least this many bytes, or up to the term's end: a
 /// cut or a kill inside a term loses at most the batch being read.
@@ -389,9 +394,11 @@ pub(super) struct TermStream {
     /// The term's bytes decoded so far.
     decoded: u64,
     ended: bool,
-    /// Chunk ranges of the xorb later terms of the body read (kept in
-    /// [`Held`] as they are decoded).
+    /// Chunk ranges of the xorb that terms not yet handed on read (kept
+    /// in the share's held chunks as they are decoded).
     wanted: Vec<std::ops::Range<u64>>,
+    /// The span's read, registered with the share while it lasts.
+    _reading: Option<Reading>,
 }
 
 impl TermStream {
@@ -411,11 +418,11 @@ impl TermStream {
     /// The next batch: [`BATCH_BYTES`] of the term's chunks, or the rest
     /// of them once the range was read to its end and checked (exactly
     /// its chunks, nothing after them, the term's length).
-    async fn next_batch(&mut self, path: &str, held: &mut Held) -> Result<Batch, String> {
+    async fn next_batch(&mut self, path: &str, share: &Share) -> Result<Batch, String> {
         loop {
             // Decoding is CPU work: off the runtime's thread, so the
             // transfer's other tasks (its checkpoints) are not held up.
-            if let Some(batch) = block_in_place(|| self.decode_arrived(path, held))? {
+            if let Some(batch) = block_in_place(|| self.decode_arrived(path, share))? {
                 return Ok(batch);
             }
             if self.ended {
@@ -446,10 +453,10 @@ impl TermStream {
 
     /// The chunks decodable from the bytes arrived so far, batched; a
     /// batch once it is full (`None`: the bytes ran out first).
-    fn decode_arrived(&mut self, path: &str, held: &mut Held) -> Result<Option<Batch>, String> {
+    fn decode_arrived(&mut self, path: &str, share: &Share) -> Result<Option<Batch>, String> {
         while let Some(chunk) = self.take_chunk(path)? {
             let index = self.next_index() - 1;
-            held.offer(&self.term.xorb, index, &chunk, &self.wanted);
+            share.offer(&self.term.xorb, index, &chunk, &self.wanted);
             if index < self.term.chunk_start || index >= self.term.chunk_end {
                 continue;
             }
@@ -508,25 +515,63 @@ impl TermStream {
     }
 }
 
-/// Where a Xet body is: the next term, the bytes of it to skip (the
-/// span's offset into the first) and the bytes still to hand on.
+/// Terms `next..end` of a reconstruction a body reads, the first starting
+/// at `start` in the file with `skip` bytes of it before the body's bytes.
+pub(super) struct Segment {
+    pub(super) share: Arc<Share>,
+    pub(super) next: usize,
+    pub(super) end: usize,
+    pub(super) start: u64,
+    pub(super) skip: u64,
+    pub(super) entered: bool,
+}
+
+impl Segment {
+    /// The terms of `share` from the one holding byte `from` up to (not
+    /// including) `end`; `None` when no term holds `from`.
+    pub(super) fn holding(share: Arc<Share>, from: u64, end: usize) -> Option<Segment> {
+        let (next, start) = share.locate(from)?;
+        Some(Segment {
+            share,
+            next,
+            end,
+            start,
+            skip: from - start,
+            entered: false,
+        })
+    }
+
+    /// No term of `share` (read only to keep it alive).
+    pub(super) fn empty(share: Arc<Share>) -> Segment {
+        Segment {
+            share,
+            next: 0,
+            end: 0,
+            start: 0,
+            skip: 0,
+            entered: false,
+        }
+    }
+}
+
+/// Where a Xet body is: the segments of reconstructions it reads (one, or
+/// for a split file's range its edges' own and the shared one between),
+/// the bytes of the next term to skip and the bytes still to hand on.
 pub(super) struct Cursor {
     pub(super) inner: Arc<Inner>,
     pub(super) path: String,
     pub(super) file: XetFile,
     pub(super) token: CasToken,
-    pub(super) recon: Reconstruction,
-    pub(super) next: usize,
+    /// What is left to read, the segment being read first.
+    pub(super) segments: VecDeque<Segment>,
     pub(super) term_start: u64,
     pub(super) skip: u64,
     pub(super) left: u64,
     /// Decoded chunks recorded and not yet handed on (already cut to the
     /// span).
     pub(super) pending: VecDeque<Bytes>,
-    /// The term being read, when one is.
-    pub(super) reading: Option<TermStream>,
-    /// Chunks of ranges already read that later terms read again.
-    pub(super) held: Held,
+    /// The term being read (its reconstruction and index), when one is.
+    pub(super) reading: Option<(TermStream, Arc<Share>, usize)>,
 }
 
 /// `chunks` cut to the span that skips `skip` bytes and hands on `left`:
@@ -563,39 +608,10 @@ impl Cursor {
                 if self.left == 0 {
                     return None;
                 }
-                let Some(term) = self.recon.terms.get(self.next).cloned() else {
-                    let e = format!(
-                        "the reconstruction of {} ended {} bytes early",
-                        self.path, self.left
-                    );
+                if let Err(e) = self.next_term().await {
                     return Some(self.fail(e));
-                };
-                self.next += 1;
-                let file_start = self.term_start;
-                self.term_start += term.length;
-                let later = &self.recon.terms[self.next..];
-                if let Some(chunks) = self.held.take(&term, later) {
-                    if let Err(e) = self.hand_on_held(&term, file_start, &chunks).await {
-                        return Some(self.fail(e));
-                    }
-                    continue;
                 }
-                match self.reuse_term(&term, file_start).await {
-                    Err(e) => return Some(self.fail(e)),
-                    Ok(true) => continue,
-                    Ok(false) => {}
-                }
-                match self
-                    .inner
-                    .term(&self.token, &self.path, &term, file_start)
-                    .await
-                {
-                    Err(e) => return Some(self.fail(e)),
-                    Ok(mut stream) => {
-                        stream.wanted = wanted_by(&self.recon.terms[self.next..], &term.xorb);
-                        self.reading = Some(stream);
-                    }
-                }
+                continue;
             }
             if let Err(e) = self.read_batch().await {
                 return Some(self.fail(e));
@@ -603,8 +619,88 @@ impl Cursor {
         }
     }
 
+    /// The next term handed on from held chunks, read back from old
+    /// files, or asked from the CAS (its first batch read by the next
+    /// step).
+    async fn next_term(&mut self) -> Result<(), String> {
+        let (share, index) = self.advance()?;
+        let term = share.recon.terms[index].clone();
+        let file_start = self.term_start;
+        self.term_start += term.length;
+        if self.hand_on_if_held(&share, index, file_start).await? {
+            return Ok(());
+        }
+        if self.reuse_term(&term, file_start).await? {
+            share.handed_on(index);
+            return Ok(());
+        }
+        let mut waits = 0;
+        let reading = loop {
+            match share.claim_span(&term) {
+                Claim::Mine(reading) => break reading,
+                Claim::Wait(rx) if waits < MAX_SPAN_WAITS => {
+                    waits += 1;
+                    Claim::wait(rx, self.inner.read_timeout).await;
+                    if self.hand_on_if_held(&share, index, file_start).await? {
+                        return Ok(());
+                    }
+                }
+                Claim::Wait(_) => break share.take_span(&term),
+            }
+        };
+        let mut stream = self
+            .inner
+            .term(&self.token, &self.path, &term, file_start)
+            .await?;
+        stream.wanted = share.wanted_by_others(index);
+        stream._reading = Some(reading);
+        self.reading = Some((stream, share, index));
+        Ok(())
+    }
+
+    /// The next term's reconstruction and index, entering the next
+    /// segment where one ends.
+    fn advance(&mut self) -> Result<(Arc<Share>, usize), String> {
+        while let Some(seg) = self.segments.front_mut() {
+            if seg.next < seg.end {
+                if !seg.entered {
+                    (self.term_start, self.skip) = (seg.start, seg.skip);
+                    seg.entered = true;
+                }
+                let index = seg.next;
+                seg.next += 1;
+                return Ok((seg.share.clone(), index));
+            }
+            self.segments.pop_front();
+        }
+        Err(format!(
+            "the reconstruction of {} ended {} bytes early",
+            self.path, self.left
+        ))
+    }
+
+    /// Term `index` of `share` handed on from chunks held for it; `false`
+    /// when not all are held.
+    async fn hand_on_if_held(
+        &mut self,
+        share: &Share,
+        index: usize,
+        file_start: u64,
+    ) -> Result<bool, String> {
+        let Some(chunks) = share.take_held(index) else {
+            return Ok(false);
+        };
+        let term = &share.recon.terms[index];
+        self.hand_on_held(term, file_start, &chunks).await?;
+        share.handed_on(index);
+        Ok(true)
+    }
+
     /// Ends the body with `e` (redacted).
     fn fail(mut self, e: String) -> (std::result::Result<Bytes, BodyError>, Cursor) {
+        for seg in &self.segments {
+            seg.share.mark_stale();
+        }
         self.left = 0;
         self.reading = None;
         self.pending.clear();
@@ -617,17 +713,19 @@ impl Cursor {
     /// The current term's next batch read, recorded, and queued to be
     /// handed on.
     async fn read_batch(&mut self) -> Result<(), String> {
-        let Some(reading) = self.reading.as_mut() else {
+        let Some((reading, share, index)) = self.reading.as_mut() else {
             return Ok(());
         };
-        let batch = reading.next_batch(&self.path, &mut self.held).await?;
+        let batch = reading.next_batch(&self.path, share).await?;
         let (pieces, skipped, skip, left) = cut(&batch.chunks, self.skip, self.left);
         let xorb = reading.term.xorb.clone();
+        let (share, index) = (share.clone(), *index);
         let chunks = (batch.chunk_start..batch.chunk_end, batch.chunks.as_slice());
         self.record(&xorb, batch.file_start, chunks, batch.fetched, skipped)
             .await?;
         if batch.last {
             self.reading = None;
+            share.handed_on(index);
         }
         (self.skip, self.left) = (skip, left);
         self.pending.extend(pieces);

@@ -1,14 +1,15 @@
-//! Decoded chunks of a xorb range kept for the later terms of the same
-//! body. A v2 reconstruction names one fetch range per xorb (or a few),
+//! Decoded chunks of a xorb range kept for the terms not yet handed on
+//! that read them (a body's later terms; a split file's other ranges,
+//! `share`). A v2 reconstruction names one fetch range per xorb (or a few),
 //! shared by every term that reads that xorb, and the terms of one xorb
 //! need not be adjacent: a new revision's changed tensors, far apart in
 //! the file, are chunks of one new xorb between runs of old ones. Asked
 //! once per term, such a range crossed the wire once per term.
 //!
-//! Invariant: a range is fetched once per body. While a term's range is
-//! read, every chunk a later term of the reconstruction reads is kept here
+//! Invariant: a range is fetched once per reconstruction. While a term's
+//! range is read, every chunk a term not yet handed on reads is kept here
 //! (at most [`MAX_HELD_BYTES`]; past that a later term fetches its range
-//! again), and a later term whose chunks are all held is handed on from
+//! again), and a term whose chunks are all held is handed on from
 //! memory. Its chunks were checked as they were decoded (the range's
 //! length, each chunk's framing); they are hashed and recorded like any
 //! fetched term's before they are handed on, with no compressed bytes of
@@ -32,15 +33,6 @@ pub(super) struct Held {
     bytes: u64,
 }
 
-/// The chunk ranges of `xorb` that the terms of `later` read.
-pub(super) fn wanted_by(later: &[Term], xorb: &str) -> Vec<Range<u64>> {
-    later
-        .iter()
-        .filter(|t| t.xorb == xorb)
-        .map(|t| t.chunk_start..t.chunk_end)
-        .collect()
-}
-
 impl Held {
     /// Keeps chunk `index` of `xorb` when `wanted` holds it and the cap
     /// allows.
@@ -58,8 +50,9 @@ impl Held {
     }
 
     /// `term`'s chunks when every one is held and they add up to its
-    /// length; the held chunks no term of `later` reads are let go.
-    pub(super) fn take(&mut self, term: &Term, later: &[Term]) -> Option<Vec<Bytes>> {
+    /// length; the held chunks outside `wanted` (what terms still to be
+    /// handed on read) are let go.
+    pub(super) fn take(&mut self, term: &Term, wanted: &[Range<u64>]) -> Option<Vec<Bytes>> {
         let chunks: Vec<Bytes> = (term.chunk_start..term.chunk_end)
             .map(|i| self.chunks.get(&(term.xorb.clone(), i)).cloned())
             .collect::<Option<_>>()?;
@@ -67,7 +60,6 @@ impl Held {
         if length != term.length {
             return None;
         }
-        let wanted = wanted_by(later, &term.xorb);
         for i in term.chunk_start..term.chunk_end {
             if !wanted.iter().any(|r| r.contains(&i))
                 && let Some(c) = self.chunks.remove(&(term.xorb.clone(), i))
@@ -83,6 +75,14 @@ impl Held {
 mod tests {
     use super::*;
     use crate::xet::wire::XorbFetch;
+
+    fn wanted_by(later: &[Term], xorb: &str) -> Vec<Range<u64>> {
+        later
+            .iter()
+            .filter(|t| t.xorb == xorb)
+            .map(|t| t.chunk_start..t.chunk_end)
+            .collect()
+    }
 
     fn term(xorb: &str, chunks: Range<u64>, length: u64) -> Term {
         Term {
@@ -109,9 +109,17 @@ mod tests {
             held.offer("x", i, &Bytes::from(vec![i as u8; 3]), &wanted);
         }
         assert_eq!(held.bytes, 6, "chunks 2 and 3 only");
-        assert!(held.take(&term("x", 1..3, 6), &later[1..]).is_none());
-        assert!(held.take(&term("x", 2..4, 5), &later[1..]).is_none());
-        let got = held.take(&term("x", 2..4, 6), &later[1..]).unwrap();
+        assert!(
+            held.take(&term("x", 1..3, 6), &wanted_by(&later[1..], "x"))
+                .is_none()
+        );
+        assert!(
+            held.take(&term("x", 2..4, 5), &wanted_by(&later[1..], "x"))
+                .is_none()
+        );
+        let got = held
+            .take(&term("x", 2..4, 6), &wanted_by(&later[1..], "x"))
+            .unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(held.bytes, 3, "chunk 3 is read again later");
         assert!(held.take(&term("x", 3..4, 3), &[]).is_some());

@@ -7,7 +7,10 @@
 //!    JSON body), refreshed a minute before it expires; the token is sent
 //!    only to the CAS URL's origin, registered with the redaction point;
 //! 2. the span's reconstruction, `/v2/reconstructions/{hash}` (v1 when v2
-//!    answers 404 or 501) with the span as `Range` (`wire`);
+//!    answers 404 or 501) with the span as `Range` (`wire`); a split
+//!    file's ranges read the terms they hold whole from one
+//!    reconstruction of the whole file they share (`share`), so a xorb
+//!    span is fetched once for all of them;
 //! 3. per term, its xorb byte range (`GET` with exactly that `Range`: a
 //!    `206` whose `Content-Range` names it, or, from a server that leaves
 //!    `Content-Range` off, a `206` of exactly its length; a `200`, another
@@ -33,8 +36,9 @@
 //! Modules: `hash` (chunk and file hashes), `xorb` (chunk decoding,
 //! `lz4frame` the LZ4 frames inside),
 //! `wire` (the JSON answers), `cas` (reconstruction, xorb ranges, the
-//! body), `held` (chunks of a range kept for the body's later terms that
-//! read it again, so a range shared by terms is fetched once), `reuse`
+//! body), `held` (chunks of a range kept for the terms not yet handed on
+//! that read it again, so a range shared by terms is fetched once),
+//! `share` (the reconstruction a split file's ranges share), `reuse`
 //! (terms read back from the files of earlier fetches, [`ChunkReuse`]).
 
 mod cas;
@@ -42,13 +46,14 @@ mod hash;
 mod held;
 mod lz4frame;
 mod reuse;
+mod share;
 mod wire;
 mod xorb;
 
 pub use reuse::ChunkReuse;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
@@ -63,7 +68,9 @@ use crate::error::{FetchError, Result, SourceFailure};
 use crate::source::{
     Ask, Body, ByteSource, ReadOutcome, Reply, SentSpan, SourceFuture, Span, WireRecord,
 };
-use cas::Cursor;
+use cas::{Cursor, Segment};
+use share::Share;
+use std::collections::VecDeque;
 use wire::{MAX_TOKEN_BYTES, TokenBody};
 
 /// A token is refreshed this long before it expires.
@@ -187,6 +194,12 @@ struct Inner {
     token: tokio::sync::Mutex<Option<CasToken>>,
     store: Arc<Store>,
     reuse: ChunkReuse,
+    /// A CAS read stalls out after this long; a term waits at most this
+    /// long for another body's read of its span.
+    read_timeout: Duration,
+    /// Per path, the whole-file reconstruction its ranges share, while a
+    /// body reads it.
+    shares: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<Weak<Share>>>>>,
 }
 
 impl XetSource {
@@ -229,6 +242,8 @@ impl XetSource {
             token: tokio::sync::Mutex::new(None),
             store,
             reuse,
+            read_timeout,
+            shares: std::sync::Mutex::default(),
         };
         Ok(XetSource {
             inner: Arc::new(inner),
@@ -290,24 +305,25 @@ impl Inner {
             )));
         }
         let token = self.token(false).await?;
-        let recon = self.reconstruction(&token, path, file, from, end).await?;
+        let segments = match ask.span {
+            Span::Range { .. } => self.range_segments(&token, path, file, from, end).await?,
+            Span::Whole | Span::From(_) => {
+                VecDeque::from([self.own_segment(&token, path, file, from, end).await?])
+            }
+        };
         let cas_host = token.cas.host_str().unwrap_or_default().to_owned();
         let validator = Some(format!("\"xet:{}\"", file.xet_hash));
         let cursor = Cursor {
-            term_start: from.checked_sub(recon.offset).ok_or_else(|| {
-                FetchError::internal(format!("offset {} before byte 0", recon.offset))
-            })?,
-            skip: recon.offset,
+            segments,
+            term_start: from,
+            skip: 0,
             left: end - from,
-            next: 0,
-            pending: std::collections::VecDeque::new(),
+            pending: VecDeque::new(),
             reading: None,
-            held: held::Held::default(),
             inner: self.clone(),
             path: path.to_owned(),
             file: file.clone(),
             token,
-            recon,
         };
         let body = Body::stream(futures_util::stream::unfold(cursor, Cursor::step).boxed());
         let length = Some(end - from);
@@ -334,6 +350,97 @@ impl Inner {
             wire: WireRecord::default(),
             outcome,
         })
+    }
+
+    /// The segments a range `[from, end)` of a split file reads: the terms
+    /// it holds whole from the reconstruction of the whole file its ranges
+    /// share, those on its edges from reconstructions of the edges alone;
+    /// all from one reconstruction of the range when it holds no term
+    /// whole, or when an edge's reconstruction does not end where the
+    /// shared terms start.
+    async fn range_segments(
+        &self,
+        token: &CasToken,
+        path: &str,
+        file: &XetFile,
+        from: u64,
+        end: u64,
+    ) -> Result<VecDeque<Segment>> {
+        let shared = self.whole_file_share(token, path, file).await?;
+        let inside = shared.inside(from, end);
+        if inside.is_empty() {
+            // An empty segment keeps the shared reconstruction alive for
+            // the file's other ranges while this one is read.
+            let keep = Segment::empty(shared);
+            let own = self.own_segment(token, path, file, from, end).await?;
+            return Ok(VecDeque::from([own, keep]));
+        }
+        let (first, last) = (shared.start(inside.start), shared.end(inside.end - 1));
+        let mut segments = VecDeque::new();
+        if from < first {
+            let head = self.own_segment(token, path, file, from, first).await?;
+            if head.share.end(head.end - 1) != first {
+                let own = self.own_segment(token, path, file, from, end).await?;
+                return Ok(VecDeque::from([own, Segment::empty(shared)]));
+            }
+            segments.push_back(head);
+        }
+        segments.push_back(Segment {
+            share: shared,
+            next: inside.start,
+            end: inside.end,
+            start: first,
+            skip: 0,
+            entered: false,
+        });
+        if last < end {
+            segments.push_back(self.own_segment(token, path, file, last, end).await?);
+        }
+        Ok(segments)
+    }
+
+    /// The terms of a reconstruction of `[from, end)` alone.
+    async fn own_segment(
+        &self,
+        token: &CasToken,
+        path: &str,
+        file: &XetFile,
+        from: u64,
+        end: u64,
+    ) -> Result<Segment> {
+        let recon = self.reconstruction(token, path, file, from, end).await?;
+        let count = recon.terms.len();
+        let share = Arc::new(Share::private(recon, from).map_err(FetchError::internal)?);
+        Segment::holding(share, from, count).ok_or_else(|| {
+            FetchError::internal(format!(
+                "no term of {path}'s reconstruction holds byte {from}"
+            ))
+        })
+    }
+
+    /// The reconstruction of the whole of `file` its ranges share: the one
+    /// a live body reads while it is [usable](Share::usable), else asked
+    /// (one ask at a time per path, so ranges starting together ask once).
+    async fn whole_file_share(
+        &self,
+        token: &CasToken,
+        path: &str,
+        file: &XetFile,
+    ) -> Result<Arc<Share>> {
+        let slot = {
+            let mut shares = self.shares.lock().unwrap_or_else(|p| p.into_inner());
+            shares.entry(path.to_owned()).or_default().clone()
+        };
+        let mut current = slot.lock().await;
+        if let Some(share) = current.upgrade()
+            && share.usable()
+        {
+            return Ok(share);
+        }
+        let recon = self.reconstruction(token, path, file, 0, file.size).await?;
+        let share = Arc::new(Share::whole_file(recon).map_err(FetchError::internal)?);
+        *current = Arc::downgrade(&share);
+        Ok(share)
     }
 
     /// The read token, asked for again when `renew` or within
