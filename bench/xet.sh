@@ -24,6 +24,7 @@
 #
 #   bench/xet.sh [--size-mb N] [--tensors K] [--delta-layers N] [--rounds N]
 #                [--work DIR] [--ftpipe PATH --fixture-hub PATH]
+#                [--ftpipe-args "ARGS"]
 #
 #   --size-mb N     size of the big file in MiB (default 1024; a kill costs
 #                   what was sent and not yet durable, a few MiB, so part 2
@@ -33,6 +34,9 @@
 #   --rounds N      interleaved rounds of part 1 (default 2)
 #   --work DIR      generated repo and downloads (default
 #                   ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/xet)
+#   --ftpipe-args "ARGS"  extra arguments for every ftpipe fetch and run
+#                   (e.g. "--segment-threshold 16MiB": shards split as
+#                   ranges)
 #   --ftpipe, --fixture-hub  binaries to use (default: both built with
 #                   `cargo build --release` into ${CARGO_TARGET_DIR:-target})
 #
@@ -56,6 +60,7 @@ ROUNDS=2
 WORK=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}/xet
 FT=
 HUB=
+FT_ARGS=()
 while (($#)); do
   case $1 in
     --size-mb) SIZE_MB=$2; shift 2 ;;
@@ -64,8 +69,9 @@ while (($#)); do
     --rounds) ROUNDS=$2; shift 2 ;;
     --work) WORK=$2; shift 2 ;;
     --ftpipe) FT=$2; shift 2 ;;
+    --ftpipe-args) read -r -a FT_ARGS <<<"$2"; shift 2 ;;
     --fixture-hub) HUB=$2; shift 2 ;;
-    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -166,7 +172,7 @@ echo "== disk: $(df -h --output=source,fstype,size "$WORK" | tail -1 | tr -s ' '
 echo "== huggingface_hub $(python3 -c 'import huggingface_hub as h; print(h.__version__)'), hf_xet $(python3 -m pip show hf-xet 2>/dev/null | awk '/^Version/ {print $2}'), $(local_cas_server --version); ftpipe $FT"
 echo "== repo $REPO: $BIG is $FILE_BYTES bytes (Xet, in local_cas_server on loopback)"
 
-ftpipe_fetch() { "$FT" fetch "$REPO" --endpoint "$EP" --out "$1" --include "$BIG" --quiet; }
+ftpipe_fetch() { "$FT" fetch "$REPO" --endpoint "$EP" --out "$1" --include "$BIG" --quiet "${FT_ARGS[@]}"; }
 hf_fetch() { HF_HOME=$1 hf download "$REPO" "$BIG" --quiet; }
 audit() { "$FT" audit --json --out "$1"; }
 secs() { date +%s.%N; }
@@ -216,7 +222,7 @@ killed() {
   echo "   $name: killed after the CAS sent $(python3 -c "import json,sys; print(json.loads(sys.argv[1])['written'])" "$k") B; re-run: CAS sent $((b1 - b0)) B"
   echo "$name $(python3 -c "import json,sys; print(json.loads(sys.argv[1])['written'])" "$k") $((b1 - b0))" >>"$W/resume"
 }
-killed ftpipe "$W/ft-kill" bash -c 'exec "$0" fetch "$1" --endpoint "$2" --out "$4" --include "$3" --quiet' "$FT" "$REPO" "$EP" "$BIG"
+killed ftpipe "$W/ft-kill" bash -c 'exec "$0" fetch "$1" --endpoint "$2" --include "$3" --quiet "${@:4:$#-4}" --out "${!#}"' "$FT" "$REPO" "$EP" "$BIG" "${FT_ARGS[@]}"
 killed hf "$W/hf-kill" bash -c 'HF_HOME=$2 exec hf download "$0" "$1" --quiet' "$REPO" "$BIG"
 cmp "$W/ft-kill/source/$BIG" "$SRC/$BIG"
 cmp "$(find "$W/hf-kill/hub" -path "*/snapshots/*/$BIG")" "$SRC/$BIG"
@@ -243,7 +249,7 @@ REPO=bench/xet-delta
 serve "$DELTA"
 echo "== 3. a new revision of $REPO ($DELTA_LAYERS-layer NVFP4 export) changing $K expert tensors of $SHARD ($(stat -c %s "$DELTA/$SHARD") bytes)"
 rm -rf "$W/ft-run" "$W/hf-rev"
-"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --quiet >"$W/run1.log" 2>&1 || { tail -20 "$W/run1.log" >&2; exit 1; }
+"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --quiet "${FT_ARGS[@]}" >"$W/run1.log" 2>&1 || { tail -20 "$W/run1.log" >&2; exit 1; }
 HF_HOME=$W/hf-rev hf download "$REPO" --quiet >"$W/hf-rev1.log" 2>&1
 audit "$W/ft-run" >"$W/audit-run1.json"
 python3 - "$W/ft-run" >"$W/stamps1.json" <<'PY'
@@ -284,7 +290,7 @@ NEW=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).readline()); p
 NEW_XORB=$(awk '{s+=$1} END {print s+0}' "$W/new-xorbs")
 serve "$REV2"
 b0=$(cas_sent)
-"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --repin --quiet >"$W/run2.log" 2>&1 || { tail -20 "$W/run2.log" >&2; exit 1; }
+"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-run" --repin --quiet "${FT_ARGS[@]}" >"$W/run2.log" 2>&1 || { tail -20 "$W/run2.log" >&2; exit 1; }
 sync; b1=$(cas_sent)
 REPIN_CAS=$((b1 - b0))
 audit "$W/ft-run" >"$W/audit-run2.json"
@@ -293,7 +299,7 @@ HF_HOME=$W/hf-rev hf download "$REPO" --quiet >"$W/hf-rev2.log" 2>&1
 sync; b1=$(cas_sent)
 HF_REV_CAS=$((b1 - b0))
 rm -rf "$W/ft-fresh2"
-"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-fresh2" --quiet >"$W/run3.log" 2>&1 || { tail -20 "$W/run3.log" >&2; exit 1; }
+"$FT" run "$REPO" --endpoint "$EP" --out "$W/ft-fresh2" --quiet "${FT_ARGS[@]}" >"$W/run3.log" 2>&1 || { tail -20 "$W/run3.log" >&2; exit 1; }
 
 python3 - "$W" "$FILE_BYTES" "$REPIN_CAS" "$HF_REV_CAS" "$NEW_XORB" $NEW <<'PY'
 import json, os, statistics, sys
