@@ -344,8 +344,15 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
         assert!(v.status.success(), "{label}: verify --deep: {}", stderr(&v));
         assert_clean_audit(dir);
     };
-    let (chains, landed) =
-        repin_kill_storm(&hub.endpoint(), kills, chain_ms, &mut rng, &copy, &finished);
+    let (chains, landed) = repin_kill_storm(
+        &hub.endpoint(),
+        kills,
+        chain_ms,
+        &mut rng,
+        &copy,
+        &finished,
+        &|_| Vec::new(),
+    );
     eprintln!(
         "repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",
         start.elapsed()
@@ -361,7 +368,8 @@ fn kill_storm_over_repins_ends_with_the_fresh_manifest() {
 /// artifact (`copy(n)`, from 1); a run that finishes on its own is checked
 /// by `finished` and the next chain begins. After every kill each
 /// component receipt names its file. The last chain is run to its end.
-/// Returns the chains run and where the kills landed.
+/// Chain n's runs take `args(n)` after `--repin`. Returns the chains run
+/// and where the kills landed.
 pub(crate) fn repin_kill_storm(
     endpoint: &str,
     kills: usize,
@@ -369,6 +377,7 @@ pub(crate) fn repin_kill_storm(
     rng: &mut ftpipe_fixtures::checkpoint::SplitMix64,
     copy: &dyn Fn(usize) -> std::path::PathBuf,
     finished: &dyn Fn(&Path, &str),
+    args: &dyn Fn(usize) -> Vec<&'static str>,
 ) -> (usize, std::collections::BTreeMap<String, usize>) {
     use std::process::Stdio;
     use std::time::Duration;
@@ -377,7 +386,7 @@ pub(crate) fn repin_kill_storm(
     let mut dir = copy(chains);
     while kill < kills {
         let delay = rng.next_u64() % chain_ms;
-        let mut child = run_cmd(endpoint, &dir, &["--repin"])
+        let mut child = run_cmd(endpoint, &dir, &[&["--repin"][..], &args(chains)].concat())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -402,7 +411,11 @@ pub(crate) fn repin_kill_storm(
             .entry(crate::chain_crash::landed_in(&dir))
             .or_default() += 1;
     }
-    run_ok(&mut run_cmd(endpoint, &dir, &["--repin"]));
+    run_ok(&mut run_cmd(
+        endpoint,
+        &dir,
+        &[&["--repin"][..], &args(chains)].concat(),
+    ));
     finished(&dir, "last chain");
     (chains, landed)
 }

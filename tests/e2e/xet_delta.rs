@@ -253,18 +253,18 @@ fn a_repin_fetches_only_the_new_chunks_and_reuses_the_rest() {
 /// whole file, its held chunks and the spans being read.
 #[test]
 fn a_repin_of_a_shard_fetched_as_ranges_fetches_the_new_chunks_once() {
-    repin_fetches_only_the_new_chunks(
-        3703,
-        &[
-            "--segment-threshold",
-            "1MiB",
-            "--min-range",
-            "256KiB",
-            "--split-below-rate",
-            "0",
-        ],
-    );
+    repin_fetches_only_the_new_chunks(3703, RANGES);
 }
+
+/// Arguments that fetch the expert shard (a few MiB) as several ranges.
+const RANGES: &[&str] = &[
+    "--segment-threshold",
+    "1MiB",
+    "--min-range",
+    "256KiB",
+    "--split-below-rate",
+    "0",
+];
 
 /// The repin of a revision changing two tensors of the expert shard, the
 /// fetches run with `args`, asks the CAS for at most 1.05× the new
@@ -537,7 +537,8 @@ fn a_renamed_unchanged_shard_is_reused_whole() {
 /// the seed is printed,
 /// `FTPIPE_CRASH_SEED` replays it). After every kill each component
 /// receipt names its file; every finished chain has the fresh build's
-/// manifest, reused bytes and a clean audit.
+/// manifest, reused bytes and a clean audit. Every other chain fetches the
+/// changed shard as ranges sharing one reconstruction.
 #[test]
 fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
     use ftpipe_fixtures::checkpoint::SplitMix64;
@@ -583,6 +584,13 @@ fn kill_storm_over_a_reusing_repin_ends_with_the_fresh_manifest() {
         &mut rng,
         &copy,
         &finished,
+        &|chain| {
+            if chain % 2 == 0 {
+                RANGES.to_vec()
+            } else {
+                Vec::new()
+            }
+        },
     );
     eprintln!(
         "reusing repin kill storm (seed {seed}): {kills} kills over {chains} chains in {:?}; by place: {landed:?}",

@@ -285,7 +285,11 @@ mod tests {
     fn share() -> Arc<Share> {
         let recon = Reconstruction {
             offset: 0,
-            terms: vec![term("x", 0..2, 10), term("y", 0..1, 20), term("x", 2..4, 30)],
+            terms: vec![
+                term("x", 0..2, 10),
+                term("y", 0..1, 20),
+                term("x", 2..4, 30),
+            ],
         };
         Arc::new(Share::whole_file(recon).unwrap())
     }
