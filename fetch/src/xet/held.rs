@@ -74,7 +74,6 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xet::wire::XorbFetch;
 
     fn wanted_by(later: &[Term], xorb: &str) -> Vec<Range<u64>> {
         later
@@ -85,19 +84,7 @@ mod tests {
     }
 
     fn term(xorb: &str, chunks: Range<u64>, length: u64) -> Term {
-        Term {
-            xorb: xorb.to_owned(),
-            chunk_start: chunks.start,
-            chunk_end: chunks.end,
-            length,
-            fetch: XorbFetch {
-                url: "u".into(),
-                chunk_start: 0,
-                chunk_end: 10,
-                first: 0,
-                last: 99,
-            },
-        }
+        Term::for_test(xorb, chunks, length)
     }
 
     #[test]

@@ -266,19 +266,7 @@ mod tests {
     use super::*;
 
     fn term(xorb: &str, chunks: Range<u64>, length: u64) -> Term {
-        Term {
-            xorb: xorb.to_owned(),
-            chunk_start: chunks.start,
-            chunk_end: chunks.end,
-            length,
-            fetch: XorbFetch {
-                url: "u".into(),
-                chunk_start: 0,
-                chunk_end: 10,
-                first: 0,
-                last: 99,
-            },
-        }
+        Term::for_test(xorb, chunks, length)
     }
 
     /// Terms of 10, 20 and 30 bytes: x 0..2, y 0..1, x 2..4.

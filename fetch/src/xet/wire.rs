@@ -102,6 +102,27 @@ pub struct Term {
     pub fetch: XorbFetch,
 }
 
+#[cfg(test)]
+impl Term {
+    /// Chunks `chunks` of `xorb`, `length` bytes, in a range of chunks
+    /// 0..10 at bytes 0-99.
+    pub(crate) fn for_test(xorb: &str, chunks: std::ops::Range<u64>, length: u64) -> Term {
+        Term {
+            xorb: xorb.to_owned(),
+            chunk_start: chunks.start,
+            chunk_end: chunks.end,
+            length,
+            fetch: XorbFetch {
+                url: "u".into(),
+                chunk_start: 0,
+                chunk_end: 10,
+                first: 0,
+                last: 99,
+            },
+        }
+    }
+}
+
 /// A file's (or a span's) reconstruction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconstruction {
