@@ -807,7 +807,9 @@ async fn open_session(
 /// once every part is sent. A slot is free again as soon as its part's
 /// request is answered: the part's receipt is committed beside the next
 /// sends, and completing waits for every receipt. In memory: the parts in
-/// flight and the one being read.
+/// flight, the one read ahead, and at most one sent part the file's
+/// digest is still over (their buffers reused from part to part,
+/// [`BufferPool`]).
 async fn send_parts(
     ctx: &Ctx,
     key: &str,
