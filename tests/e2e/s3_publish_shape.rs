@@ -247,7 +247,9 @@ fn a_multipart_file_changed_after_verify_is_never_completed() {
     assert_eq!(m.uploads_in_progress(), 0, "the session was not aborted");
     let keys = m.keys("shape/changed");
     assert!(
-        !keys.iter().any(|k| k.ends_with(&path) || k.ends_with("manifest.json")),
+        !keys
+            .iter()
+            .any(|k| k.ends_with(&path) || k.ends_with("manifest.json")),
         "{keys:?}"
     );
 
