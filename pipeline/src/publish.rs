@@ -1272,6 +1272,48 @@ mod tests {
     const MIB: u64 = 1024 * 1024;
     const GIB: u64 = 1024 * MIB;
 
+    /// A part's bytes come from a pooled buffer that goes back to the pool
+    /// only once the last `Bytes` of it is dropped, and is reused (its old
+    /// bytes gone) for the next part; a part past the end of the file is
+    /// an error naming the offset and what was found, never a short part.
+    #[test]
+    fn part_buffers_are_reused_and_a_short_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..=255u8).cycle().take(10_000).collect();
+        std::fs::write(&path, &data).unwrap();
+        let pool = BufferPool::default();
+
+        let read = |off: u64, len: u64| {
+            let buf = read_into(&path, off, len, pool.take()).unwrap();
+            Bytes::from_owner(Pooled {
+                buf,
+                pool: pool.clone(),
+            })
+        };
+        let first = read(0, 4096);
+        assert_eq!(&first[..], &data[..4096]);
+        let held = first.slice(10..20);
+        drop(first);
+        assert!(pool.0.lock().unwrap().is_empty(), "given back while held");
+        drop(held);
+        assert_eq!(pool.0.lock().unwrap().len(), 1);
+        let reused_at = pool.0.lock().unwrap()[0].as_ptr();
+
+        let second = read(8192, 1808);
+        assert_eq!(&second[..], &data[8192..]);
+        assert_eq!(second.as_ptr(), reused_at, "a new buffer, not the pool's");
+        assert!(pool.0.lock().unwrap().is_empty());
+        drop(second);
+
+        let err = read_into(&path, 8192, 4096, pool.take()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("1808 bytes at offset 8192, expected 4096"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn whole_files_in_flight_fit_in_memory_and_never_pass_the_users_concurrency() {
         // The chosen 8 MiB part: up to 8 small files at once.
