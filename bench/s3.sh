@@ -24,7 +24,8 @@
 # each round's ratios: ftpipe against the faster of awscli and s5cmd, for
 # publish and for pull; and where ftpipe's publish spent its requests (from
 # its state.db: per operation, the requests, the seconds they were in
-# flight added up, and the bytes).
+# flight added up, and the bytes; and when its first part went out and its
+# last part was answered).
 #
 # Tools: s3s-fs, aws and s5cmd are taken from PATH, else installed into
 # $WORK/../tools (s3s-fs: cargo install s3s-fs --version 0.14.1 --features
@@ -121,6 +122,15 @@ db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
 rows = db.execute("""SELECT op, COUNT(*), SUM((julianday(finished_at) - julianday(started_at)) * 86400), SUM(bytes)
   FROM upload_attempts WHERE run_id = (SELECT MAX(run_id) FROM upload_attempts) GROUP BY op ORDER BY op""")
 print("  publish-ftpipe requests: " + "; ".join(f"{op} {n} x, {secs:.2f} s in flight, {b / 1e6:.1f} MB" for op, n, secs, b in rows))
+# The shape in time (seconds since its first request): when the first part
+# went out, when the last part was answered, how long the completion took.
+first, first_part, last_part = db.execute("""SELECT MIN(julianday(started_at)),
+  MIN(CASE WHEN op = 'send_part' THEN julianday(started_at) END),
+  MAX(CASE WHEN op = 'send_part' THEN julianday(finished_at) END)
+  FROM upload_attempts WHERE run_id = (SELECT MAX(run_id) FROM upload_attempts)""").fetchone()
+if first_part is not None:
+    at = lambda d: (d - first) * 86400
+    print(f"  publish-ftpipe timeline: first part sent at {at(first_part):.2f} s, last part answered at {at(last_part):.2f} s")
 PY
 }
 

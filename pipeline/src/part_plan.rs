@@ -16,7 +16,8 @@
 //!
 //! Parts in flight: as many as fit in [`IN_FLIGHT_BYTES`] of memory
 //! (every part in flight is held whole; one more, the next, is read ahead
-//! while they are sent), at least [`MIN_AUTO_CONCURRENCY`]
+//! while they are sent, and the file's digest, which runs behind the
+//! sends, may still hold one sent part), at least [`MIN_AUTO_CONCURRENCY`]
 //! and at most [`MAX_AUTO_CONCURRENCY`], never more than the object's
 //! parts. Multipart files go one after another (one file's parts fill the
 //! link) while the files small enough for one put go several at once

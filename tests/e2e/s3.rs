@@ -649,7 +649,7 @@ fn many_pullers_at_once_and_an_unverified_artifact_is_not_published() {
 }
 
 /// The largest file of `artifact`: its name and size.
-fn largest_component(artifact: &Path) -> (String, u64) {
+pub(crate) fn largest_component(artifact: &Path) -> (String, u64) {
     std::fs::read_dir(artifact)
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -16,6 +16,12 @@
 //! computed (and checked against the manifest) signed in as its
 //! `x-amz-checksum-sha256`; the store's checksum of the object must still
 //! prove the bytes, which a re-publish reusing every object shows.
+//!
+//! A multipart file's parts are now read and hashed off the task that
+//! refills the send slots, and the file's own SHA-256 runs behind the
+//! sends (needed only before completing); a file whose bytes are not the
+//! manifest's must still never be completed, which the last test shows
+//! (a byte changed after `verify`, which checks sizes and headers only).
 
 use std::path::Path;
 use std::time::Duration;
@@ -179,4 +185,85 @@ fn a_single_put_carries_its_checksum_signed_and_the_store_checksum_proves_it() {
         (&serde_json::Value::from(0), &first["objects"]),
         "{again}"
     );
+}
+
+/// One byte flipped in the middle of the largest component of `src` (its
+/// size and headers unchanged: `verify` without `--deep` passes); its
+/// path and the original byte.
+fn flip_middle_byte(src: &Path) -> (String, usize, u8) {
+    let (path, size) = crate::s3::largest_component(&src.join("artifact"));
+    let file = src.join("artifact").join(&path);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = usize::try_from(size).unwrap() / 2;
+    let was = bytes[at];
+    bytes[at] ^= 0x5a;
+    std::fs::write(&file, &bytes).unwrap();
+    (path, at, was)
+}
+
+/// The multipart file's SHA-256 is still checked against the manifest
+/// before its upload completes, now that it is computed behind the sends:
+/// a file changed after `verify` is sent, found not to be the manifest's,
+/// aborted (no session left, nothing at its key, no manifest), and its
+/// upload row abandoned; put back, the same publish goes through.
+#[test]
+fn a_multipart_file_changed_after_verify_is_never_completed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let src = built(tmp.path(), 393);
+    let m = Moto::start();
+    let (path, at, was) = flip_middle_byte(&src);
+    run_ok(ftpipe().arg("verify").arg(src.join("artifact")));
+
+    let o = run(m
+        .ftpipe(home)
+        .arg("publish")
+        .arg(&src)
+        .arg(format!("s3://{BUCKET}/shape/changed"))
+        .args(["--part-size", "64KiB", "--concurrency", "3"]));
+    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&path) && err.contains("the manifest says"),
+        "the refusal does not name {path}:\n{err}"
+    );
+    let parts = query(
+        &src,
+        &format!(
+            "SELECT COUNT(*) FROM upload_attempts WHERE op = 'send_part' AND key LIKE '%/{path}'"
+        ),
+    );
+    assert!(
+        parts[0].parse::<u64>().unwrap() >= 2,
+        "{path} was not sent in parts: {parts:?}"
+    );
+    assert_eq!(
+        query(
+            &src,
+            &format!("SELECT state FROM uploads WHERE path = '{path}'")
+        ),
+        ["abandoned"]
+    );
+    assert_eq!(m.uploads_in_progress(), 0, "the session was not aborted");
+    let keys = m.keys("shape/changed");
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.ends_with(&path) || k.ends_with("manifest.json")),
+        "{keys:?}"
+    );
+
+    let file = src.join("artifact").join(&path);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[at] = was;
+    std::fs::write(&file, &bytes).unwrap();
+    let again = run(m
+        .ftpipe(home)
+        .arg("publish")
+        .arg(&src)
+        .arg(format!("s3://{BUCKET}/shape/changed"))
+        .args(["--part-size", "64KiB", "--json"]));
+    let outcome = summary(&ok(again, "publish after the file was put back"))["outcome"].clone();
+    assert_eq!(outcome["already_published"], false, "{outcome}");
+    assert!(m.keys("shape/changed").iter().any(|k| k.ends_with(&path)));
 }
