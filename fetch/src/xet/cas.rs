@@ -540,18 +540,6 @@ impl Segment {
             entered: false,
         })
     }
-
-    /// No term of `share` (read only to keep it alive).
-    pub(super) fn empty(share: Arc<Share>) -> Segment {
-        Segment {
-            share,
-            next: 0,
-            end: 0,
-            start: 0,
-            skip: 0,
-            entered: false,
-        }
-    }
 }
 
 /// Where a Xet body is: the segments of reconstructions it reads (one, or
@@ -564,6 +552,10 @@ pub(super) struct Cursor {
     pub(super) token: CasToken,
     /// What is left to read, the segment being read first.
     pub(super) segments: VecDeque<Segment>,
+    /// For a split file's range, the reconstruction of the whole file its
+    /// ranges share: kept alive while this body lives (even when it holds
+    /// no term of it whole), dropped for new bodies when this one fails.
+    pub(super) whole_file: Option<Arc<Share>>,
     pub(super) term_start: u64,
     pub(super) skip: u64,
     pub(super) left: u64,
@@ -698,8 +690,9 @@ impl Cursor {
 
     /// Ends the body with `e` (redacted).
     fn fail(mut self, e: String) -> (std::result::Result<Bytes, BodyError>, Cursor) {
-        for seg in &self.segments {
-            seg.share.mark_stale();
+        let shares = self.segments.iter().map(|seg| &seg.share);
+        for share in shares.chain(&self.whole_file) {
+            share.mark_stale();
         }
         self.left = 0;
         self.reading = None;

@@ -305,16 +305,24 @@ impl Inner {
             )));
         }
         let token = self.token(false).await?;
-        let segments = match ask.span {
-            Span::Range { .. } => self.range_segments(&token, path, file, from, end).await?,
+        let (segments, whole_file) = match ask.span {
+            Span::Range { .. } => {
+                let shared = self.whole_file_share(&token, path, file).await?;
+                let segments = self
+                    .range_segments(&token, path, file, (from, end), &shared)
+                    .await?;
+                (segments, Some(shared))
+            }
             Span::Whole | Span::From(_) => {
-                VecDeque::from([self.own_segment(&token, path, file, from, end).await?])
+                let own = self.own_segment(&token, path, file, from, end).await?;
+                (VecDeque::from([own]), None)
             }
         };
         let cas_host = token.cas.host_str().unwrap_or_default().to_owned();
         let validator = Some(format!("\"xet:{}\"", file.xet_hash));
         let cursor = Cursor {
             segments,
+            whole_file,
             term_start: from,
             skip: 0,
             left: end - from,
@@ -353,40 +361,35 @@ impl Inner {
     }
 
     /// The segments a range `[from, end)` of a split file reads: the terms
-    /// it holds whole from the reconstruction of the whole file its ranges
-    /// share, those on its edges from reconstructions of the edges alone;
-    /// all from one reconstruction of the range when it holds no term
-    /// whole, or when an edge's reconstruction does not end where the
-    /// shared terms start.
+    /// it holds whole from `shared`, the reconstruction of the whole file
+    /// its ranges share, those on its edges from reconstructions of the
+    /// edges alone; all from one reconstruction of the range when it holds
+    /// no term whole, or when an edge's reconstruction does not end where
+    /// the shared terms start.
     async fn range_segments(
         &self,
         token: &CasToken,
         path: &str,
         file: &XetFile,
-        from: u64,
-        end: u64,
+        (from, end): (u64, u64),
+        shared: &Arc<Share>,
     ) -> Result<VecDeque<Segment>> {
-        let shared = self.whole_file_share(token, path, file).await?;
         let inside = shared.inside(from, end);
+        let alone = || self.own_segment(token, path, file, from, end);
         if inside.is_empty() {
-            // An empty segment keeps the shared reconstruction alive for
-            // the file's other ranges while this one is read.
-            let keep = Segment::empty(shared);
-            let own = self.own_segment(token, path, file, from, end).await?;
-            return Ok(VecDeque::from([own, keep]));
+            return Ok(VecDeque::from([alone().await?]));
         }
         let (first, last) = (shared.start(inside.start), shared.end(inside.end - 1));
         let mut segments = VecDeque::new();
         if from < first {
             let head = self.own_segment(token, path, file, from, first).await?;
             if head.share.end(head.end - 1) != first {
-                let own = self.own_segment(token, path, file, from, end).await?;
-                return Ok(VecDeque::from([own, Segment::empty(shared)]));
+                return Ok(VecDeque::from([alone().await?]));
             }
             segments.push_back(head);
         }
         segments.push_back(Segment {
-            share: shared,
+            share: shared.clone(),
             next: inside.start,
             end: inside.end,
             start: first,
