@@ -510,8 +510,9 @@ fn the_cas_token_is_never_sent_to_another_host() {
 }
 
 /// Regression (issue 37, item 1): a Xet file fetched as several ranges at
-/// once (one reconstruction per range, terms cut to the chunks that hold
-/// each range, so neighbouring ranges' terms overlap by a chunk) is
+/// once (the terms on each range's edges from a reconstruction of the edge,
+/// cut to the chunks that hold it, so neighbouring ranges' terms overlap
+/// by a chunk; the terms between from the file's shared one) is
 /// assembled byte for byte, and its Xet hash, computed chunk by chunk over
 /// every range's recorded terms, is checked (not skipped for want of
 /// coverage).
@@ -554,6 +555,56 @@ fn a_xet_file_fetched_as_ranges_is_whole_and_its_hash_checked() {
         .filter(|p| recorded_terms(&out, p).len() >= 2)
         .count();
     assert!(split >= 1, "no file was fetched as several ranges");
+}
+
+/// Regression (issue 37): the ranges of a split Xet file share one
+/// reconstruction of the whole file while any of them reads it, and its
+/// xorb URLs are presigned: they expire. A range whose xorb read fails (a
+/// `403` here, as an expired URL answers) must drop it for the file's next
+/// bodies, or its retry, with the other ranges keeping the reconstruction
+/// alive, would ask the same dead URLs again until it aged out. After the
+/// failed request the whole file's reconstruction is asked again, and the
+/// file is published verified with a clean audit.
+#[test]
+fn a_failed_xorb_read_makes_a_split_files_next_range_ask_the_reconstruction_again() {
+    let (hub, files, _cas, proxy, hashes) = xet_served_sized(382, 8 << 20);
+    let f = lfs_file(&files);
+    let size = content_len(f);
+    let xet = &hashes[&sha256_hex(&ftpipe_fixtures::checkpoint::content_bytes(f).unwrap())];
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    proxy.lie("v1/fetch_term", Lie::Status { code: 403 }, 1);
+    let args = [
+        "--include",
+        &f.path,
+        "--segment-threshold",
+        "256KiB",
+        "--min-range",
+        "64KiB",
+        "--piece-size",
+        "256KiB",
+        "--split-below-rate",
+        "0",
+    ];
+    let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_files_match(&out, std::slice::from_ref(f));
+    assert_clean_audit(&out);
+    let seen = proxy.seen();
+    let failed = seen
+        .iter()
+        .position(|s| s.target.contains("fetch_term"))
+        .expect("a xorb request");
+    let whole = Some(format!("bytes=0-{}", size - 1));
+    let asked_again = seen[failed..]
+        .iter()
+        .any(|s| s.target.contains(&format!("/reconstructions/{xet}")) && s.range == whole);
+    assert!(
+        asked_again,
+        "no reconstruction of the whole file after the failed xorb read: {seen:#?}"
+    );
+    let outcomes = attempt_outcomes(&out, &f.path);
+    assert!(outcomes.iter().any(|o| o != "ok"), "{outcomes:?}");
 }
 
 /// Regression: the minimum-rate rule held Xet bodies too, although a Xet
