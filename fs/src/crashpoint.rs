@@ -6,6 +6,11 @@
 //! (e.g. the publish of the last of N files fetched one at a time). Unset, a
 //! point costs one cached lookup.
 //!
+//! `FTPIPE_HOLD_AT=NAME` (or `NAME#N`) instead holds the thread that
+//! reaches the point there until the process is killed: a test that must
+//! see what the rest of the process does while one step never ends (the
+//! digest's read-back, which checkpoints must not wait for).
+//!
 //! The points are the variants of [`CrashPoint`], each with its name; the
 //! crash tables of `docs/design.md` give each one a row (a test holds the
 //! enum and the tables to each other).
@@ -16,17 +21,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// The environment variable naming the point to crash at.
 pub const CRASH_AT_ENV: &str = "FTPIPE_CRASH_AT";
 
-/// The point to crash at and on which arrival (1-based).
+/// The environment variable naming the point to hold a thread at.
+pub const HOLD_AT_ENV: &str = "FTPIPE_HOLD_AT";
+
+/// A point and the arrival (1-based) something happens at.
 struct Target {
     name: String,
     nth: u64,
     seen: AtomicU64,
 }
 
-fn target() -> Option<&'static Target> {
-    static AT: OnceLock<Option<Target>> = OnceLock::new();
-    AT.get_or_init(|| {
-        let spec = std::env::var(CRASH_AT_ENV).ok()?;
+impl Target {
+    /// `NAME` or `NAME#N` from `env`.
+    fn from_env(env: &str) -> Option<Target> {
+        let spec = std::env::var(env).ok()?;
         let (name, nth) = match spec.split_once('#') {
             Some((name, n)) => (name.to_owned(), n.parse().ok().filter(|n| *n > 0)?),
             None => (spec, 1),
@@ -36,8 +44,22 @@ fn target() -> Option<&'static Target> {
             nth,
             seen: AtomicU64::new(0),
         })
-    })
-    .as_ref()
+    }
+
+    /// Whether this arrival at `name` is the one targeted.
+    fn arrived(&self, name: &str) -> bool {
+        self.name == name && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.nth
+    }
+}
+
+fn target() -> Option<&'static Target> {
+    static AT: OnceLock<Option<Target>> = OnceLock::new();
+    AT.get_or_init(|| Target::from_env(CRASH_AT_ENV)).as_ref()
+}
+
+fn hold() -> Option<&'static Target> {
+    static AT: OnceLock<Option<Target>> = OnceLock::new();
+    AT.get_or_init(|| Target::from_env(HOLD_AT_ENV)).as_ref()
 }
 
 /// Declares [`CrashPoint`]: each variant with its name.
@@ -74,6 +96,9 @@ crash_points! {
     PlanCompleted = "plan-completed",
     /// A `.part`'s bytes fsynced, its watermark not committed.
     CheckpointSynced = "checkpoint-synced",
+    /// The digest of a file fetched as ranges about to read back a piece
+    /// of the written prefix it could not hash from memory.
+    DigestReadBack = "digest-read-back",
     /// A range claim committed, nothing of the new range written.
     RangeSplit = "range-split",
     /// The last checkpoint (W = S) and the digest verified, not renamed.
@@ -173,13 +198,23 @@ impl std::fmt::Display for CrashPoint {
     }
 }
 
-/// Aborts the process if `FTPIPE_CRASH_AT` names this point (and arrival).
+/// Aborts the process if `FTPIPE_CRASH_AT` names this point (and arrival);
+/// holds this thread here for good if `FTPIPE_HOLD_AT` does.
 pub fn hit(point: CrashPoint) {
-    let Some(t) = target() else { return };
     let name = point.as_str();
-    if t.name == name && t.seen.fetch_add(1, Ordering::SeqCst) + 1 == t.nth {
+    if let Some(t) = target()
+        && t.arrived(name)
+    {
         eprintln!("{CRASH_AT_ENV}={name}#{}: aborting here", t.nth);
         std::process::abort();
+    }
+    if let Some(t) = hold()
+        && t.arrived(name)
+    {
+        eprintln!("{HOLD_AT_ENV}={name}#{}: holding here until killed", t.nth);
+        loop {
+            std::thread::park();
+        }
     }
 }
 

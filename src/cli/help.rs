@@ -126,6 +126,12 @@ pub const ENVIRONMENT: &[EnvVar] = &[
                 docs/design.md lists them)",
         read_by: Readers::All,
     },
+    EnvVar {
+        name: "FTPIPE_HOLD_AT",
+        means: "for crash tests only: hold the thread reaching the named crash point there \
+                until the process is killed (NAME or NAME#N)",
+        read_by: Readers::All,
+    },
 ];
 
 /// The examples of each command (`""`: ftpipe's own page).

@@ -16,6 +16,8 @@
 //!   resumed and compared with a reference model.
 //! * `checkpoint_cadence`: a file checkpoints every 1/256 of its bytes
 //!   (4 to 64 MiB), so a kill costs a large file a bounded share.
+//! * `digest_read_back`: a file's ranges become durable while its digest
+//!   reads back what it could not hash from memory.
 //! * `chain_crash`: every named crash point of resolve → plan → fetch →
 //!   convert → verify, and a kill storm over whole chains.
 //! * `powercut`: power cuts during `ftpipe run` on a FUSE filesystem that
@@ -188,6 +190,7 @@ mod convert_retire;
 mod copy_aside;
 mod crash;
 mod demo;
+mod digest_read_back;
 mod disk_budget;
 mod disk_full;
 mod error_advice;

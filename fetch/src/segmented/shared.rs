@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::{Notify, watch};
 
+use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::direct::{Bounce, DirectFile};
 use ftpipe_hub::identity::IdentityHasher;
 
@@ -109,6 +110,7 @@ impl Shared {
             if from >= prefix {
                 return Ok(());
             }
+            crashpoint::hit(CrashPoint::DigestReadBack);
             let Digest { hasher, bounce, .. } = &mut *d;
             let bounce = bounce.get_or_insert_with(|| Bounce::new(HASH_CHUNK as usize));
             self.file
