@@ -588,6 +588,12 @@ pub(super) fn cut(chunks: &[Bytes], mut skip: u64, mut left: u64) -> (Vec<Bytes>
 }
 
 impl Cursor {
+    /// Whether the next step starts a term: nothing of the last one is
+    /// left to hand on and bytes of the span are.
+    pub(super) fn starts_a_term(&self) -> bool {
+        self.pending.is_empty() && self.reading.is_none() && self.left > 0
+    }
+
     /// The next chunk's bytes of the span (the stream's step): one chunk
     /// at a time, so the transfer checkpoints inside a term, each chunk
     /// handed on only once its batch's hashes are recorded.

@@ -18,7 +18,9 @@
 //!    its bytes arrive (`xorb`), each chunk hashed (`hash`), and the
 //!    chunks recorded with their hashes in the store a batch (1 MiB, or
 //!    the term's rest) at a time, each batch before its bytes are handed
-//!    on: a cut or a kill inside a term loses at most one batch;
+//!    on: a cut or a kill inside a term loses at most one batch, and what
+//!    and what the body read ahead of its reader within the term
+//!    (`read_ahead`, at most 1 MiB);
 //! 4. after the file's SHA-256 matched, [`ByteSource::check_whole`]
 //!    recomputes the file's Xet hash from the recorded chunk hashes.
 //!
@@ -72,6 +74,12 @@ use cas::{Cursor, Segment};
 use share::Share;
 use std::collections::VecDeque;
 use wire::{MAX_TOKEN_BYTES, TokenBody};
+
+/// Decoded bytes a body holds read ahead of its reader, at most (one
+/// batch, [`cas::BATCH_BYTES`]).
+const READ_AHEAD_BYTES: u32 = 1 << 20;
+/// The unit [`READ_AHEAD_BYTES`] is counted in.
+const READ_AHEAD_UNIT: u32 = 4096;
 
 /// A token is refreshed this long before it expires.
 const REFRESH_MARGIN: Duration = Duration::from_secs(60);
@@ -333,7 +341,7 @@ impl Inner {
             file: file.clone(),
             token,
         };
-        let body = Body::stream(futures_util::stream::unfold(cursor, Cursor::step).boxed());
+        let body = read_ahead(cursor);
         let length = Some(end - from);
         let outcome = match ask.span {
             Span::Whole => ReadOutcome::Whole {
@@ -523,4 +531,58 @@ fn token_fields(
         format!("neither X-Xet-Cas-Url, X-Xet-Access-Token, X-Xet-Token-Expiration nor a JSON body {{accessToken, exp, casUrl}}: {e}")
     })?;
     Ok((b.cas_url, b.access_token, b.exp))
+}
+
+/// The body of `cursor`, read on a task of its own up to
+/// [`READ_AHEAD_BYTES`] ahead of the reader within a term: the term's next
+/// batch is decoded and recorded (an fsync) while the reader writes the
+/// last one. Read in step with its reader, a range waited for each batch's
+/// commit and then for each of its writes, one after the other, and ran at
+/// about 120 MB/s on loopback with the cores half idle. A new term (a new
+/// xorb request, or chunks taken from elsewhere) is started only once the
+/// reader has taken every byte before it: a range cut short by a split
+/// never asks for a term past its new end. The task ends at the body's
+/// end or error, or once the reader has dropped the body (after the step
+/// under way).
+fn read_ahead(cursor: Cursor) -> Body {
+    let units = READ_AHEAD_BYTES / READ_AHEAD_UNIT;
+    let room = Arc::new(tokio::sync::Semaphore::new(units as usize));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut cursor = cursor;
+        loop {
+            if cursor.starts_a_term() {
+                // Every byte read ahead taken (or the reader gone).
+                let Ok(all) = room.acquire_many(units).await else {
+                    return;
+                };
+                drop(all);
+            }
+            if tx.is_closed() {
+                return;
+            }
+            let Some((item, next)) = cursor.step().await else {
+                return;
+            };
+            let len = item.as_ref().map_or(0, bytes::Bytes::len);
+            let need = u32::try_from(len.div_ceil(READ_AHEAD_UNIT as usize))
+                .unwrap_or(units)
+                .min(units);
+            let Ok(held) = room.clone().acquire_many_owned(need).await else {
+                return;
+            };
+            let failed = item.is_err();
+            if tx.send((item, held)).is_err() || failed {
+                return;
+            }
+            cursor = next;
+        }
+    });
+    Body::stream(
+        futures_util::stream::unfold(rx, |mut rx| async move {
+            // The room is given back as the reader takes the bytes.
+            rx.recv().await.map(|(item, _room)| (item, rx))
+        })
+        .boxed(),
+    )
 }
