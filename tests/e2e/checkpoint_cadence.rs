@@ -11,7 +11,6 @@
 //! those 32 MiB must be durable in the ledger (with the old 64 MiB: none);
 //! the fetch killed there resumes from that watermark.
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -23,13 +22,6 @@ const MIB: u64 = 1024 * 1024;
 const STALL_AFTER: u64 = 32 * MIB;
 /// The interval of a file below 1 GiB: the lower bound.
 const INTERVAL: u64 = 4 * MIB;
-
-fn committed(out: &Path, path: &str) -> u64 {
-    try_ledger_snapshot(out)
-        .ok()
-        .and_then(|rows| rows.into_iter().find(|r| r.path == path))
-        .map_or(0, |r| r.committed)
-}
 
 #[test]
 fn a_stalled_file_holds_at_most_one_interval_not_durable() {
@@ -57,7 +49,7 @@ fn a_stalled_file_holds_at_most_one_interval_not_durable() {
     let mut durable = 0;
     while durable < STALL_AFTER - INTERVAL && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
-        durable = committed(&out, &big.path);
+        durable = committed_bytes(&out, &big.path);
     }
     child.kill().unwrap();
     child.wait().unwrap();

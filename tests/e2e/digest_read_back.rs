@@ -14,7 +14,6 @@
 //! file is (before: the watermarks froze where the read-back began); killed
 //! there, the fetch resumes without a byte fetched twice and verifies.
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -22,13 +21,6 @@ use crate::common::*;
 use ftpipe_fixtures::{Fault, FaultRule};
 
 const MIB: u64 = 1024 * 1024;
-
-fn committed(out: &Path, path: &str) -> u64 {
-    try_ledger_snapshot(out)
-        .ok()
-        .and_then(|rows| rows.into_iter().find(|r| r.path == path))
-        .map_or(0, |r| r.committed)
-}
 
 #[test]
 fn watermarks_become_durable_while_the_digest_reads_back() {
@@ -94,7 +86,7 @@ fn watermarks_become_durable_while_the_digest_reads_back() {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("ftpipe ended ({status}) with the read-back held");
         }
-        durable = committed(&out, path);
+        durable = committed_bytes(&out, path);
         if durable_when_held.is_none() && held() {
             durable_when_held = Some(durable);
         }

@@ -242,13 +242,7 @@ fn fill_mid_run_then_resume(out: &Path, fill: &Path, named: &Path) {
     // Wait until the big file sits stalled with its bytes up to the stall
     // committed (STALL_AFTER is a multiple of --checkpoint-bytes), then fill.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let committed = |out: &Path| {
-        try_ledger_snapshot(out)
-            .ok()
-            .and_then(|rows| rows.into_iter().find(|r| r.path == big))
-            .map_or(0, |r| r.committed)
-    };
-    while part_len(out, &big) < STALL_AFTER || committed(out) < STALL_AFTER {
+    while part_len(out, &big) < STALL_AFTER || committed_bytes(out, &big) < STALL_AFTER {
         assert!(Instant::now() < deadline, "the stall was never reached");
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -304,6 +304,15 @@ pub fn ledger_snapshot(out: &Path) -> Vec<LedgerSnap> {
     try_ledger_snapshot(out).unwrap_or_else(|e| panic!("ledger snapshot: {e}"))
 }
 
+/// The committed (durable) bytes of `path` in `out`'s ledger; 0 while
+/// the ledger cannot be read (not yet created, or mid-creation).
+pub fn committed_bytes(out: &Path, path: &str) -> u64 {
+    try_ledger_snapshot(out)
+        .ok()
+        .and_then(|rows| rows.into_iter().find(|r| r.path == path))
+        .map_or(0, |r| r.committed)
+}
+
 /// Like [`ledger_snapshot`], but returns the error of the read-only query.
 pub fn try_ledger_snapshot(out: &Path) -> Result<Vec<LedgerSnap>, String> {
     if !out.join(".ftpipe/state.db").is_file()
