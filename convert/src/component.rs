@@ -5,7 +5,7 @@
 //! them exactly ([`FtwBuilder`], [`expert_sidecar`]). How ModelOpt NVFP4
 //! tensors are recognised lives beside it in [`crate::nvfp4`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -164,15 +164,20 @@ pub struct Component {
     pub content: ComponentContent,
 }
 
-/// All tensors of the source by name, with their file.
+/// All tensors of the source by name, with their file: a hash map for the
+/// profiles' lookups (a plan makes several per tensor, by names sharing
+/// long prefixes, where a search tree spent its time comparing them) and
+/// the same entries in name order.
 pub struct Catalog<'a> {
-    by_name: BTreeMap<&'a str, (&'a Arc<str>, &'a SourceTensor)>,
+    by_name: HashMap<&'a str, (&'a Arc<str>, &'a SourceTensor)>,
+    in_order: Vec<(&'a str, &'a Arc<str>, &'a SourceTensor)>,
 }
 
 impl<'a> Catalog<'a> {
     /// Indexes the headers; a tensor in two files is an error.
     pub fn new(headers: impl IntoIterator<Item = &'a SourceHeader>) -> Result<Self, ConvertError> {
-        let mut by_name = BTreeMap::new();
+        let mut by_name = HashMap::new();
+        let mut in_order = Vec::new();
         for h in headers {
             for t in h.tensors() {
                 if let Some((first, _)) = by_name.insert(t.name(), (h.shared_file(), t)) {
@@ -182,9 +187,11 @@ impl<'a> Catalog<'a> {
                         second: h.file().to_owned(),
                     });
                 }
+                in_order.push((t.name(), h.shared_file(), t));
             }
         }
-        Ok(Catalog { by_name })
+        in_order.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        Ok(Catalog { by_name, in_order })
     }
 
     pub(super) fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
@@ -193,7 +200,7 @@ impl<'a> Catalog<'a> {
 
     /// Every tensor in name order: `(name, file, tensor)`.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&'a str, &'a str, &'a SourceTensor)> + '_ {
-        self.by_name.iter().map(|(&n, &(f, t))| (n, &**f, t))
+        self.in_order.iter().map(|&(n, f, t)| (n, &**f, t))
     }
 
     /// The whole of tensor `name`, its names shared with the header.

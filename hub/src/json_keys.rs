@@ -11,8 +11,9 @@
 //! misses a token written with `\u` escapes, which every parser decodes
 //! into the same string.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
@@ -64,7 +65,7 @@ pub fn scan(json: &[u8]) -> Result<Findings, serde_json::Error> {
     };
     let mut de = serde_json::Deserializer::from_slice(json);
     Walk {
-        path: String::new(),
+        path: &mut String::new(),
         found: &mut found,
     }
     .deserialize(&mut de)?;
@@ -80,8 +81,11 @@ pub fn describe(dups: &[DuplicateKey]) -> String {
         .join(", ")
 }
 
+/// One value of the document at `path` (`weight_map.a`, `layers[2]`;
+/// empty at the top): a buffer the walk extends while it descends and cuts
+/// back after, so that a key costs no allocation unless it repeats.
 struct Walk<'a> {
-    path: String,
+    path: &'a mut String,
     found: &'a mut Findings,
 }
 
@@ -119,42 +123,73 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let found = self.found;
-        let mut i = 0usize;
-        while seq
-            .next_element_seed(Walk {
-                path: format!("{}[{i}]", self.path),
+        let (path, found) = (self.path, self.found);
+        let object = path.len();
+        for i in 0usize.. {
+            // Writing to a String cannot fail.
+            let _ = write!(path, "[{i}]");
+            let more = seq.next_element_seed(Walk {
+                path: &mut *path,
                 found: &mut *found,
-            })?
-            .is_some()
-        {
-            i += 1;
+            })?;
+            path.truncate(object);
+            if more.is_none() {
+                break;
+            }
         }
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let found = self.found;
-        let mut seen = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
+        let (path, found) = (self.path, self.found);
+        let object = path.len();
+        let mut seen: HashSet<Cow<'de, str>> = HashSet::new();
+        while let Some(key) = map.next_key_seed(Key)? {
             found.holds_secret |= ftpipe_secrets::contains_secret(key.as_bytes());
-            let path = if self.path.is_empty() {
-                key.clone()
-            } else {
-                format!("{}.{key}", self.path)
-            };
-            if !seen.insert(key.clone()) {
+            if object > 0 {
+                path.push('.');
+            }
+            path.push_str(&key);
+            if let Some(repeated) = seen.replace(key) {
                 found.duplicates.push(DuplicateKey {
-                    object: self.path.clone(),
-                    key,
+                    object: path[..object].to_owned(),
+                    key: repeated.into_owned(),
                 });
             }
             map.next_value_seed(Walk {
-                path,
+                path: &mut *path,
                 found: &mut *found,
             })?;
+            path.truncate(object);
         }
         Ok(())
+    }
+}
+
+/// An object's key, borrowed from the document unless it holds escapes.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v))
     }
 }
 
