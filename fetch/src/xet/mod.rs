@@ -540,8 +540,8 @@ fn token_fields(
 /// commit and then for each of its writes, one after the other, and ran at
 /// about 120 MB/s on loopback with the cores half idle. A new term (a new
 /// xorb request, or chunks taken from elsewhere) is started only once the
-/// reader has taken every byte before it: a range cut short by a split
-/// never asks for a term past its new end. The task ends at the body's
+/// reader has taken every byte before it and asked for more: a range cut
+/// short by a split never asks for a term past its new end. The task ends at the body's
 /// end or error, or once the reader has dropped the body (after the step
 /// under way).
 fn read_ahead(cursor: Cursor) -> Body {
@@ -579,9 +579,12 @@ fn read_ahead(cursor: Cursor) -> Body {
         }
     });
     Body::stream(
-        futures_util::stream::unfold(rx, |mut rx| async move {
-            // The room is given back as the reader takes the bytes.
-            rx.recv().await.map(|(item, _room)| (item, rx))
+        futures_util::stream::unfold((rx, None), |(mut rx, taken)| async move {
+            // The reader asks for more: it is done with the bytes before,
+            // and their room is given back. A reader that reached its end
+            // never asks, so no term past it is started.
+            drop::<Option<tokio::sync::OwnedSemaphorePermit>>(taken);
+            rx.recv().await.map(|(item, room)| (item, (rx, Some(room))))
         })
         .boxed(),
     )
