@@ -86,8 +86,11 @@ fn watermarks_become_durable_while_the_digest_reads_back() {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("ftpipe ended ({status}) with the read-back held");
         }
+        // The log first: a hold seen is one that began before `durable`
+        // was read, so `durable` bounds what was durable at the hold.
+        let seen_held = durable_when_held.is_none() && held();
         durable = committed_bytes(&out, path);
-        if durable_when_held.is_none() && held() {
+        if seen_held {
             durable_when_held = Some(durable);
         }
     }

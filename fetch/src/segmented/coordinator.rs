@@ -105,6 +105,9 @@ pub(super) struct PassState {
     pub(super) last_checkpoint: Instant,
     /// The digest reading back the written prefix, while it does: beside
     /// the checkpoints, never waited for by one ([`Coordinator::follow_digest`]).
+    /// Joined before the comparison, before the part is emptied and when a
+    /// range fails; a pass ended by an error of its own leaves it to end
+    /// alone (its reads stop at the written prefix, nothing is compared).
     pub(super) reading_back: Option<JoinHandle<std::io::Result<()>>>,
 }
 
@@ -394,7 +397,7 @@ impl Coordinator {
             // What was written by validated responses is a correct prefix of
             // each range: keep it.
             if let Err(c) = self.checkpoint(&mut st).await {
-                tracing::warn!(path = self.path(), error = %c, after = %e, "checkpoint after a failed range did not commit");
+                tracing::warn!(path = self.path(), error = %c, after = %e, "checkpoint after a failed range failed");
             }
             if let Err(d) = self.digest_read_back(&mut st).await {
                 tracing::warn!(path = self.path(), error = %d, after = %e, "the digest's read-back failed");

@@ -19,7 +19,7 @@
 //!    chunks recorded with their hashes in the store a batch (1 MiB, or
 //!    the term's rest) at a time, each batch before its bytes are handed
 //!    on: a cut or a kill inside a term loses at most one batch, and what
-//!    and what the body read ahead of its reader within the term
+//!    the body read ahead of its reader within the term
 //!    (`read_ahead`, at most 1 MiB);
 //! 4. after the file's SHA-256 matched, [`ByteSource::check_whole`]
 //!    recomputes the file's Xet hash from the recorded chunk hashes.
@@ -548,7 +548,7 @@ fn read_ahead(cursor: Cursor) -> Body {
     let units = READ_AHEAD_BYTES / READ_AHEAD_UNIT;
     let room = Arc::new(tokio::sync::Semaphore::new(units as usize));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut cursor = cursor;
         loop {
             if cursor.starts_a_term() {
@@ -558,10 +558,14 @@ fn read_ahead(cursor: Cursor) -> Body {
                 };
                 drop(all);
             }
-            if tx.is_closed() {
-                return;
-            }
-            let Some((item, next)) = cursor.step().await else {
+            // A reader gone ends the step under way, as dropping a body
+            // read in step with its reader did (a term it was waiting for
+            // or asking is never fetched for nobody).
+            let stepped = tokio::select! {
+                stepped = cursor.step() => stepped,
+                () = tx.closed() => return,
+            };
+            let Some((item, next)) = stepped else {
                 return;
             };
             let len = item.as_ref().map_or(0, bytes::Bytes::len);
@@ -578,13 +582,24 @@ fn read_ahead(cursor: Cursor) -> Body {
             cursor = next;
         }
     });
+    let state = (rx, None, Some(task));
     Body::stream(
-        futures_util::stream::unfold((rx, None), |(mut rx, taken)| async move {
+        futures_util::stream::unfold(state, |(mut rx, taken, mut task)| async move {
             // The reader asks for more: it is done with the bytes before,
             // and their room is given back. A reader that reached its end
             // never asks, so no term past it is started.
             drop::<Option<tokio::sync::OwnedSemaphorePermit>>(taken);
-            rx.recv().await.map(|(item, room)| (item, (rx, Some(room))))
+            if let Some((item, room)) = rx.recv().await {
+                return Some((item, (rx, Some(room), task)));
+            }
+            // The task's panic is the reader's, as when it read in step.
+            if let Some(task) = task.take()
+                && let Err(e) = task.await
+                && e.is_panic()
+            {
+                std::panic::resume_unwind(e.into_panic());
+            }
+            None
         })
         .boxed(),
     )
