@@ -128,7 +128,7 @@ fn publish_then_pull_round_trip() {
     let o = pull_identical(registry_ftpipe(tmp.path()), &dest, &out, &dir, &[]);
     assert_eq!(summary(&o)["outcome"]["already_pulled"], false);
     let blob_gets = |reg: &Registry| {
-        reg.requests()
+        reg.requests_settled()
             .iter()
             .filter(|r| r.method == "GET" && r.path.contains("/blobs/"))
             .count()

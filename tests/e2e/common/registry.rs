@@ -211,6 +211,23 @@ impl Registry {
         text.lines().filter_map(parse_access_line).collect()
     }
 
+    /// Every request the access log holds once it has not grown for
+    /// 200 ms (at most 10 s): the registry writes a request's line after
+    /// its answer, so the last requests of a client that has just exited
+    /// may not be in the log yet.
+    pub fn requests_settled(&self) -> Vec<Logged> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = self.requests();
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = self.requests();
+            if now.len() == seen.len() || Instant::now() > deadline {
+                return now;
+            }
+            seen = now;
+        }
+    }
+
     /// Requests that write (anything but `GET` and `HEAD`).
     pub fn writes(&self) -> Vec<Logged> {
         self.requests()
