@@ -165,9 +165,9 @@ pub struct Component {
 }
 
 /// All tensors of the source by name, with their file: a hash map for the
-/// profiles' lookups (a plan makes several per tensor, by names sharing
-/// long prefixes, where a search tree spent its time comparing them) and
-/// the same entries in name order.
+/// profiles' lookups (several per tensor, by names sharing long prefixes,
+/// which a search tree compares byte by byte at every level) and the same
+/// entries in name order.
 pub struct Catalog<'a> {
     by_name: HashMap<&'a str, (&'a Arc<str>, &'a SourceTensor)>,
     in_order: Vec<(&'a str, &'a Arc<str>, &'a SourceTensor)>,

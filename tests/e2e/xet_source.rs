@@ -509,6 +509,19 @@ fn the_cas_token_is_never_sent_to_another_host() {
     );
 }
 
+/// Xet files from 256 KiB on fetched as ranges of 256 KiB pieces, split
+/// whatever their rate.
+const RANGED: &[&str] = &[
+    "--segment-threshold",
+    "256KiB",
+    "--min-range",
+    "64KiB",
+    "--piece-size",
+    "256KiB",
+    "--split-below-rate",
+    "0",
+];
+
 /// Regression (issue 37, item 1): a Xet file fetched as several ranges at
 /// once (the terms on each range's edges from a reconstruction of the edge,
 /// cut to the chunks that hold it, so neighbouring ranges' terms overlap
@@ -521,18 +534,7 @@ fn a_xet_file_fetched_as_ranges_is_whole_and_its_hash_checked() {
     let (hub, files, _cas, proxy, _hashes) = xet_served(380);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let ranged = [
-        "--segment-threshold",
-        "256KiB",
-        "--min-range",
-        "64KiB",
-        "--piece-size",
-        "256KiB",
-        "--connections",
-        "6",
-        "--split-below-rate",
-        "0",
-    ];
+    let ranged = [RANGED, &["--connections", "6"]].concat();
     // Warnings shown: an unchecked Xet hash is one.
     let o = run(fetch_cmd(&hub.endpoint(), &out, &ranged).env("FTPIPE_LOG", "warn"));
     assert!(o.status.success(), "{}", stderr(&o));
@@ -574,18 +576,7 @@ fn a_failed_xorb_read_makes_a_split_files_next_range_ask_the_reconstruction_agai
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     proxy.lie("v1/fetch_term", Lie::Status { code: 403 }, 1);
-    let args = [
-        "--include",
-        &f.path,
-        "--segment-threshold",
-        "256KiB",
-        "--min-range",
-        "64KiB",
-        "--piece-size",
-        "256KiB",
-        "--split-below-rate",
-        "0",
-    ];
+    let args = [RANGED, &["--include", &f.path]].concat();
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
     assert!(o.status.success(), "{}", stderr(&o));
     assert_files_match(&out, std::slice::from_ref(f));

@@ -399,7 +399,7 @@ impl Coordinator {
             if let Err(c) = self.checkpoint(&mut st).await {
                 tracing::warn!(path = self.path(), error = %c, after = %e, "checkpoint after a failed range failed");
             }
-            if let Err(d) = self.digest_read_back(&mut st).await {
+            if let Err(d) = self.join_read_back(&mut st).await {
                 tracing::warn!(path = self.path(), error = %d, after = %e, "the digest's read-back failed");
             }
             return Err(e);
@@ -672,15 +672,14 @@ impl Coordinator {
 
     /// Starts the digest reading back the written prefix it could not hash
     /// from memory, on a blocking thread beside the checkpoints, unless a
-    /// read-back runs (an ended one's error is returned here). A
-    /// checkpoint that waited for it held every range's watermark back
-    /// while the ranges wrote on: a read-back of hundreds of MB left a
-    /// quarter of a file fetched as four ranges not durable at a kill.
+    /// read-back runs (an ended one's error is returned here): a
+    /// checkpoint that waited for it would hold every range's watermark
+    /// back while the ranges write on.
     async fn follow_digest(&self, st: &mut PassState) -> Result<()> {
         if st.reading_back.as_ref().is_some_and(|r| !r.is_finished()) {
             return Ok(());
         }
-        self.digest_read_back(st).await?;
+        self.join_read_back(st).await?;
         let behind = match st.shared.digest.try_lock() {
             Ok(d) => d.hashed < written_prefix(&st.shared.slots()),
             // A worker hashing its bytes from memory: not behind.
@@ -696,7 +695,7 @@ impl Coordinator {
     }
 
     /// Waits for the digest's read-back, when one runs.
-    async fn digest_read_back(&self, st: &mut PassState) -> Result<()> {
+    async fn join_read_back(&self, st: &mut PassState) -> Result<()> {
         let Some(reading) = st.reading_back.take() else {
             return Ok(());
         };
@@ -713,7 +712,7 @@ impl Coordinator {
         reason: DiscardReason,
     ) -> Result<()> {
         // Its reads end before the file is emptied under them.
-        if let Err(e) = self.digest_read_back(st).await {
+        if let Err(e) = self.join_read_back(st).await {
             tracing::warn!(path = self.path(), error = %e, "the digest's read-back failed");
         }
         let store = &self.ctx.store;
@@ -756,7 +755,7 @@ impl Coordinator {
     /// Verifies the digest of the whole file and publishes it.
     pub(super) async fn finish(&mut self, mut st: PassState) -> Result<Pass> {
         let size = self.file.size;
-        self.digest_read_back(&mut st).await?;
+        self.join_read_back(&mut st).await?;
         let shared = &st.shared;
         block_in_place(|| shared.catch_up_digest()).map_err(|e| self.io("hash", e))?;
         let (hashed, catch_up, actual) = {

@@ -536,14 +536,12 @@ fn token_fields(
 /// The body of `cursor`, read on a task of its own up to
 /// [`READ_AHEAD_BYTES`] ahead of the reader within a term: the term's next
 /// batch is decoded and recorded (an fsync) while the reader writes the
-/// last one. Read in step with its reader, a range waited for each batch's
-/// commit and then for each of its writes, one after the other, and ran at
-/// about 120 MB/s on loopback with the cores half idle. A new term (a new
-/// xorb request, or chunks taken from elsewhere) is started only once the
+/// last one, instead of each waiting for the other. A new term (a new xorb
+/// request, or chunks taken from elsewhere) is started only once the
 /// reader has taken every byte before it and asked for more: a range cut
-/// short by a split never asks for a term past its new end. The task ends at the body's
-/// end or error, or once the reader has dropped the body (after the step
-/// under way).
+/// short by a split never asks for a term past its new end. The task ends
+/// at the body's end or error, or as soon as the reader has dropped the
+/// body (the step under way with it).
 fn read_ahead(cursor: Cursor) -> Body {
     let units = READ_AHEAD_BYTES / READ_AHEAD_UNIT;
     let room = Arc::new(tokio::sync::Semaphore::new(units as usize));
