@@ -130,13 +130,18 @@ impl<'a> SpanWriter<'a> {
     /// writer per component is created before the first byte is fetched:
     /// their fsyncs are off that path).
     pub fn create(artifact: &Path, c: &'a Component) -> Result<Self> {
+        create_component_dir(artifact, c)?;
+        Self::create_in_dir(artifact, c)
+    }
+
+    /// [`Self::create`] once [`create_component_dir`] made `c`'s directory
+    /// durable.
+    pub fn create_in_dir(artifact: &Path, c: &'a Component) -> Result<Self> {
         let (map, spans) = placement(c)?.ok_or_else(|| {
             ConvertError::internal(format!("{}: a Q3 component has no span placement", c.name))
         })?;
         let path = safe_join(artifact, &c.name)?;
         let tmp = safe_join(artifact, &temp_name(&c.name))?;
-        let dir = path.parent().unwrap_or(artifact).to_owned();
-        create_dirs_durably(artifact, &dir).map_err(|e| ConvertError::io("create", &dir, e))?;
         ftpipe_fs::nofollow::check_absent_or_regular(&path)
             .map_err(|e| ConvertError::io("open", &path, e))?;
         // A final file without a receipt (an earlier run's, any identity)
@@ -300,6 +305,14 @@ impl<'a> SpanWriter<'a> {
         rename_durably_up_to(artifact, &self.tmp, &self.path)?;
         Ok(Written { size, sha256 })
     }
+}
+
+/// Creates the directory of `c`'s file under `artifact` and fsyncs it and
+/// every directory up to `artifact`.
+pub fn create_component_dir(artifact: &Path, c: &Component) -> Result<()> {
+    let path = safe_join(artifact, &c.name)?;
+    let dir = path.parent().unwrap_or(artifact);
+    create_dirs_durably(artifact, dir).map_err(|e| ConvertError::io("create", dir, e))
 }
 
 /// `c`'s writer for a run: its temp file resumed when the claims in

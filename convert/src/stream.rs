@@ -28,7 +28,10 @@ use ftpipe_receipts::{RunId, Store};
 
 use crate::component::{Component, ComponentContent, ComponentKind};
 use crate::error::{ConvertError, Result, RetiredBy};
-use crate::placed::{SpanWriter, in_threads, open_durable, recover_renamed, write_file_into_all};
+use crate::placed::{
+    SpanWriter, create_component_dir, in_threads, open_durable, recover_renamed,
+    write_file_into_all,
+};
 use crate::plan::Plan;
 use crate::write::{Sources, Written, read_global_scale, write_component, write_component_with};
 
@@ -65,11 +68,28 @@ impl<'p> StreamConverter<'p> {
         let mut writers = Vec::new();
         let mut recovered = Vec::new();
         let mut ple_files = BTreeSet::new();
+        let claimed = store.components_with_span_claims().await?;
+        // Each directory made durable once, not once per component in it.
+        let mut dirs = BTreeSet::new();
         for c in &plan.components {
             if is_q3(c) {
                 ple_files.extend(c.source_files.iter().map(String::as_str));
             } else if !done.contains(&c.name) {
                 let id = identity(c);
+                if !claimed.contains(&c.name) {
+                    // Nothing claimed: nothing to recover or resume, and
+                    // no claim to forget (one query for all, not two per
+                    // component).
+                    let writer = block_in_place(|| {
+                        let dir = Path::new(&c.name).parent().map(Path::to_owned);
+                        if dirs.insert(dir) {
+                            create_component_dir(artifact, c)?;
+                        }
+                        SpanWriter::create_in_dir(artifact, c)
+                    })?;
+                    writers.push((writer, id));
+                    continue;
+                }
                 match recover_renamed(store, artifact, c, &id).await? {
                     Some(w) => recovered.push((c.name.clone(), w)),
                     None => writers.push((open_durable(store, artifact, c, &id).await?, id)),

@@ -183,13 +183,18 @@ pub fn write_atomic_json<T: serde::Serialize>(
     let tmp = dir.join(temp_name(name));
     check_names(&path, &tmp)?;
     if let Ok(f) = nofollow::open_read(&path) {
-        let mut same = Checking {
-            hasher: sha2::Sha256::new(),
-            same_as: Some(BufReader::with_capacity(1 << 16, &f)),
-            buf: Vec::new(),
-            out: std::io::sink(),
-        };
-        let equal = to(&mut same).is_ok()
+        let mut same = BufWriter::with_capacity(
+            1 << 16,
+            Checking {
+                hasher: sha2::Sha256::new(),
+                same_as: Some(BufReader::with_capacity(1 << 16, &f)),
+                buf: Vec::new(),
+                out: std::io::sink(),
+            },
+        );
+        let written = to(&mut same).and_then(|()| same.flush()).is_ok();
+        let (mut same, _) = same.into_parts();
+        let equal = written
             && same
                 .same_as
                 .as_mut()
@@ -200,17 +205,21 @@ pub fn write_atomic_json<T: serde::Serialize>(
         }
     }
     let f = nofollow::create_truncated(&tmp).map_err(|e| FsError::io("create", &tmp, e))?;
-    let mut w = Checking {
-        hasher: sha2::Sha256::new(),
-        same_as: None,
-        buf: Vec::new(),
-        out: BufWriter::with_capacity(1 << 16, f),
-    };
+    let mut w = BufWriter::with_capacity(
+        1 << 16,
+        Checking {
+            hasher: sha2::Sha256::new(),
+            same_as: None,
+            buf: Vec::new(),
+            out: f,
+        },
+    );
     to(&mut w)
         .and_then(|()| w.flush())
-        .and_then(|()| w.out.get_ref().sync_all())
+        .and_then(|()| w.get_ref().out.sync_all())
         .map_err(|e| FsError::io("write", &tmp, e))?;
     rename_durably(&tmp, &path)?;
+    let (w, _) = w.into_parts();
     Ok(hex::encode(w.hasher.finalize()))
 }
 

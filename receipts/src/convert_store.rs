@@ -192,6 +192,16 @@ impl Store {
         tx.commit().await.ctx("commit component_spans")
     }
 
+    /// The components with at least one span claim.
+    pub async fn components_with_span_claims(&self) -> Result<BTreeSet<String>> {
+        let mut conn = self.conn.lock().await;
+        let rows = sqlx::query("SELECT DISTINCT component FROM component_spans")
+            .fetch_all(&mut *conn)
+            .await
+            .ctx("select component_spans")?;
+        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    }
+
     /// The span claims of `component`, by source file.
     pub async fn span_claims(&self, component: &str) -> Result<Vec<SpanClaim>> {
         let mut conn = self.conn.lock().await;
