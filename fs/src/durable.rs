@@ -139,6 +139,21 @@ struct Checking<'a, W> {
     out: W,
 }
 
+impl<'a, W: Write> Checking<'a, W> {
+    /// A check of bytes written to `out` (and compared with `same_as`),
+    /// behind a 64 KiB buffer: serde_json writes fragments of a few bytes,
+    /// hashed and compared here a block at a time.
+    fn buffered(same_as: Option<BufReader<&'a File>>, out: W) -> BufWriter<Self> {
+        let check = Checking {
+            hasher: sha2::Sha256::new(),
+            same_as,
+            buf: Vec::new(),
+            out,
+        };
+        BufWriter::with_capacity(1 << 16, check)
+    }
+}
+
 impl<W: Write> Write for Checking<'_, W> {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
         if let Some(r) = &mut self.same_as {
@@ -183,15 +198,8 @@ pub fn write_atomic_json<T: serde::Serialize>(
     let tmp = dir.join(temp_name(name));
     check_names(&path, &tmp)?;
     if let Ok(f) = nofollow::open_read(&path) {
-        let mut same = BufWriter::with_capacity(
-            1 << 16,
-            Checking {
-                hasher: sha2::Sha256::new(),
-                same_as: Some(BufReader::with_capacity(1 << 16, &f)),
-                buf: Vec::new(),
-                out: std::io::sink(),
-            },
-        );
+        let mut same =
+            Checking::buffered(Some(BufReader::with_capacity(1 << 16, &f)), std::io::sink());
         let written = to(&mut same).and_then(|()| same.flush()).is_ok();
         let (mut same, _) = same.into_parts();
         let equal = written
@@ -205,15 +213,7 @@ pub fn write_atomic_json<T: serde::Serialize>(
         }
     }
     let f = nofollow::create_truncated(&tmp).map_err(|e| FsError::io("create", &tmp, e))?;
-    let mut w = BufWriter::with_capacity(
-        1 << 16,
-        Checking {
-            hasher: sha2::Sha256::new(),
-            same_as: None,
-            buf: Vec::new(),
-            out: f,
-        },
-    );
+    let mut w = Checking::buffered(None, f);
     to(&mut w)
         .and_then(|()| w.flush())
         .and_then(|()| w.get_ref().out.sync_all())
@@ -296,6 +296,31 @@ mod tests {
         let other = serde_json::json!({"a": [1, 2]});
         let second = write_atomic_json(dir.path(), "m.json", &other, style).unwrap();
         assert_ne!(second, first);
+    }
+
+    /// Values past the 64 KiB buffer in front of the check: one equal to
+    /// the file is kept, one differing only in its last bytes, or a prefix
+    /// of the file, is written.
+    #[test]
+    fn write_atomic_json_compares_past_its_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let style = JsonStyle {
+            pretty: false,
+            newline: false,
+        };
+        let long = |tail: &str| serde_json::json!(["x".repeat(300_000), tail]);
+        let read = || std::fs::read(dir.path().join("big.json")).unwrap();
+        let first = write_atomic_json(dir.path(), "big.json", &long("a"), style).unwrap();
+        let kept = write_atomic_json(dir.path(), "big.json", &long("a"), style).unwrap();
+        assert_eq!(kept, first);
+        let changed = write_atomic_json(dir.path(), "big.json", &long("b"), style).unwrap();
+        assert_ne!(changed, first);
+        assert_eq!(read(), serde_json::to_vec(&long("b")).unwrap());
+        let prefix = serde_json::json!(["x".repeat(300_000)]);
+        write_atomic_json(dir.path(), "big.json", &long("bb"), style).unwrap();
+        let shorter = write_atomic_json(dir.path(), "big.json", &prefix, style).unwrap();
+        assert_eq!(read(), serde_json::to_vec(&prefix).unwrap());
+        assert_eq!(shorter, hex::encode(sha2::Sha256::digest(read())));
     }
 
     #[test]
