@@ -227,26 +227,37 @@ impl<'a> SpanWriter<'a> {
     }
 
     /// Writes every span of source `file` not yet written, at its place;
-    /// returns the source bytes written.
+    /// returns the source bytes written. Spans that follow each other in
+    /// the placement are gathered into one write, with the padding between
+    /// their slots written as the zeros it holds (placed spans are in slot
+    /// order and slots do not overlap, so nothing but padding lies between
+    /// two neighbours).
     pub fn write_file(&mut self, sources: &Sources, file: &str) -> Result<u64> {
         let mut buf = Vec::new();
-        let mut bytes = 0;
-        for (p, done) in self.spans.iter().zip(self.done.iter_mut()) {
-            if *done || &*p.span.file != file {
+        let mut gather = Gather::default();
+        let mut wrote = Vec::new();
+        let io = |e| ConvertError::io("write", &self.tmp, e);
+        for (i, p) in self.spans.iter().enumerate() {
+            if self.done[i] || &*p.span.file != file {
                 continue;
             }
-            let io = |e| ConvertError::io("write", &self.tmp, e);
+            let follows = i > 0 && wrote.last() == Some(&(i - 1));
             match p.checked {
                 Some(chk) => {
                     let found = check_lookup(sources, chk)?;
-                    self.file.write_all_at(&found, p.at).map_err(io)?;
+                    gather.put(&self.file, p.at, &found, follows).map_err(io)?;
                 }
                 None => sources.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
-                    self.file.write_all_at(b, p.at + off).map_err(io)
+                    gather.put(&self.file, p.at + off, b, follows).map_err(io)
                 })?,
             }
-            *done = true;
-            bytes += p.span.len;
+            wrote.push(i);
+        }
+        gather.flush(&self.file).map_err(io)?;
+        let mut bytes = 0;
+        for i in wrote {
+            self.done[i] = true;
+            bytes += self.spans[i].span.len;
         }
         Ok(bytes)
     }
@@ -304,6 +315,64 @@ impl<'a> SpanWriter<'a> {
         }
         rename_durably_up_to(artifact, &self.tmp, &self.path)?;
         Ok(Written { size, sha256 })
+    }
+}
+
+/// Bytes of neighbouring spans are gathered up to this many before one
+/// write: an NVFP4 export's scalars and block scales are spans of 4 bytes
+/// to a few KiB, each a write of its own otherwise.
+const GATHER_BYTES: usize = 1 << 20;
+
+/// At most this much padding between two neighbouring spans is written
+/// as zeros to gather them (slots are aligned to far less).
+const MAX_GATHERED_PADDING: u64 = 4096;
+
+/// Bytes for `[at, at + bytes.len())` of a file, not yet written.
+#[derive(Default)]
+struct Gather {
+    at: u64,
+    bytes: Vec<u8>,
+}
+
+impl Gather {
+    /// `b` for `[at, at + b.len())`: added when it continues what is
+    /// gathered (after zeros for the padding before it when `padded`, the
+    /// caller's word that only padding lies between) and fits; else what
+    /// is gathered is written first. A piece of at least [`GATHER_BYTES`]
+    /// is written at once.
+    fn put(&mut self, file: &File, at: u64, b: &[u8], padded: bool) -> std::io::Result<()> {
+        let next = self.at + self.bytes.len() as u64;
+        let pad = match at.checked_sub(next) {
+            Some(0) => 0,
+            Some(gap) if padded && gap <= MAX_GATHERED_PADDING && !self.bytes.is_empty() => gap,
+            _ => u64::MAX,
+        };
+        let fits = pad != u64::MAX
+            && (self.bytes.len() as u64 + pad + b.len() as u64) <= GATHER_BYTES as u64;
+        if !fits {
+            self.flush(file)?;
+            self.at = at;
+        } else {
+            // `pad` is at most MAX_GATHERED_PADDING here.
+            self.bytes.resize(self.bytes.len() + pad as usize, 0);
+        }
+        if b.len() >= GATHER_BYTES {
+            file.write_all_at(b, at)?;
+            self.at = at + b.len() as u64;
+            return Ok(());
+        }
+        self.bytes.extend_from_slice(b);
+        Ok(())
+    }
+
+    /// Writes what is gathered.
+    fn flush(&mut self, file: &File) -> std::io::Result<()> {
+        if !self.bytes.is_empty() {
+            file.write_all_at(&self.bytes, self.at)?;
+            self.at += self.bytes.len() as u64;
+            self.bytes.clear();
+        }
+        Ok(())
     }
 }
 

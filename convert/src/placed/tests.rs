@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::component::FtwTensor;
 use crate::plan::tests::plan_local;
 use crate::write::write_component;
 use ftpipe_fixtures::checkpoint::write_repo_to_dir;
@@ -284,4 +285,127 @@ fn a_final_file_without_a_receipt_is_never_recovered_for_later_claims() {
             let recovered = recover_renamed(&store, &out, ftw, &id).await.unwrap();
             assert!(recovered.is_none(), "{recovered:?}");
         });
+}
+
+/// A file of `len` bytes of 0xEE, so what `Gather` leaves untouched shows.
+fn marked_file(len: usize) -> (tempfile::TempDir, File) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c");
+    std::fs::write(&path, vec![0xEE; len]).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    (dir, file)
+}
+
+fn contents(dir: &tempfile::TempDir) -> Vec<u8> {
+    std::fs::read(dir.path().join("c")).unwrap()
+}
+
+#[test]
+fn gathered_neighbours_get_zeros_only_where_padding_was_vouched_for() {
+    let (dir, file) = marked_file(64);
+    let mut g = Gather::default();
+    g.put(&file, 0, b"ab", false).unwrap();
+    g.put(&file, 2, b"cd", false).unwrap();
+    // Padding between neighbouring slots: written as zeros.
+    g.put(&file, 8, b"ef", true).unwrap();
+    // A gap the caller does not vouch for (another file's span may lie
+    // there): left as it is.
+    g.put(&file, 16, b"gh", false).unwrap();
+    g.flush(&file).unwrap();
+    let got = contents(&dir);
+    assert_eq!(&got[..10], b"abcd\0\0\0\0ef");
+    assert_eq!(&got[10..16], &[0xEE; 6]);
+    assert_eq!(&got[16..18], b"gh");
+    assert_eq!(&got[18..], &[0xEE; 46][..]);
+}
+
+#[test]
+fn gathering_stops_at_its_size_and_big_pieces_go_straight_to_the_file() {
+    let total = 2 * GATHER_BYTES + 100;
+    let (dir, file) = marked_file(total + 8192);
+    let mut g = Gather::default();
+    let small = vec![1u8; 100];
+    let big = vec![2u8; GATHER_BYTES];
+    g.put(&file, 0, &small, false).unwrap();
+    g.put(&file, 100, &big, false).unwrap();
+    g.put(
+        &file,
+        100 + GATHER_BYTES as u64,
+        &big[..GATHER_BYTES - 1],
+        false,
+    )
+    .unwrap();
+    g.put(&file, total as u64 - 1, &[3u8], false).unwrap();
+    // Far padding (more than MAX_GATHERED_PADDING) is not filled even when
+    // vouched for.
+    let far = total as u64 + MAX_GATHERED_PADDING + 1;
+    let (_d, far_file) = marked_file(far as usize + 1);
+    let mut h = Gather::default();
+    h.put(&far_file, 0, b"x", true).unwrap();
+    h.put(&far_file, far, b"y", true).unwrap();
+    h.flush(&far_file).unwrap();
+    g.flush(&file).unwrap();
+    let got = contents(&dir);
+    assert_eq!(&got[..100], &small[..]);
+    assert!(got[100..total - 1].iter().all(|b| *b == 2));
+    assert_eq!(got[total - 1], 3);
+    assert!(got[total..].iter().all(|b| *b == 0xEE));
+    let far_got = contents(&_d);
+    assert_eq!(far_got[0], b'x');
+    assert!(far_got[1..far as usize].iter().all(|b| *b == 0xEE));
+    assert_eq!(far_got[far as usize], b'y');
+}
+
+/// Neighbouring slots filled from different source files: a file's spans
+/// are gathered only across padding, never across the slot of another
+/// file, whichever file comes first (gathering across it would write
+/// zeros over spans already written, or later be overwritten by them).
+#[test]
+fn neighbouring_slots_of_two_files_survive_either_order() {
+    let (tmp, src, plan) = tiny_release();
+    let ComponentContent::Ftw { tensors } = &ftw_of(&plan).content else {
+        panic!("model.ftw is an FTW component");
+    };
+    let small = |file: &str| -> Vec<FtwTensor> {
+        tensors
+            .iter()
+            .filter(|t| {
+                let spans = t.source.spans();
+                spans.len() == 1 && &*spans[0].file == file && spans[0].len <= 4096
+            })
+            .cloned()
+            .collect()
+    };
+    let files: BTreeSet<&str> = tensors.iter().map(|t| &*t.source.spans()[0].file).collect();
+    let mut pick = files.iter().map(|f| small(f)).filter(|t| t.len() >= 3);
+    let (a, b) = (pick.next().unwrap(), pick.next().unwrap());
+    let mixed: Vec<FtwTensor> = a.into_iter().zip(b).flat_map(|(x, y)| [x, y]).collect();
+    let names: Vec<String> = mixed
+        .iter()
+        .map(|t| t.source.spans()[0].file.to_string())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut c = Component {
+        name: "mixed.ftw".into(),
+        items: mixed.len() as u64,
+        source_files: names.iter().cloned().collect(),
+        content: ComponentContent::Ftw { tensors: mixed },
+        ..ftw_of(&plan).clone()
+    };
+    c.predicted_bytes = placement(&c).unwrap().unwrap().0.total_len();
+    let sources = Sources::new(&src);
+    let want =
+        write_component(&sources, &tmp.path().join("streamed"), &c, &BTreeMap::new()).unwrap();
+    for (n, order) in [names.clone(), names.into_iter().rev().collect()]
+        .iter()
+        .enumerate()
+    {
+        let out = tmp.path().join(format!("placed-{n}"));
+        let mut w = SpanWriter::create(&out, &c).unwrap();
+        for f in order {
+            w.write_file(&sources, f).unwrap();
+        }
+        assert_eq!(w.finish(&out).unwrap(), want, "order {order:?}");
+    }
 }
