@@ -33,7 +33,7 @@ use ftpipe_formats::{ExpertLayout, FtwLayout, SlotMap};
 
 use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{ConvertError, Result};
-use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup};
+use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup_in};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, rename_durably_up_to, sync_dir, temp_name};
 use ftpipe_fs::paths::safe_join;
@@ -236,18 +236,23 @@ impl<'a> SpanWriter<'a> {
         let mut buf = Vec::new();
         let mut gather = Gather::default();
         let mut wrote = Vec::new();
+        let mut reader = None;
         let io = |e| ConvertError::io("write", &self.tmp, e);
         for (i, p) in self.spans.iter().enumerate() {
             if self.done[i] || &*p.span.file != file {
                 continue;
             }
             let follows = i > 0 && wrote.last() == Some(&(i - 1));
+            let reader = match &mut reader {
+                Some(r) => r,
+                None => reader.insert(sources.reader(file)?),
+            };
             match p.checked {
                 Some(chk) => {
-                    let found = check_lookup(sources, chk)?;
+                    let found = check_lookup_in(reader, chk)?;
                     gather.put(&self.file, p.at, &found, follows).map_err(io)?;
                 }
-                None => sources.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
+                None => reader.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
                     gather.put(&self.file, p.at + off, b, follows).map_err(io)
                 })?,
             }

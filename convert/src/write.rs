@@ -135,16 +135,43 @@ impl Sources {
         span: &SourceSpan,
         chunk: usize,
         buf: &mut Vec<u8>,
+        each: impl FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.reader(&span.file)?.stream(span, chunk, buf, each)
+    }
+
+    /// Source `file` opened once for reading many of its spans.
+    pub(crate) fn reader(&self, file: &str) -> Result<SourceReader<'_>> {
+        Ok(SourceReader {
+            sources: self,
+            file: self.open(file)?,
+        })
+    }
+}
+
+/// One source file, open, and where its spans are ([`Sources::reader`]).
+pub(crate) struct SourceReader<'s> {
+    sources: &'s Sources,
+    file: File,
+}
+
+impl SourceReader<'_> {
+    /// [`Sources::stream`] of a span of this reader's file.
+    pub(crate) fn stream(
+        &self,
+        span: &SourceSpan,
+        chunk: usize,
+        buf: &mut Vec<u8>,
         mut each: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        let f = self.open(&span.file)?;
-        let base = self.located(span)?;
+        let base = self.sources.located(span)?;
         let mut done = 0u64;
         while done < span.len {
             let n = usize::try_from((span.len - done).min(chunk as u64)).unwrap_or(chunk);
             buf.resize(n, 0);
             let at = span.offset + done;
-            f.read_exact_at(buf, base + done)
+            self.file
+                .read_exact_at(buf, base + done)
                 .map_err(|source| ConvertError::SourceRead {
                     file: span.file.to_string(),
                     tensor: span.tensor.to_string(),
@@ -200,9 +227,14 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
 
 /// Reads lookup buffer `chk` and checks it holds the bytes the config fixes.
 pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
+    check_lookup_in(&sources.reader(&chk.span.file)?, chk)
+}
+
+/// [`check_lookup`] through an open reader of the span's file.
+pub(crate) fn check_lookup_in(reader: &SourceReader<'_>, chk: &CheckedSpan) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let mut found = Vec::new();
-    sources.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
+    reader.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
         found.extend_from_slice(b);
         Ok(())
     })?;
