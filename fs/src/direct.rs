@@ -22,7 +22,10 @@
 //!   its range);
 //! - a filesystem that refuses `O_DIRECT` (at open, or `EINVAL` on an
 //!   aligned request) turns it off for the file and everything goes
-//!   through the ordinary descriptor.
+//!   through the ordinary descriptor;
+//! - so does a filesystem that keeps its files in memory (tmpfs, ramfs):
+//!   there the page cache is the storage, nothing bypasses it, and the
+//!   bounce buffer would only add a copy of every byte.
 
 use std::fs::File;
 use std::io;
@@ -56,12 +59,13 @@ pub enum IoMode {
 impl DirectFile {
     /// Wraps `file`. With [`IoMode::Direct`] the same inode is opened a
     /// second time through `/proc/self/fd` (the open file, never a path
-    /// that could have been replaced) with `O_DIRECT`; when that fails the
-    /// file is buffered only.
+    /// that could have been replaced) with `O_DIRECT`; when that fails, or
+    /// the file is on a filesystem kept in memory, the file is buffered
+    /// only.
     pub fn new(file: File, mode: IoMode) -> DirectFile {
         let direct = match mode {
-            IoMode::Direct => reopen_direct(&file).ok(),
-            IoMode::Buffered => None,
+            IoMode::Direct if !in_memory(&file) => reopen_direct(&file).ok(),
+            IoMode::Direct | IoMode::Buffered => None,
         };
         DirectFile {
             direct_on: AtomicBool::new(direct.is_some()),
@@ -261,6 +265,19 @@ fn write_vectored_at<'a>(
     Ok(())
 }
 
+/// `statfs` magic numbers (`linux/magic.h`) of filesystems whose files
+/// live in memory: tmpfs, ramfs.
+const IN_MEMORY_FILESYSTEMS: [i64; 2] = [0x0102_1994, 0x8584_58f6];
+
+/// Whether `file` is on a filesystem kept in memory (unknown: no).
+fn in_memory(file: &File) -> bool {
+    rustix::fs::fstatfs(file).is_ok_and(|s| {
+        IN_MEMORY_FILESYSTEMS
+            .iter()
+            .any(|m| i128::from(*m) == i128::from(s.f_type))
+    })
+}
+
 fn reopen_direct(file: &File) -> io::Result<File> {
     use std::os::fd::AsRawFd;
     std::fs::OpenOptions::new()
@@ -366,6 +383,27 @@ mod tests {
     /// Where the volume takes `O_DIRECT`, whole blocks do bypass the cache
     /// (it is not turned off by the first write); where it does not, the
     /// test says why and the writes above cover the buffered path.
+    /// On tmpfs `O_DIRECT` opens (Linux 6.6 and later) but bypasses
+    /// nothing: the file is buffered, its bytes written straight from the
+    /// caller's buffers, none through the bounce buffer.
+    #[test]
+    fn a_file_kept_in_memory_is_buffered_even_when_direct_is_asked() {
+        let Ok(d) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("no /dev/shm here");
+            return;
+        };
+        let path = d.path().join("f");
+        let f = DirectFile::new(open(&path), IoMode::Direct);
+        assert!(in_memory(f.file()), "/dev/shm is tmpfs on Linux");
+        assert_eq!(f.mode(), IoMode::Buffered);
+        let data = pattern(3 * DIRECT_ALIGN + 5, 9);
+        let mut bounce = Bounce::new(DIRECT_ALIGN);
+        f.write_all_at(&mut bounce, [&data[..100], &data[100..]], data.len(), 0)
+            .unwrap();
+        assert_eq!(f.direct_written(), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+    }
+
     #[test]
     fn direct_mode_is_taken_on_a_volume_that_has_it() {
         let d = dir();
@@ -376,6 +414,10 @@ mod tests {
             .unwrap();
         if let Err(e) = reopen_direct(f.file()) {
             eprintln!("no O_DIRECT here: {e}");
+            return;
+        }
+        if in_memory(f.file()) {
+            eprintln!("the temp dir is kept in memory: no O_DIRECT by design");
             return;
         }
         assert_eq!(f.mode(), IoMode::Direct);

@@ -236,9 +236,10 @@ pub struct TransferArgs {
     #[arg(long, default_value = "128MiB", value_parser = size::parse_size)]
     pub split_below_rate: u64,
     /// Write downloaded files through the page cache. By default their
-    /// whole blocks bypass it (O_DIRECT) where the volume allows: each byte
-    /// is written once and hashed from memory, so caching it only costs a
-    /// copy and evicts other data.
+    /// whole blocks bypass it (O_DIRECT) where the volume allows and does
+    /// not keep its files in memory (tmpfs): each byte is written once and
+    /// hashed from memory, so caching it only costs a copy and evicts other
+    /// data.
     #[arg(long)]
     pub buffered_io: bool,
 }
