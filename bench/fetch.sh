@@ -142,7 +142,7 @@ cat "${WARM[@]}" >/dev/null
 CPU=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 SHANI=$(grep -qw sha_ni /proc/cpuinfo && echo yes || echo no)
 echo "== machine: $(nproc) cores, $CPU, sha_ni=$SHANI, $(free -g | awk '/Mem:/ {print $2}') GiB RAM"
-echo "== kernel $(uname -r); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); curl $(curl -V | head -1 | cut -d' ' -f2); aria2c $(aria2c -v 2>/dev/null | head -1 | awk '{print $3}'); hf $(python3 -c 'import huggingface_hub as h; print(h.__version__)' 2>/dev/null || echo none)"
+echo "== kernel $(uname -r); nginx $("$NGINX" -v 2>&1 | cut -d/ -f2); curl $(curl -V | head -1 | cut -d' ' -f2); aria2c $(skip aria2c && echo skipped || aria2c -v | head -1 | awk '{print $3}'); hf $(python3 -c 'import huggingface_hub as h; print(h.__version__)' 2>/dev/null || echo none)"
 echo "== repo acme/tiny: $NFILES files, $TOTAL bytes; endpoint $EP (nginx, sendfile, no limit_rate)"
 if ((DROP)); then echo "== page cache: dropped before each run"; else echo "== page cache: source warm (not dropped); destination deleted between runs"; fi
 

@@ -242,7 +242,11 @@ impl<'a> SpanWriter<'a> {
             if self.done[i] || &*p.span.file != file {
                 continue;
             }
-            let follows = i > 0 && wrote.last() == Some(&(i - 1));
+            // Only padding lies between span i - 1 and span i; what is
+            // gathered must end where span i - 1 does.
+            let follows = i > 0
+                && wrote.last() == Some(&(i - 1))
+                && gather.end() == self.spans[i - 1].at + self.spans[i - 1].span.len;
             let reader = match &mut reader {
                 Some(r) => r,
                 None => reader.insert(sources.reader(file)?),
@@ -333,7 +337,7 @@ const GATHER_BYTES: usize = 1 << 20;
 /// fields to 64, so neighbours are never further apart, and as both
 /// divide the page size the zeros only fill the rest of the page the last
 /// span's write dirties anyway: no block that was a hole is written.
-const MAX_GATHERED_PADDING: u64 = 4096;
+const MAX_GATHERED_PADDING: u64 = 4095;
 
 /// Bytes for `[at, at + bytes.len())` of a file, not yet written.
 #[derive(Default)]
@@ -349,8 +353,7 @@ impl Gather {
     /// is gathered is written first. A piece of at least [`GATHER_BYTES`]
     /// is written at once.
     fn put(&mut self, file: &File, at: u64, b: &[u8], padded: bool) -> std::io::Result<()> {
-        let next = self.at + self.bytes.len() as u64;
-        let pad = match at.checked_sub(next) {
+        let pad = match at.checked_sub(self.end()) {
             Some(0) => 0,
             Some(gap) if padded && gap <= MAX_GATHERED_PADDING && !self.bytes.is_empty() => gap,
             _ => u64::MAX,
@@ -371,6 +374,11 @@ impl Gather {
         }
         self.bytes.extend_from_slice(b);
         Ok(())
+    }
+
+    /// Where what is gathered ends (after the last byte put).
+    fn end(&self) -> u64 {
+        self.at + self.bytes.len() as u64
     }
 
     /// Writes what is gathered.

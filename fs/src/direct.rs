@@ -380,9 +380,6 @@ mod tests {
         }
     }
 
-    /// Where the volume takes `O_DIRECT`, whole blocks do bypass the cache
-    /// (it is not turned off by the first write); where it does not, the
-    /// test says why and the writes above cover the buffered path.
     /// On tmpfs `O_DIRECT` opens (Linux 6.6 and later) but bypasses
     /// nothing: the file is buffered, its bytes written straight from the
     /// caller's buffers, none through the bounce buffer.
@@ -404,6 +401,9 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), data);
     }
 
+    /// Where the volume takes `O_DIRECT`, whole blocks do bypass the cache
+    /// (it is not turned off by the first write); where it does not, the
+    /// test says why and the writes above cover the buffered path.
     #[test]
     fn direct_mode_is_taken_on_a_volume_that_has_it() {
         let d = dir();

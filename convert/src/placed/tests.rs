@@ -327,7 +327,12 @@ fn gathering_stops_at_its_size_and_big_pieces_go_straight_to_the_file() {
     let small = vec![1u8; 100];
     let big = vec![2u8; GATHER_BYTES];
     g.put(&file, 0, &small, false).unwrap();
+    assert_eq!(g.bytes.len(), 100);
+    // Does not fit beside what is gathered: that is written, and a piece
+    // of GATHER_BYTES goes to the file without being copied.
     g.put(&file, 100, &big, false).unwrap();
+    assert!(g.bytes.is_empty());
+    assert_eq!(g.end(), 100 + GATHER_BYTES as u64);
     g.put(
         &file,
         100 + GATHER_BYTES as u64,
@@ -335,13 +340,19 @@ fn gathering_stops_at_its_size_and_big_pieces_go_straight_to_the_file() {
         false,
     )
     .unwrap();
+    assert_eq!(g.bytes.len(), GATHER_BYTES - 1);
+    // Exactly fills the gathering; one byte more starts a new one.
     g.put(&file, total as u64 - 1, &[3u8], false).unwrap();
+    assert_eq!(g.bytes.len(), GATHER_BYTES);
+    g.put(&file, total as u64, &[4u8], false).unwrap();
+    assert_eq!(g.bytes.len(), 1);
     g.flush(&file).unwrap();
     let got = contents(&dir);
     assert_eq!(&got[..100], &small[..]);
     assert!(got[100..total - 1].iter().all(|b| *b == 2));
     assert_eq!(got[total - 1], 3);
-    assert!(got[total..].iter().all(|b| *b == 0xEE));
+    assert_eq!(got[total], 4);
+    assert!(got[total + 1..].iter().all(|b| *b == 0xEE));
 }
 
 #[test]
