@@ -33,7 +33,7 @@ use ftpipe_formats::{ExpertLayout, FtwLayout, SlotMap};
 
 use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{ConvertError, Result};
-use crate::write::{CHUNK_BYTES, Sources, Written, check_lookup_in};
+use crate::write::{CHUNK_BYTES, Sources, SpanReader, Written, check_lookup_in};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, rename_durably_up_to, sync_dir, temp_name};
 use ftpipe_fs::paths::safe_join;
@@ -236,7 +236,7 @@ impl<'a> SpanWriter<'a> {
         let mut buf = Vec::new();
         let mut gather = Gather::default();
         let mut wrote = Vec::new();
-        let mut reader = None;
+        let mut reader = SpanReader::new(sources);
         let io = |e| ConvertError::io("write", &self.tmp, e);
         for (i, p) in self.spans.iter().enumerate() {
             if self.done[i] || &*p.span.file != file {
@@ -247,13 +247,9 @@ impl<'a> SpanWriter<'a> {
             let follows = i > 0
                 && wrote.last() == Some(&(i - 1))
                 && gather.end() == self.spans[i - 1].at + self.spans[i - 1].span.len;
-            let reader = match &mut reader {
-                Some(r) => r,
-                None => reader.insert(sources.reader(file)?),
-            };
             match p.checked {
                 Some(chk) => {
-                    let found = check_lookup_in(reader, chk)?;
+                    let found = check_lookup_in(&mut reader, chk)?;
                     gather.put(&self.file, p.at, &found, follows).map_err(io)?;
                 }
                 None => reader.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
@@ -353,19 +349,21 @@ impl Gather {
     /// is gathered is written first. A piece of at least [`GATHER_BYTES`]
     /// is written at once.
     fn put(&mut self, file: &File, at: u64, b: &[u8], padded: bool) -> std::io::Result<()> {
+        // The zeros to add before `b` when it continues what is gathered.
         let pad = match at.checked_sub(self.end()) {
-            Some(0) => 0,
-            Some(gap) if padded && gap <= MAX_GATHERED_PADDING && !self.bytes.is_empty() => gap,
-            _ => u64::MAX,
-        };
-        let fits = pad != u64::MAX
-            && (self.bytes.len() as u64 + pad + b.len() as u64) <= GATHER_BYTES as u64;
-        if !fits {
-            self.flush(file)?;
-            self.at = at;
-        } else {
-            // `pad` is at most MAX_GATHERED_PADDING here.
-            self.bytes.resize(self.bytes.len() + pad as usize, 0);
+            Some(0) => Some(0),
+            Some(gap) if padded && gap <= MAX_GATHERED_PADDING && !self.bytes.is_empty() => {
+                usize::try_from(gap).ok()
+            }
+            _ => None,
+        }
+        .filter(|pad| self.bytes.len() + pad + b.len() <= GATHER_BYTES);
+        match pad {
+            Some(pad) => self.bytes.resize(self.bytes.len() + pad, 0),
+            None => {
+                self.flush(file)?;
+                self.at = at;
+            }
         }
         if b.len() >= GATHER_BYTES {
             file.write_all_at(b, at)?;

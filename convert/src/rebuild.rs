@@ -47,7 +47,7 @@ use crate::plan::{Plan, Planned};
 use crate::skeleton::{
     MAX_SKELETON_BYTES, SKELETON_FILE, Skeleton, files_read, listed_receipts, source_identity,
 };
-use crate::write::{CHUNK_BYTES, Sources};
+use crate::write::{CHUNK_BYTES, Sources, SpanReader};
 
 /// What a repin does to one component (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -232,6 +232,7 @@ pub fn fates(
 fn spans_sha256(sources: &Sources, spans: &[&SourceSpan], files: &[String]) -> Result<String> {
     let mut hasher = Sha256::new();
     let mut buf = Vec::new();
+    let mut reader = SpanReader::new(sources);
     for s in spans
         .iter()
         .filter(|s| files.iter().any(|f| **f == *s.file))
@@ -240,7 +241,7 @@ fn spans_sha256(sources: &Sources, spans: &[&SourceSpan], files: &[String]) -> R
         hasher.update(s.file.as_bytes());
         hasher.update(s.offset.to_le_bytes());
         hasher.update(s.len.to_le_bytes());
-        sources.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
+        reader.stream(s, CHUNK_BYTES, &mut buf, |_, b| {
             hasher.update(b);
             Ok(())
         })?;

@@ -13,6 +13,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::bf16;
 use sha2::{Digest, Sha256};
@@ -137,41 +138,43 @@ impl Sources {
         buf: &mut Vec<u8>,
         each: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
-        self.reader(&span.file)?.stream(span, chunk, buf, each)
-    }
-
-    /// Source `file` opened once for reading many of its spans.
-    pub(crate) fn reader(&self, file: &str) -> Result<SourceReader<'_>> {
-        Ok(SourceReader {
-            sources: self,
-            file: self.open(file)?,
-        })
+        SpanReader::new(self).stream(span, chunk, buf, each)
     }
 }
 
-/// One source file, open, and where its spans are ([`Sources::reader`]).
-pub(crate) struct SourceReader<'s> {
+/// Reads of spans from [`Sources`], the last source file kept open for the
+/// next span of it: a component's spans come file after file, mostly, and
+/// an NVFP4 export has thousands of spans of a few bytes.
+pub(crate) struct SpanReader<'s> {
     sources: &'s Sources,
-    file: File,
+    open: Option<(Arc<str>, File)>,
 }
 
-impl SourceReader<'_> {
-    /// [`Sources::stream`] of a span of this reader's file.
+impl<'s> SpanReader<'s> {
+    /// Reads from `sources`, nothing open yet.
+    pub(crate) fn new(sources: &'s Sources) -> SpanReader<'s> {
+        SpanReader {
+            sources,
+            open: None,
+        }
+    }
+
+    /// [`Sources::stream`], through the open file when `span` is of it.
     pub(crate) fn stream(
-        &self,
+        &mut self,
         span: &SourceSpan,
         chunk: usize,
         buf: &mut Vec<u8>,
         mut each: impl FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
         let base = self.sources.located(span)?;
+        let f = self.file_of(&span.file)?;
         let mut done = 0u64;
         while done < span.len {
             let n = usize::try_from((span.len - done).min(chunk as u64)).unwrap_or(chunk);
             buf.resize(n, 0);
             let at = span.offset + done;
-            self.file
-                .read_exact_at(buf, base + done)
+            f.read_exact_at(buf, base + done)
                 .map_err(|source| ConvertError::SourceRead {
                     file: span.file.to_string(),
                     tensor: span.tensor.to_string(),
@@ -183,6 +186,32 @@ impl SourceReader<'_> {
         }
         Ok(())
     }
+
+    /// Source `file`, opened unless it is the one open.
+    fn file_of(&mut self, file: &Arc<str>) -> Result<&File> {
+        let open = match self.open.take() {
+            Some((name, f)) if name == *file => (name, f),
+            _ => (file.clone(), self.sources.open(file)?),
+        };
+        Ok(&self.open.insert(open).1)
+    }
+}
+
+/// Reads lookup buffer `chk` and checks it holds the bytes the config fixes.
+pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
+    check_lookup_in(&mut SpanReader::new(sources), chk)
+}
+
+/// [`check_lookup`] through `reader`.
+pub(crate) fn check_lookup_in(reader: &mut SpanReader<'_>, chk: &CheckedSpan) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut found = Vec::new();
+    reader.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
+        found.extend_from_slice(b);
+        Ok(())
+    })?;
+    chk.check(&found)?;
+    Ok(found)
 }
 
 fn bf16_view(bytes: &[u8], out: &mut Vec<bf16>) {
@@ -223,23 +252,6 @@ fn spans(src: &TensorSource) -> Vec<&SourceSpan> {
         TensorSource::Native(parts) => parts.iter().collect(),
         TensorSource::Checked(c) => vec![&c.span],
     }
-}
-
-/// Reads lookup buffer `chk` and checks it holds the bytes the config fixes.
-pub fn check_lookup(sources: &Sources, chk: &CheckedSpan) -> Result<Vec<u8>> {
-    check_lookup_in(&sources.reader(&chk.span.file)?, chk)
-}
-
-/// [`check_lookup`] through an open reader of the span's file.
-pub(crate) fn check_lookup_in(reader: &SourceReader<'_>, chk: &CheckedSpan) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut found = Vec::new();
-    reader.stream(&chk.span, CHUNK_BYTES, &mut buf, |_, b| {
-        found.extend_from_slice(b);
-        Ok(())
-    })?;
-    chk.check(&found)?;
-    Ok(found)
 }
 
 /// Reads the F32 scale of an FP8 table (shape `[]` or `[1]`: 4 bytes).
@@ -291,11 +303,12 @@ pub fn table_absmax(
     scales: &[SourceSpan],
 ) -> Result<f32> {
     let (mut buf, mut x, mut amax) = (Vec::new(), Vec::new(), 0f32);
+    let mut reader = SpanReader::new(sources);
     if !scales.is_empty() {
         let mut y = Vec::new();
         for (s, sc) in segments.iter().zip(scales) {
             let scale = read_scale(sources, sc)?;
-            sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
+            reader.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
                 fp8_view(bytes, scale, &mut y);
                 let m = q3::table_absmax_f32(&s.tensor, &y, done)
                     .map_err(|e| codec_err(component, s, e))?;
@@ -306,7 +319,7 @@ pub fn table_absmax(
         return Ok(amax);
     }
     for s in segments {
-        sources.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
+        reader.stream(s, CHUNK_BYTES, &mut buf, |done, bytes| {
             bf16_view(bytes, &mut x);
             let m = q3::table_absmax(&s.tensor, &x, done / 2)
                 .map_err(|e| codec_err(component, s, e))?;
@@ -387,6 +400,8 @@ pub fn write_component_with(
 /// buffer, and the buffer its source bytes are read into.
 struct ComponentFile<'a> {
     sources: &'a Sources,
+    /// Reads the spans, the last source file kept open.
+    reader: SpanReader<'a>,
     /// The component's name.
     name: &'a str,
     /// The temp file beside the component.
@@ -419,6 +434,7 @@ impl<'a> ComponentFile<'a> {
         };
         Ok(ComponentFile {
             sources,
+            reader: SpanReader::new(sources),
             name,
             tmp,
             out: BufWriter::with_capacity(WRITE_BUFFER, sink),
@@ -441,13 +457,13 @@ impl<'a> ComponentFile<'a> {
         for t in tensors {
             w.begin_tensor(&t.desc.key).map_err(format_err(name))?;
             if let TensorSource::Checked(chk) = &t.source {
-                let found = check_lookup(self.sources, chk)?;
+                let found = check_lookup_in(&mut self.reader, chk)?;
                 w.write(&found).map_err(format_err(name))?;
                 w.end_tensor().map_err(format_err(name))?;
                 continue;
             }
             for s in spans(&t.source) {
-                self.sources.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
+                self.reader.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
                     w.write(b).map_err(format_err(name))
                 })?;
             }
@@ -475,7 +491,7 @@ impl<'a> ComponentFile<'a> {
             for (f, src) in fields.iter().zip(rec) {
                 w.begin_field(e, &f.key).map_err(format_err(name))?;
                 for s in spans(src) {
-                    self.sources.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
+                    self.reader.stream(s, CHUNK_BYTES, &mut self.buf, |_, b| {
                         w.write(b).map_err(format_err(name))
                     })?;
                 }
@@ -501,14 +517,13 @@ impl<'a> ComponentFile<'a> {
         let s = read_scale(self.sources, scale)?;
         let row_bytes = width.max(1);
         let chunk = (CHUNK_BYTES / 4 / row_bytes).max(1) * row_bytes;
-        self.sources
-            .stream(source, chunk, &mut self.buf, |done, b| {
-                fp8_view(b, s, &mut x);
-                enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                q3::encode_f32(&source.tensor, &x, width, g, done, &mut enc)
-                    .map_err(|e| codec_err(name, source, e))?;
-                out.write_all(&enc).map_err(&io_err)
-            })
+        self.reader.stream(source, chunk, &mut self.buf, |done, b| {
+            fp8_view(b, s, &mut x);
+            enc.resize(x.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+            q3::encode_f32(&source.tensor, &x, width, g, done, &mut enc)
+                .map_err(|e| codec_err(name, source, e))?;
+            out.write_all(&enc).map_err(&io_err)
+        })
     }
 
     /// Writes a Q3 segment of BF16 `source` under global scale `g`.
@@ -518,14 +533,13 @@ impl<'a> ComponentFile<'a> {
         let (mut y, mut enc) = (Vec::new(), Vec::new());
         let row_bytes = width.saturating_mul(2).max(1);
         let chunk = (CHUNK_BYTES / row_bytes).max(1) * row_bytes;
-        self.sources
-            .stream(source, chunk, &mut self.buf, |done, b| {
-                bf16_view(b, &mut y);
-                enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
-                q3::encode(&source.tensor, &y, width, g, done / 2, &mut enc)
-                    .map_err(|e| codec_err(name, source, e))?;
-                out.write_all(&enc).map_err(&io_err)
-            })
+        self.reader.stream(source, chunk, &mut self.buf, |done, b| {
+            bf16_view(b, &mut y);
+            enc.resize(y.len() / q3::Q3_BLOCK * q3::Q3_BLOCK_BYTES, 0);
+            q3::encode(&source.tensor, &y, width, g, done / 2, &mut enc)
+                .map_err(|e| codec_err(name, source, e))?;
+            out.write_all(&enc).map_err(&io_err)
+        })
     }
 
     /// Writes the global scale of a table whose absolute max is `amax`.
