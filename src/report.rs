@@ -491,6 +491,7 @@ impl Bars {
                 advance(&self.total, bytes);
                 format!("{path}: resuming an interrupted hf download at byte {bytes}")
             }
+            ProgressEvent::FileTailKept { path, from, to } => tail_kept_line(&path, from, to),
             ProgressEvent::CacheRejected {
                 path,
                 cache_path,
@@ -574,6 +575,7 @@ impl Reporter for Bars {
             ProgressEvent::Phase { phase } => self.phase(&s, phase),
             e @ (ProgressEvent::FileAdopted { .. }
             | ProgressEvent::FileResumedFromCache { .. }
+            | ProgressEvent::FileTailKept { .. }
             | ProgressEvent::CacheRejected { .. }
             | ProgressEvent::ComponentKept { .. }
             | ProgressEvent::Note { .. }) => self.note(e),
@@ -651,6 +653,7 @@ impl Reporter for LogLines {
             ProgressEvent::FileRewound { path, to, reason } => {
                 Some(format!("{path}: rewound to {to} ({reason})"))
             }
+            ProgressEvent::FileTailKept { path, from, to } => Some(tail_kept_line(&path, from, to)),
             ProgressEvent::FileRetry {
                 path,
                 attempt,
@@ -743,6 +746,14 @@ fn fetch_tally_line(s: &mut LogState, event: ProgressEvent) -> Option<String> {
         // Not a fetch tally event: `LogLines::report` prints it.
         _ => None,
     }
+}
+
+/// The line saying a crash's tail past a checkpoint was kept.
+fn tail_kept_line(path: &str, from: u64, to: u64) -> String {
+    format!(
+        "{path}: kept {} written past the last checkpoint (bytes {from}..{to}): their recorded chunk hashes match",
+        human::bytes(to.saturating_sub(from))
+    )
 }
 
 /// The line of an event that moves the conversion's tally.

@@ -34,6 +34,7 @@ use bytes::Bytes;
 use futures_util::stream::BoxStream;
 
 use crate::error::{FetchError, Result};
+use ftpipe_fs::direct::DirectFile;
 use ftpipe_hub::client::LinkedMeta;
 
 /// A future a [`ByteSource`] returns (object-safe: the fetch holds its
@@ -108,6 +109,23 @@ pub trait ByteSource: Send + Sync {
     /// the chunks recorded); none by default.
     fn check_whole<'a>(&'a self, _path: &'a str) -> SourceFuture<'a, ()> {
         Box::pin(async { Ok(()) })
+    }
+
+    /// How far the bytes of `path` a crash left written in `part` past a
+    /// watermark, from `from` up to `to`, are proven to be the bytes this
+    /// source handed on, by what it recorded before handing them on (Xet:
+    /// each chunk's hash and place, recorded a batch at a time before its
+    /// bytes went on). `from` when nothing proves them (the default: a hub
+    /// file's bytes past its last checkpoint carry no record). Only reads
+    /// `part`; the caller fsyncs what it keeps before claiming it.
+    fn proven_tail<'a>(
+        &'a self,
+        _path: &'a str,
+        _part: &'a DirectFile,
+        from: u64,
+        _to: u64,
+    ) -> SourceFuture<'a, u64> {
+        Box::pin(async move { Ok(from) })
     }
 
     /// Whether `path`'s bodies are held to the minimum-rate rule

@@ -101,6 +101,43 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
     Ok(())
 }
 
+/// Keeps the bytes a crash left past a stream's watermark that the source
+/// proves its own (see [`crate::source::ByteSource::proven_tail`]):
+/// fsynced, then claimed for the attempt in flight that received them, in
+/// one transaction. What follows them is cut by the caller as before. A
+/// stream's watermark needs no alignment. Nothing is kept when no attempt
+/// is in flight (the bytes were not received by one).
+async fn keep_proven_stream_tail(ctx: &FetchCtx, file: &FileRow, part: &PartFile) -> Result<()> {
+    let watermark = ctx.store.ledger_row(&file.path).await?.committed;
+    let on_disk = part.len();
+    if on_disk <= watermark {
+        return Ok(());
+    }
+    let proven = ctx
+        .source
+        .proven_tail(&file.path, part.file(), watermark, on_disk)
+        .await?
+        .clamp(watermark, on_disk);
+    if proven == watermark {
+        return Ok(());
+    }
+    block_in_place(|| part.file().file().sync_data())
+        .map_err(|e| FetchError::io("fsync", part.path(), e))?;
+    crashpoint::hit(CrashPoint::TailProven);
+    if ctx
+        .store
+        .claim_stream_tail(&file.path, watermark, proven - watermark)
+        .await?
+    {
+        ctx.reporter.report(ProgressEvent::FileTailKept {
+            path: file.path.clone(),
+            from: watermark,
+            to: proven,
+        });
+    }
+    Ok(())
+}
+
 /// Brings a `.part` fetched as one stream and its watermark into agreement:
 /// bytes of a superseded pin are settled first (above), bytes past the
 /// watermark are cut and recorded (they were received), a part shorter
@@ -114,6 +151,7 @@ pub(crate) async fn settle_stream_part(
     cache_prefix_tried: &mut bool,
 ) -> Result<ftpipe_receipts::LedgerRow> {
     settle_superseded_part(ctx, file, part).await?;
+    keep_proven_stream_tail(ctx, file, part).await?;
     let ledger = ctx.store.ledger_row(&file.path).await?;
     let (watermark, on_disk) = (ledger.committed, part.len());
     if on_disk > watermark {

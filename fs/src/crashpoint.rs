@@ -96,6 +96,9 @@ crash_points! {
     PlanCompleted = "plan-completed",
     /// A `.part`'s bytes fsynced, its watermark not committed.
     CheckpointSynced = "checkpoint-synced",
+    /// After a crash, the bytes past a watermark that the source proved its
+    /// own (recorded chunk hashes) fsynced, not yet claimed.
+    TailProven = "tail-proven",
     /// The digest of a file fetched as ranges about to read back a piece
     /// of the written prefix it could not hash from memory.
     DigestReadBack = "digest-read-back",

@@ -83,6 +83,17 @@ pub enum ProgressEvent {
         /// Bytes copied from the cache (the new watermark).
         bytes: u64,
     },
+    /// Bytes a crash left written past `path`'s last checkpoint, `[from,
+    /// to)`, were proven by the source's records (Xet chunk hashes) and
+    /// kept, not fetched again.
+    FileTailKept {
+        /// The file's repo path.
+        path: String,
+        /// The watermark before.
+        from: u64,
+        /// The watermark after.
+        to: u64,
+    },
     /// A cache file looked at for `path` was not used (recorded).
     CacheRejected {
         /// The repo path the cache file was considered for.

@@ -64,7 +64,7 @@ pub use model::{
     StageEventRow,
 };
 pub use punch_store::{KeptRange, PunchRecord};
-pub use ranges::{RangeProgress, RangeRow};
+pub use ranges::{CrashTail, RangeProgress, RangeRow};
 pub use rebuild_store::RebuildSpans;
 pub use store::{ReadOnlyStore, Store};
 pub use upload_store::{Publication, UploadAttempt, UploadPart, UploadRow};

@@ -49,6 +49,18 @@ pub struct RangeProgress {
     pub received: u64,
 }
 
+/// A tail a crash left past a range's watermark: `kept` bytes from the
+/// watermark on are kept, the `rest` after them is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashTail {
+    /// The range's watermark when the tail was found.
+    pub watermark: u64,
+    /// Bytes kept from the watermark on.
+    pub kept: u64,
+    /// Bytes after them, thrown away.
+    pub rest: u64,
+}
+
 async fn ranges_of(conn: &mut SqliteConnection, path: &str) -> Result<Vec<RangeRow>> {
     let rows = sqlx::query(
         "SELECT start, end_, watermark FROM fetch_ranges WHERE path = ? ORDER BY start",
@@ -280,6 +292,61 @@ impl Store {
         .ctx("attempt bytes")?;
         commit_sum(&mut tx, path, bytes, None).await?;
         tx.commit().await.ctx("commit discard")
+    }
+
+    /// Settles the tail a crash left past the watermark of `path`'s range
+    /// at `start`, written by `attempt`, in one transaction: its first
+    /// `tail.kept` bytes (fsynced by the caller and proven the source's own)
+    /// become durable (the watermark moves past them), the `tail.rest`
+    /// after them is recorded as discarded for `reason`; both count as
+    /// received by the attempt, whose tail is then measured (never counted
+    /// twice).
+    pub async fn settle_crash_tail(
+        &self,
+        run: RunId,
+        path: &str,
+        start: u64,
+        tail: CrashTail,
+        reason: DiscardReason,
+        attempt: i64,
+    ) -> Result<()> {
+        let bad = || StoreError::BadRange {
+            path: path.to_owned(),
+            start,
+            at: tail.watermark,
+        };
+        let received = tail.kept.checked_add(tail.rest).ok_or_else(bad)?;
+        let new_watermark = tail.watermark.checked_add(tail.kept).ok_or_else(bad)?;
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let moved = sqlx::query(
+            "UPDATE fetch_ranges SET watermark = ?1
+             WHERE path = ?2 AND start = ?3 AND watermark = ?4 AND ?1 <= end_",
+        )
+        .bind(to_i64(path, new_watermark)?)
+        .bind(path)
+        .bind(to_i64(path, start)?)
+        .bind(to_i64(path, tail.watermark)?)
+        .execute(&mut *tx)
+        .await
+        .ctx("range watermark")?
+        .rows_affected();
+        if moved != 1 {
+            return Err(bad());
+        }
+        if tail.rest > 0 {
+            insert_discard(&mut tx, run, path, reason, tail.rest).await?;
+        }
+        sqlx::query(
+            "UPDATE attempts SET body_bytes = body_bytes + ?1, tail_measured = 1 WHERE id = ?2",
+        )
+        .bind(to_i64(path, received)?)
+        .bind(attempt)
+        .execute(&mut *tx)
+        .await
+        .ctx("attempt bytes")?;
+        commit_sum(&mut tx, path, received, None).await?;
+        tx.commit().await.ctx("commit crash tail")
     }
 
     /// The newest attempt of `path` still `in_flight` (one cut short by a

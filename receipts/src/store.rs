@@ -579,6 +579,54 @@ impl Store {
         tx.commit().await.ctx("commit discard")
     }
 
+    /// After a crash: the `kept` bytes written past `path`'s watermark
+    /// `watermark` (a stream's part; fsynced by the caller and proven the
+    /// source's own) become durable, counted as received by the newest
+    /// attempt of `path` still in flight, in one transaction. `false`, and
+    /// nothing changed, when no attempt is in flight (bytes no attempt
+    /// received are not claimed: see [`Store::discard`]) or the watermark
+    /// moved.
+    pub async fn claim_stream_tail(&self, path: &str, watermark: u64, kept: u64) -> Result<bool> {
+        let new_watermark =
+            watermark
+                .checked_add(kept)
+                .ok_or_else(|| StoreError::UnknownValue {
+                    column: "ledger.committed_bytes",
+                    value: format!("{watermark} + {kept} of {path}"),
+                })?;
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        let attributed = sqlx::query(
+            "UPDATE attempts SET body_bytes = body_bytes + ? WHERE id =
+               (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = ?)",
+        )
+        .bind(to_i64(path, kept)?)
+        .bind(path)
+        .bind(AttemptOutcome::InFlight.as_str())
+        .execute(&mut *tx)
+        .await
+        .ctx("attempt bytes")?
+        .rows_affected();
+        let moved = sqlx::query(
+            "UPDATE ledger SET committed_bytes = ?, transferred_bytes = transferred_bytes + ?
+             WHERE path = ? AND committed_bytes = ?",
+        )
+        .bind(to_i64(path, new_watermark)?)
+        .bind(to_i64(path, kept)?)
+        .bind(path)
+        .bind(to_i64(path, watermark)?)
+        .execute(&mut *tx)
+        .await
+        .ctx("claim stream tail")?
+        .rows_affected();
+        if attributed != 1 || moved != 1 {
+            tx.rollback().await.ctx("roll back stream tail")?;
+            return Ok(false);
+        }
+        tx.commit().await.ctx("commit stream tail")?;
+        Ok(true)
+    }
+
     /// All discards, in order.
     pub async fn discards(&self) -> Result<Vec<DiscardRow>> {
         let mut conn = self.conn.lock().await;

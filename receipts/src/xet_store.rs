@@ -234,14 +234,28 @@ impl Store {
 
     /// The recorded terms of `path` at `xet_hash`, by start.
     pub async fn xet_terms(&self, path: &str, xet_hash: &str) -> Result<Vec<XetTermRow>> {
+        self.xet_terms_within(path, xet_hash, 0..u64::MAX).await
+    }
+
+    /// The recorded terms of `path` at `xet_hash` that hold a byte of
+    /// `span`, by start.
+    pub async fn xet_terms_within(
+        &self,
+        path: &str,
+        xet_hash: &str,
+        span: std::ops::Range<u64>,
+    ) -> Result<Vec<XetTermRow>> {
         let mut conn = self.conn.lock().await;
         let rows = sqlx::query(
             "SELECT file_start, file_end, xorb, chunk_start, chunk_end, chunks, fetched,
                     decoded, skipped
-             FROM xet_terms WHERE path = ? AND xet_hash = ? ORDER BY file_start",
+             FROM xet_terms WHERE path = ? AND xet_hash = ? AND file_end > ? AND file_start < ?
+             ORDER BY file_start",
         )
         .bind(path)
         .bind(xet_hash)
+        .bind(to_i64(path, span.start)?)
+        .bind(i64::try_from(span.end).unwrap_or(i64::MAX))
         .fetch_all(&mut *conn)
         .await
         .ctx("select xet terms")?;

@@ -388,9 +388,11 @@ fn killed_mid_file(s: &dyn Source, out: &Path) -> String {
 fn resume_after_a_kill(s: &dyn Source, tmp: &Path) {
     let out = tmp.join("out");
     let path = killed_mid_file(s, &out);
-    let committed = committed_of(&out, &path);
-    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    let watermark = committed_of(&out, &path);
+    let o = run(&mut s.command(&out, ONE_STREAM));
+    succeeded(&o, "resumed");
     s.verify(&out);
+    let committed = resume_point(&stderr(&o), &path, watermark);
     let resumed = query(
         &out,
         &format!(
@@ -443,8 +445,10 @@ fn a_200_to_a_range_is_never_spliced(s: &dyn Source, tmp: &Path) {
         On200::RefusedAndAskedAgain => REFUSED_200S,
     };
     s.lie(&path, Lie::IgnoreRange, told);
-    succeeded(&run(&mut s.command(&out, ONE_STREAM)), "resumed");
+    let o = run(&mut s.command(&out, ONE_STREAM));
+    succeeded(&o, "resumed");
     s.verify(&out);
+    let watermark = resume_point(&stderr(&o), &path, watermark);
     let reasons = discards_of(&out, &path);
     let resumed = attempts_after(&out, &path, killed);
     let first = resumed.first().map(|(_, from)| *from);

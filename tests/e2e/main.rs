@@ -126,6 +126,10 @@
 //!   a fetch with Xet off), resumed from the watermark after a kill, a
 //!   `200`, short or endless xorb answer refused and refetched, a cut or a
 //!   kill inside a term losing at most one batch.
+//! * `xet_tail`: a killed Xet fetch's bytes written past its last
+//!   checkpoint kept on resume where their recorded chunk hashes match (one
+//!   stream, two ranges, a byte changed after the kill, a resume aborted
+//!   between proving and claiming).
 //! * `xet_bad_input`: Xet answers that lie (terms that do not add up, a
 //!   term past its xorb's chunks, a truncated, shifted or expired xorb
 //!   range, a refused token, a huge or endless read-token answer).
@@ -229,3 +233,4 @@ mod xet_bad_input;
 mod xet_delta;
 mod xet_ranges;
 mod xet_source;
+mod xet_tail;

@@ -1073,3 +1073,154 @@ fn power_cuts_while_a_repin_settles_a_partly_segmented_part() {
         discards(&out, &shard)
     );
 }
+
+/// The durable path a Xet resume adds (`xet_tail`): bytes a crash left
+/// past a range's watermark, proven by their recorded chunk hashes, are
+/// fsynced (`tail-proven`) and only then claimed. A Xet shard fetched in
+/// two ranges on the power-cut filesystem is cut again and again: after a
+/// checkpoint's fsync whose watermarks were never committed (a durable
+/// tail), at `tail-proven` (a proven tail fsynced, not claimed), right
+/// after a batch was recorded and before it was written (a tail the cut
+/// loses: it must not be claimed), after a kill without a cut whose tail
+/// the next run keeps before it is cut (what it claimed must have been
+/// fsynced), then at seeded ones of those points until a run finishes. After every cut
+/// the database claims nothing that is not durable and the ledger adds
+/// up; some resume must have kept a tail; the last tree then finishes on
+/// disk, whole, with a clean audit.
+#[test]
+fn power_cuts_while_a_xet_resume_keeps_its_tails() {
+    xet_power_cuts(&["--connections", "2", "--segment-threshold", "4MiB"]);
+}
+
+/// The same with the file fetched as one stream (its tail kept by the
+/// stream's own path, `transfer::keep_proven_stream_tail`).
+#[test]
+fn power_cuts_while_a_xet_streams_resume_keeps_its_tail() {
+    xet_power_cuts(&["--connections", "1", "--segment-threshold", "1GiB"]);
+}
+
+/// A Xet shard fetched with `layout` on the power-cut filesystem, cut at
+/// the stops described above.
+fn xet_power_cuts(layout: &[&str]) {
+    let _heavy = heavy();
+    if !Path::new("/dev/fuse").exists() {
+        skip_unless_ci("/dev/fuse is missing: cannot mount the power-cut filesystem");
+        return;
+    }
+    let seed = crash_seed();
+    eprintln!("power-cut seed: {seed} (replay with FTPIPE_CRASH_SEED={seed})");
+    let mut rng = SplitMix64::new(seed);
+    let (hub, files, _cas, _proxy, _hashes) =
+        crate::xet_source::xet_served_sized(seed % 1000, 64 << 20);
+    let f = lfs_file(&files).clone();
+    let want: BTreeMap<String, Vec<u8>> = files
+        .iter()
+        .map(|f| {
+            (
+                f.path.clone(),
+                checkpoint::content_bytes(f).unwrap().to_vec(),
+            )
+        })
+        .collect();
+    let batches = content_len(&f) >> 20;
+    let args = [
+        layout,
+        &[
+            "--jobs",
+            "1",
+            "--checkpoint-bytes",
+            "4194304",
+            "--include",
+            &f.path,
+        ],
+    ]
+    .concat();
+    let endpoint = hub.endpoint();
+    let tmp = tempfile::tempdir().unwrap();
+    // Each cut follows the runs of one list, on one mount: the first
+    // four lists must be reached, then seeded single stops anywhere in the
+    // rest (each run fetches less; once one finishes, the chain ends).
+    let mut cycles: Vec<Vec<String>> = vec![
+        vec!["checkpoint-synced#2".to_owned()],
+        vec!["tail-proven#1".to_owned()],
+        // The third run has about half the file's batches left to fetch.
+        vec![format!("xet-term-recorded#{}", batches / 3)],
+        // Killed without a cut (its tail only in the page cache), then a
+        // resume keeps that tail and is cut once it fetches again: what it
+        // claimed must have been fsynced first.
+        vec![
+            "xet-term-recorded#2".to_owned(),
+            "xet-term-recorded#1".to_owned(),
+        ],
+    ];
+    for _ in 0..5 {
+        let n = 1 + rng.next_u64() % 3;
+        cycles.push(vec![match rng.next_u64() % 3 {
+            0 => format!("checkpoint-synced#{n}"),
+            1 => format!("xet-term-recorded#{n}"),
+            _ => "tail-proven#1".to_owned(),
+        }]);
+    }
+    let (mut current, mut kept) = (None::<PathBuf>, 0);
+    for (cut, stops) in cycles.iter().enumerate() {
+        let model = match &current {
+            None => fresh_model(),
+            Some(dir) => Model::load_dir(dir).unwrap(),
+        };
+        let mnt = tmp.path().join(format!("mnt-{cut}"));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut mounted = match Mounted::mount(&mnt, model) {
+            Ok(m) => m,
+            Err(e) => {
+                skip_unless_ci(&format!("cannot mount the power-cut filesystem: {e}"));
+                return;
+            }
+        };
+        let mut finished = false;
+        for stop in stops {
+            let o = run(fetch_cmd(&endpoint, &mnt.join("out"), &args).env("FTPIPE_CRASH_AT", stop));
+            let said = stderr(&o);
+            finished = o.status.success();
+            assert!(
+                finished && cut > 3
+                    || said.contains(&format!("FTPIPE_CRASH_AT={stop}: aborting here")),
+                "cut {cut}: {stop} not reached: {said}"
+            );
+            kept += said
+                .lines()
+                .filter(|l| l.contains("written past the last checkpoint"))
+                .count();
+        }
+        let stop = stops.join(", then ");
+        let dump = tmp.path().join(format!("cut-{cut}"));
+        let report = mounted.cut(&dump).expect("dump the durable view");
+        drop(mounted);
+        let name = if finished {
+            format!("xet cut {cut} (finished before {stop})")
+        } else {
+            format!("xet cut {cut} (at {stop})")
+        };
+        let out = dump.join("out");
+        let claims = check_recovered(&out, &want, &name);
+        if claims.database {
+            for l in ledger_snapshot(&out) {
+                assert_eq!(l.transferred, l.committed + l.discarded, "{name}: {l:?}");
+            }
+        }
+        eprintln!("{name}: {} B committed; {report}", claims.committed);
+        if let Some(old) = current.replace(dump) {
+            std::fs::remove_dir_all(old).unwrap();
+        }
+        if finished {
+            break;
+        }
+    }
+    assert!(kept > 0, "no resume kept a tail");
+    let out = current.unwrap().join("out");
+    run_ok(&mut fetch_cmd(&endpoint, &out, &args));
+    assert_eq!(
+        std::fs::read(out.join("source").join(&f.path)).unwrap(),
+        want[&f.path]
+    );
+    assert_clean_audit(&out);
+}

@@ -188,8 +188,9 @@ fn a_xet_repo_is_fetched_through_the_cas_byte_equal_to_resolve() {
 /// was recorded (`xet-term-recorded`, its bytes neither written nor
 /// claimed), the re-run asks the reconstruction of the unclaimed bytes
 /// only, from the watermark the kill left (the CAS answers the chunks from
-/// the one holding it), and publishes the verified file; the term rows of
-/// both runs give the file's Xet hash.
+/// the one holding it; past it, the bytes a kill left written and whose
+/// recorded chunk hashes they match are kept first), and publishes the
+/// verified file; the term rows of both runs give the file's Xet hash.
 #[test]
 fn a_killed_xet_fetch_resumes_from_its_watermark() {
     let (hub, files, _cas, proxy, _hashes) = xet_served(372);
@@ -228,10 +229,15 @@ fn a_killed_xet_fetch_resumes_from_its_watermark() {
                 .unwrap()
                 .as_ref()
         );
+        // The fsynced bytes past the watermark are kept (`xet_tail`).
+        let from = resume_point(&stderr(&o), &f.path, w);
+        if name == "checkpoint-synced" {
+            assert!(from > w, "{kill}: the durable tail past {w} was not kept");
+        }
         let again = reconstructions(&proxy).split_off(before);
         assert_eq!(
             again.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
-            [Some(format!("bytes={w}-{}", size - 1))],
+            [Some(format!("bytes={from}-{}", size - 1))],
             "{again:#?}"
         );
         let l = ledger(&out, &f.path);
@@ -694,7 +700,12 @@ const BATCH: u64 = 1 << 20;
 
 /// Compressed xorb bytes the proxy sent for one clean fetch of `path` into
 /// `out` (one stream), and the body bytes of its first xorb range.
-fn clean_xorb_bytes(hub: &RunningHub, proxy: &LyingProxy, out: &Path, path: &str) -> (u64, u64) {
+pub(crate) fn clean_xorb_bytes(
+    hub: &RunningHub,
+    proxy: &LyingProxy,
+    out: &Path,
+    path: &str,
+) -> (u64, u64) {
     let before = proxy.body_bytes_sent("fetch_term");
     let o = run(&mut fetch_cmd(
         &hub.endpoint(),
@@ -758,7 +769,7 @@ fn a_cut_inside_a_xorb_range_loses_at_most_one_batch() {
 
 /// Compressed xorb bytes the recorded terms of `path` in `out` say were
 /// fetched, over every run.
-fn recorded_fetched(out: &Path, path: &str) -> u64 {
+pub(crate) fn recorded_fetched(out: &Path, path: &str) -> u64 {
     query(
         out,
         &format!(

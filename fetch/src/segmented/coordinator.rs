@@ -22,7 +22,7 @@ use ftpipe_hub::identity::{Expected, expected_identity, hash_part_prefix};
 use ftpipe_hub::limits::MAX_RETRY_AFTER;
 use ftpipe_hub::paths::part_path;
 use ftpipe_progress::ProgressEvent;
-use ftpipe_receipts::{AttemptOutcome, DiscardReason, FileRow, RangeProgress, RangeRow};
+use ftpipe_receipts::{AttemptOutcome, CrashTail, DiscardReason, FileRow, RangeProgress, RangeRow};
 
 use super::claim::{Slot, contiguous_prefix, written_prefix};
 use super::shared::{Digest, SPLIT_PAYS, SPLIT_UNJUDGED, Shared};
@@ -150,10 +150,10 @@ impl Coordinator {
         let mut part =
             block_in_place(|| PartFile::open(self.ctx.dest(), &part_path, self.ctx.opts.io_mode))
                 .map_err(|e| self.io("open", e))?;
-        let ranges = self.settle_ranges(&mut part).await?;
+        let mut ranges = self.settle_ranges(&mut part).await?;
         let direct = part.into_file();
         block_in_place(|| direct.file().set_len(size)).map_err(|e| self.io("size", e))?;
-        self.cut_crash_tails(direct.file(), &ranges).await?;
+        self.cut_crash_tails(&direct, &mut ranges).await?;
         let ledger = self.ctx.store.ledger_row(&path).await?;
         if self.ctx.offline && ranges.iter().any(|r| !r.complete()) {
             return Err(FetchError::Hub(HubError::Offline {
@@ -241,33 +241,77 @@ impl Coordinator {
     }
 
     /// Un-checkpointed tails a crash left behind: only where an attempt
-    /// was in flight when the process died; measured, recorded, then
-    /// punched out so a second crash cannot count them again.
-    async fn cut_crash_tails(&self, file: &std::fs::File, ranges: &[RangeRow]) -> Result<()> {
+    /// was in flight when the process died. Measured; what the source
+    /// proves its own (chunk hashes it recorded) is fsynced and kept, the
+    /// watermark moved past it, the rest recorded as discarded, in one
+    /// transaction; then the rest is punched out, so a second crash cannot
+    /// count it again.
+    async fn cut_crash_tails(&self, file: &DirectFile, ranges: &mut [RangeRow]) -> Result<()> {
         let store = &self.ctx.store;
         let path = self.path();
-        for r in ranges.iter().filter(|r| !r.complete()) {
+        for r in ranges.iter_mut().filter(|r| !r.complete()) {
             let Some(attempt) = store.in_flight_attempt(path, r.start, r.end).await? else {
                 continue;
             };
-            let tail = block_in_place(|| written_tail(file, r.watermark, r.end))
+            let written = block_in_place(|| written_tail(file.file(), r.watermark, r.end))
                 .map_err(|e| self.io("seek", e))?;
-            if tail > 0 {
-                store
-                    .discard_unkept(
-                        self.ctx.run,
-                        path,
-                        DiscardReason::UncheckpointedTail,
-                        tail,
-                        attempt,
-                        true,
-                    )
-                    .await?;
+            if written == 0 {
+                continue;
+            }
+            let kept = self.proven_tail(file, r, written).await?;
+            if kept > 0 {
+                block_in_place(|| file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
+                // The proven tail is durable; the store does not claim it yet.
+                crashpoint::hit(CrashPoint::TailProven);
+            }
+            let tail = CrashTail {
+                watermark: r.watermark,
+                kept,
+                rest: written - kept,
+            };
+            store
+                .settle_crash_tail(
+                    self.ctx.run,
+                    path,
+                    r.start,
+                    tail,
+                    DiscardReason::UncheckpointedTail,
+                    attempt,
+                )
+                .await?;
+            r.watermark += kept;
+            if kept > 0 {
+                self.ctx.reporter.report(ProgressEvent::FileTailKept {
+                    path: path.to_owned(),
+                    from: tail.watermark,
+                    to: r.watermark,
+                });
+            }
+            if tail.rest > 0 {
                 self.rewound(r.watermark, DiscardReason::UncheckpointedTail);
-                block_in_place(|| punch_hole(file, r.watermark, tail));
+                block_in_place(|| punch_hole(file.file(), r.watermark, tail.rest));
             }
         }
         Ok(())
+    }
+
+    /// Of the `written` bytes past `r`'s watermark, those the source
+    /// proves its own, cut to the write alignment (a range's watermark is
+    /// aligned unless it is the range's end).
+    async fn proven_tail(&self, file: &DirectFile, r: &RangeRow, written: u64) -> Result<u64> {
+        let to = r.watermark + written;
+        let proven = self
+            .ctx
+            .source
+            .proven_tail(self.path(), file, r.watermark, to)
+            .await?
+            .clamp(r.watermark, to);
+        let end = if proven == r.end {
+            proven
+        } else {
+            align_down(proven).max(r.watermark)
+        };
+        Ok(end - r.watermark)
     }
 
     /// What the pass's coordinator and workers share: the part, the slots

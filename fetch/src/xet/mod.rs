@@ -41,7 +41,9 @@
 //! body), `held` (chunks of a range kept for the terms not yet handed on
 //! that read it again, so a range shared by terms is fetched once),
 //! `share` (the reconstruction a split file's ranges share), `reuse`
-//! (terms read back from the files of earlier fetches, [`ChunkReuse`]).
+//! (terms read back from the files of earlier fetches, [`ChunkReuse`]),
+//! `tail` (bytes a crash left past a watermark, kept where their recorded
+//! chunk hashes match).
 
 mod cas;
 mod hash;
@@ -49,6 +51,7 @@ mod held;
 mod lz4frame;
 mod reuse;
 mod share;
+mod tail;
 mod wire;
 mod xorb;
 
@@ -63,6 +66,7 @@ use reqwest::header::HeaderMap;
 use url::Url;
 
 use ftpipe_fs::ErrorClass;
+use ftpipe_fs::direct::DirectFile;
 use ftpipe_hub::client::{HubClient, LinkedMeta};
 use ftpipe_receipts::Store;
 
@@ -280,6 +284,21 @@ impl ByteSource for XetSource {
             match self.inner.files.get(path) {
                 Some(file) => self.inner.check_whole(path, file).await,
                 None => self.fallback.check_whole(path).await,
+            }
+        })
+    }
+
+    fn proven_tail<'a>(
+        &'a self,
+        path: &'a str,
+        part: &'a DirectFile,
+        from: u64,
+        to: u64,
+    ) -> SourceFuture<'a, u64> {
+        Box::pin(async move {
+            match self.inner.files.get(path) {
+                Some(file) => self.inner.proven_tail(path, file, part, from, to).await,
+                None => self.fallback.proven_tail(path, part, from, to).await,
             }
         })
     }

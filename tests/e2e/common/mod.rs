@@ -871,3 +871,17 @@ pub fn source_tensors(out: &Path) -> std::collections::BTreeMap<String, Vec<u8>>
     }
     all
 }
+
+/// Where a resume of `path` whose watermark was `watermark` asks from: the
+/// end of the tail past the watermark it kept (its line "PATH: kept …
+/// (bytes WATERMARK..TO)", a source that proves such tails: Xet), else the
+/// watermark.
+pub fn resume_point(stderr: &str, path: &str, watermark: u64) -> u64 {
+    let from = format!("(bytes {watermark}..");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with(&format!("{path}: kept ")))
+        .filter_map(|l| l.split_once(&from)?.1.split(')').next()?.parse().ok())
+        .next()
+        .unwrap_or(watermark)
+}
