@@ -15,7 +15,7 @@
 # convert / fetch (the goal applies when it is at least 0.20). Every run's
 # manifest must be the same.
 #
-#   bench/pipelined.sh [--experts N] [--layers N] [--ple-own-files] [--cap MBPS] [--connections N] [--rounds N] [--cache DIR]
+#   bench/pipelined.sh [--experts N] [--layers N] [--ple-own-files] [--cap MBPS] [--connections N] [--rounds N] [--cache DIR] [--work DIR] [--baseline BIN]
 #
 # --connections N is passed to every fetch and run (default: ftpipe's, 8).
 # The fetch alone and the unbudgeted run never have more requests in flight
@@ -23,6 +23,10 @@
 # budgeted run splits the few shards it admits into ranges over every free
 # connection, so --connections 4 compares it at the same number of
 # connections as the others.
+#
+# --baseline BIN also times `BIN run` (another build, e.g. the one before a
+# change) in every round, right after this build's run, and prints its
+# ratio beside it: a change measured against its baseline in one invocation.
 #
 # --budget-args "ARGS" adds ARGS to the budgeted run only (an experiment's
 # setting, e.g. "--split-below-rate 0").
@@ -32,7 +36,9 @@
 # 4 PLE shards sit in 4 of the text shards.
 #
 # Needs: nginx, python3, curl. Generated data is kept in CACHE (default
-# ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}).
+# ${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}); the fetched and converted
+# directories go to --work DIR (default CACHE/pipelined-work; e.g. a tmpfs,
+# to take the disk and its writeback out of the comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPERTS=
@@ -43,6 +49,8 @@ BUDGET_ARGS=
 CAP_MBPS=20
 ROUNDS=2
 CACHE=${FTPIPE_BENCH_CACHE:-/var/tmp/ftpipe-bench}
+WORK=
+BASE=
 while (($#)); do
   case $1 in
     --experts) EXPERTS=$2; shift 2 ;;
@@ -53,7 +61,9 @@ while (($#)); do
     --budget-args) BUDGET_ARGS=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    --work) WORK=$2; shift 2 ;;
+    --baseline) BASE=$2; shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +90,7 @@ if [[ ! -f $SRC/ready ]]; then
   touch "$SRC/ready"
 fi
 
-WORK=$CACHE/pipelined-work
+WORK=${WORK:-$CACHE/pipelined-work}
 rm -rf "$WORK"; mkdir -p "$WORK"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 python3 bench/static_hub.py "$WORK/nginx" "$PORT" "acme/pipelined=pipelined:$SRC/repo:$CAP_MBPS"
@@ -111,10 +121,15 @@ sha() { sha256sum "$1/artifact/manifest.json" | cut -d' ' -f1; }
 
 for r in $(seq "$ROUNDS"); do
   echo "== round $r"
-  rm -rf "$WORK/f" "$WORK/r" "$WORK/b"
+  rm -rf "$WORK/f" "$WORK/r" "$WORK/b" "$WORK/rb"
   timed fetch "$FT" fetch acme/pipelined --out "$WORK/f" "${COMMON[@]}"
   timed convert "$FT" convert --out "$WORK/f" --quiet
   timed run "$FT" run acme/pipelined --out "$WORK/r" "${COMMON[@]}"
+  if [[ -n $BASE ]]; then
+    timed run-baseline "$BASE" run acme/pipelined --out "$WORK/rb" "${COMMON[@]}"
+    [[ $(sha "$WORK/rb") == $(sha "$WORK/r") ]] || { echo "the baseline's manifest differs"; exit 1; }
+    rm -rf "$WORK/rb"
+  fi
   timed budget "$FT" run acme/pipelined --out "$WORK/b" --disk-budget "$MIN" "${COMMON[@]}" $BUDGET_ARGS
   [[ $(sha "$WORK/f") == $(sha "$WORK/r") && $(sha "$WORK/r") == $(sha "$WORK/b") ]] ||
     { echo "manifests differ"; exit 1; }
@@ -132,4 +147,9 @@ print(f"convert / fetch          {med['convert'] / f:.3f}  (the goal applies at 
 print(f"run / fetch              {med['run'] / f:.3f}  (goal <= 1.10)")
 print(f"run --disk-budget / fetch {med['budget'] / f:.3f}")
 print(f"(fetch + convert) / fetch {(f + med['convert']) / f:.3f}  (the serial chain)")
+try:
+    base = statistics.median(float(x) for x in open(f"{w}/run-baseline.times"))
+    print(f"baseline run / fetch     {base / f:.3f}  (this build's run / baseline's {med['run'] / base:.3f})")
+except FileNotFoundError:
+    pass
 PY
