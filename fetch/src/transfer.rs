@@ -106,7 +106,8 @@ async fn settle_superseded_part(ctx: &FetchCtx, file: &FileRow, part: &mut PartF
 /// fsynced, then claimed for the attempt in flight that received them, in
 /// one transaction. What follows them is cut by the caller as before. A
 /// stream's watermark needs no alignment. Nothing is kept when no attempt
-/// is in flight (the bytes were not received by one).
+/// whose tail was not yet measured is in flight (the bytes were not
+/// received by one: see `Store::measure_stream_tails`).
 async fn keep_proven_stream_tail(ctx: &FetchCtx, file: &FileRow, part: &PartFile) -> Result<()> {
     let watermark = ctx.store.ledger_row(&file.path).await?.committed;
     let on_disk = part.len();
@@ -134,6 +135,8 @@ async fn keep_proven_stream_tail(ctx: &FetchCtx, file: &FileRow, part: &PartFile
             from: watermark,
             to: proven,
         });
+        // Claimed; the rest past it not yet cut off.
+        crashpoint::hit(CrashPoint::TailClaimed);
     }
     Ok(())
 }
@@ -177,6 +180,9 @@ pub(crate) async fn settle_stream_part(
         )
         .await?;
     }
+    // The part agrees with its watermark: what a dead attempt wrote is
+    // settled, and bytes found past the watermark later are not its own.
+    ctx.store.measure_stream_tails(&file.path).await?;
     if !*cache_prefix_tried && part.len() == 0 {
         *cache_prefix_tried = true;
         crate::cache::seed_from_incomplete(ctx, file, part).await?;

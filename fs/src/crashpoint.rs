@@ -99,6 +99,9 @@ crash_points! {
     /// After a crash, the bytes past a watermark that the source proved its
     /// own (recorded chunk hashes) fsynced, not yet claimed.
     TailProven = "tail-proven",
+    /// A proven tail claimed and the rest of it recorded as discarded (one
+    /// transaction), the rest not yet punched out or cut off.
+    TailClaimed = "tail-claimed",
     /// The digest of a file fetched as ranges about to read back a piece
     /// of the written prefix it could not hash from memory.
     DigestReadBack = "digest-read-back",

@@ -582,10 +582,10 @@ impl Store {
     /// After a crash: the `kept` bytes written past `path`'s watermark
     /// `watermark` (a stream's part; fsynced by the caller and proven the
     /// source's own) become durable, counted as received by the newest
-    /// attempt of `path` still in flight, in one transaction. `false`, and
-    /// nothing changed, when no attempt is in flight (bytes no attempt
-    /// received are not claimed: see [`Store::discard`]) or the watermark
-    /// moved.
+    /// attempt of `path` still in flight whose tail was not measured, which
+    /// is then marked measured, in one transaction. `false`, and nothing
+    /// changed, when there is no such attempt (bytes no attempt received
+    /// are not claimed: see [`Store::discard`]) or the watermark moved.
     pub async fn claim_stream_tail(&self, path: &str, watermark: u64, kept: u64) -> Result<bool> {
         let new_watermark =
             watermark
@@ -597,8 +597,8 @@ impl Store {
         let mut conn = self.writer().await?;
         let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
         let attributed = sqlx::query(
-            "UPDATE attempts SET body_bytes = body_bytes + ? WHERE id =
-               (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = ?)",
+            "UPDATE attempts SET body_bytes = body_bytes + ?, tail_measured = 1 WHERE id =
+               (SELECT MAX(id) FROM attempts WHERE path = ? AND outcome = ? AND tail_measured = 0)",
         )
         .bind(to_i64(path, kept)?)
         .bind(path)
@@ -625,6 +625,35 @@ impl Store {
         }
         tx.commit().await.ctx("commit stream tail")?;
         Ok(true)
+    }
+
+    /// Marks the tails of `path`'s attempts still in flight (their process
+    /// died) measured, once a stream's part was settled against its
+    /// watermark: bytes found past it later are not theirs to claim.
+    pub async fn measure_stream_tails(&self, path: &str) -> Result<()> {
+        let unmeasured: i64 = {
+            let mut conn = self.conn.lock().await;
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM attempts WHERE path = ? AND outcome = ? AND tail_measured = 0",
+            )
+            .bind(path)
+            .bind(AttemptOutcome::InFlight.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .ctx("unmeasured stream tails")?
+        };
+        if unmeasured == 0 {
+            return Ok(());
+        }
+        let mut conn = self.writer().await?;
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.ctx("begin")?;
+        sqlx::query("UPDATE attempts SET tail_measured = 1 WHERE path = ? AND outcome = ?")
+            .bind(path)
+            .bind(AttemptOutcome::InFlight.as_str())
+            .execute(&mut *tx)
+            .await
+            .ctx("measure stream tails")?;
+        tx.commit().await.ctx("commit stream tails")
     }
 
     /// All discards, in order.
@@ -1240,6 +1269,83 @@ mod tests {
             error: None,
             started_at: String::new(),
         }
+    }
+
+    /// Σ attempt bytes of `PATH`.
+    async fn attempt_sum(store: &Store) -> u64 {
+        store
+            .attempt_bytes()
+            .await
+            .unwrap()
+            .get(PATH)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// A crash's tail in a range: the kept bytes move the watermark and
+    /// count as received, the rest is discarded and counted too, both for
+    /// the attempt, which is then measured (not found again); a watermark
+    /// that moved meanwhile is refused and changes nothing.
+    #[tokio::test]
+    async fn a_settled_crash_tail_is_counted_once_for_its_attempt() {
+        use crate::ranges::CrashTail;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, run) = store_with_one_file(dir.path()).await;
+        store.begin_ranges(PATH).await.unwrap();
+        let id = store.start_attempt(run, &attempt()).await.unwrap();
+        assert_eq!(
+            store.in_flight_attempt(PATH, 0, 1000).await.unwrap(),
+            Some(id)
+        );
+        let stale = CrashTail {
+            watermark: 10,
+            kept: 300,
+            rest: 50,
+        };
+        assert!(
+            store
+                .settle_crash_tail(run, PATH, 0, stale, DiscardReason::UncheckpointedTail, id)
+                .await
+                .is_err()
+        );
+        let tail = CrashTail {
+            watermark: 0,
+            kept: 300,
+            rest: 50,
+        };
+        store
+            .settle_crash_tail(run, PATH, 0, tail, DiscardReason::UncheckpointedTail, id)
+            .await
+            .unwrap();
+        let l = store.ledger_row(PATH).await.unwrap();
+        assert_eq!((l.committed, l.transferred, l.discarded), (300, 350, 50));
+        assert_eq!(attempt_sum(&store).await, 350);
+        assert_eq!(store.ranges(PATH).await.unwrap()[0].watermark, 300);
+        assert_eq!(store.in_flight_attempt(PATH, 0, 1000).await.unwrap(), None);
+    }
+
+    /// A stream's proven tail is claimed for the newest attempt in flight
+    /// whose tail was not measured, which is then measured; with none, or
+    /// a watermark that moved, nothing changes. Once a part is settled,
+    /// `measure_stream_tails` leaves no attempt to claim for.
+    #[tokio::test]
+    async fn a_streams_tail_is_claimed_only_for_an_unmeasured_attempt() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, run) = store_with_one_file(dir.path()).await;
+        assert!(!store.claim_stream_tail(PATH, 0, 100).await.unwrap());
+        store.start_attempt(run, &attempt()).await.unwrap();
+        assert!(!store.claim_stream_tail(PATH, 5, 100).await.unwrap());
+        assert_eq!(store.ledger_row(PATH).await.unwrap().committed, 0);
+        assert!(store.claim_stream_tail(PATH, 0, 100).await.unwrap());
+        let l = store.ledger_row(PATH).await.unwrap();
+        assert_eq!((l.committed, l.transferred), (100, 100));
+        assert_eq!(attempt_sum(&store).await, 100);
+        // Measured by the claim: the next tail is not its to claim.
+        assert!(!store.claim_stream_tail(PATH, 100, 100).await.unwrap());
+        store.start_attempt(run, &attempt()).await.unwrap();
+        store.measure_stream_tails(PATH).await.unwrap();
+        assert!(!store.claim_stream_tail(PATH, 100, 100).await.unwrap());
+        assert_eq!(store.ledger_row(PATH).await.unwrap().committed, 100);
     }
 
     /// The selection globs are stored with the pin and replaced, not

@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use ftpipe_fixtures::RepoFile;
-use ftpipe_fixtures::checkpoint::{self, SplitMix64};
+use ftpipe_fixtures::checkpoint::SplitMix64;
 use ftpipe_fixtures::powercut::{CutReport, Kind, Model, Mounted, ROOT};
 use ftpipe_fixtures::qwen4::{QwenShape, generate_qwen4_repo};
 
@@ -571,15 +571,7 @@ fn power_cuts(extra_files: Vec<RepoFile>) {
     let mut rng = SplitMix64::new(seed);
     let mut files: Vec<RepoFile> = generate_qwen4_repo(seed % 1000, QwenShape::medium());
     files.extend(extra_files);
-    let hub_files: BTreeMap<String, Vec<u8>> = files
-        .iter()
-        .map(|f| {
-            (
-                f.path.clone(),
-                checkpoint::content_bytes(f).unwrap().to_vec(),
-            )
-        })
-        .collect();
+    let hub_files = contents_by_path(&files);
     let hub = hub_serving(files);
     let endpoint = hub.endpoint();
     let tmp = tempfile::tempdir().unwrap();
@@ -1113,15 +1105,7 @@ fn xet_power_cuts(layout: &[&str]) {
     let (hub, files, _cas, _proxy, _hashes) =
         crate::xet_source::xet_served_sized(seed % 1000, 64 << 20);
     let f = lfs_file(&files).clone();
-    let want: BTreeMap<String, Vec<u8>> = files
-        .iter()
-        .map(|f| {
-            (
-                f.path.clone(),
-                checkpoint::content_bytes(f).unwrap().to_vec(),
-            )
-        })
-        .collect();
+    let want = contents_by_path(&files);
     let batches = content_len(&f) >> 20;
     let args = [
         layout,
@@ -1138,7 +1122,7 @@ fn xet_power_cuts(layout: &[&str]) {
     let endpoint = hub.endpoint();
     let tmp = tempfile::tempdir().unwrap();
     // Each cut follows the runs of one list, on one mount: the first
-    // four lists must be reached, then seeded single stops anywhere in the
+    // five lists must be reached, then seeded single stops anywhere in the
     // rest (each run fetches less; once one finishes, the chain ends).
     let mut cycles: Vec<Vec<String>> = vec![
         vec!["checkpoint-synced#2".to_owned()],
@@ -1149,8 +1133,14 @@ fn xet_power_cuts(layout: &[&str]) {
         // resume keeps that tail and is cut once it fetches again: what it
         // claimed must have been fsynced first.
         vec![
-            "xet-term-recorded#2".to_owned(),
+            "xet-term-recorded#4".to_owned(),
             "xet-term-recorded#1".to_owned(),
+        ],
+        // The same, cut right after the claim (before the rest is punched
+        // or cut off, whose own fsync would hide a missing one).
+        vec![
+            "xet-term-recorded#4".to_owned(),
+            "tail-claimed#1".to_owned(),
         ],
     ];
     for _ in 0..5 {
@@ -1182,14 +1172,19 @@ fn xet_power_cuts(layout: &[&str]) {
             let said = stderr(&o);
             finished = o.status.success();
             assert!(
-                finished && cut > 3
+                finished && cut > 4
                     || said.contains(&format!("FTPIPE_CRASH_AT={stop}: aborting here")),
                 "cut {cut}: {stop} not reached: {said}"
             );
-            kept += said
+            let kept_here = said
                 .lines()
                 .filter(|l| l.contains("written past the last checkpoint"))
                 .count();
+            assert!(
+                kept_here > 0 || stop != "tail-claimed#1" || finished,
+                "cut {cut}: {stop} reached with nothing kept: {said}"
+            );
+            kept += kept_here;
         }
         let stop = stops.join(", then ");
         let dump = tmp.path().join(format!("cut-{cut}"));

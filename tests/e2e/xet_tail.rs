@@ -23,6 +23,26 @@ use crate::xet_source::{clean_xorb_bytes, recorded_fetched, xet_served_sized};
 /// The batch the Xet source records and hands on at a time.
 const BATCH: u64 = 1 << 20;
 
+/// The shard fetched as one stream.
+const ONE_STREAM: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "1",
+    "--segment-threshold",
+    "1GiB",
+];
+
+/// The shard fetched as two ranges (one per core).
+const TWO_RANGES: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "2",
+    "--segment-threshold",
+    "4MiB",
+];
+
 /// How a run's killed fetch and its resume went.
 struct Resumed {
     size: u64,
@@ -30,6 +50,8 @@ struct Resumed {
     killed_at: u64,
     /// Attempts the kill left in flight (a range each).
     in_flight: u64,
+    /// The byte changed before the resume.
+    damaged: Option<u64>,
     /// Every `(from, to)` the resume said it kept.
     kept: Vec<(u64, u64)>,
     /// Xorb bytes fetched by the killed run and the resume, beyond a clean
@@ -65,31 +87,52 @@ fn tail_discarded(out: &Path, path: &str) -> u64 {
     .unwrap()
 }
 
-/// Fetches one Xet shard of a repo of `repo_bytes` with `layout`
-/// (checkpoints every `checkpoint` bytes), killed at about 90 %;
-/// `damage` (a share of the file) changes the `.part`'s byte there before
-/// the resume; `crash_at` aborts the first resume at that point (the
-/// second then finishes). The file must end whole and the audit clean.
-fn kill_and_resume(
+/// One kill and its resume.
+struct Case {
     seed: u64,
+    /// The repo's size (two shards of half each; one is fetched).
     repo_bytes: u64,
-    layout: &[&str],
+    layout: &'static [&'static str],
+    /// `--checkpoint-bytes`.
     checkpoint: u64,
-    damage: Option<(u64, u64)>,
-    crash_at: Option<&str>,
-) -> Resumed {
-    let (hub, files, _cas, proxy, _hashes) = xet_served_sized(seed, repo_bytes);
+    /// Where the fetch is killed (`FTPIPE_CRASH_AT`); `None`: right after
+    /// the batch at about 90 % of the file was recorded.
+    kill_at: Option<&'static str>,
+    /// A byte of the `.part` changed before the resume.
+    damage: Damage,
+    /// The first resume aborts there (the second then finishes).
+    crash_at: Option<&'static str>,
+}
+
+/// Which byte of the `.part` a case changes after the kill.
+#[derive(Clone, Copy)]
+enum Damage {
+    None,
+    /// The byte at this share (numerator, denominator) of the file.
+    AtShare(u64, u64),
+    /// The byte this far past the watermark of the first range whose
+    /// watermark is past its start and short of its end.
+    PastARangesWatermark(u64),
+}
+
+/// Fetches one Xet shard as `case` says, killed, then resumed. The file
+/// must end whole and the audit clean.
+fn kill_and_resume(case: &Case) -> Resumed {
+    let (hub, files, _cas, proxy, _hashes) = xet_served_sized(case.seed, case.repo_bytes);
     let f = lfs_file(&files);
     let size = content_len(f);
     let tmp = tempfile::tempdir().unwrap();
     let (clean, _) = clean_xorb_bytes(&hub, &proxy, &tmp.path().join("clean"), &f.path);
-    let every = checkpoint.to_string();
+    let every = case.checkpoint.to_string();
     let args = [
-        layout,
+        case.layout,
         &["--include", &f.path, "--checkpoint-bytes", &every],
     ]
     .concat();
-    let at = format!("xet-term-recorded#{}", size * 9 / 10 / BATCH);
+    let at = case.kill_at.map_or_else(
+        || format!("xet-term-recorded#{}", size * 9 / 10 / BATCH),
+        str::to_owned,
+    );
     let out = tmp.path().join("out");
     let o = run(fetch_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", &at));
     assert!(!o.status.success(), "{}", stderr(&o));
@@ -103,15 +146,9 @@ fn kill_and_resume(
     )[0]
     .parse()
     .unwrap();
-    let part = out.join("source").join(format!("{}.part", f.path));
-    if let Some((num, den)) = damage {
-        let mut bytes = std::fs::read(&part).unwrap();
-        let i = usize::try_from(size * num / den).unwrap();
-        bytes[i] ^= 0x5a;
-        std::fs::write(&part, bytes).unwrap();
-    }
+    let damaged = damage(&out, &f.path, size, case.damage);
     let mut said = String::new();
-    if let Some(point) = crash_at {
+    if let Some(point) = case.crash_at {
         let o = run(fetch_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", point));
         assert!(
             stderr(&o).contains(&format!("FTPIPE_CRASH_AT={point}#")),
@@ -135,16 +172,42 @@ fn kill_and_resume(
         size,
         killed_at,
         in_flight,
+        damaged,
         kept: kept_lines(&said),
         again: both.saturating_sub(clean),
         tail_discarded: tail_discarded(&out, &f.path),
     };
     eprintln!(
         "{size} bytes, watermark {killed_at} and {in_flight} attempts in flight at the kill; \
-         kept {:?}; {} xorb bytes again; {} discarded as uncheckpointed_tail",
+         byte {damaged:?} changed; kept {:?}; {} xorb bytes again; {} discarded as \
+         uncheckpointed_tail",
         r.kept, r.again, r.tail_discarded
     );
     r
+}
+
+/// Changes the byte of `path`'s `.part` in `out` that `how` names; which.
+fn damage(out: &Path, path: &str, size: u64, how: Damage) -> Option<u64> {
+    let at = match how {
+        Damage::None => return None,
+        Damage::AtShare(num, den) => size * num / den,
+        Damage::PastARangesWatermark(past) => {
+            let w = query(
+                out,
+                &format!(
+                    "SELECT MIN(watermark) FROM fetch_ranges WHERE path = {} \
+                     AND watermark > start AND watermark < end_",
+                    sql_str(path)
+                ),
+            );
+            w[0].parse::<u64>().expect("a range part way through") + past
+        }
+    };
+    let part = out.join("source").join(format!("{path}.part"));
+    let mut bytes = std::fs::read(&part).unwrap();
+    bytes[usize::try_from(at).unwrap()] ^= 0x5a;
+    std::fs::write(&part, bytes).unwrap();
+    Some(at)
 }
 
 /// The kill cost, per range in flight, at most the batch being recorded,
@@ -171,15 +234,15 @@ fn assert_little_discarded(r: &Resumed, ranges: u64) {
 /// One stream: everything written since byte 0 is kept.
 #[test]
 fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
-    let one_stream = [
-        "--jobs",
-        "1",
-        "--connections",
-        "1",
-        "--segment-threshold",
-        "1GiB",
-    ];
-    let r = kill_and_resume(391, 32 << 20, &one_stream, 64 << 20, None, None);
+    let r = kill_and_resume(&Case {
+        seed: 391,
+        repo_bytes: 32 << 20,
+        layout: ONE_STREAM,
+        checkpoint: 64 << 20,
+        kill_at: None,
+        damage: Damage::None,
+        crash_at: None,
+    });
     assert!(
         r.killed_at < r.size / 2,
         "the kill left watermark {}",
@@ -199,43 +262,65 @@ fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
 /// range's watermark past its start before the kill.
 #[test]
 fn the_tails_of_a_killed_files_ranges_are_kept() {
-    let ranges = [
-        "--jobs",
-        "1",
-        "--connections",
-        "2",
-        "--segment-threshold",
-        "4MiB",
-    ];
-    let r = kill_and_resume(392, 64 << 20, &ranges, 4 << 20, None, None);
+    let r = kill_and_resume(&Case {
+        seed: 392,
+        repo_bytes: 64 << 20,
+        layout: TWO_RANGES,
+        checkpoint: 4 << 20,
+        kill_at: None,
+        damage: Damage::None,
+        crash_at: None,
+    });
     assert!(!r.kept.is_empty(), "nothing kept");
     assert_little_discarded(&r, 2);
     assert_little_fetched_again(&r);
 }
 
-/// A byte changed in the tail after the kill: the run of kept chunks ends
-/// before it, what follows is discarded and fetched again, and the file
-/// is published right.
+/// A byte changed in the tail after the kill (a stream's, then a range's):
+/// the run of kept chunks ends before it, what follows is discarded and
+/// fetched again, and the file is published right.
 #[test]
 fn a_tail_changed_after_the_kill_is_kept_only_up_to_the_change() {
-    let one_stream = [
-        "--jobs",
-        "1",
-        "--connections",
-        "1",
-        "--segment-threshold",
-        "1GiB",
-    ];
-    let r = kill_and_resume(393, 32 << 20, &one_stream, 64 << 20, Some((1, 2)), None);
-    let changed = r.size / 2;
-    assert_eq!(r.kept.len(), 1, "kept {:?}", r.kept);
-    let (from, to) = r.kept[0];
+    let stream = kill_and_resume(&Case {
+        seed: 393,
+        repo_bytes: 32 << 20,
+        layout: ONE_STREAM,
+        checkpoint: 64 << 20,
+        kill_at: None,
+        damage: Damage::AtShare(1, 2),
+        crash_at: None,
+    });
+    assert_kept_up_to_the_change(&stream);
+    // A checkpoint's bytes fsynced and not claimed: every range has a
+    // tail past its watermark.
+    let ranges = kill_and_resume(&Case {
+        seed: 395,
+        repo_bytes: 64 << 20,
+        layout: TWO_RANGES,
+        checkpoint: 4 << 20,
+        kill_at: Some("checkpoint-synced#2"),
+        damage: Damage::PastARangesWatermark(300_000),
+        crash_at: None,
+    });
+    assert_kept_up_to_the_change(&ranges);
+}
+
+/// The kept run that holds the changed byte's range ends before it, within
+/// a chunk (and the write alignment) of it, and something was discarded.
+fn assert_kept_up_to_the_change(r: &Resumed) {
+    let changed = r.damaged.expect("a byte was changed");
+    let (from, to) = *r
+        .kept
+        .iter()
+        .filter(|(from, _)| *from <= changed)
+        .max()
+        .unwrap_or_else(|| panic!("nothing kept before byte {changed}: {:?}", r.kept));
     assert!(
         from < to && to <= changed,
         "kept {from}..{to}, byte {changed} changed"
     );
     assert!(
-        to + 128 * 1024 > changed,
+        to + (128 + 64) * 1024 > changed,
         "kept {from}..{to}: the chunks before byte {changed} are whole"
     );
     assert!(
@@ -244,19 +329,24 @@ fn a_tail_changed_after_the_kill_is_kept_only_up_to_the_change() {
     );
 }
 
-/// A resume aborted once its proven tail is fsynced and not yet claimed
-/// (`tail-proven`) claims nothing; the next proves and keeps it again.
+/// A resume aborted once its proven tails are fsynced and not yet claimed
+/// (`tail-proven`) claims nothing, one aborted once they are claimed and
+/// the rest recorded (`tail-claimed`) claims them once; the next resume
+/// keeps what is left. The kill is a checkpoint's fsync whose watermarks
+/// were not committed, so every range has a tail.
 #[test]
-fn a_resume_killed_between_proving_and_claiming_a_tail_keeps_it_next_time() {
-    let ranges = [
-        "--jobs",
-        "1",
-        "--connections",
-        "2",
-        "--segment-threshold",
-        "4MiB",
-    ];
-    let r = kill_and_resume(394, 64 << 20, &ranges, 4 << 20, None, Some("tail-proven"));
-    assert!(!r.kept.is_empty(), "nothing kept");
-    assert_little_fetched_again(&r);
+fn a_resume_killed_while_it_settles_a_tail_keeps_it_once() {
+    for (seed, point) in [(394, "tail-proven"), (396, "tail-claimed")] {
+        let r = kill_and_resume(&Case {
+            seed,
+            repo_bytes: 64 << 20,
+            layout: TWO_RANGES,
+            checkpoint: 4 << 20,
+            kill_at: Some("checkpoint-synced#3"),
+            damage: Damage::None,
+            crash_at: Some(point),
+        });
+        assert!(!r.kept.is_empty(), "{point}: nothing kept");
+        assert_little_fetched_again(&r);
+    }
 }

@@ -98,6 +98,14 @@ pub(super) struct Coordinator {
     pub(super) restarting: bool,
 }
 
+/// The tail a crash left past one range's watermark (`range`: its index),
+/// written by `attempt`.
+pub(super) struct RangeTail {
+    range: usize,
+    attempt: i64,
+    tail: CrashTail,
+}
+
 /// The state of one pass: the open part file and the digest so far.
 pub(super) struct PassState {
     pub(super) shared: Arc<Shared>,
@@ -240,59 +248,93 @@ impl Coordinator {
         Ok(ranges)
     }
 
-    /// Un-checkpointed tails a crash left behind: only where an attempt
-    /// was in flight when the process died. Measured; what the source
-    /// proves its own (chunk hashes it recorded) is fsynced and kept, the
-    /// watermark moved past it, the rest recorded as discarded, in one
-    /// transaction; then the rest is punched out, so a second crash cannot
-    /// count it again.
+    /// Un-checkpointed tails a crash left behind. A tail an attempt in
+    /// flight wrote (its process died) is measured: what the source proves
+    /// its own (recorded chunk hashes) is fsynced, then claimed, and the
+    /// rest recorded as discarded, in one transaction per range. Then every
+    /// byte past a watermark that no claim covers is punched out and the
+    /// holes fsynced before any worker starts: the rest of a tail just
+    /// recorded, and bytes whose attempt was measured already (a crash
+    /// between its record and its punch), so a later crash cannot count
+    /// them again.
     async fn cut_crash_tails(&self, file: &DirectFile, ranges: &mut [RangeRow]) -> Result<()> {
-        let store = &self.ctx.store;
-        let path = self.path();
-        for r in ranges.iter_mut().filter(|r| !r.complete()) {
-            let Some(attempt) = store.in_flight_attempt(path, r.start, r.end).await? else {
-                continue;
-            };
+        let (tails, mut stale) = self.measure_crash_tails(file, ranges).await?;
+        if tails.iter().any(|t| t.tail.kept > 0) {
+            block_in_place(|| file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
+            // The proven tails are durable; the store does not claim them yet.
+            crashpoint::hit(CrashPoint::TailProven);
+        }
+        for t in &tails {
+            self.ctx
+                .store
+                .settle_crash_tail(
+                    self.ctx.run,
+                    self.path(),
+                    ranges[t.range].start,
+                    t.tail,
+                    DiscardReason::UncheckpointedTail,
+                    t.attempt,
+                )
+                .await?;
+            let r = &mut ranges[t.range];
+            r.watermark += t.tail.kept;
+            if t.tail.kept > 0 {
+                self.ctx.reporter.report(ProgressEvent::FileTailKept {
+                    path: self.path().to_owned(),
+                    from: t.tail.watermark,
+                    to: r.watermark,
+                });
+            }
+            // Claimed and recorded; the rest past it not yet punched.
+            crashpoint::hit(CrashPoint::TailClaimed);
+            if t.tail.rest > 0 {
+                self.rewound(r.watermark, DiscardReason::UncheckpointedTail);
+                stale.push((r.watermark, t.tail.rest));
+            }
+        }
+        if !stale.is_empty() {
+            for &(at, len) in &stale {
+                block_in_place(|| punch_hole(file.file(), at, len));
+            }
+            block_in_place(|| file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
+        }
+        Ok(())
+    }
+
+    /// The bytes past each incomplete range's watermark: a tail of an
+    /// attempt still in flight (its process died), with what of it the
+    /// source proves; or stale bytes no attempt owns (counted already, or
+    /// never received: see `Store::discard`), as `(offset, length)`.
+    async fn measure_crash_tails(
+        &self,
+        file: &DirectFile,
+        ranges: &[RangeRow],
+    ) -> Result<(Vec<RangeTail>, Vec<(u64, u64)>)> {
+        let (mut tails, mut stale) = (Vec::new(), Vec::new());
+        for (i, r) in ranges.iter().enumerate().filter(|(_, r)| !r.complete()) {
             let written = block_in_place(|| written_tail(file.file(), r.watermark, r.end))
                 .map_err(|e| self.io("seek", e))?;
             if written == 0 {
                 continue;
             }
-            let kept = self.proven_tail(file, r, written).await?;
-            if kept > 0 {
-                block_in_place(|| file.file().sync_data()).map_err(|e| self.io("fsync", e))?;
-                // The proven tail is durable; the store does not claim it yet.
-                crashpoint::hit(CrashPoint::TailProven);
-            }
-            let tail = CrashTail {
-                watermark: r.watermark,
-                kept,
-                rest: written - kept,
-            };
-            store
-                .settle_crash_tail(
-                    self.ctx.run,
-                    path,
-                    r.start,
-                    tail,
-                    DiscardReason::UncheckpointedTail,
-                    attempt,
-                )
-                .await?;
-            r.watermark += kept;
-            if kept > 0 {
-                self.ctx.reporter.report(ProgressEvent::FileTailKept {
-                    path: path.to_owned(),
-                    from: tail.watermark,
-                    to: r.watermark,
-                });
-            }
-            if tail.rest > 0 {
-                self.rewound(r.watermark, DiscardReason::UncheckpointedTail);
-                block_in_place(|| punch_hole(file.file(), r.watermark, tail.rest));
+            let store = &self.ctx.store;
+            match store.in_flight_attempt(self.path(), r.start, r.end).await? {
+                Some(attempt) => {
+                    let kept = self.proven_tail(file, r, written).await?;
+                    tails.push(RangeTail {
+                        range: i,
+                        attempt,
+                        tail: CrashTail {
+                            watermark: r.watermark,
+                            kept,
+                            rest: written - kept,
+                        },
+                    });
+                }
+                None => stale.push((r.watermark, written)),
             }
         }
-        Ok(())
+        Ok((tails, stale))
     }
 
     /// Of the `written` bytes past `r`'s watermark, those the source

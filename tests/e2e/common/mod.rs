@@ -885,3 +885,18 @@ pub fn resume_point(stderr: &str, path: &str, watermark: u64) -> u64 {
         .next()
         .unwrap_or(watermark)
 }
+
+/// Each file's path and bytes.
+pub fn contents_by_path(files: &[RepoFile]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    files
+        .iter()
+        .map(|f| {
+            (
+                f.path.clone(),
+                checkpoint::content_bytes(f)
+                    .expect("fixture bytes")
+                    .to_vec(),
+            )
+        })
+        .collect()
+}
