@@ -1107,49 +1107,39 @@ fn xet_power_cuts(layout: &[&str]) {
     let f = lfs_file(&files).clone();
     let want = contents_by_path(&files);
     let batches = content_len(&f) >> 20;
-    let args = [
-        layout,
-        &[
-            "--jobs",
-            "1",
-            "--checkpoint-bytes",
-            "4194304",
-            "--include",
-            &f.path,
-        ],
-    ]
-    .concat();
+    let args = [layout, &["--jobs", "1", "--include", &f.path]].concat();
     let endpoint = hub.endpoint();
     let tmp = tempfile::tempdir().unwrap();
     // Each cut follows the runs of one list, on one mount: the first
-    // five lists must be reached, then seeded single stops anywhere in the
+    // four lists must be reached, then seeded single stops anywhere in the
     // rest (each run fetches less; once one finishes, the chain ends).
-    let mut cycles: Vec<Vec<String>> = vec![
-        vec!["checkpoint-synced#2".to_owned()],
-        vec!["tail-proven#1".to_owned()],
-        // The third run has about half the file's batches left to fetch.
-        vec![format!("xet-term-recorded#{}", batches / 3)],
-        // Killed without a cut (its tail only in the page cache), then a
-        // resume keeps that tail and is cut once it fetches again: what it
+    let mut cycles: Vec<Vec<XetStop>> = vec![
+        vec![XetStop::at("checkpoint-synced#2")],
+        vec![XetStop::at("tail-proven#1")],
+        // The third run has most of the file's batches left to fetch.
+        vec![XetStop::at(format!("xet-term-recorded#{}", batches / 7))],
+        // Killed without a cut and without a checkpoint (all it wrote is a
+        // tail only the page cache holds), then a resume keeps that tail
+        // and is cut right after the claim (before the rest is punched or
+        // cut off, whose own fsync would hide a missing one): what it
         // claimed must have been fsynced first.
         vec![
-            "xet-term-recorded#4".to_owned(),
-            "xet-term-recorded#1".to_owned(),
+            XetStop::unsynced("xet-term-recorded#6"),
+            XetStop::at("tail-claimed#1"),
         ],
-        // The same, cut right after the claim (before the rest is punched
-        // or cut off, whose own fsync would hide a missing one).
+        // The same, cut once the resume fetches again.
         vec![
-            "xet-term-recorded#4".to_owned(),
-            "tail-claimed#1".to_owned(),
+            XetStop::unsynced("xet-term-recorded#4"),
+            XetStop::at("xet-term-recorded#1"),
         ],
     ];
     for _ in 0..5 {
         let n = 1 + rng.next_u64() % 3;
-        cycles.push(vec![match rng.next_u64() % 3 {
+        cycles.push(vec![XetStop::at(match rng.next_u64() % 3 {
             0 => format!("checkpoint-synced#{n}"),
             1 => format!("xet-term-recorded#{n}"),
             _ => "tail-proven#1".to_owned(),
-        }]);
+        })]);
     }
     let (mut current, mut kept) = (None::<PathBuf>, 0);
     for (cut, stops) in cycles.iter().enumerate() {
@@ -1167,26 +1157,47 @@ fn xet_power_cuts(layout: &[&str]) {
             }
         };
         let mut finished = false;
-        for stop in stops {
-            let o = run(fetch_cmd(&endpoint, &mnt.join("out"), &args).env("FTPIPE_CRASH_AT", stop));
-            let said = stderr(&o);
-            finished = o.status.success();
-            assert!(
-                finished && cut > 4
-                    || said.contains(&format!("FTPIPE_CRASH_AT={stop}: aborting here")),
-                "cut {cut}: {stop} not reached: {said}"
-            );
-            let kept_here = said
-                .lines()
-                .filter(|l| l.contains("written past the last checkpoint"))
-                .count();
-            assert!(
-                kept_here > 0 || stop != "tail-claimed#1" || finished,
-                "cut {cut}: {stop} reached with nothing kept: {said}"
-            );
-            kept += kept_here;
+        // A list ending at `tail-claimed` is run again (up to 3 times, on the
+        // same mount) until its claim kept something: a resume whose ranges
+        // all start at a chunk the range before holds has nothing to prove.
+        let must_keep = stops.last().is_some_and(|s| s.at == "tail-claimed#1");
+        let kept_at_start = kept;
+        for _ in 0..if must_keep { 3 } else { 1 } {
+            let kept_before = kept;
+            for XetStop {
+                at: stop,
+                args: own,
+            } in stops
+            {
+                let every = [args.as_slice(), own].concat();
+                let o = run(
+                    fetch_cmd(&endpoint, &mnt.join("out"), &every).env("FTPIPE_CRASH_AT", stop)
+                );
+                let said = stderr(&o);
+                finished = o.status.success();
+                assert!(
+                    finished && cut > 3
+                        || said.contains(&format!("FTPIPE_CRASH_AT={stop}: aborting here")),
+                    "cut {cut}: {stop} not reached: {said}"
+                );
+                kept += said
+                    .lines()
+                    .filter(|l| l.contains("written past the last checkpoint"))
+                    .count();
+            }
+            if kept > kept_before || finished {
+                break;
+            }
         }
-        let stop = stops.join(", then ");
+        assert!(
+            !must_keep || finished || kept > kept_at_start,
+            "cut {cut}: three resumes stopped at tail-claimed kept nothing"
+        );
+        let stop = stops
+            .iter()
+            .map(|s| s.at.as_str())
+            .collect::<Vec<_>>()
+            .join(", then ");
         let dump = tmp.path().join(format!("cut-{cut}"));
         let report = mounted.cut(&dump).expect("dump the durable view");
         drop(mounted);
@@ -1218,4 +1229,35 @@ fn xet_power_cuts(layout: &[&str]) {
         want[&f.path]
     );
     assert_clean_audit(&out);
+}
+
+/// One run of a power-cut cycle over a Xet fetch: where it stops
+/// (`FTPIPE_CRASH_AT`) and its checkpoint arguments.
+struct XetStop {
+    at: String,
+    args: &'static [&'static str],
+}
+
+impl XetStop {
+    /// Stops at `at`, checkpointing every 4 MiB.
+    fn at(at: impl Into<String>) -> XetStop {
+        XetStop {
+            at: at.into(),
+            args: &["--checkpoint-bytes", "4194304"],
+        }
+    }
+
+    /// Stops at `at` before any checkpoint (every 64 MiB, more than the
+    /// file, or an hour): all it wrote is a tail past the watermark.
+    fn unsynced(at: impl Into<String>) -> XetStop {
+        XetStop {
+            at: at.into(),
+            args: &[
+                "--checkpoint-bytes",
+                "67108864",
+                "--checkpoint-secs",
+                "3600",
+            ],
+        }
+    }
 }
