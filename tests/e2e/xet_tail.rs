@@ -160,12 +160,7 @@ fn kill_and_resume(case: &Case) -> Resumed {
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
     assert!(o.status.success(), "{}", stderr(&o));
     said.push_str(&stderr(&o));
-    assert_eq!(
-        std::fs::read(out.join("source").join(&f.path)).unwrap(),
-        ftpipe_fixtures::checkpoint::content_bytes(f)
-            .unwrap()
-            .as_ref()
-    );
+    assert_files_match(&out, std::slice::from_ref(f));
     assert_clean_audit(&out);
     let both = recorded_fetched(&out, &f.path);
     let r = Resumed {

@@ -100,7 +100,7 @@ pub(super) struct Coordinator {
 
 /// The tail a crash left past one range's watermark (`range`: its index),
 /// written by `attempt`.
-pub(super) struct RangeTail {
+struct RangeTail {
     range: usize,
     attempt: i64,
     tail: CrashTail,
