@@ -63,6 +63,10 @@ use ftpipe_pipeline::PipelineError;
 
 use cli::examine::{AuditInProgress, VerifyFailed};
 use cli::{Cli, Command};
+// Dependencies only for their features: a build of this package alone
+// compiles them as the workspace's test build does (Cargo.toml).
+use libc as _;
+use regex_syntax as _;
 
 /// Runs `cli`'s command: `Ok(false)` is an audit that is not clean.
 async fn run(cli: Cli) -> anyhow::Result<bool> {
