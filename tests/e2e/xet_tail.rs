@@ -43,6 +43,16 @@ const TWO_RANGES: &[&str] = &[
     "4MiB",
 ];
 
+/// The shard's ranges (as [`TWO_RANGES`] made them) fetched one at a time.
+const RANGES_ONE_AT_A_TIME: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "1",
+    "--segment-threshold",
+    "4MiB",
+];
+
 /// How a run's killed fetch and its resume went.
 struct Resumed {
     size: u64,
@@ -52,8 +62,10 @@ struct Resumed {
     in_flight: u64,
     /// The byte changed before the resume.
     damaged: Option<u64>,
-    /// Every `(from, to)` the resume said it kept.
+    /// Every `(from, to)` the resumes said they kept.
     kept: Vec<(u64, u64)>,
+    /// Those the last resume (the one that finished) said it kept.
+    kept_last: Vec<(u64, u64)>,
     /// Xorb bytes fetched by the killed run and the resume, beyond a clean
     /// fetch's.
     again: u64,
@@ -100,8 +112,10 @@ struct Case {
     kill_at: Option<&'static str>,
     /// A byte of the `.part` changed before the resume.
     damage: Damage,
-    /// The first resume aborts there (the second then finishes).
-    crash_at: Option<&'static str>,
+    /// The resumes before the last abort there, one each, in order.
+    crash_at: &'static [&'static str],
+    /// The layout those resumes take instead of `layout`.
+    aborted_layout: Option<&'static [&'static str]>,
 }
 
 /// Which byte of the `.part` a case changes after the kill.
@@ -148,10 +162,16 @@ fn kill_and_resume(case: &Case) -> Resumed {
     .unwrap();
     let damaged = damage(&out, &f.path, size, case.damage);
     let mut said = String::new();
-    if let Some(point) = case.crash_at {
-        let o = run(fetch_cmd(&hub.endpoint(), &out, &args).env("FTPIPE_CRASH_AT", point));
+    for point in case.crash_at {
+        let aborted = [
+            case.aborted_layout.unwrap_or(case.layout),
+            &args[case.layout.len()..],
+        ]
+        .concat();
+        let o = run(fetch_cmd(&hub.endpoint(), &out, &aborted).env("FTPIPE_CRASH_AT", point));
+        let name = point.split('#').next().unwrap_or(point);
         assert!(
-            stderr(&o).contains(&format!("FTPIPE_CRASH_AT={point}#")),
+            stderr(&o).contains(&format!("FTPIPE_CRASH_AT={name}#")),
             "{point} not reached: {}",
             stderr(&o)
         );
@@ -159,6 +179,7 @@ fn kill_and_resume(case: &Case) -> Resumed {
     }
     let o = run(&mut fetch_cmd(&hub.endpoint(), &out, &args));
     assert!(o.status.success(), "{}", stderr(&o));
+    let kept_last = kept_lines(&stderr(&o));
     said.push_str(&stderr(&o));
     assert_files_match(&out, std::slice::from_ref(f));
     assert_clean_audit(&out);
@@ -169,6 +190,7 @@ fn kill_and_resume(case: &Case) -> Resumed {
         in_flight,
         damaged,
         kept: kept_lines(&said),
+        kept_last,
         again: both.saturating_sub(clean),
         tail_discarded: tail_discarded(&out, &f.path),
     };
@@ -236,7 +258,8 @@ fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
         checkpoint: 64 << 20,
         kill_at: None,
         damage: Damage::None,
-        crash_at: None,
+        crash_at: &[],
+        aborted_layout: None,
     });
     assert!(
         r.killed_at < r.size / 2,
@@ -264,7 +287,8 @@ fn the_tails_of_a_killed_files_ranges_are_kept() {
         checkpoint: 4 << 20,
         kill_at: None,
         damage: Damage::None,
-        crash_at: None,
+        crash_at: &[],
+        aborted_layout: None,
     });
     assert!(!r.kept.is_empty(), "nothing kept");
     assert_little_discarded(&r, 2);
@@ -283,7 +307,8 @@ fn a_tail_changed_after_the_kill_is_kept_only_up_to_the_change() {
         checkpoint: 64 << 20,
         kill_at: None,
         damage: Damage::AtShare(1, 2),
-        crash_at: None,
+        crash_at: &[],
+        aborted_layout: None,
     });
     assert_kept_up_to_the_change(&stream);
     // A checkpoint's bytes fsynced and not claimed: every range has a
@@ -295,7 +320,8 @@ fn a_tail_changed_after_the_kill_is_kept_only_up_to_the_change() {
         checkpoint: 4 << 20,
         kill_at: Some("checkpoint-synced#2"),
         damage: Damage::PastARangesWatermark(300_000),
-        crash_at: None,
+        crash_at: &[],
+        aborted_layout: None,
     });
     assert_kept_up_to_the_change(&ranges);
 }
@@ -331,7 +357,9 @@ fn assert_kept_up_to_the_change(r: &Resumed) {
 /// were not committed, so every range has a tail.
 #[test]
 fn a_resume_killed_while_it_settles_a_tail_keeps_it_once() {
-    for (seed, point) in [(394, "tail-proven"), (396, "tail-claimed")] {
+    let cases: [(u64, &'static [&'static str]); 2] =
+        [(394, &["tail-proven"]), (396, &["tail-claimed"])];
+    for (seed, crash_at) in cases {
         let r = kill_and_resume(&Case {
             seed,
             repo_bytes: 64 << 20,
@@ -339,9 +367,44 @@ fn a_resume_killed_while_it_settles_a_tail_keeps_it_once() {
             checkpoint: 4 << 20,
             kill_at: Some("checkpoint-synced#3"),
             damage: Damage::None,
-            crash_at: Some(point),
+            crash_at,
+            aborted_layout: None,
         });
-        assert!(!r.kept.is_empty(), "{point}: nothing kept");
+        assert!(!r.kept.is_empty(), "{crash_at:?}: nothing kept");
         assert_little_fetched_again(&r);
     }
+}
+
+/// A tail's rest recorded as discarded but not yet punched out (a resume
+/// aborted at `tail-claimed`, as a power cut before the punch's fsync
+/// would leave it) is owned by no attempt: the next resume punches it out
+/// before any worker starts. Left in place, the bytes past a damaged
+/// chunk were good: once the next resume's attempt wrote over the damaged
+/// chunk and died, the resume after it proved its bytes and the stale
+/// ones after them as one run and credited that attempt with bytes it
+/// never received. Here the kill leaves a 4 MiB tail in each range, a
+/// byte 300 KB past the first range's watermark is changed, the first
+/// resume keeps the 256 KiB before it and stops at `tail-claimed`, the
+/// second (one connection: the first range, then the second) dies once
+/// three batches are recorded (at most two written, the first surely; a
+/// batch is cut at the chunk that fills 1 MiB), and the third may keep
+/// only what the second wrote, to the write alignment.
+#[test]
+fn a_tails_rest_left_by_a_crash_is_never_credited_to_a_later_attempt() {
+    let r = kill_and_resume(&Case {
+        seed: 397,
+        repo_bytes: 64 << 20,
+        layout: TWO_RANGES,
+        checkpoint: 8 << 20,
+        kill_at: Some("checkpoint-synced#2"),
+        damage: Damage::PastARangesWatermark(300_000),
+        crash_at: &["tail-claimed", "xet-term-recorded#3"],
+        aborted_layout: Some(RANGES_ONE_AT_A_TIME),
+    });
+    let kept: u64 = r.kept_last.iter().map(|(a, b)| b - a).sum();
+    assert!(
+        kept <= 2 * (BATCH + 128 * 1024) + 64 * 1024,
+        "the last resume kept {:?}: more than the resume before it could have written",
+        r.kept_last
+    );
 }
