@@ -210,8 +210,9 @@ killed() {
   find "$W/cas" -type f -exec cat {} + >/dev/null
   sync
   local k b0 b1 at
-  # 90 % of the tool's own fresh fetch (a tool may fetch more than the file).
-  at=$(awk -v n="$name" '$1 == n {print $3}' "$W/fresh" | sort -n | awk '{v[NR] = $1} END {printf "%d", v[int((NR + 1) / 2)] * 0.9}')
+  # 90 % of the tool's own fresh fetch (a tool may fetch more than the file;
+  # "%.0f": mawk's "%d" stops at 2^31 - 1).
+  at=$(awk -v n="$name" '$1 == n {print $3}' "$W/fresh" | sort -n | awk '{v[NR] = $1} END {printf "%.0f", v[int((NR + 1) / 2)] * 0.9}')
   k=$(python3 bench/kill_at.py "$CAS_PID" "$at" "$W/$name-killed.log" -- "$@" "$dir") ||
     { echo "$name finished before the CAS sent $at B ($k): nothing to resume" >&2; exit 1; }
   # (not clean after a kill: exit 4, the JSON still written)
