@@ -69,6 +69,13 @@ struct Resumed {
     /// Xorb bytes fetched by the killed run and the resume, beyond a clean
     /// fetch's.
     again: u64,
+    /// Decoded bytes those runs fetched and skipped: chunks before a
+    /// range's start that its first term holds (a clean fetch, one stream,
+    /// skips none). How a split or a resume divides the ranges depends on
+    /// the rates it measures, so this moves from run to run.
+    skipped: u64,
+    /// Ranges the killed run and the resume fetched, one for a stream.
+    ranges: u64,
     /// Bytes recorded as `uncheckpointed_tail`.
     tail_discarded: u64,
 }
@@ -84,6 +91,30 @@ fn kept_lines(stderr: &str) -> Vec<(u64, u64)> {
             Some((a.parse().ok()?, b.parse().ok()?))
         })
         .collect()
+}
+
+fn ranges_fetched(out: &Path, path: &str) -> u64 {
+    query(
+        out,
+        &format!(
+            "SELECT count(DISTINCT COALESCE(range_start, 0)) FROM attempts WHERE path = {}",
+            sql_str(path)
+        ),
+    )[0]
+    .parse()
+    .unwrap()
+}
+
+fn skipped(out: &Path, path: &str) -> u64 {
+    query(
+        out,
+        &format!(
+            "SELECT COALESCE(SUM(skipped), 0) FROM xet_terms WHERE path = {}",
+            sql_str(path)
+        ),
+    )[0]
+    .parse()
+    .unwrap()
 }
 
 fn tail_discarded(out: &Path, path: &str) -> u64 {
@@ -192,13 +223,15 @@ fn kill_and_resume(case: &Case) -> Resumed {
         kept: kept_lines(&said),
         kept_last,
         again: both.saturating_sub(clean),
+        skipped: skipped(&out, &f.path),
+        ranges: ranges_fetched(&out, &f.path),
         tail_discarded: tail_discarded(&out, &f.path),
     };
     eprintln!(
         "{size} bytes, watermark {killed_at} and {in_flight} attempts in flight at the kill; \
-         byte {damaged:?} changed; kept {:?}; {} xorb bytes again; {} discarded as \
-         uncheckpointed_tail",
-        r.kept, r.again, r.tail_discarded
+         byte {damaged:?} changed; kept {:?}; {} xorb bytes again over {} ranges, {} decoded \
+         bytes skipped; {} discarded as uncheckpointed_tail",
+        r.kept, r.again, r.ranges, r.skipped, r.tail_discarded
     );
     r
 }
@@ -228,13 +261,17 @@ fn damage(out: &Path, path: &str, size: u64, how: Damage) -> Option<u64> {
 }
 
 /// The kill cost, per range in flight, at most the batch being recorded,
-/// the batch read ahead and a chunk, and the write alignment.
+/// the batch read ahead and a chunk, and the write alignment; and as much
+/// per split (a range whose end moved drops what it had read past it),
+/// which a clean fetch, one stream, does not make.
 fn assert_little_fetched_again(r: &Resumed) {
+    let splits = r.ranges.saturating_sub(1);
     assert!(
-        r.again <= r.in_flight.max(1) * (2 * BATCH + 128 * 1024) + 64 * 1024,
-        "{} xorb bytes fetched again, {} attempts in flight at the kill",
+        r.again <= (r.in_flight.max(1) + splits) * (2 * BATCH + 128 * 1024) + 64 * 1024,
+        "{} xorb bytes fetched again, {} attempts in flight at the kill, {} ranges",
         r.again,
-        r.in_flight
+        r.in_flight,
+        r.ranges
     );
 }
 
@@ -290,7 +327,13 @@ fn the_tails_of_a_killed_files_ranges_are_kept() {
         crash_at: &[],
         aborted_layout: None,
     });
-    assert!(!r.kept.is_empty(), "nothing kept");
+    // Which range the kill finds depends on the rates: one a split had
+    // just made may have written nothing past its watermark.
+    assert!(
+        !r.kept.is_empty() || r.tail_discarded == 0,
+        "nothing kept, {} bytes discarded",
+        r.tail_discarded
+    );
     assert_little_discarded(&r, 2);
     assert_little_fetched_again(&r);
 }
