@@ -39,8 +39,10 @@ pub(crate) fn written_tail(file: &File, watermark: u64, end: u64) -> std::io::Re
 
 /// Makes `[offset, offset + len)` a hole again, so that a later crash
 /// finds only what was written after it. Best effort: a filesystem that
-/// cannot punch holes keeps the stale bytes (they are overwritten before
-/// they are claimed).
+/// cannot punch holes (ext4, xfs, btrfs and tmpfs can) keeps the stale
+/// bytes, and a resume after a later crash may then prove them part of a
+/// tail the attempt in flight never received (e2e
+/// `xet_tail::a_tails_rest_left_by_a_crash_is_never_credited_to_a_later_attempt`).
 pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) {
     use rustix::fs::{FallocateFlags, fallocate};
     let _ = fallocate(
