@@ -277,12 +277,13 @@ fn damage(out: &Path, path: &str, size: u64, how: Damage) -> Option<u64> {
     Some(at)
 }
 
-/// The kill cost, per range in flight, at most what its pipeline holds:
-/// the batch its writer is writing, the batch handed on and waiting for
-/// it, the batch recorded at the kill (each at most 1 MiB and the chunk
-/// that filled it) and the chunk being decoded; and the write alignment.
+/// The kill cost, per range in flight, at most what its reader's pipeline
+/// holds, each at most a batch (1 MiB and the chunk that filled it): the
+/// chunks its writer has taken, those read ahead for it (1 MiB), the rest
+/// of the batch they came from, the batch recorded at the kill and the
+/// body bytes of the chunk being decoded; and the write alignment.
 fn assert_little_fetched_again(r: &Resumed) {
-    let per_range = 3 * (BATCH + 128 * 1024) + 128 * 1024;
+    let per_range = 4 * (BATCH + 128 * 1024);
     assert!(
         r.again <= r.in_flight.max(1) * per_range + 64 * 1024,
         "{} xorb bytes fetched again, {} attempts in flight at the kill",
