@@ -185,11 +185,8 @@ fn kill_and_resume(case: &Case) -> Resumed {
     let tmp = tempfile::tempdir().unwrap();
     let (clean, _) = clean_xorb_bytes(&hub, &proxy, &tmp.path().join("clean"), &f.path);
     let every = case.checkpoint.to_string();
-    let args = [
-        case.layout,
-        &["--include", &f.path, "--checkpoint-bytes", &every],
-    ]
-    .concat();
+    let selection = ["--include", f.path.as_str(), "--checkpoint-bytes", &every];
+    let args = [case.layout, &selection].concat();
     let at = case.kill_at.map_or_else(
         || format!("xet-term-recorded#{}", size * 9 / 10 / BATCH),
         str::to_owned,
@@ -211,11 +208,7 @@ fn kill_and_resume(case: &Case) -> Resumed {
     let damaged = damage(&out, &f.path, size, case.damage);
     let mut said = String::new();
     for point in case.crash_at {
-        let aborted = [
-            case.aborted_layout.unwrap_or(case.layout),
-            &args[case.layout.len()..],
-        ]
-        .concat();
+        let aborted = [case.aborted_layout.unwrap_or(case.layout), &selection].concat();
         let o = run(fetch_cmd(&hub.endpoint(), &out, &aborted).env("FTPIPE_CRASH_AT", point));
         let name = point.split('#').next().unwrap_or(point);
         assert!(
