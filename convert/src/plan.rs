@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use futures_util::StreamExt;
+use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -354,39 +355,21 @@ pub fn plan_from_parts(
 ) -> Result<Plan, ConvertError> {
     let profile = opts.profile(config)?;
     let (unfetched, excluded_sources) = take_unfetched(&mut map, &opts.selection, &profile)?;
-    for (h, _) in headers {
-        for t in h.tensors() {
-            match map.get(t.name()) {
-                Some(f) if f == h.file() => {}
-                Some(f) => {
-                    return Err(ConvertError::IndexMismatch {
-                        file: h.file().to_owned(),
-                        tensor: t.name().to_owned(),
-                        problem: format!("{INDEX_FILE} places it in {f}"),
-                    });
-                }
-                None => {
-                    return Err(ConvertError::UnexpectedTensor {
-                        file: h.file().to_owned(),
-                        tensor: t.name().to_owned(),
-                        reason: format!("not listed in {INDEX_FILE}"),
-                    });
-                }
-            }
-        }
-    }
-    let by_file: BTreeMap<&str, &SourceHeader> =
-        headers.iter().map(|(h, _)| (h.file(), h)).collect();
-    for (tensor, file) in &map {
-        let found = by_file
-            .get(file.as_str())
-            .is_some_and(|h| h.tensor(tensor).is_some());
-        if !found {
-            return Err(ConvertError::MissingTensor {
-                tensor: tensor.clone(),
-                needed_for: format!("{INDEX_FILE}, which places it in {file}"),
-            });
-        }
+    // Every header's tensors where the index places them, the headers
+    // checked in parallel (the plan runs before the first transfer); the
+    // first problem in header order, as one at a time would find it.
+    let misplaced: Vec<_> = headers
+        .par_iter()
+        .map(|(h, _)| index_places_where_found(&map, h))
+        .collect();
+    misplaced
+        .into_iter()
+        .collect::<Result<(), ConvertError>>()?;
+    // The names are unique in the index and each header tensor is at its
+    // own entry, so as many tensors as entries leaves none unfound.
+    let in_headers: usize = headers.iter().map(|(h, _)| h.tensors().len()).sum();
+    if in_headers != map.len() {
+        index_entries_found(&map, headers)?;
     }
     // The map is checked; the profile needs only the headers.
     drop(map);
@@ -412,6 +395,54 @@ pub fn plan_from_parts(
         omitted,
         excluded_sources,
     })
+}
+
+/// Every tensor of header `h` is in the index `map`, placed in `h`'s file.
+fn index_places_where_found(
+    map: &BTreeMap<String, String>,
+    h: &SourceHeader,
+) -> Result<(), ConvertError> {
+    for t in h.tensors() {
+        match map.get(t.name()) {
+            Some(f) if f == h.file() => {}
+            Some(f) => {
+                return Err(ConvertError::IndexMismatch {
+                    file: h.file().to_owned(),
+                    tensor: t.name().to_owned(),
+                    problem: format!("{INDEX_FILE} places it in {f}"),
+                });
+            }
+            None => {
+                return Err(ConvertError::UnexpectedTensor {
+                    file: h.file().to_owned(),
+                    tensor: t.name().to_owned(),
+                    reason: format!("not listed in {INDEX_FILE}"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every entry of the index `map` is a tensor of the header of its file.
+fn index_entries_found(
+    map: &BTreeMap<String, String>,
+    headers: &[(SourceHeader, u64)],
+) -> Result<(), ConvertError> {
+    let by_file: BTreeMap<&str, &SourceHeader> =
+        headers.iter().map(|(h, _)| (h.file(), h)).collect();
+    for (tensor, file) in map {
+        let found = by_file
+            .get(file.as_str())
+            .is_some_and(|h| h.tensor(tensor).is_some());
+        if !found {
+            return Err(ConvertError::MissingTensor {
+                tensor: tensor.clone(),
+                needed_for: format!("{INDEX_FILE}, which places it in {file}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `config.json` under `root`, parsed with duplicate keys refused: the one
@@ -703,8 +734,22 @@ pub async fn remote_header_json(
     } else {
         remote.read_range(path, 8, 8 + n - 1, size).await?
     };
-    let header = SourceHeader::parse(path, &json, size).map_err(ConvertError::from)?;
-    Ok((header, json))
+    let file = path.to_owned();
+    let parsed = off_runtime(path, move || {
+        SourceHeader::parse(&file, &json, size).map(|header| (header, json))
+    });
+    Ok(parsed.await??)
+}
+
+/// Runs CPU-bound `parse` (of `file`'s JSON) on the blocking pool: the
+/// plan's parses overlap with its other reads and use every core.
+async fn off_runtime<T: Send + 'static>(
+    file: &str,
+    parse: impl FnOnce() -> T + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(parse)
+        .await
+        .map_err(|e| ConvertError::internal_from(format!("parsing {file}"), e))
 }
 
 /// The source files a plan may read from disk: those with a download
@@ -936,8 +981,12 @@ pub async fn plan<R: RemoteFiles>(
     // costs nothing.
     opts.profile(&config)?;
     let likely = source.likely_shards(&opts.selection);
-    let (index, mut early) = tokio::join!(source.small(INDEX_FILE), read_headers(source, likely));
-    let map = index_weight_map(&index?)?;
+    let index = async {
+        let bytes = source.small(INDEX_FILE).await?;
+        off_runtime(INDEX_FILE, move || index_weight_map(&bytes)).await?
+    };
+    let (map, mut early) = tokio::join!(index, read_headers(source, likely));
+    let map = map?;
     let shards = fetched_shards(&map, &opts.selection);
     let rest = shards
         .iter()
@@ -1217,6 +1266,24 @@ pub(crate) mod tests {
         let e = plan_of(&files).unwrap_err().to_string();
         assert!(
             e.contains("model.norm.weight") && e.contains("places it in"),
+            "{e}"
+        );
+    }
+
+    /// An index entry that no header holds is named, with the file the
+    /// index places it in: every header tensor is where the index says,
+    /// so only the count of tensors against entries shows it.
+    #[test]
+    fn index_entry_without_a_tensor_is_named() {
+        let mut files = qwen4::generate_qwen4_repo(1, QwenShape::default());
+        let idx = files.iter_mut().find(|f| f.path == INDEX_FILE).unwrap();
+        let mut v: Value = serde_json::from_slice(&content_bytes(idx).unwrap()).unwrap();
+        v["weight_map"]["model.layers.0.ghost.weight"] = "model-00002-of-00003.safetensors".into();
+        *idx = RepoFile::bytes(INDEX_FILE, serde_json::to_vec(&v).unwrap());
+        let e = plan_of(&files).unwrap_err().to_string();
+        assert!(
+            e.contains("model.layers.0.ghost.weight")
+                && e.contains("which places it in model-00002-of-00003.safetensors"),
             "{e}"
         );
     }

@@ -1,13 +1,11 @@
 //! Fused NVFP4 experts of the flat `qwen4_exp` layout (layout in the parent
 //! module's doc), passed through as byte sub-spans of the fused tensors.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-
 use ftpipe_formats::{Dtype, NativeNvfp4, TensorDesc, TensorKind};
 
 use super::{
-    CONFIG_FILE, Catalog, ConvertError, FtwTensor, MoeProfile, SourceSpan, TensorSource, fmt_err,
+    CONFIG_FILE, Catalog, Claimed, ConvertError, FtwTensor, MoeProfile, SourceSpan, TensorSource,
+    fmt_err,
 };
 use crate::nvfp4::f32_scale;
 
@@ -33,7 +31,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<(Vec<TensorDesc>, Vec<Vec<TensorSource>>), ConvertError> {
         let layer = FusedLayer::new(self, cat, l)?;
@@ -140,7 +138,7 @@ impl<'a> FusedLayer<'a> {
     }
 
     /// `gate_up_proj` and its two scales, checked and claimed.
-    fn gate_up_parts(&self, claimed: &mut BTreeSet<Arc<str>>) -> Result<FusedParts, ConvertError> {
+    fn gate_up_parts(&self, claimed: &mut Claimed) -> Result<FusedParts, ConvertError> {
         use safetensors::Dtype::{F8_E4M3, F32, U8};
         let (h, i2, e_n) = (self.hidden, self.inter2, self.experts);
         Ok([
@@ -156,7 +154,7 @@ impl<'a> FusedLayer<'a> {
     }
 
     /// `down_proj` and its two scales, checked and claimed.
-    fn down_parts(&self, claimed: &mut BTreeSet<Arc<str>>) -> Result<FusedParts, ConvertError> {
+    fn down_parts(&self, claimed: &mut Claimed) -> Result<FusedParts, ConvertError> {
         use safetensors::Dtype::{F8_E4M3, F32, U8};
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
         Ok([
@@ -178,7 +176,7 @@ impl<'a> FusedLayer<'a> {
         suffix: &str,
         want: safetensors::Dtype,
         shape: &[u64],
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
     ) -> Result<SourceSpan, ConvertError> {
         let l = self.l;
         let n = format!("{}.{suffix}", self.prefix);
@@ -221,7 +219,7 @@ impl<'a> FusedLayer<'a> {
     /// `ftw_extra`.
     fn input_scales(
         &self,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<(), ConvertError> {
         let e_n = self.experts;

@@ -55,7 +55,7 @@
 //! otherwise a [`ConvertError`] names it. Sizes come from
 //! `ftpipe_formats::sizes`, exact.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
@@ -74,6 +74,11 @@ pub use crate::component::{
     KNOWN_MODEL_TYPES, SourceSpan, TensorSource,
 };
 use crate::component::{FtwBuilder, expert_sidecar, fmt_err, plain_dtype};
+
+/// The source tensors the rules have taken so far, by name: looked up once
+/// per tensor of the source, so hashed (long names sharing prefixes make
+/// an ordered set's comparisons the plan's largest cost).
+type Claimed = HashSet<Arc<str>>;
 
 mod config;
 mod fused;
@@ -515,7 +520,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Component, ConvertError> {
         let name = format!("experts/layer_{l:03}.ftexpert");
@@ -560,7 +565,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
     ) -> Result<ExpertRecords, ConvertError> {
         let (h, i, e_n) = (self.hidden, self.inter, self.experts);
         let p = format!("{}.{l}.mlp.experts", self.layer_prefix);
@@ -611,7 +616,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         l: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<ExpertRecords, ConvertError> {
         let mut fields: Option<Vec<TensorDesc>> = None;
@@ -637,7 +642,7 @@ impl MoeProfile {
         cat: &Catalog,
         l: u64,
         e: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<(Vec<TensorDesc>, Vec<TensorSource>), ConvertError> {
         let (h, i) = (self.hidden, self.inter);
@@ -668,7 +673,7 @@ impl MoeProfile {
         cat: &Catalog,
         ple: &PleConfig,
         l: u64,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
     ) -> Result<Vec<Component>, ConvertError> {
         let mut out = Vec::new();
         let mut spans = Vec::new();
@@ -857,7 +862,7 @@ impl MoeProfile {
 
     fn components(&self, cat: &Catalog) -> Result<Vec<Component>, ConvertError> {
         self.require_non_experts(cat)?;
-        let mut claimed = BTreeSet::new();
+        let mut claimed = Claimed::default();
         let mut ftw_extra = Vec::new();
         let mut components = self.sidecar_components(cat, &mut claimed, &mut ftw_extra)?;
         // The experts' input scales, then everything else, go to the FTW stream.
@@ -937,7 +942,7 @@ impl MoeProfile {
     fn sidecar_components(
         &self,
         cat: &Catalog,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         ftw_extra: &mut Vec<FtwTensor>,
     ) -> Result<Vec<Component>, ConvertError> {
         let mut components = Vec::new();
@@ -970,7 +975,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         ftw: &mut FtwBuilder,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         (name, file, t): (&str, &str, &SourceTensor),
     ) -> Result<(), ConvertError> {
         if let Some(fused) = name.strip_suffix("_input_scale")
@@ -1025,7 +1030,7 @@ impl MoeProfile {
         &self,
         cat: &Catalog,
         ftw: &mut FtwBuilder,
-        claimed: &mut BTreeSet<Arc<str>>,
+        claimed: &mut Claimed,
         name: &str,
         module: &str,
     ) -> Result<(), ConvertError> {

@@ -36,6 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use ftpipe_artifact::manifest::Partition;
@@ -43,8 +44,8 @@ use ftpipe_formats::{Dtype, TensorDesc, TensorKind, sizes};
 
 use super::config::TextConfig;
 use super::{
-    CONFIG_FILE, Catalog, CheckedSpan, Component, ComponentContent, ComponentKind, ConvertError,
-    FtwBuilder, FtwTensor, MoeProfile, SourceSpan, TensorSource, fmt_err,
+    CONFIG_FILE, Catalog, CheckedSpan, Claimed, Component, ComponentContent, ComponentKind,
+    ConvertError, FtwBuilder, FtwTensor, MoeProfile, SourceSpan, TensorSource, fmt_err,
 };
 
 /// Name prefix of the text model.
@@ -639,11 +640,17 @@ impl MoeProfile {
         r.check_ple_placement(cat)?;
 
         let mut problems = Vec::new();
-        let mut claimed: BTreeSet<Arc<str>> = BTreeSet::new();
+        let mut claimed = Claimed::default();
         let mut ftw = FtwBuilder::default();
         let expected = r.expected();
-        for (name, want) in &expected {
-            match self.release_tensor(cat, name, want) {
+        // Each expected tensor is looked up on its own (in parallel: the
+        // plan runs before the first transfer); found in name order.
+        let found: Vec<_> = expected
+            .par_iter()
+            .map(|(name, want)| self.release_tensor(cat, name, want))
+            .collect();
+        for tensor in found {
+            match tensor {
                 Ok((tensors, names)) => {
                     claimed.extend(names);
                     for t in tensors {
@@ -679,11 +686,7 @@ impl MoeProfile {
             });
         }
 
-        let mut components = Vec::new();
-        let mut ftw_extra = Vec::new();
-        for &l in &self.moe_layers {
-            components.push(self.expert_component(cat, l, &mut claimed, &mut ftw_extra)?);
-        }
+        let (mut components, ftw_extra) = self.expert_components(cat, &mut claimed)?;
         for (g, shards) in segments {
             components.extend(ple_table(g, shards, &mut claimed)?);
         }
@@ -702,6 +705,34 @@ impl MoeProfile {
         }
         components.insert(0, ftw.finish()?);
         Ok((components, omitted))
+    }
+
+    /// The FTEXPERT1 components of the MoE layers in layer order, mapped in
+    /// parallel (the first error in layer order, as one at a time would
+    /// give), and the experts' input scales bound for the FTW stream.
+    fn expert_components(
+        &self,
+        cat: &Catalog,
+        claimed: &mut Claimed,
+    ) -> Result<(Vec<Component>, Vec<FtwTensor>), ConvertError> {
+        let layers: Vec<u64> = self.moe_layers.iter().copied().collect();
+        let mapped: Vec<_> = layers
+            .par_iter()
+            .map(|&l| {
+                let (mut taken, mut extra) = (Claimed::default(), Vec::new());
+                self.expert_component(cat, l, &mut taken, &mut extra)
+                    .map(|c| (c, taken, extra))
+            })
+            .collect();
+        let mut components = Vec::with_capacity(mapped.len());
+        let mut ftw_extra = Vec::new();
+        for layer in mapped {
+            let (component, taken, extra) = layer?;
+            components.push(component);
+            claimed.extend(taken);
+            ftw_extra.extend(extra);
+        }
+        Ok((components, ftw_extra))
     }
 
     /// The FTW tensors for expected `name` and the source tensors they
@@ -974,7 +1005,7 @@ fn is_claimed_part(name: &str, expected: &BTreeMap<String, Want>) -> bool {
 fn ple_table(
     g: &PleGeometry,
     shards: Vec<(SourceSpan, Option<SourceSpan>)>,
-    claimed: &mut BTreeSet<Arc<str>>,
+    claimed: &mut Claimed,
 ) -> Result<Vec<Component>, ConvertError> {
     let l = g.layer;
     let mut out = Vec::new();
