@@ -33,7 +33,7 @@ use ftpipe_formats::{ExpertLayout, FtwLayout, SlotMap};
 
 use crate::component::{CheckedSpan, Component, ComponentContent, SourceSpan, TensorSource};
 use crate::error::{ConvertError, Result};
-use crate::write::{CHUNK_BYTES, Sources, SpanReader, Written, check_lookup_in};
+use crate::write::{Sources, SpanReader, Written, check_lookup_in};
 use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::durable::{create_dirs_durably, rename_durably_up_to, sync_dir, temp_name};
 use ftpipe_fs::paths::safe_join;
@@ -252,7 +252,7 @@ impl<'a> SpanWriter<'a> {
                     let found = check_lookup_in(&mut reader, chk)?;
                     gather.put(&self.file, p.at, &found, follows).map_err(io)?;
                 }
-                None => reader.stream(p.span, CHUNK_BYTES, &mut buf, |off, b| {
+                None => reader.stream(p.span, COPY_BYTES, &mut buf, |off, b| {
                     gather.put(&self.file, p.at + off, b, follows).map_err(io)
                 })?,
             }
@@ -322,6 +322,12 @@ impl<'a> SpanWriter<'a> {
         Ok(Written { size, sha256 })
     }
 }
+
+/// Bytes per read of a span writer's source and of a component's digest:
+/// each read is followed at once by a write (or a hash) of the same bytes,
+/// which then come from the CPU's cache, and a buffer this small is reused
+/// by the allocator instead of faulted in anew for every component.
+const COPY_BYTES: usize = 256 << 10;
 
 /// Bytes of neighbouring spans are gathered up to this many before one
 /// write: an NVFP4 export's scalars and block scales are spans of 4 bytes
@@ -561,7 +567,7 @@ fn digest_open(f: File, path: &Path, limit: u64) -> Result<(u64, String)> {
     let io = |e| ConvertError::io("read back", path, e);
     let mut f = f.take(limit.saturating_add(1));
     let (mut hasher, mut size) = (Sha256::new(), 0u64);
-    let mut buf = vec![0u8; CHUNK_BYTES];
+    let mut buf = vec![0u8; COPY_BYTES];
     loop {
         let n = f.read(&mut buf).map_err(io)?;
         if n == 0 {
