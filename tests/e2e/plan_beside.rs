@@ -45,7 +45,14 @@ fn a_plan_that_fails_beside_the_transfers_keeps_what_they_fetched() {
     let tmp = tempfile::tempdir().unwrap();
 
     let planned = run(ftpipe()
-        .args(["plan", REPO, "--remote", "--endpoint", &hub.endpoint(), "--out"])
+        .args([
+            "plan",
+            REPO,
+            "--remote",
+            "--endpoint",
+            &hub.endpoint(),
+            "--out",
+        ])
         .arg(tmp.path().join("p")));
     assert!(!planned.status.success(), "plan accepted BX16");
     let plan_error = stderr(&planned);
@@ -78,7 +85,10 @@ fn a_plan_that_fails_beside_the_transfers_keeps_what_they_fetched() {
         "the largest shard was not requested beside the plan: {err}"
     );
     let published = query(&out, "SELECT path FROM receipts");
-    assert!(!published.is_empty(), "nothing was published beside the plan");
+    assert!(
+        !published.is_empty(),
+        "nothing was published beside the plan"
+    );
     let audit = audit_json(&out, false);
     assert_eq!(audit["ok"], true, "{audit:#}");
 
@@ -93,7 +103,10 @@ fn a_plan_that_fails_beside_the_transfers_keeps_what_they_fetched() {
         stderr(&again)
     );
     let after: Vec<usize> = published.iter().map(requests).collect();
-    assert_eq!(before, after, "published files requested again: {published:?}");
+    assert_eq!(
+        before, after,
+        "published files requested again: {published:?}"
+    );
     assert_eq!(audit_json(&out, false)["ok"], true);
 }
 

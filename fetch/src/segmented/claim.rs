@@ -69,18 +69,29 @@ pub(super) fn delivered(slots: &[Slot], now: Instant) -> Option<Delivered> {
     })
 }
 
+/// How long a rate nearer the limit is measured before it is judged:
+/// [`RATE_WINDOW_FULL`] while other files share the connections and the
+/// machine (where a short window split files that did not need it); for
+/// a file `alone` (none other in flight or waiting to start: a budgeted
+/// run admits its shards one at a time), [`RATE_WINDOW`], as every other
+/// connection is idle until the file is done and a split that does not
+/// pay costs only its requests.
+pub(super) fn judged_after(alone: bool) -> Duration {
+    if alone { RATE_WINDOW } else { RATE_WINDOW_FULL }
+}
+
 /// The split rule's verdict on what a file's connections delivered, or
 /// `None` while it cannot be told yet: a rate below a quarter of `limit`
 /// with the workers waiting at least [`MIN_WAITING_SHARE`] of the time
 /// pays at once; otherwise, once a connection has been measured for
-/// [`RATE_WINDOW_FULL`], a rate below `limit` with the same waiting pays
-/// and anything else does not.
-pub(super) fn split_pays(limit: u64, d: &Delivered) -> Option<bool> {
+/// `window` ([`judged_after`]), a rate below `limit` with the same
+/// waiting pays and anything else does not.
+pub(super) fn split_pays(limit: u64, d: &Delivered, window: Duration) -> Option<bool> {
     let rate = d.rate?;
     let waits = d.waiting >= MIN_WAITING_SHARE;
     if rate < limit as f64 / 4.0 && waits {
         Some(true)
-    } else if d.longest >= RATE_WINDOW_FULL {
+    } else if d.longest >= window {
         Some(waits && rate < limit as f64)
     } else {
         None
@@ -412,25 +423,44 @@ mod tests {
             waiting,
             longest: Duration::from_millis(ms),
         };
+        const FULL: Duration = RATE_WINDOW_FULL;
         let capped = 20e6;
         // Capped and waiting: pays after the short window.
-        assert_eq!(split_pays(limit, &d(capped, 0.95, 100)), Some(true));
+        assert_eq!(split_pays(limit, &d(capped, 0.95, 100), FULL), Some(true));
         // Slow but never waiting (a slow disk): not judged until the full
         // window, then does not pay.
-        assert_eq!(split_pays(limit, &d(capped, 0.05, 100)), None);
-        assert_eq!(split_pays(limit, &d(capped, 0.05, 500)), Some(false));
+        assert_eq!(split_pays(limit, &d(capped, 0.05, 100), FULL), None);
+        assert_eq!(split_pays(limit, &d(capped, 0.05, 500), FULL), Some(false));
         // Near the limit: judged after the full window only.
-        assert_eq!(split_pays(limit, &d(100e6, 0.6, 200)), None);
-        assert_eq!(split_pays(limit, &d(100e6, 0.6, 500)), Some(true));
+        assert_eq!(split_pays(limit, &d(100e6, 0.6, 200), FULL), None);
+        assert_eq!(split_pays(limit, &d(100e6, 0.6, 500), FULL), Some(true));
         // Above the limit: does not pay.
-        assert_eq!(split_pays(limit, &d(300e6, 0.9, 500)), Some(false));
+        assert_eq!(split_pays(limit, &d(300e6, 0.9, 500), FULL), Some(false));
         // Nothing measured yet.
         let none = Delivered {
             rate: None,
             waiting: 0.0,
             longest: Duration::ZERO,
         };
-        assert_eq!(split_pays(limit, &none), None);
+        assert_eq!(split_pays(limit, &none, FULL), None);
+    }
+
+    #[test]
+    fn a_file_alone_is_judged_after_the_short_window() {
+        let limit = 128 * MIB;
+        let d = |rate: f64, waiting: f64| Delivered {
+            rate: Some(rate),
+            waiting,
+            longest: RATE_WINDOW,
+        };
+        let alone = judged_after(true);
+        let shared = judged_after(false);
+        // A capped connection near the limit, its worker waiting.
+        assert_eq!(split_pays(limit, &d(50e6, 0.9), shared), None);
+        assert_eq!(split_pays(limit, &d(50e6, 0.9), alone), Some(true));
+        // The machine's own limit (the worker never waits): no split.
+        assert_eq!(split_pays(limit, &d(50e6, 0.05), alone), Some(false));
+        assert_eq!(split_pays(limit, &d(300e6, 0.9), alone), Some(false));
     }
 
     #[test]

@@ -14,7 +14,9 @@ use ftpipe_fs::crashpoint::{self, CrashPoint};
 use ftpipe_fs::direct::{Bounce, DirectFile};
 use ftpipe_hub::identity::IdentityHasher;
 
-use super::claim::{Claim, Policy, Slot, delivered, next_claim, split_pays, written_prefix};
+use super::claim::{
+    Claim, Policy, Slot, delivered, judged_after, next_claim, split_pays, written_prefix,
+};
 use crate::ctx::FetchCtx;
 use crate::error::FetchError;
 use crate::extent::WRITE_ALIGN;
@@ -167,7 +169,9 @@ impl Shared {
         let Some(d) = delivered(slots, now) else {
             return true;
         };
-        let Some(pays) = split_pays(limit, &d) else {
+        let alone = self.ctx.in_flight.load(Ordering::SeqCst) <= 1
+            && self.ctx.unstarted.load(Ordering::SeqCst) == 0;
+        let Some(pays) = split_pays(limit, &d, judged_after(alone)) else {
             return false;
         };
         let verdict = if pays { SPLIT_PAYS } else { SPLIT_DOES_NOT_PAY };
