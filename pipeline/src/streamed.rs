@@ -47,8 +47,6 @@ use crate::plan::resident_bytes;
 use crate::run::RunOutcome;
 use crate::{FetchParams, Pipeline, PipelineError, Result};
 
-mod plan_beside;
-
 /// What the streamed fetch stage converted and retired.
 struct Streamed {
     written: usize,
@@ -165,26 +163,19 @@ impl Pipeline {
             });
         }
         let resolved = self.resolve_stage(origin, &params, &reporter).await?;
-        let (report, setup, streamed) =
-            if budget.is_none() && self.fetch_may_lead_the_plan(&params, &resolved).await? {
-                self.fetch_with_plan_beside(origin, &params, &resolved, &opts, &reporter)
-                    .await?
-            } else {
-                let setup = self
-                    .streamed_plan_stage(origin, &params, &resolved, &opts, budget, &reporter)
-                    .await?;
-                let (report, streamed) = self
-                    .streamed_fetch_stage(
-                        origin,
-                        &params,
-                        &resolved,
-                        &setup,
-                        (budget, &opts),
-                        &reporter,
-                    )
-                    .await?;
-                (report, setup, streamed)
-            };
+        let setup = self
+            .streamed_plan_stage(origin, &params, &resolved, &opts, budget, &reporter)
+            .await?;
+        let (report, streamed) = self
+            .streamed_fetch_stage(
+                origin,
+                &params,
+                &resolved,
+                &setup,
+                (budget, &opts),
+                &reporter,
+            )
+            .await?;
         let converted = self
             .streamed_convert_stage(&opts, setup, streamed, &reporter)
             .await?;
@@ -598,31 +589,40 @@ impl Pipeline {
         (jobs, retire): (usize, bool),
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
-        let Work { mut queue, ready } = work;
+        let Work {
+            mut queue,
+            mut ready,
+        } = work;
         let order = queue.make_contiguous();
         ftpipe_fetch::order_for_the_link(ctx, order);
         ftpipe_fetch::begin(ctx, files).await?;
-        let transfers = Transfers::start(ctx, queue, jobs);
-        self.convert_arrivals(ctx, files, transfers, ready, streaming, retire, reporter)
-            .await
-    }
-
-    /// Converts the shards verified before (`ready`), then each shard the
-    /// `transfers` verify, in the order verified; ends the fetch once every
-    /// worker is done. After a failed transfer the shards verified go on
-    /// being converted (kept for the next run); after a failed conversion
-    /// nothing more is, and no worker starts another file.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn convert_arrivals(
-        &self,
-        ctx: &FetchCtx,
-        files: &[FileRow],
-        mut transfers: Transfers,
-        mut ready: VecDeque<String>,
-        streaming: &mut Streaming<'_>,
-        retire: bool,
-        reporter: &Arc<dyn Reporter>,
-    ) -> Result<()> {
+        let queue = Arc::new(std::sync::Mutex::new(queue));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (verified, mut arrivals) = mpsc::unbounded_channel();
+        let mut workers = JoinSet::new();
+        for _ in 0..jobs.max(1) {
+            let (ctx, queue, stop, verified) =
+                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
+            workers.spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    // Popping cannot panic: a poisoned lock still holds the queue.
+                    let next = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .pop_front();
+                    let Some(file) = next else { break };
+                    let path = file.path.clone();
+                    let fetched = ftpipe_fetch::fetch_file(ctx.clone(), file).await;
+                    if fetched.is_err() {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    if verified.send((path, fetched)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(verified);
         let mut fetch_errors: Vec<FetchError> = Vec::new();
         let mut failed: Option<PipelineError> = None;
         // Without a budget held bytes only matter to `--retire-sources`'s
@@ -631,7 +631,7 @@ impl Pipeline {
         loop {
             let path = match ready.pop_front() {
                 Some(path) => path,
-                None => match transfers.arrivals.recv().await {
+                None => match arrivals.recv().await {
                     None => break,
                     Some((path, Ok(()))) if streaming.is_shard(&path) => path,
                     Some((_, Ok(()))) => continue,
@@ -641,6 +641,9 @@ impl Pipeline {
                     }
                 },
             };
+            // After a failed transfer the shards verified go on being
+            // converted (kept for the next run); after a failed
+            // conversion nothing more is.
             if failed.is_some() {
                 continue;
             }
@@ -648,11 +651,11 @@ impl Pipeline {
                 .convert_verified(streaming, &path, files, &mut held, retire, reporter)
                 .await;
             if let Err(e) = converted {
-                transfers.stop.store(true, Ordering::SeqCst);
+                stop.store(true, Ordering::SeqCst);
                 failed = Some(e);
             }
         }
-        while let Some(joined) = transfers.workers.join_next().await {
+        while let Some(joined) = workers.join_next().await {
             if let Err(join) = joined {
                 fetch_errors.push(FetchError::internal_from("fetch task", join));
             }
@@ -725,71 +728,6 @@ async fn end_fetch(
         return Err(e);
     }
     Ok(fetched?)
-}
-
-/// The fetch without a budget: `jobs` workers take files from one queue,
-/// each starting its next file as soon as one is done, and send every
-/// file's outcome, in the order they end, to `arrivals`. After the first
-/// failed transfer no worker starts another file, nor after `stop` is set;
-/// transfers in flight finish. Dropped, every transfer stops where it is,
-/// as after a kill.
-pub(crate) struct Transfers {
-    workers: JoinSet<()>,
-    arrivals: mpsc::UnboundedReceiver<(String, std::result::Result<(), FetchError>)>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Transfers {
-    /// Starts `jobs` workers on `queue`, in its order.
-    pub(crate) fn start(ctx: &Arc<FetchCtx>, queue: VecDeque<FileRow>, jobs: usize) -> Self {
-        let queue = Arc::new(std::sync::Mutex::new(queue));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (verified, arrivals) = mpsc::unbounded_channel();
-        let mut workers = JoinSet::new();
-        for _ in 0..jobs.max(1) {
-            let (ctx, queue, stop, verified) =
-                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
-            workers.spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    // Popping cannot panic: a poisoned lock still holds the queue.
-                    let next = queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .pop_front();
-                    let Some(file) = next else { break };
-                    let path = file.path.clone();
-                    let fetched = ftpipe_fetch::fetch_file(ctx.clone(), file).await;
-                    if fetched.is_err() {
-                        stop.store(true, Ordering::SeqCst);
-                    }
-                    if verified.send((path, fetched)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Self {
-            workers,
-            arrivals,
-            stop,
-        }
-    }
-
-    /// Stops every transfer where it is (what each made durable is kept,
-    /// as after a kill), ends the fetch, and returns `error`, the reason.
-    pub(crate) async fn abandon(
-        mut self,
-        ctx: &FetchCtx,
-        files: &[FileRow],
-        error: PipelineError,
-    ) -> PipelineError {
-        self.workers.abort_all();
-        while self.workers.join_next().await.is_some() {}
-        if let Err(f) = ftpipe_fetch::end(ctx, files, Vec::new()).await {
-            tracing::warn!(error = %f, "the fetch also failed");
-        }
-        error
-    }
 }
 
 /// The name under which bytes in `source/` that belong to no selected

@@ -212,7 +212,6 @@ mod no_progress;
 mod oci;
 mod oci_more;
 mod plan;
-mod plan_beside;
 mod plan_real_geometry;
 mod powercut;
 mod recipe;
