@@ -702,12 +702,20 @@ const BUDGETED_SPLIT_FROM_MIN_RANGES: u64 = 2;
 /// (`--split-below-rate`) still decides whether another connection pays.
 /// A split file's `.part` is sparse and counted whole from its first byte,
 /// so what the budget holds is unchanged.
+///
+/// Its files are written through the page cache (as with `--buffered-io`),
+/// not past it: each shard is read back at once (the digest reads the
+/// ranges written ahead of it, then the conversion reads its spans) and
+/// retired soon after, so its bytes are still in memory for both reads,
+/// and the budget bounds the source bytes held, so what the cache keeps
+/// of them is bounded too.
 fn budgeted_params(params: &FetchParams) -> FetchParams {
     let mut params = params.clone();
     let o = &mut params.options;
     o.segment_threshold = o
         .segment_threshold
         .min(o.min_range.saturating_mul(BUDGETED_SPLIT_FROM_MIN_RANGES));
+    o.io_mode = ftpipe_fetch::IoMode::Buffered;
     params
 }
 
