@@ -239,7 +239,8 @@ pub struct TransferArgs {
     /// whole blocks bypass it (O_DIRECT) where the volume allows and does
     /// not keep its files in memory (tmpfs): each byte is written once and
     /// hashed from memory, so caching it only costs a copy and evicts other
-    /// data.
+    /// data. `run --disk-budget` always writes through it: each shard it
+    /// admits is read back at once, and the budget bounds what it holds.
     #[arg(long)]
     pub buffered_io: bool,
 }
