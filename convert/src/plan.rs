@@ -1256,14 +1256,20 @@ pub(crate) mod tests {
         );
     }
 
-    #[test]
-    fn index_must_match_headers() {
+    /// The plan's error once the index places `tensor` in `file`.
+    fn plan_error_with_index_entry(tensor: &str, file: &str) -> String {
         let mut files = qwen4::generate_qwen4_repo(1, QwenShape::default());
         let idx = files.iter_mut().find(|f| f.path == INDEX_FILE).unwrap();
         let mut v: Value = serde_json::from_slice(&content_bytes(idx).unwrap()).unwrap();
-        v["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors".into();
+        v["weight_map"][tensor] = file.into();
         *idx = RepoFile::bytes(INDEX_FILE, serde_json::to_vec(&v).unwrap());
-        let e = plan_of(&files).unwrap_err().to_string();
+        plan_of(&files).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn index_must_match_headers() {
+        let e =
+            plan_error_with_index_entry("model.norm.weight", "model-00001-of-00003.safetensors");
         assert!(
             e.contains("model.norm.weight") && e.contains("places it in"),
             "{e}"
@@ -1275,12 +1281,10 @@ pub(crate) mod tests {
     /// so only the count of tensors against entries shows it.
     #[test]
     fn index_entry_without_a_tensor_is_named() {
-        let mut files = qwen4::generate_qwen4_repo(1, QwenShape::default());
-        let idx = files.iter_mut().find(|f| f.path == INDEX_FILE).unwrap();
-        let mut v: Value = serde_json::from_slice(&content_bytes(idx).unwrap()).unwrap();
-        v["weight_map"]["model.layers.0.ghost.weight"] = "model-00002-of-00003.safetensors".into();
-        *idx = RepoFile::bytes(INDEX_FILE, serde_json::to_vec(&v).unwrap());
-        let e = plan_of(&files).unwrap_err().to_string();
+        let e = plan_error_with_index_entry(
+            "model.layers.0.ghost.weight",
+            "model-00002-of-00003.safetensors",
+        );
         assert!(
             e.contains("model.layers.0.ghost.weight")
                 && e.contains("which places it in model-00002-of-00003.safetensors"),

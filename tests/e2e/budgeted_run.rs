@@ -542,3 +542,38 @@ fn a_killed_budgeted_run_resumes_with_no_budget_the_same_or_a_larger_one() {
     }
     eprintln!("budget resume: {after_retirement} kills after a retirement in {attempts} runs");
 }
+
+/// A budgeted run reads every shard it admits back at once (the digest of
+/// the ranges written ahead, then the conversion) and retires it soon
+/// after: it writes them through the page cache, where a run without a
+/// budget writes their whole blocks past it (`file_published`'s
+/// `direct_io_bytes`).
+#[test]
+fn a_budgeted_run_writes_through_the_page_cache() {
+    let hub = hub_serving(generate_release_repo(5, &ReleaseShape::tiny()));
+    let dir = tempfile::tempdir().unwrap();
+    if !takes_direct_io(dir.path()) {
+        skip_unless_ci("the temporary directory's volume refuses O_DIRECT");
+        return;
+    }
+    let past_cache = |extra: &[&str], name: &str| -> Vec<u64> {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        let o = run_ok(&mut run_cmd(&hub.endpoint(), &dir.path().join(name), &args));
+        json_events(&o, "file_published")
+            .iter()
+            .filter(|p| p["path"].as_str().unwrap().ends_with(".safetensors"))
+            .map(|p| p["direct_io_bytes"].as_u64().unwrap())
+            .collect()
+    };
+    let free = past_cache(&[], "free");
+    assert!(
+        free.iter().any(|b| *b > 0),
+        "no shard past the cache: {free:?}"
+    );
+    let budgeted = past_cache(&["--disk-budget", "1TB"], "budgeted");
+    assert!(
+        !budgeted.is_empty() && budgeted.iter().all(|b| *b == 0),
+        "{budgeted:?}"
+    );
+}
