@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
 use serde::Serialize;
 
 use ftpipe_artifact::manifest::FTW_COMPONENT;
@@ -169,14 +170,14 @@ pub struct Component {
 /// which a search tree compares byte by byte at every level) and the same
 /// entries in name order.
 pub struct Catalog<'a> {
-    by_name: HashMap<&'a str, (&'a Arc<str>, &'a SourceTensor)>,
+    by_name: HashMap<&'a str, (&'a Arc<str>, &'a SourceTensor), RandomState>,
     in_order: Vec<(&'a str, &'a Arc<str>, &'a SourceTensor)>,
 }
 
 impl<'a> Catalog<'a> {
     /// Indexes the headers; a tensor in two files is an error.
     pub fn new(headers: impl IntoIterator<Item = &'a SourceHeader>) -> Result<Self, ConvertError> {
-        let mut by_name = HashMap::new();
+        let mut by_name = HashMap::default();
         let mut in_order = Vec::new();
         for h in headers {
             for t in h.tensors() {
@@ -196,6 +197,11 @@ impl<'a> Catalog<'a> {
 
     pub(super) fn get(&self, name: &str) -> Option<(&'a str, &'a SourceTensor)> {
         self.by_name.get(name).map(|&(f, t)| (&**f, t))
+    }
+
+    /// How many tensors the headers hold.
+    pub(super) fn len(&self) -> usize {
+        self.in_order.len()
     }
 
     /// Every tensor in name order: `(name, file, tensor)`.

@@ -273,23 +273,59 @@ fn check_shard_paths(map: &BTreeMap<String, String>) -> Result<(), ConvertError>
 
 /// [`weight_map`] of the index's bytes, with the checks of [`parse_json`],
 /// built without the JSON tree: for ~300k tensors the tree alone is ~60 MB
-/// beside the map. Repeated keys are looked for first, so that walk's key
-/// sets are gone before the map is built.
+/// beside the map (the walk's key sets borrow their names from `bytes`).
+/// The walk for repeated keys and credentials and the typed parse run side
+/// by side (the plan waits for both before its first transfer); the walk's
+/// verdict comes first.
 pub fn index_weight_map(bytes: &[u8]) -> Result<BTreeMap<String, String>, ConvertError> {
-    refuse_repeats_and_credentials(INDEX_FILE, bytes)?;
     #[derive(serde::Deserialize)]
     struct Index {
-        weight_map: Option<BTreeMap<String, String>>,
+        weight_map: Option<Entries>,
     }
-    match serde_json::from_slice::<Index>(bytes) {
+    let (walked, typed) = rayon::join(
+        || refuse_repeats_and_credentials(INDEX_FILE, bytes),
+        || serde_json::from_slice::<Index>(bytes),
+    );
+    walked?;
+    match typed {
         Ok(Index {
-            weight_map: Some(map),
+            weight_map: Some(Entries(entries)),
         }) => {
+            // The walk refused repeated names, so no entry is lost; built
+            // at once from the sorted entries (an index lists its names in
+            // order), not by a search from the root per name.
+            let map = BTreeMap::from_iter(entries);
             check_shard_paths(&map)?;
             Ok(map)
         }
         // Not the expected shape: the general path names what is wrong.
         _ => weight_map(&parse_json(INDEX_FILE, bytes)?),
+    }
+}
+
+/// A JSON object of strings as its entries in document order.
+struct Entries(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of strings")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(entry) = map.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit)
     }
 }
 

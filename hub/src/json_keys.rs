@@ -15,6 +15,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 
+use foldhash::fast::RandomState;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// A key that appears more than once in one object.
@@ -143,7 +144,8 @@ impl<'de> Visitor<'de> for Walk<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let (path, found) = (self.path, self.found);
         let object = path.len();
-        let mut seen: HashSet<Cow<'de, str>> = HashSet::new();
+        // Seeded per process: a document cannot choose keys that collide.
+        let mut seen: HashSet<Cow<'de, str>, RandomState> = HashSet::default();
         while let Some(key) = map.next_key_seed(Key)? {
             found.holds_secret |= ftpipe_secrets::contains_secret(key.as_bytes());
             if object > 0 {

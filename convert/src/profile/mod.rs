@@ -78,7 +78,7 @@ use crate::component::{FtwBuilder, expert_sidecar, fmt_err, plain_dtype};
 /// The source tensors the rules have taken so far, by name: looked up once
 /// per tensor of the source, so hashed (long names sharing prefixes make
 /// an ordered set's comparisons the plan's largest cost).
-type Claimed = HashSet<Arc<str>>;
+type Claimed = HashSet<Arc<str>, foldhash::fast::RandomState>;
 
 mod config;
 mod fused;

@@ -640,7 +640,9 @@ impl MoeProfile {
         r.check_ple_placement(cat)?;
 
         let mut problems = Vec::new();
-        let mut claimed = Claimed::default();
+        // Sized for every tensor at once: the sets merged into it are not
+        // hashed again at each growth.
+        let mut claimed = Claimed::with_capacity_and_hasher(cat.len(), Default::default());
         let mut ftw = FtwBuilder::default();
         let expected = r.expected();
         // Each expected tensor is looked up on its own (in parallel: the
