@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use ftpipe_formats::ExpertLayout;
@@ -287,12 +288,14 @@ impl Skeleton {
                 scale_ids.insert(*layer, identity(c, None)?);
             }
         }
-        for c in &plan.components {
-            if let ComponentContent::Ftw { tensors: t } = &c.content {
-                ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
-            }
-            let id = match &c.content {
-                ComponentContent::Q3GlobalScale { layer, .. } => scale_ids[layer].clone(),
+        // Each identity hashes its component's content (for the FTW stream
+        // and the sidecars, every span): computed in parallel, the plan's
+        // last step before the first transfer.
+        let ids: Vec<Result<String, ConvertError>> = plan
+            .components
+            .par_iter()
+            .map(|c| match &c.content {
+                ComponentContent::Q3GlobalScale { layer, .. } => Ok(scale_ids[layer].clone()),
                 ComponentContent::Q3Segment { layer, .. } => {
                     let scale =
                         scale_ids
@@ -301,10 +304,16 @@ impl Skeleton {
                                 tensor: format!("the global scale of PLE layer {layer}"),
                                 needed_for: c.name.clone(),
                             })?;
-                    identity(c, Some(scale))?
+                    Ok(identity(c, Some(scale))?)
                 }
-                _ => identity(c, None)?,
-            };
+                _ => Ok(identity(c, None)?),
+            })
+            .collect();
+        for (c, id) in plan.components.iter().zip(ids) {
+            if let ComponentContent::Ftw { tensors: t } = &c.content {
+                ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
+            }
+            let id = id?;
             identities.insert(c.name.clone(), id);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
             tensors.extend(inventory(c));
