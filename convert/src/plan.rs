@@ -332,9 +332,10 @@ impl<'de> serde::Deserialize<'de> for Entries {
 /// The shard files the index lists, sorted.
 pub fn shard_files(map: &BTreeMap<String, String>) -> Vec<String> {
     map.values()
-        .cloned()
+        .map(String::as_str)
         .collect::<BTreeSet<_>>()
         .into_iter()
+        .map(str::to_owned)
         .collect()
 }
 
@@ -391,25 +392,14 @@ pub fn plan_from_parts(
 ) -> Result<Plan, ConvertError> {
     let profile = opts.profile(config)?;
     let (unfetched, excluded_sources) = take_unfetched(&mut map, &opts.selection, &profile)?;
-    // Every header's tensors where the index places them, the headers
-    // checked in parallel (the plan runs before the first transfer); the
-    // first problem in header order, as one at a time would find it.
-    let misplaced: Vec<_> = headers
-        .par_iter()
-        .map(|(h, _)| index_places_where_found(&map, h))
-        .collect();
-    misplaced
-        .into_iter()
-        .collect::<Result<(), ConvertError>>()?;
-    // The names are unique in the index and each header tensor is at its
-    // own entry, so as many tensors as entries leaves none unfound.
-    let in_headers: usize = headers.iter().map(|(h, _)| h.tensors().len()).sum();
-    if in_headers != map.len() {
-        index_entries_found(&map, headers)?;
-    }
-    // The map is checked; the profile needs only the headers.
-    drop(map);
-    let (components, mut omitted) = profile.map(headers.iter().map(|(h, _)| h))?;
+    // The index is checked against the headers while the profile maps the
+    // headers (it needs only them); a problem with the index comes first.
+    let (index_checked, mapped) = rayon::join(
+        || index_agrees_with_headers(map, headers),
+        || profile.map(headers.iter().map(|(h, _)| h)),
+    );
+    index_checked?;
+    let (components, mut omitted) = mapped?;
     omitted.extend(unfetched);
     let total_bytes = components.iter().map(|c| c.predicted_bytes).sum();
     let sources: Vec<PlannedSource> = headers
@@ -431,6 +421,30 @@ pub fn plan_from_parts(
         omitted,
         excluded_sources,
     })
+}
+
+/// Every header's tensors where the index `map` places them, the headers
+/// checked in parallel; the first problem in header order, as one at a
+/// time would find it. Takes the map: it is dropped here, beside the
+/// mapping.
+fn index_agrees_with_headers(
+    map: BTreeMap<String, String>,
+    headers: &[(SourceHeader, u64)],
+) -> Result<(), ConvertError> {
+    let misplaced: Vec<_> = headers
+        .par_iter()
+        .map(|(h, _)| index_places_where_found(&map, h))
+        .collect();
+    misplaced
+        .into_iter()
+        .collect::<Result<(), ConvertError>>()?;
+    // The names are unique in the index and each header tensor is at its
+    // own entry, so as many tensors as entries leaves none unfound.
+    let in_headers: usize = headers.iter().map(|(h, _)| h.tensors().len()).sum();
+    if in_headers != map.len() {
+        index_entries_found(&map, headers)?;
+    }
+    Ok(())
 }
 
 /// Every tensor of header `h` is in the index `map`, placed in `h`'s file.
