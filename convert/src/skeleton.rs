@@ -220,6 +220,70 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
     }
 }
 
+/// Each component's identity, in `plan`'s order: a hash of the converter,
+/// the component and its content, and the source files it reads (with
+/// config.json, which every component's plan reads); a Q3 segment's also
+/// of its global scale's identity. Each hashes its component's content
+/// (for the FTW stream and the sidecars, every span), so they are computed
+/// in parallel: the skeleton is the plan's last step before the first
+/// transfer.
+fn component_identities(
+    plan: &Plan,
+    source: &SourceIdentity,
+    converter: &ConverterIdentity,
+) -> Result<Vec<String>, ConvertError> {
+    let by_path: BTreeMap<&str, &SourceFileId> =
+        source.files.iter().map(|f| (f.path.as_str(), f)).collect();
+    let identity = |c: &Component, scale: Option<&str>| {
+        let sources = c
+            .source_files
+            .iter()
+            .map(String::as_str)
+            .chain([CONFIG_FILE])
+            .filter_map(|f| by_path.get(f).copied())
+            .collect();
+        canonical_sha256(
+            "a component identity",
+            &IdentityInput {
+                converter,
+                component: c,
+                content: &c.content,
+                sources,
+                scale,
+            },
+        )
+    };
+    // Scales first: a segment's identity includes its scale's.
+    let mut scale_ids = BTreeMap::new();
+    for c in &plan.components {
+        if let ComponentContent::Q3GlobalScale { layer, .. } = &c.content {
+            scale_ids.insert(*layer, identity(c, None)?);
+        }
+    }
+    let ids: Vec<Result<String, ConvertError>> = plan
+        .components
+        .par_iter()
+        .map(|c| match &c.content {
+            ComponentContent::Q3GlobalScale { layer, .. } => scale_ids
+                .get(layer)
+                .cloned()
+                .ok_or_else(|| ConvertError::internal(format!("{}: no identity", c.name))),
+            ComponentContent::Q3Segment { layer, .. } => {
+                let scale = scale_ids
+                    .get(layer)
+                    .ok_or_else(|| ConvertError::MissingTensor {
+                        tensor: format!("the global scale of PLE layer {layer}"),
+                        needed_for: c.name.clone(),
+                    })?;
+                Ok(identity(c, Some(scale))?)
+            }
+            _ => Ok(identity(c, None)?),
+        })
+        .collect();
+    // The first problem in the plan's order, as one at a time would find.
+    ids.into_iter().collect()
+}
+
 impl Skeleton {
     /// The receipt of component `c`, written as `w` by `run`, under the
     /// identity this skeleton gives it.
@@ -254,66 +318,16 @@ impl Skeleton {
         top_k: u64,
         headers: BTreeMap<String, KeptHeader>,
     ) -> Result<Skeleton, ConvertError> {
-        let by_path: BTreeMap<&str, &SourceFileId> =
-            source.files.iter().map(|f| (f.path.as_str(), f)).collect();
+        let ids = component_identities(plan, &source, &converter)?;
         let mut components = Vec::with_capacity(plan.components.len());
         let mut identities = BTreeMap::new();
         let mut readers = BTreeMap::new();
         let mut tensors = Vec::new();
         let mut ftw_tensors = Vec::new();
-        let identity = |c: &Component, scale: Option<&str>| {
-            // config.json is read by every component's plan.
-            let sources = c
-                .source_files
-                .iter()
-                .map(String::as_str)
-                .chain([CONFIG_FILE])
-                .filter_map(|f| by_path.get(f).copied())
-                .collect();
-            canonical_sha256(
-                "a component identity",
-                &IdentityInput {
-                    converter: &converter,
-                    component: c,
-                    content: &c.content,
-                    sources,
-                    scale,
-                },
-            )
-        };
-        // Scales first: a segment's identity includes its scale's.
-        let mut scale_ids = BTreeMap::new();
-        for c in &plan.components {
-            if let ComponentContent::Q3GlobalScale { layer, .. } = &c.content {
-                scale_ids.insert(*layer, identity(c, None)?);
-            }
-        }
-        // Each identity hashes its component's content (for the FTW stream
-        // and the sidecars, every span): computed in parallel, the plan's
-        // last step before the first transfer.
-        let ids: Vec<Result<String, ConvertError>> = plan
-            .components
-            .par_iter()
-            .map(|c| match &c.content {
-                ComponentContent::Q3GlobalScale { layer, .. } => Ok(scale_ids[layer].clone()),
-                ComponentContent::Q3Segment { layer, .. } => {
-                    let scale =
-                        scale_ids
-                            .get(layer)
-                            .ok_or_else(|| ConvertError::MissingTensor {
-                                tensor: format!("the global scale of PLE layer {layer}"),
-                                needed_for: c.name.clone(),
-                            })?;
-                    Ok(identity(c, Some(scale))?)
-                }
-                _ => Ok(identity(c, None)?),
-            })
-            .collect();
         for (c, id) in plan.components.iter().zip(ids) {
             if let ComponentContent::Ftw { tensors: t } = &c.content {
                 ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
             }
-            let id = id?;
             identities.insert(c.name.clone(), id);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
             tensors.extend(inventory(c));
