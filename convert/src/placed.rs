@@ -10,8 +10,11 @@
 //! into a temp file of the planned length (sparse: holes read as the
 //! zeros the streaming writer pads with) gives the bytes
 //! [`crate::write::write_component`] gives, in whatever order the spans
-//! arrive. The cost: the digest cannot be taken on the way, so `finish`
-//! reads the file back once. Q3 components are not placed: their bytes
+//! arrive. The cost: the digest cannot be taken in write order. It is
+//! taken from the start of the file as far as the bytes there are final
+//! ([`SpanWriter::digest_ahead`], after each source file's spans are
+//! written: the header, the spans written, the zeros between them), and
+//! `finish` reads back only the rest. Q3 components are not placed: their bytes
 //! depend on the whole table's scale, and they are written as before.
 //!
 //! Progress is durable per source file ([`write_file_into_all`]): its spans
@@ -23,7 +26,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -120,6 +123,16 @@ pub struct SpanWriter<'a> {
     /// final file) is durable: fsynced by the first [`Self::sync`], before
     /// any span of it can be claimed.
     entry_durable: bool,
+    /// The digest of the file's first bytes, as far as they are final.
+    ahead: Ahead,
+}
+
+/// SHA-256 of a temp file's bytes `0..to`, none of which a later span
+/// write changes.
+#[derive(Default)]
+struct Ahead {
+    hasher: Sha256,
+    to: u64,
 }
 
 impl<'a> SpanWriter<'a> {
@@ -166,6 +179,7 @@ impl<'a> SpanWriter<'a> {
             tmp,
             path,
             entry_durable: false,
+            ahead: Ahead::default(),
         })
     }
 
@@ -209,6 +223,7 @@ impl<'a> SpanWriter<'a> {
             tmp,
             path,
             entry_durable: true,
+            ahead: Ahead::default(),
         }))
     }
 
@@ -267,6 +282,32 @@ impl<'a> SpanWriter<'a> {
         Ok(bytes)
     }
 
+    /// Reads the file from where the digest stopped up to its first span
+    /// not yet written, into the digest: every byte before that span is
+    /// final (the spans are placed in slot order, a span is written once,
+    /// and padding is written only between two spans written together).
+    /// A read that fails leaves the whole digest to [`Self::finish`],
+    /// which reports it.
+    pub fn digest_ahead(&mut self) {
+        let Some(k) = self.done.iter().position(|d| !*d) else {
+            return;
+        };
+        let end = self.spans[k].at;
+        let mut buf = vec![0u8; COPY_BYTES];
+        while self.ahead.to < end {
+            let n = usize::try_from(end - self.ahead.to).map_or(COPY_BYTES, |n| n.min(COPY_BYTES));
+            let Some(chunk) = buf.get_mut(..n) else {
+                return;
+            };
+            if self.file.read_exact_at(chunk, self.ahead.to).is_err() {
+                self.ahead = Ahead::default();
+                return;
+            }
+            self.ahead.hasher.update(&*chunk);
+            self.ahead.to += n as u64;
+        }
+    }
+
     /// The component's name (its path under the artifact directory).
     pub fn name(&self) -> &str {
         &self.component.name
@@ -309,7 +350,7 @@ impl<'a> SpanWriter<'a> {
         self.file
             .sync_all()
             .map_err(|e| ConvertError::io("fsync", &self.tmp, e))?;
-        let (size, sha256) = digest(&self.tmp, c.predicted_bytes)?;
+        let (size, sha256) = digest_from(&self.tmp, self.ahead, c.predicted_bytes)?;
         if size != c.predicted_bytes {
             let _ = std::fs::remove_file(&self.tmp);
             return Err(ConvertError::SizeMismatch {
@@ -473,7 +514,7 @@ pub async fn recover_renamed(
             return Ok(None);
         }
         // The file checked is the file hashed, never past its planned end.
-        let (size, sha256) = digest_open(file, &path, len)?;
+        let (size, sha256) = digest_open(file, &path, Ahead::default(), len)?;
         if size != len {
             return Ok(None);
         }
@@ -504,6 +545,7 @@ pub async fn write_file_into_all(
                 let w = &mut entry.0;
                 let bytes = w.write_file(sources, file)?;
                 w.sync()?;
+                w.digest_ahead();
                 Ok(bytes)
             },
         )
@@ -553,20 +595,24 @@ pub(crate) fn in_threads<I: Send, T: Send>(
     out
 }
 
-/// Length and hex SHA-256 of the file at `path`, read in chunks.
-fn digest(path: &Path, limit: u64) -> Result<(u64, String)> {
-    let f = ftpipe_fs::nofollow::open_read_unshared(path)
+/// Length and hex SHA-256 of the file at `path`, its first `ahead.to`
+/// bytes already in `ahead`'s digest, the rest read in chunks.
+fn digest_from(path: &Path, ahead: Ahead, limit: u64) -> Result<(u64, String)> {
+    let mut f = ftpipe_fs::nofollow::open_read_unshared(path)
         .map_err(|e| ConvertError::io("read back", path, e))?;
-    digest_open(f, path, limit)
+    f.seek(SeekFrom::Start(ahead.to))
+        .map_err(|e| ConvertError::io("read back", path, e))?;
+    digest_open(f, path, ahead, limit)
 }
 
 /// Length and hex SHA-256 of the open file `f` (at `path`), read in chunks
-/// up to `limit` + 1 bytes: a longer file shows as longer than `limit`
+/// from `ahead.to` on (the bytes before it in `ahead`'s digest) up to
+/// `limit` + 1 bytes in all: a longer file shows as longer than `limit`
 /// without being read to its end.
-fn digest_open(f: File, path: &Path, limit: u64) -> Result<(u64, String)> {
+fn digest_open(f: File, path: &Path, ahead: Ahead, limit: u64) -> Result<(u64, String)> {
     let io = |e| ConvertError::io("read back", path, e);
-    let mut f = f.take(limit.saturating_add(1));
-    let (mut hasher, mut size) = (Sha256::new(), 0u64);
+    let mut f = f.take(limit.saturating_add(1).saturating_sub(ahead.to));
+    let (mut hasher, mut size) = (ahead.hasher, ahead.to);
     let mut buf = vec![0u8; COPY_BYTES];
     loop {
         let n = f.read(&mut buf).map_err(io)?;
