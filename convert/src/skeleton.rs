@@ -220,7 +220,9 @@ fn inventory(c: &Component) -> Vec<InventoryTensor> {
     }
 }
 
-/// Each component's identity, in `plan`'s order: a hash of the converter,
+/// Each component's identity or the problem computing it, in `plan`'s
+/// order (a global scale's problem ends it at once: the segments'
+/// identities include the scales'). An identity is a hash of the converter,
 /// the component and its content, and the source files it reads (with
 /// config.json, which every component's plan reads); a Q3 segment's also
 /// of its global scale's identity. Each hashes its component's content
@@ -231,7 +233,7 @@ fn component_identities(
     plan: &Plan,
     source: &SourceIdentity,
     converter: &ConverterIdentity,
-) -> Result<Vec<String>, ConvertError> {
+) -> Result<Vec<Result<String, ConvertError>>, ConvertError> {
     let by_path: BTreeMap<&str, &SourceFileId> =
         source.files.iter().map(|f| (f.path.as_str(), f)).collect();
     let identity = |c: &Component, scale: Option<&str>| {
@@ -260,7 +262,7 @@ fn component_identities(
             scale_ids.insert(*layer, identity(c, None)?);
         }
     }
-    let ids: Vec<Result<String, ConvertError>> = plan
+    let ids = plan
         .components
         .par_iter()
         .map(|c| match &c.content {
@@ -280,8 +282,7 @@ fn component_identities(
             _ => Ok(identity(c, None)?),
         })
         .collect();
-    // The first problem in the plan's order, as one at a time would find.
-    ids.into_iter().collect()
+    Ok(ids)
 }
 
 impl Skeleton {
@@ -328,7 +329,9 @@ impl Skeleton {
             if let ComponentContent::Ftw { tensors: t } = &c.content {
                 ftw_tensors.extend(t.iter().map(|t| t.desc.clone()));
             }
-            identities.insert(c.name.clone(), id);
+            // Each component's identity, then its layout: the first
+            // problem in the plan's order, as one at a time would find.
+            identities.insert(c.name.clone(), id?);
             readers.insert(c.name.clone(), c.source_files.iter().cloned().collect());
             tensors.extend(inventory(c));
             components.push(ManifestComponent {
