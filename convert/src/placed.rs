@@ -350,7 +350,7 @@ impl<'a> SpanWriter<'a> {
         self.file
             .sync_all()
             .map_err(|e| ConvertError::io("fsync", &self.tmp, e))?;
-        let (size, sha256) = digest_from(&self.tmp, self.ahead, c.predicted_bytes)?;
+        let (size, sha256) = digest_from(&self.tmp, &self.file, self.ahead, c.predicted_bytes)?;
         if size != c.predicted_bytes {
             let _ = std::fs::remove_file(&self.tmp);
             return Err(ConvertError::SizeMismatch {
@@ -595,13 +595,22 @@ pub(crate) fn in_threads<I: Send, T: Send>(
     out
 }
 
-/// Length and hex SHA-256 of the file at `path`, its first `ahead.to`
-/// bytes already in `ahead`'s digest, the rest read in chunks.
-fn digest_from(path: &Path, ahead: Ahead, limit: u64) -> Result<(u64, String)> {
-    let mut f = ftpipe_fs::nofollow::open_read_unshared(path)
-        .map_err(|e| ConvertError::io("read back", path, e))?;
-    f.seek(SeekFrom::Start(ahead.to))
-        .map_err(|e| ConvertError::io("read back", path, e))?;
+/// Length and hex SHA-256 of the file at `path`, read in chunks, its first
+/// `ahead.to` bytes taken from `ahead`'s digest when `path` is still the
+/// file `written` (the writer's own) and holds them within `limit` + 1
+/// bytes; else read whole, as if nothing had been digested ahead.
+fn digest_from(path: &Path, written: &File, ahead: Ahead, limit: u64) -> Result<(u64, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |e| ConvertError::io("read back", path, e);
+    let mut f = ftpipe_fs::nofollow::open_read_unshared(path).map_err(io)?;
+    let (now, own) = (f.metadata().map_err(io)?, written.metadata().map_err(io)?);
+    let same = now.dev() == own.dev() && now.ino() == own.ino();
+    let ahead = if same && now.len() >= ahead.to && ahead.to <= limit.saturating_add(1) {
+        ahead
+    } else {
+        Ahead::default()
+    };
+    f.seek(SeekFrom::Start(ahead.to)).map_err(io)?;
     digest_open(f, path, ahead, limit)
 }
 

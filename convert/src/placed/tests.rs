@@ -433,3 +433,31 @@ fn neighbouring_slots_of_two_files_survive_either_order() {
         assert_eq!(w.finish(&out).unwrap(), want, "order {order:?}");
     }
 }
+
+/// A temp file cut short after part of it was digested ahead: `finish`
+/// reads it whole and reports its real length, as without the digest ahead.
+#[test]
+fn a_file_cut_below_what_was_digested_ahead_is_read_whole() {
+    let (tmp, src, plan) = tiny_release();
+    let ftw = ftw_of(&plan);
+    let out = tmp.path().join("out");
+    let mut w = SpanWriter::create(&out, ftw).unwrap();
+    for s in &plan.sources {
+        if w.needs(&s.file) {
+            w.write_file(&Sources::new(&src), &s.file).unwrap();
+            w.digest_ahead();
+        }
+    }
+    let ahead = w.ahead.to;
+    assert!(ahead > 1, "nothing was digested ahead");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.join(temp_name("model.ftw")))
+        .unwrap()
+        .set_len(ahead / 2)
+        .unwrap();
+    match w.finish(&out) {
+        Err(ConvertError::SizeMismatch { actual, .. }) => assert_eq!(actual, ahead / 2),
+        other => panic!("expected a size mismatch, got {other:?}"),
+    }
+}
