@@ -293,6 +293,9 @@ impl<'a> SpanWriter<'a> {
             return;
         };
         let end = self.spans[k].at;
+        if self.ahead.to >= end {
+            return;
+        }
         let mut buf = vec![0u8; COPY_BYTES];
         while self.ahead.to < end {
             let n = usize::try_from(end - self.ahead.to).map_or(COPY_BYTES, |n| n.min(COPY_BYTES));

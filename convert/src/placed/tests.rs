@@ -461,3 +461,30 @@ fn a_file_cut_below_what_was_digested_ahead_is_read_whole() {
         other => panic!("expected a size mismatch, got {other:?}"),
     }
 }
+
+/// A temp file replaced after part of it was digested ahead (its first
+/// bytes changed): `finish` hashes the file it renames, read whole.
+#[test]
+fn a_file_replaced_after_it_was_digested_ahead_is_read_whole() {
+    let (tmp, src, plan) = tiny_release();
+    let ftw = ftw_of(&plan);
+    let out = tmp.path().join("out");
+    let mut w = SpanWriter::create(&out, ftw).unwrap();
+    for s in &plan.sources {
+        if w.needs(&s.file) {
+            w.write_file(&Sources::new(&src), &s.file).unwrap();
+            w.digest_ahead();
+        }
+    }
+    assert!(w.ahead.to > 1, "nothing was digested ahead");
+    let temp = out.join(temp_name("model.ftw"));
+    let mut bytes = std::fs::read(&temp).unwrap();
+    bytes[0] ^= 0xff;
+    let other = out.join("replacement");
+    std::fs::write(&other, &bytes).unwrap();
+    std::fs::rename(&other, &temp).unwrap();
+    let got = w.finish(&out).unwrap();
+    let renamed = std::fs::read(out.join("model.ftw")).unwrap();
+    assert_eq!(renamed, bytes);
+    assert_eq!(got.sha256, hex::encode(Sha256::digest(&renamed)));
+}
