@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -133,8 +133,7 @@ pub struct FetchCtx {
     /// The connection budget (`FetchOptions::connections`).
     pub(crate) connections: Arc<Semaphore>,
     /// Files not yet started, and files holding a connection.
-    pub(crate) unstarted: AtomicUsize,
-    pub(crate) in_flight: AtomicUsize,
+    pub(crate) jobs: JobCounts,
     /// Bytes not yet written of each pass of a file fetched in ranges (by
     /// pass id), as of its last claim: how close the whole fetch is to its
     /// end. Keyed by pass, so a pass that ends late never removes a newer
@@ -197,8 +196,7 @@ impl FetchCtx {
             layout,
             volume_full: AtomicBool::new(false),
             connections: Arc::new(Semaphore::new(opts.connections.max(1))),
-            unstarted: AtomicUsize::new(0),
-            in_flight: AtomicUsize::new(0),
+            jobs: JobCounts::default(),
             remaining: std::sync::Mutex::new(std::collections::HashMap::new()),
             next_pass: std::sync::atomic::AtomicU64::new(0),
             opts,
@@ -251,8 +249,11 @@ impl FetchCtx {
     /// Whether a file may take one more connection to split a range: only
     /// when no file is waiting to start that could start now.
     pub(crate) fn may_add_connection(&self) -> bool {
-        self.unstarted.load(Ordering::SeqCst) == 0
-            || self.in_flight.load(Ordering::SeqCst) >= self.opts.jobs.max(1)
+        let Jobs {
+            unstarted,
+            in_flight,
+        } = self.jobs.now();
+        unstarted == 0 || in_flight >= self.opts.jobs.max(1)
     }
 
     /// Takes pinned files from `cache` (when given) before the network, and
@@ -289,6 +290,83 @@ impl FetchCtx {
     }
 }
 
+/// How many files of a fetch wait for a connection and how many hold
+/// one, read together ([`JobCounts::now`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Jobs {
+    pub(crate) unstarted: usize,
+    pub(crate) in_flight: usize,
+}
+
+/// [`Jobs`] in one atomic word (files waiting in the low half, files in
+/// flight in the high half), so that a file moving from waiting to in
+/// flight is never seen in neither: with two counters a reader between
+/// the two updates could take the one file left in flight for a file
+/// alone, and judge whether splitting it pays after the short window
+/// kept for a file alone (`segmented::claim::judged_after`).
+#[derive(Debug, Default)]
+pub(crate) struct JobCounts(AtomicU64);
+
+/// One file in flight, in the packed word.
+const IN_FLIGHT_ONE: u64 = 1 << 32;
+/// The half of the packed word that counts the files waiting.
+const UNSTARTED_MASK: u64 = IN_FLIGHT_ONE - 1;
+
+impl JobCounts {
+    /// Both counts, from one load.
+    pub(crate) fn now(&self) -> Jobs {
+        Self::unpack(self.0.load(Ordering::SeqCst))
+    }
+
+    /// `n` more files wait to start.
+    pub(crate) fn admit(&self, n: usize) {
+        self.update(|j| Jobs {
+            unstarted: j.unstarted.saturating_add(n),
+            ..j
+        });
+    }
+
+    /// A waiting file takes its connection (one that was never counted as
+    /// waiting still counts as in flight).
+    pub(crate) fn start(&self) {
+        self.update(|j| Jobs {
+            unstarted: j.unstarted.saturating_sub(1),
+            in_flight: j.in_flight.saturating_add(1),
+        });
+    }
+
+    /// A file in flight is done (or failed) and gives its connection back.
+    pub(crate) fn finish(&self) {
+        self.update(|j| Jobs {
+            in_flight: j.in_flight.saturating_sub(1),
+            ..j
+        });
+    }
+
+    fn update(&self, f: impl Fn(Jobs) -> Jobs) {
+        // The closure always returns Some: the update cannot fail.
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |word| {
+                Some(Self::pack(f(Self::unpack(word))))
+            });
+    }
+
+    fn unpack(word: u64) -> Jobs {
+        // Each half is at most u32::MAX, which fits a usize on every
+        // platform this builds for (64-bit).
+        Jobs {
+            unstarted: usize::try_from(word & UNSTARTED_MASK).unwrap_or(usize::MAX),
+            in_flight: usize::try_from(word >> 32).unwrap_or(usize::MAX),
+        }
+    }
+
+    fn pack(j: Jobs) -> u64 {
+        let half = |n: usize| u64::try_from(n).unwrap_or(u64::MAX).min(UNSTARTED_MASK);
+        (half(j.in_flight) << 32) | half(j.unstarted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,5 +388,62 @@ mod tests {
     fn a_fixed_interval_holds_whatever_the_size() {
         assert_eq!(CheckpointBytes::Fixed(65536).for_file(1 << 40), 65536);
         assert_eq!(CheckpointBytes::Fixed(0).for_file(10), 1);
+    }
+
+    #[test]
+    fn job_counts_move_a_file_from_waiting_to_in_flight_at_once() {
+        let c = JobCounts::default();
+        c.admit(3);
+        c.start();
+        assert_eq!(
+            c.now(),
+            Jobs {
+                unstarted: 2,
+                in_flight: 1
+            }
+        );
+        c.finish();
+        c.finish();
+        c.start();
+        c.start();
+        c.start();
+        assert_eq!(
+            c.now(),
+            Jobs {
+                unstarted: 0,
+                in_flight: 3
+            },
+            "saturates at zero, never borrows from the other half"
+        );
+    }
+
+    /// Two threads move files from waiting to in flight while a third
+    /// reads both counts: no file finishes, so every file is in one of
+    /// them at every read. (With two counters updated one after the
+    /// other, a reader between the updates saw a file in neither.)
+    #[test]
+    fn a_reader_never_sees_a_file_in_neither_count() {
+        const EACH: usize = 500_000;
+        let c = std::sync::Arc::new(JobCounts::default());
+        c.admit(2 * EACH);
+        let movers: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || (0..EACH).for_each(|_| c.start()))
+            })
+            .collect();
+        loop {
+            let done = movers.iter().all(|m| m.is_finished());
+            let j = c.now();
+            assert_eq!(j.unstarted + j.in_flight, 2 * EACH, "{j:?}");
+            if done {
+                break;
+            }
+        }
+        for m in movers {
+            m.join().unwrap();
+        }
+        let j = c.now();
+        assert_eq!((j.unstarted, j.in_flight), (0, 2 * EACH));
     }
 }

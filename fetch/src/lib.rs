@@ -123,7 +123,7 @@ pub async fn fetch(ctx: Arc<FetchCtx>, files: &[FileRow]) -> Result<()> {
     let mut todo = unpublished(&ctx, files).await?;
     order_for_the_link(&ctx, &mut todo);
     let needed = begin(&ctx, files).await?;
-    ctx.unstarted.store(todo.len(), Ordering::SeqCst);
+    ctx.jobs.admit(todo.len());
     let res = fetch_files(&ctx, files, todo, needed).await;
     ctx.store.release_space_reserve();
     res
@@ -176,10 +176,22 @@ pub async fn begin(ctx: &FetchCtx, files: &[FileRow]) -> Result<u64> {
 /// One file of a fetch whose order the caller drives (`run`), after
 /// [`begin`]. Only files the caller has admitted count as not yet started
 /// (so a large file may take idle connections while others wait for
-/// admission).
+/// admission): this one from now on.
 pub async fn fetch_file(ctx: Arc<FetchCtx>, file: FileRow) -> Result<()> {
+    ctx.jobs.admit(1);
+    fetch_admitted(ctx, file).await
+}
+
+/// Counts `n` files the caller will hand to [`fetch_admitted`] as not yet
+/// started, from now until each takes its connection: while one waits in
+/// the caller's queue, a file in flight is not alone on the link.
+pub fn admit(ctx: &FetchCtx, n: usize) {
+    ctx.jobs.admit(n);
+}
+
+/// [`fetch_file`] of a file counted by [`admit`].
+pub async fn fetch_admitted(ctx: Arc<FetchCtx>, file: FileRow) -> Result<()> {
     let final_path = safe_join(ctx.dest(), &file.path)?;
-    ctx.unstarted.fetch_add(1, Ordering::SeqCst);
     run_job(ctx, file, final_path).await
 }
 
@@ -232,8 +244,7 @@ async fn fetch_files(
 /// failure; a full state database is the same full disk.
 async fn run_job(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Result<()> {
     let connection = ctx.connections.clone().acquire_owned().await;
-    ctx.unstarted.fetch_sub(1, Ordering::SeqCst);
-    ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+    ctx.jobs.start();
     let path = file.path.clone();
     // Once the volume is full, files not yet started are not started.
     let res = if ctx.volume_full.load(Ordering::SeqCst) {
@@ -255,7 +266,7 @@ async fn run_job(ctx: Arc<FetchCtx>, file: FileRow, final_path: PathBuf) -> Resu
             r => r,
         }
     };
-    ctx.in_flight.fetch_sub(1, Ordering::SeqCst);
+    ctx.jobs.finish();
     if let Err(e) = &res {
         ctx.reporter.report(ProgressEvent::FileFailed {
             path,

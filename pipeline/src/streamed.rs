@@ -596,6 +596,9 @@ impl Pipeline {
         let order = queue.make_contiguous();
         ftpipe_fetch::order_for_the_link(ctx, order);
         ftpipe_fetch::begin(ctx, files).await?;
+        // Every queued file counts as waiting from here: a worker between
+        // two files leaves no file in flight looking alone on the link.
+        ftpipe_fetch::admit(ctx, queue.len());
         let queue = Arc::new(std::sync::Mutex::new(queue));
         let stop = Arc::new(AtomicBool::new(false));
         let (verified, mut arrivals) = mpsc::unbounded_channel();
@@ -612,7 +615,7 @@ impl Pipeline {
                         .pop_front();
                     let Some(file) = next else { break };
                     let path = file.path.clone();
-                    let fetched = ftpipe_fetch::fetch_file(ctx.clone(), file).await;
+                    let fetched = ftpipe_fetch::fetch_admitted(ctx.clone(), file).await;
                     if fetched.is_err() {
                         stop.store(true, Ordering::SeqCst);
                     }

@@ -169,8 +169,8 @@ impl Shared {
         let Some(d) = delivered(slots, now) else {
             return true;
         };
-        let alone = self.ctx.in_flight.load(Ordering::SeqCst) <= 1
-            && self.ctx.unstarted.load(Ordering::SeqCst) == 0;
+        let jobs = self.ctx.jobs.now();
+        let alone = jobs.in_flight <= 1 && jobs.unstarted == 0;
         let Some(pays) = split_pays(limit, &d, judged_after(alone)) else {
             return false;
         };
@@ -196,7 +196,7 @@ impl Shared {
         let policy = Policy {
             opts: &self.ctx.opts,
             total,
-            waiting: self.ctx.unstarted.load(Ordering::SeqCst) > 0,
+            waiting: self.ctx.jobs.now().unstarted > 0,
             splittable,
         };
         next_claim(&mut slots, &policy, |slots, now| {
