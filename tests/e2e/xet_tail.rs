@@ -323,8 +323,11 @@ fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
 /// watermark is kept but for what lies past its write alignment (64 KiB)
 /// or in a chunk not yet whole on disk. A range whose watermark is still
 /// its start keeps nothing when its first chunk begins in the range before
-/// it (that chunk cannot be hashed whole): the interval here puts every
-/// range's watermark past its start before the kill.
+/// it (that chunk cannot be hashed whole). The kill is the third
+/// checkpoint's fsync, its watermarks not committed: the first two put
+/// the ranges' watermarks past their starts and the third's bytes are on
+/// disk past one, so there is always a tail to keep (a kill at a byte
+/// count found one only when no split had just made a fresh range).
 #[test]
 fn the_tails_of_a_killed_files_ranges_are_kept() {
     let r = kill_and_resume(&Case {
@@ -332,15 +335,14 @@ fn the_tails_of_a_killed_files_ranges_are_kept() {
         repo_bytes: 64 << 20,
         layout: TWO_RANGES,
         checkpoint: 4 << 20,
-        kill_at: None,
+        kill_at: Some("checkpoint-synced#3"),
         damage: Damage::None,
         crash_at: &[],
         aborted_layout: None,
     });
-    // Which range the kill finds depends on the rates: one a split had
-    // just made may have written nothing past its watermark.
+    assert!(r.keepable, "the kill left no tail to keep");
     assert!(
-        !r.keepable || !r.kept.is_empty(),
+        !r.kept.is_empty(),
         "a range had a tail to keep, nothing was kept"
     );
     assert_little_discarded(&r, 2);
