@@ -324,10 +324,11 @@ fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
 /// or in a chunk not yet whole on disk. A range whose watermark is still
 /// its start keeps nothing when its first chunk begins in the range before
 /// it (that chunk cannot be hashed whole). The kill is the third
-/// checkpoint's fsync, its watermarks not committed: the first two put
-/// the ranges' watermarks past their starts and the third's bytes are on
-/// disk past one, so there is always a tail to keep (a kill at a byte
-/// count found one only when no split had just made a fresh range).
+/// checkpoint's fsync, its watermarks not committed: the first two put a
+/// range's watermark past its start (both ranges', as the two run at
+/// about one rate) and the third's bytes are on disk past one, so there
+/// is always a tail to keep (a kill at a byte count found one only when
+/// no split had just made a fresh range).
 #[test]
 fn the_tails_of_a_killed_files_ranges_are_kept() {
     let r = kill_and_resume(&Case {
