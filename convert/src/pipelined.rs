@@ -2,7 +2,8 @@
 //! conversion driven by the fetch, one verified file at a time, with the
 //! receipts and retirements the convert stage would make.
 //!
-//! [`prepare_stream`] runs before any shard body is fetched. From the plan
+//! [`prepare_stream`] runs before any shard body is fetched and
+//! [`save_stream`] before any component is written. From the plan
 //! (headers over HTTP Range, or from disk for files already published) it
 //! builds the skeleton the convert stage will build once every file is
 //! verified: the identities come from the pinned listing's digests, which
@@ -100,7 +101,8 @@ impl StreamSetup {
 
 /// Plans a pipelined build from `planned` (see the module documentation):
 /// refuses a budget below the minimum and a stale artifact (set aside
-/// under `--rebuild`), then saves the skeleton and the plan.
+/// under `--rebuild`). Saving the skeleton and the plan is left to
+/// [`save_stream`], which must come before [`Streaming::open`].
 #[allow(clippy::too_many_arguments)]
 pub async fn prepare_stream(
     store: &Store,
@@ -137,11 +139,6 @@ pub async fn prepare_stream(
     // A repin rebuilds here without comparing spans: every component
     // under another identity is converted again.
     crate::rebuild::forget_superseded(store, &skel).await?;
-    create_dirs_durably(paths.dir(), paths.artifact())
-        .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
-    write_atomic_json(paths.state_dir(), SKELETON_FILE, &skel, COMPACT)?;
-    crashpoint::hit(CrashPoint::SkeletonWritten);
-    write_atomic_json(paths.state_dir(), PLAN_FILE, &plan, PRETTY)?;
     Ok(StreamSetup {
         plan,
         skel,
@@ -149,6 +146,19 @@ pub async fn prepare_stream(
         schedule,
         set_aside,
     })
+}
+
+/// Saves `setup`'s skeleton (with every shard's header: the convert stage
+/// plans retired shards from it, so it is durable before any component
+/// is written or any shard retired) and its plan, and makes the artifact
+/// directory durable.
+pub fn save_stream(paths: &Layout, setup: &StreamSetup) -> Result<()> {
+    create_dirs_durably(paths.dir(), paths.artifact())
+        .map_err(|e| ConvertError::io("create", paths.artifact(), e))?;
+    write_atomic_json(paths.state_dir(), SKELETON_FILE, &setup.skel, COMPACT)?;
+    crashpoint::hit(CrashPoint::SkeletonWritten);
+    write_atomic_json(paths.state_dir(), PLAN_FILE, &setup.plan, PRETTY)?;
+    Ok(())
 }
 
 /// Refuses an artifact made under another identity, or sets it aside

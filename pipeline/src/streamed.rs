@@ -4,7 +4,8 @@
 //! The plan stage plans from headers (over HTTP Range for files not yet
 //! published), refuses a budget below the schedule's minimum before any
 //! shard body is fetched, and saves the skeleton
-//! ([`ftpipe_convert::pipelined::prepare_stream`]). The fetch stage then
+//! ([`ftpipe_convert::pipelined::prepare_stream`]; without a budget the
+//! fetch stage saves it beside its first transfers: `lead`). The fetch stage then
 //! admits files: under a budget in the schedule's order, head of line,
 //! the next file starting only while the source bytes held (resident
 //! files, every admitted shard not yet retired, a `.part` counted at its
@@ -34,7 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
-use ftpipe_convert::pipelined::{StreamSetup, Streaming, finish_stream, prepare_stream};
+use ftpipe_convert::pipelined::{
+    StreamSetup, Streaming, finish_stream, prepare_stream, save_stream,
+};
 use ftpipe_convert::schedule::Workload;
 use ftpipe_convert::{ConvertError, ConvertOptions, ConvertOutcome, convert};
 use ftpipe_fetch::{FetchCtx, FetchError, ReconcileReport, reconcile};
@@ -46,6 +49,8 @@ use crate::origin::Origin;
 use crate::plan::resident_bytes;
 use crate::run::RunOutcome;
 use crate::{FetchParams, Pipeline, PipelineError, Result};
+
+mod lead;
 
 /// What the streamed fetch stage converted and retired.
 struct Streamed {
@@ -163,11 +168,15 @@ impl Pipeline {
             });
         }
         let resolved = self.resolve_stage(origin, &params, &reporter).await?;
+        let lead = budget.is_none() && self.transfers_may_lead().await?;
         let setup = self
-            .streamed_plan_stage(origin, &params, &resolved, &opts, budget, &reporter)
+            .streamed_plan_stage(origin, &params, &resolved, &opts, budget, &reporter, !lead)
             .await?;
-        let (report, streamed) = self
-            .streamed_fetch_stage(
+        let (report, streamed) = if lead {
+            self.fetch_stage_leading(origin, &params, &resolved, &setup, &opts, &reporter)
+                .await?
+        } else {
+            self.streamed_fetch_stage(
                 origin,
                 &params,
                 &resolved,
@@ -175,7 +184,8 @@ impl Pipeline {
                 (budget, &opts),
                 &reporter,
             )
-            .await?;
+            .await?
+        };
         let converted = self
             .streamed_convert_stage(&opts, setup, streamed, &reporter)
             .await?;
@@ -214,7 +224,9 @@ impl Pipeline {
     }
 
     /// Plans from headers, refuses a budget below the minimum or a volume
-    /// without room for the schedule's peak, and saves the skeleton.
+    /// without room for the schedule's peak, and with `save` saves the
+    /// skeleton (else the fetch stage does, beside its first transfers).
+    #[allow(clippy::too_many_arguments)]
     async fn streamed_plan_stage(
         &self,
         origin: &dyn Origin,
@@ -223,6 +235,7 @@ impl Pipeline {
         opts: &ConvertOptions,
         budget: Option<u64>,
         reporter: &Arc<dyn Reporter>,
+        save: bool,
     ) -> Result<StreamSetup> {
         self.stage(Stage::Plan, async {
             let planned = self
@@ -242,6 +255,9 @@ impl Pipeline {
                 reporter.as_ref(),
             )
             .await?;
+            if save {
+                save_stream(&self.layout, &setup)?;
+            }
             if params.options.preflight {
                 self.streamed_preflight(&setup, reporter)?;
             }
@@ -589,43 +605,26 @@ impl Pipeline {
         (jobs, retire): (usize, bool),
         reporter: &Arc<dyn Reporter>,
     ) -> Result<()> {
-        let Work {
-            mut queue,
-            mut ready,
-        } = work;
-        let order = queue.make_contiguous();
-        ftpipe_fetch::order_for_the_link(ctx, order);
-        ftpipe_fetch::begin(ctx, files).await?;
-        // Every queued file counts as waiting from here: a worker between
-        // two files leaves no file in flight looking alone on the link.
-        ftpipe_fetch::admit(ctx, queue.len());
-        let queue = Arc::new(std::sync::Mutex::new(queue));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (verified, mut arrivals) = mpsc::unbounded_channel();
-        let mut workers = JoinSet::new();
-        for _ in 0..jobs.max(1) {
-            let (ctx, queue, stop, verified) =
-                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
-            workers.spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    // Popping cannot panic: a poisoned lock still holds the queue.
-                    let next = queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .pop_front();
-                    let Some(file) = next else { break };
-                    let path = file.path.clone();
-                    let fetched = ftpipe_fetch::fetch_admitted(ctx.clone(), file).await;
-                    if fetched.is_err() {
-                        stop.store(true, Ordering::SeqCst);
-                    }
-                    if verified.send((path, fetched)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(verified);
+        let Work { queue, ready } = work;
+        let workers = Workers::start(ctx, files, queue, jobs).await?;
+        self.convert_arrivals(ctx, files, workers, ready, streaming, retire, reporter)
+            .await
+    }
+
+    /// Converts the shards in `ready`, then each shard `workers` verify, in
+    /// the order verified, until every worker is done; then ends the
+    /// fetch.
+    #[allow(clippy::too_many_arguments)]
+    async fn convert_arrivals(
+        &self,
+        ctx: &Arc<FetchCtx>,
+        files: &[FileRow],
+        mut workers: Workers,
+        mut ready: VecDeque<String>,
+        streaming: &mut Streaming<'_>,
+        retire: bool,
+        reporter: &Arc<dyn Reporter>,
+    ) -> Result<()> {
         let mut fetch_errors: Vec<FetchError> = Vec::new();
         let mut failed: Option<PipelineError> = None;
         // Without a budget held bytes only matter to `--retire-sources`'s
@@ -634,7 +633,7 @@ impl Pipeline {
         loop {
             let path = match ready.pop_front() {
                 Some(path) => path,
-                None => match arrivals.recv().await {
+                None => match workers.arrivals.recv().await {
                     None => break,
                     Some((path, Ok(()))) if streaming.is_shard(&path) => path,
                     Some((_, Ok(()))) => continue,
@@ -654,15 +653,11 @@ impl Pipeline {
                 .convert_verified(streaming, &path, files, &mut held, retire, reporter)
                 .await;
             if let Err(e) = converted {
-                stop.store(true, Ordering::SeqCst);
+                workers.stop.store(true, Ordering::SeqCst);
                 failed = Some(e);
             }
         }
-        while let Some(joined) = workers.join_next().await {
-            if let Err(join) = joined {
-                fetch_errors.push(FetchError::internal_from("fetch task", join));
-            }
-        }
+        fetch_errors.extend(workers.join().await);
         end_fetch(ctx, files, fetch_errors, failed).await
     }
 
@@ -689,6 +684,104 @@ impl Pipeline {
             self.retire_done(streaming, files, held).await?;
         }
         Ok(())
+    }
+}
+
+/// The unbudgeted fetch's worker tasks: each takes the next file of a
+/// shared queue (in the link's order) as soon as its last is done, and
+/// sends every file's outcome to `arrivals`.
+struct Workers {
+    set: JoinSet<()>,
+    arrivals: mpsc::UnboundedReceiver<(String, std::result::Result<(), FetchError>)>,
+    /// Set after the first failure: no worker starts another file.
+    stop: Arc<AtomicBool>,
+}
+
+impl Workers {
+    /// Begins the fetch of `files` and starts `jobs` workers on `queue`,
+    /// every file of it counted as waiting from now on.
+    async fn start(
+        ctx: &Arc<FetchCtx>,
+        files: &[FileRow],
+        mut queue: VecDeque<FileRow>,
+        jobs: usize,
+    ) -> Result<Workers> {
+        ftpipe_fetch::order_for_the_link(ctx, queue.make_contiguous());
+        ftpipe_fetch::begin(ctx, files).await?;
+        // Every queued file counts as waiting from here: a worker between
+        // two files leaves no file in flight looking alone on the link.
+        ftpipe_fetch::admit(ctx, queue.len());
+        let queue = Arc::new(std::sync::Mutex::new(queue));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (verified, arrivals) = mpsc::unbounded_channel();
+        let mut set = JoinSet::new();
+        for _ in 0..jobs.max(1) {
+            let (ctx, queue, stop, verified) =
+                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
+            set.spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    // Popping cannot panic: a poisoned lock still holds the queue.
+                    let next = queue
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .pop_front();
+                    let Some(file) = next else { break };
+                    let path = file.path.clone();
+                    let fetched = ftpipe_fetch::fetch_admitted(ctx.clone(), file).await;
+                    if fetched.is_err() {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                    if verified.send((path, fetched)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(Workers {
+            set,
+            arrivals,
+            stop,
+        })
+    }
+
+    /// Waits for every worker; what failed to join.
+    async fn join(&mut self) -> Vec<FetchError> {
+        let mut errors = Vec::new();
+        while let Some(joined) = self.set.join_next().await {
+            if let Err(join) = joined {
+                errors.push(FetchError::internal_from("fetch task", join));
+            }
+        }
+        errors
+    }
+
+    /// Stops the workers after `failed`, which came before any shard was
+    /// converted: their transfers are cancelled where they are (as an
+    /// interrupt cancels them: what their checkpoints made durable is
+    /// kept, the rest is a kill's tail to the next run), the fetch is
+    /// ended and the error to report returned (`failed`, before the
+    /// transfers' own).
+    async fn abandon(
+        mut self,
+        ctx: &FetchCtx,
+        files: &[FileRow],
+        failed: PipelineError,
+    ) -> PipelineError {
+        self.stop.store(true, Ordering::SeqCst);
+        self.set.abort_all();
+        let mut errors = Vec::new();
+        while let Some(joined) = self.set.join_next().await {
+            match joined {
+                Err(join) if !join.is_cancelled() => {
+                    errors.push(FetchError::internal_from("fetch task", join));
+                }
+                _ => {}
+            }
+        }
+        while let Ok((_, fetched)) = self.arrivals.try_recv() {
+            errors.extend(fetched.err());
+        }
+        end_fetch_failed(ctx, files, errors, failed).await
     }
 }
 
@@ -731,14 +824,23 @@ async fn end_fetch(
     errors: Vec<FetchError>,
     failed: Option<PipelineError>,
 ) -> Result<()> {
-    let fetched = ftpipe_fetch::end(ctx, files, errors).await;
-    if let Some(e) = failed {
-        if let Err(f) = fetched {
-            tracing::warn!(error = %f, "the fetch also failed");
-        }
-        return Err(e);
+    match failed {
+        Some(e) => Err(end_fetch_failed(ctx, files, errors, e).await),
+        None => Ok(ftpipe_fetch::end(ctx, files, errors).await?),
     }
-    Ok(fetched?)
+}
+
+/// [`end_fetch`] after `failed`: the error to return.
+async fn end_fetch_failed(
+    ctx: &FetchCtx,
+    files: &[FileRow],
+    errors: Vec<FetchError>,
+    failed: PipelineError,
+) -> PipelineError {
+    if let Err(f) = ftpipe_fetch::end(ctx, files, errors).await {
+        tracing::warn!(error = %f, "the fetch also failed");
+    }
+    failed
 }
 
 /// The name under which bytes in `source/` that belong to no selected

@@ -32,15 +32,16 @@ pub(crate) const ARGS: &[&str] = &["--checkpoint-bytes", "65536", "--checkpoint-
 
 /// Every named crash point on the path of a first `ftpipe run`, in chain
 /// order, with the stage whose work it interrupts.
-/// Online the fetch drives the conversion: the skeleton is saved by the
-/// plan stage, components are written as their shards are verified.
+/// Online the fetch drives the conversion: without a budget the skeleton
+/// is saved by the fetch stage beside its first transfers, components are
+/// written as their shards are verified.
 const CRASH_POINTS: &[(&str, &str)] = &[
     ("resolve-done", "resolve"),
     ("resolve-completed", "resolve"),
     ("punch-probing", "plan"),
-    ("skeleton-written", "plan"),
     ("plan-done", "plan"),
     ("plan-completed", "plan"),
+    ("skeleton-written", "fetch"),
     ("checkpoint-synced", "fetch"),
     ("fetch-verified", "fetch"),
     ("fetch-renamed", "fetch"),

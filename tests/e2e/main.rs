@@ -227,6 +227,7 @@ mod security;
 mod segmented;
 mod symlinks;
 mod token_echo;
+mod transfers_lead;
 mod tty_progress;
 mod verify;
 mod xet_bad_input;
