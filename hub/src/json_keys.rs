@@ -59,6 +59,9 @@ pub fn holds_secret(json: &[u8]) -> bool {
 
 /// Walks `json` once: its repeated keys, and whether it holds a credential
 /// in any form a parser would decode. Fails only when `json` is not JSON.
+/// A document without a backslash has no escapes, so each string decodes
+/// to the bytes between its quotes: the search of the raw bytes then
+/// covers every string, and the walk searches none of them again.
 pub fn scan(json: &[u8]) -> Result<Findings, serde_json::Error> {
     let mut found = Findings {
         holds_secret: ftpipe_secrets::contains_secret(json),
@@ -68,6 +71,7 @@ pub fn scan(json: &[u8]) -> Result<Findings, serde_json::Error> {
     Walk {
         path: &mut String::new(),
         found: &mut found,
+        strings_decoded: memchr::memchr(b'\\', json).is_some(),
     }
     .deserialize(&mut de)?;
     de.end()?;
@@ -88,6 +92,9 @@ pub fn describe(dups: &[DuplicateKey]) -> String {
 struct Walk<'a> {
     path: &'a mut String,
     found: &'a mut Findings,
+    /// Strings may decode to other bytes than the document's (it holds
+    /// escapes): each is searched for a credential as decoded.
+    strings_decoded: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Walk<'_> {
@@ -116,7 +123,9 @@ impl<'de> Visitor<'de> for Walk<'_> {
         Ok(())
     }
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        self.found.holds_secret |= ftpipe_secrets::contains_secret(v.as_bytes());
+        if self.strings_decoded {
+            self.found.holds_secret |= ftpipe_secrets::contains_secret(v.as_bytes());
+        }
         Ok(())
     }
     fn visit_unit<E>(self) -> Result<(), E> {
@@ -124,7 +133,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let (path, found) = (self.path, self.found);
+        let (path, found, strings_decoded) = (self.path, self.found, self.strings_decoded);
         let object = path.len();
         for i in 0usize.. {
             // Writing to a String cannot fail.
@@ -132,6 +141,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
             let more = seq.next_element_seed(Walk {
                 path: &mut *path,
                 found: &mut *found,
+                strings_decoded,
             })?;
             path.truncate(object);
             if more.is_none() {
@@ -142,12 +152,14 @@ impl<'de> Visitor<'de> for Walk<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let (path, found) = (self.path, self.found);
+        let (path, found, strings_decoded) = (self.path, self.found, self.strings_decoded);
         let object = path.len();
         // Seeded per process: a document cannot choose keys that collide.
         let mut seen: HashSet<Cow<'de, str>, RandomState> = HashSet::default();
         while let Some(key) = map.next_key_seed(Key)? {
-            found.holds_secret |= ftpipe_secrets::contains_secret(key.as_bytes());
+            if strings_decoded {
+                found.holds_secret |= ftpipe_secrets::contains_secret(key.as_bytes());
+            }
             if object > 0 {
                 path.push('.');
             }
@@ -161,6 +173,7 @@ impl<'de> Visitor<'de> for Walk<'_> {
             map.next_value_seed(Walk {
                 path: &mut *path,
                 found: &mut *found,
+                strings_decoded,
             })?;
             path.truncate(object);
         }

@@ -118,10 +118,8 @@ pub fn contains_secret(bytes: &[u8]) -> bool {
     let all = SECRETS
         .read()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    all.iter().any(|secret| {
-        let needle = secret.as_bytes();
-        bytes.windows(needle.len()).any(|w| w == needle)
-    })
+    all.iter()
+        .any(|secret| memchr::memmem::find(bytes, secret.as_bytes()).is_some())
 }
 
 /// How many credentials are registered (for reports; never the values).
