@@ -335,6 +335,14 @@ impl JobCounts {
         });
     }
 
+    /// `n` files counted as waiting will not start after all.
+    pub(crate) fn withdraw(&self, n: usize) {
+        self.update(|j| Jobs {
+            unstarted: j.unstarted.saturating_sub(n),
+            ..j
+        });
+    }
+
     /// A file in flight is done (or failed) and gives its connection back.
     pub(crate) fn finish(&self) {
         self.update(|j| Jobs {
@@ -402,6 +410,15 @@ mod tests {
                 in_flight: 1
             }
         );
+        c.withdraw(5);
+        assert_eq!(
+            c.now(),
+            Jobs {
+                unstarted: 0,
+                in_flight: 1
+            }
+        );
+        c.admit(1);
         c.finish();
         c.finish();
         c.start();

@@ -189,9 +189,22 @@ pub fn admit(ctx: &FetchCtx, n: usize) {
     ctx.jobs.admit(n);
 }
 
+/// Uncounts `n` files counted by [`admit`] that will not be handed to
+/// [`fetch_admitted`] (the caller stopped): files in flight are no longer
+/// held back from more connections by files that will never start.
+pub fn withdraw(ctx: &FetchCtx, n: usize) {
+    ctx.jobs.withdraw(n);
+}
+
 /// [`fetch_file`] of a file counted by [`admit`].
 pub async fn fetch_admitted(ctx: Arc<FetchCtx>, file: FileRow) -> Result<()> {
-    let final_path = safe_join(ctx.dest(), &file.path)?;
+    let final_path = match safe_join(ctx.dest(), &file.path) {
+        Ok(p) => p,
+        Err(e) => {
+            ctx.jobs.withdraw(1);
+            return Err(e.into());
+        }
+    };
     run_job(ctx, file, final_path).await
 }
 

@@ -3,9 +3,10 @@
 //!
 //! The plan stage plans from headers (over HTTP Range for files not yet
 //! published), refuses a budget below the schedule's minimum before any
-//! shard body is fetched, and saves the skeleton
-//! ([`ftpipe_convert::pipelined::prepare_stream`]; without a budget the
-//! fetch stage saves it beside its first transfers: `lead`). The fetch stage then
+//! shard body is fetched ([`ftpipe_convert::pipelined::prepare_stream`]),
+//! and saves the skeleton ([`ftpipe_convert::pipelined::save_stream`];
+//! without a budget the fetch stage saves it beside its first transfers:
+//! `lead`). The fetch stage then
 //! admits files: under a budget in the schedule's order, head of line,
 //! the next file starting only while the source bytes held (resident
 //! files, every admitted shard not yet retired, a `.part` counted at its
@@ -653,7 +654,7 @@ impl Pipeline {
                 .convert_verified(streaming, &path, files, &mut held, retire, reporter)
                 .await;
             if let Err(e) = converted {
-                workers.stop.store(true, Ordering::SeqCst);
+                workers.halt.now();
                 failed = Some(e);
             }
         }
@@ -693,8 +694,47 @@ impl Pipeline {
 struct Workers {
     set: JoinSet<()>,
     arrivals: mpsc::UnboundedReceiver<(String, std::result::Result<(), FetchError>)>,
-    /// Set after the first failure: no worker starts another file.
+    halt: Halt,
+}
+
+/// What stops the workers after the first failure: the flag they check
+/// before each file, and the queue they take files from, emptied (its
+/// files uncounted as waiting) so that the transfers still in flight are
+/// not held back by files that will never start.
+#[derive(Clone)]
+struct Halt {
+    ctx: Arc<FetchCtx>,
+    queue: Arc<std::sync::Mutex<VecDeque<FileRow>>>,
     stop: Arc<AtomicBool>,
+}
+
+impl Halt {
+    fn now(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Draining cannot panic: a poisoned lock still holds the queue.
+        let left = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .count();
+        ftpipe_fetch::withdraw(&self.ctx, left);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// The next file in the link's order, unless stopped.
+    fn next(&self) -> Option<FileRow> {
+        if self.stopped() {
+            return None;
+        }
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop_front()
+    }
 }
 
 impl Workers {
@@ -711,25 +751,21 @@ impl Workers {
         // Every queued file counts as waiting from here: a worker between
         // two files leaves no file in flight looking alone on the link.
         ftpipe_fetch::admit(ctx, queue.len());
-        let queue = Arc::new(std::sync::Mutex::new(queue));
-        let stop = Arc::new(AtomicBool::new(false));
+        let halt = Halt {
+            ctx: ctx.clone(),
+            queue: Arc::new(std::sync::Mutex::new(queue)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
         let (verified, arrivals) = mpsc::unbounded_channel();
         let mut set = JoinSet::new();
         for _ in 0..jobs.max(1) {
-            let (ctx, queue, stop, verified) =
-                (ctx.clone(), queue.clone(), stop.clone(), verified.clone());
+            let (halt, verified) = (halt.clone(), verified.clone());
             set.spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    // Popping cannot panic: a poisoned lock still holds the queue.
-                    let next = queue
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .pop_front();
-                    let Some(file) = next else { break };
+                while let Some(file) = halt.next() {
                     let path = file.path.clone();
-                    let fetched = ftpipe_fetch::fetch_admitted(ctx.clone(), file).await;
+                    let fetched = ftpipe_fetch::fetch_admitted(halt.ctx.clone(), file).await;
                     if fetched.is_err() {
-                        stop.store(true, Ordering::SeqCst);
+                        halt.now();
                     }
                     if verified.send((path, fetched)).is_err() {
                         break;
@@ -740,7 +776,7 @@ impl Workers {
         Ok(Workers {
             set,
             arrivals,
-            stop,
+            halt,
         })
     }
 
@@ -767,7 +803,7 @@ impl Workers {
         files: &[FileRow],
         failed: PipelineError,
     ) -> PipelineError {
-        self.stop.store(true, Ordering::SeqCst);
+        self.halt.now();
         self.set.abort_all();
         let mut errors = Vec::new();
         while let Some(joined) = self.set.join_next().await {
