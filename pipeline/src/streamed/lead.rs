@@ -1,14 +1,18 @@
 //! The pipelined `run` without a budget starts its transfers before the
 //! skeleton is saved.
 //!
-//! Every check that can refuse the run is in the plan stage, before any
-//! shard body: the headers and the index, the profile, a stale artifact
-//! (set aside under `--rebuild`), the preflight. What follows it needs
-//! only the plan in memory to start: the workers take every unpublished
-//! file in the link's order whatever the converter does. So the fetch
-//! stage starts them first and then saves the skeleton and the plan
-//! (`skeleton-written`) and opens the converter beside the first
-//! transfers; a shard verified meanwhile waits in the arrivals channel.
+//! Every check of the checkpoint, the options and the volume is in the
+//! plan stage, before any shard body: the headers and the index, the
+//! profile, a stale artifact (set aside under `--rebuild`), the
+//! preflight. What follows it needs only the plan in memory to start:
+//! the workers take every unpublished file in the link's order whatever
+//! the converter does. So the fetch stage starts them first and then
+//! saves the skeleton and the plan (`skeleton-written`) and opens the
+//! converter beside the first transfers; a shard verified meanwhile waits
+//! in the arrivals channel. What can still fail there (an I/O error, a
+//! file in the way under `artifact/`) cancels the transfers where they
+//! are (`Workers::abandon`), as an interrupt would, and is reported at
+//! once.
 //! The skeleton is durable before any component is written or any shard
 //! retired, which is all the convert stage and a resume need of it: a
 //! kill before it is saved leaves fetched files and no conversion, and
