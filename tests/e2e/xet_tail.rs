@@ -43,6 +43,19 @@ const TWO_RANGES: &[&str] = &[
     "4MiB",
 ];
 
+/// [`TWO_RANGES`] checkpointed by bytes alone (no 2 s timer): each
+/// checkpoint past the first is a whole interval past the one before.
+const TWO_RANGES_BY_BYTES: &[&str] = &[
+    "--jobs",
+    "1",
+    "--connections",
+    "2",
+    "--segment-threshold",
+    "4MiB",
+    "--checkpoint-secs",
+    "600",
+];
+
 /// The shard's ranges (as [`TWO_RANGES`] made them) fetched one at a time.
 const RANGES_ONE_AT_A_TIME: &[&str] = &[
     "--jobs",
@@ -324,17 +337,18 @@ fn a_killed_streams_tail_past_its_checkpoint_is_kept() {
 /// or in a chunk not yet whole on disk. A range whose watermark is still
 /// its start keeps nothing when its first chunk begins in the range before
 /// it (that chunk cannot be hashed whole). The kill is the third
-/// checkpoint's fsync, its watermarks not committed: the first two put a
-/// range's watermark past its start (both ranges', as the two run at
-/// about one rate) and the third's bytes are on disk past one, so there
-/// is always a tail to keep (a kill at a byte count found one only when
-/// no split had just made a fresh range).
+/// checkpoint's fsync, its watermarks not committed, with checkpoints by
+/// bytes alone: the first two put a range's watermark past its start
+/// (both ranges', as the two run at about one rate) and the third's
+/// 4 MiB are on disk past one, so there is always a tail to keep (a kill
+/// at a byte count found one only when no split had just made a fresh
+/// range).
 #[test]
 fn the_tails_of_a_killed_files_ranges_are_kept() {
     let r = kill_and_resume(&Case {
         seed: 392,
         repo_bytes: 64 << 20,
-        layout: TWO_RANGES,
+        layout: TWO_RANGES_BY_BYTES,
         checkpoint: 4 << 20,
         kill_at: Some("checkpoint-synced#3"),
         damage: Damage::None,
