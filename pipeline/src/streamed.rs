@@ -59,6 +59,16 @@ struct Streamed {
     retired: Vec<String>,
 }
 
+impl Streamed {
+    /// What `streaming` wrote and retired.
+    fn of(streaming: &Streaming<'_>) -> Streamed {
+        Streamed {
+            written: streaming.written(),
+            retired: streaming.retired().to_vec(),
+        }
+    }
+}
+
 /// What a streamed fetch stage has to do.
 struct Work {
     /// Files to fetch, in admission order.
@@ -356,11 +366,7 @@ impl Pipeline {
             let how = (params.options.jobs, retire);
             self.drive(&ctx, &files, work, &mut streaming, &mut held, how, reporter)
                 .await?;
-            let streamed = Streamed {
-                written: streaming.written(),
-                retired: streaming.retired().to_vec(),
-            };
-            Ok((report, streamed))
+            Ok((report, Streamed::of(&streaming)))
         })
         .await
     }

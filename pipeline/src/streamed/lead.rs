@@ -98,11 +98,7 @@ impl Pipeline {
                 reporter,
             )
             .await?;
-            let streamed = Streamed {
-                written: streaming.written(),
-                retired: streaming.retired().to_vec(),
-            };
-            Ok((report, streamed))
+            Ok((report, Streamed::of(&streaming)))
         })
         .await
     }
