@@ -787,11 +787,15 @@ impl Workers {
     }
 
     /// Waits for every worker; what failed to join.
+    /// A worker cancelled by [`Workers::abandon`] is not a failure.
     async fn join(&mut self) -> Vec<FetchError> {
         let mut errors = Vec::new();
         while let Some(joined) = self.set.join_next().await {
-            if let Err(join) = joined {
-                errors.push(FetchError::internal_from("fetch task", join));
+            match joined {
+                Err(join) if !join.is_cancelled() => {
+                    errors.push(FetchError::internal_from("fetch task", join));
+                }
+                _ => {}
             }
         }
         errors
@@ -811,15 +815,7 @@ impl Workers {
     ) -> PipelineError {
         self.halt.now();
         self.set.abort_all();
-        let mut errors = Vec::new();
-        while let Some(joined) = self.set.join_next().await {
-            match joined {
-                Err(join) if !join.is_cancelled() => {
-                    errors.push(FetchError::internal_from("fetch task", join));
-                }
-                _ => {}
-            }
-        }
+        let mut errors = self.join().await;
         while let Ok((_, fetched)) = self.arrivals.try_recv() {
             errors.extend(fetched.err());
         }

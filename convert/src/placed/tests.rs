@@ -434,20 +434,30 @@ fn neighbouring_slots_of_two_files_survive_either_order() {
     }
 }
 
+/// `plan`'s FTW stream (sources under `src`) written into `out` source by
+/// source, digested ahead after each: the writer before `finish`.
+fn written_and_digested_ahead<'p>(
+    plan: &'p crate::Plan,
+    src: &std::path::Path,
+    out: &std::path::Path,
+) -> SpanWriter<'p> {
+    let mut w = SpanWriter::create(out, ftw_of(plan)).unwrap();
+    for s in &plan.sources {
+        if w.needs(&s.file) {
+            w.write_file(&Sources::new(src), &s.file).unwrap();
+            w.digest_ahead();
+        }
+    }
+    w
+}
+
 /// A temp file cut short after part of it was digested ahead: `finish`
 /// reads it whole and reports its real length, as without the digest ahead.
 #[test]
 fn a_file_cut_below_what_was_digested_ahead_is_read_whole() {
     let (tmp, src, plan) = tiny_release();
-    let ftw = ftw_of(&plan);
     let out = tmp.path().join("out");
-    let mut w = SpanWriter::create(&out, ftw).unwrap();
-    for s in &plan.sources {
-        if w.needs(&s.file) {
-            w.write_file(&Sources::new(&src), &s.file).unwrap();
-            w.digest_ahead();
-        }
-    }
+    let w = written_and_digested_ahead(&plan, &src, &out);
     let ahead = w.ahead.to;
     assert!(ahead > 1, "nothing was digested ahead");
     std::fs::OpenOptions::new()
@@ -467,15 +477,8 @@ fn a_file_cut_below_what_was_digested_ahead_is_read_whole() {
 #[test]
 fn a_file_replaced_after_it_was_digested_ahead_is_read_whole() {
     let (tmp, src, plan) = tiny_release();
-    let ftw = ftw_of(&plan);
     let out = tmp.path().join("out");
-    let mut w = SpanWriter::create(&out, ftw).unwrap();
-    for s in &plan.sources {
-        if w.needs(&s.file) {
-            w.write_file(&Sources::new(&src), &s.file).unwrap();
-            w.digest_ahead();
-        }
-    }
+    let w = written_and_digested_ahead(&plan, &src, &out);
     assert!(w.ahead.to > 1, "nothing was digested ahead");
     let temp = out.join(temp_name("model.ftw"));
     let mut bytes = std::fs::read(&temp).unwrap();
