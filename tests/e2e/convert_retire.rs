@@ -227,6 +227,17 @@ fn a_retirement_killed_before_its_unlink_is_finished_by_run() {
     assert_eq!(logged.len(), 1, "{logged:?}");
     let shard = out.join("source").join(&logged[0]);
     assert!(shard.exists());
+    // The skeleton, with the retired shard's header, was durable before
+    // the retirement was logged (a run without a budget saves it beside
+    // its first transfers, before the converter opens).
+    let skeleton: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(".ftpipe").join("convert.json")).unwrap())
+            .unwrap();
+    assert!(
+        skeleton["headers"].get(&logged[0]).is_some(),
+        "the skeleton does not hold {}'s header",
+        logged[0]
+    );
     let kept = tmp.path().join("kept.safetensors");
     std::fs::copy(&shard, &kept).unwrap();
 
